@@ -1,0 +1,69 @@
+"""The one attention interface of the engine: per-step metadata and the backend call.
+
+Every model (target and drafter) calls :func:`attend` with the metadata of the step;
+the backend (plain PyTorch reference or Triton kernel) is chosen once per engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.paged_attention import paged_attention_reference, write_kv_reference
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Describes one forward over packed tokens of several requests.
+
+    qo_indptr:    int32 [B+1], exclusive prefix sum of query rows per request.
+    kv_lens:      int32 [B], KV length of each request AFTER this step's tokens are written.
+    block_tables: int32 [B, max_pages], page ids of each request (unused entries arbitrary).
+    slot_mapping: int64 [T], cache slot of each packed token (page * page_size + offset), -1 = padding.
+    causal:       True for the target; False for the drafter's block (rows see all kv_lens[b]).
+    """
+
+    qo_indptr: torch.Tensor
+    kv_lens: torch.Tensor
+    block_tables: torch.Tensor
+    slot_mapping: torch.Tensor
+    causal: bool = True
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.kv_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.shape[0])
+
+
+_BACKEND = {"name": "torch"}
+
+
+def set_attention_backend(name: str) -> None:
+    if name not in ("torch", "triton"):
+        raise ValueError(f"attention backend {name!r} unknown; allowed: ['torch', 'triton']")
+    _BACKEND["name"] = name
+
+
+def get_attention_backend() -> str:
+    return _BACKEND["name"]
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             meta: AttentionMetadata) -> None:
+    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+
+
+def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+           scale: float) -> torch.Tensor:
+    """q: [T, Hq, D] -> [T, Hq, D] over the paged cache of one layer."""
+    if _BACKEND["name"] == "triton":
+        from kernels.paged_attention import paged_attention
+
+        return paged_attention(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
+                               block_tables=meta.block_tables, scale=scale, causal=meta.causal)
+    return paged_attention_reference(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
+                                     block_tables=meta.block_tables, scale=scale, causal=meta.causal)

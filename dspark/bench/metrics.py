@@ -1,0 +1,198 @@
+"""Per-request and per-block metrics of a benchmark arm, computed from timestamps.
+
+Definitions (the same as the serving benchmarks of SGLang and vLLM):
+
+- TTFT = first_token_s - arrival_s.
+- E2E = finish_s - arrival_s.
+- TPOT = (E2E - TTFT) / (n - 1) with n output tokens. A one-token request has no
+  time *per output token after the first*, so its TPOT is NaN and it is left out of
+  TPOT percentiles (never counted as zero).
+- ITL (inter-chunk latency): gaps between consecutive chunks of a request, where a
+  chunk is everything one engine step emitted for it (several tokens under
+  speculation). ITL percentiles pool the gaps of all requests.
+- accept_length: per verify step, tokens committed including the bonus token.
+  accept_rate: accepted drafts / drafts sent to the target, bonus excluded.
+  per-position acceptance: accepted at position i / drafts that reached i.
+  All three are first averaged within a request and then over requests, so long
+  completions do not dominate (docs/DESIGN.md, "Metrics").
+
+Errored requests are counted (``n_errors``) but excluded from every latency and
+acceptance statistic; the errors guard is what fails the run on them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+PERCENTILES = (50, 90, 99)
+LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything measured about one request in one arm of one block.
+
+    Times are seconds on one monotonic clock. ``chunk_times_s`` holds the time of
+    every chunk the request emitted (the first one is the first token).
+    ``accept_lengths`` and ``verify_lengths`` have one entry per verify step
+    (tokens committed incl. bonus; drafts sent to the target). ``per_position_accepts[i]``
+    / ``per_position_reached[i]`` count draft position i (0-based) over the request.
+    """
+
+    request_id: str
+    arm: str
+    block: int
+    prompt_tokens: int
+    output_token_ids: list[int]
+    arrival_s: float
+    first_token_s: float | None
+    finish_s: float | None
+    chunk_times_s: list[float] = field(default_factory=list)
+    accept_lengths: list[int] = field(default_factory=list)
+    verify_lengths: list[int] = field(default_factory=list)
+    per_position_accepts: list[int] = field(default_factory=list)
+    per_position_reached: list[int] = field(default_factory=list)
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.error is not None:
+            return
+        if self.first_token_s is None or self.finish_s is None:
+            raise ValueError(f"request {self.request_id!r}: first_token_s and finish_s are required "
+                             f"unless error is set (got {self.first_token_s!r}, {self.finish_s!r})")
+        if not self.arrival_s <= self.first_token_s <= self.finish_s:
+            raise ValueError(f"request {self.request_id!r}: need arrival_s <= first_token_s <= finish_s, got "
+                             f"{self.arrival_s}, {self.first_token_s}, {self.finish_s}")
+        if len(self.per_position_accepts) != len(self.per_position_reached):
+            raise ValueError(f"request {self.request_id!r}: per_position_accepts has {len(self.per_position_accepts)} "
+                             f"entries but per_position_reached has {len(self.per_position_reached)}")
+        if self.verify_lengths and len(self.verify_lengths) != len(self.accept_lengths):
+            raise ValueError(f"request {self.request_id!r}: verify_lengths ({len(self.verify_lengths)} steps) and "
+                             f"accept_lengths ({len(self.accept_lengths)} steps) must have one entry per verify step")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def request_metrics(rec: RequestRecord) -> dict[str, Any]:
+    """Scalar metrics of one request (NaN where undefined; see the module docstring)."""
+    n_out = len(rec.output_token_ids)
+    row: dict[str, Any] = {
+        "request_id": rec.request_id, "arm": rec.arm, "block": rec.block,
+        "prompt_tokens": rec.prompt_tokens, "output_tokens": n_out, "error": rec.error,
+    }
+    nan = float("nan")
+    if rec.error is not None:
+        row.update(ttft_s=nan, e2e_s=nan, tpot_s=nan, mean_itl_s=nan, n_chunks=len(rec.chunk_times_s),
+                   accept_length=nan, accept_rate=nan)
+        return row
+    ttft = rec.first_token_s - rec.arrival_s
+    e2e = rec.finish_s - rec.arrival_s
+    itls = request_itls(rec)
+    row.update(
+        ttft_s=ttft,
+        e2e_s=e2e,
+        tpot_s=(e2e - ttft) / (n_out - 1) if n_out >= 2 else nan,
+        mean_itl_s=float(np.mean(itls)) if itls else nan,
+        n_chunks=len(rec.chunk_times_s),
+        accept_length=float(np.mean(rec.accept_lengths)) if rec.accept_lengths else nan,
+        accept_rate=_request_accept_rate(rec),
+    )
+    return row
+
+
+def request_itls(rec: RequestRecord) -> list[float]:
+    """Gaps between consecutive chunks of one request, in seconds."""
+    return [float(b - a) for a, b in zip(rec.chunk_times_s, rec.chunk_times_s[1:])]
+
+
+def _request_accept_rate(rec: RequestRecord) -> float:
+    proposed = sum(rec.verify_lengths)
+    if proposed == 0:
+        return float("nan")
+    accepted = sum(a - 1 for a in rec.accept_lengths)  # the bonus/correction token is not a draft
+    return accepted / proposed
+
+
+def per_position_acceptance(records: Iterable[RequestRecord]) -> list[float]:
+    """Acceptance per draft position, averaged over the requests that reached it."""
+    per_request: list[list[float]] = []
+    for rec in records:
+        if rec.error is None:
+            per_request.append([a / r if r > 0 else float("nan")
+                                for a, r in zip(rec.per_position_accepts, rec.per_position_reached)])
+    depth = max((len(p) for p in per_request), default=0)
+    out = []
+    for i in range(depth):
+        vals = [p[i] for p in per_request if i < len(p) and not math.isnan(p[i])]
+        out.append(float(np.mean(vals)) if vals else float("nan"))
+    return out
+
+
+def _percentiles(values: Iterable[float], name: str) -> dict[str, float]:
+    arr = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    return {f"{name}_p{q}": (float(np.percentile(arr, q)) if arr.size else float("nan")) for q in PERCENTILES} | {
+        f"{name}_mean": float(arr.mean()) if arr.size else float("nan")}
+
+
+def aggregate_block(records: list[RequestRecord], wall_time_s: float,
+                    counters: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Aggregate the requests of one arm in one block.
+
+    ``wall_time_s`` is the time the arm held the engine in this block (first arrival
+    to last finish as seen by the runner); throughput is total output tokens over it.
+    ``counters`` (the engine's own counters for this arm/block) pass through under
+    ``counter/<name>``.
+    """
+    if not wall_time_s > 0:
+        raise ValueError(f"wall_time_s must be > 0 to compute throughput, got {wall_time_s!r}")
+    ok = [r for r in records if r.error is None]
+    rows = [request_metrics(r) for r in ok]
+    output_tokens = sum(len(r.output_token_ids) for r in ok)
+    out: dict[str, Any] = {
+        "n_requests": len(records),
+        "n_errors": len(records) - len(ok),
+        "output_tokens": output_tokens,
+        "wall_time_s": float(wall_time_s),
+        "output_tokens_per_s": output_tokens / wall_time_s,
+        "requests_per_s": len(ok) / wall_time_s,
+    }
+    out |= _percentiles((r["ttft_s"] for r in rows), "ttft_s")
+    out |= _percentiles((r["tpot_s"] for r in rows), "tpot_s")
+    out |= _percentiles((x for r in ok for x in request_itls(r)), "itl_s")
+    out |= _percentiles((r["e2e_s"] for r in rows), "e2e_s")
+    out["accept_length"] = _nanmean(r["accept_length"] for r in rows)
+    out["accept_rate"] = _nanmean(r["accept_rate"] for r in rows)
+    out["per_position_acceptance"] = per_position_acceptance(ok)
+    for name, value in (counters or {}).items():
+        out[f"counter/{name}"] = value
+    return out
+
+
+def _nanmean(values: Iterable[float]) -> float:
+    arr = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    return float(arr.mean()) if arr.size else float("nan")
+
+
+def requests_dataframe(records: Iterable[RequestRecord]) -> pd.DataFrame:
+    """One row per request: the scalar metrics plus the raw lists as JSON strings.
+
+    JSON strings keep the frame writable to CSV, parquet and a W&B table alike.
+    """
+    rows = []
+    for rec in records:
+        row = request_metrics(rec)
+        row["arrival_s"] = rec.arrival_s
+        row["first_token_s"] = rec.first_token_s
+        row["finish_s"] = rec.finish_s
+        for list_field in ("output_token_ids", "chunk_times_s", "accept_lengths", "verify_lengths",
+                           "per_position_accepts", "per_position_reached"):
+            row[list_field] = json.dumps(getattr(rec, list_field))
+        rows.append(row)
+    return pd.DataFrame(rows)

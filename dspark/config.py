@@ -1,0 +1,173 @@
+"""Typed configuration objects of the engine.
+
+The engine never imports Hydra: runners turn composed YAML into these dataclasses,
+whose ``__post_init__`` checks every value and names the key that is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key and the fix."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """Architecture of a Llama-family decoder (Llama, Qwen2, Qwen3)."""
+
+    arch: str  # "llama" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+    attention_bias: bool = False  # qwen2: bias on q/k/v projections
+    qk_norm: bool = False  # qwen3: RMSNorm on q and k per head
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    ARCHS = ("llama", "qwen2", "qwen3")
+
+    def __post_init__(self) -> None:
+        _check(self.arch in self.ARCHS, "model.arch", f"unsupported architecture {self.arch!r}; supported: {list(self.ARCHS)}")
+        for k in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim"):
+            _check(int(getattr(self, k)) > 0, f"model.{k}", f"must be > 0, got {getattr(self, k)}")
+        _check(self.num_heads % self.num_kv_heads == 0, "model.num_kv_heads",
+               f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        _check(self.head_dim % 2 == 0, "model.head_dim", "must be even for rotary embeddings")
+        self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["eos_token_ids"] = list(self.eos_token_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"model config: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        d = dict(d)
+        if "eos_token_ids" in d:
+            d["eos_token_ids"] = tuple(d["eos_token_ids"])
+        return cls(**d)
+
+
+@dataclass(slots=True)
+class DrafterConfig:
+    """Architecture of a DSpark block drafter attached to a target model."""
+
+    block_size: int = 7  # gamma: drafted tokens per step (anchor slot predicts the first)
+    num_layers: int = 2
+    target_layer_ids: tuple[int, ...] = (1, 15, 28)  # 0-based target decoder layers whose outputs feed the drafter
+    markov_rank: int = 64  # 0 disables the Markov head (DFlash-style drafting)
+    markov_variant: str = "vanilla"  # vanilla | gated | rnn
+    use_confidence_head: bool = True
+    # Architecture of the draft layers; None means "same as the target".
+    intermediate_size: int | None = None
+    mask_token_id: int | None = None  # None: a learned mask embedding is used
+
+    VARIANTS = ("vanilla", "gated", "rnn")
+
+    def __post_init__(self) -> None:
+        _check(1 <= self.block_size <= 32, "drafter.block_size", f"must be in [1, 32], got {self.block_size}")
+        _check(self.num_layers >= 1, "drafter.num_layers", f"must be >= 1, got {self.num_layers}")
+        self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
+        _check(len(self.target_layer_ids) >= 1, "drafter.target_layer_ids", "needs at least one target layer")
+        _check(self.markov_rank >= 0, "drafter.markov_rank", f"must be >= 0, got {self.markov_rank}")
+        _check(self.markov_variant in self.VARIANTS, "drafter.markov_variant",
+               f"unknown variant {self.markov_variant!r}; allowed: {list(self.VARIANTS)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["target_layer_ids"] = list(self.target_layer_ids)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DrafterConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"drafter config: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        return cls(**d)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Per-request sampling settings. temperature 0 means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = disabled
+    max_tokens: int = 128
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.temperature >= 0.0, "sampling.temperature", f"must be >= 0, got {self.temperature}")
+        _check(0.0 < self.top_p <= 1.0, "sampling.top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(self.top_k >= 0, "sampling.top_k", f"must be >= 0 (0 disables), got {self.top_k}")
+        _check(self.max_tokens >= 1, "sampling.max_tokens", f"must be >= 1, got {self.max_tokens}")
+        if isinstance(self.stop, str):
+            self.stop = (self.stop,)
+        self.stop = tuple(self.stop)
+        _check(all(isinstance(s, str) and s for s in self.stop), "sampling.stop", "stop strings must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Engine-wide settings: memory, batching, speculation."""
+
+    device: str = "cpu"
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    kv_block_size: int = 16  # tokens per KV page
+    num_kv_blocks: int | None = None  # None: sized from max_num_seqs * max_model_len, capped by kv_cache_tokens
+    kv_cache_tokens: int = 65536  # cap on token slots when num_kv_blocks is not given
+    max_model_len: int = 2048
+    max_num_seqs: int = 64  # running requests at most
+    max_num_batched_tokens: int = 2048  # token budget per step (prefill chunks + verify tokens)
+    spec: str = "dspark"  # off | dspark
+    verify: str = "full"  # full (verification modes beyond full arrive with the scheduler)
+    seed: int = 0
+    attention_backend: str = "torch"  # torch | triton
+
+    DTYPES = ("float32", "bfloat16", "float16")
+    SPECS = ("off", "dspark")
+    VERIFY = ("full",)
+    BACKENDS = ("torch", "triton")
+
+    def __post_init__(self) -> None:
+        _check(self.dtype in self.DTYPES, "engine.dtype", f"{self.dtype!r} not in {list(self.DTYPES)}")
+        _check(self.spec in self.SPECS, "engine.spec", f"{self.spec!r} not in {list(self.SPECS)}")
+        _check(self.verify in self.VERIFY, "engine.verify", f"{self.verify!r} not in {list(self.VERIFY)}")
+        _check(self.attention_backend in self.BACKENDS, "engine.attention_backend",
+               f"{self.attention_backend!r} not in {list(self.BACKENDS)}")
+        _check(self.kv_block_size >= 1, "engine.kv_block_size", "must be >= 1")
+        _check(self.max_model_len >= 2, "engine.max_model_len", "must be >= 2")
+        _check(self.max_num_seqs >= 1, "engine.max_num_seqs", "must be >= 1")
+        _check(self.max_num_batched_tokens >= 64, "engine.max_num_batched_tokens", "must be >= 64")
+        if self.num_kv_blocks is not None:
+            _check(self.num_kv_blocks >= 2, "engine.num_kv_blocks", "must be >= 2")
+
+
+__all__ = ["ConfigError", "ModelConfig", "DrafterConfig", "SamplingParams", "EngineConfig", "field"]

@@ -1,0 +1,264 @@
+"""The engine: add requests, run steps (schedule -> draft -> verify -> commit), return outputs.
+
+    engine = Engine.from_pretrained("smollm2", drafter="path/to/drafter", config=EngineConfig())
+    outputs = engine.generate(["Write a haiku about rain."], SamplingParams(max_tokens=64))
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Sequence
+
+import torch
+
+from dspark.attention import set_attention_backend
+from dspark.config import ConfigError, EngineConfig, SamplingParams
+from dspark.kv_cache import BlockManager
+from dspark.model_runner import DTYPES, ModelRunner, Segment
+from dspark.models.llama import TargetModel
+from dspark.request import Request, RequestOutput, Status
+from dspark.sampling import RowSampling
+from dspark.scheduler import Scheduler
+from dspark.verification import verify
+
+PromptLike = str | list[int] | list[dict]
+
+
+class RequestError(ValueError):
+    """A request was refused; the engine keeps serving the others."""
+
+
+class Engine:
+    def __init__(self, target: TargetModel, tokenizer=None, config: EngineConfig | None = None, drafter=None):
+        self.cfg = config or EngineConfig()
+        if self.cfg.spec == "dspark" and drafter is None:
+            raise ConfigError("engine.spec: 'dspark' needs a drafter; pass one or set engine.spec=off")
+        if self.cfg.spec == "off":
+            drafter = None
+        set_attention_backend(self.cfg.attention_backend)
+        self.tokenizer = tokenizer
+        dtype = DTYPES[self.cfg.dtype]
+        self.target = target.to(device=self.cfg.device, dtype=dtype).eval()
+        self.drafter = drafter.to(device=self.cfg.device, dtype=dtype).eval() if drafter is not None else None
+        if self.drafter is not None:
+            self.drafter.validate_target_layers(target.cfg)
+        G = self.drafter.cfg.block_size if self.drafter is not None else 0
+        page = self.cfg.kv_block_size
+        if self.cfg.num_kv_blocks is not None:
+            num_pages = self.cfg.num_kv_blocks
+        else:
+            tokens = min(self.cfg.max_num_seqs * (self.cfg.max_model_len + G + 1), self.cfg.kv_cache_tokens)
+            num_pages = max(2, -(-tokens // page))
+        self.blocks = BlockManager(num_pages, page)
+        self.runner = ModelRunner(self.target, self.drafter, self.cfg, self.blocks)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs=self.cfg.max_num_seqs,
+                                   max_num_batched_tokens=self.cfg.max_num_batched_tokens, block_size=G)
+        self.block_size = G
+        self._next_id = 0
+        self._requests: dict[int, Request] = {}
+        self.num_steps = 0
+
+    # ---- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, model: str = "smollm2", drafter: str | None = None, config: EngineConfig | None = None,
+                        cache_dir: str | None = None) -> "Engine":
+        from dspark.models.loading import load_target_weights
+
+        mcfg, state, tokenizer = load_target_weights(model, cache_dir=cache_dir)
+        target = TargetModel(mcfg)
+        target.load_hf_state_dict(state)
+        draft_model = None
+        config = config or EngineConfig()
+        if config.spec == "dspark":
+            if drafter is None:
+                raise ConfigError("engine.spec=dspark needs a drafter checkpoint: set drafter=PATH or engine.spec=off")
+            from dspark.models.drafter import DSparkDrafter
+
+            draft_model = DSparkDrafter.load(drafter, mcfg, device=config.device, dtype=DTYPES[config.dtype])
+        return cls(target, tokenizer, config, draft_model)
+
+    # ---- requests -------------------------------------------------------------------------
+    def _tokenize(self, prompt: PromptLike) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("a text prompt needs a tokenizer; pass token ids instead")
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+            if self.tokenizer is None:
+                raise RequestError("chat messages need a tokenizer with a chat template")
+            return self.tokenizer.encode_chat(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        raise RequestError(f"prompt must be text, a list of token ids or a list of chat messages, got {type(prompt).__name__}")
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        V = self.target.cfg.vocab_size
+        if not ids:
+            raise RequestError("empty prompt: a request needs at least one token")
+        bad = [t for t in ids if not 0 <= t < V]
+        if bad:
+            raise RequestError(f"unknown token ids {bad[:5]}: valid ids are 0..{V - 1}")
+        if len(ids) >= self.cfg.max_model_len:
+            raise RequestError(f"prompt has {len(ids)} tokens, the context holds {self.cfg.max_model_len} "
+                               f"(engine.max_model_len) including at least one generated token")
+
+    def add_request(self, prompt: PromptLike, params: SamplingParams | None = None, user_id: str | None = None) -> int:
+        """Queue a request; raises RequestError (nothing queued) when the input is invalid."""
+        params = params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"sampling must be SamplingParams, got {type(params).__name__}")
+        ids = self._tokenize(prompt)
+        self._validate(ids, params)
+        req = Request(self._next_id, ids, params, self.block_size, user_id=user_id)
+        self._next_id += 1
+        self._requests[req.req_id] = req
+        self.scheduler.add(req)
+        return req.req_id
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        finished: list[RequestOutput] = []
+        for req, why in plan.failed:
+            self._finish(req, "error", error=why)
+            finished.append(RequestOutput.from_request(req))
+        if plan.empty:
+            return finished
+        self.num_steps += 1
+        decodes = plan.decodes
+        rows = RowSampling([r.params for r in decodes], self.runner.device)
+        G = self.block_size
+        drafts = None
+        if decodes and G:
+            drafts = self.runner.draft(decodes, rows)
+        windows = self.plan_windows(decodes, drafts)
+        prefill_segs = [Segment(c.req, c.start, c.req.all_ids[c.start: c.start + c.length]) for c in plan.prefills]
+        result = self.runner.run_target(prefill_segs, decodes, drafts.tokens if drafts else None, windows)
+        for c in plan.prefills:
+            c.req.num_computed = c.start + c.length
+        if decodes:
+            verdict = verify(decodes=decodes, rows=rows, verify_logits=result.verify_logits,
+                             draft_tokens=drafts.tokens if drafts else None,
+                             draft_probs=drafts.probs if drafts else None, windows=windows, block_size=G)
+            now = time.perf_counter()
+            draft_rows = drafts.tokens.tolist() if drafts else [[] for _ in decodes]
+            for i, req in enumerate(decodes):
+                k = verdict.num_accepted[i]
+                new = draft_rows[i][:k] + [verdict.next_tokens[i]]
+                self._record(req, windows[i], k)
+                req.num_computed = req.num_tokens - 1 + k + 1  # anchor + accepted drafts are now in the cache
+                done = self._commit(req, new, now)
+                if done:
+                    finished.append(RequestOutput.from_request(req))
+        return finished
+
+    def plan_windows(self, decodes: list[Request], drafts) -> list[int]:
+        """Verification window per request. Verify-all: the whole drafted block."""
+        return [self.block_size] * len(decodes)
+
+    def _record(self, req: Request, window: int, accepted: int) -> None:
+        req.accept_lengths.append(accepted + 1)
+        req.verify_lens.append(window)
+        for i in range(min(accepted + 1, window)):
+            req.pos_reached[i] += 1
+        for i in range(accepted):
+            req.pos_accepted[i] += 1
+
+    def _commit(self, req: Request, new: list[int], now: float) -> bool:
+        p = req.params
+        room = min(p.max_tokens - len(req.output_ids), self.cfg.max_model_len - req.num_tokens)
+        new = new[:max(room, 0)]
+        reason = None
+        if not p.ignore_eos and self.target.cfg.eos_token_ids:
+            eos = set(self.target.cfg.eos_token_ids)
+            for j, t in enumerate(new):
+                if t in eos:
+                    new = new[: j + 1]
+                    reason = "stop"
+                    break
+        req.output_ids.extend(new)
+        if new:
+            if req.first_token_time is None:
+                req.first_token_time = now
+            req.chunk_times.append(now)
+            req.chunk_sizes.append(len(new))
+        if reason is None and p.stop and self.tokenizer is not None:
+            text = self.tokenizer.decode(req.output_ids)
+            for s in p.stop:
+                if s in text:
+                    reason = "stop"
+                    break
+        if reason is None and (len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.cfg.max_model_len):
+            reason = "length"
+        if reason is not None:
+            self._finish(req, reason)
+            return True
+        return False
+
+    def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
+        req.finish_reason = reason
+        req.error = error
+        req.finish_time = time.perf_counter()
+        if self.tokenizer is not None and req.output_ids:
+            text = self.tokenizer.decode(req.output_ids)
+            for s in req.params.stop:
+                cut = text.find(s)
+                if cut >= 0:
+                    text = text[:cut]
+            req.text = text
+        if req in self.scheduler.waiting:
+            self.scheduler.waiting.remove(req)
+        self.scheduler.finish(req)
+        self._requests.pop(req.req_id, None)
+
+    # ---- batch API ------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[PromptLike], sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+                 ids: Sequence[str] | None = None, progress: bool = False) -> list[RequestOutput]:
+        """Run all prompts to completion; outputs in input order. An invalid prompt yields an
+        output with `error` set and finish_reason 'error'; the others are served normally."""
+        n = len(prompts)
+        params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling or SamplingParams()] * n
+        if len(params) != n:
+            raise ValueError(f"got {n} prompts but {len(params)} sampling settings")
+        order: dict[int, int] = {}
+        outputs: list[RequestOutput | None] = [None] * n
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            uid = ids[i] if ids is not None else None
+            try:
+                rid = self.add_request(p, sp, user_id=uid)
+                order[rid] = i
+            except (RequestError, ConfigError) as e:
+                outputs[i] = RequestOutput(req_id=-1, user_id=uid, prompt_token_ids=[], token_ids=[], text="",
+                                           finish_reason="error", error=str(e), num_steps=0, accept_lengths=[],
+                                           verify_lens=[], pos_accepted=[], pos_reached=[],
+                                           arrival_time=time.perf_counter(), first_token_time=None,
+                                           finish_time=time.perf_counter(), chunk_times=[], chunk_sizes=[],
+                                           num_preemptions=0)
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(order), desc="generate", unit="req")
+        while self.has_unfinished():
+            for out in self.step():
+                outputs[order[out.req_id]] = out
+                if bar is not None:
+                    bar.update(1)
+        if bar is not None:
+            bar.close()
+        return outputs  # type: ignore[return-value]
+
+    def reset(self) -> None:
+        """Drop every request and clear the caches (used between A/B arms)."""
+        if self.scheduler.has_work():
+            for r in list(self.scheduler.running) + list(self.scheduler.waiting):
+                self.blocks.free(r.req_id)
+            self.scheduler.running.clear()
+            self.scheduler.waiting.clear()
+        self._requests.clear()
+        self.runner.reset()
+        self.num_steps = 0

@@ -1,0 +1,84 @@
+"""From logits to the distribution a request samples from, and sampling with per-request RNG.
+
+The target and the drafter go through the same processing (temperature, then top-k, then
+top-p), so rejection sampling compares like with like. Greedy rows keep their logits'
+argmax: their "distribution" is only ever used through argmax.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.config import SamplingParams
+
+
+class RowSampling:
+    """Per-row sampling parameters of a batch, as tensors."""
+
+    def __init__(self, params: list[SamplingParams], device: torch.device | str = "cpu"):
+        self.params = params
+        self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+        self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
+        self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
+        self.greedy = self.temperature == 0
+        self.all_greedy = bool(self.greedy.all()) if params else True
+
+    def repeat(self, n: int) -> "RowSampling":
+        """Each row repeated n times (rows of the same request stay adjacent)."""
+        out = RowSampling.__new__(RowSampling)
+        out.params = [p for p in self.params for _ in range(n)]
+        out.temperature = self.temperature.repeat_interleave(n)
+        out.top_k = self.top_k.repeat_interleave(n)
+        out.top_p = self.top_p.repeat_interleave(n)
+        out.greedy = self.greedy.repeat_interleave(n)
+        out.all_greedy = self.all_greedy
+        return out
+
+
+def processed_probs(logits: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+    """logits [N, V] -> probabilities [N, V] after temperature, top-k and top-p.
+
+    Greedy rows come back as softmax(logits), which keeps their argmax.
+    """
+    logits = logits.float()
+    temp = torch.where(rows.greedy, torch.ones_like(rows.temperature), rows.temperature)
+    scaled = logits / temp[:, None]
+    V = logits.shape[-1]
+    needs_k = bool(((rows.top_k > 0) & (rows.top_k < V) & ~rows.greedy).any())
+    needs_p = bool(((rows.top_p < 1.0) & ~rows.greedy).any())
+    if needs_k or needs_p:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        keep = torch.ones_like(sorted_logits, dtype=torch.bool)
+        rank = torch.arange(V, device=logits.device)[None, :]
+        if needs_k:
+            k = torch.where((rows.top_k > 0) & ~rows.greedy, rows.top_k, torch.full_like(rows.top_k, V))
+            keep &= rank < k[:, None]
+        if needs_p:
+            probs_sorted = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
+            # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < top_p.
+            mass_before = torch.cumsum(probs_sorted, dim=-1) - probs_sorted
+            p = torch.where(rows.greedy, torch.ones_like(rows.top_p), rows.top_p)
+            keep &= mass_before < p[:, None]
+        keep[:, 0] = True
+        mask = torch.zeros_like(keep).scatter(-1, order, keep)
+        scaled = scaled.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scaled, dim=-1)
+
+
+def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One draw per row from probs [N, V] with uniforms u [N] in [0, 1)."""
+    cdf = torch.cumsum(probs.float(), dim=-1)
+    total = cdf[:, -1:]
+    idx = torch.searchsorted(cdf, (u[:, None].float() * total).contiguous(), right=True).squeeze(-1)
+    return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def sample_rows(logits: torch.Tensor, rows: RowSampling, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row: argmax for greedy rows, inverse CDF of the processed
+    distribution otherwise. Returns (tokens [N], processed probs [N, V])."""
+    probs = processed_probs(logits, rows)
+    tokens = torch.argmax(logits, dim=-1)
+    if not rows.all_greedy:
+        drawn = sample_inverse_cdf(probs, uniforms)
+        tokens = torch.where(rows.greedy, tokens, drawn)
+    return tokens, probs

@@ -1,0 +1,102 @@
+"""Typed schemas of the Hydra configs, registered in Hydra's ConfigStore.
+
+Each YAML group validates against one of these dataclasses: an unknown key or a value of
+the wrong type fails at composition, before any model loads. Value checks (ranges, allowed
+names) run when the runner converts a schema into the engine's own dataclasses in
+:mod:`dspark.config`, whose errors name the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from dspark.config import DrafterConfig, EngineConfig, SamplingParams
+
+
+@dataclass
+class ModelSchema:
+    name: str = "smollm2"
+    source: str = "smollm2"  # "smollm2" (packaged GGUF) or a path to a local Hugging Face folder
+    cache_dir: Optional[str] = None  # None: $DSPARK_CACHE or ~/.cache/dspark-bench
+
+
+@dataclass
+class DrafterSchema:
+    name: str = "dspark_smollm2"
+    path: Optional[str] = None  # checkpoint folder (config.json + safetensors); None = no drafter
+    description: str = ""
+
+
+@dataclass
+class EngineSchema:
+    device: str = "cpu"
+    dtype: str = "float32"
+    kv_block_size: int = 16
+    num_kv_blocks: Optional[int] = None
+    kv_cache_tokens: int = 65536
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    spec: str = "dspark"
+    verify: str = "full"
+    seed: int = 0
+    attention_backend: str = "torch"
+
+
+@dataclass
+class SamplingSchema:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 128
+    ignore_eos: bool = False
+    stop: List[str] = field(default_factory=list)
+    seed: Optional[int] = None
+
+
+@dataclass
+class PathsSchema:
+    root: str = "."
+    output_dir: str = "outputs"
+    cost_tables: str = "cost_tables"
+
+
+@dataclass
+class GenerateSchema:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    drafter: DrafterSchema = field(default_factory=DrafterSchema)
+    engine: EngineSchema = field(default_factory=EngineSchema)
+    sampling: SamplingSchema = field(default_factory=SamplingSchema)
+    paths: PathsSchema = field(default_factory=PathsSchema)
+    spec: str = "dspark"  # off | dspark (shortcut for engine.spec)
+    prompts_file: Optional[str] = None
+    output: str = "generations.jsonl"
+    progress: bool = True
+
+
+def to_engine_config(engine: Any, spec: str | None = None) -> EngineConfig:
+    d = dict(engine)
+    if spec is not None:
+        d["spec"] = spec
+    return EngineConfig(**d)
+
+
+def to_sampling(sampling: Any) -> SamplingParams:
+    d = dict(sampling)
+    d["stop"] = tuple(d.get("stop") or ())
+    return SamplingParams(**d)
+
+
+def to_drafter_config(d: Any) -> DrafterConfig:
+    return DrafterConfig.from_dict(dict(d))
+
+
+def register() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="generate_schema", node=GenerateSchema)
+
+
+register()

@@ -1,0 +1,75 @@
+"""Per-request and per-block metrics on hand-computed examples."""
+
+import math
+
+import pytest
+
+from dspark.bench.metrics import RequestRecord, aggregate_block, request_metrics, requests_dataframe
+
+
+def long_request():
+    # 9 output tokens in 4 chunks (engine steps) of 3, 2, 3, 1 tokens; accept lengths include the bonus token.
+    return RequestRecord(
+        request_id="long", arm="B", block=0, prompt_tokens=20, output_token_ids=list(range(9)),
+        arrival_s=10.0, first_token_s=10.5, finish_s=12.1,
+        chunk_times_s=[10.5, 10.9, 11.5, 12.1], accept_lengths=[3, 2, 3, 1], verify_lengths=[3, 3, 3, 3],
+        per_position_accepts=[4, 2, 1], per_position_reached=[4, 3, 2],
+    )
+
+
+def short_request():
+    # 2 output tokens from two steps whose first draft was rejected (one corrected token each).
+    return RequestRecord(
+        request_id="short", arm="B", block=0, prompt_tokens=5, output_token_ids=[7, 8],
+        arrival_s=10.0, first_token_s=10.2, finish_s=10.4,
+        chunk_times_s=[10.2, 10.4], accept_lengths=[1, 1], verify_lengths=[3, 3],
+        per_position_accepts=[0, 0, 0], per_position_reached=[2, 0, 0],
+    )
+
+
+def test_request_metrics_by_hand():
+    m = request_metrics(long_request())
+    assert m["ttft_s"] == pytest.approx(0.5)
+    assert m["e2e_s"] == pytest.approx(2.1)
+    assert m["tpot_s"] == pytest.approx((2.1 - 0.5) / 8)
+    assert m["mean_itl_s"] == pytest.approx((0.4 + 0.6 + 0.6) / 3)
+    assert m["accept_length"] == pytest.approx(9 / 4)
+    assert m["accept_rate"] == pytest.approx((2 + 1 + 2 + 0) / 12)
+
+
+def test_single_token_request_has_nan_tpot():
+    one = RequestRecord("one", "A", 0, 3, [42], 0.0, 0.3, 0.3, chunk_times_s=[0.3])
+    assert math.isnan(request_metrics(one)["tpot_s"])
+
+
+def test_block_aggregate_averages_acceptance_over_requests_not_tokens():
+    agg = aggregate_block([long_request(), short_request()], wall_time_s=2.2, counters={"trimmed_steps": 3})
+    # per request: 9/4 = 2.25 and 1.0 -> mean 1.625; pooling tokens would give 11/6 = 1.83
+    assert agg["accept_length"] == pytest.approx(1.625)
+    assert agg["accept_rate"] == pytest.approx((5 / 12 + 0 / 6) / 2)
+    assert agg["per_position_acceptance"] == pytest.approx([(1.0 + 0.0) / 2, 2 / 3, 1 / 2])
+    assert agg["output_tokens"] == 11
+    assert agg["output_tokens_per_s"] == pytest.approx(11 / 2.2)
+    assert agg["requests_per_s"] == pytest.approx(2 / 2.2)
+    assert agg["ttft_s_p50"] == pytest.approx(0.35)
+    assert agg["tpot_s_p50"] == pytest.approx((0.2 + 0.2) / 2)  # short: (0.4 - 0.2) / 1; long: 1.6 / 8
+    assert agg["itl_s_p99"] == pytest.approx(0.6)  # pooled gaps 0.4, 0.6, 0.6, 0.2
+    assert agg["counter/trimmed_steps"] == 3
+
+
+def test_errored_requests_are_counted_but_not_measured():
+    failed = RequestRecord("x", "B", 0, 5, [], 10.0, None, None, error="timeout")
+    agg = aggregate_block([long_request(), failed], wall_time_s=2.0)
+    assert agg["n_errors"] == 1 and agg["n_requests"] == 2
+    assert agg["ttft_s_p50"] == pytest.approx(0.5)
+    frame = requests_dataframe([long_request(), failed])
+    assert frame["error"].isna().tolist() == [True, False]
+
+
+def test_inconsistent_records_are_rejected():
+    with pytest.raises(ValueError, match="arrival_s <= first_token_s"):
+        RequestRecord("bad", "A", 0, 1, [1], 5.0, 4.0, 6.0)
+    with pytest.raises(ValueError, match="per_position_reached"):
+        RequestRecord("bad", "A", 0, 1, [1], 0.0, 1.0, 2.0, per_position_accepts=[1], per_position_reached=[])
+    with pytest.raises(ValueError, match="wall_time_s"):
+        aggregate_block([long_request()], wall_time_s=0.0)

@@ -1,0 +1,14 @@
+"""Prompt sources for benchmarks and drafter training (torch-free, no Hydra).
+
+``make_spec(name, **overrides)`` + ``build_workload(spec)`` give a :class:`Workload`
+whose ``prompts()`` are drawn deterministically from the seed, within the
+``"eval"``/``"train"``/``"all"`` split fixed by a hash of each prompt id. Sources:
+``agentic`` (bfcl-eval function calling + HumanEval), ``poetry``, ``arena_hard``,
+``custom`` (a JSONL file) and ``stdlib_prose`` (training only).
+"""
+
+from .base import Prompt, Workload, WorkloadError, WorkloadSpec, split_of
+from .registry import DEFAULTS, WORKLOADS, build_workload, make_spec
+
+__all__ = ["DEFAULTS", "Prompt", "WORKLOADS", "Workload", "WorkloadError", "WorkloadSpec", "build_workload",
+           "make_spec", "split_of"]
