@@ -22,6 +22,9 @@ class AttentionMetadata:
     block_tables: int32 [B, max_pages], page ids of each request (unused entries arbitrary).
     slot_mapping: int64 [T], cache slot of each packed token (page * page_size + offset), -1 = padding.
     causal:       True for the target; False for the drafter's block (rows see all kv_lens[b]).
+    max_q_len:    the longest request's query rows, known on the host when the step is built; kernels
+                  size their grid with it, so passing it avoids a device-to-host read (and keeps
+                  the call capturable in a CUDA graph).
     """
 
     qo_indptr: torch.Tensor
@@ -29,6 +32,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor
     slot_mapping: torch.Tensor
     causal: bool = True
+    max_q_len: int | None = None
 
     @property
     def batch_size(self) -> int:
@@ -64,6 +68,7 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
         from kernels.paged_attention import paged_attention
 
         return paged_attention(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
-                               block_tables=meta.block_tables, scale=scale, causal=meta.causal)
+                               block_tables=meta.block_tables, scale=scale, causal=meta.causal,
+                               max_q_len=meta.max_q_len)
     return paged_attention_reference(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
                                      block_tables=meta.block_tables, scale=scale, causal=meta.causal)

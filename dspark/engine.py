@@ -57,6 +57,21 @@ class Engine:
         self._next_id = 0
         self._requests: dict[int, Request] = {}
         self.num_steps = 0
+        self._counts = self._zero_counts()
+
+    @staticmethod
+    def _zero_counts() -> dict[str, int]:
+        return {"steps": 0, "decode_steps": 0, "mixed_steps": 0, "prefill_tokens": 0, "request_steps": 0,
+                "drafted_tokens": 0, "verified_tokens": 0, "accepted_tokens": 0, "emitted_tokens": 0,
+                "trimmed_steps": 0, "ceiling_tokens": 0, "window_tokens": 0, "preemptions": 0,
+                "graph_replays": 0, "eager_steps": 0}
+
+    def counters(self) -> dict[str, float]:
+        """What the engine did since the last reset (feeds the A/B guards and reports)."""
+        c = dict(self._counts)
+        c["trim_ratio"] = 1.0 - c["window_tokens"] / c["ceiling_tokens"] if c["ceiling_tokens"] else 0.0
+        c["accept_rate"] = c["accepted_tokens"] / c["verified_tokens"] if c["verified_tokens"] else 0.0
+        return c
 
     # ---- construction ---------------------------------------------------------------------
     @classmethod
@@ -129,7 +144,15 @@ class Engine:
         if plan.empty:
             return finished
         self.num_steps += 1
+        counts = self._counts
+        counts["steps"] += 1
+        counts["eager_steps"] += 1  # no CUDA graphs on this path: every step runs eagerly
+        counts["preemptions"] += len(plan.preempted)
+        counts["prefill_tokens"] += sum(c.length for c in plan.prefills)
         decodes = plan.decodes
+        if decodes:
+            counts["decode_steps"] += 1
+            counts["mixed_steps"] += int(plan.is_mixed)
         rows = RowSampling([r.params for r in decodes], self.runner.device)
         G = self.block_size
         drafts = None
@@ -150,6 +173,13 @@ class Engine:
                 k = verdict.num_accepted[i]
                 new = draft_rows[i][:k] + [verdict.next_tokens[i]]
                 self._record(req, windows[i], k)
+                counts["request_steps"] += 1
+                counts["drafted_tokens"] += G
+                counts["ceiling_tokens"] += G
+                counts["window_tokens"] += windows[i]
+                counts["verified_tokens"] += windows[i]
+                counts["accepted_tokens"] += k
+                counts["emitted_tokens"] += k + 1
                 req.num_computed = req.num_tokens - 1 + k + 1  # anchor + accepted drafts are now in the cache
                 done = self._commit(req, new, now)
                 if done:
@@ -262,3 +292,4 @@ class Engine:
         self._requests.clear()
         self.runner.reset()
         self.num_steps = 0
+        self._counts = self._zero_counts()

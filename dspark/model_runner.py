@@ -103,6 +103,7 @@ class ModelRunner:
             block_tables=table_t.to(dev),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             causal=causal,
+            max_q_len=max((len(s.tokens) for s in segments), default=0),
         )
         return (torch.tensor(ids, dtype=torch.int64, device=dev), torch.tensor(positions, dtype=torch.int64, device=dev),
                 meta)
@@ -168,3 +169,26 @@ class ModelRunner:
             ki = torch.tensor([d[1] for d in dst], device=self.device)
             verify_logits[bi, ki] = logits
         return TargetResult(verify_logits=verify_logits, hidden=hidden)
+
+
+@torch.inference_mode()
+def last_position_logits(target: TargetModel, token_ids: list[int], page_size: int = 16) -> torch.Tensor:
+    """The target's logits after ``token_ids`` (float32 [V]), from a throw-away cache.
+
+    Used off the hot path, e.g. by the A/B lossless guard to read the top-2 margin where
+    two arms' greedy outputs first differ.
+    """
+    p = next(target.parameters())
+    pages = -(-len(token_ids) // page_size)
+    blocks = BlockManager(pages, page_size)
+    blocks.reserve(0, len(token_ids))
+    tc = target.cfg
+    cache = KVCache(tc.num_layers, pages, page_size, tc.num_kv_heads, tc.head_dim, p.dtype, p.device)
+    n = len(token_ids)
+    meta = AttentionMetadata(
+        qo_indptr=torch.tensor([0, n], dtype=torch.int32, device=p.device),
+        kv_lens=torch.tensor([n], dtype=torch.int32, device=p.device),
+        block_tables=torch.tensor([blocks.table(0)], dtype=torch.int32, device=p.device),
+        slot_mapping=torch.tensor([blocks.slot(0, i) for i in range(n)], dtype=torch.int64, device=p.device))
+    hidden, _ = target(torch.tensor(token_ids, device=p.device), torch.arange(n, device=p.device), cache, meta)
+    return target.compute_logits(hidden[-1:])[0]

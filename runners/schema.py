@@ -9,7 +9,7 @@ names) run when the runner converts a schema into the engine's own dataclasses i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
@@ -77,6 +77,74 @@ class GenerateSchema:
     progress: bool = True
 
 
+@dataclass
+class ArmSchema:
+    label: str = "arm"
+    engine: Dict[str, Any] = field(default_factory=dict)  # overrides of the engine group for this arm
+
+
+@dataclass
+class ArmsSchema:
+    A: ArmSchema = field(default_factory=lambda: ArmSchema(label="target_only", engine={"spec": "off"}))
+    B: ArmSchema = field(default_factory=lambda: ArmSchema(label="dspark_full", engine={"spec": "dspark"}))
+
+
+@dataclass
+class ABSettingsSchema:
+    name: str = "spec_off_vs_dspark_full"
+    arms: ArmsSchema = field(default_factory=ArmsSchema)
+    schedule: str = "ABBA"  # ABBA | ABAB | random
+    n_blocks: int = 4
+    warmup_requests: int = 2
+    cooldown_s: float = 0.0
+    seed: int = 0
+    near_tie_margin: float = 0.05  # bf16: first-divergence flips whose top-2 logit margin is below this are near-ties
+    n_boot: int = 4000
+    fail_on_guard: bool = True
+
+
+@dataclass
+class LoadSchema:
+    mode: str = "closed"  # closed: all requests queued, at most `concurrency` running | poisson
+    concurrency: int = 8  # batch depth (engine.max_num_seqs)
+    request_rate: float = 4.0  # requests per second (poisson)
+
+
+@dataclass
+class WandbSchema:
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "dspark-bench"
+
+
+@dataclass
+class WorkloadSchema:
+    name: str = "poetry"
+    num_prompts: Optional[int] = 8
+    seed: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 256
+    split: str = "eval"
+    path: Optional[str] = None
+    greedy_replica_count: int = 0
+
+
+@dataclass
+class ABSchema:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    drafter: DrafterSchema = field(default_factory=DrafterSchema)
+    engine: EngineSchema = field(default_factory=EngineSchema)
+    paths: PathsSchema = field(default_factory=PathsSchema)
+    ab: ABSettingsSchema = field(default_factory=ABSettingsSchema)
+    load: LoadSchema = field(default_factory=LoadSchema)
+    wandb: WandbSchema = field(default_factory=WandbSchema)
+    workload: Optional[WorkloadSchema] = None
+    experiment: str = "ab"
+    spec: Optional[str] = None
+    progress: bool = True
+
+
 def to_engine_config(engine: Any, spec: str | None = None) -> EngineConfig:
     d = dict(engine)
     if spec is not None:
@@ -97,6 +165,7 @@ def to_drafter_config(d: Any) -> DrafterConfig:
 def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="generate_schema", node=GenerateSchema)
+    cs.store(name="ab_schema", node=ABSchema)
 
 
 register()

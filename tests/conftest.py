@@ -5,10 +5,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "tests"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 os.environ.setdefault("WANDB_MODE", "offline")
+
+# Triton compiles its helpers in GPU mode at import time, so the interpreter must be chosen
+# before anything imports triton: on a machine without CUDA every Triton kernel runs interpreted.
+try:
+    import torch as _torch
+
+    if not _torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:
+    pass
 os.environ.setdefault("WANDB_SILENT", "true")
 
 

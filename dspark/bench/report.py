@@ -143,6 +143,8 @@ def _plot_acceptance(blocks_df: pd.DataFrame, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for arm, group in blocks_df.groupby("arm"):
         curves = [np.asarray(c, dtype=float) for c in group["per_position_acceptance"] if len(c)]
+        if not curves:  # an arm that never drafted (target-only) has no acceptance curve
+            continue
         depth = max(len(c) for c in curves)
         padded = np.full((len(curves), depth), np.nan)
         for i, c in enumerate(curves):

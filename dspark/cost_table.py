@@ -1,0 +1,334 @@
+"""Profiled step-cost table T(batch_size, M) for the verify-budget planner (torch-free).
+
+Form (TensorRT-LLM's): T(bs, M) = fixed_overhead_ms + batch_overhead_ms(bs) + theta_ms(M)
+where M counts ALL tokens submitted to the target in the step, one anchor/bonus token
+per request included: M = sum_r (verify_len_r + 1).
+
+Lookups:
+ - theta at M steps UP to the smallest measured token count >= M: the engine pads a step
+   up to the next captured token bucket, so a step of M tokens costs what the bucket
+   costs; linear interpolation would promise savings that padding takes back.
+ - M above the largest measured count is refused (the planner would be optimising
+   against a guess) unless ``extrapolate=True``, which extends the last measured slope.
+ - batch overhead: the smallest listed batch size >= bs, or the last one.
+
+The table carries a fingerprint of where it was measured; ``check_fingerprint`` refuses
+a table from another device, driver, software stack, model, drafter or dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, Sequence
+
+FORMAT_VERSION = 1
+# Fingerprint fields that must agree for a table to describe this run's step cost.
+CHECKED_FINGERPRINT_FIELDS = ("device_name", "driver", "torch", "triton", "model", "drafter", "dtype")
+OPTIONAL_FINGERPRINT_FIELDS = ("hostname",)
+
+
+class CostTableError(ValueError):
+    """A cost table is malformed, does not cover a lookup, or was measured elsewhere."""
+
+
+class CostTableMismatchError(CostTableError):
+    """The table's fingerprint differs from the current run's in the named fields."""
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Immutable step-cost table; the constructor checks every invariant."""
+
+    token_counts: tuple[int, ...]  # M, bonus tokens included, strictly ascending
+    theta_ms: tuple[float, ...]  # token-dependent cost at each M, >= 0
+    fixed_overhead_ms: float = 0.0  # per-step cost that no trim can remove
+    batch_sizes: tuple[int, ...] | None = None  # staircase of the per-batch-size overhead
+    batch_overhead_ms: tuple[float, ...] | None = None
+    fingerprint: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        tc = tuple(self.token_counts)
+        th = tuple(self.theta_ms)
+        if not tc:
+            raise CostTableError("token_counts is empty; profile at least one token count")
+        if not all(_is_int(m) and m >= 1 for m in tc):
+            raise CostTableError(f"token_counts must be positive integers, got {list(tc)}")
+        bad = [(tc[i], tc[i + 1]) for i in range(len(tc) - 1) if tc[i + 1] <= tc[i]]
+        if bad:
+            raise CostTableError(f"token_counts must be strictly ascending; out of order pairs {bad} in {list(tc)}")
+        if len(th) != len(tc):
+            raise CostTableError(f"theta_ms has {len(th)} values but token_counts has {len(tc)}: {list(th)} vs {list(tc)}")
+        if not all(_finite(t) and t >= 0.0 for t in th):
+            raise CostTableError(f"theta_ms must be finite and >= 0 (no NaN), got {list(th)}")
+        if not (_finite(self.fixed_overhead_ms) and self.fixed_overhead_ms >= 0.0):
+            raise CostTableError(f"fixed_overhead_ms must be finite and >= 0, got {self.fixed_overhead_ms!r}")
+        if self.fixed_overhead_ms + min(th) <= 0.0:
+            raise CostTableError(f"a step cannot be free: fixed_overhead_ms ({self.fixed_overhead_ms}) + min(theta_ms) "
+                                 f"({min(th)}) must be > 0")
+        bs, bo = self.batch_sizes, self.batch_overhead_ms
+        if (bs is None) != (bo is None):
+            raise CostTableError(f"batch_sizes and batch_overhead_ms come together; got batch_sizes={bs!r}, "
+                                 f"batch_overhead_ms={bo!r}")
+        if bs is not None:
+            bs, bo = tuple(bs), tuple(bo)
+            if not bs or not all(_is_int(b) and b >= 1 for b in bs):
+                raise CostTableError(f"batch_sizes must be non-empty positive integers, got {list(bs)}")
+            if any(bs[i + 1] <= bs[i] for i in range(len(bs) - 1)):
+                raise CostTableError(f"batch_sizes must be strictly ascending, got {list(bs)}")
+            if len(bo) != len(bs):
+                raise CostTableError(f"batch_overhead_ms has {len(bo)} values but batch_sizes has {len(bs)}: "
+                                     f"{list(bo)} vs {list(bs)}")
+            if not all(_finite(o) and o >= 0.0 for o in bo):
+                raise CostTableError(f"batch_overhead_ms must be finite and >= 0 (no NaN), got {list(bo)}")
+        fp = dict(self.fingerprint)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in fp.items()):
+            raise CostTableError(f"fingerprint must map str -> str, got {fp!r}")
+        object.__setattr__(self, "token_counts", tc)
+        object.__setattr__(self, "theta_ms", tuple(float(t) for t in th))
+        object.__setattr__(self, "fixed_overhead_ms", float(self.fixed_overhead_ms))
+        object.__setattr__(self, "batch_sizes", bs)
+        object.__setattr__(self, "batch_overhead_ms", None if bo is None else tuple(float(o) for o in bo))
+        object.__setattr__(self, "fingerprint", MappingProxyType(fp))
+
+    # ---- lookups -------------------------------------------------------------------------
+
+    @property
+    def max_tokens(self) -> int:
+        return self.token_counts[-1]
+
+    def theta_at(self, num_tokens: int, *, extrapolate: bool = False) -> float:
+        """theta at M tokens, stepping up to the next measured count (see module docstring)."""
+        if not _is_int(num_tokens) or num_tokens < 1:
+            raise CostTableError(f"token count must be an integer >= 1 (bonus tokens included), got {num_tokens!r}")
+        tc = self.token_counts
+        if num_tokens > tc[-1]:
+            if not extrapolate:
+                raise CostTableError(
+                    f"M={num_tokens} tokens is above the table's largest measured count {tc[-1]}; profile up to "
+                    f"max_num_seqs * (block + 1) tokens, or pass extrapolate=True to extend the last slope")
+            if len(tc) == 1:
+                return self.theta_ms[0] * num_tokens / tc[0]
+            slope = max(0.0, (self.theta_ms[-1] - self.theta_ms[-2]) / (tc[-1] - tc[-2]))
+            return self.theta_ms[-1] + slope * (num_tokens - tc[-1])
+        lo, hi = 0, len(tc) - 1
+        while lo < hi:  # smallest index with tc[i] >= num_tokens
+            mid = (lo + hi) // 2
+            if tc[mid] >= num_tokens:
+                hi = mid
+            else:
+                lo = mid + 1
+        return self.theta_ms[lo]
+
+    def batch_overhead(self, batch_size: int) -> float:
+        """Staircase lookup: the smallest listed batch size >= batch_size, or the last listed one."""
+        if not _is_int(batch_size) or batch_size < 1:
+            raise CostTableError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        if self.batch_sizes is None:
+            return 0.0
+        for b, o in zip(self.batch_sizes, self.batch_overhead_ms):
+            if b >= batch_size:
+                return o
+        return self.batch_overhead_ms[-1]
+
+    def step_ms(self, num_tokens: int, batch_size: int, *, extrapolate: bool = False) -> float:
+        """Predicted step time for M = num_tokens submitted tokens (bonus included) over batch_size requests."""
+        return self.fixed_overhead_ms + self.batch_overhead(batch_size) + self.theta_at(num_tokens, extrapolate=extrapolate)
+
+    def is_flat(self, rel_tol: float = 0.02) -> bool:
+        """True when theta varies by at most rel_tol of the cheapest step: trimming would look free.
+
+        Measured relative to the smallest step time (fixed + min theta) rather than to
+        theta alone, because a fitted theta may be 0 at the smallest count.
+        """
+        if rel_tol < 0:
+            raise CostTableError(f"rel_tol must be >= 0, got {rel_tol}")
+        lo, hi = min(self.theta_ms), max(self.theta_ms)
+        return (hi - lo) <= rel_tol * (self.fixed_overhead_ms + lo)
+
+    # ---- serialisation --------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "token_counts_include_bonus": True,
+            "token_counts": list(self.token_counts),
+            "theta_ms": list(self.theta_ms),
+            "fixed_overhead_ms": self.fixed_overhead_ms,
+            "batch_sizes": None if self.batch_sizes is None else list(self.batch_sizes),
+            "batch_overhead_ms": None if self.batch_overhead_ms is None else list(self.batch_overhead_ms),
+            "fingerprint": dict(self.fingerprint),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "CostTable":
+        if not isinstance(d, Mapping):
+            raise CostTableError(f"cost table JSON must be an object, got {type(d).__name__}")
+        known = {"format_version", "token_counts_include_bonus", "token_counts", "theta_ms", "fixed_overhead_ms",
+                 "batch_sizes", "batch_overhead_ms", "fingerprint"}
+        unknown = set(d) - known
+        if unknown:
+            raise CostTableError(f"cost table: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise CostTableError(f"cost table format_version {version!r} is not {FORMAT_VERSION}; re-profile")
+        if d.get("token_counts_include_bonus") is not True:
+            raise CostTableError("cost table must declare token_counts_include_bonus: true (M counts one bonus token "
+                                 f"per request); got {d.get('token_counts_include_bonus')!r}")
+        for key in ("token_counts", "theta_ms"):
+            if key not in d:
+                raise CostTableError(f"cost table: missing required key {key!r}")
+        bs, bo = d.get("batch_sizes"), d.get("batch_overhead_ms")
+        return cls(token_counts=tuple(d["token_counts"]), theta_ms=tuple(d["theta_ms"]),
+                   fixed_overhead_ms=d.get("fixed_overhead_ms", 0.0),
+                   batch_sizes=None if bs is None else tuple(bs),
+                   batch_overhead_ms=None if bo is None else tuple(bo),
+                   fingerprint=dict(d.get("fingerprint") or {}))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CostTable":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise CostTableError(f"cost table is not valid JSON: {e}") from e
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostTable":
+        p = Path(path)
+        if not p.is_file():
+            raise CostTableError(f"cost table file {str(p)!r} does not exist; run the profiler to create it")
+        try:
+            return cls.from_json(p.read_text())
+        except CostTableError as e:
+            raise CostTableError(f"{p}: {e}") from e
+
+    # ---- provenance -----------------------------------------------------------------------
+
+    def check_fingerprint(self, current: Mapping[str, str], override: bool = False) -> list[str]:
+        """Compare the checked fields with ``current``; raise on any difference unless override.
+
+        A field recorded on one side only counts as a mismatch. Returns the mismatch
+        descriptions (empty when everything agrees), so an override can be logged.
+        """
+        mismatches = []
+        for key in CHECKED_FINGERPRINT_FIELDS:
+            mine, theirs = self.fingerprint.get(key), current.get(key)
+            if mine is None and theirs is None:
+                continue
+            if mine != theirs:
+                mismatches.append(f"{key}: table={mine!r} current={theirs!r}")
+        if mismatches and not override:
+            raise CostTableMismatchError(
+                "cost table was measured on a different setup (" + "; ".join(mismatches) + "); re-profile on this "
+                "setup, or set the override flag if you know the step cost is the same")
+        return mismatches
+
+
+def derive_tier_ladder(table: CostTable, block: int, *, batch_size: int, rel_tol: float = 0.02) -> list[int]:
+    """Verify-length tiers at the right edges of theta's flat shelves, for a uniform batch.
+
+    A shelf is a run of consecutive measured counts whose theta stays within rel_tol of
+    (fixed + theta at the shelf's first count). Within a shelf, a step costs the same,
+    so only its right edge M_edge is worth a graph. With batch_size requests each
+    verifying v drafts, M = batch_size * (v + 1), so the edge maps to the largest v whose
+    M fits: v = M_edge // batch_size - 1. Values outside [1, block] are dropped; block
+    (the no-trim baseline) is always included. Returns ascending distinct lengths.
+    """
+    if block < 1:
+        raise CostTableError(f"block must be >= 1, got {block}")
+    if not _is_int(batch_size) or batch_size < 1:
+        raise CostTableError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    tc, th = table.token_counts, table.theta_ms
+    edges = []
+    start = 0
+    for i in range(1, len(tc) + 1):
+        if i == len(tc) or abs(th[i] - th[start]) > rel_tol * (table.fixed_overhead_ms + th[start]):
+            edges.append(tc[i - 1])
+            start = i
+    tiers = {block}
+    for edge in edges:
+        v = edge // batch_size - 1
+        if 1 <= v <= block:
+            tiers.add(v)
+    return sorted(tiers)
+
+
+def fit_cost_table(measurements: Iterable[Sequence[float]], *, fingerprint: Mapping[str, str] | None = None) -> CostTable:
+    """Fit T(bs, M) = fixed + alpha(bs) + theta(M) to (batch_size, M, ms) measurements.
+
+    Repeats of one (bs, M) key are reduced to their median (warm-up steps must already be
+    dropped by the caller). The additive model is fitted by least squares on the medians,
+    then put in a canonical gauge: min theta = 0 and min alpha = 0, the removed constants
+    going into fixed_overhead_ms, so predictions are unchanged. The design must connect
+    every batch size to every token count through shared keys (e.g. one M measured at two
+    batch sizes); otherwise alpha and theta are not separable and this raises.
+    """
+    import numpy as np  # local: the table itself stays dependency-free
+
+    groups: dict[tuple[int, int], list[float]] = {}
+    for row in measurements:
+        if len(row) != 3:
+            raise CostTableError(f"each measurement is (batch_size, M, ms); got {row!r}")
+        bs, m, ms = row
+        if not (_is_int(bs) and bs >= 1 and _is_int(m) and m >= 1):
+            raise CostTableError(f"batch_size and M must be integers >= 1; got {row!r}")
+        if not (_finite(ms) and ms > 0):
+            raise CostTableError(f"measured ms must be finite and > 0; got {row!r}")
+        groups.setdefault((bs, m), []).append(float(ms))
+    if not groups:
+        raise CostTableError("no measurements to fit")
+    keys = sorted(groups)
+    med = [statistics.median(groups[k]) for k in keys]
+    bss = sorted({k[0] for k in keys})
+    ms_ = sorted({k[1] for k in keys})
+    # Unknowns: intercept, alpha(bs) for bs != bss[0], theta(M) for M != ms_[0].
+    n_unk = 1 + (len(bss) - 1) + (len(ms_) - 1)
+    A = np.zeros((len(keys), n_unk))
+    for row, (bs, m) in enumerate(keys):
+        A[row, 0] = 1.0
+        bi, mi = bss.index(bs), ms_.index(m)
+        if bi > 0:
+            A[row, bi] = 1.0
+        if mi > 0:
+            A[row, len(bss) - 1 + mi] = 1.0
+    if np.linalg.matrix_rank(A) < n_unk:
+        raise CostTableError(
+            f"measurements at batch sizes {bss} and token counts {ms_} do not separate the batch overhead from "
+            "theta; measure some token count at more than one batch size (e.g. sweep verify lengths at each batch size)")
+    coef, *_ = np.linalg.lstsq(A, np.asarray(med), rcond=None)
+    alpha = [0.0] + [float(c) for c in coef[1:len(bss)]]
+    theta = [0.0] + [float(c) for c in coef[len(bss):]]
+    fixed = float(coef[0]) + min(alpha) + min(theta)
+    alpha = [a - min(alpha) for a in alpha]
+    theta = [t - min(theta) for t in theta]
+    if fixed < 0.0:
+        if fixed > -1e-9 * max(med):
+            fixed = 0.0  # rounding residue of the gauge shift
+        else:
+            raise CostTableError(f"fit gives a negative fixed overhead ({fixed:.4f} ms); the measurements are not "
+                                 f"additive in (batch size, tokens): medians {dict(zip(keys, med))}")
+    return CostTable(token_counts=tuple(ms_), theta_ms=tuple(theta), fixed_overhead_ms=fixed,
+                     batch_sizes=tuple(bss), batch_overhead_ms=tuple(alpha), fingerprint=dict(fingerprint or {}))
+
+
+__all__ = ["FORMAT_VERSION", "CHECKED_FINGERPRINT_FIELDS", "CostTableError", "CostTableMismatchError", "CostTable",
+           "derive_tier_ladder", "fit_cost_table"]

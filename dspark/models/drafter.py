@@ -1,0 +1,456 @@
+"""DSpark block drafter: KV injection backbone, Markov head, confidence head.
+
+Backbone (DFlash-style KV injection). The outputs of a few target decoder layers are
+concatenated per position, projected by ``fc`` and RMS-normed into *context states*.
+Each draft layer turns the context states into K/V with its own ``k_proj``/``v_proj``
+(rotary at the context positions) and stores them in the drafter's paged cache. A block
+``[anchor, mask x (gamma-1)]`` then runs through the draft layers in one forward; every
+block row attends non-causally to all context before the anchor and to the whole block.
+Slot k (0-based) predicts the token k+1 positions after the anchor.
+
+Sequential stage. Slot k's logits are ``h_k @ lm_head.T`` plus a Markov bias from the
+token before it (the anchor for slot 0, then the drafted tokens), so drafting samples
+left to right:
+
+- ``vanilla``: bias = W2(W1[x_{k-1}]), W1 an Embedding(V, r), W2 a Linear(r, V);
+- ``gated``:   the vanilla bias scaled by sigmoid(w_g . [h_k; W1[x_{k-1}]]);
+- ``rnn``:     a gated recurrent state s_k of size r carried across the block's slots:
+  z = [s_{k-1}; W1[x_{k-1}]; h_k], (g, c, o) = split(Linear(z)),
+  s_k = sigmoid(g) * s_{k-1} + (1 - sigmoid(g)) * tanh(c), bias = W2(tanh(o)), s_0 = 0;
+- rank 0: no bias (DFlash-style independent slots).
+
+Confidence head. z_k = w . [h_k; W1[x_{k-1}]] (h_k alone at rank 0); sigmoid(z_k / T_k)
+estimates the probability that slot k's draft is accepted given that all earlier ones
+were, with per-slot temperatures T_k from sequential temperature scaling (default 1).
+
+The target's embedding and lm_head are not parameters of the drafter: callers pass
+``embed_fn`` and ``lm_head_weight`` (frozen, shared) at call time.
+
+The inference path (:meth:`DSparkDrafter.context_kv` + :meth:`DSparkDrafter.forward_block`
+over the paged cache) and the training path (:meth:`DSparkDrafter.forward_train`, dense)
+compute the same function; tests/test_drafter.py checks that they agree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from dspark.attention import AttentionMetadata, write_kv
+from dspark.config import ConfigError, DrafterConfig, ModelConfig
+from dspark.kv_cache import KVCache
+from dspark.models.layers import DecoderLayer, RMSNorm
+
+EmbedFn = Callable[[torch.Tensor], torch.Tensor]
+SampleFn = Callable[[torch.Tensor, int], torch.Tensor]
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+TEMPERATURES_FILE = "temperatures.json"
+DEFAULT_MAX_SHARD_BYTES = 16 * 1024 * 1024
+# Target fields a drafter checkpoint depends on; load() refuses a target that differs in any.
+TARGET_COMPAT_KEYS = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                      "intermediate_size", "rope_theta")
+
+
+class DraftOutput(NamedTuple):
+    tokens: torch.Tensor  # int64 [B, gamma]
+    logits: torch.Tensor  # float32 [B, gamma, V]: the logits each token was drawn from (Markov bias included)
+    confidence_logits: torch.Tensor | None  # float32 [B, gamma] raw z_k; None without a confidence head
+
+
+class TrainOutput(NamedTuple):
+    logits: torch.Tensor  # float32 [N, A, gamma, V]
+    confidence_logits: torch.Tensor | None  # float32 [N, A, gamma]; None without a confidence head
+    hidden: torch.Tensor  # [N, A, gamma, d] backbone output (final norm applied)
+
+
+class MarkovHead(nn.Module):
+    """Low-rank transition bias from the previous block token; see the module docstring for variants."""
+
+    def __init__(self, hidden: int, vocab: int, rank: int, variant: str):
+        super().__init__()
+        if variant not in DrafterConfig.VARIANTS:
+            raise ConfigError(f"drafter.markov_variant: unknown variant {variant!r}; "
+                              f"allowed: {list(DrafterConfig.VARIANTS)}")
+        self.rank = rank
+        self.variant = variant
+        self.w1 = nn.Embedding(vocab, rank)
+        self.w2 = nn.Linear(rank, vocab, bias=False)
+        self.gate = nn.Linear(hidden + rank, 1) if variant == "gated" else None
+        self.cell = nn.Linear(2 * rank + hidden, 3 * rank) if variant == "rnn" else None
+
+    def initial_state(self, batch: int, like: torch.Tensor) -> torch.Tensor | None:
+        if self.variant != "rnn":
+            return None
+        return torch.zeros(batch, self.rank, dtype=self.w1.weight.dtype, device=like.device)
+
+    def forward(self, h: torch.Tensor, prev_emb: torch.Tensor, state: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """h [M, d], prev_emb = W1[x_{k-1}] [M, r], state [M, r] (rnn) -> (bias float32 [M, V], new state)."""
+        if self.variant == "vanilla":
+            return self.w2(prev_emb).float(), None
+        if self.variant == "gated":
+            gate = torch.sigmoid(self.gate(torch.cat((h, prev_emb), dim=-1)).float())  # [M, 1]
+            return gate * self.w2(prev_emb).float(), None
+        z = torch.cat((state, prev_emb, h), dim=-1)
+        g, c, o = self.cell(z).chunk(3, dim=-1)
+        keep = torch.sigmoid(g)
+        new_state = keep * state + (1.0 - keep) * torch.tanh(c)
+        return self.w2(torch.tanh(o)).float(), new_state
+
+
+class DSparkDrafter(nn.Module):
+    """DSpark block drafter attached to a target model of config ``target_cfg``."""
+
+    def __init__(self, target_cfg: ModelConfig, cfg: DrafterConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.validate_target_layers(target_cfg)
+        if cfg.mask_token_id is not None and not 0 <= cfg.mask_token_id < target_cfg.vocab_size:
+            raise ConfigError(f"drafter.mask_token_id: {cfg.mask_token_id} is outside the target vocabulary "
+                              f"[0, {target_cfg.vocab_size}); use a valid token id, or null for a learned "
+                              f"mask embedding")
+        self.target_cfg = target_cfg
+        self.block_size = cfg.block_size
+        d = target_cfg.hidden_size
+        self.hidden_size = d
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * d, d, bias=False)
+        self.hidden_norm = RMSNorm(d, target_cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DecoderLayer.from_config(target_cfg, intermediate=cfg.intermediate_size) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(d, target_cfg.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(d)) if cfg.mask_token_id is None else None
+        r = cfg.markov_rank
+        self.markov_head = MarkovHead(d, target_cfg.vocab_size, r, cfg.markov_variant) if r > 0 else None
+        self.confidence_head = nn.Linear(d + r, 1) if cfg.use_confidence_head else None
+        self.register_buffer("confidence_temperatures", torch.ones(cfg.block_size, dtype=torch.float32),
+                             persistent=False)
+        self._init_weights()
+
+    # ------------------------------------------------------------------ setup
+
+    def validate_target_layers(self, target_cfg: ModelConfig) -> None:
+        """Every id in drafter.target_layer_ids must name a decoder layer of target_cfg."""
+        cfg = self.cfg
+        bad = [i for i in cfg.target_layer_ids if not 0 <= i < target_cfg.num_layers]
+        if bad:
+            raise ConfigError(f"drafter.target_layer_ids: {list(cfg.target_layer_ids)} has ids {bad} outside "
+                              f"[0, {target_cfg.num_layers}) for this {target_cfg.num_layers}-layer target; "
+                              f"pick 0-based layer ids of the target")
+
+    def _init_weights(self, std: float = 0.02) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=std)
+        if self.mask_embedding is not None:
+            nn.init.normal_(self.mask_embedding, std=std)
+
+    def _apply(self, fn, recurse: bool = True):
+        """Module.to()/.half()/.cuda() move the STS temperatures with the model but keep them float32."""
+        temperatures = self.confidence_temperatures
+        super()._apply(fn, recurse)
+        device = fn(temperatures).device
+        self.confidence_temperatures = temperatures.to(device=device, dtype=torch.float32)
+        return self
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    # ------------------------------------------------------------------ backbone
+
+    def _block_inputs(self, anchor_ids: torch.Tensor, embed_fn: EmbedFn) -> torch.Tensor:
+        """anchor_ids [...] -> block inputs [..., gamma, d]: embed(anchor) then gamma-1 mask slots."""
+        anchor = embed_fn(anchor_ids).to(self.dtype)  # [..., d]
+        if self.mask_embedding is not None:
+            mask = self.mask_embedding
+        else:
+            mask_id = torch.tensor([self.cfg.mask_token_id], dtype=torch.long, device=anchor_ids.device)
+            mask = embed_fn(mask_id)[0].to(self.dtype)
+        masks = mask.expand(*anchor.shape[:-1], self.block_size - 1, self.hidden_size)
+        return torch.cat((anchor.unsqueeze(-2), masks), dim=-2)
+
+    def _context_states(self, target_hidden_cat: torch.Tensor) -> torch.Tensor:
+        expected = len(self.cfg.target_layer_ids) * self.hidden_size
+        if target_hidden_cat.shape[-1] != expected:
+            raise ValueError(f"target_hidden_cat has last dim {target_hidden_cat.shape[-1]}, expected {expected} "
+                             f"= {len(self.cfg.target_layer_ids)} captured layers x hidden {self.hidden_size}; "
+                             f"capture drafter.target_layer_ids {list(self.cfg.target_layer_ids)} from the target")
+        return self.hidden_norm(self.fc(target_hidden_cat.to(self.dtype)))
+
+    def _check_cache(self, cache: KVCache) -> None:
+        if cache.k.shape[0] != len(self.layers):
+            raise ValueError(f"drafter cache has {cache.k.shape[0]} layers, the drafter has {len(self.layers)}; "
+                             f"allocate KVCache(num_layers=drafter.num_layers, ...)")
+
+    def context_kv(self, target_hidden_cat: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                   meta: AttentionMetadata) -> None:
+        """Write every draft layer's context K/V for target_hidden_cat [T, n*d] at positions [T] (meta.slot_mapping)."""
+        self._check_cache(cache)
+        ctx = self._context_states(target_hidden_cat)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.project_kv(ctx, positions)
+            k_cache, v_cache = cache.layer(i)
+            write_kv(k_cache, v_cache, k, v, meta)
+
+    def forward_block(self, anchor_ids: torch.Tensor, start_positions: torch.Tensor, cache: KVCache,
+                      meta: AttentionMetadata, embed_fn: EmbedFn) -> torch.Tensor:
+        """One block forward over the paged cache -> hidden [B, gamma, d] (final norm applied).
+
+        anchor_ids int64 [B]; start_positions int64 [B] (= n-1, the anchor's position);
+        meta: causal=False, qo_indptr = arange(B+1)*gamma, kv_lens = start+gamma, slot_mapping
+        for positions start..start+gamma-1 of each request (the block's K/V are written there).
+        """
+        self._check_cache(cache)
+        batch, gamma = anchor_ids.shape[0], self.block_size
+        if meta.causal:
+            raise ValueError("forward_block needs AttentionMetadata(causal=False): block rows see the whole block")
+        if meta.num_tokens != batch * gamma or meta.batch_size != batch:
+            raise ValueError(f"metadata describes {meta.batch_size} requests / {meta.num_tokens} tokens, "
+                             f"expected {batch} requests x block_size {gamma} = {batch * gamma} tokens")
+        offsets = torch.arange(gamma, device=anchor_ids.device)
+        positions = (start_positions.long()[:, None] + offsets).reshape(-1)  # [B*gamma]
+        x = self._block_inputs(anchor_ids, embed_fn).reshape(batch * gamma, self.hidden_size)
+        for i, layer in enumerate(self.layers):
+            k_cache, v_cache = cache.layer(i)
+            x = layer(x, positions, k_cache, v_cache, meta)
+        return self.norm(x).view(batch, gamma, self.hidden_size)
+
+    # ------------------------------------------------------------------ heads
+
+    @staticmethod
+    def _base_logits(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+        """Backbone logits U_k for all slots at once: hidden [..., d] -> float32 [..., V]."""
+        return F.linear(hidden.to(lm_head_weight.dtype), lm_head_weight).float()
+
+    def _slot_head(self, h: torch.Tensor, base_logits: torch.Tensor, prev_tokens: torch.Tensor,
+                   state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """One slot for M rows: h [M, d], base_logits [M, V], prev_tokens x_{k-1} [M]
+        -> (logits float32 [M, V] with the Markov bias, confidence logit float32 [M] or None, new rnn state)."""
+        logits = base_logits
+        prev_emb = None
+        if self.markov_head is not None:
+            prev_emb = self.markov_head.w1(prev_tokens)
+            bias, state = self.markov_head(h, prev_emb, state)
+            logits = logits + bias
+        conf = None
+        if self.confidence_head is not None:
+            feats = h if prev_emb is None else torch.cat((h, prev_emb), dim=-1)
+            conf = self.confidence_head(feats).float().squeeze(-1)
+        return logits, conf, state
+
+    def draft(self, hidden: torch.Tensor, anchor_ids: torch.Tensor, lm_head_weight: torch.Tensor,
+              sample_fn: SampleFn) -> DraftOutput:
+        """Sample the block left to right from hidden [B, gamma, d].
+
+        ``sample_fn(logits [B, V] float32, slot k) -> tokens int64 [B]``; slot k's Markov bias and
+        confidence use the token before it (anchor_ids for slot 0, then the token drawn at k-1).
+        """
+        batch, gamma, _ = hidden.shape
+        state = self.markov_head.initial_state(batch, hidden) if self.markov_head is not None else None
+        prev = anchor_ids.long()
+        base = self._base_logits(hidden, lm_head_weight)  # [B, gamma, V]
+        tokens, logits_all, conf_all = [], [], []
+        for k in range(gamma):
+            logits, conf, state = self._slot_head(hidden[:, k], base[:, k], prev, state)
+            drawn = sample_fn(logits, k)
+            if drawn.shape != (batch,):
+                raise ValueError(f"sample_fn returned shape {tuple(drawn.shape)} for slot {k}, expected ({batch},)")
+            prev = drawn.long()
+            tokens.append(prev)
+            logits_all.append(logits)
+            conf_all.append(conf)
+        confidence = torch.stack(conf_all, dim=1) if self.confidence_head is not None else None
+        return DraftOutput(torch.stack(tokens, dim=1), torch.stack(logits_all, dim=1), confidence)
+
+    def calibrated_confidence(self, confidence_logits: torch.Tensor) -> torch.Tensor:
+        """c_k = sigmoid(z_k / T_k) for confidence_logits [..., gamma] (temperatures from STS, default 1)."""
+        return torch.sigmoid(confidence_logits.float() / self.confidence_temperatures.float())
+
+    def set_confidence_temperatures(self, temperatures) -> None:
+        temps = [float(t) for t in temperatures]
+        if len(temps) != self.block_size:
+            raise ConfigError(f"confidence temperatures: got {len(temps)} values, need one per slot "
+                              f"(drafter.block_size = {self.block_size})")
+        if not all(t > 0 and t == t and t != float("inf") for t in temps):
+            raise ConfigError(f"confidence temperatures must be finite and > 0, got {temps}")
+        self.confidence_temperatures = torch.tensor(temps, dtype=torch.float32,
+                                                    device=self.confidence_temperatures.device)
+
+    # ------------------------------------------------------------------ training
+
+    def forward_train(self, target_hidden_cat: torch.Tensor, input_ids: torch.Tensor, anchor_positions: torch.Tensor,
+                      embed_fn: EmbedFn, lm_head_weight: torch.Tensor, block_targets: torch.Tensor) -> TrainOutput:
+        """Dense training forward for A blocks per sequence.
+
+        target_hidden_cat [N, S, n*d]; input_ids int64 [N, S]; anchor_positions int64 [N, A] in
+        [0, S); block_targets int64 [N, A, gamma] = tokens at anchor+1..anchor+gamma. A block at
+        anchor a sees context positions 0..a-1 of its own sequence and its own gamma slots
+        (rotary positions a..a+gamma-1). Teacher forcing: the Markov/confidence features of slot k
+        use the true token at a+k (input_ids[a] for k=0, block_targets[k-1] after). Negative
+        block_targets (padding past the sequence end) are looked up as token 0 for those
+        features; the slots after them have padded targets too and must carry no loss.
+        """
+        n_seq, seq_len, _ = target_hidden_cat.shape
+        gamma, d = self.block_size, self.hidden_size
+        n_anchor = anchor_positions.shape[1]
+        if input_ids.shape != (n_seq, seq_len):
+            raise ValueError(f"input_ids has shape {tuple(input_ids.shape)}, expected {(n_seq, seq_len)} "
+                             f"to match target_hidden_cat [N, S, n*d]")
+        if anchor_positions.shape[0] != n_seq:
+            raise ValueError(f"anchor_positions has {anchor_positions.shape[0]} rows, expected N = {n_seq}")
+        if block_targets.shape != (n_seq, n_anchor, gamma):
+            raise ValueError(f"block_targets has shape {tuple(block_targets.shape)}, expected "
+                             f"{(n_seq, n_anchor, gamma)} = [N, A, block_size]")
+        anchors = anchor_positions.long()
+        if anchors.numel() and (int(anchors.min()) < 0 or int(anchors.max()) >= seq_len):
+            raise ValueError(f"anchor_positions must lie in [0, {seq_len}), got min {int(anchors.min())} "
+                             f"max {int(anchors.max())}")
+        dev = target_hidden_cat.device
+        ctx = self._context_states(target_hidden_cat)  # [N, S, d]
+        ctx_positions = torch.arange(seq_len, device=dev).expand(n_seq, seq_len)
+        offsets = torch.arange(gamma, device=dev)
+        block_positions = (anchors[:, :, None] + offsets).reshape(n_seq, n_anchor * gamma)
+        anchor_ids = input_ids.long().gather(1, anchors)  # [N, A]
+        x = self._block_inputs(anchor_ids, embed_fn).reshape(n_seq, n_anchor * gamma, d)
+
+        # Visibility: block rows of anchor a see context j < a, and every slot of their own block.
+        ctx_visible = torch.arange(seq_len, device=dev)[None, None, :] < anchors[:, :, None]  # [N, A, S]
+        ctx_visible = ctx_visible.repeat_interleave(gamma, dim=1)  # [N, A*gamma, S]
+        block_of_row = torch.arange(n_anchor, device=dev).repeat_interleave(gamma)  # [A*gamma]
+        same_block = (block_of_row[:, None] == block_of_row[None, :]).expand(n_seq, -1, -1)
+        visible = torch.cat((ctx_visible, same_block), dim=-1)  # [N, A*gamma, S + A*gamma]
+
+        for layer in self.layers:
+            ctx_k, ctx_v = layer.self_attn.project_kv(ctx, ctx_positions)
+            x = layer.forward_dense(x, block_positions, ctx_k, ctx_v, visible)
+        hidden = self.norm(x).view(n_seq, n_anchor, gamma, d)
+
+        prev_tokens = torch.cat((anchor_ids[..., None], block_targets[..., : gamma - 1].long()), dim=-1).clamp_min(0)
+        rows = n_seq * n_anchor
+        flat_hidden = hidden.reshape(rows, gamma, d)
+        flat_prev = prev_tokens.reshape(rows, gamma)
+        base = self._base_logits(flat_hidden, lm_head_weight)  # [N*A, gamma, V]
+        state = self.markov_head.initial_state(rows, flat_hidden) if self.markov_head is not None else None
+        logits_all, conf_all = [], []
+        for k in range(gamma):
+            logits, conf, state = self._slot_head(flat_hidden[:, k], base[:, k], flat_prev[:, k], state)
+            logits_all.append(logits)
+            conf_all.append(conf)
+        logits = torch.stack(logits_all, dim=1).view(n_seq, n_anchor, gamma, -1)
+        confidence = (torch.stack(conf_all, dim=1).view(n_seq, n_anchor, gamma)
+                      if self.confidence_head is not None else None)
+        return TrainOutput(logits, confidence, hidden)
+
+    # ------------------------------------------------------------------ checkpoint
+
+    def save(self, directory: str | Path, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> Path:
+        """Write config.json, the drafter's own weights (sharded above max_shard_bytes) and temperatures.json."""
+        if max_shard_bytes < 1:
+            raise ValueError(f"max_shard_bytes must be >= 1, got {max_shard_bytes}")
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        target = self.target_cfg.to_dict()
+        config = {"target": {k: target[k] for k in TARGET_COMPAT_KEYS}, "drafter": self.cfg.to_dict()}
+        (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+
+        stale_files = [out / WEIGHTS_FILE, out / INDEX_FILE, out / TEMPERATURES_FILE,
+                       *out.glob("model-*-of-*.safetensors")]
+        for stale in stale_files:
+            stale.unlink(missing_ok=True)
+        state = {k: v.detach().to("cpu").contiguous() for k, v in self.state_dict().items()}
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        shard_bytes = 0
+        for name, tensor in state.items():
+            size = tensor.numel() * tensor.element_size()
+            if shards[-1] and shard_bytes + size > max_shard_bytes:
+                shards.append({})
+                shard_bytes = 0
+            shards[-1][name] = tensor
+            shard_bytes += size
+        if len(shards) == 1:
+            save_file(shards[0], str(out / WEIGHTS_FILE))
+        else:
+            weight_map = {}
+            for i, shard in enumerate(shards):
+                fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(out / fname))
+                weight_map.update({name: fname for name in shard})
+            total = sum(t.numel() * t.element_size() for t in state.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        temps = self.confidence_temperatures.tolist()
+        if any(t != 1.0 for t in temps):
+            (out / TEMPERATURES_FILE).write_text(json.dumps(temps) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, directory: str | Path, target_cfg: ModelConfig, device: str | torch.device = "cpu",
+             dtype: torch.dtype = torch.float32) -> "DSparkDrafter":
+        """Load a checkpoint written by :meth:`save` for a compatible target; strict on weight names."""
+        src = Path(directory)
+        config_path = src / CONFIG_FILE
+        if not config_path.is_file():
+            raise FileNotFoundError(f"drafter checkpoint {src}: no {CONFIG_FILE}; point to a folder written by "
+                                    f"DSparkDrafter.save")
+        config = json.loads(config_path.read_text())
+        if "target" not in config or "drafter" not in config:
+            raise ConfigError(f"drafter checkpoint {config_path}: needs keys 'target' and 'drafter', "
+                              f"found {sorted(config)}")
+        target = target_cfg.to_dict()
+        for key, saved in config["target"].items():
+            if key not in target:
+                raise ConfigError(f"drafter checkpoint {config_path}: unknown target field {key!r}")
+            if saved != target[key]:
+                raise ConfigError(f"drafter checkpoint {src} was trained for a target with {key} = {saved!r}, "
+                                  f"but this target has model.{key} = {target[key]!r}; use a drafter trained "
+                                  f"for this target")
+        model = cls(target_cfg, DrafterConfig.from_dict(config["drafter"]))
+
+        index_path = src / INDEX_FILE
+        if index_path.is_file():
+            weight_map = json.loads(index_path.read_text())["weight_map"]
+            state: dict[str, torch.Tensor] = {}
+            for fname in sorted(set(weight_map.values())):
+                state.update(load_file(str(src / fname), device="cpu"))
+        elif (src / WEIGHTS_FILE).is_file():
+            state = load_file(str(src / WEIGHTS_FILE), device="cpu")
+        else:
+            raise FileNotFoundError(f"drafter checkpoint {src}: neither {WEIGHTS_FILE} nor {INDEX_FILE} found")
+        expected = set(model.state_dict())
+        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+        if missing or unexpected:
+            raise ConfigError(f"drafter checkpoint {src} does not match drafter config {config['drafter']}: "
+                              f"missing weights {missing}, unexpected weights {unexpected}")
+        model.load_state_dict(state, strict=True)
+        model.to(device=device, dtype=dtype)
+
+        temps_path = src / TEMPERATURES_FILE
+        if temps_path.is_file():
+            temps = json.loads(temps_path.read_text())
+            if not isinstance(temps, list):
+                raise ConfigError(f"{temps_path}: expected a JSON list of {model.block_size} floats, "
+                                  f"got {type(temps).__name__}")
+            try:
+                model.set_confidence_temperatures(temps)
+            except ConfigError as err:
+                raise ConfigError(f"{temps_path}: {err}") from None
+        return model
+
+
+__all__ = ["DSparkDrafter", "DraftOutput", "TrainOutput", "MarkovHead", "TARGET_COMPAT_KEYS"]

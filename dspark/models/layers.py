@@ -1,0 +1,197 @@
+"""Building blocks shared by the target model and the DSpark drafter.
+
+Parameter names follow Hugging Face Llama/Qwen (``q_proj``, ``gate_proj``,
+``input_layernorm`` ...) so checkpoints load by their HF names. Rotary embeddings use
+the HF convention: the head dimension is split into two halves that rotate together
+(``rotate_half``), not interleaved pairs.
+
+Attention modules work in two modes:
+
+- paged (:meth:`PagedSelfAttention.forward`): packed tokens of several requests, K/V
+  written into one layer of the paged cache, then :func:`dspark.attention.attend`;
+- dense (:meth:`PagedSelfAttention.forward_dense`): batched queries against explicit
+  K/V and a boolean visibility mask, used by the drafter's training forward.
+
+Both share :meth:`PagedSelfAttention.project_qkv`, so they compute the same function.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark.attention import AttentionMetadata, attend, write_kv
+from dspark.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last axis; computed in float32, cast back to the input dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = float(eps)
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x32).to(x.dtype)
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for integer positions of any shape [...] -> two tensors [..., head_dim].
+
+    Frequencies are computed in float32; the second half of the last axis repeats the first
+    (HF ``rotate_half`` layout).
+    """
+    if head_dim % 2 != 0:
+        raise ValueError(f"rotary head_dim must be even, got {head_dim}")
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., D/2]
+    angles = torch.cat((angles, angles), dim=-1)  # [..., D]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [..., T, H, D] by cos/sin [..., T, D] (broadcast over heads); float32 math, input dtype out."""
+    cos = cos.float().unsqueeze(-2)
+    sin = sin.float().unsqueeze(-2)
+    x32 = x.float()
+    return (x32 * cos + _rotate_half(x32) * sin).to(x.dtype)
+
+
+class SwiGLUMLP(nn.Module):
+    """down_proj(silu(gate_proj(x)) * up_proj(x)), no biases."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class PagedSelfAttention(nn.Module):
+    """Multi-head self-attention with grouped K/V heads and rotary positions.
+
+    ``bias`` puts biases on q/k/v (Qwen2); ``qk_norm`` adds per-head RMSNorms ``q_norm`` /
+    ``k_norm`` applied before rotary (Qwen3). Scale is 1/sqrt(head_dim).
+    """
+
+    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool = False,
+                 qk_norm: bool = False, eps: float = 1e-6, rope_theta: float = 10000.0):
+        super().__init__()
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.rope_theta = float(rope_theta)
+        self.scale = 1.0 / math.sqrt(head_dim)
+        self.q_proj = nn.Linear(hidden, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> "PagedSelfAttention":
+        return cls(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, bias=cfg.attention_bias,
+                   qk_norm=cfg.qk_norm, eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta)
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary_cos_sin(positions, self.head_dim, self.rope_theta, torch.float32)
+
+    def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K (normed, rotated) and V of x [..., T, hidden] at positions [..., T] -> [..., T, Hkv, D] each."""
+        k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        cos, sin = self._rotary(positions)
+        return apply_rotary(k, cos, sin), v
+
+    def project_qkv(self, x: torch.Tensor, positions: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [..., T, H, D], k and v [..., T, Hkv, D] with norms and rotary applied."""
+        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        cos, sin = self._rotary(positions)
+        q = apply_rotary(q, cos, sin)
+        k, v = self.project_kv(x, positions)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """x [T, hidden] packed tokens -> [T, hidden]; writes this step's K/V at meta.slot_mapping first."""
+        q, k, v = self.project_qkv(x, positions)
+        write_kv(k_cache, v_cache, k, v, meta)
+        out = attend(q, k_cache, v_cache, meta, self.scale)  # [T, H, D]
+        return self.o_proj(out.flatten(-2))
+
+    def forward_dense(self, x: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor | None,
+                      prefix_v: torch.Tensor | None, visible: torch.Tensor) -> torch.Tensor:
+        """Dense attention for batched queries.
+
+        x [N, R, hidden] at positions [N, R]; keys are ``prefix_k`` [N, P, Hkv, D] (already
+        rotated, e.g. injected context) followed by the R rows' own keys; ``visible`` is a
+        bool mask [N, R, P + R] (True = may attend). Every row must see at least one key.
+        """
+        q, k, v = self.project_qkv(x, positions)
+        if prefix_k is not None:
+            k = torch.cat((prefix_k.to(k.dtype), k), dim=1)
+            v = torch.cat((prefix_v.to(v.dtype), v), dim=1)
+        if visible.shape != (x.shape[0], x.shape[1], k.shape[1]):
+            raise ValueError(f"visible mask has shape {tuple(visible.shape)}, expected "
+                             f"{(x.shape[0], x.shape[1], k.shape[1])} = [N, rows, prefix + rows]")
+        group = self.num_heads // self.num_kv_heads
+        qh = q.transpose(1, 2)  # [N, H, R, D]
+        kh = k.repeat_interleave(group, dim=2).transpose(1, 2)  # [N, H, P + R, D]
+        vh = v.repeat_interleave(group, dim=2).transpose(1, 2)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible[:, None], scale=self.scale)
+        return self.o_proj(out.transpose(1, 2).flatten(-2))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, hidden: int, intermediate: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 bias: bool = False, qk_norm: bool = False, eps: float = 1e-6, rope_theta: float = 10000.0):
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = PagedSelfAttention(hidden, num_heads, num_kv_heads, head_dim, bias=bias, qk_norm=qk_norm,
+                                            eps=eps, rope_theta=rope_theta)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = SwiGLUMLP(hidden, intermediate)
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, intermediate: int | None = None) -> "DecoderLayer":
+        return cls(cfg.hidden_size, intermediate or cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                   cfg.head_dim, bias=cfg.attention_bias, qk_norm=cfg.qk_norm, eps=cfg.rms_norm_eps,
+                   rope_theta=cfg.rope_theta)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def forward_dense(self, x: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor | None,
+                      prefix_v: torch.Tensor | None, visible: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn.forward_dense(self.input_layernorm(x), positions, prefix_k, prefix_v, visible)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+__all__ = ["RMSNorm", "rotary_cos_sin", "apply_rotary", "SwiGLUMLP", "PagedSelfAttention", "DecoderLayer"]

@@ -1,0 +1,426 @@
+"""Verify-budget planner for confidence-scheduled verification.
+
+Each step every active request has a fully drafted block of G positions with prefix
+survivals a_{r,1} >= ... >= a_{r,G}. Verifying the top-n (request, position) cells is
+expected to commit tau(n) = R + (sum of their survivals) tokens and costs T(M(n)),
+M(n) = sum_r (window_r + 1) (one anchor/bonus token per request). The planner picks
+the windows; only how many drafted positions reach the target changes, never the
+acceptance rule.
+
+Algorithms:
+ - "global": n* = argmax tau(n)/T(M(n)) over EVERY allowed n (the cost curve is a
+   staircase, so a first-descent search stops early). The budget is SIZED from
+   ``sizing_survival`` (lagged by budget_lag steps) and the cells are RANKED with fresh
+   ``ranking_survival``. The full block is kept unless n* beats it by min_predicted_gain.
+ - "greedy_stop": the paper's Algorithm 1 on fresh survival: admit cells in descending
+   survival (ties: position, then request) and stop at the first admission that does
+   not raise tau/T. The decision on draft k then never reads the drafted token x_k.
+
+Non-anticipation: c_{k+1} depends on x_k (Markov feature), so a global search over
+FRESH survival lets x_k decide whether x_k is verified, which biases sampled outputs
+(paper, Appendix A). "global" with budget_lag 0 is therefore refused whenever a request
+may sample (temperature > 0). For the same reason "greedy_stop" refuses
+min_predicted_gain > 0 (the full-block comparison reads every drafted token) and, in
+uniform mode, a ladder with gaps (one jump admits several positions at once).
+
+``plan_budget`` is pure; ``Planner`` holds the per-slot lag buffers and records stats.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from dspark.config import ConfigError
+from dspark.cost_table import CostTable
+from dspark.survival import check_survival, neutral_survival_row
+
+MODES = ("uniform", "ragged")
+ALGORITHMS = ("global", "greedy_stop")
+BUDGET_LAGS = (0, 1, 2)
+REASONS = ("trimmed", "declined_flat_cost", "declined_no_table", "declined_below_min_gain", "declined_mixed_step",
+           "declined_snapshot_not_ready", "forced")
+
+
+class PlannerConfigError(ConfigError):
+    """A planner setting is invalid or would make sampling lossy; the message names the key and the fix."""
+
+
+def _need(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise PlannerConfigError(f"planner.{key}: {msg}")
+
+
+@dataclass(slots=True)
+class PlannerConfig:
+    """Settings of the verify-budget planner (validated on construction)."""
+
+    block: int  # G: drafted positions per request, the no-trim window
+    mode: str = "ragged"  # ragged: per-request windows | uniform: one window for the batch
+    algorithm: str = "global"  # global | greedy_stop (paper's Algorithm 1)
+    budget_lag: int = 2  # steps between the confidence that sizes the budget and this step (0 = fresh)
+    allowed_verify_lens: tuple[int, ...] | None = None  # uniform tier ladder; None = any in [min_verify_len, block]
+    # 0 is allowed: a request verifying 0 drafts still commits one target token (the paper's
+    # Algorithm 1 starts every request at 0). The default 1 keeps every request drafting.
+    min_verify_len: int = 1
+    min_predicted_gain: float = 0.02  # relative: trim only if predicted tokens/ms beats the full block by this
+    flat_rel_tol: float = 0.02  # a table whose theta varies less than this is "flat" (trimming looks free)
+    skip_mixed_trim: bool = True  # decline on steps that also carry a prefill (their cost is not the table's)
+    temperature_positive: bool = True  # may any request sample? (conservative default: yes)
+    force_verify_len: int | None = None  # override: every request verifies exactly this many drafts
+    force_budget_frac: float | None = None  # override (ragged): budget = round(frac * R * G) cells
+    extrapolate_cost: bool = False  # allow token counts beyond the table (extends the last slope)
+
+    def __post_init__(self) -> None:
+        _need(isinstance(self.block, int) and self.block >= 1, "block", f"must be an integer >= 1, got {self.block!r}")
+        _need(self.mode in MODES, "mode", f"{self.mode!r} not in {list(MODES)}")
+        _need(self.algorithm in ALGORITHMS, "algorithm", f"{self.algorithm!r} not in {list(ALGORITHMS)}")
+        _need(self.budget_lag in BUDGET_LAGS, "budget_lag", f"must be one of {list(BUDGET_LAGS)}, got {self.budget_lag!r}")
+        _need(isinstance(self.min_verify_len, int) and 0 <= self.min_verify_len <= self.block, "min_verify_len",
+              f"must be an integer in [0, block={self.block}], got {self.min_verify_len!r}")
+        _need(isinstance(self.min_predicted_gain, (int, float)) and math.isfinite(self.min_predicted_gain)
+              and self.min_predicted_gain >= 0, "min_predicted_gain", f"must be finite and >= 0, got {self.min_predicted_gain!r}")
+        _need(self.flat_rel_tol >= 0, "flat_rel_tol", f"must be >= 0, got {self.flat_rel_tol!r}")
+        ladder = self.allowed_verify_lens
+        if ladder is not None:
+            ladder = tuple(ladder)
+            self.allowed_verify_lens = ladder
+            _need(len(ladder) > 0 and all(isinstance(v, int) for v in ladder), "allowed_verify_lens",
+                  f"must be a non-empty list of integers, got {list(ladder)}")
+            _need(all(ladder[i] < ladder[i + 1] for i in range(len(ladder) - 1)), "allowed_verify_lens",
+                  f"must be strictly ascending, got {list(ladder)}")
+            _need(ladder[0] >= 1 and ladder[-1] <= self.block, "allowed_verify_lens",
+                  f"values must lie in [1, block={self.block}], got {list(ladder)}")
+            _need(ladder[-1] == self.block, "allowed_verify_lens",
+                  f"must end at block={self.block} (the no-trim window every decline falls back to), got {list(ladder)}")
+            _need(ladder[0] >= self.min_verify_len, "allowed_verify_lens",
+                  f"{list(ladder)} has tiers below min_verify_len={self.min_verify_len}; drop them or lower min_verify_len")
+            _need(self.mode == "uniform", "allowed_verify_lens",
+                  "a tier ladder applies to mode=uniform; ragged windows are packed on one token axis padded to a token "
+                  "bucket, so set allowed_verify_lens=null or mode=uniform")
+        if self.algorithm == "greedy_stop":
+            _need(self.budget_lag == 0, "budget_lag",
+                  f"greedy_stop (Algorithm 1) reads fresh confidence; budget_lag={self.budget_lag} applies to "
+                  "algorithm=global only. Set budget_lag=0")
+            _need(self.min_predicted_gain == 0, "min_predicted_gain",
+                  f"{self.min_predicted_gain} > 0 with greedy_stop compares against the full block, whose value reads "
+                  "every drafted token and breaks non-anticipation; set 0 (or use algorithm=global with budget_lag>=1)")
+            if self.mode == "uniform" and ladder is not None and self.temperature_positive:
+                gaps = [(ladder[i], ladder[i + 1]) for i in range(len(ladder) - 1) if ladder[i + 1] - ladder[i] > 1]
+                _need(not gaps, "allowed_verify_lens",
+                      f"greedy_stop over a ladder with gaps {gaps} admits several positions on confidence that reads "
+                      "the drafted tokens in between; use a contiguous ladder or algorithm=global with budget_lag>=1")
+        if self.algorithm == "global" and self.budget_lag == 0 and self.temperature_positive:
+            raise PlannerConfigError(
+                "planner.algorithm: global search over FRESH confidence (budget_lag=0) at temperature > 0 violates "
+                "non-anticipation (the drafted token decides its own admission) and biases the output distribution; "
+                "set budget_lag>=1 or algorithm=greedy_stop")
+        if self.force_verify_len is not None and self.force_budget_frac is not None:
+            raise PlannerConfigError("planner.force_verify_len and planner.force_budget_frac are exclusive; set one")
+        if self.force_verify_len is not None:
+            v = self.force_verify_len
+            _need(isinstance(v, int) and self.min_verify_len <= v <= self.block, "force_verify_len",
+                  f"must be an integer in [min_verify_len={self.min_verify_len}, block={self.block}], got {v!r}")
+            _need(ladder is None or v in ladder, "force_verify_len",
+                  f"{v} is not on the tier ladder {list(ladder or ())}; a forced length off the ladder has no graph")
+        if self.force_budget_frac is not None:
+            f = self.force_budget_frac
+            _need(isinstance(f, (int, float)) and 0.0 <= f <= 1.0, "force_budget_frac", f"must be in [0, 1], got {f!r}")
+            _need(self.mode == "ragged", "force_budget_frac",
+                  "a budget of cells applies to mode=ragged; use force_verify_len in uniform mode")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "PlannerConfig":
+        known = set(cls.__dataclass_fields__)
+        unknown = set(d) - known
+        if unknown:
+            raise PlannerConfigError(f"planner: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        return cls(**dict(d))
+
+
+@dataclass(frozen=True, slots=True)
+class PlanDecision:
+    """What the planner decided for one step.
+
+    windows: per active request (drafts to verify), or None when a trimmed ragged budget is
+      to be allocated on the device with ``kernels.window_allocation.allocate_windows``
+      from fresh survival (``ranking_survival=None`` was passed).
+    budget: cells to verify (R*G when the full block is kept).
+    predicted_gain: (tau/T of the best candidate) / (tau/T of the full block) - 1; 0 without a table.
+    predicted_tokens / predicted_ms: tau and T of the decision actually taken (None without a table).
+    """
+
+    windows: tuple[int, ...] | None
+    trimmed: bool
+    reason: str
+    predicted_gain: float
+    predicted_tokens: float | None
+    predicted_ms: float | None
+    budget: int
+
+
+def _to_rows(x: Any, name: str) -> list[list[float]]:
+    if hasattr(x, "detach"):  # torch tensor: host copy (a sync if it lives on a device)
+        x = x.detach().cpu().tolist()
+    rows = [[float(v) for v in row] for row in x]
+    return rows
+
+
+def _walk_order(rows: list[list[float]]) -> list[tuple[int, int]]:
+    """Cells in admission order: survival descending, then position ascending, then request ascending."""
+    cells = [(-v, g, r) for r, row in enumerate(rows) for g, v in enumerate(row)]
+    cells.sort()
+    return [(r, g) for _, g, r in cells]
+
+
+def _allocate_host(rows: list[list[float]], budget: int, min_len: int, block: int) -> list[int]:
+    counts = [0] * len(rows)
+    for r, _g in _walk_order(rows)[:max(0, budget)]:
+        counts[r] += 1
+    return [min(max(c, min_len), block) for c in counts]
+
+
+def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable | None, config: PlannerConfig,
+                temperature_positive: bool, is_mixed_step: bool = False, snapshot_ready: bool = True,
+                batch_size: int | None = None) -> PlanDecision:
+    """Pure planner step over R active requests.
+
+    ranking_survival: fresh survival [R, G] (host rows or a tensor), or None to leave a
+      trimmed ragged allocation to the device (then ``windows`` is None and ``budget`` is final).
+    sizing_survival: survival that sizes the budget: lagged by config.budget_lag steps
+      (per slot, neutral for new requests), or the fresh one when budget_lag == 0.
+    batch_size: for the cost table's batch-overhead staircase; default R.
+    """
+    G = config.block
+    if config.algorithm == "global" and config.budget_lag == 0 and temperature_positive:
+        raise PlannerConfigError(
+            "planner.algorithm: this step samples at temperature > 0, and global search over fresh confidence "
+            "(budget_lag=0) would bias it; set budget_lag>=1 or algorithm=greedy_stop")
+    sizing = _to_rows(sizing_survival, "sizing_survival")
+    ranking = None if ranking_survival is None else _to_rows(ranking_survival, "ranking_survival")
+    R = len(sizing)
+    for name, rows in (("sizing_survival", sizing), ("ranking_survival", ranking)):
+        if rows is None:
+            continue
+        if len(rows) != R:
+            raise ValueError(f"{name} has {len(rows)} rows but sizing_survival has {R}; both are [R active, G]")
+        bad = [len(row) for row in rows if len(row) != G]
+        if bad:
+            raise ValueError(f"{name} rows must have block={G} positions, got lengths {sorted(set(bad))}")
+        check_survival(rows, name=name)
+    if config.algorithm == "greedy_stop" and ranking is None:
+        raise ValueError("greedy_stop decides from fresh survival on the host; pass ranking_survival")
+    bs = R if batch_size is None else batch_size
+    full = tuple([G] * R)
+    if R == 0:
+        return PlanDecision((), False, "declined_below_min_gain", 0.0, 0.0 if table else None, None, 0)
+
+    def cost(windows: Sequence[int]) -> float:
+        return table.step_ms(sum(w + 1 for w in windows), bs, extrapolate=config.extrapolate_cost)
+
+    def tau(rows: list[list[float]], windows: Sequence[int]) -> float:
+        return R + sum(sum(row[:w]) for row, w in zip(rows, windows))
+
+    def decline(reason: str, gain: float = 0.0) -> PlanDecision:
+        tok = ms = None
+        if table is not None:
+            tok, ms = tau(sizing, full), cost(full)
+        return PlanDecision(full, False, reason, gain, tok, ms, R * G)
+
+    # Overrides replace only the decision.
+    if config.force_verify_len is not None or config.force_budget_frac is not None:
+        if config.force_verify_len is not None:
+            windows: tuple[int, ...] | None = tuple([config.force_verify_len] * R)
+            budget = R * config.force_verify_len
+        else:
+            budget = int(round(config.force_budget_frac * R * G))
+            windows = None if ranking is None else tuple(_allocate_host(ranking, budget, config.min_verify_len, G))
+        tok = ms = None
+        if table is not None and windows is not None:
+            tok, ms = tau(ranking if ranking is not None else sizing, windows), cost(windows)
+        trimmed = windows is None or any(w < G for w in windows)
+        return PlanDecision(windows, trimmed, "forced", 0.0, tok, ms, budget)
+
+    if table is None:
+        return decline("declined_no_table")
+    if table.is_flat(config.flat_rel_tol):
+        return decline("declined_flat_cost")
+    if is_mixed_step and config.skip_mixed_trim:
+        return decline("declined_mixed_step")
+    if not snapshot_ready:
+        return decline("declined_snapshot_not_ready")
+
+    full_value = tau(sizing, full) / cost(full)
+    if config.mode == "uniform":
+        if config.allowed_verify_lens is not None:
+            candidates = list(config.allowed_verify_lens)
+        else:
+            candidates = list(range(config.min_verify_len, G + 1))
+        rows = ranking if config.algorithm == "greedy_stop" else sizing
+        best_v, best_value = None, -math.inf
+        for v in candidates:
+            w = [v] * R
+            value = tau(rows, w) / cost(w)
+            if config.algorithm == "greedy_stop":
+                if best_v is not None and value <= best_value:
+                    break
+                best_v, best_value = v, value
+            elif value >= best_value:  # ties go to the longer window: same predicted rate, less acceptance cut
+                best_v, best_value = v, value
+        best_windows: tuple[int, ...] = tuple([best_v] * R)
+        best_budget = R * best_v
+    else:
+        rows = ranking if config.algorithm == "greedy_stop" else sizing
+        min_len = config.min_verify_len
+        windows_now = [min_len] * R
+        tau_now = tau(rows, windows_now)
+        m_now = R * (min_len + 1)
+        best_value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost)
+        best_n, n = 0, 0
+        best_windows = tuple(windows_now)
+        for r, g in _walk_order(rows):
+            n += 1
+            a = rows[r][g]
+            if g < min_len:
+                continue  # already verified by the min_verify_len clamp
+            if config.algorithm == "greedy_stop" and a <= 0.0:
+                break  # Algorithm 1's candidate set holds only cells with survival > 0
+            windows_now[r] = g + 1
+            tau_now += a
+            m_now += 1
+            value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost)
+            if config.algorithm == "greedy_stop":
+                if value <= best_value:
+                    break
+                best_value, best_n, best_windows = value, n, tuple(windows_now)
+            elif value >= best_value:
+                best_value, best_n, best_windows = value, n, tuple(windows_now)
+        best_budget = best_n  # cells walked, clamped ones included: what the device allocation counts
+    gain = best_value / full_value - 1.0
+    keeps_full = all(w == G for w in best_windows)
+    if config.algorithm == "global" and (keeps_full or best_value <= full_value * (1.0 + config.min_predicted_gain)):
+        return decline("declined_below_min_gain", gain)
+    if config.algorithm == "greedy_stop" and keeps_full:
+        return decline("declined_below_min_gain", gain)
+    if config.mode == "ragged" and config.algorithm == "global":
+        # Sized on lagged survival, ranked on fresh: the windows come from the fresh order.
+        windows = None if ranking is None else tuple(_allocate_host(ranking, best_budget, config.min_verify_len, G))
+    else:
+        windows = best_windows
+    ms = cost(best_windows)
+    return PlanDecision(windows, True, "trimmed", gain, tau(sizing, best_windows), ms, best_budget)
+
+
+class Planner:
+    """Stateful wrapper: per-slot lag buffers of survival, recycled-slot reset, stats recording.
+
+    Slots are the engine's request slots (the index of a request's row in slot-indexed
+    buffers), not batch positions: batches reshuffle between steps.
+    """
+
+    def __init__(self, config: PlannerConfig, table: CostTable | None, *, stats: Any = None,
+                 clock: Callable[[], float] = time.perf_counter, neutral_prior: Sequence[float] | None = None):
+        self.config = config
+        self.table = table
+        self.stats = stats
+        self.clock = clock
+        self._neutral = neutral_survival_row(config.block, neutral_prior)
+        self._history: dict[int, deque[list[float]]] = {}
+
+    def reset_slot(self, slot: int) -> None:
+        """A new request took ``slot``: forget the predecessor's survivals (the slot reads neutral until refilled)."""
+        self._history.pop(slot, None)
+
+    def sizing_row(self, slot: int, fresh_row: Sequence[float]) -> list[float]:
+        lag = self.config.budget_lag
+        if lag == 0:
+            return [float(v) for v in fresh_row]
+        hist = self._history.get(slot)
+        if hist is None or len(hist) < lag:
+            return list(self._neutral)
+        return list(hist[0])
+
+    def push_snapshot(self, slots: Sequence[int], rows: Any) -> None:
+        """Record one step's survival per slot (for engines whose snapshot lands after planning)."""
+        rows = _to_rows(rows, "survival snapshot")
+        if len(rows) != len(slots):
+            raise ValueError(f"{len(rows)} survival rows for {len(slots)} slots")
+        lag = self.config.budget_lag
+        if lag == 0:
+            return
+        for slot, row in zip(slots, rows):
+            self._history.setdefault(slot, deque(maxlen=lag)).append(row)
+
+    def plan(self, fresh_survival: Any, active_slots: Sequence[int], *, temperature_positive: bool | None = None,
+             is_mixed_step: bool = False, snapshot_ready: bool = True, push_history: bool = True) -> PlanDecision:
+        """Plan one step. fresh_survival: [R, G] for the requests in ``active_slots`` (same order)."""
+        start = self.clock()
+        fresh = _to_rows(fresh_survival, "fresh_survival")
+        slots = list(active_slots)
+        if len(slots) != len(fresh):
+            raise ValueError(f"{len(fresh)} survival rows for {len(slots)} active slots")
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"active_slots has duplicates: {slots}")
+        sizing = [self.sizing_row(s, row) for s, row in zip(slots, fresh)]
+        temp = self.config.temperature_positive if temperature_positive is None else temperature_positive
+        decision = plan_budget(ranking_survival=fresh, sizing_survival=sizing, table=self.table, config=self.config,
+                               temperature_positive=temp, is_mixed_step=is_mixed_step, snapshot_ready=snapshot_ready)
+        if push_history:
+            self.push_snapshot(slots, fresh)
+        if self.stats is not None:
+            self.stats.record_plan(decision, plan_ms=(self.clock() - start) * 1e3)
+        return decision
+
+
+def oracle_bound(accepted_per_step: Sequence[Sequence[int]], batch_sizes: Sequence[int], table: CostTable, *,
+                 block: int, measured_ms: Sequence[float] | None = None, include_rejected_draft: bool = False,
+                 extrapolate: bool = False) -> dict[str, float]:
+    """Throughput an all-knowing scheduler would reach on the same acceptances, costed by ``table``.
+
+    accepted_per_step[s][r]: drafts request r accepted at step s with the FULL block
+    verified (uncapped; e.g. a cap-accept run). The oracle verifies exactly the accepted
+    drafts (window = accepted: accepted + 1 tokens per request, anchor included), or with
+    include_rejected_draft the first rejected draft too (window = min(accepted + 1, block)).
+    It commits the same accepted + 1 tokens per request as the full block.
+    Returns tokens, full-block and oracle ms and tokens/ms, and headroom = oracle/full - 1
+    (plus the same against ``measured_ms`` when given).
+    """
+    if len(accepted_per_step) != len(batch_sizes):
+        raise ValueError(f"{len(accepted_per_step)} steps of acceptances but {len(batch_sizes)} batch sizes")
+    if measured_ms is not None and len(measured_ms) != len(accepted_per_step):
+        raise ValueError(f"{len(measured_ms)} measured step times for {len(accepted_per_step)} steps")
+    if not accepted_per_step:
+        raise ValueError("oracle_bound needs at least one step")
+    tokens = full_ms = oracle_ms = 0.0
+    for s, (acc, bs) in enumerate(zip(accepted_per_step, batch_sizes)):
+        if len(acc) != bs:
+            raise ValueError(f"step {s}: batch size {bs} but {len(acc)} acceptances {list(acc)}")
+        bad = [k for k in acc if not (isinstance(k, int) and 0 <= k <= block)]
+        if bad:
+            raise ValueError(f"step {s}: accepted counts must be integers in [0, block={block}], got {bad}")
+        windows = [min(k + 1, block) if include_rejected_draft else k for k in acc]
+        tokens += sum(k + 1 for k in acc)
+        full_ms += table.step_ms(bs * (block + 1), bs, extrapolate=extrapolate)
+        oracle_ms += table.step_ms(sum(w + 1 for w in windows), bs, extrapolate=extrapolate)
+    out = {
+        "steps": float(len(accepted_per_step)),
+        "tokens": tokens,
+        "full_block_ms": full_ms,
+        "oracle_ms": oracle_ms,
+        "full_block_tokens_per_ms": tokens / full_ms,
+        "oracle_tokens_per_ms": tokens / oracle_ms,
+        "headroom_vs_full_block": full_ms / oracle_ms - 1.0,
+    }
+    if measured_ms is not None:
+        meas = float(sum(measured_ms))
+        out["measured_ms"] = meas
+        out["measured_tokens_per_ms"] = tokens / meas
+        out["headroom_vs_measured"] = meas / oracle_ms - 1.0
+    return out
+
+
+__all__ = ["MODES", "ALGORITHMS", "BUDGET_LAGS", "REASONS", "PlannerConfigError", "PlannerConfig", "PlanDecision",
+           "plan_budget", "Planner", "oracle_bound"]

@@ -1,0 +1,116 @@
+"""Calibrated confidence and prefix survival: the inputs of confidence-scheduled verification.
+
+The drafter's confidence head gives, for every drafted position k, a logit z_k whose
+sigmoid estimates c_k = P(position k accepted | positions 1..k-1 accepted). Sequential
+temperature scaling (STS) divides each position's logit by its own temperature. The
+probability that the whole prefix 1..j survives verification is the cumulative product
+a_j = prod_{i<=j} c_i, which is non-increasing in j (every factor lies in [0, 1] and
+IEEE rounding is monotone, so no float coincidence can make it increase).
+
+Slots of the lagged confidence buffer are reused by new requests. A reused slot is
+reset to NEUTRAL_CONFIDENCE = 1.0 ("no evidence: assume the whole block survives"):
+ - it is never the predecessor's scores, which would schedule a new request against a
+   dead draft;
+ - 1.0 makes the newcomer look like the no-trim baseline, so the budget sized from it
+   can only err toward verifying more (costing time), never toward cutting acceptance
+   on someone else's evidence;
+ - a per-position prior (e.g. the mean calibrated survival on held-out data) is a better
+   estimate when one is known; ``neutral_survival_row`` and ``reset_slot_`` take it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+NEUTRAL_CONFIDENCE = 1.0
+
+
+def calibrated_confidence(conf_logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """sigmoid(z_k / T_k): conf_logits [B, G], temperatures [G] (positive) -> [B, G] float32.
+
+    Sync-free (no value checks on device tensors): the temperatures are validated where
+    they are fitted or loaded, see ``check_temperatures``.
+    """
+    if conf_logits.dim() != 2:
+        raise ValueError(f"conf_logits must be [B, G], got shape {tuple(conf_logits.shape)}")
+    if temperatures.dim() != 1 or temperatures.shape[0] != conf_logits.shape[1]:
+        raise ValueError(f"temperatures must be [G={conf_logits.shape[1]}], got shape {tuple(temperatures.shape)}; "
+                         "fit one STS temperature per drafted position")
+    z = conf_logits.float() / temperatures.to(device=conf_logits.device, dtype=torch.float32)
+    return torch.sigmoid(z)
+
+
+def check_temperatures(temperatures: Sequence[float] | torch.Tensor, block: int) -> None:
+    """Host-side validation of STS temperatures (call once at load time, not per step)."""
+    values = [float(t) for t in (temperatures.tolist() if isinstance(temperatures, torch.Tensor) else temperatures)]
+    if len(values) != block:
+        raise ValueError(f"expected {block} STS temperatures (one per drafted position), got {len(values)}: {values}")
+    bad = [(k, t) for k, t in enumerate(values) if not (t > 0.0 and t < float("inf"))]
+    if bad:
+        raise ValueError(f"STS temperatures must be finite and > 0; bad (position, value): {bad}")
+
+
+def prefix_survival(conf: torch.Tensor) -> torch.Tensor:
+    """a_{r,j} = prod_{i<=j} c_{r,i}: conf [B, G] in [0, 1] -> survival [B, G], non-increasing along G."""
+    if conf.dim() != 2:
+        raise ValueError(f"conf must be [B, G], got shape {tuple(conf.shape)}")
+    return torch.cumprod(conf, dim=1)
+
+
+def neutral_survival_row(block: int, prior: Sequence[float] | None = None) -> list[float]:
+    """The survival a recycled slot starts from: all NEUTRAL_CONFIDENCE, or a per-position prior.
+
+    ``prior`` is a per-position *survival* (already cumulative), checked to lie in [0, 1]
+    and be non-increasing, because the allocation relies on that order.
+    """
+    if block < 1:
+        raise ValueError(f"block must be >= 1, got {block}")
+    if prior is None:
+        return [NEUTRAL_CONFIDENCE] * block
+    row = [float(p) for p in prior]
+    if len(row) != block:
+        raise ValueError(f"prior survival must have {block} values (one per position), got {len(row)}: {row}")
+    if any(not (0.0 <= p <= 1.0) for p in row):
+        raise ValueError(f"prior survival values must lie in [0, 1], got {row}")
+    if any(row[j + 1] > row[j] for j in range(block - 1)):
+        raise ValueError(f"prior survival must be non-increasing along positions (it is a cumulative product), got {row}")
+    return row
+
+
+def reset_slot_(buffer: torch.Tensor, slot: int, prior: Sequence[float] | None = None) -> None:
+    """In place: make ``buffer[slot]`` ([S, G] slot-indexed survival) neutral for a newly admitted request.
+
+    Written in place (``copy_``/``fill_``) so a CUDA graph that captured ``buffer`` sees it.
+    """
+    if buffer.dim() != 2:
+        raise ValueError(f"survival buffer must be [num_slots, G], got shape {tuple(buffer.shape)}")
+    if not 0 <= slot < buffer.shape[0]:
+        raise IndexError(f"slot {slot} out of range for a buffer of {buffer.shape[0]} slots")
+    if prior is None:
+        buffer[slot].fill_(NEUTRAL_CONFIDENCE)
+    else:
+        row = neutral_survival_row(buffer.shape[1], prior)
+        buffer[slot].copy_(torch.tensor(row, dtype=buffer.dtype))
+
+
+def check_survival(survival: Sequence[Sequence[float]], *, name: str = "survival", atol: float = 0.0) -> None:
+    """Host-side check that every row lies in [0, 1], has no NaN, and is non-increasing.
+
+    The allocation's "each request's cells form a prefix" property depends on it; a row
+    that rises means the caller passed per-position confidence instead of its cumulative product.
+    """
+    for r, row in enumerate(survival):
+        vals = [float(v) for v in row]
+        for j, v in enumerate(vals):
+            if not (0.0 <= v <= 1.0):  # also catches NaN
+                raise ValueError(f"{name}[{r}][{j}] = {v!r} is outside [0, 1] (or NaN); survival is a probability")
+        for j in range(len(vals) - 1):
+            if vals[j + 1] > vals[j] + atol:
+                raise ValueError(f"{name}[{r}] rises at position {j + 1} ({vals[j]!r} -> {vals[j + 1]!r}); pass the "
+                                 "cumulative product of confidence (prefix_survival), not per-position confidence")
+
+
+__all__ = ["NEUTRAL_CONFIDENCE", "calibrated_confidence", "check_temperatures", "prefix_survival",
+           "neutral_survival_row", "reset_slot_", "check_survival"]

@@ -1,0 +1,144 @@
+"""CostTable: lookups, validation messages, JSON round trip, fingerprint refusal, tiers, fitting."""
+
+import json
+import math
+
+import pytest
+
+from dspark.cost_table import (CostTable, CostTableError, CostTableMismatchError, derive_tier_ladder,
+                               fit_cost_table)
+
+FP = {"device_name": "NVIDIA H200", "driver": "550.54", "torch": "2.13.0", "triton": "3.9.0",
+      "model": "smollm2-135m", "drafter": "dspark-b7-abc123", "dtype": "bfloat16", "hostname": "node1"}
+
+
+def staircase():
+    # Shelves: M 8..16 cost 1.0, 24..32 cost 2.0, 40..48 cost 3.0.
+    return CostTable(token_counts=(8, 16, 24, 32, 40, 48), theta_ms=(1.0, 1.0, 2.0, 2.0, 3.0, 3.0),
+                     fixed_overhead_ms=5.0, batch_sizes=(1, 4, 8), batch_overhead_ms=(0.0, 0.5, 1.5), fingerprint=FP)
+
+
+def test_step_ms_steps_up_to_next_measured_count_and_staircase():
+    t = staircase()
+    assert t.step_ms(8, 1) == 5.0 + 0.0 + 1.0
+    assert t.step_ms(17, 4) == 5.0 + 0.5 + 2.0  # 17 pads up to the 24 bucket
+    assert t.step_ms(1, 3) == 5.0 + 0.5 + 1.0  # batch 3 -> smallest listed >= 3 is 4
+    assert t.step_ms(48, 100) == 5.0 + 1.5 + 3.0  # beyond the staircase: last entry
+    with pytest.raises(CostTableError, match="M=49.*largest measured count 48"):
+        t.step_ms(49, 1)
+    assert t.step_ms(56, 1, extrapolate=True) == pytest.approx(5.0 + 3.0)  # last slope is 0
+    with pytest.raises(CostTableError, match="integer >= 1"):
+        t.step_ms(0, 1)
+
+
+def test_is_flat():
+    assert not staircase().is_flat(0.02)
+    flat = CostTable(token_counts=(1, 64, 128), theta_ms=(2.0, 2.02, 2.01), fixed_overhead_ms=1.0)
+    assert flat.is_flat(0.02)
+    assert not flat.is_flat(0.001)
+    assert CostTable(token_counts=(4,), theta_ms=(1.0,)).is_flat()  # one point cannot show a cost slope
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(token_counts=(8, 8), theta_ms=(1.0, 1.0)), r"strictly ascending.*\(8, 8\)"),
+    (dict(token_counts=(16, 8), theta_ms=(1.0, 1.0)), r"strictly ascending"),
+    (dict(token_counts=(0, 8), theta_ms=(1.0, 1.0)), r"positive integers, got \[0, 8\]"),
+    (dict(token_counts=(8, 16), theta_ms=(1.0,)), r"1 values but token_counts has 2"),
+    (dict(token_counts=(8, 16), theta_ms=(1.0, float("nan"))), r"no NaN.*nan"),
+    (dict(token_counts=(8, 16), theta_ms=(1.0, -1.0)), r">= 0.*-1.0"),
+    (dict(token_counts=(8,), theta_ms=(0.0,), fixed_overhead_ms=0.0), r"cannot be free"),
+    (dict(token_counts=(8,), theta_ms=(1.0,), batch_sizes=(1, 2)), r"come together"),
+    (dict(token_counts=(8,), theta_ms=(1.0,), batch_sizes=(4, 2), batch_overhead_ms=(0.0, 0.0)), r"batch_sizes.*ascending"),
+    (dict(token_counts=(8,), theta_ms=(1.0,), fixed_overhead_ms=float("inf")), r"fixed_overhead_ms.*inf"),
+])
+def test_validation_messages_quote_bad_values(kwargs, match):
+    with pytest.raises(CostTableError, match=match):
+        CostTable(**kwargs)
+
+
+def test_json_round_trip_and_file(tmp_path):
+    t = staircase()
+    again = CostTable.from_json(t.to_json())
+    assert again == t
+    assert dict(again.fingerprint) == FP
+    path = tmp_path / "table.json"
+    t.save(path)
+    assert CostTable.load(path) == t
+    with pytest.raises(CostTableError, match="does not exist"):
+        CostTable.load(tmp_path / "missing.json")
+
+
+def test_json_validation():
+    d = staircase().to_dict()
+    with pytest.raises(CostTableError, match="unknown keys \\['thetas'\\]"):
+        CostTable.from_dict({**d, "thetas": [1]})
+    with pytest.raises(CostTableError, match="format_version 0"):
+        CostTable.from_dict({**d, "format_version": 0})
+    with pytest.raises(CostTableError, match="token_counts_include_bonus"):
+        CostTable.from_dict({**d, "token_counts_include_bonus": False})
+    bad = {**d, "theta_ms": [1.0, 1.0, 2.0, 2.0, 3.0, float("nan")]}
+    with pytest.raises(CostTableError, match="NaN"):
+        CostTable.from_json(json.dumps(bad))
+    with pytest.raises(CostTableError, match="not valid JSON"):
+        CostTable.from_json("{")
+
+
+def test_fingerprint_refusal_names_fields():
+    t = staircase()
+    assert t.check_fingerprint(dict(FP)) == []
+    assert t.check_fingerprint({**FP, "hostname": "other"}) == []  # same hardware on another host is fine
+    other = {**FP, "device_name": "NVIDIA A100", "dtype": "float16"}
+    with pytest.raises(CostTableMismatchError, match="device_name: table='NVIDIA H200' current='NVIDIA A100'.*dtype"):
+        t.check_fingerprint(other)
+    with pytest.raises(CostTableMismatchError, match="drafter"):
+        t.check_fingerprint({k: v for k, v in FP.items() if k != "drafter"})
+    mism = t.check_fingerprint(other, override=True)
+    assert len(mism) == 2 and mism[0].startswith("device_name")
+
+
+def test_derive_tier_ladder_from_staircase():
+    t = staircase()
+    # Shelf right edges at M = 16, 32, 48. Batch 4: v = M // 4 - 1 -> 3, 7, 11; block 7 -> [3, 7].
+    assert derive_tier_ladder(t, 7, batch_size=4) == [3, 7]
+    # Batch 8: v = 1, 3, 5 and block 5 is included.
+    assert derive_tier_ladder(t, 5, batch_size=8) == [1, 3, 5]
+    # Batch 16: v = 0 (dropped), 1, 2; block 4 appended.
+    assert derive_tier_ladder(t, 4, batch_size=16) == [1, 2, 4]
+    # Within tolerance: a 1% wobble does not open a new shelf.
+    wobble = CostTable(token_counts=(4, 8, 12), theta_ms=(1.0, 1.05, 3.0), fixed_overhead_ms=9.0)
+    assert derive_tier_ladder(wobble, 5, batch_size=2, rel_tol=0.02) == [3, 5]
+    assert derive_tier_ladder(wobble, 5, batch_size=2, rel_tol=0.0) == [1, 3, 5]
+
+
+def test_fit_recovers_an_additive_table():
+    alpha = {1: 0.0, 4: 0.7, 8: 2.0}
+    theta = {2: 0.0, 8: 0.5, 16: 1.0, 32: 3.0, 48: 3.5}
+    fixed = 4.0
+    meas = []
+    for bs in alpha:
+        for m in theta:
+            if m < bs:
+                continue
+            base = fixed + alpha[bs] + theta[m]
+            meas += [(bs, m, base), (bs, m, base + 0.1), (bs, m, base - 0.1), (bs, m, base + 50.0)]  # one outlier per key
+    t = fit_cost_table(meas, fingerprint=FP)
+    assert t.token_counts == (2, 8, 16, 32, 48)
+    assert t.batch_sizes == (1, 4, 8)
+    # Median of (b, b+0.1, b-0.1, b+50) = b + 0.05 everywhere: absorbed into the fixed overhead.
+    assert t.fixed_overhead_ms == pytest.approx(fixed + 0.05)
+    assert list(t.theta_ms) == pytest.approx([theta[m] for m in t.token_counts])
+    assert list(t.batch_overhead_ms) == pytest.approx([alpha[b] for b in t.batch_sizes])
+    assert dict(t.fingerprint) == FP
+    for bs in alpha:
+        for m in theta:
+            if m >= bs:
+                assert t.step_ms(m, bs) == pytest.approx(fixed + 0.05 + alpha[bs] + theta[m])
+
+
+def test_fit_refuses_unseparable_and_bad_measurements():
+    with pytest.raises(CostTableError, match="do not separate"):
+        fit_cost_table([(1, 2, 1.0), (1, 4, 2.0), (8, 16, 5.0), (8, 32, 6.0)])
+    with pytest.raises(CostTableError, match="finite and > 0"):
+        fit_cost_table([(1, 2, math.nan)])
+    with pytest.raises(CostTableError, match="no measurements"):
+        fit_cost_table([])

@@ -1,0 +1,249 @@
+"""GPU checks of the Triton kernels (paged attention, acceptance) on realistic shapes in bf16.
+
+Run on the H200: ``pytest tests/test_kernels_gpu.py -s`` (``-s`` shows the bandwidth report).
+Every test is marked ``gpu`` and skipped without CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels.acceptance import accept_reference, accept_triton
+from kernels.paged_attention import paged_attention, paged_attention_reference
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+
+
+def _paged_case(q_lens, kv_lens, *, page, hq, hkv, d, dtype, seed, pad_rows=3):
+    """Random packed queries and a paged cache whose pages are shuffled across requests."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    B = len(q_lens)
+    pages_per_req = [max(1, math.ceil(n / page)) for n in kv_lens]
+    max_pages = max(pages_per_req) + 1
+    num_pages = sum(pages_per_req) + 5
+    perm = torch.randperm(num_pages, generator=g)
+    block_tables = torch.full((B, max_pages), -1, dtype=torch.int32)  # unused entries must never be read
+    used = 0
+    for b, n in enumerate(pages_per_req):
+        block_tables[b, :n] = perm[used:used + n].int()
+        used += n
+    k_cache = torch.randn(num_pages, page, hkv, d, generator=g).to(dtype)
+    v_cache = torch.randn(num_pages, page, hkv, d, generator=g).to(dtype)
+    indptr = torch.zeros(B + 1, dtype=torch.int32)
+    indptr[1:] = torch.tensor(q_lens).cumsum(0)
+    T = int(indptr[-1]) + pad_rows
+    q = torch.randn(T, hq, d, generator=g).to(dtype)
+    t = dict(q=q, k_cache=k_cache, v_cache=v_cache, qo_indptr=indptr,
+             kv_lens=torch.tensor(kv_lens, dtype=torch.int32), block_tables=block_tables)
+    return {k: v.to(DEV) for k, v in t.items()}
+
+
+def _dense_sdpa(case, scale, causal):
+    """Per-request dense attention with torch SDPA in fp32: an independent oracle."""
+    q, kc, vc = case["q"], case["k_cache"], case["v_cache"]
+    indptr, lens, bt = case["qo_indptr"].tolist(), case["kv_lens"].tolist(), case["block_tables"]
+    page, hkv = kc.shape[1], kc.shape[2]
+    group = q.shape[1] // hkv
+    out = torch.zeros(q.shape, dtype=torch.float32, device=DEV)
+    for b, L in enumerate(lens):
+        s, e = indptr[b], indptr[b + 1]
+        if e == s:
+            continue
+        pos = torch.arange(L, device=DEV)
+        slots = bt[b, pos // page].long() * page + pos % page
+        k = kc.reshape(-1, hkv, kc.shape[-1])[slots].float().repeat_interleave(group, 1).transpose(0, 1)
+        v = vc.reshape(-1, hkv, kc.shape[-1])[slots].float().repeat_interleave(group, 1).transpose(0, 1)
+        qb = q[s:e].float().transpose(0, 1)  # [Hq, n, D]
+        n = e - s
+        vis = (L - n + torch.arange(n, device=DEV) + 1)[:, None] if causal else torch.full((n, 1), L, device=DEV)
+        mask = pos[None, :] < vis
+        ob = F.scaled_dot_product_attention(qb[None], k[None], v[None], attn_mask=mask[None, None], scale=scale)[0]
+        out[s:e] = ob.transpose(0, 1)
+    return out
+
+
+def _run(case, scale, causal, max_q_len=None):
+    return paged_attention(case["q"], case["k_cache"], case["v_cache"], qo_indptr=case["qo_indptr"],
+                           kv_lens=case["kv_lens"], block_tables=case["block_tables"], scale=scale,
+                           causal=causal, max_q_len=max_q_len)
+
+
+def _reference(case, scale, causal):
+    return paged_attention_reference(case["q"], case["k_cache"], case["v_cache"], qo_indptr=case["qo_indptr"],
+                                     kv_lens=case["kv_lens"], block_tables=case["block_tables"], scale=scale,
+                                     causal=causal)
+
+
+def _rng_lens(n, lo, hi, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+
+
+# bf16 tolerance: P is rounded to bf16 before the PV product and the output is bf16.
+BF16_ATOL, BF16_RTOL = 2e-2, 2e-2
+
+PARITY_CASES = [
+    # name, q_lens, kv_lens, page, hq, hkv, d, causal
+    ("decode_b256", [1] * 256, _rng_lens(256, 1, 1024, 1), 16, 32, 8, 128, True),
+    ("verify_b64_kv4096", _rng_lens(64, 1, 8, 2), _rng_lens(64, 8, 4096, 3), 64, 16, 2, 128, True),
+    ("drafter_block_noncausal", [8] * 32, _rng_lens(32, 8, 2048, 4), 16, 32, 8, 128, False),
+    ("mixed_prefill_verify", [1500, 1, 4, 8, 2, 1, 7, 3, 5], [1500, 37, 250, 4096, 17, 1, 640, 64, 129],
+     16, 32, 8, 128, True),
+    ("mha_d64_page64", _rng_lens(48, 1, 8, 5), _rng_lens(48, 8, 3000, 6), 64, 8, 8, 64, True),
+    ("head_dim_96", _rng_lens(16, 1, 8, 7), _rng_lens(16, 8, 700, 8), 16, 12, 4, 96, True),
+]
+
+
+@pytest.mark.parametrize("name,q_lens,kv_lens,page,hq,hkv,d,causal", PARITY_CASES, ids=[c[0] for c in PARITY_CASES])
+def test_paged_attention_matches_reference_bf16(name, q_lens, kv_lens, page, hq, hkv, d, causal):
+    kv_lens = [max(k, q) for q, k in zip(q_lens, kv_lens)]  # this step's rows are in the cache
+    case = _paged_case(q_lens, kv_lens, page=page, hq=hq, hkv=hkv, d=d, dtype=torch.bfloat16, seed=len(name))
+    scale = d ** -0.5
+    out = _run(case, scale, causal)
+    ref = _reference(case, scale, causal)
+    n = int(case["qo_indptr"][-1])
+    assert out.dtype == torch.bfloat16 and out.shape == case["q"].shape
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[:n].float(), ref[:n].float(), atol=BF16_ATOL, rtol=BF16_RTOL)
+    assert (out[n:] == 0).all(), "padding rows must be zero"
+    if len(q_lens) <= 64:
+        dense = _dense_sdpa(case, scale, causal)
+        torch.testing.assert_close(out[:n].float(), dense[:n], atol=BF16_ATOL, rtol=BF16_RTOL)
+
+
+def test_paged_attention_fp32_tight():
+    q_lens, kv_lens = [1, 8, 3, 300], [900, 64, 2000, 300]
+    case = _paged_case(q_lens, kv_lens, page=16, hq=8, hkv=2, d=128, dtype=torch.float32, seed=11)
+    for causal in (True, False):
+        out = _run(case, 0.088, causal)
+        torch.testing.assert_close(out, _reference(case, 0.088, causal), atol=1e-4, rtol=1e-4)
+
+
+def test_paged_attention_graph_capture_replays_new_lengths():
+    """With max_q_len given the wrapper reads nothing on the host, so it can be captured."""
+    q_lens, kv_lens = [4] * 16, _rng_lens(16, 8, 1000, 12)
+    case = _paged_case(q_lens, [1100] * 16, page=16, hq=16, hkv=4, d=128, dtype=torch.bfloat16, seed=12)
+    case["kv_lens"].copy_(torch.tensor(kv_lens, dtype=torch.int32))
+    scale = 128 ** -0.5
+    _run(case, scale, True, max_q_len=4)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _run(case, scale, True, max_q_len=4)
+    for seed in (13, 14):
+        case["kv_lens"].copy_(torch.tensor(_rng_lens(16, 4, 1100, seed), dtype=torch.int32, device=DEV))
+        case["q"].normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), _reference(case, scale, True).float(), atol=BF16_ATOL, rtol=BF16_RTOL)
+
+
+# --------------------------------------------------------------------------------------
+# Acceptance
+# --------------------------------------------------------------------------------------
+
+def _accept_case(B, G, V, seed, greedy_frac=0.5):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    tp = torch.softmax(torch.randn(B, G + 1, V, generator=g) * 3, -1)
+    dp = torch.softmax(torch.log(tp[:, :G]) + torch.randn(B, G, V, generator=g), -1)
+    dt = torch.multinomial(dp.reshape(-1, V), 1, generator=g).view(B, G)
+    dt = torch.where(torch.rand(B, G, generator=g) < 0.5, tp[:, :G].argmax(-1), dt)
+    windows = torch.randint(0, G + 1, (B,), generator=g, dtype=torch.int32)
+    t = dict(draft_tokens=dt, windows=windows, target_probs=tp.float(), draft_probs=dp.float(),
+             greedy=torch.rand(B, generator=g) < greedy_frac, accept_uniforms=torch.rand(B, G, generator=g),
+             sample_uniforms=torch.rand(B, generator=g))
+    return {k: v.to(DEV) for k, v in t.items()}
+
+
+@pytest.mark.parametrize("B,G,V", [(256, 8, 49152), (64, 4, 151936), (7, 1, 1000), (33, 8, 32000)])
+def test_accept_triton_matches_reference_cuda(B, G, V):
+    case = _accept_case(B, G, V, seed=B + G)
+    ref = accept_reference(**case)
+    out = accept_triton(**case)
+    assert torch.equal(out.num_accepted, ref.num_accepted)
+    assert torch.equal(out.next_token, ref.next_token)
+
+
+def test_accept_triton_graph_capture():
+    case = _accept_case(64, 8, 49152, seed=3)
+    accept_triton(**case)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = accept_triton(**case)
+    fresh = _accept_case(64, 8, 49152, seed=4)
+    for k, v in fresh.items():
+        case[k].copy_(v)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = accept_reference(**case)
+    assert torch.equal(out.num_accepted, ref.num_accepted) and torch.equal(out.next_token, ref.next_token)
+
+
+def test_accept_triton_sampled_rule_is_lossless():
+    """First emitted token ~ p_0 and, given d_1 accepted, second token ~ p_1 (chi-square)."""
+    from scipy.stats import chi2
+
+    N, V = 200_000, 5
+    p0, q0 = torch.tensor([0.05, 0.40, 0.10, 0.25, 0.20]), torch.tensor([0.30, 0.10, 0.35, 0.05, 0.20])
+    p1, q1 = torch.tensor([0.50, 0.05, 0.15, 0.10, 0.20]), torch.tensor([0.10, 0.40, 0.15, 0.15, 0.20])
+    g = torch.Generator().manual_seed(0)
+    d = torch.stack([torch.multinomial(q0, N, True, generator=g), torch.multinomial(q1, N, True, generator=g)], 1)
+    case = dict(draft_tokens=d, windows=torch.full((N,), 2, dtype=torch.int32),
+                target_probs=torch.stack([p0, p1, p0])[None].expand(N, 3, V).contiguous(),
+                draft_probs=torch.stack([q0, q1])[None].expand(N, 2, V).contiguous(),
+                greedy=torch.zeros(N, dtype=torch.bool), accept_uniforms=torch.rand(N, 2, generator=g),
+                sample_uniforms=torch.rand(N, generator=g))
+    case = {k: v.to(DEV) for k, v in case.items()}
+    res = accept_triton(**case)
+    n, d = res.num_accepted.long().cpu(), case["draft_tokens"].cpu()
+    nxt = res.next_token.cpu()
+    first = torch.where(n >= 1, d[:, 0], nxt)
+    second = torch.where(n >= 2, d[:, 1], nxt)[n >= 1]
+    for tokens, p in ((first, p0), (second, p1)):
+        counts = torch.bincount(tokens, minlength=V).double()
+        expected = p.double() * len(tokens)
+        stat = float(((counts - expected) ** 2 / expected).sum())
+        assert stat < chi2.ppf(1 - 1e-6, V - 1), f"chi2 = {stat:.1f}"
+
+
+# --------------------------------------------------------------------------------------
+# Bandwidth report (prints, asserts nothing about speed)
+# --------------------------------------------------------------------------------------
+
+def _bench_ms(fn):
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=25, rep=100)
+
+
+def test_decode_bandwidth_report():
+    B, hq, hkv, d, page = 64, 32, 8, 128, 16
+    print()
+    for L in (1024, 4096):
+        case = _paged_case([1] * B, [L] * B, page=page, hq=hq, hkv=hkv, d=d, dtype=torch.bfloat16, seed=L)
+        scale = d ** -0.5
+        kv_bytes = 2 * B * L * hkv * d * 2  # K and V, bf16
+        ms = _bench_ms(lambda: _run(case, scale, True, max_q_len=1))
+        # Dense baseline: the same KV already gathered into a padded [B, Hkv, L, D] layout.
+        k = torch.randn(B, hkv, L, d, device=DEV, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        qd = torch.randn(B, hq, 1, d, device=DEV, dtype=torch.bfloat16)
+        try:
+            F.scaled_dot_product_attention(qd, k, v, enable_gqa=True)
+            sdpa = lambda: F.scaled_dot_product_attention(qd, k, v, enable_gqa=True)  # noqa: E731
+            note = "enable_gqa"
+        except (TypeError, RuntimeError):
+            ke, ve = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+            sdpa = lambda: F.scaled_dot_product_attention(qd, ke, ve)  # noqa: E731
+            note = "kv expanded to Hq"
+        ms_sdpa = _bench_ms(sdpa)
+        print(f"decode B={B} L={L} Hq={hq} Hkv={hkv} D={d} page={page}: triton paged {ms * 1e3:.1f} us "
+              f"({kv_bytes / ms / 1e6:.0f} GB/s) | torch SDPA dense ({note}) {ms_sdpa * 1e3:.1f} us "
+              f"({kv_bytes / ms_sdpa / 1e6:.0f} GB/s of unique KV)")

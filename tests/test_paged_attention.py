@@ -1,0 +1,196 @@
+"""Paged attention: the Triton kernel (interpreted on CPU) against the reference and a dense oracle."""
+
+import os
+import sys
+
+import pytest
+import torch  # does not import triton
+
+if torch.cuda.is_available():
+    # Setting TRITON_INTERPRET here would switch every kernel of the session to the
+    # interpreter; on a GPU machine tests/test_kernels_gpu.py runs the compiled kernels.
+    pytest.skip("CPU-interpreter module; on a CUDA machine see tests/test_kernels_gpu.py", allow_module_level=True)
+if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+    # triton.language's own helpers are decorated at import time, so the interpreter cannot
+    # be switched on afterwards; tests/conftest.py must set TRITON_INTERPRET=1 when no GPU.
+    raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set; set it in tests/conftest.py "
+                       "(before any import of triton) or run this module on its own")
+os.environ["TRITON_INTERPRET"] = "1"  # read when @triton.jit decorates a function
+
+import math  # noqa: E402
+
+import torch.nn.functional as F  # noqa: E402
+
+from kernels.paged_attention import paged_attention, paged_attention_reference, write_kv_reference  # noqa: E402
+
+
+def make_case(q_lens, kv_lens, *, page=16, hq=6, hkv=2, d=16, dtype=torch.float32, seed=0, pad_rows=2):
+    """Packed queries plus a cache whose pages are shuffled across requests; unused block
+    table entries are -1 so a read past a request's pages would fault or poison the result."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(q_lens)
+    pages_per_req = [max(1, math.ceil(n / page)) for n in kv_lens]
+    num_pages = sum(pages_per_req) + 3
+    perm = torch.randperm(num_pages, generator=g)
+    block_tables = torch.full((B, max(pages_per_req) + 1), -1, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(pages_per_req):
+        block_tables[b, :n] = perm[used:used + n].int()
+        used += n
+    indptr = torch.zeros(B + 1, dtype=torch.int32)
+    indptr[1:] = torch.tensor(q_lens, dtype=torch.int64).cumsum(0)
+    return dict(
+        q=torch.randn(int(indptr[-1]) + pad_rows, hq, d, generator=g).to(dtype),
+        k_cache=torch.randn(num_pages, page, hkv, d, generator=g).to(dtype),
+        v_cache=torch.randn(num_pages, page, hkv, d, generator=g).to(dtype),
+        qo_indptr=indptr, kv_lens=torch.tensor(kv_lens, dtype=torch.int32), block_tables=block_tables,
+    )
+
+
+def dense_oracle(case, scale, causal):
+    """Per request: gather K/V page by page and call torch SDPA with an explicit mask."""
+    q, kc, vc = case["q"], case["k_cache"], case["v_cache"]
+    indptr, lens = case["qo_indptr"].tolist(), case["kv_lens"].tolist()
+    page, hkv, d = kc.shape[1], kc.shape[2], kc.shape[3]
+    group = q.shape[1] // hkv
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b, L in enumerate(lens):
+        s, e = indptr[b], indptr[b + 1]
+        if e == s:
+            continue
+        k = torch.cat([kc[case["block_tables"][b, i]] for i in range(math.ceil(L / page))])[:L]  # [L, Hkv, D]
+        v = torch.cat([vc[case["block_tables"][b, i]] for i in range(math.ceil(L / page))])[:L]
+        k = k.double().repeat_interleave(group, 1).transpose(0, 1)
+        v = v.double().repeat_interleave(group, 1).transpose(0, 1)
+        n = e - s
+        vis = torch.arange(n)[:, None] + (L - n + 1) if causal else torch.full((n, 1), L)
+        mask = torch.arange(L)[None, :] < vis
+        out[s:e] = F.scaled_dot_product_attention(q[s:e].double().transpose(0, 1), k, v, attn_mask=mask,
+                                                  scale=scale).transpose(0, 1)
+    return out
+
+
+def run_kernel(case, scale, causal, **kw):
+    return paged_attention(case["q"], case["k_cache"], case["v_cache"], qo_indptr=case["qo_indptr"],
+                           kv_lens=case["kv_lens"], block_tables=case["block_tables"], scale=scale,
+                           causal=causal, **kw)
+
+
+def run_reference(case, scale, causal):
+    return paged_attention_reference(case["q"], case["k_cache"], case["v_cache"], qo_indptr=case["qo_indptr"],
+                                     kv_lens=case["kv_lens"], block_tables=case["block_tables"], scale=scale,
+                                     causal=causal)
+
+
+def poisoned_run(case, scale, causal, monkeypatch, **kw):
+    """Run the kernel into an output pre-filled with NaN (except the padding rows, which the
+    wrapper zero-fills by design), so a row the kernel forgets to write shows up as NaN."""
+    import kernels.paged_attention as pa
+
+    n = int(case["qo_indptr"][-1])
+
+    def nan_except_padding(t, **kwargs):
+        out = torch.full_like(t, float("nan"), **kwargs)
+        out[n:] = 0
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(pa.torch, "zeros_like", nan_except_padding)
+        return run_kernel(case, scale, causal, **kw)
+
+
+# (q_lens, kv_lens, hq, hkv): ragged verification rows, decode rows, a ~40-row prefill chunk,
+# KV lengths on and across page boundaries (page 16), GQA group 3 and 1.
+CASES = [
+    ([1], [1], 3, 1),
+    ([1, 3, 8, 2], [16, 17, 33, 2], 6, 2),
+    ([5, 40, 1, 8, 2, 7, 1, 4, 3], [21, 40, 64, 15, 80, 7, 1, 16, 48], 6, 2),
+    ([8, 1, 6], [72, 31, 6], 4, 4),
+]
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("q_lens,kv_lens,hq,hkv", CASES, ids=[f"B{len(c[0])}_g{c[2] // c[3]}" for c in CASES])
+def test_triton_matches_reference_and_dense(q_lens, kv_lens, hq, hkv, causal, monkeypatch):
+    case = make_case(q_lens, kv_lens, hq=hq, hkv=hkv, seed=len(q_lens) + hq)
+    scale = 0.3
+    out = poisoned_run(case, scale, causal, monkeypatch)
+    ref = run_reference(case, scale, causal)
+    dense = dense_oracle(case, scale, causal)
+    n = int(case["qo_indptr"][-1])
+    assert not torch.isnan(out).any(), "some row was never written"
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)  # fp32 vs fp32, different summation order
+    torch.testing.assert_close(out[:n].double(), dense[:n], atol=1e-4, rtol=1e-4)
+    assert (out[n:] == 0).all()
+
+
+def test_head_dim_not_power_of_two_and_page_32():
+    case = make_case([3, 1, 20], [40, 70, 20], page=32, hq=4, hkv=2, d=24, seed=5)
+    out = run_kernel(case, 0.2, True)
+    torch.testing.assert_close(out, run_reference(case, 0.2, True), atol=1e-4, rtol=1e-4)
+
+
+def test_rows_that_see_nothing_are_zero():
+    # kv_len < q_len: the first causal rows see <= 0 keys; kv_len 0 sees nothing at all.
+    case = make_case([4, 2], [2, 0], seed=6)
+    out = run_kernel(case, 0.5, True)
+    ref = run_reference(case, 0.5, True)
+    assert (out[:2] == 0).all() and (out[4:] == 0).all()
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_half_precision_inputs():
+    # fp16 here: Triton 3.9's interpreter mishandles bf16 (numpy has no bfloat16), so the bf16
+    # path is checked on the GPU in tests/test_kernels_gpu.py.
+    case = make_case([1, 6, 3], [40, 17, 3], dtype=torch.float16, seed=7)
+    out = run_kernel(case, 0.25, True)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.float(), run_reference(case, 0.25, True).float(), atol=5e-3, rtol=5e-3)
+
+
+def test_max_q_len_bounds_the_grid():
+    case = make_case([2, 5, 1], [20, 30, 9], seed=8)
+    ref = run_reference(case, 0.3, True)
+    torch.testing.assert_close(run_kernel(case, 0.3, True, max_q_len=5), ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(run_kernel(case, 0.3, True, max_q_len=9), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_write_then_attend_roundtrip():
+    """Write a step's K/V through write_kv_reference, then attend over it: the last row of a
+    request must attend to its own freshly written key."""
+    case = make_case([3], [10], seed=9, pad_rows=0)
+    page = case["k_cache"].shape[1]
+    k_new = torch.randn(3, 2, 16)
+    v_new = torch.randn(3, 2, 16)
+    pos = torch.arange(7, 10)
+    slots = case["block_tables"][0, pos // page].long() * page + pos % page
+    write_kv_reference(case["k_cache"], case["v_cache"], k_new, v_new, slots)
+    out = run_kernel(case, 0.3, True)
+    torch.testing.assert_close(out, run_reference(case, 0.3, True), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(out.double(), dense_oracle(case, 0.3, True), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(page=8), "power of two >= 16"),
+    (dict(page=24), "power of two >= 16"),
+    (dict(hq=5, hkv=2), "multiple of kv heads"),
+])
+def test_rejects_bad_geometry(bad, match):
+    case = make_case([1], [4], **bad)
+    with pytest.raises(ValueError, match=match):
+        run_kernel(case, 1.0, True)
+
+
+def test_rejects_bad_index_dtype_and_shapes():
+    case = make_case([1, 2], [4, 5])
+    case["kv_lens"] = case["kv_lens"].long()
+    with pytest.raises(TypeError, match="kv_lens must be int32"):
+        run_kernel(case, 1.0, True)
+    case = make_case([1, 2], [4, 5])
+    case["qo_indptr"] = case["qo_indptr"][:2]
+    with pytest.raises(ValueError, match="batch mismatch"):
+        run_kernel(case, 1.0, True)
+    case = make_case([1, 2], [4, 5])
+    case["k_cache"] = case["k_cache"].double()
+    with pytest.raises(TypeError, match="dtypes must match"):
+        run_kernel(case, 1.0, True)

@@ -1,0 +1,222 @@
+"""Verify-budget planner: global argmax on a staircase, declines, lag vs fresh, overrides, refusals, oracle."""
+
+import pytest
+
+from dspark.cost_table import CostTable
+from dspark.planner import Planner, PlannerConfig, PlannerConfigError, oracle_bound, plan_budget
+from dspark.stats import EngineStats
+
+# One request, G = 4, prefix survival 0.9 0.8 0.7 0.6 (each admitted cell adds its survival to tau).
+# The table's staircase makes tau/T rise (n=1), dip (n=2), peak (n=3) and fall (n=4):
+#   tau(n) = 1, 1.9, 2.7, 3.4, 4.0 ; T(M=n+1) = 1.0, 1.5, 2.5, 2.5, 3.5
+#   tau/T  = 1.0, 1.267, 1.08, 1.36, 1.143
+SURV = [[0.9, 0.8, 0.7, 0.6]]
+STAIRS = CostTable(token_counts=(1, 2, 3, 4, 5), theta_ms=(1.0, 1.5, 2.5, 2.5, 3.5))
+
+
+def cfg(**kw):
+    base = dict(block=4, mode="ragged", algorithm="global", budget_lag=0, min_verify_len=0, min_predicted_gain=0.0,
+                temperature_positive=False)
+    base.update(kw)
+    return PlannerConfig(**base)
+
+
+def plan(config, surv=SURV, sizing=None, table=STAIRS, temp=False, **kw):
+    return plan_budget(ranking_survival=surv, sizing_survival=surv if sizing is None else sizing, table=table,
+                       config=config, temperature_positive=temp, **kw)
+
+
+def test_global_argmax_beats_first_descent_on_a_staircase():
+    d = plan(cfg())
+    assert d.reason == "trimmed" and d.trimmed
+    assert d.windows == (3,) and d.budget == 3
+    assert d.predicted_gain == pytest.approx(1.36 / (4.0 / 3.5) - 1.0)
+    assert d.predicted_tokens == pytest.approx(3.4) and d.predicted_ms == pytest.approx(2.5)
+    # Algorithm 1 stops at the first drop (n=2) and keeps n=1.
+    g = plan(cfg(algorithm="greedy_stop"))
+    assert g.windows == (1,) and g.reason == "trimmed"
+
+
+def test_uniform_mode_respects_the_ladder():
+    assert plan(cfg(mode="uniform")).windows == (3,)
+    d = plan(cfg(mode="uniform", allowed_verify_lens=(1, 4)))
+    assert d.windows == (1,) and d.reason == "trimmed"
+    d = plan(cfg(mode="uniform", allowed_verify_lens=(2, 4)))  # 1.08 < 1.143: the full block is best
+    assert d.windows == (4,) and d.reason == "declined_below_min_gain" and not d.trimmed
+
+
+def test_min_predicted_gain():
+    assert plan(cfg(min_predicted_gain=0.10)).reason == "trimmed"  # gain is 19%
+    d = plan(cfg(min_predicted_gain=0.25))
+    assert d.reason == "declined_below_min_gain" and d.windows == (4,) and d.budget == 4
+    assert d.predicted_gain == pytest.approx(0.19, abs=0.001)  # the best candidate's gain is still reported
+
+
+def test_declines_without_a_usable_table_and_counts_reasons():
+    flat = CostTable(token_counts=(1, 5), theta_ms=(2.0, 2.01), fixed_overhead_ms=1.0)
+    stats = EngineStats()
+    p_none = Planner(cfg(), None, stats=stats)
+    p_flat = Planner(cfg(), flat, stats=stats)
+    for _ in range(3):
+        d = p_none.plan(SURV, [0])
+        assert d.reason == "declined_no_table" and d.windows == (4,) and not d.trimmed and d.predicted_ms is None
+    d = p_flat.plan(SURV, [0])
+    assert d.reason == "declined_flat_cost" and d.windows == (4,)
+    assert stats.plan_reasons == {"declined_no_table": 3, "declined_flat_cost": 1}
+
+
+def test_mixed_step_and_snapshot_declines():
+    assert plan(cfg(), is_mixed_step=True).reason == "declined_mixed_step"
+    assert plan(cfg(skip_mixed_trim=False), is_mixed_step=True).reason == "trimmed"
+    assert plan(cfg(), snapshot_ready=False).reason == "declined_snapshot_not_ready"
+
+
+# Two requests, G = 2. Sizing (lagged) and fresh survival favour different requests.
+LAGGED = [[0.9, 0.1], [0.2, 0.1]]
+FRESH = [[0.2, 0.1], [0.9, 0.1]]
+# R = 2: M = 2 + n. tau(n) on LAGGED = 2, 2.9, 3.1, 3.2, 3.3 ; T = 1, 1, 2, 2, 2 -> best n = 1.
+TWO = CostTable(token_counts=(2, 3, 4, 5, 6), theta_ms=(1.0, 1.0, 2.0, 2.0, 2.0))
+
+
+def test_budget_sized_on_lagged_survival_cells_ranked_on_fresh():
+    c = PlannerConfig(block=2, budget_lag=1, min_verify_len=0, min_predicted_gain=0.0)
+    d = plan_budget(ranking_survival=FRESH, sizing_survival=LAGGED, table=TWO, config=c, temperature_positive=True)
+    assert d.reason == "trimmed" and d.budget == 1
+    assert d.windows == (0, 1)  # ranked fresh: request 1's first draft
+    ranked_on_lagged = plan_budget(ranking_survival=LAGGED, sizing_survival=LAGGED, table=TWO, config=c,
+                                   temperature_positive=True)
+    assert ranked_on_lagged.windows == (1, 0)
+    deferred = plan_budget(ranking_survival=None, sizing_survival=LAGGED, table=TWO, config=c, temperature_positive=True)
+    assert deferred.windows is None and deferred.budget == 1  # allocation left to the device kernel
+
+
+def test_planner_lag_buffer_is_per_slot_and_reset_is_neutral():
+    c = PlannerConfig(block=2, budget_lag=1, min_verify_len=0, min_predicted_gain=0.0)
+    p = Planner(c, TWO)
+    first = p.plan(LAGGED, [5, 9])  # nothing observed yet: neutral survival 1.0 sizes the budget
+    assert first.predicted_tokens == pytest.approx(2 + 4 * 1.0)
+    second = p.plan(FRESH, [5, 9])  # sized on the previous step's LAGGED rows, ranked on FRESH
+    assert second.windows == (0, 1) and second.budget == 1
+    # Batch order changes between steps: sizing follows the slot, so swapped rows give the same decision.
+    p2 = Planner(c, TWO)
+    p2.plan(LAGGED, [5, 9])
+    swapped = p2.plan(FRESH[::-1], [9, 5])
+    assert swapped.windows == (1, 0) and swapped.budget == 1
+    # Batch order changes: rows follow slots, not positions.
+    assert p.sizing_row(9, [0, 0]) == FRESH[1] and p.sizing_row(5, [0, 0]) == FRESH[0]
+    p.reset_slot(9)
+    assert p.sizing_row(9, [0.0, 0.0]) == [1.0, 1.0]  # the newcomer never inherits the predecessor's scores
+    lag2 = Planner(PlannerConfig(block=2, budget_lag=2, min_verify_len=0), TWO)
+    lag2.plan(LAGGED[:1], [0])
+    lag2.plan(FRESH[:1], [0])
+    assert lag2.sizing_row(0, [0, 0]) == LAGGED[0]  # two steps old
+
+
+def test_planner_uses_injected_clock():
+    ticks = iter([10.0, 10.5])
+    stats = EngineStats()
+    Planner(cfg(), STAIRS, stats=stats, clock=lambda: next(ticks)).plan(SURV, [0])
+    assert stats.plan_ms_total == pytest.approx(500.0)
+
+
+def test_global_over_fresh_confidence_refused_when_sampling():
+    with pytest.raises(PlannerConfigError, match="budget_lag>=1 or algorithm=greedy_stop"):
+        PlannerConfig(block=4, algorithm="global", budget_lag=0, temperature_positive=True)
+    PlannerConfig(block=4, algorithm="global", budget_lag=1, temperature_positive=True)
+    PlannerConfig(block=4, algorithm="greedy_stop", budget_lag=0, min_predicted_gain=0.0, temperature_positive=True)
+    # A config that claimed greedy decoding is still refused on a step that samples.
+    with pytest.raises(PlannerConfigError, match="temperature > 0"):
+        plan(cfg(), temp=True)
+
+
+def test_greedy_stop_refuses_settings_that_reintroduce_anticipation():
+    with pytest.raises(PlannerConfigError, match="budget_lag"):
+        PlannerConfig(block=4, algorithm="greedy_stop", budget_lag=2, min_predicted_gain=0.0)
+    with pytest.raises(PlannerConfigError, match="min_predicted_gain"):
+        PlannerConfig(block=4, algorithm="greedy_stop", budget_lag=0, min_predicted_gain=0.02)
+    with pytest.raises(PlannerConfigError, match="gaps"):
+        PlannerConfig(block=5, mode="uniform", algorithm="greedy_stop", budget_lag=0, min_predicted_gain=0.0,
+                      allowed_verify_lens=(1, 3, 5))
+
+
+def test_overrides_replace_only_the_decision():
+    with pytest.raises(PlannerConfigError, match="force_verify_len: 2 is not on the tier ladder"):
+        cfg(mode="uniform", allowed_verify_lens=(1, 3, 4), force_verify_len=2)
+    with pytest.raises(PlannerConfigError, match="exclusive"):
+        cfg(force_verify_len=2, force_budget_frac=0.5)
+    with pytest.raises(PlannerConfigError, match="mode=ragged"):
+        cfg(mode="uniform", force_budget_frac=0.5)
+    d = plan(cfg(force_verify_len=2), table=None)  # works without a table: it exists to test packing
+    assert d.reason == "forced" and d.windows == (2,) and d.trimmed and d.predicted_ms is None
+    d = plan_budget(ranking_survival=FRESH, sizing_survival=LAGGED, table=TWO, temperature_positive=True,
+                    config=PlannerConfig(block=2, budget_lag=1, min_verify_len=0, force_budget_frac=0.25))
+    assert d.reason == "forced" and d.budget == 1 and d.windows == (0, 1)
+
+
+def test_config_validation_names_the_key():
+    for kw, key in [(dict(budget_lag=3), "budget_lag"), (dict(mode="tree"), "mode"), (dict(algorithm="x"), "algorithm"),
+                    (dict(min_verify_len=5), "min_verify_len"), (dict(min_predicted_gain=-0.1), "min_predicted_gain"),
+                    (dict(mode="uniform", allowed_verify_lens=(1, 3)), "allowed_verify_lens"),
+                    (dict(mode="uniform", allowed_verify_lens=(3, 1, 4)), "allowed_verify_lens"),
+                    (dict(allowed_verify_lens=(1, 4)), "allowed_verify_lens")]:
+        with pytest.raises(PlannerConfigError, match=f"planner.{key}"):
+            cfg(**kw)
+    with pytest.raises(PlannerConfigError, match="unknown keys"):
+        PlannerConfig.from_dict({"block": 4, "lag": 1})
+
+
+def test_bad_survival_is_refused():
+    with pytest.raises(ValueError, match="rises at position 1"):
+        plan(cfg(), surv=[[0.5, 0.9, 0.1, 0.0]])
+    with pytest.raises(ValueError, match="block=4"):
+        plan(cfg(), surv=[[0.5, 0.4]])
+
+
+def test_min_verify_len_clamp_is_priced():
+    d = plan(cfg(min_verify_len=2))  # candidates start at window 2: 1.08, 1.36, 1.143
+    assert d.windows == (3,) and d.budget == 3
+
+
+def test_oracle_bound_hand_computed():
+    table = CostTable(token_counts=(2, 4, 6, 8, 10), theta_ms=(1.0, 2.0, 3.0, 4.0, 5.0), fixed_overhead_ms=1.0)
+    # block 4, two steps of batch 2. Step 1 accepts (0, 4), step 2 accepts (1, 2).
+    out = oracle_bound([[0, 4], [1, 2]], [2, 2], table, block=4, measured_ms=[6.5, 6.0])
+    # tokens: (1 + 5) + (2 + 3) = 11. Full block: M = 10 each -> 6 ms x 2 = 12 ms.
+    # Oracle windows = accepted: M = 1 + 5 = 6 -> 4 ms; M = 2 + 3 = 5 -> steps up to 6 -> 4 ms: 8 ms.
+    assert out["tokens"] == 11
+    assert out["full_block_ms"] == pytest.approx(12.0)
+    assert out["oracle_ms"] == pytest.approx(8.0)
+    assert out["headroom_vs_full_block"] == pytest.approx(0.5)
+    assert out["headroom_vs_measured"] == pytest.approx(12.5 / 8.0 - 1.0)
+    incl = oracle_bound([[0, 4], [1, 2]], [2, 2], table, block=4, include_rejected_draft=True)
+    # windows (1, 4) -> M 7 -> 8 -> 5 ms ; (2, 3) -> M 7 -> 5 ms
+    assert incl["oracle_ms"] == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="batch size 3"):
+        oracle_bound([[0, 1]], [3], table, block=4)
+    with pytest.raises(ValueError, match=r"\[0, block=4\]"):
+        oracle_bound([[5, 1]], [2], table, block=4)
+
+
+def test_survival_helpers_feed_the_planner():
+    import torch
+
+    from dspark.survival import calibrated_confidence, neutral_survival_row, prefix_survival, reset_slot_
+
+    logits = torch.tensor([[2.0, 0.0, -1.0, 4.0]])
+    temps = torch.tensor([1.0, 2.0, 0.5, 4.0])
+    conf = calibrated_confidence(logits, temps)
+    assert conf[0].tolist() == pytest.approx([torch.sigmoid(torch.tensor(v)).item() for v in (2.0, 0.0, -2.0, 1.0)])
+    surv = prefix_survival(conf)
+    assert surv[0, 2].item() == pytest.approx(conf[0, :3].prod().item())
+    assert all(surv[0, j + 1] <= surv[0, j] for j in range(3))
+    with pytest.raises(ValueError, match="one STS temperature per drafted position"):
+        calibrated_confidence(logits, temps[:3])
+    # A torch tensor goes straight into the planner.
+    assert plan(cfg(), surv=surv).reason in ("trimmed", "declined_below_min_gain")
+    buf = torch.full((3, 4), 0.1)
+    reset_slot_(buf, 1)
+    assert buf[1].tolist() == [1.0] * 4 and buf[0].tolist() == pytest.approx([0.1] * 4)
+    reset_slot_(buf, 2, prior=[0.9, 0.8, 0.5, 0.5])
+    assert buf[2].tolist() == pytest.approx([0.9, 0.8, 0.5, 0.5])
+    with pytest.raises(ValueError, match="non-increasing"):
+        neutral_survival_row(3, prior=[0.5, 0.9, 0.1])

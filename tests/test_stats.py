@@ -1,0 +1,126 @@
+"""EngineStats on hand-computed steps; assert_active; the layout consistency check."""
+
+import json
+
+import pytest
+import torch
+
+from dspark.planner import PlanDecision
+from dspark.stats import EngineStats, FeatureInactiveError, LayoutMismatchError, check_step_consistency
+
+
+def three_steps():
+    s = EngineStats()
+    s.record_step(request_ids=["a", "b"], windows=[4, 2], accepted=[1, 2], block=4, mode="ragged")
+    s.record_step(request_ids=["a", "b"], windows=[3, 4], accepted=[1, 0], block=4, mode="ragged")
+    s.record_step(request_ids=["a"], windows=[4], accepted=[4], block=4, mode="full")
+    return s
+
+
+def test_token_counters_and_trim_ratio():
+    s = three_steps()
+    assert s.ceiling_tokens == 25 and s.delivered_tokens == 22 and s.window_tokens == 17
+    assert s.committed_tokens == (2 + 3) + (2 + 1) + 5
+    assert s.trim_ratio == pytest.approx(1 - 22 / 25)
+    assert s.steps_by_mode == {"ragged": 2, "full": 1}
+    assert s.verify_len_hist == {4: 3, 2: 1, 3: 1}
+
+
+def test_trim_regret_counts_only_trimmed_requests_that_took_their_whole_window():
+    s = three_steps()
+    # trimmed: b at step 1 (window 2, accepted 2: regret) and a at step 2 (window 3, accepted 1: no regret)
+    assert s.trimmed_requests == 2
+    assert s.trim_regret_rate == pytest.approx(0.5)
+    assert EngineStats().trim_regret_rate is None
+
+
+def test_per_position_acceptance():
+    # pos1 reached 5x, accepted 4x; pos2 reached by (a1, b1, a2, a3), accepted by (b1, a3);
+    # pos3 reached only by a3 (b1's window ends at 2), pos4 likewise.
+    assert three_steps().per_position_acceptance() == [pytest.approx(0.8), pytest.approx(0.5), 1.0, 1.0]
+
+
+def test_acceptance_is_averaged_over_requests_not_tokens():
+    s = three_steps()
+    # a: committed 2, 2, 5 over 3 steps = 3.0 ; b: 3, 1 over 2 steps = 2.0 -> 2.5 (token-weighted would be 2.6)
+    assert s.accept_length == pytest.approx(2.5)
+    assert s.accept_rate == pytest.approx((6 / 11 + 2 / 6) / 2)
+    assert s.block_accept_exact is False  # b hit its trimmed window: its uncapped acceptance is unknown
+    summary = s.summary()
+    json.dumps(summary)
+    assert summary["position_accept.2"] == pytest.approx(0.5) and summary["steps_mode.ragged"] == 2
+
+
+def test_block_accept_length_exact_in_cap_accept_mode():
+    s = EngineStats()
+    s.record_step(request_ids=[1, 2], windows=[2, 3], accepted=[2, 1], uncapped_accepted=[4, 1], block=4, mode="cap")
+    assert s.block_accept_exact
+    assert s.block_accept_length == pytest.approx((5 + 2) / 2)
+    assert s.accept_length == pytest.approx((3 + 2) / 2)
+    assert s.summary()["accept_length_over_block"] == pytest.approx(2.5 / 3.5)
+    with pytest.raises(ValueError, match="uncapped_accepted"):
+        s.record_step(request_ids=[1], windows=[3], accepted=[1], uncapped_accepted=[2], block=4, mode="cap")
+
+
+def test_record_step_refuses_inconsistent_inputs():
+    s = EngineStats()
+    with pytest.raises(ValueError, match="accepted 3 outside \\[0, window=2\\]"):
+        s.record_step(request_ids=[0], windows=[2], accepted=[3], block=4, mode="ragged")
+    with pytest.raises(ValueError, match="eager_reason"):
+        s.record_step(request_ids=[0], windows=[2], accepted=[1], block=4, mode="ragged", graph_replay=False)
+    assert s.verify_steps == 0
+
+
+def test_plan_reasons_and_predictions():
+    s = EngineStats()
+    s.record_plan(PlanDecision((2,), True, "trimmed", 0.1, 2.5, 3.0, 2), plan_ms=0.2)
+    s.record_step(request_ids=[0], windows=[2], accepted=[2], block=4, mode="ragged", step_ms=3.5)
+    s.record_plan(PlanDecision((4,), False, "declined_no_table", 0.0, None, None, 4))
+    s.record_step(request_ids=[0], windows=[4], accepted=[0], block=4, mode="full")
+    out = s.summary()
+    assert out["plan_reason.trimmed"] == 1 and out["plan_reason.declined_no_table"] == 1
+    assert out["predicted_tokens_total"] == 2.5 and out["realised_tokens_on_predicted"] == 3
+    assert out["measured_ms_on_predicted"] == 3.5 and out["predicted_gain_mean"] == pytest.approx(0.1)
+
+
+def test_assert_active_fails_when_every_step_declined():
+    s = EngineStats()
+    for _ in range(10):
+        s.record_plan(PlanDecision((4, 4), False, "declined_no_table", 0.0, None, None, 8))
+        s.record_step(request_ids=[0, 1], windows=[4, 4], accepted=[1, 3], block=4, mode="full")
+    with pytest.raises(FeatureInactiveError, match="windows never differed.*no request was ever trimmed.*declined_no_table"):
+        s.assert_active(min_steps=5)
+    status = s.assert_active(min_steps=50)
+    assert status.startswith("skipped: only 10 verify steps < min_steps 50")
+
+
+def test_assert_active_passes_on_real_trims_and_checks_graphs():
+    s = three_steps()
+    assert s.assert_active(min_steps=3).startswith("active")
+    with pytest.raises(FeatureInactiveError, match="no step replayed a graph"):
+        s.assert_active(min_steps=3, expect_graphs=True)
+    s.record_step(request_ids=[0], windows=[1], accepted=[0], block=4, mode="ragged", graph_replay=True)
+    s.assert_active(min_steps=3, expect_graphs=True)
+    s.record_step(request_ids=[0], windows=[1], accepted=[0], block=4, mode="ragged", graph_replay=False,
+                  eager_reason="bucket_not_captured")
+    with pytest.raises(FeatureInactiveError, match="1 steps ran eager.*bucket_not_captured"):
+        s.assert_active(min_steps=3, expect_graphs=True)
+
+
+def test_step_consistency_check():
+    windows = [3, 1]
+    good = torch.tensor([0, 4, 6], dtype=torch.int32)
+    check_step_consistency(windows, good, num_tokens=6, bucket=8, block=4)
+    # A uniform stride over ragged windows totals the same 6 tokens but misattributes rows.
+    with pytest.raises(LayoutMismatchError, match="rows disagree"):
+        check_step_consistency(windows, torch.tensor([0, 3, 6], dtype=torch.int32), num_tokens=6, bucket=8, block=4)
+    with pytest.raises(LayoutMismatchError, match="int32"):
+        check_step_consistency(windows, good.long(), num_tokens=6, bucket=8, block=4)
+    with pytest.raises(LayoutMismatchError, match="num_tokens=7"):
+        check_step_consistency(windows, good, num_tokens=7, bucket=8, block=4)
+    with pytest.raises(LayoutMismatchError, match="bucket 4"):
+        check_step_consistency(windows, good, num_tokens=6, bucket=4, block=4)
+    with pytest.raises(LayoutMismatchError, match="outside"):
+        check_step_consistency([5, 1], torch.tensor([0, 6, 8], dtype=torch.int32), num_tokens=8, bucket=8, block=4)
+    with pytest.raises(LayoutMismatchError, match="entries"):
+        check_step_consistency(windows, torch.tensor([0, 4], dtype=torch.int32), num_tokens=6, bucket=8, block=4)
