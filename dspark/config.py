@@ -136,7 +136,7 @@ class SamplingParams:
 
 @dataclass(slots=True)
 class EngineConfig:
-    """Engine-wide settings: memory, batching, speculation."""
+    """Engine-wide settings: memory, batching, speculation, verification scheduling."""
 
     device: str = "cpu"
     dtype: str = "float32"  # float32 | bfloat16 | float16
@@ -147,13 +147,26 @@ class EngineConfig:
     max_num_seqs: int = 64  # running requests at most
     max_num_batched_tokens: int = 2048  # token budget per step (prefill chunks + verify tokens)
     spec: str = "dspark"  # off | dspark
-    verify: str = "full"  # full (verification modes beyond full arrive with the scheduler)
+    verify: str = "full"  # full | uniform | ragged | cap_accept
     seed: int = 0
     attention_backend: str = "torch"  # torch | triton
+    # Confidence-scheduled verification (verify != full).
+    cost_table: str | None = None  # path of a profiled cost-table JSON; None: the planner declines every step
+    allow_foreign_cost_table: bool = False  # use a table profiled on another node/model/dtype anyway
+    planner_algorithm: str = "global"  # global | greedy_stop (the paper's Algorithm 1)
+    budget_lag: int = 1  # 0, 1 or 2 steps between the confidence that sizes the budget and this step
+    tiers: tuple[int, ...] | None = None  # uniform mode's tier ladder (verify lengths); None: any 1..block
+    min_verify_len: int = 1
+    min_predicted_gain: float = 0.02
+    skip_mixed_trim: bool = True  # decline to trim on steps that also carry a prefill
+    force_verify_len: int | None = None  # profiling/debug override of the decision (must be on the ladder)
+    force_budget_frac: float | None = None  # profiling/debug override (ragged): budget = frac * R * G cells
+    token_buckets: tuple[int, ...] | None = None  # pad each step's tokens up to the next bucket (graph keys)
+    debug_checks: bool = False  # assert every description of a step's verify tokens agrees
 
     DTYPES = ("float32", "bfloat16", "float16")
     SPECS = ("off", "dspark")
-    VERIFY = ("full",)
+    VERIFY = ("full", "uniform", "ragged", "cap_accept")
     BACKENDS = ("torch", "triton")
 
     def __post_init__(self) -> None:
@@ -168,6 +181,29 @@ class EngineConfig:
         _check(self.max_num_batched_tokens >= 64, "engine.max_num_batched_tokens", "must be >= 64")
         if self.num_kv_blocks is not None:
             _check(self.num_kv_blocks >= 2, "engine.num_kv_blocks", "must be >= 2")
+        _check(not (self.spec == "off" and self.verify != "full"), "engine.verify",
+               f"verify={self.verify!r} schedules drafted tokens but engine.spec=off drafts none; set engine.spec=dspark "
+               "or engine.verify=full")
+        if self.tiers is not None:
+            self.tiers = tuple(int(t) for t in self.tiers)
+            _check(self.verify == "uniform", "engine.tiers",
+                   f"a tier ladder applies to verify=uniform (got verify={self.verify!r}); set tiers=null")
+        if self.token_buckets is not None:
+            b = tuple(int(t) for t in self.token_buckets)
+            _check(len(b) > 0 and all(x > 0 for x in b) and all(b[i] < b[i + 1] for i in range(len(b) - 1)),
+                   "engine.token_buckets", f"must be strictly ascending positive integers, got {list(b)}")
+            self.token_buckets = b
+        _check(self.verify != "ragged" or self.token_buckets is not None or self.device == "cpu",
+               "engine.token_buckets", "verify=ragged on a GPU pads each step to a token bucket: set "
+               "engine.token_buckets (e.g. [64, 128, 256, 512, 1024, 2048])")
+        if self.force_verify_len is not None:
+            _check(self.verify in ("uniform", "ragged", "cap_accept"), "engine.force_verify_len",
+                   f"overrides the planner's decision, but verify={self.verify!r} has no planner")
+        if self.force_budget_frac is not None:
+            _check(0.0 <= self.force_budget_frac <= 1.0, "engine.force_budget_frac",
+                   f"must be in [0, 1], got {self.force_budget_frac}")
+            _check(self.verify in ("ragged", "cap_accept"), "engine.force_budget_frac",
+                   f"applies to verify=ragged or cap_accept, got verify={self.verify!r}")
 
 
 __all__ = ["ConfigError", "ModelConfig", "DrafterConfig", "SamplingParams", "EngineConfig", "field"]

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Iterable, Sequence
 
@@ -19,7 +20,9 @@ from dspark.models.llama import TargetModel
 from dspark.request import Request, RequestOutput, Status
 from dspark.sampling import RowSampling
 from dspark.scheduler import Scheduler
-from dspark.verification import verify
+from dspark.stats import EngineStats, check_step_consistency
+from dspark.survival import prefix_survival
+from dspark.verification import draw_uniforms, verify
 
 PromptLike = str | list[int] | list[dict]
 
@@ -58,6 +61,60 @@ class Engine:
         self._requests: dict[int, Request] = {}
         self.num_steps = 0
         self._counts = self._zero_counts()
+        self._oracle_steps: list[list[int]] = []
+        self.stats = EngineStats()
+        self.cost_table = None
+        self.planner = None
+        self._build_planner()
+        self._free_slots = list(range(self.cfg.max_num_seqs - 1, -1, -1))
+        self._slot_of: dict[int, int] = {}
+
+    def _build_planner(self) -> None:
+        cfg = self.cfg
+        if cfg.verify == "full":
+            return
+        from dspark.planner import Planner, PlannerConfig
+
+        if self.drafter.confidence_head is None:
+            raise ConfigError(f"engine.verify={cfg.verify!r} schedules by confidence, but this drafter has no "
+                              "confidence head (a DFlash-style ablation); use engine.verify=full")
+        if cfg.cost_table is not None:
+            from dspark.cost_table import CostTable
+
+            self.cost_table = CostTable.load(cfg.cost_table)
+            self.cost_table.check_fingerprint(self.fingerprint(), override=cfg.allow_foreign_cost_table)
+        fresh_global = cfg.planner_algorithm == "global" and cfg.budget_lag == 0
+        self.planner_config = PlannerConfig(
+            block=self.block_size, mode="uniform" if cfg.verify == "uniform" else "ragged",
+            algorithm=cfg.planner_algorithm, budget_lag=cfg.budget_lag, allowed_verify_lens=cfg.tiers,
+            min_verify_len=cfg.min_verify_len, min_predicted_gain=cfg.min_predicted_gain,
+            skip_mixed_trim=cfg.skip_mixed_trim, temperature_positive=not fresh_global,
+            force_verify_len=cfg.force_verify_len, force_budget_frac=cfg.force_budget_frac)
+        self.planner = Planner(self.planner_config, self.cost_table, stats=self.stats)
+
+    def fingerprint(self) -> dict:
+        """What a cost table must have been profiled on to be valid here."""
+        import platform
+
+        try:
+            import triton
+
+            triton_v = triton.__version__
+        except ImportError:
+            triton_v = "not installed"
+        if self.runner.device.type == "cuda":
+            device_name = torch.cuda.get_device_name(self.runner.device)
+            driver = str(torch.version.cuda)
+        else:
+            device_name, driver = f"cpu:{platform.processor() or platform.machine()}", "none"
+        drafter = None
+        if self.drafter is not None:
+            dc = self.drafter.cfg
+            drafter = f"block{dc.block_size}-L{dc.num_layers}-r{dc.markov_rank}-{dc.markov_variant}"
+        tc = self.target.cfg
+        return {"device_name": device_name, "driver": driver, "torch": torch.__version__, "triton": triton_v,
+                "model": f"{tc.arch}-h{tc.hidden_size}-L{tc.num_layers}-V{tc.vocab_size}", "drafter": drafter,
+                "dtype": self.cfg.dtype}
 
     @staticmethod
     def _zero_counts() -> dict[str, int]:
@@ -68,9 +125,19 @@ class Engine:
 
     def counters(self) -> dict[str, float]:
         """What the engine did since the last reset (feeds the A/B guards and reports)."""
-        c = dict(self._counts)
+        c: dict = {f"sched/{k}": v for k, v in self.stats.summary().items() if v is not None}
+        c.update(self._counts)
         c["trim_ratio"] = 1.0 - c["window_tokens"] / c["ceiling_tokens"] if c["ceiling_tokens"] else 0.0
         c["accept_rate"] = c["accepted_tokens"] / c["verified_tokens"] if c["verified_tokens"] else 0.0
+        if self.cost_table is not None and self._oracle_steps and self.cfg.verify in ("full", "cap_accept"):
+            from dspark.planner import oracle_bound
+
+            try:
+                ob = oracle_bound(self._oracle_steps, [len(s) for s in self._oracle_steps], self.cost_table,
+                                  block=self.block_size, extrapolate=True)
+                c.update({f"oracle/{k}": v for k, v in ob.items() if isinstance(v, (int, float))})
+            except ValueError as e:  # a step outside the table: say so instead of guessing
+                c["oracle/unavailable"] = str(e)
         return c
 
     # ---- construction ---------------------------------------------------------------------
@@ -122,6 +189,11 @@ class Engine:
         params = params or SamplingParams()
         if not isinstance(params, SamplingParams):
             raise RequestError(f"sampling must be SamplingParams, got {type(params).__name__}")
+        if (params.temperature > 0 and self.planner is not None
+                and self.cfg.planner_algorithm == "global" and self.cfg.budget_lag == 0):
+            raise RequestError("temperature > 0 with a global budget search over fresh confidence "
+                               "(engine.budget_lag=0) would bias the output distribution (non-anticipation); "
+                               "set engine.budget_lag to 1 or 2, or engine.planner_algorithm=greedy_stop")
         ids = self._tokenize(prompt)
         self._validate(ids, params)
         req = Request(self._next_id, ids, params, self.block_size, user_id=user_id)
@@ -158,17 +230,38 @@ class Engine:
         drafts = None
         if decodes and G:
             drafts = self.runner.draft(decodes, rows)
-        windows = self.plan_windows(decodes, drafts)
+        decision = self._plan(decodes, drafts, plan, rows)
+        windows = list(decision.windows) if decision is not None else [G] * len(decodes)
+        # cap_accept verifies the whole block and caps acceptance at the planned window afterwards.
+        verify_windows = [G] * len(decodes) if self.cfg.verify == "cap_accept" else windows
         prefill_segs = [Segment(c.req, c.start, c.req.all_ids[c.start: c.start + c.length]) for c in plan.prefills]
-        result = self.runner.run_target(prefill_segs, decodes, drafts.tokens if drafts else None, windows)
+        t0 = time.perf_counter()
+        result = self.runner.run_target(prefill_segs, decodes, drafts.tokens if drafts else None, verify_windows,
+                                        buckets=self.cfg.token_buckets)
+        if self.cfg.debug_checks and decodes:
+            self._check_layout(result, len(plan.prefills), verify_windows)
         for c in plan.prefills:
             c.req.num_computed = c.start + c.length
         if decodes:
-            verdict = verify(decodes=decodes, rows=rows, verify_logits=result.verify_logits,
-                             draft_tokens=drafts.tokens if drafts else None,
-                             draft_probs=drafts.probs if drafts else None, windows=windows, block_size=G)
+            uni = draw_uniforms(decodes, G, self.runner.device)
+            common = dict(decodes=decodes, rows=rows, verify_logits=result.verify_logits,
+                          draft_tokens=drafts.tokens if drafts else None, draft_probs=drafts.probs if drafts else None,
+                          block_size=G, uniforms=uni)
+            verdict = verify(windows=windows, **common)
+            uncapped = None
+            if self.cfg.verify == "cap_accept":
+                uncapped = verify(windows=verify_windows, **common).num_accepted
+            step_ms = (time.perf_counter() - t0) * 1e3
             now = time.perf_counter()
             draft_rows = drafts.tokens.tolist() if drafts else [[] for _ in decodes]
+            if G:
+                self.stats.record_step(request_ids=[r.req_id for r in decodes], windows=windows,
+                                       accepted=verdict.num_accepted, block=G, mode=self.cfg.verify,
+                                       uncapped_accepted=uncapped, num_tokens=result.num_tokens,
+                                       bucket=result.bucket, graph_replay=False, eager_reason="no_cuda_graphs",
+                                       step_ms=step_ms)
+                self._oracle_steps.append(list(uncapped if uncapped is not None else verdict.num_accepted))
+                counts["trimmed_steps"] += int(decision is not None and decision.trimmed)
             for i, req in enumerate(decodes):
                 k = verdict.num_accepted[i]
                 new = draft_rows[i][:k] + [verdict.next_tokens[i]]
@@ -186,9 +279,32 @@ class Engine:
                     finished.append(RequestOutput.from_request(req))
         return finished
 
-    def plan_windows(self, decodes: list[Request], drafts) -> list[int]:
-        """Verification window per request. Verify-all: the whole drafted block."""
-        return [self.block_size] * len(decodes)
+    def _plan(self, decodes: list[Request], drafts, plan, rows: RowSampling):
+        """The planner's decision for this step (None in verify=full or without decodes)."""
+        if self.planner is None or not decodes:
+            return None
+        for r in decodes:
+            if r.req_id not in self._slot_of:
+                slot = self._free_slots.pop()
+                self._slot_of[r.req_id] = slot
+                self.planner.reset_slot(slot)  # a recycled slot never inherits its predecessor's confidence
+        conf = self.drafter.calibrated_confidence(drafts.confidence_logits.float())
+        survival = prefix_survival(conf).tolist()
+        decision = self.planner.plan(survival, [self._slot_of[r.req_id] for r in decodes],
+                                     temperature_positive=not rows.all_greedy, is_mixed_step=plan.is_mixed)
+        if decision.windows is None:  # the planner left the allocation to the device kernel
+            from kernels.window_allocation import allocate_windows
+
+            w = allocate_windows(survival=torch.tensor(survival), budget=decision.budget,
+                                 min_verify_len=self.planner_config.min_verify_len, block=self.block_size)
+            decision = dataclasses.replace(decision, windows=tuple(int(x) for x in w.tolist()))
+        return decision
+
+    def _check_layout(self, result, n_prefills: int, verify_windows: list[int]) -> None:
+        indptr = result.qo_indptr[n_prefills:] - result.qo_indptr[n_prefills]
+        prefill_tokens = int(result.qo_indptr[n_prefills])
+        check_step_consistency(verify_windows, indptr.to(torch.int32), result.num_tokens - prefill_tokens,
+                               result.bucket - prefill_tokens, self.block_size)
 
     def _record(self, req: Request, window: int, accepted: int) -> None:
         req.accept_lengths.append(accepted + 1)
@@ -240,6 +356,9 @@ class Engine:
                 if cut >= 0:
                     text = text[:cut]
             req.text = text
+        slot = self._slot_of.pop(req.req_id, None)
+        if slot is not None:
+            self._free_slots.append(slot)
         if req in self.scheduler.waiting:
             self.scheduler.waiting.remove(req)
         self.scheduler.finish(req)
@@ -293,3 +412,11 @@ class Engine:
         self.runner.reset()
         self.num_steps = 0
         self._counts = self._zero_counts()
+        self._oracle_steps = []
+        self.stats = EngineStats()
+        if self.planner is not None:
+            self.planner.stats = self.stats
+            for slot in range(self.cfg.max_num_seqs):
+                self.planner.reset_slot(slot)
+        self._free_slots = list(range(self.cfg.max_num_seqs - 1, -1, -1))
+        self._slot_of.clear()

@@ -39,7 +39,10 @@ class DraftResult:
 @dataclass
 class TargetResult:
     verify_logits: torch.Tensor  # float32 [B, G+1, V]; rows past each request's window are padding
-    hidden: torch.Tensor  # [T, d] final-normed
+    hidden: torch.Tensor  # [T_padded, d] final-normed
+    qo_indptr: torch.Tensor  # int32 [segments+1] on the host
+    num_tokens: int  # real tokens (prefill + verify)
+    bucket: int  # tokens after padding to the token bucket
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -75,7 +78,7 @@ class ModelRunner:
             self.draft_cache.v.zero_()
 
     # ---- metadata -------------------------------------------------------------------------
-    def _meta(self, segments: list[Segment], *, kv_extra: list[int] | None = None, causal: bool = True,
+    def _meta(self, segments: list[Segment], *, causal: bool = True, pad_to: int | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         ids: list[int] = []
         positions: list[int] = []
@@ -91,6 +94,12 @@ class ModelRunner:
             indptr.append(indptr[-1] + n)
             kv_lens.append(s.start + n)
             tables.append(self.blocks.table(s.req.req_id))
+        if pad_to is not None and pad_to > len(ids):
+            # Padding rows past qo_indptr[-1]: attention returns zeros for them and their K/V is never written.
+            extra = pad_to - len(ids)
+            ids.extend([0] * extra)
+            positions.extend([0] * extra)
+            slots.extend([-1] * extra)
         width = max((len(t) for t in tables), default=1) or 1
         table_t = torch.zeros((len(tables), width), dtype=torch.int32)
         for i, t in enumerate(tables):
@@ -136,7 +145,7 @@ class ModelRunner:
     # ---- target ---------------------------------------------------------------------------
     @torch.inference_mode()
     def run_target(self, prefills: list[Segment], decodes: list[Request], drafts: torch.Tensor | None,
-                   windows: list[int]) -> TargetResult | None:
+                   windows: list[int], buckets: tuple[int, ...] | None = None) -> TargetResult | None:
         """One target forward over prefill chunks and [anchor, d_1..d_v] of each decoding request."""
         segs = list(prefills)
         draft_rows = drafts.tolist() if drafts is not None else None
@@ -146,7 +155,12 @@ class ModelRunner:
             segs.append(Segment(r, r.num_tokens - 1, toks))
         if not segs:
             return None
-        ids, positions, meta = self._meta(segs)
+        num_tokens = sum(len(s.tokens) for s in segs)
+        bucket = num_tokens
+        if buckets:
+            fitting = [b for b in buckets if b >= num_tokens]
+            bucket = fitting[0] if fitting else num_tokens  # above the largest bucket: run unpadded
+        ids, positions, meta = self._meta(segs, pad_to=bucket)
         hidden, captured = self.target(ids, positions, self.cache, meta, self.capture_layers)
         if self.drafter is not None:
             # Every processed row becomes drafter context; rows of drafts rejected below are
@@ -168,7 +182,8 @@ class ModelRunner:
             bi = torch.tensor([d[0] for d in dst], device=self.device)
             ki = torch.tensor([d[1] for d in dst], device=self.device)
             verify_logits[bi, ki] = logits
-        return TargetResult(verify_logits=verify_logits, hidden=hidden)
+        return TargetResult(verify_logits=verify_logits, hidden=hidden, qo_indptr=meta.qo_indptr.cpu(),
+                            num_tokens=num_tokens, bucket=bucket)
 
 
 @torch.inference_mode()

@@ -23,8 +23,16 @@ class Verdict:
     next_tokens: list[int]
 
 
+def draw_uniforms(decodes: list[Request], block_size: int, device: torch.device | str) -> torch.Tensor:
+    """[B, G+1] uniforms from each request's own generator: G acceptance tests and one resample."""
+    return torch.stack([r.uniforms(block_size + 1) for r in decodes]).to(device)
+
+
 def verify(*, decodes: list[Request], rows: RowSampling, verify_logits: torch.Tensor, draft_tokens: torch.Tensor | None,
-           draft_probs: torch.Tensor | None, windows: list[int], block_size: int, impl: str = "torch") -> Verdict:
+           draft_probs: torch.Tensor | None, windows: list[int], block_size: int, impl: str = "torch",
+           uniforms: torch.Tensor | None = None) -> Verdict:
+    """Accepted drafts and the target's next token per request. ``windows[i]`` drafts of request i
+    are tested (the rest are never read); pass ``uniforms`` to replay the same random draws."""
     from kernels.acceptance import accept
 
     B = len(decodes)
@@ -32,7 +40,7 @@ def verify(*, decodes: list[Request], rows: RowSampling, verify_logits: torch.Te
     V = verify_logits.shape[-1]
     dev = verify_logits.device
     target_probs = processed_probs(verify_logits.view(B * (G + 1), V), rows.repeat(G + 1)).view(B, G + 1, V)
-    uni = torch.stack([r.uniforms(G + 1) for r in decodes]).to(dev)  # [B, G+1]
+    uni = uniforms if uniforms is not None else draw_uniforms(decodes, G, dev)  # [B, G+1]
     if G == 0:  # target-only: nothing to verify, the target's own token is the whole step
         from dspark.sampling import sample_inverse_cdf
 

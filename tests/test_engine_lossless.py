@@ -85,12 +85,13 @@ def test_bad_requests_get_errors_and_others_are_served():
         SamplingParams(top_p=0)
 
 
-def emitted(target, drafter, n, temperature, seed0=0, prompt=(5, 17, 33)):
+def emitted(target, drafter, n, temperature, seed0=0, prompt=(5, 17, 33), return_outputs=False):
     """The first two emitted tokens of n independent requests with the same prompt."""
     sps = [SamplingParams(temperature=temperature, max_tokens=2, ignore_eos=True, seed=seed0 + i) for i in range(n)]
     out = run(target, drafter, [list(prompt)] * n, sps, max_num_seqs=1024, max_num_batched_tokens=8192,
               num_kv_blocks=2 * n + 8)
-    return torch.tensor([o.token_ids[:2] for o in out])
+    toks = torch.tensor([o.token_ids[:2] for o in out])
+    return (toks, out) if return_outputs else toks
 
 
 def exact_marginals(target, temperature, prompt=(5, 17, 33)):

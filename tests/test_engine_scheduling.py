@@ -1,0 +1,149 @@
+"""Confidence-scheduled verification inside the engine: every mode stays lossless, the
+planner really trims when the cost table says it pays, and it visibly declines when not."""
+
+import pytest
+import torch
+
+from dspark.config import ConfigError, SamplingParams
+from dspark.cost_table import CostTable
+from dspark.engine import Engine, RequestError
+from dspark.stats import FeatureInactiveError
+from test_engine_lossless import emitted, exact_marginals, prompts_for, run, tv_and_bound
+from tiny import tiny_drafter, tiny_engine_config, tiny_target
+
+
+def steep_table(engine: Engine, path) -> str:
+    """A cost table where every verified token is expensive, so trimming pays."""
+    counts = list(range(1, 257)) + list(range(264, 8193, 8))
+    table = CostTable(token_counts=tuple(counts), theta_ms=tuple(1.0 + 0.5 * m for m in counts),
+                      fixed_overhead_ms=0.5, fingerprint=engine.fingerprint())
+    table.save(path)
+    return str(path)
+
+
+def make_engine(target, drafter, table_path=None, **cfg):
+    return Engine(target, None, tiny_engine_config(cost_table=table_path, **cfg), drafter)
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_target(21)
+    drafter = tiny_drafter(target, 22, block_size=4)
+    return target, drafter
+
+
+@pytest.fixture(scope="module")
+def table_path(models, tmp_path_factory):
+    target, drafter = models
+    eng = make_engine(target, drafter)
+    return steep_table(eng, tmp_path_factory.mktemp("cost") / "table.json")
+
+
+@pytest.mark.parametrize("verify,extra", [
+    ("uniform", {}), ("uniform", {"tiers": (1, 2, 4)}), ("ragged", {}), ("ragged", {"token_buckets": (16, 32, 64)}),
+    ("cap_accept", {}), ("ragged", {"budget_lag": 0}), ("ragged", {"planner_algorithm": "greedy_stop",
+                                                                   "budget_lag": 0, "min_predicted_gain": 0.0}),
+])
+def test_every_mode_is_greedy_lossless_and_really_trims(models, table_path, verify, extra):
+    target, drafter = models
+    prompts = prompts_for(21, 6)
+    sp = SamplingParams(max_tokens=24, ignore_eos=True)
+    base = run(target, None, prompts, sp)
+    eng = make_engine(target, drafter, table_path, verify=verify, debug_checks=True, **extra)
+    out = eng.generate(prompts, sp)
+    for b, o in zip(base, out):
+        assert o.token_ids == b.token_ids
+    counters = eng.counters()
+    assert counters["trimmed_steps"] > 0, counters
+    eng.stats.assert_active(min_steps=3)  # raises unless windows differed and trimmed
+    if verify == "cap_accept":
+        assert counters["sched/block_accept_length_exact"] is True
+    if "tiers" in extra:
+        used = {int(k.split(".")[1]) for k in counters if k.startswith("sched/verify_len_hist.")}
+        assert used <= {1, 2, 4}, used
+
+
+def test_no_table_declines_every_step_and_assert_active_fails(models):
+    target, drafter = models
+    eng = make_engine(target, drafter, None, verify="ragged")
+    eng.generate(prompts_for(3, 4), SamplingParams(max_tokens=16, ignore_eos=True))
+    c = eng.counters()
+    assert c["trimmed_steps"] == 0
+    assert c.get("sched/plan_reason.declined_no_table", 0) > 0
+    with pytest.raises(FeatureInactiveError):
+        eng.stats.assert_active(min_steps=3)
+
+
+def test_force_verify_len_replaces_only_the_decision(models):
+    target, drafter = models
+    prompts = prompts_for(5, 3)
+    sp = SamplingParams(max_tokens=16, ignore_eos=True)
+    base = run(target, None, prompts, sp)
+    eng = make_engine(target, drafter, None, verify="uniform", tiers=(1, 2, 4), force_verify_len=2)
+    out = eng.generate(prompts, sp)
+    assert all(set(o.verify_lens) == {2} for o in out)
+    assert [o.token_ids for o in out] == [b.token_ids for b in base]
+    with pytest.raises(ConfigError, match="force_verify_len"):
+        make_engine(target, drafter, None, verify="uniform", tiers=(1, 2, 4), force_verify_len=3)
+
+
+def test_fresh_global_search_refuses_sampled_requests(models, table_path):
+    target, drafter = models
+    eng = make_engine(target, drafter, table_path, verify="ragged", budget_lag=0)
+    with pytest.raises(RequestError, match="non-anticipation"):
+        eng.add_request([5, 6, 7], SamplingParams(temperature=0.7))
+
+
+def test_foreign_cost_table_is_refused(models, tmp_path):
+    target, drafter = models
+    counts = tuple(range(1, 65))
+    CostTable(token_counts=counts, theta_ms=tuple(float(m) for m in counts),
+              fingerprint={"device_name": "NVIDIA H200", "driver": "13.0", "torch": "2.11", "triton": "3.6",
+                           "model": "other", "drafter": "other", "dtype": "bfloat16"}).save(tmp_path / "t.json")
+    with pytest.raises(ValueError, match="device_name"):
+        make_engine(target, drafter, str(tmp_path / "t.json"), verify="ragged")
+
+
+def sizing_rows_of_new_request(models, table_path, reset_works: bool, monkeypatch):
+    target, drafter = models
+    eng = make_engine(target, drafter, table_path, verify="ragged", max_num_seqs=1, budget_lag=1)
+    eng.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=12, ignore_eos=True))  # fills slot 0's history
+    if not reset_works:
+        monkeypatch.setattr(eng.planner, "reset_slot", lambda slot: None)
+    seen = []
+    real = eng.planner.sizing_row
+    monkeypatch.setattr(eng.planner, "sizing_row", lambda slot, row: seen.append(real(slot, row)) or seen[-1])
+    eng.generate([[9, 10, 11]], SamplingParams(max_tokens=2, ignore_eos=True))  # reuses slot 0
+    return seen[0]
+
+
+def test_recycled_slot_starts_from_neutral_confidence(models, table_path, monkeypatch):
+    first = sizing_rows_of_new_request(models, table_path, True, monkeypatch)
+    assert first == [1.0] * 4, first
+    # Without the reset the new request would be sized on its predecessor's survivals.
+    inherited = sizing_rows_of_new_request(models, table_path, False, monkeypatch)
+    assert inherited != [1.0] * 4, inherited
+
+
+@pytest.mark.parametrize("verify,extra", [("ragged", {"budget_lag": 1}),
+                                          ("ragged", {"planner_algorithm": "greedy_stop", "budget_lag": 0,
+                                                      "min_predicted_gain": 0.0})])
+def test_sampled_outputs_follow_target_with_planner_active(table_path, verify, extra, monkeypatch):
+    target = tiny_target(11, scale=2.0)
+    drafter = tiny_drafter(target, 12, block_size=3)
+    p1, p2 = exact_marginals(target, 1.0)
+    # The same steep table, re-fingerprinted for this drafter.
+    eng = make_engine(target, drafter)
+    import tempfile, os
+    path = os.path.join(tempfile.mkdtemp(), "t.json")
+    steep_table(eng, path)
+
+    import test_engine_lossless as tel
+    monkeypatch.setattr(tel, "tiny_engine_config",
+                        lambda **kw: tiny_engine_config(verify=verify, cost_table=path, **extra, **kw))
+    n = 4000
+    toks, outs = emitted(target, drafter, n, 1.0, return_outputs=True)
+    assert any(v < 3 for o in outs for v in o.verify_lens), "the planner never trimmed: the test would prove nothing"
+    for pos, p in ((0, p1), (1, p2)):
+        tv, bound = tv_and_bound(toks[:, pos], p)
+        assert tv < bound, (pos, tv, bound)
