@@ -27,6 +27,18 @@ from dspark.verification import draw_uniforms, verify
 PromptLike = str | list[int] | list[dict]
 
 
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """What the last step ran and how long it took (read by the profiler and benchmarks)."""
+
+    num_decodes: int
+    num_prefill_tokens: int
+    num_tokens: int  # tokens the target processed, bonus/anchor included, before padding
+    bucket: int  # after padding to the token bucket
+    windows: tuple[int, ...]
+    step_ms: float
+
+
 class RequestError(ValueError):
     """A request was refused; the engine keeps serving the others."""
 
@@ -63,6 +75,7 @@ class Engine:
         self._counts = self._zero_counts()
         self._oracle_steps: list[list[int]] = []
         self.stats = EngineStats()
+        self.last_step: StepInfo | None = None
         self.cost_table = None
         self.planner = None
         self._build_planner()
@@ -216,6 +229,7 @@ class Engine:
         if plan.empty:
             return finished
         self.num_steps += 1
+        step_start = time.perf_counter()
         counts = self._counts
         counts["steps"] += 1
         counts["eager_steps"] += 1  # no CUDA graphs on this path: every step runs eagerly
@@ -277,6 +291,11 @@ class Engine:
                 done = self._commit(req, new, now)
                 if done:
                     finished.append(RequestOutput.from_request(req))
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)  # step timing below must include the device work
+        self.last_step = StepInfo(num_decodes=len(decodes), num_prefill_tokens=sum(c.length for c in plan.prefills),
+                                  num_tokens=result.num_tokens, bucket=result.bucket, windows=tuple(windows),
+                                  step_ms=(time.perf_counter() - step_start) * 1e3)
         return finished
 
     def _plan(self, decodes: list[Request], drafts, plan, rows: RowSampling):

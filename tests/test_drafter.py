@@ -378,16 +378,23 @@ def test_confidence_temperatures(tmp_path):
     z = torch.tensor([[1.0, 1.0, 1.0, 1.0]])
     torch.testing.assert_close(drafter.calibrated_confidence(z), torch.sigmoid(torch.tensor([[2.0, 1.0, 0.5, 0.25]])))
     drafter.save(tmp_path)
-    assert json.loads((tmp_path / "temperatures.json").read_text()) == [0.5, 1.0, 2.0, 4.0]
+    assert json.loads((tmp_path / "temperatures.json").read_text())["temperatures"] == [0.5, 1.0, 2.0, 4.0]
     loaded = DSparkDrafter.load(tmp_path, cfg)
     assert loaded.confidence_temperatures.tolist() == [0.5, 1.0, 2.0, 4.0]
     assert "confidence_temperatures" not in loaded.state_dict()
     half = loaded.to(torch.bfloat16)  # the engine casts the whole drafter; temperatures stay exact
     assert half.confidence_temperatures.dtype == torch.float32
     assert half.confidence_temperatures.tolist() == [0.5, 1.0, 2.0, 4.0]
-    (tmp_path / "temperatures.json").write_text(json.dumps([1.0, 1.0, 1.0]))
-    with pytest.raises(ConfigError, match="got 3 values.*block_size = 4"):
+    def write(values):
+        (tmp_path / "temperatures.json").write_text(json.dumps(
+            {"temperatures": values, "method": "sequential_temperature_scaling", "ece_before": None, "ece_after": None}))
+
+    write([1.0, 1.0, 1.0])
+    with pytest.raises(ConfigError, match="holds 3 temperatures but the drafter block size is 4"):
         DSparkDrafter.load(tmp_path, cfg)
-    (tmp_path / "temperatures.json").write_text(json.dumps([1.0, -1.0, 1.0, 1.0]))
-    with pytest.raises(ConfigError, match="finite and > 0"):
+    (tmp_path / "temperatures.json").write_text(json.dumps([1.0, 1.0, 1.0, 1.0]))
+    with pytest.raises(ConfigError, match="no 'temperatures' list"):
+        DSparkDrafter.load(tmp_path, cfg)
+    write([1.0, -1.0, 1.0, 1.0])
+    with pytest.raises(ConfigError, match="> 0|positive"):
         DSparkDrafter.load(tmp_path, cfg)

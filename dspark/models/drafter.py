@@ -396,7 +396,9 @@ class DSparkDrafter(nn.Module):
             (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
         temps = self.confidence_temperatures.tolist()
         if any(t != 1.0 for t in temps):
-            (out / TEMPERATURES_FILE).write_text(json.dumps(temps) + "\n")
+            from dspark.training.calibration import save_temperatures
+
+            save_temperatures(out, temps)
         return out
 
     @classmethod
@@ -442,13 +444,11 @@ class DSparkDrafter(nn.Module):
 
         temps_path = src / TEMPERATURES_FILE
         if temps_path.is_file():
-            temps = json.loads(temps_path.read_text())
-            if not isinstance(temps, list):
-                raise ConfigError(f"{temps_path}: expected a JSON list of {model.block_size} floats, "
-                                  f"got {type(temps).__name__}")
+            from dspark.training.calibration import load_temperatures
+
             try:
-                model.set_confidence_temperatures(temps)
-            except ConfigError as err:
+                model.set_confidence_temperatures(load_temperatures(src, model.block_size).tolist())
+            except (ConfigError, ValueError) as err:
                 raise ConfigError(f"{temps_path}: {err}") from None
         return model
 

@@ -1,0 +1,261 @@
+"""Drafter training data: target-regenerated responses stored compactly as token ids.
+
+A :class:`TokenDataset` holds N sequences (prompt rendered with the chat template,
+followed by the response the target itself generated) as one concatenated int32 token
+array with offsets, the prompt length of each sequence and the name of the workload it
+came from. No hidden states are stored: the trainer recomputes them from the frozen
+target, so a data file stays small and is valid for any drafter architecture.
+
+File format (``.safetensors``): tensors ``tokens`` int32 [total], ``offsets`` int64 [N+1],
+``prompt_lens`` int32 [N], ``source_ids`` int32 [N]; the header metadata holds
+``source_names`` (JSON list, indexed by ``source_ids``), ``format_version`` and a free
+``info`` JSON dict (model, sampling, split, seed of the generation run).
+
+:func:`make_batch` turns a few sequences into a right-padded [B, S] batch with the
+response start of each row, truncating long sequences to a window that keeps the end of
+the prompt (the first response tokens are the most valuable anchors).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FORMAT_VERSION = "1"
+
+
+class DataError(ValueError):
+    """A training data file or its contents are invalid; the message names the value and the fix."""
+
+
+@dataclass
+class TokenDataset:
+    """Concatenated token ids of N (prompt + response) sequences; see the module docstring."""
+
+    tokens: torch.Tensor  # int32 [total]
+    offsets: torch.Tensor  # int64 [N+1]
+    prompt_lens: torch.Tensor  # int32 [N]
+    source_ids: torch.Tensor  # int32 [N]
+    source_names: list[str]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.tokens = torch.as_tensor(self.tokens).to(torch.int32).reshape(-1)
+        self.offsets = torch.as_tensor(self.offsets).to(torch.int64).reshape(-1)
+        self.prompt_lens = torch.as_tensor(self.prompt_lens).to(torch.int32).reshape(-1)
+        self.source_ids = torch.as_tensor(self.source_ids).to(torch.int32).reshape(-1)
+        n = self.prompt_lens.numel()
+        if self.offsets.numel() != n + 1:
+            raise DataError(f"offsets has {self.offsets.numel()} entries, expected N+1 = {n + 1} for {n} sequences")
+        if self.source_ids.numel() != n:
+            raise DataError(f"source_ids has {self.source_ids.numel()} entries, expected one per sequence ({n})")
+        if int(self.offsets[0]) != 0 or int(self.offsets[-1]) != self.tokens.numel():
+            raise DataError(f"offsets must start at 0 and end at the token count {self.tokens.numel()}, got "
+                            f"{int(self.offsets[0])} .. {int(self.offsets[-1])}")
+        lengths = self.offsets[1:] - self.offsets[:-1]
+        if n and bool((lengths < 2).any()):
+            raise DataError("every sequence needs at least 2 tokens (a prompt token and a response token)")
+        if n and bool(((self.prompt_lens < 1) | (self.prompt_lens.long() >= lengths)).any()):
+            bad = int(torch.nonzero((self.prompt_lens < 1) | (self.prompt_lens.long() >= lengths))[0])
+            raise DataError(f"sequence {bad}: prompt length {int(self.prompt_lens[bad])} must be in [1, "
+                            f"{int(lengths[bad])}) so that at least one response token follows it")
+        if n and (int(self.source_ids.min()) < 0 or int(self.source_ids.max()) >= len(self.source_names)):
+            raise DataError(f"source_ids must index source_names ({len(self.source_names)} names), got range "
+                            f"[{int(self.source_ids.min())}, {int(self.source_ids.max())}]")
+
+    # ---------------------------------------------------------------- access
+
+    def __len__(self) -> int:
+        return int(self.prompt_lens.numel())
+
+    def length(self, i: int) -> int:
+        return int(self.offsets[i + 1] - self.offsets[i])
+
+    def sequence(self, i: int) -> torch.Tensor:
+        """Token ids of sequence i (prompt + response) as int64 [L]."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"sequence index {i} out of range for {len(self)} sequences")
+        return self.tokens[int(self.offsets[i]): int(self.offsets[i + 1])].long()
+
+    def source(self, i: int) -> str:
+        return self.source_names[int(self.source_ids[i])]
+
+    def num_response_tokens(self) -> int:
+        return int(self.tokens.numel() - self.prompt_lens.long().sum())
+
+    def subset(self, indices: Sequence[int]) -> "TokenDataset":
+        """A new dataset with the listed sequences, in that order."""
+        seqs = [self.sequence(int(i)) for i in indices]
+        return TokenDataset.from_sequences(seqs, [int(self.prompt_lens[int(i)]) for i in indices],
+                                           [self.source(int(i)) for i in indices], info=dict(self.info))
+
+    def split_holdout(self, fraction: float, seed: int = 0) -> tuple["TokenDataset", "TokenDataset"]:
+        """(kept, held_out): a seeded random ``fraction`` of the sequences held out, at least one each."""
+        if not 0.0 < fraction < 1.0:
+            raise DataError(f"holdout fraction must be in (0, 1), got {fraction}")
+        n = len(self)
+        n_out = max(1, int(round(n * fraction)))
+        if n_out >= n:
+            raise DataError(f"cannot hold out {n_out} of {n} sequences and keep any for training; "
+                            f"use more data or a smaller fraction")
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed))).tolist()
+        return self.subset(sorted(perm[n_out:])), self.subset(sorted(perm[:n_out]))
+
+    def summary(self) -> dict[str, Any]:
+        lengths = (self.offsets[1:] - self.offsets[:-1]).long()
+        per_source = {name: int((self.source_ids == k).sum()) for k, name in enumerate(self.source_names)}
+        return {
+            "sequences": len(self),
+            "tokens": int(self.tokens.numel()),
+            "response_tokens": self.num_response_tokens(),
+            "mean_length": float(lengths.float().mean()) if len(self) else 0.0,
+            "max_length": int(lengths.max()) if len(self) else 0,
+            "per_source": per_source,
+        }
+
+    # ---------------------------------------------------------------- build / io
+
+    @classmethod
+    def from_sequences(cls, sequences: Sequence[Sequence[int] | torch.Tensor], prompt_lens: Sequence[int],
+                       sources: Sequence[str], info: dict[str, Any] | None = None) -> "TokenDataset":
+        if not (len(sequences) == len(prompt_lens) == len(sources)):
+            raise DataError(f"got {len(sequences)} sequences, {len(prompt_lens)} prompt lengths and {len(sources)} "
+                            f"source names; they must pair up")
+        names = sorted(set(sources))
+        index = {name: k for k, name in enumerate(names)}
+        flat = [torch.as_tensor(s, dtype=torch.int64).reshape(-1) for s in sequences]
+        lengths = torch.tensor([t.numel() for t in flat], dtype=torch.int64)
+        offsets = torch.zeros(len(flat) + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(lengths, 0)
+        tokens = torch.cat(flat).to(torch.int32) if flat else torch.zeros(0, dtype=torch.int32)
+        return cls(tokens, offsets, torch.tensor(list(prompt_lens), dtype=torch.int32),
+                   torch.tensor([index[s] for s in sources], dtype=torch.int32), names, dict(info or {}))
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        if path.suffix != ".safetensors":
+            raise DataError(f"training data path {str(path)!r} must end in .safetensors")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {"tokens": self.tokens.contiguous(), "offsets": self.offsets.contiguous(),
+                   "prompt_lens": self.prompt_lens.contiguous(), "source_ids": self.source_ids.contiguous()}
+        metadata = {"format_version": FORMAT_VERSION, "source_names": json.dumps(self.source_names),
+                    "info": json.dumps(self.info)}
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp), metadata=metadata)
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TokenDataset":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"training data {str(path)!r} not found; make it with "
+                                    f"`python -m runners.make_training_data output=PATH`")
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            if metadata.get("format_version") != FORMAT_VERSION:
+                raise DataError(f"{path}: format_version {metadata.get('format_version')!r}, expected "
+                                f"{FORMAT_VERSION!r}; regenerate it with runners.make_training_data")
+            missing = {"tokens", "offsets", "prompt_lens", "source_ids"} - set(f.keys())
+            if missing:
+                raise DataError(f"{path}: missing tensors {sorted(missing)}; regenerate it with "
+                                f"runners.make_training_data")
+            tensors = {k: f.get_tensor(k) for k in ("tokens", "offsets", "prompt_lens", "source_ids")}
+        return cls(**tensors, source_names=json.loads(metadata["source_names"]), info=json.loads(metadata["info"]))
+
+
+class Batch(NamedTuple):
+    """A right-padded batch of sequences."""
+
+    input_ids: torch.Tensor  # int64 [B, S] (padding = pad_id)
+    lengths: torch.Tensor  # int64 [B] real tokens per row
+    response_starts: torch.Tensor  # int64 [B] index of the first response token within the row (>= 1)
+
+
+def crop_window(length: int, prompt_len: int, max_len: int) -> int:
+    """Start of the ``max_len`` window kept from a longer sequence.
+
+    Keeps the last ``max_len // 4`` prompt tokens (context for the first response tokens)
+    when the sequence is too long, never starting past ``length - max_len``.
+    """
+    if length <= max_len:
+        return 0
+    keep_context = max(1, max_len // 4)
+    return max(0, min(prompt_len - keep_context, length - max_len))
+
+
+def make_batch(dataset: TokenDataset, indices: Sequence[int], max_len: int, pad_id: int = 0) -> Batch:
+    """Rows ``indices`` of ``dataset`` cropped to ``max_len`` (see :func:`crop_window`) and right-padded."""
+    if max_len < 2:
+        raise DataError(f"max_len must be >= 2, got {max_len}")
+    rows, lengths, starts = [], [], []
+    for i in indices:
+        seq = dataset.sequence(int(i))
+        p_len = int(dataset.prompt_lens[int(i)])
+        start = crop_window(seq.numel(), p_len, max_len)
+        seq = seq[start: start + max_len]
+        rows.append(seq)
+        lengths.append(seq.numel())
+        starts.append(max(1, p_len - start))
+    width = max(lengths)
+    input_ids = torch.full((len(rows), width), int(pad_id), dtype=torch.int64)
+    for r, seq in enumerate(rows):
+        input_ids[r, : seq.numel()] = seq
+    return Batch(input_ids, torch.tensor(lengths, dtype=torch.int64), torch.tensor(starts, dtype=torch.int64))
+
+
+def epoch_permutation(num_sequences: int, seed: int, epoch: int) -> torch.Tensor:
+    """Shuffled order of the sequences for one epoch: a pure function of (seed, epoch)."""
+    gen = torch.Generator().manual_seed((int(seed) * 1_000_003 + int(epoch)) & 0x7FFF_FFFF_FFFF_FFFF)
+    return torch.randperm(num_sequences, generator=gen)
+
+
+def batch_indices(num_sequences: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Dataset rows of training step ``step`` (0-based): consecutive slices of seeded epoch permutations.
+
+    A pure function of its arguments, so a resumed run sees exactly the batches an
+    uninterrupted run would. A batch may straddle an epoch boundary.
+    """
+    if num_sequences < 1:
+        raise DataError("the training data holds no sequences")
+    out: list[int] = []
+    g = step * batch_size
+    cache: dict[int, torch.Tensor] = {}
+    for j in range(g, g + batch_size):
+        epoch, pos = divmod(j, num_sequences)
+        if epoch not in cache:
+            cache[epoch] = epoch_permutation(num_sequences, seed, epoch)
+        out.append(int(cache[epoch][pos]))
+    return out
+
+
+def generate_dataset(engine, items: Sequence[tuple[str, Any]], sampling: Sequence, *, info: dict[str, Any] | None = None,
+                     progress: bool = True) -> tuple[TokenDataset, list[dict[str, Any]]]:
+    """Regenerate responses with ``engine`` (target-only) for ``items`` = (source name, prompt) pairs.
+
+    ``prompt`` is chat messages (rendered with the tokenizer's template) or token ids;
+    ``sampling`` gives one SamplingParams per item. Returns the dataset and a list of
+    the failed items (``{"index", "source", "error"}``); failures are never dropped silently.
+    """
+    if len(items) != len(sampling):
+        raise DataError(f"got {len(items)} prompts but {len(sampling)} sampling settings")
+    outputs = engine.generate([p for _, p in items], list(sampling), progress=progress)
+    seqs, p_lens, sources, failed = [], [], [], []
+    for k, ((source, _), out) in enumerate(zip(items, outputs)):
+        if out.error is not None or not out.token_ids:
+            failed.append({"index": k, "source": source, "error": out.error or "no tokens generated"})
+            continue
+        seqs.append(list(out.prompt_token_ids) + list(out.token_ids))
+        p_lens.append(len(out.prompt_token_ids))
+        sources.append(source)
+    return TokenDataset.from_sequences(seqs, p_lens, sources, info=info), failed
+
+
+__all__ = ["Batch", "DataError", "TokenDataset", "batch_indices", "crop_window", "epoch_permutation",
+           "generate_dataset", "make_batch"]

@@ -1,0 +1,642 @@
+"""Drafter trainer: frozen target, teacher-forced DSpark blocks, AdamW, resumable checkpoints.
+
+One training step:
+
+1. take ``batch_size`` sequences (prompt + target-generated response) in a seeded order
+   (:func:`dspark.training.data.batch_indices`, a pure function of the step);
+2. run the frozen target densely over them (:func:`dense_target_forward`, the same layers
+   and projections as the paged path) and keep the outputs of ``drafter.target_layer_ids``
+   for every position and the final hidden states;
+3. sample up to ``anchors_per_seq`` anchors per sequence in the response part (anchor =
+   the last committed token, so the first candidate is the last prompt token), by default
+   only where the whole block of labels fits before the sequence end;
+4. drafter ``forward_train`` (teacher forcing); slot k of the block at anchor a predicts the
+   token at a+k+1, whose target distribution is the target's logits at position a+k;
+5. :func:`dspark.training.loss.dspark_loss` over the valid cells, AdamW with linear warmup
+   and cosine decay, gradient clipping, bf16 autocast on CUDA only.
+
+Determinism: the data order and the anchors of step s depend only on (seed, s), and a
+checkpoint stores the drafter, the AdamW state, the scheduler, the RNG states and the
+step, so a resumed run ends in exactly the state of an uninterrupted one.
+
+Checkpoints (``output_dir/checkpoint-NNNNNNN/``): the drafter (``DSparkDrafter.save``: config
++ its own weights only, never the target's embedding or lm_head), the optimizer state as
+safetensors shards of at most ``max_shard_bytes`` each (large tensors split along their
+flattened length), and ``trainer_state.pt`` written last: a checkpoint without it is
+incomplete and ignored on resume.
+
+:func:`greedy_block_acceptance` replays drafting + full-block greedy verification densely
+(the drafter drafts with its own argmax tokens, the target verifies ``[anchor, d_1..d_{G-1}]``
+on top of the true prefix), which is what the calibration and the tests measure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from dspark.config import ConfigError
+from dspark.models.drafter import DSparkDrafter
+from dspark.models.llama import TargetModel
+from dspark.training.data import TokenDataset, batch_indices, make_batch
+from dspark.training.loss import dspark_loss
+
+CHECKPOINT_PREFIX = "checkpoint-"
+TRAINER_STATE_FILE = "trainer_state.pt"
+OPTIMIZER_DIR = "optimizer"
+OPTIMIZER_INDEX = "optimizer_index.json"
+LOG_FILE = "train_log.jsonl"
+DEFAULT_MAX_SHARD_BYTES = 16 * 1024 * 1024
+# Settings a resumed run may change; every other TrainConfig field must match the checkpoint.
+RESUMABLE_CHANGES = ("output_dir", "save_every", "log_every", "keep_last", "progress", "max_shard_bytes")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings of :class:`DrafterTrainer` (all checked in ``__post_init__``)."""
+
+    output_dir: str = "drafter_run"
+    max_steps: int = 2000
+    batch_size: int = 16
+    max_len: int = 1024
+    anchors_per_seq: int = 32
+    require_full_block: bool = True  # anchors only where all block_size labels lie inside the sequence
+    lr: float = 6e-4
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+    ce_weight: float = 0.1
+    tv_weight: float = 0.9
+    conf_weight: float = 1.0
+    position_decay: float | None = 4.0
+    seed: int = 0
+    device: str = "cpu"
+    bf16_autocast: bool = True  # used on CUDA only; CPU runs stay float32
+    pad_id: int = 0
+    save_every: int = 500
+    log_every: int = 10
+    keep_last: int = 2  # checkpoints kept (older ones are deleted); 0 keeps all
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, key: str, msg: str) -> None:
+            if not cond:
+                raise ConfigError(f"train.{key}: {msg}")
+
+        for key in ("max_steps", "batch_size", "anchors_per_seq", "save_every", "log_every", "max_shard_bytes"):
+            need(int(getattr(self, key)) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        need(self.max_len >= 2, "max_len", f"must be >= 2, got {self.max_len}")
+        need(self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        need(self.keep_last >= 0, "keep_last", f"must be >= 0 (0 keeps all), got {self.keep_last}")
+        need(self.lr > 0 and math.isfinite(self.lr), "lr", f"must be a finite number > 0, got {self.lr}")
+        need(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
+        need(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
+        need(self.grad_clip > 0, "grad_clip", f"must be > 0, got {self.grad_clip}")
+        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
+        need(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
+             f"must be two numbers in [0, 1), got {self.betas}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"train: unknown keys {unknown}; allowed: {sorted(known)}")
+        return cls(**d)
+
+
+# ---------------------------------------------------------------------------- dense target
+
+
+def causal_mask(seq_len: int, device: torch.device | str) -> torch.Tensor:
+    """bool [S, S], True where row i may attend key j (j <= i)."""
+    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+
+
+def dense_target_forward(target: TargetModel, input_ids: torch.Tensor, capture_layers: tuple[int, ...] = (),
+                         return_kv: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+    """Full-sequence causal forward of the target without a paged cache.
+
+    input_ids int64 [B, S] (right padding is harmless: a real token never sees a later one)
+    -> (final-normed hidden [B, S, d], outputs of ``capture_layers`` concatenated [B, S, n*d]
+    or None, per-layer rotated (K, V) [B, S, Hkv, D] when ``return_kv``). Uses each layer's
+    own norms, projections and MLP, so it computes what ``TargetModel.forward`` computes.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
+    batch, seq_len = input_ids.shape
+    device = input_ids.device
+    positions = torch.arange(seq_len, device=device).expand(batch, seq_len)
+    visible = causal_mask(seq_len, device).expand(batch, seq_len, seq_len)
+    wanted = {layer: slot for slot, layer in enumerate(capture_layers)}
+    bad = [i for i in capture_layers if not 0 <= i < len(target.model.layers)]
+    if bad:
+        raise ValueError(f"capture_layers {list(capture_layers)} has ids {bad} outside [0, {len(target.model.layers)})")
+    captured: list[torch.Tensor | None] = [None] * len(capture_layers)
+    kvs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    x = target.embed(input_ids)
+    for i, layer in enumerate(target.model.layers):
+        normed = layer.input_layernorm(x)
+        if return_kv:
+            kvs.append(layer.self_attn.project_kv(normed, positions))
+        x = x + layer.self_attn.forward_dense(normed, positions, None, None, visible)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if i in wanted:
+            captured[wanted[i]] = x
+    cap = torch.cat(captured, dim=-1) if capture_layers else None  # type: ignore[arg-type]
+    return target.model.norm(x), cap, (kvs if return_kv else None)
+
+
+def target_verify_forward(target: TargetModel, kvs: list[tuple[torch.Tensor, torch.Tensor]],
+                          block_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """Target over A verify blocks per sequence on top of the true prefix.
+
+    kvs: per-layer (K, V) [B, S, Hkv, D] of the sequences (from :func:`dense_target_forward`);
+    block_ids int64 [B, A, G] = [anchor, d_1, .., d_{G-1}] fed at positions a..a+G-1;
+    anchors int64 [B, A]. Block row j sees the sequence positions < a and its block rows <= j
+    (what the engine's verify step sees). Returns final-normed hidden [B, A, G, d].
+    """
+    batch, n_anchor, gamma = block_ids.shape
+    seq_len = kvs[0][0].shape[1]
+    device = block_ids.device
+    rows = n_anchor * gamma
+    offsets = torch.arange(gamma, device=device)
+    positions = (anchors[:, :, None] + offsets).reshape(batch, rows)
+    prefix_visible = (torch.arange(seq_len, device=device)[None, None, :] < anchors[:, :, None])
+    prefix_visible = prefix_visible.repeat_interleave(gamma, dim=1)  # [B, A*G, S]
+    block_of_row = torch.arange(n_anchor, device=device).repeat_interleave(gamma)
+    slot_of_row = offsets.repeat(n_anchor)
+    own = (block_of_row[:, None] == block_of_row[None, :]) & (slot_of_row[None, :] <= slot_of_row[:, None])
+    visible = torch.cat((prefix_visible, own.expand(batch, rows, rows)), dim=-1)
+    x = target.embed(block_ids.reshape(batch, rows))
+    for layer, (k, v) in zip(target.model.layers, kvs):
+        x = x + layer.self_attn.forward_dense(layer.input_layernorm(x), positions, k, v, visible)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return target.model.norm(x).view(batch, n_anchor, gamma, -1)
+
+
+# ---------------------------------------------------------------------------- anchors and labels
+
+
+def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
+    """CPU generator for the random choices of one step: a pure function of (seed, step, salt)."""
+    return torch.Generator().manual_seed((int(seed) * 7919 + int(step) * 104729 + salt) & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def sample_anchors(lengths: torch.Tensor, response_starts: torch.Tensor, num_anchors: int, block_size: int,
+                   generator: torch.Generator, require_full_block: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to ``num_anchors`` distinct anchors per row in the response part, sorted; (anchors [B, A], valid [B, A]).
+
+    Candidates are a in [start-1, length-2] (a = start-1 is the last prompt token: its block
+    predicts the first response tokens). With ``require_full_block`` the range ends at
+    length-1-block_size so all labels exist; a row whose response is shorter falls back to
+    the partial range, whose out-of-sequence slots are masked by :func:`block_labels`.
+    Unused anchor slots are 0 and invalid.
+    """
+    batch = lengths.shape[0]
+    anchors = torch.zeros(batch, num_anchors, dtype=torch.int64)
+    valid = torch.zeros(batch, num_anchors, dtype=torch.bool)
+    for b in range(batch):
+        lo = int(response_starts[b]) - 1
+        hi = int(lengths[b]) - 2
+        if require_full_block and int(lengths[b]) - 1 - block_size >= lo:
+            hi = int(lengths[b]) - 1 - block_size
+        count = hi - lo + 1
+        if count < 1:
+            continue
+        take = min(num_anchors, count)
+        chosen = torch.randperm(count, generator=generator)[:take].sort().values + lo
+        anchors[b, :take] = chosen
+        valid[b, :take] = True
+    return anchors, valid
+
+
+def block_labels(input_ids: torch.Tensor, lengths: torch.Tensor, anchors: torch.Tensor, anchor_valid: torch.Tensor,
+                 block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(labels [B, A, G] = token at a+k+1 or -1, valid [B, A, G], target positions a+k [B, A, G] clamped)."""
+    seq_len = input_ids.shape[1]
+    offsets = torch.arange(block_size, device=input_ids.device)
+    label_pos = anchors[:, :, None] + offsets + 1
+    valid = anchor_valid[:, :, None] & (label_pos < lengths.to(input_ids.device)[:, None, None])
+    flat = label_pos.clamp(max=seq_len - 1).reshape(input_ids.shape[0], -1)
+    labels = input_ids.gather(1, flat).view_as(label_pos)
+    labels = torch.where(valid, labels, torch.full_like(labels, -1))
+    return labels, valid, (label_pos - 1).clamp(max=seq_len - 1)
+
+
+def gather_positions(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """x [B, S, d], positions [B, ...] -> x at those positions [B, ..., d]."""
+    batch = x.shape[0]
+    flat = positions.reshape(batch, -1)
+    out = x.gather(1, flat[:, :, None].expand(-1, -1, x.shape[-1]))
+    return out.view(*positions.shape, x.shape[-1])
+
+
+# ---------------------------------------------------------------------------- sharded tensor files
+
+
+def shard_data_budget(max_file_bytes: int) -> int:
+    """Tensor bytes per safetensors file so that the file, header included, stays within ``max_file_bytes``."""
+    return max(256, int(max_file_bytes * 0.97) - 8192)
+
+
+def save_tensor_shards(tensors: dict[str, torch.Tensor], directory: Path, stem: str, max_bytes: int) -> Path:
+    """Write ``tensors`` as safetensors files of at most ``max_bytes`` each plus ``{stem}_index.json``.
+
+    A tensor larger than ``max_bytes`` is flattened and split into parts; the index records
+    every tensor's shape, dtype and parts so :func:`load_tensor_shards` rebuilds it exactly.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    max_bytes = shard_data_budget(max_bytes)
+    pieces: list[tuple[str, str, torch.Tensor]] = []  # (tensor name, part key, data)
+    entries: dict[str, dict[str, Any]] = {}
+    for name, tensor in tensors.items():
+        t = tensor.detach().to("cpu").contiguous()
+        entries[name] = {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "parts": []}
+        flat = t.reshape(-1)
+        per_part = max(1, max_bytes // max(1, t.element_size()))
+        if flat.numel() * t.element_size() <= max_bytes:
+            pieces.append((name, name, t))
+        else:
+            for j, start in enumerate(range(0, flat.numel(), per_part)):
+                pieces.append((name, f"{name}@part{j}", flat[start: start + per_part].clone()))
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    owner: list[list[tuple[str, str]]] = [[]]
+    used = 0
+    for name, key, data in pieces:
+        size = data.numel() * data.element_size()
+        if shards[-1] and used + size > max_bytes:
+            shards.append({})
+            owner.append([])
+            used = 0
+        shards[-1][key] = data
+        owner[-1].append((name, key))
+        used += size
+    for i, shard in enumerate(shards):
+        fname = f"{stem}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(directory / fname))
+        for name, key in owner[i]:
+            entries[name]["parts"].append([fname, key])
+    index = directory / f"{stem}_index.json"
+    index.write_text(json.dumps(entries, indent=1) + "\n")
+    return index
+
+
+def load_tensor_shards(directory: Path, stem: str) -> dict[str, torch.Tensor]:
+    index_path = directory / f"{stem}_index.json"
+    if not index_path.is_file():
+        raise FileNotFoundError(f"{index_path} not found: the checkpoint is incomplete; resume from another one")
+    entries = json.loads(index_path.read_text())
+    files: dict[str, dict[str, torch.Tensor]] = {}
+    out: dict[str, torch.Tensor] = {}
+    for name, entry in entries.items():
+        parts = []
+        for fname, key in entry["parts"]:
+            if fname not in files:
+                files[fname] = load_file(str(directory / fname), device="cpu")
+            parts.append(files[fname][key].reshape(-1))
+        flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+        out[name] = flat.reshape(entry["shape"])
+    return out
+
+
+def _flatten_optimizer_state(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, Any] = {}
+    for idx, per_param in state_dict["state"].items():
+        for key, value in per_param.items():
+            if torch.is_tensor(value):
+                tensors[f"{idx}.{key}"] = value
+            else:
+                scalars[f"{idx}.{key}"] = value
+    return tensors, {"param_groups": state_dict["param_groups"], "scalars": scalars}
+
+
+def _unflatten_optimizer_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in list(tensors.items()) + list(meta["scalars"].items()):
+        idx, key = name.split(".", 1)
+        state.setdefault(int(idx), {})[key] = value
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+# ---------------------------------------------------------------------------- trainer
+
+
+def lr_lambda_factory(warmup_steps: int, max_steps: int, min_lr_ratio: float) -> Callable[[int], float]:
+    """Linear warmup from 0 over ``warmup_steps``, then cosine to ``min_lr_ratio`` at ``max_steps``."""
+
+    def factor(step: int) -> float:
+        if warmup_steps > 0 and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        span = max(1, max_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / span)
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _freeze(target: TargetModel) -> TargetModel:
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return target
+
+
+def expected_accept_length(per_position: torch.Tensor) -> float:
+    """1 + sum_k prod_{i<=k} a_i: tokens per step implied by per-position acceptance (NaN -> 0)."""
+    a = torch.nan_to_num(per_position.float().cpu(), nan=0.0)
+    return float(1.0 + torch.cumprod(a, 0).sum())
+
+
+class DrafterTrainer:
+    """Trains ``drafter`` against the frozen ``target`` on ``dataset``; see the module docstring."""
+
+    def __init__(self, target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset, cfg: TrainConfig,
+                 extra_state: dict[str, Any] | None = None):
+        if len(dataset) == 0:
+            raise ConfigError("train data: the dataset holds no sequences; make data with runners.make_training_data")
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"train.device: {cfg.device!r} requested but CUDA is not available; use device=cpu")
+        drafter.validate_target_layers(target.cfg)
+        self.autocast = self.device.type == "cuda" and cfg.bf16_autocast
+        target_dtype = torch.bfloat16 if self.autocast else torch.float32
+        self.target = _freeze(target.to(device=self.device, dtype=target_dtype))
+        self.drafter = drafter.to(device=self.device, dtype=torch.float32).train()
+        self.dataset = dataset
+        self.extra_state = dict(extra_state or {})
+        decay, no_decay = [], []
+        for name, p in self.drafter.named_parameters():
+            (decay if p.dim() >= 2 and "mask_embedding" not in name else no_decay).append(p)
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=cfg.betas)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda_factory(cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio))
+        self.step = 0
+        self.output_dir = Path(cfg.output_dir)
+        self.last_metrics: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ one step
+
+    def _autocast(self):
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
+
+    def compute_loss(self, step: int):
+        """Loss of training step ``step`` (batch and anchors are functions of the seed and the step)."""
+        cfg = self.cfg
+        gamma = self.drafter.block_size
+        rows = batch_indices(len(self.dataset), cfg.batch_size, step, cfg.seed)
+        batch = make_batch(self.dataset, rows, cfg.max_len, cfg.pad_id)
+        anchors, anchor_valid = sample_anchors(batch.lengths, batch.response_starts, cfg.anchors_per_seq, gamma,
+                                               step_generator(cfg.seed, step), cfg.require_full_block)
+        if not bool(anchor_valid.any()):
+            raise ValueError(f"step {step}: no sequence of the batch has a response token to train on; check the "
+                             f"data (rows {rows[:8]}) and train.max_len={cfg.max_len}")
+        ids = batch.input_ids.to(self.device)
+        lengths = batch.lengths.to(self.device)
+        anchors = anchors.to(self.device)
+        anchor_valid = anchor_valid.to(self.device)
+        labels, valid, target_pos = block_labels(ids, lengths, anchors, anchor_valid, gamma)
+        with torch.no_grad(), self._autocast():
+            hidden, captured, _ = dense_target_forward(self.target, ids, self.drafter.cfg.target_layer_ids)
+            target_logits = self.target.compute_logits(gather_positions(hidden, target_pos))  # [B, A, G, V]
+        with self._autocast():
+            out = self.drafter.forward_train(captured, ids, anchors, self.target.embed, self.target.lm_head_weight,
+                                             labels)
+        return dspark_loss(out.logits, target_logits, out.confidence_logits, valid, ce_weight=cfg.ce_weight,
+                           tv_weight=cfg.tv_weight, conf_weight=cfg.conf_weight,
+                           position_decay=cfg.position_decay, targets=labels)
+
+    def train_step(self) -> dict[str, Any]:
+        loss = self.compute_loss(self.step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.total.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.grad_clip)
+        if not torch.isfinite(loss.total.detach()):
+            raise FloatingPointError(f"step {self.step}: loss is {loss.total.item()}; lower train.lr "
+                                     f"(now {self.cfg.lr}) or check the data")
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        acc = loss.per_position_acceptance.detach().float().cpu()
+        metrics = {
+            "step": self.step,
+            "loss": loss.total.item(), "ce": loss.ce.item(), "tv": loss.tv.item(), "conf_bce": loss.conf_bce.item(),
+            "grad_norm": float(grad_norm), "lr": float(self.scheduler.get_last_lr()[0]),
+            "per_position_acceptance": [None if math.isnan(v) else round(v, 4) for v in acc.tolist()],
+            "expected_accept_length": expected_accept_length(acc),
+        }
+        self.last_metrics = metrics
+        return metrics
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self, until_step: int | None = None) -> dict[str, Any]:
+        """Train up to ``until_step`` (default cfg.max_steps); checkpoints every save_every and at the end."""
+        cfg = self.cfg
+        stop = cfg.max_steps if until_step is None else min(int(until_step), cfg.max_steps)
+        if stop <= self.step:
+            return self.last_metrics
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=stop, initial=self.step, desc="train drafter", unit="step", disable=not cfg.progress)
+        log_path = self.output_dir / LOG_FILE
+        try:
+            while self.step < stop:
+                metrics = self.train_step()
+                acc = " ".join("-" if v is None else f"{v:.2f}" for v in metrics["per_position_acceptance"])
+                bar.set_postfix_str(f"loss {metrics['loss']:.4f} tau {metrics['expected_accept_length']:.2f} "
+                                    f"acc [{acc}]")
+                bar.update(1)
+                if self.step % cfg.log_every == 0 or self.step == stop:
+                    with log_path.open("a") as f:
+                        f.write(json.dumps(metrics) + "\n")
+                if self.step % cfg.save_every == 0 or self.step == stop:
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+        return self.last_metrics
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.output_dir / f"{CHECKPOINT_PREFIX}{step:07d}"
+
+    def save_checkpoint(self) -> Path:
+        """Write checkpoint-<step>/ (drafter, optimizer shards, trainer_state.pt last) and prune old ones."""
+        final = self.checkpoint_dir(self.step)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.drafter.save(tmp, max_shard_bytes=shard_data_budget(self.cfg.max_shard_bytes))
+        opt_tensors, opt_meta = _flatten_optimizer_state(self.optimizer.state_dict())
+        save_tensor_shards(opt_tensors, tmp / OPTIMIZER_DIR, "optimizer", self.cfg.max_shard_bytes)
+        rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        state = {
+            "step": self.step,
+            "train_config": self.cfg.to_dict(),
+            "drafter_config": self.drafter.cfg.to_dict(),
+            "optimizer_meta": opt_meta,
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng,
+            "last_metrics": self.last_metrics,
+            "extra": self.extra_state,
+        }
+        torch.save(state, tmp / TRAINER_STATE_FILE)
+        too_big = [p.name for p in tmp.rglob("*") if p.is_file() and p.stat().st_size > self.cfg.max_shard_bytes]
+        if too_big:
+            raise RuntimeError(f"checkpoint files {too_big} exceed train.max_shard_bytes={self.cfg.max_shard_bytes}; "
+                               f"DSparkDrafter.save keeps each weight tensor whole: lower drafter_arch.markov_rank "
+                               f"or raise train.max_shard_bytes")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        if self.cfg.keep_last > 0:
+            for old in complete_checkpoints(self.output_dir)[: -self.cfg.keep_last]:
+                shutil.rmtree(old)
+        return final
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        """Restore drafter weights, optimizer, scheduler, RNG and step from a checkpoint folder."""
+        src = Path(directory)
+        state_path = src / TRAINER_STATE_FILE
+        if not state_path.is_file():
+            raise FileNotFoundError(f"{state_path} not found: {src} is not a complete training checkpoint")
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        saved_cfg = dict(state["train_config"])
+        now = self.cfg.to_dict()
+        changed = {k: (saved_cfg.get(k), now[k]) for k in now
+                   if k not in RESUMABLE_CHANGES and saved_cfg.get(k) != now[k]}
+        if changed:
+            raise ConfigError(f"cannot resume from {src}: train settings differ from the checkpoint's "
+                              f"(saved, now) = {changed}; resume with the same settings or start a new output_dir")
+        if state["drafter_config"] != self.drafter.cfg.to_dict():
+            raise ConfigError(f"cannot resume from {src}: drafter config {state['drafter_config']} differs from "
+                              f"the current {self.drafter.cfg.to_dict()}")
+        loaded = DSparkDrafter.load(src, self.target.cfg, device="cpu", dtype=torch.float32)
+        self.drafter.load_state_dict(loaded.state_dict(), strict=True)
+        self.drafter.set_confidence_temperatures(loaded.confidence_temperatures.tolist())
+        opt_tensors = load_tensor_shards(src / OPTIMIZER_DIR, "optimizer")
+        self.optimizer.load_state_dict(_unflatten_optimizer_state(opt_tensors, state["optimizer_meta"]))
+        self.scheduler.load_state_dict(state["scheduler"])
+        random.setstate(state["rng"]["python"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        self.step = int(state["step"])
+        self.last_metrics = dict(state.get("last_metrics") or {})
+        self.extra_state = dict(state.get("extra") or {})
+
+    def resume_latest(self) -> Path:
+        found = complete_checkpoints(self.output_dir)
+        if not found:
+            raise FileNotFoundError(f"resume=true but {self.output_dir} holds no complete checkpoint "
+                                    f"({CHECKPOINT_PREFIX}NNNNNNN/ with {TRAINER_STATE_FILE}); set resume=false "
+                                    f"to start a new run")
+        self.load_checkpoint(found[-1])
+        return found[-1]
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Checkpoint folders of a run holding trainer_state.pt, oldest first."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)
+             and p.name[len(CHECKPOINT_PREFIX):].isdigit() and (p / TRAINER_STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]))
+
+
+# ---------------------------------------------------------------------------- greedy replay
+
+
+@torch.no_grad()
+def replay_blocks(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.Tensor, anchors: torch.Tensor
+                  ) -> dict[str, torch.Tensor]:
+    """Greedy draft + full-block greedy verification at given anchors, as the engine would do them.
+
+    input_ids int64 [B, S] (committed tokens; only positions <= anchor are used); anchors int64 [B, A].
+    The drafter sees context 0..a-1 and the anchor, drafts with its own argmax (Markov and
+    confidence features from the drafted tokens); the target verifies [anchor, d_1..d_{G-1}]
+    on top of the true prefix. Returns ``tokens`` [B, A, G], ``accepted`` bool [B, A, G]
+    (d_k == target argmax; every slot verified) and float32 ``conf_logits`` [B, A, G] (zeros
+    without a confidence head).
+    """
+    gamma = drafter.block_size
+    device = input_ids.device
+    _, captured, kvs = dense_target_forward(target, input_ids, drafter.cfg.target_layer_ids, return_kv=True)
+    dummy = torch.zeros(*anchors.shape, gamma, dtype=torch.int64, device=device)
+    hidden = drafter.forward_train(captured, input_ids, anchors, target.embed, target.lm_head_weight, dummy).hidden
+    n, a = anchors.shape
+    anchor_ids = input_ids.gather(1, anchors)
+    drafted = drafter.draft(hidden.reshape(n * a, gamma, -1), anchor_ids.reshape(-1), target.lm_head_weight,
+                            lambda logits, k: logits.argmax(-1))
+    tokens = drafted.tokens.view(n, a, gamma)
+    block_ids = torch.cat((anchor_ids[..., None], tokens[..., : gamma - 1]), dim=-1)
+    verify_hidden = target_verify_forward(target, kvs, block_ids, anchors)
+    target_argmax = target.compute_logits(verify_hidden.reshape(n * a * gamma, -1)).argmax(-1).view(n, a, gamma)
+    conf = (drafted.confidence_logits.view(n, a, gamma).float() if drafted.confidence_logits is not None
+            else torch.zeros(n, a, gamma, device=device))
+    return {"tokens": tokens, "accepted": tokens == target_argmax, "conf_logits": conf}
+
+
+@torch.no_grad()
+def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset, *, max_len: int = 1024,
+                            anchors_per_seq: int = 16, batch_size: int = 8, seed: int = 0, pad_id: int = 0,
+                            progress: bool = False) -> dict[str, torch.Tensor]:
+    """:func:`replay_blocks` at up to ``anchors_per_seq`` seeded anchors of every sequence.
+
+    Anchors a lie in [response_start-1, length-1] (verification needs only the prefix).
+    Returns float32 ``conf_logits`` [M, G] (raw z_k of the drafted tokens), float32
+    ``accepted`` [M, G] and ``accept_length`` [M] (accepted prefix + 1 bonus) over the M blocks.
+    """
+    from tqdm.auto import tqdm
+
+    device = next(drafter.parameters()).device
+    gamma = drafter.block_size
+    was_training = drafter.training
+    drafter.eval()
+    conf_all, acc_all = [], []
+    starts = range(0, len(dataset), batch_size)
+    try:
+        for i, start in enumerate(tqdm(starts, desc="greedy replay", unit="batch", disable=not progress)):
+            rows = list(range(start, min(start + batch_size, len(dataset))))
+            batch = make_batch(dataset, rows, max_len, pad_id)
+            anchors, valid = sample_anchors(batch.lengths + 1, batch.response_starts, anchors_per_seq, gamma,
+                                            step_generator(seed, i, salt=1), require_full_block=False)
+            valid = valid.to(device)
+            out = replay_blocks(target, drafter, batch.input_ids.to(device), anchors.to(device))
+            conf_all.append(out["conf_logits"][valid].cpu())
+            acc_all.append(out["accepted"][valid].float().cpu())
+    finally:
+        drafter.train(was_training)
+    conf_logits = torch.cat(conf_all)
+    accepted = torch.cat(acc_all)
+    accept_length = torch.cumprod(accepted, dim=-1).sum(-1) + 1.0
+    return {"conf_logits": conf_logits, "accepted": accepted, "accept_length": accept_length}
+
+
+__all__ = ["DrafterTrainer", "TrainConfig", "block_labels", "complete_checkpoints", "dense_target_forward",
+           "expected_accept_length", "gather_positions", "greedy_block_acceptance", "load_tensor_shards",
+           "lr_lambda_factory", "replay_blocks", "sample_anchors", "save_tensor_shards", "target_verify_forward"]

@@ -1,0 +1,127 @@
+"""Make drafter training data: workload prompts answered by the target itself.
+
+    python -m runners.make_training_data output=training_data/train.safetensors
+    python -m runners.make_training_data engine=h200 num_prompts_per_source=2000 max_tokens=512
+    python -m runners.make_training_data split=eval num_prompts_per_source=64 output=training_data/eval.safetensors
+
+Prompts come from the workloads' ``split`` (``train`` by default; the benchmarks use
+``eval``, so no benchmark prompt is trained on). Each prompt's chat messages are rendered
+with the tokenizer's chat template and answered by the target in target-only mode
+(``engine.spec`` is forced to ``off``) with temperature 0.7, top-p 0.8, top-k 20 and a
+per-prompt seed, in batches of ``engine.max_num_seqs``. The result is a
+:class:`dspark.training.data.TokenDataset` (token ids only).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from dspark.config import ConfigError, SamplingParams
+from dspark.training.data import generate_dataset
+from runners.schema import EngineSchema, ModelSchema, to_engine_config
+from workloads.registry import build_workload, make_spec
+
+DEFAULT_SOURCES = ["agentic", "poetry", "arena_hard", "stdlib_prose"]
+
+
+@dataclass
+class DataSamplingSchema:
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+
+
+@dataclass
+class MakeTrainingDataSchema:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    engine: EngineSchema = field(default_factory=EngineSchema)
+    sources: List[str] = field(default_factory=lambda: list(DEFAULT_SOURCES))
+    num_prompts_per_source: Optional[int] = 200
+    split: str = "train"
+    max_tokens: int = 512
+    sampling: DataSamplingSchema = field(default_factory=DataSamplingSchema)
+    seed: int = 0
+    output: str = "training_data/train.safetensors"
+    progress: bool = True
+
+
+ConfigStore.instance().store(name="make_training_data_schema", node=MakeTrainingDataSchema)
+
+
+def prompt_seed(seed: int, prompt_id: str) -> int:
+    """Sampling seed of one prompt: stable across runs, batch composition and machines."""
+    return zlib.crc32(f"{seed}:{prompt_id}".encode()) & 0x7FFF_FFFF
+
+
+def collect_prompts(sources: list[str], split: str, num_prompts: int | None, seed: int) -> list[tuple[str, str, list[dict]]]:
+    """(source workload, prompt id, chat messages) for every selected prompt, source by source."""
+    if split not in ("train", "eval"):
+        raise ConfigError(f"split: {split!r}; use 'train' (training data) or 'eval' (held-out calibration data)")
+    if not sources:
+        raise ConfigError(f"sources: give at least one workload, e.g. {DEFAULT_SOURCES}")
+    items = []
+    for name in sources:
+        workload = build_workload(make_spec(name, split=split, num_prompts=None, seed=seed))
+        prompts = workload.prompts()
+        if num_prompts is not None:
+            prompts = prompts[:num_prompts]
+        for p in prompts:
+            messages = p.messages if p.messages is not None else [{"role": "user", "content": p.prompt}]
+            items.append((name, p.id, messages))
+    return items
+
+
+def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
+    """Generate and save the data; ``target``/``tokenizer`` override loading cfg.model (tests)."""
+    from dspark.engine import Engine
+
+    engine_cfg = to_engine_config(cfg.engine, spec="off")
+    items = collect_prompts(list(cfg.sources), cfg.split, cfg.num_prompts_per_source, int(cfg.seed))
+    if target is None:
+        from runners.train_drafter import load_target_and_tokenizer
+
+        target, tokenizer = load_target_and_tokenizer(cfg)
+    if tokenizer is None:
+        raise ConfigError("make_training_data needs a tokenizer with a chat template to render the prompts")
+    engine = Engine(target, tokenizer, engine_cfg)
+    s = cfg.sampling
+    params = [SamplingParams(temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
+                             max_tokens=int(cfg.max_tokens), seed=prompt_seed(int(cfg.seed), pid))
+              for _, pid, _ in items]
+    info = {"model": str(cfg.model.source), "split": cfg.split, "seed": int(cfg.seed), "max_tokens": int(cfg.max_tokens),
+            "sampling": {"temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": int(s.top_k)},
+            "sources": list(cfg.sources), "num_prompts_per_source": cfg.num_prompts_per_source,
+            "engine": {"device": engine_cfg.device, "dtype": engine_cfg.dtype, "max_num_seqs": engine_cfg.max_num_seqs}}
+    t0 = time.perf_counter()
+    dataset, failed = generate_dataset(engine, [(src, msgs) for src, _, msgs in items], params, info=info,
+                                       progress=bool(cfg.progress))
+    wall = time.perf_counter() - t0
+    if len(dataset) == 0:
+        raise RuntimeError(f"no prompt produced a response ({len(failed)} failed; first error: "
+                           f"{failed[0]['error'] if failed else 'none'})")
+    out = dataset.save(cfg.output)
+    summary = {"output": str(Path(out).resolve()), "prompts": len(items), "failed": len(failed),
+               "failures": [{**f, "id": items[f["index"]][1]} for f in failed[:20]],
+               "wall_s": round(wall, 2), **dataset.summary()}
+    if failed:
+        print(f"warning: {len(failed)} of {len(items)} prompts failed and are not in the data; first: "
+              f"{summary['failures'][0]}")
+    return summary
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="make_training_data")
+def main(cfg: DictConfig) -> None:
+    print(json.dumps(run(cfg), indent=2))
+
+
+if __name__ == "__main__":
+    main()

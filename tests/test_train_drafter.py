@@ -1,0 +1,415 @@
+"""Drafter training pipeline on a tiny random target (CPU, seconds).
+
+Covers the data file, the dense target passes the trainer relies on, anchors/labels,
+that training lowers the loss and raises realised greedy acceptance, checkpoint round
+trips (sharded optimizer state), exact resume, and the four runners (through Hydra's
+compose API where a runner has a config).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from dspark.attention import AttentionMetadata
+from dspark.config import ConfigError, SamplingParams
+from dspark.engine import Engine
+from dspark.kv_cache import KVCache
+from dspark.models.drafter import DSparkDrafter
+from dspark.training.data import (DataError, TokenDataset, batch_indices, crop_window, epoch_permutation,
+                                  make_batch)
+from dspark.training.trainer import (DrafterTrainer, TrainConfig, block_labels, complete_checkpoints,
+                                     dense_target_forward, greedy_block_acceptance, load_tensor_shards,
+                                     replay_blocks, sample_anchors, save_tensor_shards, target_verify_forward)
+from tiny import tiny_drafter, tiny_engine_config, tiny_target
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+TARGET_SCALE = 2.0  # greedy runs are varied (a few distinct tokens per sequence) yet learnable
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    return tiny_target(scale=TARGET_SCALE)
+
+
+@pytest.fixture(scope="module")
+def greedy_data(target) -> TokenDataset:
+    """Sequences generated greedily by the tiny target: predictable, so a drafter can learn them."""
+    engine = Engine(target, None, tiny_engine_config(spec="off", max_num_seqs=16))
+    gen = torch.Generator().manual_seed(123)
+    prompts = [torch.randint(3, 97, (int(torch.randint(3, 7, (1,), generator=gen)),), generator=gen).tolist()
+               for _ in range(24)]
+    outs = engine.generate(prompts, SamplingParams(max_tokens=28, ignore_eos=True))
+    assert all(o.error is None for o in outs)
+    return TokenDataset.from_sequences([o.prompt_token_ids + o.token_ids for o in outs],
+                                       [len(o.prompt_token_ids) for o in outs],
+                                       ["even" if i % 2 == 0 else "odd" for i in range(len(outs))],
+                                       info={"split": "train"})
+
+
+def small_train_config(tmp_path, **kw) -> TrainConfig:
+    base = dict(output_dir=str(tmp_path / "run"), max_steps=40, batch_size=6, max_len=40, anchors_per_seq=6,
+                lr=1e-2, warmup_steps=4, save_every=1000, log_every=5, progress=False, seed=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def test_data_file_round_trip_and_selection(tmp_path, greedy_data):
+    path = greedy_data.save(tmp_path / "data.safetensors")
+    loaded = TokenDataset.load(path)
+    assert len(loaded) == len(greedy_data) == 24
+    assert torch.equal(loaded.tokens, greedy_data.tokens) and loaded.tokens.dtype == torch.int32
+    assert torch.equal(loaded.offsets, greedy_data.offsets)
+    assert torch.equal(loaded.prompt_lens, greedy_data.prompt_lens)
+    assert [loaded.source(i) for i in range(4)] == ["even", "odd", "even", "odd"]
+    assert loaded.info == {"split": "train"}
+    assert loaded.summary()["per_source"] == {"even": 12, "odd": 12}
+
+    kept, held = loaded.split_holdout(0.25, seed=3)
+    assert len(held) == 6 and len(kept) == 18
+    kept_seqs = {tuple(kept.sequence(i).tolist()) for i in range(len(kept))}
+    held_seqs = {tuple(held.sequence(i).tolist()) for i in range(len(held))}
+    assert not kept_seqs & held_seqs
+    again, _ = loaded.split_holdout(0.25, seed=3)
+    assert torch.equal(again.tokens, kept.tokens)
+
+    with pytest.raises(DataError, match="prompt length"):
+        TokenDataset.from_sequences([[5, 6, 7]], [3], ["x"])
+    with pytest.raises(DataError, match=".safetensors"):
+        loaded.save(tmp_path / "data.pt")
+    with pytest.raises(FileNotFoundError, match="make_training_data"):
+        TokenDataset.load(tmp_path / "missing.safetensors")
+
+
+def test_batches_crop_and_order():
+    ds = TokenDataset.from_sequences([list(range(10, 60)), [7, 8, 9]], [30, 2], ["a", "b"])
+    batch = make_batch(ds, [0, 1], max_len=16, pad_id=0)
+    assert batch.input_ids.shape == (2, 16)
+    start = crop_window(50, 30, 16)
+    assert start == 30 - 4
+    assert batch.input_ids[0].tolist() == list(range(10 + start, 10 + start + 16))
+    assert batch.response_starts.tolist() == [4, 2] and batch.lengths.tolist() == [16, 3]
+    assert batch.input_ids[1].tolist()[3:] == [0] * 13
+
+    # Data order: a pure function of (seed, step); each epoch visits every sequence once.
+    steps = [batch_indices(10, 4, s, seed=5) for s in range(5)]
+    flat = [i for b in steps for i in b]
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:20]) == list(range(10))
+    assert flat[:10] == epoch_permutation(10, 5, 0).tolist()
+    assert steps[3] == batch_indices(10, 4, 3, seed=5)
+    assert batch_indices(10, 4, 0, seed=6) != steps[0]
+
+
+# ------------------------------------------------------------------------------ dense passes
+
+
+def test_dense_target_forward_matches_paged_forward(target):
+    ids = torch.randint(3, 97, (2, 21), generator=torch.Generator().manual_seed(0))
+    hidden, captured, kvs = dense_target_forward(target, ids, (0, 2), return_kv=True)
+    assert captured.shape == (2, 21, 2 * 64) and len(kvs) == 4
+    for b in range(2):
+        cache = KVCache(4, 4, 8, 2, 16, torch.float32, "cpu")
+        meta = AttentionMetadata(torch.tensor([0, 21], dtype=torch.int32), torch.tensor([21], dtype=torch.int32),
+                                 torch.tensor([[0, 1, 2, 3]], dtype=torch.int32), torch.arange(21), True)
+        with torch.no_grad():
+            h_paged, cap_paged = target(ids[b], torch.arange(21), cache, meta, capture_layers=(0, 2))
+        torch.testing.assert_close(hidden[b], h_paged, atol=2e-4, rtol=2e-4)
+        torch.testing.assert_close(captured[b], cap_paged, atol=2e-4, rtol=2e-4)
+
+
+def test_verify_forward_equals_forward_over_the_drafted_sequence(target):
+    """Block rows see the true prefix < a and their own block causally: same as running the target
+    on prefix + [anchor, d_1..] as one sequence."""
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 97, (1, 16), generator=gen)
+    anchors = torch.tensor([[5, 11]])
+    drafts = torch.randint(3, 97, (1, 2, 3), generator=gen)
+    block_ids = torch.cat((ids.gather(1, anchors)[..., None], drafts), dim=-1)  # G = 4
+    with torch.no_grad():
+        _, _, kvs = dense_target_forward(target, ids, return_kv=True)
+        got = target_verify_forward(target, kvs, block_ids, anchors)
+        for j, a in enumerate(anchors[0].tolist()):
+            seq = torch.cat((ids[0, :a], block_ids[0, j]))[None]
+            ref, _, _ = dense_target_forward(target, seq)
+            torch.testing.assert_close(got[0, j], ref[0, a:a + 4], atol=2e-4, rtol=2e-4)
+
+
+def test_anchors_and_labels():
+    lengths = torch.tensor([20, 9, 4])
+    starts = torch.tensor([5, 4, 3])
+    anchors, valid = sample_anchors(lengths, starts, 6, 4, torch.Generator().manual_seed(0))
+    # row 0: full blocks a in [4, 15]; row 1: [3, 4] (2 candidates); row 2: response shorter than a
+    # block, partial range [2, 2] (the last token has nothing after it to predict)
+    assert valid.sum(1).tolist() == [6, 2, 1]
+    assert bool(((anchors[0] >= 4) & (anchors[0] <= 15)).all())
+    assert sorted(anchors[1, :2].tolist()) == [3, 4]
+    assert anchors[2, :1].tolist() == [2] and not bool(valid[1, 2:].any())
+    ids = torch.arange(100, 120).expand(3, 20).clone()
+    labels, cell_valid, tpos = block_labels(ids, lengths, anchors, valid, 4)
+    a = int(anchors[0, 0])
+    assert labels[0, 0].tolist() == [100 + a + 1 + k for k in range(4)]
+    assert tpos[0, 0].tolist() == [a + k for k in range(4)]
+    # unused anchor slots carry no label
+    assert labels[2, 1].tolist() == [-1] * 4 and not bool(cell_valid[2, 1].any())
+    assert cell_valid[2, 0].tolist() == [True, False, False, False]
+    assert not bool(cell_valid[1, 2:].any())
+
+
+def test_sharded_tensor_files_round_trip(tmp_path):
+    tensors = {"big": torch.randn(3000), "small": torch.arange(6, dtype=torch.int64).view(2, 3),
+               "mat": torch.randn(40, 50)}
+    save_tensor_shards(tensors, tmp_path, "opt", max_bytes=12_000)
+    files = sorted(tmp_path.glob("opt-*.safetensors"))
+    assert len(files) > 2 and all(f.stat().st_size <= 12_000 for f in files)
+    back = load_tensor_shards(tmp_path, "opt")
+    assert set(back) == set(tensors)
+    for k in tensors:
+        assert torch.equal(back[k], tensors[k]) and back[k].dtype == tensors[k].dtype
+
+
+# ------------------------------------------------------------------------------ training
+
+
+def test_training_lowers_loss_and_raises_greedy_acceptance(tmp_path, target, greedy_data):
+    drafter = tiny_drafter(target, block_size=4)
+    before = greedy_block_acceptance(target, drafter, greedy_data, max_len=40, anchors_per_seq=6)
+    trainer = DrafterTrainer(target, drafter, greedy_data, small_train_config(tmp_path))
+    with torch.no_grad():
+        loss_before = trainer.compute_loss(0)
+    trainer.train()
+    with torch.no_grad():
+        loss_after = trainer.compute_loss(0)
+    after = greedy_block_acceptance(target, drafter, greedy_data, max_len=40, anchors_per_seq=6)
+    assert float(loss_after.total) < 0.5 * float(loss_before.total)
+    assert float(loss_after.per_position_acceptance[0]) > float(loss_before.per_position_acceptance[0])
+    assert float(after["accept_length"].mean()) > float(before["accept_length"].mean()) + 1.0
+    assert float(after["accepted"][:, 0].mean()) > 0.6
+    # the target stays frozen and outside the drafter checkpoint
+    assert all(not p.requires_grad for p in target.parameters())
+    ckpt = complete_checkpoints(tmp_path / "run")[-1]
+    assert ckpt.name == "checkpoint-0000040"
+    names = set()
+    for f in ckpt.glob("model*.safetensors"):
+        from safetensors import safe_open
+
+        with safe_open(str(f), "pt") as h:
+            names |= set(h.keys())
+    assert names == set(drafter.state_dict())
+    assert not any("embed_tokens" in n or "lm_head" in n for n in names)
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [5, 10, 15, 20, 25, 30, 35, 40]
+    assert len(log[-1]["per_position_acceptance"]) == 4
+
+
+def test_dflash_ablation_trains_without_markov_or_confidence_head(tmp_path, target, greedy_data):
+    from omegaconf import OmegaConf
+
+    from runners.train_drafter import drafter_config_from
+
+    cfg = OmegaConf.create({"style": "dflash", "drafter_arch": {"block_size": 4, "num_layers": 1,
+                                                                "target_layer_ids": [0, 2], "markov_rank": 8}})
+    dcfg = drafter_config_from(cfg)
+    assert dcfg.markov_rank == 0 and not dcfg.use_confidence_head
+    torch.manual_seed(0)
+    drafter = DSparkDrafter(target.cfg, dcfg)
+    trainer = DrafterTrainer(target, drafter, greedy_data, small_train_config(tmp_path, max_steps=12))
+    with torch.no_grad():
+        first = trainer.compute_loss(0)
+    trainer.train()
+    with torch.no_grad():
+        last = trainer.compute_loss(0)
+    assert float(first.conf_bce) == 0.0 and float(last.total) < float(first.total)
+    with pytest.raises(ConfigError, match="style"):
+        drafter_config_from(OmegaConf.create({"style": "medusa", "drafter_arch": {}}))
+
+
+def test_checkpoint_round_trip_with_sharded_optimizer(tmp_path, target, greedy_data):
+    cfg = small_train_config(tmp_path, max_steps=3, max_shard_bytes=60_000, keep_last=1)
+    trainer = DrafterTrainer(target, tiny_drafter(target), greedy_data, cfg)
+    trainer.train()
+    ckpt = complete_checkpoints(cfg.output_dir)
+    assert [c.name for c in ckpt] == ["checkpoint-0000003"]  # keep_last=1 pruned the rest
+    files = [f for f in ckpt[0].rglob("*") if f.is_file()]
+    assert all(f.stat().st_size <= 60_000 for f in files)
+    assert len(list((ckpt[0] / "optimizer").glob("*.safetensors"))) > 1
+
+    fresh = DrafterTrainer(target, tiny_drafter(target, seed=9), greedy_data, cfg)
+    fresh.load_checkpoint(ckpt[0])
+    assert fresh.step == 3
+    for (name, p), q in zip(trainer.drafter.named_parameters(), fresh.drafter.parameters()):
+        assert torch.equal(p, q), name
+    sa, sb = trainer.optimizer.state_dict(), fresh.optimizer.state_dict()
+    for idx in sa["state"]:
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(sa["state"][idx][key], sb["state"][idx][key])
+    assert fresh.scheduler.state_dict()["last_epoch"] == 3
+    # the checkpoint folder is a loadable drafter too
+    loaded = DSparkDrafter.load(ckpt[0], target.cfg)
+    assert torch.equal(loaded.fc.weight, trainer.drafter.fc.weight)
+    with pytest.raises(ConfigError, match="lr"):
+        DrafterTrainer(target, tiny_drafter(target), greedy_data,
+                       small_train_config(tmp_path, max_steps=3, lr=5e-3)).load_checkpoint(ckpt[0])
+
+
+def compose_train(tmp_path: Path, data: Path, out: str, *extra: str):
+    overrides = [f"data={data}", f"train.output_dir={tmp_path / out}", "drafter_arch.block_size=4",
+                 "drafter_arch.num_layers=1", "drafter_arch.target_layer_ids=[0,2]", "drafter_arch.markov_rank=8",
+                 "train.max_steps=6", "train.batch_size=4", "train.max_len=32", "train.anchors_per_seq=4",
+                 "train.warmup_steps=2", "train.lr=2e-3", "train.save_every=2", "train.keep_last=0",
+                 "train.progress=false", *extra]
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="train_drafter", overrides=overrides)
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path, target, greedy_data):
+    from runners import train_drafter
+
+    data = greedy_data.save(tmp_path / "data.safetensors")
+    full = train_drafter.run(compose_train(tmp_path, data, "full"), target=target)
+    assert full["step"] == 6 and Path(full["final_drafter"]).is_dir()
+
+    part = train_drafter.run(compose_train(tmp_path, data, "split", "stop_at_step=3"), target=target)
+    assert part["step"] == 3 and "final_drafter" not in part
+    with pytest.raises(ConfigError, match="resume=true"):
+        train_drafter.run(compose_train(tmp_path, data, "split"), target=target)
+    with pytest.raises(ConfigError, match="max_steps"):
+        train_drafter.run(compose_train(tmp_path, data, "split", "resume=true", "train.max_steps=7"), target=target)
+    resumed = train_drafter.run(compose_train(tmp_path, data, "split", "resume=true"), target=target)
+    assert resumed["resumed_from"].endswith("checkpoint-0000003") and resumed["step"] == 6
+    assert resumed["last_metrics"]["loss"] == full["last_metrics"]["loss"]
+
+    a = DSparkDrafter.load(Path(full["final_drafter"]), target.cfg).state_dict()
+    b = DSparkDrafter.load(Path(resumed["final_drafter"]), target.cfg).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    opt_a = load_tensor_shards(Path(full["checkpoint"]) / "optimizer", "optimizer")
+    opt_b = load_tensor_shards(Path(resumed["checkpoint"]) / "optimizer", "optimizer")
+    assert all(torch.equal(opt_a[k], opt_b[k]) for k in opt_a)
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        train_drafter.run(compose_train(tmp_path, data, "empty", "resume=true"), target=target)
+
+
+# ------------------------------------------------------------------------------ runners
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory, target, greedy_data) -> Path:
+    out = tmp_path_factory.mktemp("trained")
+    drafter = tiny_drafter(target, block_size=4)
+    DrafterTrainer(target, drafter, greedy_data, small_train_config(out, max_steps=30)).train()
+    return drafter.save(out / "final")
+
+
+def test_calibrate_runner_writes_loadable_temperatures(tmp_path, target, greedy_data, trained_checkpoint):
+    from runners import calibrate
+
+    data = greedy_data.save(tmp_path / "eval.safetensors")
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="calibrate", overrides=[
+            f"checkpoint={trained_checkpoint}", f"data={data}", "holdout_fraction=0.5", "anchors_per_seq=8",
+            "max_len=40", "progress=false", "n_grid=40"])
+    report = calibrate.run(cfg, target=target)
+    assert report["blocks"] > 50 and report["sequences"] == 12
+    assert len(report["temperatures"]) == 4 and report["ece_after"] <= report["ece_before"] + 1e-9
+    assert Path(report["reliability_plot"]).stat().st_size > 1000
+    saved = json.loads((trained_checkpoint / "calibration.json").read_text())
+    assert saved["temperatures"] == report["temperatures"]
+    loaded = DSparkDrafter.load(trained_checkpoint, target.cfg)
+    torch.testing.assert_close(loaded.confidence_temperatures, torch.tensor(report["temperatures"]))
+
+
+def test_eval_runner_reports_acceptance_and_greedy_losslessness(tmp_path, target, trained_checkpoint):
+    from runners import eval_drafter
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="eval_drafter", overrides=[
+            f"checkpoint={trained_checkpoint}", f"output_dir={tmp_path / 'eval'}", "max_tokens=16",
+            "engine.max_model_len=128", "engine.kv_block_size=8", "engine.max_num_seqs=8",
+            "engine.max_num_batched_tokens=64", "progress=false"])
+    gen = torch.Generator().manual_seed(7)
+    sets = {"tiny": [(f"p{i}", torch.randint(3, 97, (5,), generator=gen).tolist()) for i in range(6)]}
+    report = eval_drafter.run(cfg, target=target, prompt_sets=sets)
+    assert report["greedy_lossless"]
+    greedy, sampled = report["results"]
+    assert greedy["temperature"] == 0.0 and sampled["temperature"] == 0.7
+    assert greedy["greedy_mismatches"] == [] and "greedy_lossless" not in sampled
+    assert 1.5 < greedy["mean_accept_length"] <= 5.0  # the trained drafter beats 1 token/step
+    assert len(greedy["per_position_acceptance"]) == 4 and greedy["errors"] == 0
+    table = (tmp_path / "eval" / "eval.md").read_text()
+    assert "| tiny | 0 | 6 |" in table and "yes" in table
+    assert json.loads((tmp_path / "eval" / "eval.json").read_text())["block_size"] == 4
+
+
+def test_greedy_replay_matches_the_engine_step_by_step(target, greedy_data, trained_checkpoint):
+    """At the anchors the engine actually used, the dense replay accepts exactly what the engine did."""
+    drafter = DSparkDrafter.load(trained_checkpoint, target.cfg)
+    engine = Engine(target, None, tiny_engine_config(spec="dspark"), drafter)
+    prompts = [greedy_data.sequence(i)[: int(greedy_data.prompt_lens[i])].tolist() for i in range(6)]
+    outs = engine.generate(prompts, SamplingParams(max_tokens=28, ignore_eos=True))
+    checked = 0
+    for i, out in enumerate(outs):
+        seq = greedy_data.sequence(i)
+        assert out.token_ids == seq[len(prompts[i]):].tolist()  # the data is the target's greedy output
+        anchors = [len(prompts[i]) - 1]
+        for length in out.accept_lengths[:-1]:
+            anchors.append(anchors[-1] + length)
+        got = replay_blocks(target, drafter, seq[None], torch.tensor([anchors]))
+        replay_accepted = torch.cumprod(got["accepted"][0].long(), dim=-1).sum(-1)
+        assert replay_accepted.tolist() == [length - 1 for length in out.accept_lengths]
+        checked += len(anchors)
+    assert checked > 20
+
+
+def test_greedy_mismatch_detection():
+    from types import SimpleNamespace
+
+    from runners.eval_drafter import greedy_mismatches
+
+    out = lambda ids: SimpleNamespace(token_ids=ids, error=None)  # noqa: E731
+    found = greedy_mismatches([out([1, 2, 3]), out([4, 5])], [out([1, 2, 3]), out([4, 6, 7])], ["a", "b"])
+    assert found == [{"id": "b", "first_difference": 1, "spec_len": 2, "target_len": 3}]
+
+
+class CharTokenizer:
+    """Stand-in tokenizer for the tiny vocabulary: one id per character of the rendered chat."""
+
+    def encode_chat(self, messages, add_generation_prompt=True):
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)[-10:]
+        return [1] + [3 + ord(c) % 90 for c in text]
+
+    def encode(self, text):
+        return [3 + ord(c) % 90 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(32 + i % 90) for i in ids)
+
+
+def test_make_training_data_runner(tmp_path, target):
+    from runners import make_training_data
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="make_training_data", overrides=[
+            "sources=[stdlib_prose,poetry]", "num_prompts_per_source=3", "max_tokens=6",
+            f"output={tmp_path / 'train.safetensors'}", "engine.max_model_len=64", "engine.kv_block_size=8",
+            "engine.max_num_batched_tokens=64", "engine.spec=dspark", "progress=false"])
+    assert cfg.sampling.temperature == 0.7 and cfg.sampling.top_p == 0.8 and cfg.sampling.top_k == 20
+    summary = make_training_data.run(cfg, target=target, tokenizer=CharTokenizer())
+    assert summary["failed"] == 0 and summary["sequences"] == 6
+    ds = TokenDataset.load(tmp_path / "train.safetensors")
+    assert ds.summary()["per_source"] == {"poetry": 3, "stdlib_prose": 3}
+    assert ds.info["split"] == "train" and ds.info["sampling"]["top_k"] == 20
+    items = make_training_data.collect_prompts(["stdlib_prose", "poetry"], "train", 3, 0)
+    tok = CharTokenizer()
+    for i, (_, _, messages) in enumerate(items):
+        prompt = tok.encode_chat(messages)
+        assert int(ds.prompt_lens[i]) == len(prompt) and ds.sequence(i)[: len(prompt)].tolist() == prompt
+        assert 1 <= ds.length(i) - len(prompt) <= 6
+    with pytest.raises(ConfigError, match="split"):
+        make_training_data.collect_prompts(["poetry"], "all", 1, 0)
