@@ -3,40 +3,81 @@
     python -m runners.ab +workload=poetry
     python -m runners.ab +workload=agentic ab.n_blocks=6 load.concurrency=16
     python -m runners.ab -m +workload=agentic,arena_hard load.concurrency=4,16
+    python -m runners.ab -m hydra/launcher=local +workload=agentic ab.seed=0,1     # submitit, local processes
+    python -m runners.ab -m hydra/launcher=slurm hydra.launcher.partition=PART ...  # submitit, Slurm jobs
 
 Both arms run in this process over the same requests and seeds, in an order schedule
 (ABBA by default), each block preceded by an engine reset. Results land in the Hydra run
-folder: requests.parquet, blocks.csv (appended after every block, so a crash keeps the
-finished blocks), summary.json, report.md with plots, and offline W&B runs.
+folder: requests.parquet, blocks.csv (rewritten after every block, so a crash keeps the
+finished blocks), summary.json, report.md with plots, and offline W&B runs. A multirun
+also gets sweep_summary.{md,csv} + sweep_gain.png in the sweep folder
+(:class:`runners.callbacks.SweepSummaryCallback`); ``python -m runners.report FOLDER``
+re-renders either kind of report later.
+
+Every configuration mistake (unknown key, wrong type, bad value, in any arm) is refused
+before a model loads (:func:`check_config`).
+
+Reruns: when the output folder already holds a complete summary.json of the same
+configuration (same config hash; ``ab.force_rerun``, ``ab.fail_on_guard`` and ``progress``
+excluded), run() logs that and returns it without measuring again (still raising
+ABGuardError when its guards failed and ab.fail_on_guard is set); ``+ab.force_rerun=true``
+measures anew.
+A rerun of a sweep with the same ``hydra.sweep.dir`` therefore only runs the jobs that
+did not finish.
+
+Engines: run(cfg, engine_factory=...) takes a callable ``(cfg, arm_engine_cfgs) -> {"A":
+Engine, "B": Engine}``; the default, :func:`default_engine_factory`, loads the configured
+target and drafter. Test hook: with the environment variable ``DSPARK_TEST_TINY_MODELS=1``
+the default factory instead builds the tiny random models of ``tests/tiny.py`` with a
+character tokenizer, so that whole Hydra multiruns (subprocesses) finish in seconds in
+the test suite. Its speed numbers mean nothing; never set it for a real measurement.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
-import math
+import logging
+import os
 import time
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import hydra
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from dspark.bench.fingerprint import device_telemetry, node_fingerprint
+from dspark.bench.fingerprint import config_hash, device_telemetry, node_fingerprint
 from dspark.bench.guards import (ABGuardError, GuardResult, did_nothing_guard, errors_guard, lossless_guard,
                                  trim_expected)
 from dspark.bench.metrics import RequestRecord, aggregate_block, requests_dataframe
 from dspark.bench.report import render_console_table, write_report
-from dspark.bench.schedule import build_schedule, first_arm_by_block
+from dspark.bench.schedule import SCHEDULE_KINDS, build_schedule, first_arm_by_block
 from dspark.bench.statistics import compare_blocks
-from dspark.bench.wandb_log import WandbLogger
+from dspark.bench.wandb_log import WANDB_MODES, WandbLogger
 from dspark.config import ConfigError, EngineConfig
 from dspark.engine import Engine
-from runners.schema import to_engine_config
+from runners.schema import ABSchema, EngineSchema, to_engine_config
 from workloads.registry import build_workload, make_spec
+
+log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADLINE = "output_tokens_per_s"
+ARMS = ("A", "B")
+LOAD_MODES = ("closed", "poisson")
+TINY_MODELS_ENV = "DSPARK_TEST_TINY_MODELS"
+# Keys the runner reads that the typed schema may not declare yet (added with `+key=value`).
+EXTRA_KEYS = {"ab.force_rerun"}
+# Keys that do not change what is measured: left out of the config hash that decides reruns.
+UNHASHED_KEYS = (("ab", "force_rerun"), ("ab", "fail_on_guard"), ("progress",))
+# A summary.json holding all of these was written by a run that finished.
+COMPLETE_SUMMARY_KEYS = ("experiment", "headline_metric", "statistics", "verdict", "guards", "guards_passed",
+                         "arms", "counters", "schedule", "fingerprint", "config_hash")
+
+EngineFactory = Callable[[DictConfig, Mapping[str, EngineConfig]], Mapping[str, Engine]]
 
 
 class ArmFailed(RuntimeError):
@@ -44,11 +85,82 @@ class ArmFailed(RuntimeError):
 
 
 # ---- configuration -------------------------------------------------------------------------
+def _schema_fields(schema: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(schema)
+    return {f.name: hints[f.name] for f in dataclasses.fields(schema)}
+
+
+def _dataclass_of(tp: Any) -> type | None:
+    """The dataclass inside ``tp`` (``X`` or ``Optional[X]``), else None."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    for arg in typing.get_args(tp):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
+    """Keys of ``node`` (a config mapping) that ``schema`` (a dataclass) does not declare, recursively.
+
+    Hydra refuses ``ab.n_blokcs=3`` by itself, but ``+engine.foo=1`` adds a key even to a typed
+    group; this catches those, and the per-arm engine overrides, which are a free-form dict.
+    """
+    fields = _schema_fields(schema)
+    bad = []
+    for key in node:
+        path = f"{prefix}{key}"
+        if key not in fields:
+            if path not in EXTRA_KEYS:
+                bad.append(path)
+            continue
+        sub = _dataclass_of(fields[key])
+        value = node[key]
+        if sub is not None and isinstance(value, Mapping | DictConfig):
+            bad += unknown_keys(value, sub, prefix=f"{path}.")
+    return bad
+
+
+def _allowed(schema: type, prefix: str) -> list[str]:
+    return sorted(f"{prefix}{k}" for k in _schema_fields(schema)) + sorted(
+        k for k in EXTRA_KEYS if k.startswith(prefix) and k.count(".") == prefix.count("."))
+
+
+def check_keys(cfg: DictConfig) -> None:
+    """Refuse keys no schema declares, naming each one and the keys allowed next to it."""
+    bad = unknown_keys(cfg, ABSchema)
+    for arm in ARMS:
+        arms = cfg.get("ab", {}).get("arms", {})
+        engine = arms.get(arm, {}).get("engine") if arm in arms else None
+        for key in (engine or {}):
+            if key not in _schema_fields(EngineSchema):
+                bad.append(f"ab.arms.{arm}.engine.{key}")
+    if bad:
+        lines = []
+        for path in bad:
+            parent = path.rsplit(".", 1)[0] if "." in path else ""
+            schema = _schema_at(parent)
+            allowed = _allowed(schema, f"{parent}." if parent else "") if schema is not None else []
+            lines.append(f"{path} (allowed here: {', '.join(allowed)})")
+        raise ConfigError("unknown config key(s): " + "; ".join(lines))
+
+
+def _schema_at(path: str) -> type | None:
+    if path.startswith("ab.arms.") and path.endswith(".engine"):
+        return EngineSchema
+    schema: type | None = ABSchema
+    for part in [p for p in path.split(".") if p]:
+        if schema is None:
+            return None
+        schema = _dataclass_of(_schema_fields(schema).get(part))
+    return schema
+
+
 def arm_engine_configs(cfg: DictConfig) -> dict[str, EngineConfig]:
     """Engine config of each arm: the engine group plus the arm's overrides, validated now."""
     base = OmegaConf.to_container(cfg.engine, resolve=True)
     out = {}
-    for arm in ("A", "B"):
+    for arm in ARMS:
         spec = cfg.ab.arms[arm]
         overrides = OmegaConf.to_container(spec.engine, resolve=True) or {}
         unknown = set(overrides) - set(base)
@@ -74,6 +186,153 @@ def workload_from(cfg: DictConfig):
     return build_workload(make_spec(name, **w))
 
 
+def check_config(cfg: DictConfig):
+    """Every check that needs no model: returns (arm engine configs, workload, schedule).
+
+    Raises ConfigError naming the bad key and what is allowed. Called first by run(), so a
+    mistake costs no model load; `python -m runners.ab ... --cfg job` prints the config
+    without running anything.
+    """
+    check_keys(cfg)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"required config value(s) not set (??? in the YAML): {', '.join(missing)}; give them on "
+                          f"the command line, e.g. `{missing[0]}=...`")
+    arm_cfgs = arm_engine_configs(cfg)
+    if cfg.load.mode not in LOAD_MODES:
+        raise ConfigError(f"load.mode: {cfg.load.mode!r} not in {list(LOAD_MODES)}")
+    if cfg.load.mode == "poisson" and not cfg.load.request_rate > 0:
+        raise ConfigError(f"load.request_rate: must be > 0 requests/s for load.mode=poisson, got {cfg.load.request_rate}")
+    if cfg.ab.schedule not in SCHEDULE_KINDS:
+        raise ConfigError(f"ab.schedule: {cfg.ab.schedule!r} not in {list(SCHEDULE_KINDS)}")
+    if cfg.ab.n_blocks < 1:
+        raise ConfigError(f"ab.n_blocks: must be >= 1 (each block runs both arms once), got {cfg.ab.n_blocks}")
+    if cfg.ab.warmup_requests < 0:
+        raise ConfigError(f"ab.warmup_requests: must be >= 0, got {cfg.ab.warmup_requests}")
+    if cfg.ab.cooldown_s < 0:
+        raise ConfigError(f"ab.cooldown_s: must be >= 0 seconds, got {cfg.ab.cooldown_s}")
+    if cfg.ab.near_tie_margin < 0:
+        raise ConfigError(f"ab.near_tie_margin: must be >= 0 (a logit margin), got {cfg.ab.near_tie_margin}")
+    if cfg.ab.n_boot < 100:
+        raise ConfigError(f"ab.n_boot: must be >= 100 bootstrap resamples, got {cfg.ab.n_boot}")
+    if cfg.wandb.mode not in WANDB_MODES:
+        raise ConfigError(f"wandb.mode: {cfg.wandb.mode!r} not in {list(WANDB_MODES)}")
+    if cfg.ab.get("force_rerun", False) not in (True, False):
+        raise ConfigError(f"ab.force_rerun: must be true or false, got {cfg.ab.force_rerun!r}")
+    workload = workload_from(cfg)
+    schedule = build_schedule(cfg.ab.schedule, int(cfg.ab.n_blocks), seed=int(cfg.ab.seed))
+    return arm_cfgs, workload, schedule
+
+
+def hashed_config(cfg: DictConfig) -> dict:
+    """The resolved config that identifies a measurement (UNHASHED_KEYS removed)."""
+    d = OmegaConf.to_container(cfg, resolve=True)
+    for path in UNHASHED_KEYS:
+        node = d
+        for part in path[:-1]:
+            node = node.get(part, {})
+        node.pop(path[-1], None)
+    return d
+
+
+def finished_summary(out_dir: Path, chash: str) -> dict | None:
+    """The summary.json in ``out_dir`` when it is complete and of the config with hash ``chash``."""
+    path = out_dir / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        log.warning("%s is unreadable (%s): running the experiment again", path, exc)
+        return None
+    missing = [k for k in COMPLETE_SUMMARY_KEYS if k not in summary]
+    if missing:
+        log.warning("%s lacks %s (an unfinished or older run): running the experiment again", path, missing)
+        return None
+    if summary["config_hash"] != chash:
+        log.warning("%s holds a run of another config (hash %s, this one %s): running again and overwriting it",
+                    path, summary["config_hash"][:12], chash[:12])
+        return None
+    return summary
+
+
+# ---- engines -------------------------------------------------------------------------------
+def real_engine_factory(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig]) -> dict[str, Engine]:
+    """Arm A from the configured model/drafter; arm B shares A's target (and drafter when both speculate)."""
+    from runners.common import build_engine
+
+    engines: dict[str, Engine] = {"A": build_engine(cfg, arm_cfgs["A"])}
+    engines["B"] = Engine(engines["A"].target, engines["A"].tokenizer, arm_cfgs["B"],
+                          _drafter_for(cfg, engines["A"], arm_cfgs["B"]))
+    return engines
+
+
+class TinyCharTokenizer:
+    """Test hook tokenizer for the tiny models: characters -> ids 3..vocab-1 (1 = bos, 2 = eos).
+
+    Only the last ``keep`` characters of a prompt are encoded, so every prompt is short.
+    """
+
+    def __init__(self, vocab_size: int, keep: int = 40):
+        self.vocab_size, self.keep = vocab_size, keep
+        self.bos_token_id, self.eos_token_ids = 1, (2,)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1] + [3 + ord(c) % (self.vocab_size - 3) for c in text[-self.keep:]]
+
+    def encode_chat(self, messages, add_generation_prompt: bool = True, **_: Any) -> list[int]:
+        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(32 + (i - 3) % 94) for i in ids if i > 2)
+
+
+def tiny_engine_factory(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig]) -> dict[str, Engine]:
+    """Test hook (DSPARK_TEST_TINY_MODELS=1): both arms on the random models of tests/tiny.py."""
+    path = ROOT / "tests" / "tiny.py"
+    if not path.exists():
+        raise ConfigError(f"{TINY_MODELS_ENV}=1 needs the test helpers at {path} (a source checkout); "
+                          f"unset {TINY_MODELS_ENV} to load the configured models")
+    spec = importlib.util.spec_from_file_location("_dspark_tests_tiny", path)
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    target = tiny.tiny_target(seed=0, scale=4.0)  # at scale 1 it only repeats its last input token
+    drafter = tiny.tiny_drafter(target, seed=1)
+    tok = TinyCharTokenizer(target.cfg.vocab_size)
+    return {arm: Engine(target, tok, arm_cfgs[arm], drafter if arm_cfgs[arm].spec == "dspark" else None)
+            for arm in ARMS}
+
+
+def _tiny_models_requested() -> bool:
+    return os.environ.get(TINY_MODELS_ENV, "") not in ("", "0")
+
+
+def default_engine_factory(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig]) -> dict[str, Engine]:
+    if _tiny_models_requested():
+        log.warning("%s=%s: benchmarking the TINY RANDOM test models, not %s (test hook; the speed numbers "
+                    "mean nothing)", TINY_MODELS_ENV, os.environ[TINY_MODELS_ENV], cfg.model.source)
+        return tiny_engine_factory(cfg, arm_cfgs)
+    return real_engine_factory(cfg, arm_cfgs)
+
+
+def _drafter_for(cfg: DictConfig, engine_a: Engine, ecfg_b: EngineConfig):
+    """Arm B shares arm A's drafter when both speculate; else loads one if B needs it."""
+    if ecfg_b.spec == "off":
+        return None
+    if engine_a.drafter is not None:
+        return engine_a.drafter
+    from runners.common import build_engine
+
+    return build_engine(cfg, ecfg_b).drafter
+
+
+def _checked_engines(engines: Any) -> dict[str, Engine]:
+    if not isinstance(engines, Mapping) or set(engines) != set(ARMS):
+        got = sorted(engines) if isinstance(engines, Mapping) else type(engines).__name__
+        raise TypeError(f"engine_factory must return {{'A': Engine, 'B': Engine}}, got {got}")
+    return dict(engines)
+
+
 # ---- running one arm over one block ----------------------------------------------------------
 def drive(engine: Engine, inputs: list, params: list, ids: list[str], load: DictConfig, seed: int):
     """Closed loop (all requests queued, at most load.concurrency running) or Poisson arrivals."""
@@ -82,7 +341,7 @@ def drive(engine: Engine, inputs: list, params: list, ids: list[str], load: Dict
         outs = engine.generate(inputs, params, ids=ids)
         return outs, time.perf_counter() - t0
     if load.mode != "poisson":
-        raise ConfigError(f"load.mode: {load.mode!r} not in ['closed', 'poisson']")
+        raise ConfigError(f"load.mode: {load.mode!r} not in {list(LOAD_MODES)}")
     import random
 
     rng = random.Random(seed)
@@ -117,39 +376,70 @@ def to_records(outs, arm: str, block: int) -> list[RequestRecord]:
     return recs
 
 
+def write_blocks_csv(rows: list[dict], path: Path) -> None:
+    """blocks.csv with list-valued cells (per-position acceptance) as JSON, which runners.report reads back."""
+    frame = pd.DataFrame(rows)
+    for col in frame.columns:
+        if frame[col].map(lambda v: isinstance(v, (list, tuple))).any():
+            frame[col] = frame[col].map(json.dumps)
+    frame.to_csv(path, index=False)
+
+
+def _raise_on_failed_guards(cfg: DictConfig, summary: dict) -> None:
+    if cfg.ab.fail_on_guard:
+        failed = [g for g in summary["guards"] if not g["passed"]]
+        if failed:
+            raise ABGuardError("; ".join(f"{g['name']}: {g['message']}" for g in failed))
+
+
 # ---- the experiment --------------------------------------------------------------------------
-def run(cfg: DictConfig) -> dict:
-    arm_cfgs = arm_engine_configs(cfg)  # every config error surfaces before any model loads
-    workload = workload_from(cfg)
-    schedule = build_schedule(cfg.ab.schedule, int(cfg.ab.n_blocks), seed=int(cfg.ab.seed))
+def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
+    """Run the A/B experiment of ``cfg``; return (and write) its summary.
+
+    ``engine_factory(cfg, arm_engine_cfgs) -> {"A": Engine, "B": Engine}`` builds the two
+    engines (default: :func:`default_engine_factory`). Raises ConfigError before any model
+    loads, ArmFailed when an arm raises mid-run (finished blocks stay in blocks.csv), and
+    ABGuardError after writing every result when a guard failed and ab.fail_on_guard is set.
+    """
+    arm_cfgs, workload, schedule = check_config(cfg)  # every config error surfaces before any model loads
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    prompts = workload.prompts()
+    hashed = hashed_config(cfg)
+    chash = config_hash(hashed)
+    if not cfg.ab.get("force_rerun", False):
+        done = finished_summary(out_dir, chash)
+        if done is not None:
+            log.info("%s already holds a finished run of this config (hash %s): returning it without running; "
+                     "set +ab.force_rerun=true to measure again", out_dir / "summary.json", chash[:12])
+            _raise_on_failed_guards(cfg, done)
+            return done
+    prompts = workload.prompts()  # a bad custom file fails here, still before any model loads
     replicas = workload.greedy_replicas()
+    logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, group=cfg.experiment,
+                         dir=out_dir / "wandb")  # refuses online mode without an API key, before loading
 
-    from runners.common import build_engine
-
-    engines: dict[str, Engine] = {"A": build_engine(cfg, arm_cfgs["A"])}
-    engines["B"] = Engine(engines["A"].target, engines["A"].tokenizer, arm_cfgs["B"],
-                          _drafter_for(cfg, engines["A"], arm_cfgs["B"]))
+    factory = engine_factory or default_engine_factory
+    engines = _checked_engines(factory(cfg, arm_cfgs))
     tok = engines["A"].tokenizer
     inputs = [p.messages if p.messages is not None else p.prompt for p in prompts]
     params = [workload.sampling_for(p) for p in prompts]
     ids = [p.id for p in prompts]
     length_stats = workload.length_stats(lambda p: len(tok.encode_chat(p.messages) if p.messages else tok.encode(p.prompt)))
 
-    logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, group=cfg.experiment,
-                         dir=out_dir / "wandb")
     config_dict = OmegaConf.to_container(cfg, resolve=True)
-    for arm in ("A", "B"):
+    for arm in ARMS:
         logger.start_arm(arm, job_type=cfg.ab.arms[arm].label, config={**config_dict, "arm": arm})
 
-    # Warm-up per arm (first requests of the workload, short), then measured blocks.
-    warm = max(0, int(cfg.ab.warmup_requests))
-    for arm in ("A", "B"):
+    # Warm-up per arm (first requests of the workload), then measured blocks.
+    warm = int(cfg.ab.warmup_requests)
+    for arm in ARMS:
         if warm:
             e = engines[arm]
-            e.generate(inputs[:warm], [p for p in params[:warm]], ids=ids[:warm])
+            try:
+                e.generate(inputs[:warm], list(params[:warm]), ids=ids[:warm])
+            except Exception as exc:
+                logger.close()
+                raise ArmFailed(f"arm {arm} failed during warm-up: {type(exc).__name__}: {exc}") from exc
             e.reset()
 
     records: list[RequestRecord] = []
@@ -178,7 +468,7 @@ def run(cfg: DictConfig) -> dict:
         tel = device_telemetry()
         row.update({f"telemetry/{k}": v for k, v in tel.items() if isinstance(v, (int, float, str, bool))})
         block_rows.append(row)
-        pd.DataFrame(block_rows).to_csv(blocks_csv, index=False)
+        write_blocks_csv(block_rows, blocks_csv)
         logger.log_block(arm, block, {k: v for k, v in row.items() if isinstance(v, (int, float))})
         bar.set_postfix({"arm": arm, "tok/s": f"{row.get(HEADLINE, float('nan')):.1f}"})
         if cfg.ab.cooldown_s:
@@ -190,9 +480,14 @@ def run(cfg: DictConfig) -> dict:
         r_inputs = [p.messages if p.messages is not None else p.prompt for p in replicas]
         r_params = [workload.sampling_for(p, greedy=True) for p in replicas]
         r_ids = [p.id for p in replicas]
-        for arm in ("A", "B"):
+        for arm in ARMS:
             engines[arm].reset()
-            outs = engines[arm].generate(r_inputs, r_params, ids=r_ids)
+            try:
+                outs = engines[arm].generate(r_inputs, r_params, ids=r_ids)
+            except Exception as exc:
+                logger.close()
+                raise ArmFailed(f"arm {arm} failed on the greedy replicas: {type(exc).__name__}: {exc}; all "
+                                f"{len(block_rows)} arm-blocks are in {blocks_csv}") from exc
             replica_outputs[arm] = {str(o.user_id): list(o.token_ids) for o in outs}
 
     blocks_df = pd.DataFrame(block_rows)
@@ -201,7 +496,7 @@ def run(cfg: DictConfig) -> dict:
     stats = compare_blocks(blocks_df, {HEADLINE: "higher", "requests_per_s": "higher"},
                            n_boot=int(cfg.ab.n_boot), seed=int(cfg.ab.seed))
     guards = run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records, prompts)
-    counters = {arm: _sum_counters([r for r in block_rows if r["arm"] == arm]) for arm in ("A", "B")}
+    counters = {arm: _sum_counters([r for r in block_rows if r["arm"] == arm]) for arm in ARMS}
     summary = {
         "experiment": cfg.experiment,
         "headline_metric": HEADLINE,
@@ -209,43 +504,42 @@ def run(cfg: DictConfig) -> dict:
         "verdict": stats[HEADLINE].verdict,
         "guards": [g.to_dict() for g in guards],
         "guards_passed": all(g.passed for g in guards),
-        "arms": {arm: {"label": cfg.ab.arms[arm].label, "engine": vars_of(arm_cfgs[arm])} for arm in ("A", "B")},
+        "arms": {arm: _arm_description(cfg, arm, arm_cfgs[arm], engines[arm]) for arm in ARMS},
         "counters": counters,
         "workload": {**workload.describe(), "length_stats": length_stats},
         "schedule": [list(x) for x in schedule],
-        "fingerprint": node_fingerprint(config_dict, ROOT),
+        "fingerprint": node_fingerprint(hashed, ROOT),
+        "config_hash": chash,
         "sweep_params": _sweep_params(),
     }
-    for arm in ("A", "B"):
+    if factory is not default_engine_factory:
+        summary["engine_factory"] = getattr(factory, "__qualname__", repr(factory))
+    elif _tiny_models_requested():
+        summary["engine_factory"] = f"tiny_engine_factory ({TINY_MODELS_ENV} test hook)"
+    for arm in ARMS:
         logger.log_requests(arm, [r for r in records if r.arm == arm])
-        logger.finish_arm(arm, {"verdict": summary["verdict"], **{f"counter/{k}": v for k, v in counters[arm].items()}})
+        logger.finish_arm(arm, {"verdict": summary["verdict"], "guards_passed": summary["guards_passed"],
+                                **{f"counter/{k}": v for k, v in counters[arm].items()}})
     logger.close()
     summary["wandb"] = logger.status()
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     write_report(out_dir, summary, blocks_df, requests_df)
-    render_console_table(summary)
-    if cfg.ab.fail_on_guard:
-        failed = [g for g in guards if not g.passed]
-        if failed:
-            raise ABGuardError("; ".join(f"{g.name}: {g.message}" for g in failed))
+    if cfg.progress:
+        render_console_table(summary)
+    _raise_on_failed_guards(cfg, summary)
     return summary
 
 
-def _drafter_for(cfg: DictConfig, engine_a: Engine, ecfg_b: EngineConfig):
-    """Arm B shares arm A's drafter when both speculate; else loads one if B needs it."""
-    if ecfg_b.spec == "off":
-        return None
-    if engine_a.drafter is not None:
-        return engine_a.drafter
-    from runners.common import build_engine
-
-    return build_engine(cfg, ecfg_b).drafter
+def _arm_description(cfg: DictConfig, arm: str, ecfg: EngineConfig, engine: Engine) -> dict:
+    out = {"label": cfg.ab.arms[arm].label, "engine": vars_of(ecfg)}
+    ran = vars_of(engine.cfg)
+    if ran != out["engine"]:  # the factory built something else than configured: say so next to the result
+        out["engine_ran"] = {k: v for k, v in ran.items() if out["engine"].get(k) != v}
+    return out
 
 
 def vars_of(ecfg: EngineConfig) -> dict:
-    from dataclasses import asdict
-
-    return asdict(ecfg)
+    return dataclasses.asdict(ecfg)
 
 
 def _sum_counters(rows: list[dict]) -> dict:
@@ -263,12 +557,11 @@ def _sum_counters(rows: list[dict]) -> dict:
 
 
 def _sweep_params() -> dict:
-    try:
-        from hydra.core.hydra_config import HydraConfig
+    from hydra.core.hydra_config import HydraConfig
 
-        return {o.split("=", 1)[0]: o.split("=", 1)[1] for o in HydraConfig.get().overrides.task if "=" in o}
-    except Exception:  # not running under Hydra (tests call run() directly)
+    if not HydraConfig.initialized():  # run() called directly (tests, notebooks): no sweep
         return {}
+    return {o.split("=", 1)[0]: o.split("=", 1)[1] for o in HydraConfig.get().overrides.task if "=" in o}
 
 
 def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records, prompts
@@ -311,8 +604,8 @@ def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="ab")
-def main(cfg: DictConfig) -> None:
-    run(cfg)
+def main(cfg: DictConfig) -> dict:
+    return run(cfg)
 
 
 if __name__ == "__main__":

@@ -141,7 +141,8 @@ def markdown_table(report: dict[str, Any]) -> str:
 def eval_prompts(names: Sequence[str], num_prompts: int, seed: int) -> dict[str, list[tuple[str, Any]]]:
     sets = {}
     for name in names:
-        workload = build_workload(make_spec(name, split="eval", num_prompts=int(num_prompts), seed=int(seed)))
+        workload = build_workload(make_spec(name, split="eval", num_prompts=int(num_prompts), seed=int(seed),
+                                                  greedy_replica_count=0))
         sets[name] = [(p.id, p.messages if p.messages is not None else p.prompt) for p in workload.prompts()]
     return sets
 

@@ -44,6 +44,19 @@ class EngineSchema:
     verify: str = "full"
     seed: int = 0
     attention_backend: str = "torch"
+    # Confidence-scheduled verification (engine.verify != full); see dspark.config.EngineConfig.
+    cost_table: Optional[str] = None  # null: looked up (or profiled) by the A/B runner; the engine alone declines
+    allow_foreign_cost_table: bool = False
+    planner_algorithm: str = "global"  # global | greedy_stop
+    budget_lag: int = 1
+    tiers: Optional[List[int]] = None  # set by the tiers group (verify=uniform)
+    min_verify_len: int = 1
+    min_predicted_gain: float = 0.02
+    skip_mixed_trim: bool = True
+    force_verify_len: Optional[int] = None
+    force_budget_frac: Optional[float] = None
+    token_buckets: Optional[List[int]] = None
+    debug_checks: bool = False
 
 
 @dataclass
@@ -101,6 +114,7 @@ class ABSettingsSchema:
     near_tie_margin: float = 0.05  # bf16: first-divergence flips whose top-2 logit margin is below this are near-ties
     n_boot: int = 4000
     fail_on_guard: bool = True
+    force_rerun: bool = False  # run again even when the output folder holds a finished summary for this config
 
 
 @dataclass
@@ -145,6 +159,21 @@ class ABSchema:
     progress: bool = True
 
 
+@dataclass
+class BenchDecodeSchema:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    drafter: DrafterSchema = field(default_factory=DrafterSchema)
+    engine: EngineSchema = field(default_factory=EngineSchema)
+    paths: PathsSchema = field(default_factory=PathsSchema)
+    arms: Dict[str, Any] = field(default_factory=dict)  # arm name -> engine overrides
+    batch_sizes: List[int] = field(default_factory=lambda: [1, 16, 64])
+    new_tokens: int = 64
+    warmup_steps: int = 3
+    workload: str = "poetry"
+    output_dir: str = "outputs/bench_decode"
+    progress: bool = True
+
+
 def to_engine_config(engine: Any, spec: str | None = None) -> EngineConfig:
     d = dict(engine)
     if spec is not None:
@@ -166,6 +195,7 @@ def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="generate_schema", node=GenerateSchema)
     cs.store(name="ab_schema", node=ABSchema)
+    cs.store(name="bench_decode_schema", node=BenchDecodeSchema)
 
 
 register()

@@ -73,6 +73,7 @@ class TrainSchema:
     keep_last: int = 2
     max_shard_bytes: int = 16 * 1024 * 1024
     progress: bool = True
+    time_budget_s: Optional[float] = None  # stop with a checkpoint after this many seconds (leased GPUs)
 
 
 @dataclass
@@ -167,7 +168,10 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
         "data": dataset.summary(),
         "last_metrics": metrics,
     }
-    if trainer.step >= train_cfg.max_steps:
+    stopped_by_budget = "stopped_by_time_budget" in trainer.extra_state
+    summary["stopped_by_time_budget"] = stopped_by_budget
+    if trainer.step >= train_cfg.max_steps or stopped_by_budget:
+        # A budget-stopped run is still a usable drafter (its step count is in the summary and model card).
         final = trainer.drafter.save(out / "final", max_shard_bytes=shard_data_budget(train_cfg.max_shard_bytes))
         summary["final_drafter"] = str(final.resolve())
     summary["checkpoint"] = str(complete_checkpoints(out)[-1].resolve()) if complete_checkpoints(out) else None

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -56,7 +57,8 @@ OPTIMIZER_INDEX = "optimizer_index.json"
 LOG_FILE = "train_log.jsonl"
 DEFAULT_MAX_SHARD_BYTES = 16 * 1024 * 1024
 # Settings a resumed run may change; every other TrainConfig field must match the checkpoint.
-RESUMABLE_CHANGES = ("output_dir", "save_every", "log_every", "keep_last", "progress", "max_shard_bytes")
+RESUMABLE_CHANGES = ("output_dir", "save_every", "log_every", "keep_last", "progress", "max_shard_bytes",
+                     "time_budget_s")
 
 
 @dataclass
@@ -88,6 +90,9 @@ class TrainConfig:
     keep_last: int = 2  # checkpoints kept (older ones are deleted); 0 keeps all
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
     progress: bool = True
+    # Wall-clock budget: stop (with a checkpoint) once exceeded, even before max_steps. For
+    # leased machines; the learning-rate schedule still follows max_steps, so size both.
+    time_budget_s: float | None = None
 
     def __post_init__(self) -> None:
         def need(cond: bool, key: str, msg: str) -> None:
@@ -462,8 +467,15 @@ class DrafterTrainer:
 
         bar = tqdm(total=stop, initial=self.step, desc="train drafter", unit="step", disable=not cfg.progress)
         log_path = self.output_dir / LOG_FILE
+        started = time.perf_counter()
         try:
             while self.step < stop:
+                if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
+                    self.extra_state["stopped_by_time_budget"] = {"step": self.step, "budget_s": cfg.time_budget_s}
+                    print(f"train drafter: time budget {cfg.time_budget_s:.0f} s reached at step {self.step} "
+                          f"of {stop}; saving a checkpoint and stopping")
+                    self.save_checkpoint()
+                    break
                 metrics = self.train_step()
                 acc = " ".join("-" if v is None else f"{v:.2f}" for v in metrics["per_position_acceptance"])
                 bar.set_postfix_str(f"loss {metrics['loss']:.4f} tau {metrics['expected_accept_length']:.2f} "

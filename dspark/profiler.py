@@ -1,0 +1,473 @@
+"""Profile the step-cost table T(batch_size, M) that the verify-budget planner optimises against.
+
+    from dspark.profiler import profile_engine, recommend_tier_ladder, plot_cost_curve
+    result = profile_engine(engine, batch_sizes=[1, 4, 16], verify_lens=None, warmup_steps=2,
+                            measure_steps=6, prompt_len=32, seed=0, progress=True)
+    result.table.save("cost_tables/x.json")
+
+Method. For every forced verify length v (default 0..block) an engine sharing the given
+engine's target, drafter and tokenizer is built with ``verify="uniform"`` and
+``force_verify_len=v``: the drafter still drafts the WHOLE block every step and only the
+number of drafted tokens sent to the target changes. (Shrinking the drafted block instead
+would make short verify lengths look cheaper than they are in a real run, which drafts the
+full block before deciding, and the planner would over-trim.) For every batch size B, B
+requests of seeded random token ids are submitted with ``ignore_eos`` and stepped until all
+of them decode together; the first ``warmup_steps`` decode-only steps are dropped and the
+next ``measure_steps`` decode-only steps (no prefill in the step, all B requests decoding)
+are recorded as (B, M = B * (v + 1), step_ms). The medians per (B, M) are fitted with
+:func:`dspark.cost_table.fit_cost_table`.
+
+A table that could mislead the planner is refused (:class:`ProfileFlatError`): a flat
+theta makes every trim look free, and step times that do not grow with M at all mean the
+measurement is dominated by noise or fixed overhead.
+
+Tables are found again by where they were measured: :func:`cost_table_path_for` names the
+file after a hash of the engine fingerprint's checked fields, and :func:`find_or_profile`
+returns that file when it exists, or profiles first (and logs that it does).
+
+The profiling engines get a KV pool sized for the profile (``num_kv_blocks``), not the
+configured one: the pool size does not change the step cost, only the memory held. The
+table does not model context length: ``prompt_len`` sets the context the steps run at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import re
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from dspark.config import SamplingParams
+from dspark.cost_table import (CHECKED_FINGERPRINT_FIELDS, CostTable, CostTableError, derive_tier_ladder,
+                               fit_cost_table)
+from dspark.engine import Engine
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FLAT_REL_TOL = 0.02
+# A fitted theta may dip a little at larger M (tile shapes), but not by this fraction of the cheapest step.
+DEFAULT_MAX_DROP_REL = 0.25
+# Decode-only steps a profile may wait for beyond what it needs before it gives up.
+_STEP_SLACK = 8
+
+
+class ProfileError(RuntimeError):
+    """The profile cannot be taken with these settings (the message names the setting and the fix)."""
+
+
+class ProfileRefusedError(ProfileError):
+    """The sweep ran but its measurements do not make a table the planner can trust.
+
+    ``measurements`` ((batch_size, M, median ms) rows), ``samples`` (every recorded step) and
+    ``table`` (the fitted table, or None when there is none) are attached so a caller can
+    plot what was refused.
+    """
+
+    def __init__(self, message: str, measurements: list[tuple[int, int, float]],
+                 table: CostTable | None = None, samples: list[tuple[int, int, float]] | None = None):
+        super().__init__(message)
+        self.measurements = measurements
+        self.table = table
+        self.samples = samples or []
+
+
+class ProfileFlatError(ProfileRefusedError):
+    """The measured step cost does not depend on the token count: the table would make trimming look free."""
+
+
+class ProfileFitError(ProfileRefusedError):
+    """The medians do not fit the additive cost model (typically: a busy machine made some configurations slow)."""
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """What a profile measured and the table fitted to it."""
+
+    measurements: list[tuple[int, int, float]]  # (batch_size, M, median step ms), sorted
+    samples: list[tuple[int, int, float]]  # every recorded (batch_size, M, step ms), warm-up dropped
+    table: CostTable
+    block: int
+    batch_sizes: tuple[int, ...]
+    verify_lens: tuple[int, ...]
+    fingerprint: dict[str, Any]
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        t = self.table
+        return {
+            "block": self.block,
+            "batch_sizes": list(self.batch_sizes),
+            "verify_lens": list(self.verify_lens),
+            "token_counts": list(t.token_counts),
+            "fixed_overhead_ms": round(t.fixed_overhead_ms, 4),
+            "theta_ms_min": round(min(t.theta_ms), 4),
+            "theta_ms_max": round(max(t.theta_ms), 4),
+            "num_samples": len(self.samples),
+            "settings": dict(self.settings),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.summary(), "fingerprint": dict(self.fingerprint),
+                "measurements": [list(m) for m in self.measurements], "samples": [list(s) for s in self.samples],
+                "table": self.table.to_dict()}
+
+
+# ---- settings ------------------------------------------------------------------------------
+def _check_settings(engine: Engine, batch_sizes: Sequence[int], verify_lens: Sequence[int] | None,
+                    warmup_steps: int, measure_steps: int, prompt_len: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if engine.drafter is None or engine.block_size < 1:
+        raise ProfileError("profiling forces verify lengths of drafted tokens, but this engine has no drafter "
+                           f"(engine.spec={engine.cfg.spec!r}); profile with engine.spec=dspark and a drafter")
+    G = engine.block_size
+    bs = list(batch_sizes)
+    if not bs or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in bs):
+        raise ProfileError(f"batch_sizes must be a non-empty list of integers >= 1, got {bs}")
+    if len(set(bs)) != len(bs):
+        raise ProfileError(f"batch_sizes has repeats: {bs}; list each batch size once")
+    vl = list(range(G + 1)) if verify_lens is None else list(verify_lens)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= G for v in vl):
+        raise ProfileError(f"verify_lens must be integers in [0, block={G}] (drafts verified per request), got {vl}; "
+                           "or null for every length 0..block")
+    if len(set(vl)) != len(vl):
+        raise ProfileError(f"verify_lens has repeats: {vl}; list each length once")
+    if len(vl) < 2:
+        raise ProfileError(f"verify_lens={vl}: at least two verify lengths are needed to see how the step cost "
+                           "grows with the token count; use null for 0..block")
+    if not (isinstance(warmup_steps, int) and warmup_steps >= 0):
+        raise ProfileError(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+    if not (isinstance(measure_steps, int) and measure_steps >= 1):
+        raise ProfileError(f"measure_steps must be an integer >= 1, got {measure_steps!r}")
+    if not (isinstance(prompt_len, int) and prompt_len >= 2):
+        raise ProfileError(f"prompt_len must be an integer >= 2 (a prefill plus an anchor token), got {prompt_len!r}")
+    cfg = engine.cfg
+    bmax = max(bs)
+    if bmax > cfg.max_num_seqs:
+        raise ProfileError(f"batch size {bmax} exceeds engine.max_num_seqs={cfg.max_num_seqs}: the engine never "
+                           f"runs that many requests at once; raise engine.max_num_seqs or drop batch sizes above it")
+    if bmax * (G + 1) > cfg.max_num_batched_tokens:
+        raise ProfileError(f"batch size {bmax} decoding a block of {G} needs {bmax * (G + 1)} tokens per step, above "
+                           f"engine.max_num_batched_tokens={cfg.max_num_batched_tokens}; raise it or drop batch sizes "
+                           f"above {cfg.max_num_batched_tokens // (G + 1)}")
+    return tuple(bs), tuple(sorted(vl))
+
+
+def _max_steps(batch_size: int, prompt_len: int, budget: int, warmup_steps: int, measure_steps: int) -> int:
+    """Decode steps a request may take before the measured window ends (prefill overlap included)."""
+    prefill_steps = math.ceil(batch_size * prompt_len / budget) + 1
+    return prefill_steps + warmup_steps + measure_steps + _STEP_SLACK
+
+
+def _profiling_config(engine: Engine, v: int, *, max_tokens: int, batch_size: int, prompt_len: int):
+    cfg = engine.cfg
+    G = engine.block_size
+    page = cfg.kv_block_size
+    need = prompt_len + max_tokens + G + 2  # context + generated + one verify block (+ anchor)
+    pages_per_request = math.ceil(need / page) + 1
+    return dataclasses.replace(
+        cfg, verify="uniform", force_verify_len=v, force_budget_frac=None, tiers=None, cost_table=None,
+        # The forced length replaces the planner's decision before any search, so the search
+        # settings only need to be valid: pin them rather than inherit a verify=full config's.
+        planner_algorithm="global", budget_lag=1, min_verify_len=min(cfg.min_verify_len, v),
+        max_model_len=max(cfg.max_model_len, need + 1),
+        num_kv_blocks=batch_size * pages_per_request + 2)
+
+
+# ---- measurement ---------------------------------------------------------------------------
+def collect_measurements(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: Sequence[int] | None,
+                         warmup_steps: int, measure_steps: int, prompt_len: int, seed: int,
+                         progress: bool = False) -> list[tuple[int, int, float]]:
+    """Every recorded (batch_size, M, step ms) of the sweep, warm-up steps dropped (see module docstring)."""
+    bs, vl = _check_settings(engine, batch_sizes, verify_lens, warmup_steps, measure_steps, prompt_len)
+    G = engine.block_size
+    budget = engine.cfg.max_num_batched_tokens
+    steps_cap = _max_steps(max(bs), prompt_len, budget, warmup_steps, measure_steps)
+    max_tokens = steps_cap * (G + 1)
+    V = engine.target.cfg.vocab_size
+    gen = torch.Generator().manual_seed(int(seed))
+    prompts = {b: torch.randint(0, V, (b, prompt_len), generator=gen).tolist() for b in bs}
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    samples: list[tuple[int, int, float]] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(vl) * len(bs), desc="profile", unit="config")
+    try:
+        for v in vl:
+            cfg_v = _profiling_config(engine, v, max_tokens=max_tokens, batch_size=max(bs), prompt_len=prompt_len)
+            eng = Engine(engine.target, engine.tokenizer, cfg_v, engine.drafter)
+            for b in bs:
+                if bar is not None:
+                    bar.set_postfix(batch=b, verify_len=v)
+                samples += _measure_one(eng, prompts[b], params, b, v, warmup_steps, measure_steps,
+                                        _max_steps(b, prompt_len, budget, warmup_steps, measure_steps))
+                eng.reset()
+                if bar is not None:
+                    bar.update(1)
+            del eng
+    finally:
+        if bar is not None:
+            bar.close()
+    return samples
+
+
+def _measure_one(eng: Engine, prompts: list[list[int]], params: SamplingParams, b: int, v: int,
+                 warmup_steps: int, measure_steps: int, max_steps: int) -> list[tuple[int, int, float]]:
+    for p in prompts:
+        eng.add_request(p, params)
+    expected_m = b * (v + 1)
+    seen_decode_only = 0
+    out: list[tuple[int, int, float]] = []
+    steps = 0
+    while len(out) < measure_steps:
+        if not eng.has_unfinished():
+            raise ProfileError(f"batch {b}, verify length {v}: the requests finished after {steps} steps, before "
+                               f"{measure_steps} decode-only steps were measured; this is a profiler sizing bug")
+        finished = eng.step()
+        steps += 1
+        if finished:
+            reasons = sorted({o.finish_reason for o in finished})
+            errors = [o.error for o in finished if o.error]
+            raise ProfileError(f"batch {b}, verify length {v}: {len(finished)} request(s) finished during the "
+                               f"profile (reasons {reasons}{', errors ' + repr(errors[:2]) if errors else ''}); "
+                               "lower prompt_len or raise engine.max_model_len / engine.num_kv_blocks")
+        info = eng.last_step
+        if steps > max_steps + b:
+            raise ProfileError(f"batch {b}, verify length {v}: after {steps} steps only {seen_decode_only} had all "
+                               f"{b} requests decoding without a prefill (last step: {info}); the KV pool or token "
+                               "budget cannot hold the batch: raise engine.max_num_batched_tokens or lower the batch "
+                               "size / prompt_len")
+        if info is None or info.num_prefill_tokens != 0 or info.num_decodes != b:
+            continue
+        seen_decode_only += 1
+        if info.num_tokens != expected_m or any(w != v for w in info.windows):
+            raise ProfileError(f"batch {b}, forced verify length {v}: the step ran {info.num_tokens} tokens with "
+                               f"windows {list(info.windows)}, expected M={expected_m} (= {b} x ({v} + 1)); the "
+                               "engine did not honour engine.force_verify_len")
+        if seen_decode_only <= warmup_steps:
+            continue
+        if not (math.isfinite(info.step_ms) and info.step_ms > 0):
+            raise ProfileError(f"batch {b}, verify length {v}: step time {info.step_ms!r} ms is not a positive number")
+        out.append((b, info.num_tokens, float(info.step_ms)))
+    return out
+
+
+def medians_of(samples: Sequence[Sequence[float]]) -> list[tuple[int, int, float]]:
+    groups: dict[tuple[int, int], list[float]] = {}
+    for b, m, ms in samples:
+        groups.setdefault((int(b), int(m)), []).append(float(ms))
+    return [(b, m, statistics.median(groups[(b, m)])) for b, m in sorted(groups)]
+
+
+def check_not_flat(measurements: Sequence[tuple[int, int, float]], table: CostTable | None,
+                   rel_tol: float = DEFAULT_FLAT_REL_TOL, samples: Sequence[tuple[int, int, float]] = ()) -> None:
+    """Raise ProfileFlatError when the step cost does not grow with M, or the fitted theta is flat."""
+    by_b: dict[int, list[tuple[int, float]]] = {}
+    for b, m, ms in measurements:
+        by_b.setdefault(b, []).append((m, ms))
+    growth = {}
+    for b, rows in by_b.items():
+        rows.sort()
+        growth[b] = rows[-1][1] - rows[0][1]
+    advice = ("the planner would read every trim as free. Measure more steps (measure_steps), sweep larger batch "
+              "sizes so the target's token cost rises above the fixed per-step overhead, and keep the machine "
+              "otherwise idle")
+    if growth and max(growth.values()) <= 0.0:
+        detail = ", ".join(f"B={b}: {g:+.3f} ms" for b, g in sorted(growth.items()))
+        raise ProfileFlatError(f"measured step time does not increase with the token count M at any batch size "
+                               f"(largest-M minus smallest-M median: {detail}); the measurement is noise-dominated "
+                               f"and {advice}", list(measurements), table, list(samples))
+    if table is not None and table.is_flat(rel_tol):
+        raise ProfileFlatError(
+            f"the fitted cost table is flat: theta varies by {max(table.theta_ms) - min(table.theta_ms):.4f} ms over "
+            f"M={table.token_counts[0]}..{table.token_counts[-1]}, within {rel_tol:.0%} of the cheapest step "
+            f"({table.fixed_overhead_ms + min(table.theta_ms):.4f} ms); {advice}", list(measurements), table,
+            list(samples))
+
+
+def check_monotone(table: CostTable, measurements: Sequence[tuple[int, int, float]],
+                   samples: Sequence[tuple[int, int, float]] = (), max_drop_rel: float = DEFAULT_MAX_DROP_REL) -> None:
+    """Raise ProfileFitError when theta at some M exceeds theta at a larger M by more than
+    max_drop_rel of the cheapest step: fewer tokens cannot cost that much more, so some
+    configurations were slowed by something else (the planner would never pick them)."""
+    if max_drop_rel < 0:
+        raise ProfileError(f"max_drop_rel must be >= 0, got {max_drop_rel}")
+    tc, th = table.token_counts, table.theta_ms
+    floor = table.fixed_overhead_ms + min(th)
+    worst = (0.0, 0, 0)
+    running_min_after = [0.0] * len(th)
+    for i in range(len(th) - 1, -1, -1):
+        running_min_after[i] = th[i] if i == len(th) - 1 else min(th[i], running_min_after[i + 1])
+    for i in range(len(th) - 1):
+        drop = th[i] - running_min_after[i + 1]
+        if drop > worst[0]:
+            j = next(k for k in range(i + 1, len(th)) if th[k] == running_min_after[i + 1])
+            worst = (drop, tc[i], tc[j])
+    if worst[0] > max_drop_rel * floor:
+        raise ProfileFitError(f"the fitted step cost at M={worst[1]} is {worst[0]:.3f} ms above the cost at the larger "
+                              f"M={worst[2]} (more than {max_drop_rel:.0%} of the cheapest step, {floor:.3f} ms): the "
+                              "sweep was disturbed (a busy machine, thermal throttling); re-run on an idle machine, "
+                              "with more measure_steps", list(measurements), table, list(samples))
+
+
+def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: Sequence[int] | None = None,
+                   warmup_steps: int = 2, measure_steps: int = 6, prompt_len: int = 32, seed: int = 0,
+                   progress: bool = False, flat_rel_tol: float = DEFAULT_FLAT_REL_TOL,
+                   max_drop_rel: float = DEFAULT_MAX_DROP_REL) -> ProfileResult:
+    """Sweep (batch size, forced verify length), fit the cost table, refuse a flat one.
+
+    Raises ProfileError on settings the engine cannot run, ProfileFlatError when the
+    table would make trimming look free, ProfileFitError when the medians do not fit the
+    additive model (its message carries fit_cost_table's reason, e.g. no token count
+    shared by two batch sizes, so the batch overhead cannot be told apart from theta).
+    """
+    bs, vl = _check_settings(engine, batch_sizes, verify_lens, warmup_steps, measure_steps, prompt_len)
+    samples = collect_measurements(engine, batch_sizes=bs, verify_lens=vl, warmup_steps=warmup_steps,
+                                   measure_steps=measure_steps, prompt_len=prompt_len, seed=seed, progress=progress)
+    measurements = medians_of(samples)
+    check_not_flat(measurements, None, flat_rel_tol, samples)
+    fingerprint = engine.fingerprint()
+    try:
+        table = fit_cost_table(measurements, fingerprint=fingerprint)
+    except CostTableError as e:
+        raise ProfileFitError(f"fitting the cost table failed: {e}. When medians of neighbouring token counts jump "
+                              "by large factors, something else was using the device or CPU during the sweep: re-run "
+                              "on an idle machine, with more measure_steps", measurements, None, samples) from e
+    check_not_flat(measurements, table, flat_rel_tol, samples)
+    check_monotone(table, measurements, samples, max_drop_rel)
+    settings = {"warmup_steps": warmup_steps, "measure_steps": measure_steps, "prompt_len": prompt_len, "seed": seed,
+                "flat_rel_tol": flat_rel_tol,
+                "max_drop_rel": max_drop_rel}
+    return ProfileResult(measurements=measurements, samples=samples, table=table, block=engine.block_size,
+                         batch_sizes=bs, verify_lens=vl, fingerprint=fingerprint, settings=settings)
+
+
+def batch_size_ladder(max_batch: int) -> list[int]:
+    """Powers of two up to max_batch, max_batch included: neighbours share token counts (the fit needs that)
+    and the largest covers every step of a run at that concurrency (M up to max_batch * (block + 1))."""
+    if not (isinstance(max_batch, int) and not isinstance(max_batch, bool) and max_batch >= 1):
+        raise ProfileError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return out + [max_batch]
+
+
+def recommend_tier_ladder(table: CostTable, block: int, batch_size: int,
+                          rel_tol: float = DEFAULT_FLAT_REL_TOL) -> list[int]:
+    """The uniform-mode tier ladder at the right edges of theta's shelves for this batch size."""
+    return derive_tier_ladder(table, block, batch_size=batch_size, rel_tol=rel_tol)
+
+
+# ---- plot ----------------------------------------------------------------------------------
+def plot_cost_curve(result: ProfileResult | ProfileRefusedError, table: CostTable | None, path: str | Path) -> Path:
+    """PNG of step ms against M per batch size: every sample, the medians, and the fitted table."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measurements = result.measurements
+    samples = result.samples
+    if not measurements:
+        raise ProfileError("nothing to plot: the profile holds no measurements")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    by_b: dict[int, list[tuple[int, float]]] = {}
+    for b, m, ms in measurements:
+        by_b.setdefault(b, []).append((m, ms))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (b, rows) in enumerate(sorted(by_b.items())):
+        c = colors[i % len(colors)]
+        rows.sort()
+        raw = [(m, ms) for bb, m, ms in samples if bb == b]
+        if raw:
+            ax.scatter([m for m, _ in raw], [ms for _, ms in raw], s=8, color=c, alpha=0.25)
+        ax.plot([m for m, _ in rows], [ms for _, ms in rows], "o", color=c, label=f"B={b} measured (median)")
+        if table is not None:
+            ms_grid = [m for m, _ in rows]
+            ax.step(ms_grid, [table.step_ms(m, b) for m in ms_grid], where="pre", color=c, linestyle="--",
+                    label=f"B={b} fitted")
+    all_m = [m for _, m, _ in measurements]
+    if max(all_m) / max(min(all_m), 1) > 20:
+        ax.set_xscale("log")
+    ax.set_xlabel("M = tokens sent to the target per step (bonus included)")
+    ax.set_ylabel("step time (ms)")
+    title = "step cost vs verify tokens"
+    if isinstance(result, ProfileRefusedError):
+        title += f" (REFUSED: {type(result).__name__})"
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---- lookup by fingerprint -----------------------------------------------------------------
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._]+", "_", text).strip("_") or "unknown"
+
+
+def cost_table_path_for(fingerprint: Mapping[str, Any], root: str | Path) -> Path:
+    """root/<model>-<dtype>-<hash>.json, the hash over the fingerprint's checked fields.
+
+    Two setups that CostTable.check_fingerprint would accept for each other get the same
+    file; any difference in device, driver, torch, triton, model, drafter or dtype gets
+    another one.
+    """
+    missing = [k for k in ("model", "dtype") if not fingerprint.get(k)]
+    if missing:
+        raise ProfileError(f"fingerprint lacks {missing}: pass engine.fingerprint(), got keys {sorted(fingerprint)}")
+    checked = {k: fingerprint.get(k) for k in CHECKED_FINGERPRINT_FIELDS}
+    digest = hashlib.sha256(json.dumps(checked, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(root) / f"{_slug(str(fingerprint['model']))}-{_slug(str(fingerprint['dtype']))}-{digest}.json"
+
+
+def find_or_profile(engine_factory: Engine | Callable[[], Engine], root: str | Path,
+                    profile_kwargs: Mapping[str, Any], log: Callable[[str], Any] = log.info) -> Path:
+    """The cost table for this engine's fingerprint under root; profiles and saves one first if none exists.
+
+    ``engine_factory``: an Engine, or a zero-argument callable returning one (called once;
+    the engine is needed for its fingerprint even when the table exists). ``profile_kwargs``:
+    keyword arguments of :func:`profile_engine` (batch_sizes, verify_lens, warmup_steps,
+    measure_steps, prompt_len, seed, progress, flat_rel_tol). ``log`` receives one line
+    saying which of the two happened. An existing file that does not load, or whose
+    fingerprint does not match, raises: it is never silently replaced.
+    """
+    engine = engine_factory if isinstance(engine_factory, Engine) else engine_factory()
+    if not isinstance(engine, Engine):
+        raise ProfileError(f"engine_factory must be an Engine or return one, got {type(engine).__name__}")
+    fingerprint = engine.fingerprint()
+    path = cost_table_path_for(fingerprint, root)
+    if path.exists():
+        CostTable.load(path).check_fingerprint(fingerprint)
+        log(f"cost table: using {path} (profiled earlier on this setup: {fingerprint['device_name']}, "
+            f"{fingerprint['model']}, {fingerprint['dtype']})")
+        return path
+    log(f"cost table: none under {Path(root)} for this setup ({fingerprint['device_name']}, {fingerprint['model']}, "
+        f"drafter {fingerprint.get('drafter')}, {fingerprint['dtype']}); profiling now, the table will be saved "
+        f"to {path}")
+    result = profile_engine(engine, **dict(profile_kwargs))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result.table.save(path)
+    log(f"cost table: profiled and saved {path} (token counts {result.table.token_counts[0]}.."
+        f"{result.table.token_counts[-1]}, batch sizes {list(result.batch_sizes)})")
+    return path
+
+
+__all__ = ["ProfileError", "ProfileRefusedError", "ProfileFlatError", "ProfileFitError", "ProfileResult",
+           "collect_measurements", "medians_of", "check_not_flat", "check_monotone", "profile_engine", "batch_size_ladder",
+           "recommend_tier_ladder", "plot_cost_curve", "cost_table_path_for", "find_or_profile", "DEFAULT_FLAT_REL_TOL",
+           "DEFAULT_MAX_DROP_REL"]

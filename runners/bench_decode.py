@@ -1,0 +1,119 @@
+"""Decode throughput of the engine: target-only and speculative arms at several batch sizes.
+
+    python -m runners.bench_decode                       # CPU defaults (batch 1, 16, 64)
+    python -m runners.bench_decode engine=h200 batch_sizes=[1,4,16,64,128,256]
+
+Each (arm, batch size) runs `batch_size` requests of workload prompts with ignore_eos and
+a fixed output length; only decode-only steps (no prefill in the step) are timed, after
+`warmup_steps` of them. Reports output tokens/s over those steps and the median ms per
+step, plus acceptance length for speculative arms. Writes bench_decode.json and
+bench_decode.md into the output folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from dspark.bench.fingerprint import node_fingerprint
+from dspark.config import ConfigError, SamplingParams
+from dspark.engine import Engine
+from runners.schema import to_engine_config
+from workloads.registry import build_workload, make_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup_steps: int) -> dict[str, Any]:
+    engine.reset()
+    sp = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(prompts[i % len(prompts)], sp)
+    decode_steps: list[float] = []
+    tokens_in_timed = 0
+    seen = 0
+    t_all = time.perf_counter()
+    while engine.has_unfinished():
+        before = engine.counters()["emitted_tokens"]
+        engine.step()
+        emitted = engine.counters()["emitted_tokens"] - before
+        info = engine.last_step
+        if info is None or info.num_prefill_tokens or info.num_decodes != batch:
+            continue  # a step with prefill, or a ragged tail of finishing requests: not steady-state decode
+        seen += 1
+        if seen <= warmup_steps:
+            continue
+        decode_steps.append(info.step_ms)
+        tokens_in_timed += emitted
+    wall = time.perf_counter() - t_all
+    if not decode_steps:
+        raise ConfigError(f"batch {batch}: no steady decode step was timed; raise new_tokens above warmup_steps "
+                          f"({warmup_steps}) times the acceptance length")
+    c = engine.counters()
+    total_ms = sum(decode_steps)
+    return {
+        "batch_size": batch,
+        "timed_steps": len(decode_steps),
+        "ms_per_step_median": statistics.median(decode_steps),
+        "output_tokens_per_s": tokens_in_timed / (total_ms / 1e3),
+        "tokens_per_step": tokens_in_timed / len(decode_steps),
+        "accept_length": (c["emitted_tokens"] / c["request_steps"]) if c["request_steps"] else None,
+        "wall_s": wall,
+    }
+
+
+def run(cfg: DictConfig) -> dict:
+    from runners.common import build_engine
+
+    base = to_engine_config(cfg.engine)
+    arms = {name: to_engine_config({**OmegaConf.to_container(cfg.engine, resolve=True),
+                                    **OmegaConf.to_container(over, resolve=True)})
+            for name, over in cfg.arms.items()}
+    batches = [int(b) for b in cfg.batch_sizes]
+    if not batches or min(batches) < 1:
+        raise ConfigError(f"batch_sizes: positive integers required, got {batches}")
+    wl = build_workload(make_spec(cfg.workload, num_prompts=max(batches), seed=0, greedy_replica_count=0))
+    prompts = [p.messages if p.messages is not None else p.prompt for p in wl.prompts()]
+    need_drafter = any(a.spec == "dspark" for a in arms.values())
+    first = build_engine(cfg, dataclasses.replace(base, spec="dspark" if need_drafter else "off",
+                                                  max_num_seqs=max(batches)))
+    results = []
+    from tqdm.auto import tqdm
+
+    jobs = [(name, b) for name in arms for b in batches]
+    for name, b in tqdm(jobs, desc="bench_decode", disable=not cfg.progress):
+        ecfg = dataclasses.replace(arms[name], max_num_seqs=max(b, 1))
+        engine = Engine(first.target, first.tokenizer, ecfg, first.drafter if ecfg.spec == "dspark" else None)
+        row = {"arm": name, **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps))}
+        results.append(row)
+        del engine
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"results": results, "config": OmegaConf.to_container(cfg, resolve=True),
+           "fingerprint": node_fingerprint(None, ROOT)}
+    (out_dir / "bench_decode.json").write_text(json.dumps(doc, indent=2, default=str))
+    lines = ["| arm | batch | ms/step (median) | output tok/s | tokens/step | accept length |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        al = f"{r['accept_length']:.2f}" if r["accept_length"] else "-"
+        lines.append(f"| {r['arm']} | {r['batch_size']} | {r['ms_per_step_median']:.2f} | "
+                     f"{r['output_tokens_per_s']:.1f} | {r['tokens_per_step']:.2f} | {al} |")
+    (out_dir / "bench_decode.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return doc
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="bench_decode")
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

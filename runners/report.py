@@ -1,0 +1,180 @@
+"""Re-render the reports of finished A/B runs and sweeps (plain argparse; no Hydra, no models).
+
+    python -m runners.report outputs/ab/2026-01-01_12-00-00        # one run folder
+    python -m runners.report multirun/ab/2026-01-01_12-00-00       # a sweep folder
+    python -m runners.report FOLDER --no-wandb-report
+
+A run folder (it holds ``summary.json``) gets ``report.md`` and its plots rewritten from
+``summary.json`` + ``blocks.csv`` + ``requests.parquet`` (the last is optional: without it
+the latency plots are skipped, and the report says so). A sweep folder (``*/summary.json``
+below it) gets ``sweep_summary.md``, ``sweep_summary.csv`` and ``sweep_gain.png``, and a
+table on the console.
+
+A W&B report (wandb-workspaces) is made only when the runs were logged online, an API key
+is configured and ``wandb_workspaces`` is installed; otherwise the command says which of
+these is missing and skips it. Exit status: 0 done, 2 bad folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from dspark.bench.report import compare_runs, render_console_table, write_report, write_sweep_report
+
+LIST_COLUMNS = ("per_position_acceptance",)
+
+
+class ReportError(ValueError):
+    """The folder is neither a run folder nor a sweep folder, or a run folder is incomplete."""
+
+
+def folder_kind(folder: Path) -> str:
+    """'run' (holds summary.json) or 'sweep' (summary.json files below it); ReportError otherwise."""
+    if not folder.is_dir():
+        raise ReportError(f"{folder} is not a folder; give an A/B run folder (with summary.json) or a sweep folder "
+                          "(with one sub-folder per job)")
+    if (folder / "summary.json").is_file():
+        return "run"
+    if any(folder.rglob("summary.json")):
+        return "sweep"
+    present = sorted(p.name for p in folder.iterdir())[:10]
+    raise ReportError(f"{folder} holds neither an A/B run (no summary.json) nor a sweep (no */summary.json below "
+                      f"it); it contains {present or 'nothing'}. A run writes summary.json only when it finishes: "
+                      "an interrupted run leaves just blocks.csv")
+
+
+def _decode_list(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith("["):
+        return json.loads(value)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return []
+    return value
+
+
+def read_blocks(path: Path) -> pd.DataFrame:
+    """blocks.csv as the runner held it in memory (list cells decoded from JSON)."""
+    if not path.is_file():
+        raise ReportError(f"{path} is missing: the run folder has summary.json but no per-block table; the report "
+                          "cannot be drawn without it")
+    frame = pd.read_csv(path)
+    for col in LIST_COLUMNS:
+        if col in frame:
+            frame[col] = frame[col].map(_decode_list)
+    return frame
+
+
+def render_run(folder: Path, console: Console) -> dict[str, Path]:
+    summary = json.loads((folder / "summary.json").read_text())
+    blocks = read_blocks(folder / "blocks.csv")
+    requests_path = folder / "requests.parquet"
+    requests = pd.read_parquet(requests_path) if requests_path.is_file() else None
+    if requests is None:
+        console.print(f"[yellow]{requests_path} is missing: per-request plots are skipped[/yellow]")
+    paths = write_report(folder, summary, blocks, requests)
+    render_console_table(summary, console=console)
+    console.print(f"report: {paths['report']}")
+    return paths
+
+
+def render_sweep(folder: Path, console: Console) -> dict[str, Path]:
+    paths = write_sweep_report(folder)
+    table = compare_runs(sorted(folder.rglob("summary.json")))
+    headline = table[table["is_headline"]]
+    out = Table(title=f"sweep {folder}: B vs A on the headline metric")
+    for col in ("job", "metric", "B vs A", "CI", "verdict", "guards"):
+        out.add_column(col, justify="right" if col in ("B vs A", "CI") else "left")
+    for r in headline.to_dict("records"):
+        ci = ("n/a" if r["ci_low_pct"] is None or pd.isna(r["ci_low_pct"])
+              else f"{r['ci_low_pct']:+.2f} .. {r['ci_high_pct']:+.2f}%")
+        guards = {True: "pass", False: "[red]FAIL[/red]"}.get(r["guards_passed"], "none recorded")
+        out.add_row(str(r["job"]), str(r["metric"]), f"{r['change_pct']:+.2f}%", ci, str(r["verdict"]), guards)
+    console.print(out)
+    console.print(f"sweep summary: {paths['markdown']} (all metrics: {paths['csv'].name}, plot: {paths['plot'].name})")
+    return paths
+
+
+def wandb_report_blocker(summaries: Sequence[dict]) -> str | None:
+    """Why a W&B report cannot be made for these summaries, or None when it can."""
+    modes = sorted({(s.get("wandb") or {}).get("mode", "not recorded") for s in summaries})
+    if modes != ["online"]:
+        return f"the runs were logged with W&B mode {modes}, not online: there is no W&B project to report on " \
+               "(`wandb sync` the offline run folders first, then report from the W&B UI)"
+    if importlib.util.find_spec("wandb_workspaces") is None:
+        return "wandb-workspaces is not installed (`pip install wandb-workspaces`)"
+    from dspark.bench.wandb_log import _has_api_key
+
+    if not _has_api_key():
+        return "no W&B API key is configured (WANDB_API_KEY or `wandb login`)"
+    return None
+
+
+def make_wandb_report(folder: Path, summaries: Sequence[dict]) -> str:
+    """A W&B report of the runs' groups with the headline metric per block; returns its URL."""
+    import wandb
+    import wandb_workspaces.reports.v2 as wr
+
+    project = summaries[0]["wandb"]["project"]
+    entity = wandb.Api().default_entity
+    headline = summaries[0]["headline_metric"]
+    lines = []
+    for s in summaries:
+        stat = s["statistics"][s["headline_metric"]]
+        lines.append(f"- {s['experiment']} {s.get('sweep_params') or ''}: B vs A {stat['change_pct']:+.2f}% "
+                     f"({stat['verdict']}), guards {'passed' if s.get('guards_passed') else 'FAILED'}")
+    groups = sorted({s["wandb"].get("group") for s in summaries if s["wandb"].get("group")})
+    report = wr.Report(entity=entity, project=project, title=f"DSpark A/B: {folder.name}",
+                       description=f"{len(summaries)} A/B experiment(s) from {folder}")
+    report.blocks = [
+        wr.H1(f"A/B results: {folder.name}"),
+        wr.MarkdownBlock(text="\n".join(lines)),
+        wr.PanelGrid(runsets=[wr.Runset(entity=entity, project=project, name=g, groupby=["job_type"])
+                              for g in groups] or [wr.Runset(entity=entity, project=project)],
+                     panels=[wr.LinePlot(x="block", y=[headline])]),
+    ]
+    report.save()
+    return report.url
+
+
+def _summaries(folder: Path, kind: str) -> list[dict]:
+    files = [folder / "summary.json"] if kind == "run" else sorted(folder.rglob("summary.json"))
+    return [json.loads(p.read_text()) for p in files]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runners.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="an A/B run folder (summary.json) or a sweep folder")
+    parser.add_argument("--no-wandb-report", action="store_true", help="never try to make a W&B report")
+    args = parser.parse_args(argv)
+    console = Console(soft_wrap=True)  # paths in messages stay on one line (greppable)
+    try:
+        kind = folder_kind(args.folder)
+        if kind == "run":
+            render_run(args.folder, console)
+        else:
+            render_sweep(args.folder, console)
+    except ReportError as exc:
+        parser.error(str(exc))
+    if args.no_wandb_report:
+        console.print("W&B report skipped: --no-wandb-report")
+        return 0
+    summaries = _summaries(args.folder, kind)
+    blocker = wandb_report_blocker(summaries)
+    if blocker is not None:
+        console.print(f"W&B report skipped: {blocker}")
+    else:
+        console.print(f"W&B report: {make_wandb_report(args.folder, summaries)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""runners.ab end to end on the tiny random models: outputs, guards, crash handling, custom
+workloads, schedule order, rerun skipping, and a submitit multirun (subprocess, slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import runners.ab as ab
+from dspark.bench.guards import ABGuardError
+from dspark.engine import Engine
+from test_configs import ROOT, compose_ab
+from tiny import tiny_drafter, tiny_target
+
+TINY = ["+workload=agentic", "workload.num_prompts=2", "workload.max_tokens=6", "ab.n_blocks=2",
+        "ab.warmup_requests=1", "ab.n_boot=200", "load.concurrency=2", "wandb.mode=disabled"]
+
+
+class FakeTokenizer:
+    """Characters -> ids 3..96 of the tiny 97-token vocabulary (1 bos, 2 eos); keeps the last 32 characters."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1] + [3 + ord(c) % 94 for c in text[-32:]]
+
+    def encode_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        return self.encode("".join(f"[{m['role']}]{m['content']}" for m in messages) + "[assistant]")
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(32 + (i - 3) % 94) for i in ids if i > 2)
+
+
+# At scale 1 the tiny target's residual stream dominates and it repeats its last input token;
+# at scale 4 its greedy outputs vary, so the lossless comparisons mean something.
+TARGET_SCALE = 4.0
+
+
+def tiny_factory(b_target_seed: int | None = None, b_spec: str | None = None, calls: list | None = None):
+    """Engines on tests/tiny.py models. ``b_target_seed``: arm B gets another target (changes its
+    outputs); ``b_spec``: arm B runs this spec whatever its config says."""
+
+    def factory(cfg, arm_cfgs):
+        if calls is not None:
+            calls.append(dict(arm_cfgs))
+        target = tiny_target(seed=0, scale=TARGET_SCALE)
+        drafter = tiny_drafter(target, seed=1)
+        engines = {}
+        for arm in ("A", "B"):
+            ecfg, tgt = arm_cfgs[arm], target
+            if arm == "B" and b_target_seed is not None:
+                tgt = tiny_target(seed=b_target_seed, scale=TARGET_SCALE)
+            if arm == "B" and b_spec is not None:
+                ecfg = replace(ecfg, spec=b_spec)
+            engines[arm] = Engine(tgt, FakeTokenizer(), ecfg, drafter if ecfg.spec == "dspark" else None)
+        return engines
+
+    return factory
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One full A/B on the tiny models with offline W&B: (output folder, summary)."""
+    out = tmp_path_factory.mktemp("ab_run")
+    cfg = compose_ab([*TINY, "wandb.mode=offline"], out_dir=out)
+    return out, ab.run(cfg, engine_factory=tiny_factory())
+
+
+def test_end_to_end_writes_every_output_and_guards_pass(tiny_run):
+    out, summary = tiny_run
+    for name in ("requests.parquet", "blocks.csv", "summary.json", "report.md", "per_block.png", "distributions.png",
+                 "acceptance.png"):
+        assert (out / name).is_file(), name
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["verdict"] == summary["verdict"] and on_disk["config_hash"] == summary["config_hash"]
+    assert summary["guards_passed"] is True
+    names = [g["name"] for g in summary["guards"]]
+    assert names == ["errors", "lossless/block0", "lossless/block1", "did_nothing[A]", "did_nothing[B]"]
+    assert summary["counters"]["B"]["drafted_tokens"] > 0 and summary["counters"]["A"]["drafted_tokens"] == 0
+    requests = pd.read_parquet(out / "requests.parquet")
+    assert len(requests) == 2 * 2 * 2  # prompts x arms x blocks
+    outputs = [json.loads(t) for t in requests["output_token_ids"]]
+    assert len({t for out_ids in outputs for t in out_ids}) > 3  # real outputs, not one repeated token
+    assert set(requests["arm"]) == {"A", "B"} and requests["error"].isna().all()
+    report = (out / "report.md").read_text()
+    assert "Verdict on output_tokens_per_s" in report and "lossless/block1" in report
+    # W&B offline: one run folder per arm; its run log (what `wandb sync` uploads) holds the final summary.
+    assert summary["wandb"]["mode"] == "offline" and sorted(summary["wandb"]["run_dirs"]) == ["A", "B"]
+    assert not summary["wandb"]["failures"]
+    for arm, run_dir in summary["wandb"]["run_dirs"].items():
+        run_dir = Path(run_dir)
+        assert run_dir.is_dir() and out in run_dir.parents and run_dir.name.startswith("offline-run-")
+        (log_file,) = run_dir.glob("*.wandb")
+        data = log_file.read_bytes()
+        for needle in ("verdict", json.dumps(summary["verdict"]), "guards_passed", "counter/drafted_tokens",
+                       "output_tokens_per_s", summary["arms"][arm]["label"]):
+            assert needle.encode() in data, (arm, needle)
+
+
+def test_blocks_csv_order_is_the_abba_schedule_that_ran(tiny_run):
+    out, summary = tiny_run
+    blocks = pd.read_csv(out / "blocks.csv")
+    ran = list(zip(blocks["block"], blocks["arm"]))
+    assert ran == [(0, "A"), (0, "B"), (1, "B"), (1, "A")]
+    assert [tuple(x) for x in summary["schedule"]] == ran
+    assert list(blocks["first_arm"]) == ["A", "A", "B", "B"]
+    acceptance = json.loads(blocks.loc[blocks["arm"] == "B", "per_position_acceptance"].iloc[0])
+    assert len(acceptance) == 4  # the tiny drafter's block size
+
+
+def test_rerun_returns_finished_summary_unless_forced(tiny_run, caplog):
+    out, summary = tiny_run
+    cfg = compose_ab([*TINY, "wandb.mode=offline"], out_dir=out)
+    calls: list = []
+    with caplog.at_level("INFO", logger="runners.ab"):
+        again = ab.run(cfg, engine_factory=tiny_factory(calls=calls))
+    assert calls == [] and again == json.loads((out / "summary.json").read_text())
+    assert "already holds a finished run" in caplog.text
+
+    class Measured(Exception):
+        pass
+
+    def must_run(cfg, arm_cfgs):
+        raise Measured
+
+    with pytest.raises(Measured):  # force_rerun does not change the hash, but measures again
+        ab.run(compose_ab([*TINY, "wandb.mode=offline", "+ab.force_rerun=true"], out_dir=out), engine_factory=must_run)
+    with pytest.raises(Measured):  # another config in the same folder is measured, not skipped
+        ab.run(compose_ab([*TINY, "wandb.mode=offline", "ab.seed=1"], out_dir=out), engine_factory=must_run)
+
+
+def test_lossless_guard_fires_after_results_are_written(tmp_path):
+    cfg = compose_ab([*TINY, "workload.num_prompts=1", "ab.warmup_requests=0"], out_dir=tmp_path)
+    with pytest.raises(ABGuardError, match="lossless/block0"):
+        ab.run(cfg, engine_factory=tiny_factory(b_target_seed=7))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["guards_passed"] is False
+    failed = {g["name"] for g in summary["guards"] if not g["passed"]}
+    assert failed == {"lossless/block0", "lossless/block1"}
+    assert (tmp_path / "report.md").is_file() and "**NO**" in (tmp_path / "report.md").read_text()
+    # A rerun finds the finished run: the guard still fails it, unless guards are only reported.
+    with pytest.raises(ABGuardError, match="lossless/block0"):
+        ab.run(cfg, engine_factory=tiny_factory(calls=(calls := [])))
+    relaxed = compose_ab([*TINY, "workload.num_prompts=1", "ab.warmup_requests=0", "ab.fail_on_guard=false"],
+                         out_dir=tmp_path)
+    assert ab.run(relaxed, engine_factory=tiny_factory(calls=calls)) == summary
+    assert calls == []
+
+
+def test_did_nothing_guard_fires_when_b_never_drafted(tmp_path):
+    cfg = compose_ab([*TINY, "workload.num_prompts=1", "ab.warmup_requests=0"], out_dir=tmp_path)
+    with pytest.raises(ABGuardError, match=r"did_nothing\[B\].*drafted_tokens == 0"):
+        ab.run(cfg, engine_factory=tiny_factory(b_spec="off"))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    by_name = {g["name"]: g["passed"] for g in summary["guards"]}
+    assert by_name["did_nothing[B]"] is False and by_name["did_nothing[A]"] is True
+    assert by_name["lossless/block0"] is True  # same target, both target-only: identical outputs
+    assert summary["arms"]["B"]["engine_ran"] == {"spec": "off"}  # the mismatch is recorded next to the result
+
+
+def test_arm_crash_keeps_finished_blocks_and_raises_arm_failed(tmp_path, monkeypatch):
+    real_generate = Engine.generate
+    count = {"n": 0}
+
+    def flaky(self, *args, **kwargs):
+        count["n"] += 1
+        if count["n"] == 3:
+            raise RuntimeError("simulated device fault")
+        return real_generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", flaky)
+    cfg = compose_ab([*TINY, "workload.num_prompts=1", "ab.warmup_requests=0"], out_dir=tmp_path)
+    with pytest.raises(ab.ArmFailed) as info:
+        ab.run(cfg, engine_factory=tiny_factory())
+    message = str(info.value)
+    assert "arm B failed in block 1" in message and "simulated device fault" in message
+    assert "2 finished arm-blocks" in message and str(tmp_path / "blocks.csv") in message
+    blocks = pd.read_csv(tmp_path / "blocks.csv")
+    assert list(zip(blocks["block"], blocks["arm"])) == [(0, "A"), (0, "B")]
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_custom_workload_from_a_new_jsonl(tmp_path):
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "q1", "prompt": "Name three rivers of Europe."},
+        {"messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+2?"}],
+         "max_tokens": 4},
+    ]) + "\n")
+    cfg = compose_ab(["+workload=custom", f"workload.path={prompts}", "workload.max_tokens=6", "ab.n_blocks=2",
+                      "ab.warmup_requests=0", "ab.n_boot=200", "wandb.mode=disabled"], out_dir=tmp_path / "run")
+    summary = ab.run(cfg, engine_factory=tiny_factory())
+    assert summary["guards_passed"] is True
+    assert summary["workload"]["name"] == "custom" and summary["workload"]["num_selected"] == 2
+    requests = pd.read_parquet(tmp_path / "run" / "requests.parquet")
+    assert set(requests["request_id"]) == {"custom/q1", "custom/line2"}
+    capped = requests[requests["request_id"] == "custom/line2"]["output_tokens"]
+    assert (capped <= 4).all()  # the per-line max_tokens was applied
+
+
+def test_engine_factory_must_return_both_arms(tmp_path):
+    cfg = compose_ab([*TINY], out_dir=tmp_path)
+    with pytest.raises(TypeError, match="'A': Engine, 'B': Engine"):
+        ab.run(cfg, engine_factory=lambda cfg, arm_cfgs: {"A": None})
+
+
+@pytest.mark.slow
+def test_submitit_local_multirun_writes_jobs_and_sweep_summary(tmp_path):
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), ab.TINY_MODELS_ENV: "1", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "runners.ab", "-m", "hydra/launcher=local", "+workload=agentic",
+           "workload.num_prompts=1", "workload.max_tokens=4", "ab.n_blocks=2", "ab.warmup_requests=0",
+           "ab.n_boot=200", "wandb.mode=disabled", "progress=false", "ab.seed=0,1", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = sorted(p.parent for p in sweep.glob("*/summary.json"))
+    assert [j.name.split("_")[0] for j in jobs] == ["0", "1"]
+    seeds = set()
+    for job in jobs:
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["guards_passed"] and "tiny_engine_factory" in summary["engine_factory"]
+        seeds.add(summary["sweep_params"]["ab.seed"])
+    assert seeds == {"0", "1"}
+    sweep_md = (sweep / "sweep_summary.md").read_text()
+    assert "2 job(s)" in sweep_md and (sweep / "sweep_summary.csv").is_file() and (sweep / "sweep_gain.png").is_file()
+
+    # The same sweep again: both jobs are finished, so both are skipped, and the summary is rewritten.
+    (sweep / "sweep_summary.md").unlink()
+    before = {j: (j / "summary.json").stat().st_mtime_ns for j in jobs}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {j: (j / "summary.json").stat().st_mtime_ns for j in jobs} == before
+    for job in jobs:
+        assert "already holds a finished run" in (job / "ab.log").read_text()
+    assert (sweep / "sweep_summary.md").is_file()

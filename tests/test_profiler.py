@@ -1,0 +1,272 @@
+"""Cost-table profiler: forced verify lengths give M = B * (v + 1), a flat measurement is
+refused, tables are found again by fingerprint, the plot is written, and the Hydra configs
+(runners.profile, conf/tiers) compose."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+import dspark.profiler as profiler
+from dspark.cost_table import CostTable
+from dspark.engine import Engine
+from dspark.profiler import (ProfileError, ProfileFitError, ProfileFlatError, collect_measurements, cost_table_path_for,
+                             find_or_profile, plot_cost_curve, profile_engine, recommend_tier_ladder)
+from tiny import tiny_drafter, tiny_engine_config, tiny_target
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+BLOCK = 4  # tiny_drafter's block
+SWEEP = dict(batch_sizes=[1, 2], verify_lens=[0, 1, 2, 3], warmup_steps=1, measure_steps=2, prompt_len=6, seed=0,
+             progress=False)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core box: one torch thread avoids spin contention (restored after)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_target()
+    return target, tiny_drafter(target)
+
+
+def make_engine(models, **kw) -> Engine:
+    target, drafter = models
+    return Engine(target, None, tiny_engine_config(**kw), drafter)
+
+
+def synthetic_clock(monkeypatch, cost):
+    """Replace every step's measured time by cost(num_tokens, num_decodes); returns the call log."""
+    real_step = Engine.step
+    calls = []
+
+    def step(self):
+        out = real_step(self)
+        info = self.last_step
+        if info is not None:
+            self.last_step = dataclasses.replace(info, step_ms=cost(info.num_tokens, info.num_decodes))
+            calls.append(info.num_tokens)
+        return out
+
+    monkeypatch.setattr(Engine, "step", step)
+    return calls
+
+
+def staircase(m: int, b: int) -> float:
+    """A GPU-like cost: 5 ms fixed, 0.5 ms per request, shelves of 4 tokens at 1 ms each."""
+    return 5.0 + 0.5 * b + 1.0 * ((m + 3) // 4)
+
+
+def test_measurements_are_forced_verify_lengths_with_real_timing(models):
+    engine = make_engine(models)
+    samples = collect_measurements(engine, **SWEEP)
+    keys = sorted({(b, m) for b, m, _ in samples})
+    assert keys == sorted({(b, b * (v + 1)) for b in (1, 2) for v in (0, 1, 2, 3)})
+    per_key = {k: sum(1 for b, m, _ in samples if (b, m) == k) for k in keys}
+    assert set(per_key.values()) == {SWEEP["measure_steps"]}
+    assert all(ms > 0 for _, _, ms in samples)
+    # The engine handed in is not modified: profiling runs on engines of its own.
+    assert engine.cfg.verify == "full" and engine.cfg.force_verify_len is None and not engine.has_unfinished()
+
+
+def test_profile_writes_a_table_that_round_trips(models, monkeypatch, tmp_path):
+    synthetic_clock(monkeypatch, staircase)
+    engine = make_engine(models)
+    result = profile_engine(engine, **SWEEP)
+    expected_m = sorted({b * (v + 1) for b in (1, 2) for v in (0, 1, 2, 3)})
+    assert list(result.table.token_counts) == expected_m
+    assert [m for _, m, _ in result.measurements] == [b * (v + 1) for b in (1, 2) for v in (0, 1, 2, 3)]
+    assert result.table.batch_sizes == (1, 2)
+    # The additive model reproduces the synthetic cost exactly.
+    for b, m, ms in result.measurements:
+        assert result.table.step_ms(m, b) == pytest.approx(staircase(m, b), abs=1e-6)
+    path = tmp_path / "table.json"
+    result.table.save(path)
+    loaded = CostTable.load(path)
+    assert loaded == result.table
+    loaded.check_fingerprint(engine.fingerprint())
+    # Shelves right edges at M = 4, 8: batch 2 -> v = 1 and 3, plus the block.
+    assert recommend_tier_ladder(result.table, BLOCK, 2) == [1, 3, 4]
+    assert recommend_tier_ladder(result.table, BLOCK, 1) == [3, 4]
+
+
+def test_drafted_block_stays_full_while_the_verify_length_is_forced(models, monkeypatch):
+    drafted = []
+    from dspark.model_runner import ModelRunner
+
+    real_draft = ModelRunner.draft
+
+    def draft(self, decodes, rows):
+        out = real_draft(self, decodes, rows)
+        drafted.append(out.tokens.shape[1])
+        return out
+
+    monkeypatch.setattr(ModelRunner, "draft", draft)
+    collect_measurements(make_engine(models), **{**SWEEP, "batch_sizes": [1], "verify_lens": [0, 1]})
+    assert drafted and set(drafted) == {BLOCK}
+
+
+def test_flat_measurement_is_refused(models, monkeypatch):
+    synthetic_clock(monkeypatch, lambda m, b: 7.0)
+    with pytest.raises(ProfileFlatError, match="does not increase") as err:
+        profile_engine(make_engine(models), **SWEEP)
+    assert err.value.measurements and all(ms == 7.0 for _, _, ms in err.value.measurements)
+
+
+def test_nearly_flat_fit_is_refused(models, monkeypatch):
+    # Grows a little with M, but theta stays within 2% of the cheapest step: trimming would look free.
+    synthetic_clock(monkeypatch, lambda m, b: 100.0 + 0.01 * m)
+    with pytest.raises(ProfileFlatError, match="flat") as err:
+        profile_engine(make_engine(models), **SWEEP)
+    assert err.value.table is not None and err.value.table.is_flat(0.02)
+
+
+def test_sweep_without_shared_token_counts_is_refused_by_the_fit(models, monkeypatch):
+    # B=1 gives M in {1, 2}, B=4 gives {4, 8}: nothing ties the batch overhead to theta.
+    synthetic_clock(monkeypatch, staircase)
+    with pytest.raises(ProfileFitError, match="do not separate the batch overhead") as err:
+        profile_engine(make_engine(models), **{**SWEEP, "batch_sizes": [1, 4], "verify_lens": [0, 1]})
+    assert [m for _, m, _ in err.value.measurements] == [1, 2, 4, 8]
+
+
+def test_disturbed_sweep_is_refused(models, monkeypatch):
+    # The smallest step measured 4x slower than every other (a busy machine): no table.
+    synthetic_clock(monkeypatch, lambda m, b: 40.0 if m == 1 else staircase(m, b))
+    with pytest.raises(ProfileFitError, match="M=1 is .* above the cost at the larger"):
+        profile_engine(make_engine(models), **SWEEP)
+
+
+def test_bad_settings_are_refused_before_measuring(models):
+    engine = make_engine(models)
+    with pytest.raises(ProfileError, match=r"verify_lens must be integers in \[0, block=4\]"):
+        profile_engine(engine, **{**SWEEP, "verify_lens": [0, 5]})
+    with pytest.raises(ProfileError, match="max_num_seqs"):
+        profile_engine(engine, **{**SWEEP, "batch_sizes": [1, 64]})
+    with pytest.raises(ProfileError, match="no drafter"):
+        profile_engine(make_engine(models, spec="off"), **SWEEP)
+
+
+def test_table_is_found_again_by_fingerprint_without_reprofiling(models, monkeypatch, tmp_path):
+    synthetic_clock(monkeypatch, staircase)
+    calls = []
+    real_profile = profiler.profile_engine
+
+    def counting_profile(engine, **kw):
+        calls.append(kw)
+        return real_profile(engine, **kw)
+
+    monkeypatch.setattr(profiler, "profile_engine", counting_profile)
+    lines: list[str] = []
+    engine = make_engine(models)
+    kwargs = {k: v for k, v in SWEEP.items()}
+    first = find_or_profile(lambda: engine, tmp_path, kwargs, lines.append)
+    assert len(calls) == 1 and first.exists()
+    assert first == cost_table_path_for(engine.fingerprint(), tmp_path)
+    assert any("profiling now" in line for line in lines)
+    lines.clear()
+    second = find_or_profile(engine, tmp_path, kwargs, lines.append)
+    assert second == first and len(calls) == 1
+    assert any("using" in line and str(first) in line for line in lines)
+    # Another dtype (or device, model, drafter...) is another file.
+    other = dict(engine.fingerprint(), dtype="bfloat16")
+    assert cost_table_path_for(other, tmp_path) != first
+    assert cost_table_path_for(dict(engine.fingerprint(), hostname="elsewhere"), tmp_path) == first
+    # The table it returns is accepted by an engine that loads it.
+    planned = make_engine(models, verify="uniform", cost_table=str(first))
+    assert planned.cost_table == CostTable.load(first)
+
+
+def test_plot_is_written(models, monkeypatch, tmp_path):
+    synthetic_clock(monkeypatch, staircase)
+    result = profile_engine(make_engine(models), **SWEEP)
+    png = plot_cost_curve(result, result.table, tmp_path / "sub" / "curve.png")
+    assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+# ---- Hydra -----------------------------------------------------------------------------------
+def compose_profile(overrides=()):
+    import runners.profile  # noqa: F401  (registers profile_schema)
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="profile"):
+        return compose(config_name="profile", overrides=list(overrides))
+
+
+def test_profile_config_composes_and_runs(models, monkeypatch, tmp_path):
+    import runners.profile as runner
+
+    cfg = compose_profile([f"paths.root={ROOT}", f"paths.output_dir={tmp_path / 'run'}",
+                           f"paths.cost_tables={tmp_path / 'tables'}", "progress=false"])
+    assert list(cfg.batch_sizes) == [1, 4, 16] and cfg.verify_lens is None and cfg.out is None
+    assert cfg.engine.spec == "dspark" and cfg.drafter.name == "dspark_smollm2"
+    with pytest.raises(Exception, match="batch_size"):  # typed schema: unknown keys fail at composition
+        compose_profile(["batch_size=4"])
+    cfg = compose_profile([f"paths.root={ROOT}", f"paths.output_dir={tmp_path / 'run'}",
+                           f"paths.cost_tables={tmp_path / 'tables'}", "progress=false", "batch_sizes=[1,2]",
+                           "verify_lens=[0,1,2,3]", "warmup_steps=1", "measure_steps=2", "prompt_len=6"])
+    synthetic_clock(monkeypatch, staircase)
+    engine = make_engine(models)
+    summary = runner.run(cfg, engine=engine)
+    table_path = Path(summary["cost_table"])
+    assert table_path == cost_table_path_for(engine.fingerprint(), tmp_path / "tables").resolve()
+    assert CostTable.load(table_path).token_counts == (1, 2, 3, 4, 6, 8)
+    assert Path(summary["plot"]).exists() and Path(summary["plot"]).suffix == ".png"
+    assert summary["recommended_tiers"]["2"] == [1, 3, 4]
+    saved = json.loads((tmp_path / "run" / "profile.json").read_text())
+    assert saved["table"]["token_counts"] == [1, 2, 3, 4, 6, 8]
+
+
+def test_profile_runner_writes_the_refused_curve(models, monkeypatch, tmp_path):
+    import runners.profile as runner
+
+    cfg = compose_profile([f"paths.root={ROOT}", f"paths.output_dir={tmp_path / 'run'}",
+                           f"paths.cost_tables={tmp_path / 'tables'}", "progress=false", "batch_sizes=[1,2]",
+                           "verify_lens=[0,1,2,3]", "warmup_steps=0", "measure_steps=1", "prompt_len=6"])
+    synthetic_clock(monkeypatch, lambda m, b: 3.0)
+    with pytest.raises(ProfileFlatError):
+        runner.run(cfg, engine=make_engine(models))
+    assert (tmp_path / "run" / "refused_cost_curve.png").exists()
+    assert not (tmp_path / "tables").exists()  # nothing the planner could pick up
+
+
+@pytest.mark.parametrize("name,tiers", [("ladder_1357", [1, 3, 5, 7]), ("fine_234567", [2, 3, 4, 5, 6, 7]),
+                                        ("ladder_135", [1, 3, 5]), ("fine_2345", [2, 3, 4, 5]), ("full", None)])
+def test_tier_files_set_engine_tiers(name, tiers):
+    import runners.schema  # noqa: F401  (registers ab_schema)
+
+    paths = [f"paths.root={ROOT}", "paths.output_dir=/nonexistent/ab-out", f"paths.cost_tables={ROOT / 'cost_tables'}"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="ab"):
+        cfg = compose(config_name="ab", overrides=[*paths, f"+tiers={name}", "engine.verify=uniform"])
+    got = cfg.engine.tiers
+    assert (None if got is None else list(got)) == tiers
+    assert "tiers" not in cfg  # the files are `# @package engine`: nothing lands at the top level
+
+
+def test_block7_ladders_are_accepted_and_block5_ladders_refused_by_a_block7_planner():
+    from dspark.planner import PlannerConfig, PlannerConfigError
+
+    for tiers in ([1, 3, 5, 7], [2, 3, 4, 5, 6, 7]):
+        PlannerConfig(block=7, mode="uniform", allowed_verify_lens=tuple(tiers))
+    for tiers in ([1, 3, 5], [2, 3, 4, 5]):
+        with pytest.raises(PlannerConfigError, match="must end at block=7"):
+            PlannerConfig(block=7, mode="uniform", allowed_verify_lens=tuple(tiers))
+
+
+def test_batch_size_ladder_covers_the_concurrency():
+    from dspark.profiler import batch_size_ladder
+
+    assert batch_size_ladder(1) == [1]
+    assert batch_size_ladder(8) == [1, 2, 4, 8]
+    assert batch_size_ladder(12) == [1, 2, 4, 8, 12]
+    with pytest.raises(ProfileError, match="max_batch"):
+        batch_size_ladder(0)

@@ -1,0 +1,112 @@
+"""runners.report on folders written by a tiny end-to-end A/B: a run folder is re-rendered
+identically, a sweep folder is summarized, anything else is refused by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+import runners.ab as ab
+import runners.report as report
+from test_ab_runner import TINY, tiny_factory
+from test_configs import ROOT, compose_ab
+
+RENDERED = ("report.md", "per_block.png", "distributions.png", "acceptance.png")
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report_run")
+    ab.run(compose_ab(TINY, out_dir=out), engine_factory=tiny_factory())
+    return out
+
+
+def test_run_folder_report_is_rerendered_identically(run_folder, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(run_folder, folder)
+    original = (folder / "report.md").read_text()
+    for name in RENDERED:
+        (folder / name).unlink()
+    assert report.main([str(folder)]) == 0
+    for name in RENDERED:
+        assert (folder / name).is_file(), name
+    # Same text: the blocks.csv round trip (per-position acceptance lists included) loses nothing.
+    assert (folder / "report.md").read_text() == original
+    out = capsys.readouterr().out
+    assert "output_tokens_per_s" in out and "guards: 5/5 passed" in out
+    assert "W&B report skipped" in out and "disabled" in out
+
+
+def test_run_folder_without_requests_table_still_reports(run_folder, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(run_folder, folder)
+    (folder / "requests.parquet").unlink()
+    (folder / "distributions.png").unlink()
+    assert report.main([str(folder), "--no-wandb-report"]) == 0
+    out = capsys.readouterr().out
+    assert "requests.parquet is missing" in out and "--no-wandb-report" in out
+    assert not (folder / "distributions.png").exists()
+    assert "not drawn: latency distributions" in (folder / "report.md").read_text()
+
+
+def test_sweep_folder_gets_summary_files_and_table(run_folder, tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    for job, seed in ((0, "0"), (1, "1")):
+        dest = sweep / f"{job}_ab.seed={seed}"
+        shutil.copytree(run_folder, dest)
+        summary = json.loads((dest / "summary.json").read_text())
+        summary["sweep_params"] = {"ab.seed": seed}
+        (dest / "summary.json").write_text(json.dumps(summary))
+    assert report.main([str(sweep)]) == 0
+    for name in ("sweep_summary.md", "sweep_summary.csv", "sweep_gain.png"):
+        assert (sweep / name).is_file(), name
+    table = pd.read_csv(sweep / "sweep_summary.csv")
+    assert set(table.loc[table["is_headline"], "job"]) == {"ab.seed=0", "ab.seed=1"}
+    out = capsys.readouterr().out
+    assert "ab.seed=0" in out and "ab.seed=1" in out and "sweep_summary.md" in out
+    assert "2 job(s)" in (sweep / "sweep_summary.md").read_text()
+
+
+def test_folder_with_neither_is_refused(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("nothing here")
+    with pytest.raises(SystemExit) as info:
+        report.main([str(tmp_path)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "holds neither an A/B run" in err and "notes.txt" in err
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path / "missing")])
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_run_folder_without_blocks_is_refused(run_folder, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(run_folder, folder)
+    (folder / "blocks.csv").unlink()
+    with pytest.raises(SystemExit):
+        report.main([str(folder)])
+    assert "blocks.csv is missing" in capsys.readouterr().err
+
+
+def test_wandb_report_needs_online_runs_the_package_and_a_key(monkeypatch):
+    assert "not online" in report.wandb_report_blocker([{"wandb": {"mode": "offline"}}])
+    assert "not recorded" in report.wandb_report_blocker([{}])
+    online = [{"wandb": {"mode": "online", "project": "p"}}]
+    monkeypatch.setattr(report.importlib.util, "find_spec", lambda name: None)
+    assert "wandb-workspaces is not installed" in report.wandb_report_blocker(online)
+    monkeypatch.setattr(report.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr("dspark.bench.wandb_log._has_api_key", lambda: False)
+    assert "no W&B API key" in report.wandb_report_blocker(online)
+
+
+def test_cli_entry_point(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "runners.report", str(tmp_path)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "holds neither" in proc.stderr
