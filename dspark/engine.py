@@ -96,6 +96,13 @@ class Engine:
 
             self.cost_table = CostTable.load(cfg.cost_table)
             self.cost_table.check_fingerprint(self.fingerprint(), override=cfg.allow_foreign_cost_table)
+            most = cfg.max_num_seqs * (self.block_size + 1)
+            if self.cost_table.token_counts[-1] < most:
+                raise ConfigError(f"engine.cost_table: {cfg.cost_table} covers steps of up to "
+                                  f"{self.cost_table.token_counts[-1]} tokens, but this engine may verify "
+                                  f"{most} (max_num_seqs {cfg.max_num_seqs} x (block {self.block_size} + 1)); "
+                                  f"profile with batch sizes up to {cfg.max_num_seqs} (runners.profile) or lower "
+                                  f"engine.max_num_seqs")
         fresh_global = cfg.planner_algorithm == "global" and cfg.budget_lag == 0
         self.planner_config = PlannerConfig(
             block=self.block_size, mode="uniform" if cfg.verify == "uniform" else "ragged",

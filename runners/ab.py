@@ -20,7 +20,7 @@ before a model loads (:func:`check_config`).
 Reruns: when the output folder already holds a complete summary.json of the same
 configuration (same config hash; ``ab.force_rerun``, ``ab.fail_on_guard`` and ``progress``
 excluded), run() logs that and returns it without measuring again (still raising
-ABGuardError when its guards failed and ab.fail_on_guard is set); ``+ab.force_rerun=true``
+ABGuardError when its guards failed and ab.fail_on_guard is set); ``ab.force_rerun=true``
 measures anew.
 A rerun of a sweep with the same ``hydra.sweep.dir`` therefore only runs the jobs that
 did not finish.
@@ -39,6 +39,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import math
 import os
 import time
 import typing
@@ -166,10 +167,18 @@ def arm_engine_configs(cfg: DictConfig) -> dict[str, EngineConfig]:
         unknown = set(overrides) - set(base)
         if unknown:
             raise ConfigError(f"ab.arms.{arm}.engine: unknown keys {sorted(unknown)}; allowed: {sorted(base)}")
+        merged = {**base, **overrides}
+        if merged.get("tiers") is not None and merged.get("verify") != "uniform" and "tiers" not in overrides:
+            # A tier ladder (the tiers group) describes uniform verification; arms that verify
+            # otherwise have no ladder. At least one arm must use it (checked below).
+            merged["tiers"] = None
         try:
-            out[arm] = to_engine_config({**base, **overrides})
+            out[arm] = to_engine_config(merged)
         except ConfigError as e:
             raise ConfigError(f"ab.arms.{arm}: {e}") from e
+    if base.get("tiers") is not None and not any(c.tiers is not None for c in out.values()):
+        raise ConfigError(f"engine.tiers={base['tiers']} is set (tiers group) but no arm verifies uniform; "
+                          "set ab.arms.B.engine.verify=uniform (or drop the tiers override)")
     if cfg.load.concurrency < 1:
         raise ConfigError(f"load.concurrency: must be >= 1, got {cfg.load.concurrency}")
     for arm in out:
@@ -315,6 +324,48 @@ def default_engine_factory(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig]
     return real_engine_factory(cfg, arm_cfgs)
 
 
+def attach_cost_tables(cfg: DictConfig, arm_cfgs: dict[str, EngineConfig], engines: dict[str, Engine]) -> dict:
+    """Give every scheduling arm without a cost table the one profiled for this node.
+
+    "Profile this node once, reuse the table": the table is looked up by the engine's
+    fingerprint under paths.cost_tables; when none exists the node is profiled first (and
+    the log says so). The arm's engine is rebuilt around the same model weights.
+    """
+    import dataclasses
+
+    from dspark.profiler import batch_size_ladder, find_or_profile
+
+    used: dict[str, dict] = {}
+    for arm in ARMS:
+        ecfg = arm_cfgs[arm]
+        if ecfg.verify == "full" or ecfg.cost_table is not None:
+            if ecfg.cost_table is not None:
+                used[arm] = {"path": ecfg.cost_table, "how": "configured"}
+            continue
+        lines: list[str] = []
+
+        def note(line: str) -> None:
+            lines.append(line)
+            log.info(line)
+
+        e = engines[arm]
+        kwargs = dict(batch_sizes=batch_size_ladder(int(cfg.load.concurrency)), verify_lens=None,
+                      warmup_steps=2, measure_steps=6, prompt_len=32, seed=int(cfg.ab.seed),
+                      progress=bool(cfg.progress),
+                      # CPU step costs have real shape-dependent bumps (BLAS blocking); the global
+                      # argmax planner handles a staircase, so only gross disturbances are refused.
+                      max_drop_rel=0.75)
+        # Tables are kept per batch depth: a table must cover every step the arm can take
+        # (concurrency x (block + 1) tokens), and the engine refuses one that does not.
+        root = Path(cfg.paths.cost_tables) / f"max_batch_{int(cfg.load.concurrency)}"
+        path = find_or_profile(e, root, kwargs, note)
+        arm_cfgs[arm] = dataclasses.replace(ecfg, cost_table=str(path))
+        engines[arm] = Engine(e.target, e.tokenizer, arm_cfgs[arm], e.drafter)
+        used[arm] = {"path": str(path), "how": "profiled now" if any("profiling now" in x for x in lines)
+                     else "reused"}
+    return used
+
+
 def _drafter_for(cfg: DictConfig, engine_a: Engine, ecfg_b: EngineConfig):
     """Arm B shares arm A's drafter when both speculate; else loads one if B needs it."""
     if ecfg_b.spec == "off":
@@ -410,7 +461,7 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
         done = finished_summary(out_dir, chash)
         if done is not None:
             log.info("%s already holds a finished run of this config (hash %s): returning it without running; "
-                     "set +ab.force_rerun=true to measure again", out_dir / "summary.json", chash[:12])
+                     "set ab.force_rerun=true to measure again", out_dir / "summary.json", chash[:12])
             _raise_on_failed_guards(cfg, done)
             return done
     prompts = workload.prompts()  # a bad custom file fails here, still before any model loads
@@ -420,6 +471,7 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
 
     factory = engine_factory or default_engine_factory
     engines = _checked_engines(factory(cfg, arm_cfgs))
+    cost_tables = attach_cost_tables(cfg, arm_cfgs, engines)
     tok = engines["A"].tokenizer
     inputs = [p.messages if p.messages is not None else p.prompt for p in prompts]
     params = [workload.sampling_for(p) for p in prompts]
@@ -436,7 +488,10 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
         if warm:
             e = engines[arm]
             try:
-                e.generate(inputs[:warm], list(params[:warm]), ids=ids[:warm])
+                # Warm-up exercises every code path (prefill, drafting, verification); its
+                # output length does not matter, so it is capped to keep CPU runs short.
+                e.generate(inputs[:warm], [dataclasses.replace(p, max_tokens=min(p.max_tokens, 64))
+                                           for p in params[:warm]], ids=ids[:warm])
             except Exception as exc:
                 logger.close()
                 raise ArmFailed(f"arm {arm} failed during warm-up: {type(exc).__name__}: {exc}") from exc
@@ -478,7 +533,10 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
     replica_outputs: dict[str, dict[str, list[int]]] = {}
     if replicas:
         r_inputs = [p.messages if p.messages is not None else p.prompt for p in replicas]
+        cap = cfg.ab.get("greedy_replica_max_tokens")
         r_params = [workload.sampling_for(p, greedy=True) for p in replicas]
+        if cap is not None:  # the token-exact comparison needs a prefix, not whole poems
+            r_params = [dataclasses.replace(p, max_tokens=min(p.max_tokens, int(cap))) for p in r_params]
         r_ids = [p.id for p in replicas]
         for arm in ARMS:
             engines[arm].reset()
@@ -506,6 +564,7 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
         "guards_passed": all(g.passed for g in guards),
         "arms": {arm: _arm_description(cfg, arm, arm_cfgs[arm], engines[arm]) for arm in ARMS},
         "counters": counters,
+        "cost_tables": cost_tables,
         "workload": {**workload.describe(), "length_stats": length_stats},
         "schedule": [list(x) for x in schedule],
         "fingerprint": node_fingerprint(hashed, ROOT),
@@ -525,7 +584,9 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     write_report(out_dir, summary, blocks_df, requests_df)
     if cfg.progress:
-        render_console_table(summary)
+        from rich.console import Console
+
+        render_console_table(summary, Console(width=max(120, Console().width)))
     _raise_on_failed_guards(cfg, summary)
     return summary
 
@@ -543,12 +604,20 @@ def vars_of(ecfg: EngineConfig) -> dict:
 
 
 def _sum_counters(rows: list[dict]) -> dict:
-    out: dict[str, float] = {}
+    """Counters of one arm over its blocks: counts add up; ratios and means are averaged
+    over blocks (adding them would be meaningless), and the token ratios are recomputed
+    from the summed counts."""
+    values: dict[str, list] = {}
     for r in rows:
         for k, v in r.items():
             if k.startswith("counter/") and isinstance(v, (int, float)) and not isinstance(v, bool):
-                name = k.split("/", 1)[1]
-                out[name] = out.get(name, 0) + v
+                if isinstance(v, float) and math.isnan(v):
+                    continue  # a counter this block did not report (CSV round trip)
+                values.setdefault(k.split("/", 1)[1], []).append(v)
+    out: dict[str, float] = {}
+    for name, vs in values.items():
+        additive = all(isinstance(v, int) for v in vs) or name.endswith(("_total", "_on_predicted", "_ms"))
+        out[name] = sum(vs) if additive else sum(vs) / len(vs)
     if out.get("ceiling_tokens"):
         out["trim_ratio"] = 1.0 - out.get("window_tokens", 0) / out["ceiling_tokens"]
     if out.get("verified_tokens"):

@@ -66,6 +66,14 @@ def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup
         "tokens_per_step": tokens_in_timed / len(decode_steps),
         "accept_length": (c["emitted_tokens"] / c["request_steps"]) if c["request_steps"] else None,
         "wall_s": wall,
+        # Scheduling: what the planner predicted and what the trim delivered (verify != full).
+        "trim_ratio": c.get("trim_ratio"),
+        "trimmed_steps": c.get("trimmed_steps"),
+        "predicted_gain_mean": c.get("sched/predicted_gain_mean"),
+        "predicted_tokens_total": c.get("sched/predicted_tokens_total"),
+        "realised_tokens_on_predicted": c.get("sched/realised_tokens_on_predicted"),
+        "block_accept_length": c.get("sched/block_accept_length"),
+        "oracle": {k.split("/", 1)[1]: v for k, v in c.items() if k.startswith("oracle/")} or None,
     }
 
 
@@ -99,12 +107,16 @@ def run(cfg: DictConfig) -> dict:
     doc = {"results": results, "config": OmegaConf.to_container(cfg, resolve=True),
            "fingerprint": node_fingerprint(None, ROOT)}
     (out_dir / "bench_decode.json").write_text(json.dumps(doc, indent=2, default=str))
-    lines = ["| arm | batch | ms/step (median) | output tok/s | tokens/step | accept length |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| arm | batch | ms/step (median) | output tok/s | tokens/step | accept length | trim ratio | "
+             "predicted gain |", "|---|---|---|---|---|---|---|---|"]
+
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
     for r in results:
-        al = f"{r['accept_length']:.2f}" if r["accept_length"] else "-"
         lines.append(f"| {r['arm']} | {r['batch_size']} | {r['ms_per_step_median']:.2f} | "
-                     f"{r['output_tokens_per_s']:.1f} | {r['tokens_per_step']:.2f} | {al} |")
+                     f"{r['output_tokens_per_s']:.1f} | {r['tokens_per_step']:.2f} | {fmt(r['accept_length'], '.2f')} | "
+                     f"{fmt(r['trim_ratio'], '.3f')} | {fmt(r['predicted_gain_mean'], '+.3f')} |")
     (out_dir / "bench_decode.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return doc

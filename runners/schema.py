@@ -98,13 +98,13 @@ class ArmSchema:
 
 @dataclass
 class ArmsSchema:
-    A: ArmSchema = field(default_factory=lambda: ArmSchema(label="target_only", engine={"spec": "off"}))
-    B: ArmSchema = field(default_factory=lambda: ArmSchema(label="dspark_full", engine={"spec": "dspark"}))
+    A: ArmSchema = field(default_factory=lambda: ArmSchema(label="verify_all", engine={"spec": "dspark", "verify": "full"}))
+    B: ArmSchema = field(default_factory=lambda: ArmSchema(label="ragged", engine={"spec": "dspark", "verify": "ragged"}))
 
 
 @dataclass
 class ABSettingsSchema:
-    name: str = "spec_off_vs_dspark_full"
+    name: str = "dspark_full_vs_ragged"
     arms: ArmsSchema = field(default_factory=ArmsSchema)
     schedule: str = "ABBA"  # ABBA | ABAB | random
     n_blocks: int = 4
@@ -114,6 +114,7 @@ class ABSettingsSchema:
     near_tie_margin: float = 0.05  # bf16: first-divergence flips whose top-2 logit margin is below this are near-ties
     n_boot: int = 4000
     fail_on_guard: bool = True
+    greedy_replica_max_tokens: Optional[int] = 256  # output cap of the greedy replicas (lossless check)
     force_rerun: bool = False  # run again even when the output folder holds a finished summary for this config
 
 

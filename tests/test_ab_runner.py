@@ -19,7 +19,7 @@ from dspark.engine import Engine
 from test_configs import ROOT, compose_ab
 from tiny import tiny_drafter, tiny_target
 
-TINY = ["+workload=agentic", "workload.num_prompts=2", "workload.max_tokens=6", "ab.n_blocks=2",
+TINY = ["ab=spec_off_vs_dspark", "+workload=agentic", "workload.num_prompts=2", "workload.max_tokens=6", "ab.n_blocks=2",
         "ab.warmup_requests=1", "ab.n_boot=200", "load.concurrency=2", "wandb.mode=disabled"]
 
 
@@ -129,7 +129,7 @@ def test_rerun_returns_finished_summary_unless_forced(tiny_run, caplog):
         raise Measured
 
     with pytest.raises(Measured):  # force_rerun does not change the hash, but measures again
-        ab.run(compose_ab([*TINY, "wandb.mode=offline", "+ab.force_rerun=true"], out_dir=out), engine_factory=must_run)
+        ab.run(compose_ab([*TINY, "wandb.mode=offline", "ab.force_rerun=true"], out_dir=out), engine_factory=must_run)
     with pytest.raises(Measured):  # another config in the same folder is measured, not skipped
         ab.run(compose_ab([*TINY, "wandb.mode=offline", "ab.seed=1"], out_dir=out), engine_factory=must_run)
 
@@ -192,7 +192,7 @@ def test_custom_workload_from_a_new_jsonl(tmp_path):
         {"messages": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+2?"}],
          "max_tokens": 4},
     ]) + "\n")
-    cfg = compose_ab(["+workload=custom", f"workload.path={prompts}", "workload.max_tokens=6", "ab.n_blocks=2",
+    cfg = compose_ab(["ab=spec_off_vs_dspark", "+workload=custom", f"workload.path={prompts}", "workload.max_tokens=6", "ab.n_blocks=2",
                       "ab.warmup_requests=0", "ab.n_boot=200", "wandb.mode=disabled"], out_dir=tmp_path / "run")
     summary = ab.run(cfg, engine_factory=tiny_factory())
     assert summary["guards_passed"] is True
@@ -238,3 +238,21 @@ def test_submitit_local_multirun_writes_jobs_and_sweep_summary(tmp_path):
     for job in jobs:
         assert "already holds a finished run" in (job / "ab.log").read_text()
     assert (sweep / "sweep_summary.md").is_file()
+
+
+def test_default_arms_trim_with_a_table_and_guards_pass(tmp_path):
+    """The default A/B (verify-all vs ragged): arm B really trims when its cost table makes trimming pay."""
+    from test_engine_scheduling import steep_table
+
+    target = tiny_target(seed=0, scale=TARGET_SCALE)
+    drafter = tiny_drafter(target, seed=1)
+    probe = Engine(target, FakeTokenizer(), replace(ab.arm_engine_configs(compose_ab(
+        [o for o in TINY if not o.startswith("ab=")], out_dir=tmp_path))["B"], cost_table=None), drafter)
+    table = steep_table(probe, tmp_path / "steep.json")
+    overrides = [o for o in TINY if not o.startswith("ab=")] + [f"+ab.arms.B.engine.cost_table={table}"]
+    cfg = compose_ab(overrides, out_dir=tmp_path / "run")
+    summary = ab.run(cfg, engine_factory=tiny_factory())
+    assert summary["arms"]["B"]["label"] == "ragged"
+    assert summary["counters"]["B"]["trimmed_steps"] > 0
+    assert summary["guards_passed"], summary["guards"]
+    assert summary["cost_tables"]["B"]["how"] == "configured"

@@ -24,7 +24,8 @@ WORKLOADS = ("agentic", "poetry", "arena_hard", "custom")
 
 def compose_ab(overrides=(), out_dir: Path | str = "/nonexistent/ab-out", hydra_config: bool = False):
     """The composed `ab` config as `python -m runners.ab OVERRIDES` sees it, writing to ``out_dir``."""
-    paths = [f"paths.root={ROOT}", f"paths.output_dir={out_dir}", f"paths.cost_tables={ROOT / 'cost_tables'}"]
+    # Cost tables profiled by a test go beside its outputs, never into the checkout.
+    paths = [f"paths.root={ROOT}", f"paths.output_dir={out_dir}", f"paths.cost_tables={Path(out_dir) / 'cost_tables'}"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="ab"):
         return compose(config_name="ab", overrides=[*paths, "progress=false", *overrides],
                        return_hydra_config=hydra_config)
@@ -73,7 +74,8 @@ def test_every_workload_and_launcher_composes(workload, launcher, tmp_path):
             ab.run(job_cfg, engine_factory=NoModels())
     else:
         arm_cfgs, wl, schedule = ab.check_config(job_cfg)
-        assert arm_cfgs["A"].spec == "off" and arm_cfgs["B"].spec == "dspark"
+        assert (arm_cfgs["A"].spec, arm_cfgs["A"].verify) == ("dspark", "full")  # default: verify-all vs ragged
+        assert (arm_cfgs["B"].spec, arm_cfgs["B"].verify) == ("dspark", "ragged")
         assert [arm for _, arm in schedule] == ["A", "B", "B", "A"] * (job_cfg.ab.n_blocks // 2)
 
 
