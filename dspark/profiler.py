@@ -71,10 +71,11 @@ class ProfileRefusedError(ProfileError):
     plot what was refused.
     """
 
-    def __init__(self, message: str, measurements: list[tuple[int, int, float]],
+    def __init__(self, message: str, measurements: list[tuple[int, int, float]] | None = None,
                  table: CostTable | None = None, samples: list[tuple[int, int, float]] | None = None):
+        # Defaults keep the exception picklable: launchers (submitit) ship it between processes.
         super().__init__(message)
-        self.measurements = measurements
+        self.measurements = measurements or []
         self.table = table
         self.samples = samples or []
 
@@ -330,6 +331,10 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: S
     shared by two batch sizes, so the batch overhead cannot be told apart from theta).
     """
     bs, vl = _check_settings(engine, batch_sizes, verify_lens, warmup_steps, measure_steps, prompt_len)
+    G = engine.block_size
+    if G not in vl:
+        raise ProfileError(f"verify_lens={list(vl)} leaves out the full block {G}: the planner compares every trim "
+                           f"with the full block's cost, and an engine refuses a table that does not cover it; add {G}")
     samples = collect_measurements(engine, batch_sizes=bs, verify_lens=vl, warmup_steps=warmup_steps,
                                    measure_steps=measure_steps, prompt_len=prompt_len, seed=seed, progress=progress)
     measurements = medians_of(samples)

@@ -213,7 +213,7 @@ def test_engine_factory_must_return_both_arms(tmp_path):
 def test_submitit_local_multirun_writes_jobs_and_sweep_summary(tmp_path):
     sweep = tmp_path / "sweep"
     env = {**os.environ, "PYTHONPATH": str(ROOT), ab.TINY_MODELS_ENV: "1", "WANDB_MODE": "disabled"}
-    cmd = [sys.executable, "-m", "runners.ab", "-m", "hydra/launcher=local", "+workload=agentic",
+    cmd = [sys.executable, "-m", "runners.ab", "-m", "hydra/launcher=local", "ab=spec_off_vs_dspark", "+workload=agentic",
            "workload.num_prompts=1", "workload.max_tokens=4", "ab.n_blocks=2", "ab.warmup_requests=0",
            "ab.n_boot=200", "wandb.mode=disabled", "progress=false", "ab.seed=0,1", f"hydra.sweep.dir={sweep}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -139,3 +139,38 @@ def test_sampled_spec_follows_target_distribution_and_broken_rule_is_caught(monk
     broken = emitted(target, drafter, n, T, seed0=10_000)
     tv_b, bound = tv_and_bound(broken[:, 0], p1)
     assert tv_b > bound, (tv_b, bound)
+
+
+class CharTokenizer:
+    """ids 3..96 <-> printable characters, enough to test text-level stop strings."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [3 + (ord(c) - 32) % 94 for c in text]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(32 + (i - 3) % 94) for i in ids if i > 2)
+
+
+def test_stop_strings_and_eos_end_requests():
+    target = tiny_target(13, scale=4.0)
+    drafter = tiny_drafter(target, 14)
+    prompts = prompts_for(13, 3)
+    free = run(target, drafter, prompts, SamplingParams(max_tokens=30, ignore_eos=True))
+    eng = Engine(target, CharTokenizer(), tiny_engine_config(), drafter)
+    for p, f in zip(prompts, free):
+        text = CharTokenizer().decode(f.token_ids)
+        stop = text[10:12]  # a string the free-running output produces after its 10th character
+        cut = text.find(stop)
+        out = eng.generate([p], SamplingParams(max_tokens=30, ignore_eos=True, stop=(stop,)))[0]
+        assert out.finish_reason == "stop"
+        assert out.text == text[:cut]
+        assert out.token_ids == f.token_ids[: len(out.token_ids)] and len(out.token_ids) < 30
+    # EOS: make the free-running output's 6th token the EOS id; generation must end right after it.
+    eos = free[0].token_ids[5]
+    target.cfg.eos_token_ids = (eos,)
+    try:
+        out = run(target, drafter, [prompts[0]], SamplingParams(max_tokens=30))[0]
+    finally:
+        target.cfg.eos_token_ids = (2,)
+    first = free[0].token_ids.index(eos)
+    assert out.finish_reason == "stop" and out.token_ids == free[0].token_ids[: first + 1]

@@ -22,7 +22,7 @@ from tiny import tiny_drafter, tiny_engine_config, tiny_target
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 BLOCK = 4  # tiny_drafter's block
-SWEEP = dict(batch_sizes=[1, 2], verify_lens=[0, 1, 2, 3], warmup_steps=1, measure_steps=2, prompt_len=6, seed=0,
+SWEEP = dict(batch_sizes=[1, 2], verify_lens=[0, 1, 2, 4], warmup_steps=1, measure_steps=2, prompt_len=6, seed=0,
              progress=False)
 
 
@@ -72,7 +72,7 @@ def test_measurements_are_forced_verify_lengths_with_real_timing(models):
     engine = make_engine(models)
     samples = collect_measurements(engine, **SWEEP)
     keys = sorted({(b, m) for b, m, _ in samples})
-    assert keys == sorted({(b, b * (v + 1)) for b in (1, 2) for v in (0, 1, 2, 3)})
+    assert keys == sorted({(b, b * (v + 1)) for b in (1, 2) for v in (0, 1, 2, 4)})
     per_key = {k: sum(1 for b, m, _ in samples if (b, m) == k) for k in keys}
     assert set(per_key.values()) == {SWEEP["measure_steps"]}
     assert all(ms > 0 for _, _, ms in samples)
@@ -84,9 +84,9 @@ def test_profile_writes_a_table_that_round_trips(models, monkeypatch, tmp_path):
     synthetic_clock(monkeypatch, staircase)
     engine = make_engine(models)
     result = profile_engine(engine, **SWEEP)
-    expected_m = sorted({b * (v + 1) for b in (1, 2) for v in (0, 1, 2, 3)})
+    expected_m = sorted({b * (v + 1) for b in (1, 2) for v in (0, 1, 2, 4)})
     assert list(result.table.token_counts) == expected_m
-    assert [m for _, m, _ in result.measurements] == [b * (v + 1) for b in (1, 2) for v in (0, 1, 2, 3)]
+    assert [m for _, m, _ in result.measurements] == [b * (v + 1) for b in (1, 2) for v in (0, 1, 2, 4)]
     assert result.table.batch_sizes == (1, 2)
     # The additive model reproduces the synthetic cost exactly.
     for b, m, ms in result.measurements:
@@ -96,8 +96,8 @@ def test_profile_writes_a_table_that_round_trips(models, monkeypatch, tmp_path):
     loaded = CostTable.load(path)
     assert loaded == result.table
     loaded.check_fingerprint(engine.fingerprint())
-    # Shelves right edges at M = 4, 8: batch 2 -> v = 1 and 3, plus the block.
-    assert recommend_tier_ladder(result.table, BLOCK, 2) == [1, 3, 4]
+    # Measured shelves end at M = 4 and 6 (8 is not measured): batch 2 -> v = 1 and 2, plus the block.
+    assert recommend_tier_ladder(result.table, BLOCK, 2) == [1, 2, 4]
     assert recommend_tier_ladder(result.table, BLOCK, 1) == [3, 4]
 
 
@@ -133,11 +133,11 @@ def test_nearly_flat_fit_is_refused(models, monkeypatch):
 
 
 def test_sweep_without_shared_token_counts_is_refused_by_the_fit(models, monkeypatch):
-    # B=1 gives M in {1, 2}, B=4 gives {4, 8}: nothing ties the batch overhead to theta.
+    # B=1 gives M in {1, 5}, B=4 gives {4, 20}: nothing ties the batch overhead to theta.
     synthetic_clock(monkeypatch, staircase)
     with pytest.raises(ProfileFitError, match="do not separate the batch overhead") as err:
-        profile_engine(make_engine(models), **{**SWEEP, "batch_sizes": [1, 4], "verify_lens": [0, 1]})
-    assert [m for _, m, _ in err.value.measurements] == [1, 2, 4, 8]
+        profile_engine(make_engine(models), **{**SWEEP, "batch_sizes": [1, 4], "verify_lens": [0, 4]})
+    assert [m for _, m, _ in err.value.measurements] == [1, 5, 4, 20]
 
 
 def test_disturbed_sweep_is_refused(models, monkeypatch):
@@ -183,7 +183,7 @@ def test_table_is_found_again_by_fingerprint_without_reprofiling(models, monkeyp
     assert cost_table_path_for(other, tmp_path) != first
     assert cost_table_path_for(dict(engine.fingerprint(), hostname="elsewhere"), tmp_path) == first
     # The table it returns is accepted by an engine that loads it.
-    planned = make_engine(models, verify="uniform", cost_table=str(first))
+    planned = make_engine(models, verify="uniform", cost_table=str(first), max_num_seqs=max(SWEEP["batch_sizes"]))
     assert planned.cost_table == CostTable.load(first)
 
 
@@ -213,17 +213,17 @@ def test_profile_config_composes_and_runs(models, monkeypatch, tmp_path):
         compose_profile(["batch_size=4"])
     cfg = compose_profile([f"paths.root={ROOT}", f"paths.output_dir={tmp_path / 'run'}",
                            f"paths.cost_tables={tmp_path / 'tables'}", "progress=false", "batch_sizes=[1,2]",
-                           "verify_lens=[0,1,2,3]", "warmup_steps=1", "measure_steps=2", "prompt_len=6"])
+                           "verify_lens=[0,1,2,4]", "warmup_steps=1", "measure_steps=2", "prompt_len=6"])
     synthetic_clock(monkeypatch, staircase)
     engine = make_engine(models)
     summary = runner.run(cfg, engine=engine)
     table_path = Path(summary["cost_table"])
     assert table_path == cost_table_path_for(engine.fingerprint(), tmp_path / "tables").resolve()
-    assert CostTable.load(table_path).token_counts == (1, 2, 3, 4, 6, 8)
+    assert CostTable.load(table_path).token_counts == (1, 2, 3, 4, 5, 6, 10)
     assert Path(summary["plot"]).exists() and Path(summary["plot"]).suffix == ".png"
-    assert summary["recommended_tiers"]["2"] == [1, 3, 4]
+    assert summary["recommended_tiers"]["2"] == [1, 2, 4]
     saved = json.loads((tmp_path / "run" / "profile.json").read_text())
-    assert saved["table"]["token_counts"] == [1, 2, 3, 4, 6, 8]
+    assert saved["table"]["token_counts"] == [1, 2, 3, 4, 5, 6, 10]
 
 
 def test_profile_runner_writes_the_refused_curve(models, monkeypatch, tmp_path):
@@ -231,7 +231,7 @@ def test_profile_runner_writes_the_refused_curve(models, monkeypatch, tmp_path):
 
     cfg = compose_profile([f"paths.root={ROOT}", f"paths.output_dir={tmp_path / 'run'}",
                            f"paths.cost_tables={tmp_path / 'tables'}", "progress=false", "batch_sizes=[1,2]",
-                           "verify_lens=[0,1,2,3]", "warmup_steps=0", "measure_steps=1", "prompt_len=6"])
+                           "verify_lens=[0,1,2,4]", "warmup_steps=0", "measure_steps=1", "prompt_len=6"])
     synthetic_clock(monkeypatch, lambda m, b: 3.0)
     with pytest.raises(ProfileFlatError):
         runner.run(cfg, engine=make_engine(models))
