@@ -84,14 +84,7 @@ class Engine:
 
     def _build_planner(self) -> None:
         cfg = self.cfg
-        if cfg.verify == "full":
-            return
-        from dspark.planner import Planner, PlannerConfig
-
-        if self.drafter.confidence_head is None:
-            raise ConfigError(f"engine.verify={cfg.verify!r} schedules by confidence, but this drafter has no "
-                              "confidence head (a DFlash-style ablation); use engine.verify=full")
-        if cfg.cost_table is not None:
+        if cfg.cost_table is not None:  # also in verify=full, where it prices the oracle bound
             from dspark.cost_table import CostTable
 
             self.cost_table = CostTable.load(cfg.cost_table)
@@ -103,6 +96,13 @@ class Engine:
                                   f"{most} (max_num_seqs {cfg.max_num_seqs} x (block {self.block_size} + 1)); "
                                   f"profile with batch sizes up to {cfg.max_num_seqs} (runners.profile) or lower "
                                   f"engine.max_num_seqs")
+        if cfg.verify == "full":
+            return
+        from dspark.planner import Planner, PlannerConfig
+
+        if self.drafter.confidence_head is None:
+            raise ConfigError(f"engine.verify={cfg.verify!r} schedules by confidence, but this drafter has no "
+                              "confidence head (a DFlash-style ablation); use engine.verify=full")
         fresh_global = cfg.planner_algorithm == "global" and cfg.budget_lag == 0
         self.planner_config = PlannerConfig(
             block=self.block_size, mode="uniform" if cfg.verify == "uniform" else "ragged",

@@ -363,6 +363,20 @@ def attach_cost_tables(cfg: DictConfig, arm_cfgs: dict[str, EngineConfig], engin
         engines[arm] = Engine(e.target, e.tokenizer, arm_cfgs[arm], e.drafter)
         used[arm] = {"path": str(path), "how": "profiled now" if any("profiling now" in x for x in lines)
                      else "reused"}
+    # A verify-all arm on the same node gets the table too: it prices that arm's oracle bound
+    # (what an all-knowing scheduler would have delivered on the same acceptances).
+    for arm in ARMS:
+        other = used.get("B" if arm == "A" else "A")
+        ecfg = arm_cfgs[arm]
+        if ecfg.verify == "full" and ecfg.spec == "dspark" and ecfg.cost_table is None and other is not None:
+            e = engines[arm]
+            try:
+                arm_cfgs[arm] = dataclasses.replace(ecfg, cost_table=other["path"])
+                engines[arm] = Engine(e.target, e.tokenizer, arm_cfgs[arm], e.drafter)
+                used[arm] = {"path": other["path"], "how": "shared for the oracle bound"}
+            except ValueError as exc:  # another drafter or dtype (a foreign table): no oracle, and say why
+                arm_cfgs[arm] = ecfg
+                used[arm] = {"path": None, "how": f"no oracle bound: {exc}"}
     return used
 
 

@@ -256,3 +256,6 @@ def test_default_arms_trim_with_a_table_and_guards_pass(tmp_path):
     assert summary["counters"]["B"]["trimmed_steps"] > 0
     assert summary["guards_passed"], summary["guards"]
     assert summary["cost_tables"]["B"]["how"] == "configured"
+    # The verify-all arm is priced with the same table: its oracle bound is in the counters.
+    assert summary["cost_tables"]["A"]["how"] == "shared for the oracle bound"
+    assert any(k.startswith("oracle/") for k in summary["counters"]["A"]), sorted(summary["counters"]["A"])
