@@ -19,6 +19,20 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"{key}: {msg}")
 
 
+def _as_dict(obj: Any) -> dict[str, Any]:
+    """A config dataclass as JSON-able data (tuples become lists)."""
+    return {f.name: list(v) if isinstance(v, tuple) else v for f in fields(obj) for v in [getattr(obj, f.name)]}
+
+
+def _from_dict(cls: type, d: dict[str, Any], what: str) -> Any:
+    """Build ``cls`` from data, refusing keys it does not have (the dataclass converts lists back)."""
+    known = {f.name for f in fields(cls)}
+    unknown = set(d) - known
+    if unknown:
+        raise ConfigError(f"{what} config: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+    return cls(**d)
+
+
 @dataclass(slots=True)
 class ModelConfig:
     """Architecture of a Llama-family decoder (Llama, Qwen2, Qwen3)."""
@@ -52,20 +66,11 @@ class ModelConfig:
         self.eos_token_ids = tuple(int(t) for t in self.eos_token_ids)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["eos_token_ids"] = list(self.eos_token_ids)
-        return d
+        return _as_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"model config: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
-        d = dict(d)
-        if "eos_token_ids" in d:
-            d["eos_token_ids"] = tuple(d["eos_token_ids"])
-        return cls(**d)
+        return _from_dict(cls, d, "model")
 
 
 @dataclass(slots=True)
@@ -94,17 +99,11 @@ class DrafterConfig:
                f"unknown variant {self.markov_variant!r}; allowed: {list(self.VARIANTS)}")
 
     def to_dict(self) -> dict[str, Any]:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["target_layer_ids"] = list(self.target_layer_ids)
-        return d
+        return _as_dict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DrafterConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"drafter config: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
-        return cls(**d)
+        return _from_dict(cls, d, "drafter")
 
 
 @dataclass(slots=True)
