@@ -322,14 +322,23 @@ def check_monotone(table: CostTable, measurements: Sequence[tuple[int, int, floa
 def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: Sequence[int] | None = None,
                    warmup_steps: int = 2, measure_steps: int = 6, prompt_len: int = 32, seed: int = 0,
                    progress: bool = False, flat_rel_tol: float = DEFAULT_FLAT_REL_TOL,
-                   max_drop_rel: float = DEFAULT_MAX_DROP_REL) -> ProfileResult:
+                   max_drop_rel: float = DEFAULT_MAX_DROP_REL, monotone: str = "refuse") -> ProfileResult:
     """Sweep (batch size, forced verify length), fit the cost table, refuse a flat one.
 
     Raises ProfileError on settings the engine cannot run, ProfileFlatError when the
     table would make trimming look free, ProfileFitError when the medians do not fit the
     additive model (its message carries fit_cost_table's reason, e.g. no token count
     shared by two batch sizes, so the batch overhead cannot be told apart from theta).
+
+    ``monotone``: what to do when the fitted theta(M) costs more at some M than at a larger
+    one. "refuse" (default) raises ProfileFitError beyond ``max_drop_rel``; "envelope"
+    replaces theta(M) by the cheapest cost at any M' >= M (a step can always be padded up to
+    M'), records how many points changed in ``settings["monotone_repaired"]``, and never
+    refuses for this reason. The A/B runner's automatic profile uses "envelope" on CPUs,
+    whose cost curves have real shape-dependent bumps.
     """
+    if monotone not in ("refuse", "envelope"):
+        raise ProfileError(f"monotone={monotone!r}: allowed 'refuse' or 'envelope'")
     bs, vl = _check_settings(engine, batch_sizes, verify_lens, warmup_steps, measure_steps, prompt_len)
     G = engine.block_size
     if G not in vl:
@@ -347,12 +356,32 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: S
                               "by large factors, something else was using the device or CPU during the sweep: re-run "
                               "on an idle machine, with more measure_steps", measurements, None, samples) from e
     check_not_flat(measurements, table, flat_rel_tol, samples)
-    check_monotone(table, measurements, samples, max_drop_rel)
+    repaired = 0
+    if monotone == "envelope":
+        table, repaired = monotone_envelope(table)
+        if repaired:
+            check_not_flat(measurements, table, flat_rel_tol, samples)
+            log.info("profile: theta(M) was above a larger M's cost at %d token counts; replaced by the "
+                     "cheaper padded cost (monotone envelope)", repaired)
+    else:
+        check_monotone(table, measurements, samples, max_drop_rel)
     settings = {"warmup_steps": warmup_steps, "measure_steps": measure_steps, "prompt_len": prompt_len, "seed": seed,
                 "flat_rel_tol": flat_rel_tol,
-                "max_drop_rel": max_drop_rel}
+                "max_drop_rel": max_drop_rel, "monotone": monotone, "monotone_repaired": repaired}
     return ProfileResult(measurements=measurements, samples=samples, table=table, block=engine.block_size,
                          batch_sizes=bs, verify_lens=vl, fingerprint=fingerprint, settings=settings)
+
+
+def monotone_envelope(table: CostTable) -> tuple[CostTable, int]:
+    """theta(M) -> min over M' >= M of theta(M'): padding a step up to M' is always possible,
+    so no step needs to cost more than a larger one. Returns the table and the points changed."""
+    theta = list(table.theta_ms)
+    changed = 0
+    for i in range(len(theta) - 2, -1, -1):
+        if theta[i] > theta[i + 1]:
+            theta[i] = theta[i + 1]
+            changed += 1
+    return dataclasses.replace(table, theta_ms=tuple(theta)), changed
 
 
 def batch_size_ladder(max_batch: int) -> list[int]:

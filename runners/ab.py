@@ -352,9 +352,10 @@ def attach_cost_tables(cfg: DictConfig, arm_cfgs: dict[str, EngineConfig], engin
         kwargs = dict(batch_sizes=batch_size_ladder(int(cfg.load.concurrency)), verify_lens=None,
                       warmup_steps=2, measure_steps=6, prompt_len=32, seed=int(cfg.ab.seed),
                       progress=bool(cfg.progress),
-                      # CPU step costs have real shape-dependent bumps (BLAS blocking); the global
-                      # argmax planner handles a staircase, so only gross disturbances are refused.
-                      max_drop_rel=0.75)
+                      # CPU step costs have real shape-dependent bumps (BLAS blocking): a step can
+                      # always be padded to a larger token count, so the table takes the cheaper
+                      # padded cost there (logged and recorded) instead of refusing the node.
+                      monotone="envelope")
         # Tables are kept per batch depth: a table must cover every step the arm can take
         # (concurrency x (block + 1) tokens), and the engine refuses one that does not.
         root = Path(cfg.paths.cost_tables) / f"max_batch_{int(cfg.load.concurrency)}"

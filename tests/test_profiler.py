@@ -270,3 +270,18 @@ def test_batch_size_ladder_covers_the_concurrency():
     assert batch_size_ladder(12) == [1, 2, 4, 8, 12]
     with pytest.raises(ProfileError, match="max_batch"):
         batch_size_ladder(0)
+
+
+def test_bumpy_cost_is_refused_or_repaired_by_the_monotone_envelope(models, monkeypatch):
+    def bumpy(m, b):  # a step of 6 tokens costs more than the steps of 8 and 10 tokens
+        return staircase(m, b) + (5.0 if m == 6 else 0.0)
+
+    synthetic_clock(monkeypatch, bumpy)
+    with pytest.raises(ProfileFitError, match="above the cost at the larger"):
+        profile_engine(make_engine(models), **SWEEP)
+    result = profile_engine(make_engine(models), **SWEEP, monotone="envelope")
+    theta = result.table.theta_ms
+    assert all(theta[i] <= theta[i + 1] for i in range(len(theta) - 1))
+    assert result.settings["monotone_repaired"] >= 1
+    with pytest.raises(ProfileError, match="monotone"):
+        profile_engine(make_engine(models), **SWEEP, monotone="sometimes")
