@@ -280,7 +280,10 @@ class DSparkDrafter(nn.Module):
 
     def calibrated_confidence(self, confidence_logits: torch.Tensor) -> torch.Tensor:
         """c_k = sigmoid(z_k / T_k) for confidence_logits [..., gamma] (temperatures from STS, default 1)."""
-        return torch.sigmoid(confidence_logits.float() / self.confidence_temperatures.float())
+        from dspark.survival import calibrated_confidence
+
+        flat = confidence_logits.reshape(-1, confidence_logits.shape[-1])
+        return calibrated_confidence(flat, self.confidence_temperatures).reshape(confidence_logits.shape)
 
     def set_confidence_temperatures(self, temperatures) -> None:
         temps = [float(t) for t in temperatures]
