@@ -33,6 +33,11 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     causal: bool = True
     max_q_len: int | None = None
+    trash_slot: int | None = None
+
+    # trash_slot: a cache slot no request owns (ModelRunner allocates one spare page). When
+    # set, write_kv sends padding rows (slot -1) there instead of filtering them out with a
+    # boolean mask, so the write never syncs and can be captured in a CUDA graph.
 
     @property
     def batch_size(self) -> int:
@@ -58,7 +63,13 @@ def get_attention_backend() -> str:
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              meta: AttentionMetadata) -> None:
-    write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+    if meta.trash_slot is None:
+        write_kv_reference(k_cache, v_cache, k, v, meta.slot_mapping)
+        return
+    nb, bs, h, d = k_cache.shape
+    slots = torch.where(meta.slot_mapping >= 0, meta.slot_mapping, meta.trash_slot)
+    k_cache.view(nb * bs, h, d).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(nb * bs, h, d).index_copy_(0, slots, v.to(v_cache.dtype))
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,

@@ -162,6 +162,10 @@ class EngineConfig:
     force_budget_frac: float | None = None  # profiling/debug override (ragged): budget = frac * R * G cells
     token_buckets: tuple[int, ...] | None = None  # pad each step's tokens up to the next bucket (graph keys)
     debug_checks: bool = False  # assert every description of a step's verify tokens agrees
+    # Device-resident decode steps (dspark.graph_decode): captured as CUDA graphs, one per token
+    # bucket, on a GPU; on the CPU the same step function runs eagerly (for tests).
+    cuda_graphs: bool = False
+    overlap: bool = False  # launch step t+1 before reading step t's tokens (needs cuda_graphs)
 
     DTYPES = ("float32", "bfloat16", "float16")
     SPECS = ("off", "dspark")
@@ -192,9 +196,23 @@ class EngineConfig:
             _check(len(b) > 0 and all(x > 0 for x in b) and all(b[i] < b[i + 1] for i in range(len(b) - 1)),
                    "engine.token_buckets", f"must be strictly ascending positive integers, got {list(b)}")
             self.token_buckets = b
-        _check(self.verify != "ragged" or self.token_buckets is not None or self.device == "cpu",
+        _check(self.verify != "ragged" or self.token_buckets is not None or self.device == "cpu" or self.cuda_graphs,
                "engine.token_buckets", "verify=ragged on a GPU pads each step to a token bucket: set "
                "engine.token_buckets (e.g. [64, 128, 256, 512, 1024, 2048])")
+        _check(not self.overlap or self.cuda_graphs, "engine.overlap",
+               "the overlap scheduler pipelines device-resident steps: set engine.cuda_graphs=true too")
+        if self.cuda_graphs and self.verify != "full":
+            _check(self.verify in ("uniform", "ragged"), "engine.cuda_graphs",
+                   f"captured steps support verify=full, uniform and ragged, got verify={self.verify!r}; "
+                   f"set engine.cuda_graphs=false")
+            _check(self.planner_algorithm == "global", "engine.planner_algorithm",
+                   "greedy_stop decides each step from fresh survival on the host, which captured steps never "
+                   "read back in time; use planner_algorithm=global with cuda_graphs")
+            need = 2 if self.overlap else 1
+            _check(self.budget_lag >= need, "engine.budget_lag",
+                   f"captured steps size the budget from survival the host has already read back: at least "
+                   f"{need} step(s) old {'with the overlap scheduler ' if self.overlap else ''}(got "
+                   f"{self.budget_lag}); set engine.budget_lag={need}")
         if self.force_verify_len is not None:
             _check(self.verify in ("uniform", "ragged", "cap_accept"), "engine.force_verify_len",
                    f"overrides the planner's decision, but verify={self.verify!r} has no planner")

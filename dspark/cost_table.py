@@ -28,7 +28,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 FORMAT_VERSION = 1
 # Fingerprint fields that must agree for a table to describe this run's step cost.
-CHECKED_FINGERPRINT_FIELDS = ("device_name", "driver", "torch", "triton", "model", "drafter", "dtype")
+# step_path: eager, graphs or graphs+overlap steps cost differently (a graph replay has no host work).
+CHECKED_FINGERPRINT_FIELDS = ("device_name", "driver", "torch", "triton", "model", "drafter", "dtype", "step_path")
 OPTIONAL_FINGERPRINT_FIELDS = ("hostname",)
 
 

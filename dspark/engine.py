@@ -22,7 +22,7 @@ from dspark.sampling import RowSampling
 from dspark.scheduler import Scheduler
 from dspark.stats import EngineStats, check_step_consistency
 from dspark.survival import prefix_survival
-from dspark.verification import draw_uniforms, verify
+from dspark.verification import step_uniforms_for, verify
 
 PromptLike = str | list[int] | list[dict]
 
@@ -59,10 +59,12 @@ class Engine:
             self.drafter.validate_target_layers(target.cfg)
         G = self.drafter.cfg.block_size if self.drafter is not None else 0
         page = self.cfg.kv_block_size
+        # Device-resident steps reserve pages ahead: the host knows lengths up to one step late.
+        self._lookahead = (2 if self.cfg.overlap else 1) * (G + 1) + 1 if self.cfg.cuda_graphs else G + 1
         if self.cfg.num_kv_blocks is not None:
             num_pages = self.cfg.num_kv_blocks
         else:
-            tokens = min(self.cfg.max_num_seqs * (self.cfg.max_model_len + G + 1), self.cfg.kv_cache_tokens)
+            tokens = min(self.cfg.max_num_seqs * (self.cfg.max_model_len + self._lookahead), self.cfg.kv_cache_tokens)
             num_pages = max(2, -(-tokens // page))
         self.blocks = BlockManager(num_pages, page)
         self.runner = ModelRunner(self.target, self.drafter, self.cfg, self.blocks)
@@ -81,6 +83,37 @@ class Engine:
         self._build_planner()
         self._free_slots = list(range(self.cfg.max_num_seqs - 1, -1, -1))
         self._slot_of: dict[int, int] = {}
+        self.graph = None
+        self._inflight = None
+        self._eager_reason = "no_cuda_graphs"
+        self.eager_reasons: dict[str, int] = {}
+        if self.cfg.cuda_graphs:
+            self._build_graph_decoder()
+
+    def _build_graph_decoder(self) -> None:
+        from dspark.graph_decode import GraphDecoder
+
+        M = self.block_size + 1
+        if self.cfg.token_buckets is not None and self.cfg.verify == "full":
+            bad = [b for b in self.cfg.token_buckets if b % M]
+            if bad:
+                raise ConfigError(f"engine.token_buckets: {bad} are not multiples of {M} tokens per request "
+                                  f"(block {self.block_size} + 1); a full-block captured step of R requests "
+                                  f"processes R*{M} tokens, so give multiples of {M}")
+            buckets = tuple(self.cfg.token_buckets)
+        if self.cfg.token_buckets is None or self.cfg.verify != "full":
+            sizes, b = [], 1
+            while b < self.cfg.max_num_seqs:
+                sizes.append(b)
+                b *= 2
+            buckets = tuple(M * x for x in sizes + [self.cfg.max_num_seqs])
+        page = self.cfg.kv_block_size
+        max_pages = -(-(self.cfg.max_model_len + self._lookahead) // page) + 1
+        ragged_buckets = self.cfg.token_buckets if self.cfg.verify != "full" else None
+        self.graph = GraphDecoder(self.runner, self.cfg.max_num_seqs, max_pages, buckets, use_graphs=True,
+                                  token_buckets=ragged_buckets, min_verify_len=self.cfg.min_verify_len,
+                                  window_impl="triton" if self.cfg.attention_backend == "triton" else "torch")
+        self._graph_table_lens: dict[int, int] = {}
 
     def _build_planner(self) -> None:
         cfg = self.cfg
@@ -132,7 +165,9 @@ class Engine:
             dc = self.drafter.cfg
             drafter = f"block{dc.block_size}-L{dc.num_layers}-r{dc.markov_rank}-{dc.markov_variant}"
         tc = self.target.cfg
+        step_path = ("graphs+overlap" if self.cfg.overlap else "graphs") if self.cfg.cuda_graphs else "eager"
         return {"device_name": device_name, "driver": driver, "torch": torch.__version__, "triton": triton_v,
+                "step_path": step_path,
                 "model": f"{tc.arch}-h{tc.hidden_size}-L{tc.num_layers}-V{tc.vocab_size}", "drafter": drafter,
                 "dtype": self.cfg.dtype}
 
@@ -141,7 +176,13 @@ class Engine:
         return {"steps": 0, "decode_steps": 0, "mixed_steps": 0, "prefill_tokens": 0, "request_steps": 0,
                 "drafted_tokens": 0, "verified_tokens": 0, "accepted_tokens": 0, "emitted_tokens": 0,
                 "trimmed_steps": 0, "ceiling_tokens": 0, "window_tokens": 0, "preemptions": 0,
-                "graph_replays": 0, "eager_steps": 0}
+                "graph_replays": 0, "graph_eager_steps": 0, "eager_steps": 0, "discarded_row_steps": 0,
+                "pipelined_steps": 0}
+
+    @property
+    def emitted_tokens(self) -> int:
+        """Tokens committed so far (cheap: benchmarks read it around every step)."""
+        return self._counts["emitted_tokens"]
 
     def counters(self) -> dict[str, float]:
         """What the engine did since the last reset (feeds the A/B guards and reports)."""
@@ -149,6 +190,10 @@ class Engine:
         c.update(self._counts)
         c["trim_ratio"] = 1.0 - c["window_tokens"] / c["ceiling_tokens"] if c["ceiling_tokens"] else 0.0
         c["accept_rate"] = c["accepted_tokens"] / c["verified_tokens"] if c["verified_tokens"] else 0.0
+        for why, n in self.eager_reasons.items():
+            c[f"eager_reason/{why}"] = n
+        if self.graph is not None:
+            c["graphs_captured"] = self.graph.captures
         if self.cost_table is not None and self._oracle_steps and self.cfg.verify in ("full", "cap_accept"):
             from dspark.planner import oracle_bound
 
@@ -223,11 +268,17 @@ class Engine:
         return req.req_id
 
     def has_unfinished(self) -> bool:
+        if not self.scheduler.has_work() and self._inflight is not None:
+            self._drain()  # every row of the step in flight has finished: its tokens are discarded
         return self.scheduler.has_work()
 
     # ---- the step -------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
+        if self.graph is not None:
+            out = self._graph_step()
+            if out is not None:
+                return out
         plan = self.scheduler.schedule()
         finished: list[RequestOutput] = []
         for req, why in plan.failed:
@@ -239,7 +290,8 @@ class Engine:
         step_start = time.perf_counter()
         counts = self._counts
         counts["steps"] += 1
-        counts["eager_steps"] += 1  # no CUDA graphs on this path: every step runs eagerly
+        counts["eager_steps"] += 1  # this path never replays a graph
+        self.eager_reasons[self._eager_reason] = self.eager_reasons.get(self._eager_reason, 0) + 1
         counts["preemptions"] += len(plan.preempted)
         counts["prefill_tokens"] += sum(c.length for c in plan.prefills)
         decodes = plan.decodes
@@ -249,8 +301,9 @@ class Engine:
         rows = RowSampling([r.params for r in decodes], self.runner.device)
         G = self.block_size
         drafts = None
+        uni = step_uniforms_for(decodes, G, self.runner.device) if decodes else None  # [B, 2G+1]
         if decodes and G:
-            drafts = self.runner.draft(decodes, rows)
+            drafts = self.runner.draft(decodes, rows, uniforms=uni[:, :G])
         decision = self._plan(decodes, drafts, plan, rows)
         windows = list(decision.windows) if decision is not None else [G] * len(decodes)
         # cap_accept verifies the whole block and caps acceptance at the planned window afterwards.
@@ -264,10 +317,9 @@ class Engine:
         for c in plan.prefills:
             c.req.num_computed = c.start + c.length
         if decodes:
-            uni = draw_uniforms(decodes, G, self.runner.device)
             common = dict(decodes=decodes, rows=rows, verify_logits=result.verify_logits,
                           draft_tokens=drafts.tokens if drafts else None, draft_probs=drafts.probs if drafts else None,
-                          block_size=G, uniforms=uni)
+                          block_size=G, uniforms=uni[:, G:])
             verdict = verify(windows=windows, **common)
             uncapped = None
             if self.cfg.verify == "cap_accept":
@@ -279,24 +331,13 @@ class Engine:
                 self.stats.record_step(request_ids=[r.req_id for r in decodes], windows=windows,
                                        accepted=verdict.num_accepted, block=G, mode=self.cfg.verify,
                                        uncapped_accepted=uncapped, num_tokens=result.num_tokens,
-                                       bucket=result.bucket, graph_replay=False, eager_reason="no_cuda_graphs",
+                                       bucket=result.bucket, graph_replay=False, eager_reason=self._eager_reason,
                                        step_ms=step_ms)
                 self._oracle_steps.append(list(uncapped if uncapped is not None else verdict.num_accepted))
                 counts["trimmed_steps"] += int(decision is not None and decision.trimmed)
             for i, req in enumerate(decodes):
                 k = verdict.num_accepted[i]
-                new = draft_rows[i][:k] + [verdict.next_tokens[i]]
-                self._record(req, windows[i], k)
-                counts["request_steps"] += 1
-                counts["drafted_tokens"] += G
-                counts["ceiling_tokens"] += G
-                counts["window_tokens"] += windows[i]
-                counts["verified_tokens"] += windows[i]
-                counts["accepted_tokens"] += k
-                counts["emitted_tokens"] += k + 1
-                req.num_computed = req.num_tokens - 1 + k + 1  # anchor + accepted drafts are now in the cache
-                done = self._commit(req, new, now)
-                if done:
+                if self._commit_row(req, windows[i], k, draft_rows[i][:k] + [verdict.next_tokens[i]], now):
                     finished.append(RequestOutput.from_request(req))
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)  # step timing below must include the device work
@@ -305,15 +346,186 @@ class Engine:
                                   step_ms=(time.perf_counter() - step_start) * 1e3)
         return finished
 
+    def _commit_row(self, req: Request, window: int, k: int, new: list[int], now: float) -> bool:
+        """Commit one request's step: k accepted drafts + the target's token. True when it finished."""
+        counts = self._counts
+        G = self.block_size
+        self._record(req, window, k)
+        counts["request_steps"] += 1
+        counts["drafted_tokens"] += G
+        counts["ceiling_tokens"] += G
+        counts["window_tokens"] += window
+        counts["verified_tokens"] += window
+        counts["accepted_tokens"] += k
+        counts["emitted_tokens"] += k + 1
+        req.num_computed = req.num_tokens - 1 + k + 1  # anchor + accepted drafts are now in the cache
+        return self._commit(req, new, now)
+
+    # ---- device-resident steps (engine.cuda_graphs) ---------------------------------------
+    def _graph_ineligible(self, running: list[Request]) -> str | None:
+        sched = self.scheduler
+        if sched.waiting or not running or any(r.in_prefill for r in running):
+            return "prefill_or_mixed"
+        if any(r.params.temperature > 0 for r in running):
+            return "sampled_rows"
+        if self.graph.bucket_for(len(running)) is None:
+            return "over_largest_bucket"
+        need = {r.req_id: r.num_tokens + self._lookahead for r in running}
+        pages = sum(self.blocks.pages_needed(rid, n) for rid, n in need.items())
+        if pages > self.blocks.num_free:
+            return "kv_pages"
+        return None
+
+    def _graph_step(self) -> list[RequestOutput] | None:
+        """One device-resident step, or None to let the eager path run this step (reason counted)."""
+        running = list(self.scheduler.running)
+        why = self._graph_ineligible(running)
+        ids = tuple(r.req_id for r in running)
+        if why is not None or (self._inflight is not None and self._inflight.req_ids != ids):
+            if self._inflight is not None:
+                return self._drain()  # finish the pipeline first; the next call re-plans on exact state
+            self._eager_reason = why or "prefill_or_mixed"
+            return None
+        gd = self.graph
+        for r in running:
+            self.blocks.reserve(r.req_id, r.num_tokens + self._lookahead)
+        if gd.req_ids != ids:
+            gd.load(running)
+            self._graph_table_lens = {r.req_id: len(self.blocks.table(r.req_id)) for r in running}
+            gd.ensure_captured(len(running), self.cfg.verify if self.planner is not None else "full", self.cfg.tiers)
+        else:
+            self._sync_tables(running)
+        mode, tier, extra, decision = self._graph_decision(running)
+        launched = gd.launch(len(running), mode, tier=tier, extra=extra)
+        launched.decision = decision
+        counts = self._counts
+        counts["steps"] += 1
+        counts["decode_steps"] += 1
+        if gd.use_graphs:
+            counts["graph_replays"] += 1
+        else:
+            counts["graph_eager_steps"] += 1
+            self.eager_reasons["cpu"] = self.eager_reasons.get("cpu", 0) + 1
+        if self.cfg.overlap:
+            previous, self._inflight = self._inflight, launched
+            if previous is None:  # the pipeline's first step: nothing to commit yet
+                self.last_step = StepInfo(num_decodes=0, num_prefill_tokens=0, num_tokens=0, bucket=launched.bucket,
+                                          windows=(), step_ms=launched.launch_ms)
+                return []
+            counts["pipelined_steps"] += 1
+            return self._commit_launched(previous)
+        return self._commit_launched(launched)
+
+    def _slot(self, req: Request) -> int:
+        slot = self._slot_of.get(req.req_id)
+        if slot is None:
+            slot = self._free_slots.pop()
+            self._slot_of[req.req_id] = slot
+            self.planner.reset_slot(slot)  # a recycled slot never inherits its predecessor's confidence
+        return slot
+
+    def _graph_decision(self, running: list[Request]):
+        """(mode, tier, extra, decision) of a captured step, planned on the host from lagged survival."""
+        if self.planner is None:
+            return "full", None, None, None
+        from dspark.planner import _walk_order, plan_budget
+
+        start = time.perf_counter()
+        lag = self.cfg.budget_lag
+        back = lag - (2 if self.cfg.overlap else 1)  # the newest snapshot read back is this old already
+        sizing = []
+        for r in running:
+            hist = self.planner._history.get(self._slot(r))
+            sizing.append(list(hist[-(back + 1)]) if hist is not None and len(hist) > back
+                          else list(self.planner._neutral))
+        decision = plan_budget(ranking_survival=None, sizing_survival=sizing, table=self.cost_table,
+                               config=self.planner_config, temperature_positive=False)
+        self.stats.record_plan(decision, plan_ms=(time.perf_counter() - start) * 1e3)
+        if not decision.trimmed:
+            return "full", None, None, decision
+        if self.cfg.verify == "uniform":
+            return "uniform", decision.windows[0], None, decision
+        m = self.cfg.min_verify_len
+        extra = sum(1 for _, g in _walk_order(sizing)[:decision.budget] if g >= m)
+        return "ragged", None, extra, decision
+
+    def _sync_tables(self, running: list[Request]) -> None:
+        """Send the device only the page-table entries added since the last step (a few ints)."""
+        updates = []
+        for i, r in enumerate(running):
+            table = self.blocks.table(r.req_id)
+            known = self._graph_table_lens.get(r.req_id, 0)
+            for c in range(known, len(table)):
+                updates.append((i, c, table[c]))
+            self._graph_table_lens[r.req_id] = len(table)
+        if updates:
+            self.graph.set_table_entries(updates)
+
+    def _drain(self) -> list[RequestOutput]:
+        launched, self._inflight = self._inflight, None
+        return self._commit_launched(launched) if launched is not None else []
+
+    def _commit_launched(self, launched) -> list[RequestOutput]:
+        start = time.perf_counter()
+        results = self.graph.collect(launched)
+        now = time.perf_counter()
+        G = self.block_size
+        finished = []
+        live_ids, accepted = [], []
+        surv = launched.survival.tolist() if launched.survival is not None else None
+        live_ids, windows, slots, snapshot = [], [], [], []
+        for i, (rid, (k, w, new)) in enumerate(zip(launched.req_ids, results)):
+            req = self._requests.get(rid)
+            if req is None or req.finish_reason is not None:
+                self._counts["discarded_row_steps"] += 1  # it finished in the step before: tokens dropped
+                continue
+            live_ids.append(rid)
+            accepted.append(k)
+            windows.append(w)
+            if surv is not None and self.planner is not None:
+                slots.append(self._slot(req))
+                snapshot.append(surv[i])
+            if self._commit_row(req, w, k, new, now):
+                finished.append(RequestOutput.from_request(req))
+        if snapshot:
+            bad = [i for i, row in enumerate(snapshot) if any(not 0.0 <= v <= 1.0 for v in row)]
+            if bad:
+                gd = self.graph
+                B = len(launched.req_ids)
+                diag = {"nan_rows_now": int(torch.isnan(gd.survival[:B]).any(1).sum()),
+                        "seq_len": (int(gd.seq_len[:B].min()), int(gd.seq_len[:B].max())),
+                        "extra": int(gd.extra[0]), "tier": int(gd.tier[0]), "windows": [r[1] for r in results][:8]}
+                R = next(b for b in gd.batch_buckets if b >= B)
+                gd._draft_stage(R)  # the same stage, uncaptured, on the same state
+                diag["nan_rows_eager_redo"] = int(torch.isnan(gd.survival[:B]).any(1).sum())
+                diag["nan_drafts_hidden_cache"] = int(torch.isnan(self.runner.draft_cache.k).sum())
+                diag["nan_target_cache"] = int(torch.isnan(self.runner.cache.k).sum())
+                raise RuntimeError(f"device step (bucket {launched.bucket}, {B} rows) returned "
+                                   f"survival outside [0, 1] for live rows {bad[:4]}: {snapshot[bad[0]]}; {diag}")
+            self.planner.push_snapshot(slots, snapshot)
+        decision = getattr(launched, "decision", None)
+        if decision is not None and decision.trimmed:
+            self._counts["trimmed_steps"] += 1
+        if G and live_ids:
+            self.stats.record_step(request_ids=live_ids, windows=windows, accepted=accepted, block=G,
+                                   mode=self.cfg.verify, num_tokens=launched.num_tokens,
+                                   bucket=launched.bucket, graph_replay=self.graph.use_graphs,
+                                   eager_reason=None if self.graph.use_graphs else "cpu",
+                                   step_ms=launched.launch_ms + (time.perf_counter() - start) * 1e3)
+            if self.cfg.verify == "full":
+                self._oracle_steps.append(list(accepted))
+        self.last_step = StepInfo(num_decodes=len(live_ids), num_prefill_tokens=0,
+                                  num_tokens=launched.num_tokens, bucket=launched.bucket,
+                                  windows=tuple(windows),
+                                  step_ms=launched.launch_ms + (time.perf_counter() - start) * 1e3)
+        return finished
+
     def _plan(self, decodes: list[Request], drafts, plan, rows: RowSampling):
         """The planner's decision for this step (None in verify=full or without decodes)."""
         if self.planner is None or not decodes:
             return None
         for r in decodes:
-            if r.req_id not in self._slot_of:
-                slot = self._free_slots.pop()
-                self._slot_of[r.req_id] = slot
-                self.planner.reset_slot(slot)  # a recycled slot never inherits its predecessor's confidence
+            self._slot(r)
         conf = self.drafter.calibrated_confidence(drafts.confidence_logits.float())
         survival = prefix_survival(conf).tolist()
         decision = self.planner.plan(survival, [self._slot_of[r.req_id] for r in decodes],
@@ -434,6 +646,12 @@ class Engine:
                 self.blocks.free(r.req_id)
             self.scheduler.running.clear()
             self.scheduler.waiting.clear()
+        if self._inflight is not None:
+            self.graph.collect(self._inflight)
+            self._inflight = None
+        if self.graph is not None:
+            self.graph.req_ids = ()
+        self.eager_reasons = {}
         self._requests.clear()
         self.runner.reset()
         self.num_steps = 0

@@ -57,12 +57,14 @@ class ModelRunner:
         self.device = torch.device(cfg.device)
         self.dtype = DTYPES[cfg.dtype]
         tc = target.cfg
-        self.cache = KVCache(tc.num_layers, blocks.num_pages, blocks.page_size, tc.num_kv_heads, tc.head_dim,
+        # One spare page past the allocator's: padding rows of captured steps write there (trash_slot).
+        self.cache = KVCache(tc.num_layers, blocks.num_pages + 1, blocks.page_size, tc.num_kv_heads, tc.head_dim,
                              self.dtype, self.device)
+        self.trash_slot = blocks.num_pages * blocks.page_size
         self.draft_cache = None
         self.capture_layers: tuple[int, ...] = ()
         if drafter is not None:
-            self.draft_cache = KVCache(drafter.cfg.num_layers, blocks.num_pages, blocks.page_size,
+            self.draft_cache = KVCache(drafter.cfg.num_layers, blocks.num_pages + 1, blocks.page_size,
                                        tc.num_kv_heads, tc.head_dim, self.dtype, self.device)
             self.capture_layers = tuple(drafter.cfg.target_layer_ids)
 
@@ -119,7 +121,8 @@ class ModelRunner:
 
     # ---- drafting -------------------------------------------------------------------------
     @torch.inference_mode()
-    def draft(self, decodes: list[Request], rows: RowSampling) -> DraftResult:
+    def draft(self, decodes: list[Request], rows: RowSampling, uniforms: torch.Tensor | None = None) -> DraftResult:
+        """Draft one block per request; ``uniforms`` [B, G] are the draft slots' (default: this step's)."""
         G = self.block_size
         anchors = [r.anchor for r in decodes]
         # Block slots at positions n-1 .. n+G-2; token values are placeholders (the drafter embeds
@@ -129,7 +132,10 @@ class ModelRunner:
         anchor_t = torch.tensor(anchors, dtype=torch.int64, device=self.device)
         hidden = self.drafter.forward_block(anchor_t, positions.view(len(decodes), G)[:, 0], self.draft_cache, meta,
                                             self.target.embed)
-        uniforms = torch.stack([r.uniforms(G) for r in decodes]).to(self.device)  # [B, G]
+        if uniforms is None:
+            from dspark.verification import step_uniforms_for
+
+            uniforms = step_uniforms_for(decodes, G, self.device)[:, :G]
         probs_per_slot: list[torch.Tensor] = []
 
         def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -176,7 +176,7 @@ def _profiling_config(engine: Engine, v: int, *, max_tokens: int, batch_size: in
         cfg, verify="uniform", force_verify_len=v, force_budget_frac=None, tiers=None, cost_table=None,
         # The forced length replaces the planner's decision before any search, so the search
         # settings only need to be valid: pin them rather than inherit a verify=full config's.
-        planner_algorithm="global", budget_lag=1, min_verify_len=min(cfg.min_verify_len, v),
+        planner_algorithm="global", budget_lag=2 if cfg.overlap else 1, min_verify_len=min(cfg.min_verify_len, v),
         max_model_len=max(cfg.max_model_len, need + 1),
         num_kv_blocks=batch_size * pages_per_request + 2)
 

@@ -40,14 +40,13 @@ class Request:
     pos_accepted: list[int] = field(default_factory=list)
     pos_reached: list[int] = field(default_factory=list)
     num_preemptions: int = 0
-    generator: torch.Generator | None = None
+    seed: int = 0  # keys the request's counter-based uniforms (dspark.uniforms)
 
     def __post_init__(self) -> None:
         self.pos_accepted = [0] * self.block_size
         self.pos_reached = [0] * self.block_size
-        self.generator = torch.Generator()
         seed = self.params.seed if self.params.seed is not None else self.req_id
-        self.generator.manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
+        self.seed = int(seed) & 0x7FFF_FFFF_FFFF_FFFF
 
     @property
     def all_ids(self) -> list[int]:
@@ -70,8 +69,9 @@ class Request:
     def anchor(self) -> int:
         return self.all_ids[-1]
 
-    def uniforms(self, n: int) -> torch.Tensor:
-        return torch.rand(n, generator=self.generator)
+    @property
+    def anchor_position(self) -> int:
+        return self.num_tokens - 1
 
 
 @dataclass

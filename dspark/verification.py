@@ -3,8 +3,8 @@
 The rule itself (greedy exact match; rejection sampling with residual resampling) lives
 in :mod:`kernels.acceptance` as a reference and a Triton kernel. This module turns the
 target's verify logits and the drafter's distributions into that rule's inputs, with
-uniforms drawn from each request's own generator so a request's samples do not depend
-on what else is in the batch.
+counter-based uniforms keyed by (request seed, anchor position) (:mod:`dspark.uniforms`), so
+a request's samples do not depend on what else is in the batch, nor on the device.
 """
 
 from __future__ import annotations
@@ -23,9 +23,18 @@ class Verdict:
     next_tokens: list[int]
 
 
+def step_uniforms_for(decodes: list[Request], block_size: int, device: torch.device | str) -> torch.Tensor:
+    """[B, 2G+1] uniforms of this step: G draft slots, G acceptance tests, one resample."""
+    from dspark.uniforms import step_uniforms
+
+    seeds = torch.tensor([r.seed for r in decodes], dtype=torch.int64)
+    anchors = torch.tensor([r.anchor_position for r in decodes], dtype=torch.int64)
+    return step_uniforms(seeds, anchors, block_size).to(device)
+
+
 def draw_uniforms(decodes: list[Request], block_size: int, device: torch.device | str) -> torch.Tensor:
-    """[B, G+1] uniforms from each request's own generator: G acceptance tests and one resample."""
-    return torch.stack([r.uniforms(block_size + 1) for r in decodes]).to(device)
+    """[B, G+1] uniforms of this step's verification: G acceptance tests and one resample."""
+    return step_uniforms_for(decodes, block_size, device)[:, block_size:]
 
 
 def verify(*, decodes: list[Request], rows: RowSampling, verify_logits: torch.Tensor, draft_tokens: torch.Tensor | None,

@@ -13,11 +13,14 @@ bench_decode.md into the output folder.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -37,20 +40,27 @@ def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup
     for i in range(batch):
         engine.add_request(prompts[i % len(prompts)], sp)
     decode_steps: list[float] = []
+    outputs: dict[int, list[int]] = {}
     tokens_in_timed = 0
     seen = 0
     t_all = time.perf_counter()
     while engine.has_unfinished():
-        before = engine.counters()["emitted_tokens"]
-        engine.step()
-        emitted = engine.counters()["emitted_tokens"] - before
+        # The step is timed by the wall clock around engine.step() and nothing else runs in this
+        # loop (no engine.counters(): its summaries cost host time that, with the overlap
+        # scheduler, would hide the device's work and flatter the step time).
+        before = engine.emitted_tokens
+        t0 = time.perf_counter()
+        for out in engine.step():
+            outputs[out.req_id] = list(out.token_ids)
+        step_ms = (time.perf_counter() - t0) * 1e3
+        emitted = engine.emitted_tokens - before
         info = engine.last_step
         if info is None or info.num_prefill_tokens or info.num_decodes != batch:
             continue  # a step with prefill, or a ragged tail of finishing requests: not steady-state decode
         seen += 1
         if seen <= warmup_steps:
             continue
-        decode_steps.append(info.step_ms)
+        decode_steps.append(step_ms)
         tokens_in_timed += emitted
     wall = time.perf_counter() - t_all
     if not decode_steps:
@@ -74,6 +84,12 @@ def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup
         "realised_tokens_on_predicted": c.get("sched/realised_tokens_on_predicted"),
         "block_accept_length": c.get("sched/block_accept_length"),
         "oracle": {k.split("/", 1)[1]: v for k, v in c.items() if k.startswith("oracle/")} or None,
+        # What actually ran: a graph arm that never replayed a graph must not be reported as one.
+        "graph_replays": c.get("graph_replays", 0),
+        "graphs_captured": c.get("graphs_captured"),
+        "eager_steps": c.get("eager_steps", 0),
+        "pipelined_steps": c.get("pipelined_steps", 0),
+        "outputs": [outputs[k] for k in sorted(outputs)],
     }
 
 
@@ -90,7 +106,9 @@ def run(cfg: DictConfig) -> dict:
     wl = build_workload(make_spec(cfg.workload, num_prompts=max(batches), seed=0, greedy_replica_count=0))
     prompts = [p.messages if p.messages is not None else p.prompt for p in wl.prompts()]
     need_drafter = any(a.spec == "dspark" for a in arms.values())
-    first = build_engine(cfg, dataclasses.replace(base, spec="dspark" if need_drafter else "off",
+    # This engine only loads the models (the arms reuse them): no cost table, no graphs.
+    first = build_engine(cfg, dataclasses.replace(base, spec="dspark" if need_drafter else "off", verify="full",
+                                                  cost_table=None, cuda_graphs=False, overlap=False, tiers=None,
                                                   max_num_seqs=max(batches)))
     results = []
     from tqdm.auto import tqdm
@@ -100,15 +118,29 @@ def run(cfg: DictConfig) -> dict:
         ecfg = dataclasses.replace(arms[name], max_num_seqs=max(b, 1))
         engine = Engine(first.target, first.tokenizer, ecfg, first.drafter if ecfg.spec == "dspark" else None)
         row = {"arm": name, **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps))}
+        if ecfg.cuda_graphs and engine.graph.use_graphs and row["graph_replays"] == 0:
+            raise RuntimeError(f"arm {name} batch {b}: engine.cuda_graphs is on but no step replayed a graph "
+                               f"(eager reasons: {engine.eager_reasons}); refusing to report it as a graph arm")
         results.append(row)
         del engine
+        gc.collect()  # engines hold reference cycles (planner stats, graph decoder): free their GPU memory now
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    # Greedy outputs of every arm against the first arm at the same batch size.
+    first_arm = next(iter(arms))
+    reference = {r["batch_size"]: r["outputs"] for r in results if r["arm"] == first_arm}
+    for r in results:
+        ref = reference[r["batch_size"]]
+        r["requests_differing_from_" + first_arm] = sum(a != b for a, b in zip(r["outputs"], ref))
+        r["output_tokens_total"] = sum(len(o) for o in r.pop("outputs"))
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"results": results, "config": OmegaConf.to_container(cfg, resolve=True),
            "fingerprint": node_fingerprint(None, ROOT)}
     (out_dir / "bench_decode.json").write_text(json.dumps(doc, indent=2, default=str))
     lines = ["| arm | batch | ms/step (median) | output tok/s | tokens/step | accept length | trim ratio | "
-             "predicted gain |", "|---|---|---|---|---|---|---|---|"]
+             f"predicted gain | graph replays / eager steps | requests differing from {first_arm} |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
 
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
@@ -116,7 +148,8 @@ def run(cfg: DictConfig) -> dict:
     for r in results:
         lines.append(f"| {r['arm']} | {r['batch_size']} | {r['ms_per_step_median']:.2f} | "
                      f"{r['output_tokens_per_s']:.1f} | {r['tokens_per_step']:.2f} | {fmt(r['accept_length'], '.2f')} | "
-                     f"{fmt(r['trim_ratio'], '.3f')} | {fmt(r['predicted_gain_mean'], '+.3f')} |")
+                     f"{fmt(r['trim_ratio'], '.3f')} | {fmt(r['predicted_gain_mean'], '+.3f')} | "
+                     f"{r['graph_replays']} / {r['eager_steps']} | {r['requests_differing_from_' + first_arm]} |")
     (out_dir / "bench_decode.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return doc

@@ -19,7 +19,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -52,6 +52,12 @@ class MakeTrainingDataSchema:
     seed: int = 0
     output: str = "training_data/train.safetensors"
     progress: bool = True
+    # Responses per prompt, by source (default 1): small sources (agentic, stdlib_prose,
+    # arena_hard) can be sampled several times with different seeds.
+    samples_per_prompt: Dict[str, int] = field(default_factory=dict)
+    # Stop admitting prompts after this many seconds (admitted ones finish and are kept);
+    # prompts are shuffled first so a cut keeps the sources' mix.
+    time_budget_s: Optional[float] = None
 
 
 ConfigStore.instance().store(name="make_training_data_schema", node=MakeTrainingDataSchema)
@@ -80,12 +86,33 @@ def collect_prompts(sources: list[str], split: str, num_prompts: int | None, see
     return items
 
 
+def expand_samples(items: list[tuple[str, str, list[dict]]], samples_per_prompt: dict[str, int], seed: int
+                   ) -> list[tuple[str, str, list[dict]]]:
+    """Repeat each prompt ``samples_per_prompt[source]`` times (ids ``ID``, ``ID#1``, ...), then
+    shuffle deterministically so that a time budget cuts every source alike."""
+    import random
+
+    unknown = sorted(set(samples_per_prompt) - {src for src, _, _ in items})
+    if unknown:
+        raise ConfigError(f"samples_per_prompt: {unknown} are not among the selected sources "
+                          f"{sorted({src for src, _, _ in items})}")
+    out = []
+    for src, pid, msgs in items:
+        n = int(samples_per_prompt.get(src, 1))
+        if n < 1:
+            raise ConfigError(f"samples_per_prompt.{src}: must be >= 1, got {n}")
+        out.extend((src, pid if j == 0 else f"{pid}#{j}", msgs) for j in range(n))
+    random.Random(seed).shuffle(out)
+    return out
+
+
 def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     """Generate and save the data; ``target``/``tokenizer`` override loading cfg.model (tests)."""
     from dspark.engine import Engine
 
     engine_cfg = to_engine_config(cfg.engine, spec="off")
     items = collect_prompts(list(cfg.sources), cfg.split, cfg.num_prompts_per_source, int(cfg.seed))
+    items = expand_samples(items, dict(cfg.get("samples_per_prompt") or {}), int(cfg.seed))
     if target is None:
         from runners.train_drafter import load_target_and_tokenizer
 
@@ -103,13 +130,14 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
             "engine": {"device": engine_cfg.device, "dtype": engine_cfg.dtype, "max_num_seqs": engine_cfg.max_num_seqs}}
     t0 = time.perf_counter()
     dataset, failed = generate_dataset(engine, [(src, msgs) for src, _, msgs in items], params, info=info,
-                                       progress=bool(cfg.progress))
+                                       progress=bool(cfg.progress), time_budget_s=cfg.get("time_budget_s"))
     wall = time.perf_counter() - t0
     if len(dataset) == 0:
         raise RuntimeError(f"no prompt produced a response ({len(failed)} failed; first error: "
                            f"{failed[0]['error'] if failed else 'none'})")
     out = dataset.save(cfg.output)
     summary = {"output": str(Path(out).resolve()), "prompts": len(items), "failed": len(failed),
+               "not_admitted": dataset.info.get("not_admitted", 0),
                "failures": [{**f, "id": items[f["index"]][1]} for f in failed[:20]],
                "wall_s": round(wall, 2), **dataset.summary()}
     if failed:

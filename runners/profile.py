@@ -48,6 +48,7 @@ class ProfileSchema:
     seed: int = 0
     flat_rel_tol: float = 0.02
     max_drop_rel: float = 0.25
+    monotone: str = "refuse"  # refuse | envelope (theta(M) -> cheapest cost at any M' >= M, logged)
     out: Optional[str] = None
     plot: Optional[str] = None
     progress: bool = True
@@ -82,7 +83,8 @@ def run(cfg: DictConfig, engine: Engine | None = None) -> dict:
         result = profile_engine(engine, batch_sizes=[int(b) for b in cfg.batch_sizes], verify_lens=verify_lens,
                                 warmup_steps=int(cfg.warmup_steps), measure_steps=int(cfg.measure_steps),
                                 prompt_len=int(cfg.prompt_len), seed=int(cfg.seed), progress=bool(cfg.progress),
-                                flat_rel_tol=float(cfg.flat_rel_tol), max_drop_rel=float(cfg.max_drop_rel))
+                                flat_rel_tol=float(cfg.flat_rel_tol), max_drop_rel=float(cfg.max_drop_rel),
+                                monotone=str(cfg.monotone))
     except ProfileRefusedError as e:
         refused = run_dir / "refused_cost_curve.png"
         plot_cost_curve(e, e.table, refused)

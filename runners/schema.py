@@ -57,6 +57,8 @@ class EngineSchema:
     force_budget_frac: Optional[float] = None
     token_buckets: Optional[List[int]] = None
     debug_checks: bool = False
+    cuda_graphs: bool = False
+    overlap: bool = False
 
 
 @dataclass

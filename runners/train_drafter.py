@@ -86,6 +86,7 @@ class TrainDrafterSchema:
     data_holdout_seed: int = 0
     style: str = "dspark"
     resume: bool = False
+    init_from: Optional[str] = None  # start from these drafter weights (fresh optimizer and schedule)
     stop_at_step: Optional[int] = None
 
 
@@ -131,6 +132,19 @@ def load_target_and_tokenizer(cfg: Any):
     return target, tokenizer
 
 
+def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel) -> None:
+    """Copy a saved drafter's weights into ``drafter``; the architectures must be identical."""
+    from runners.common import resolve_drafter_path
+
+    source = DSparkDrafter.load(resolve_drafter_path(path), target.cfg, device="cpu", dtype=torch.float32)
+    want, got = drafter.cfg.to_dict(), source.cfg.to_dict()
+    diff = {k: (got.get(k), want.get(k)) for k in set(want) | set(got) if want.get(k) != got.get(k)}
+    if diff:
+        raise ConfigError(f"init_from={path!r}: its architecture differs from drafter_arch/style "
+                          f"(key: (checkpoint, configured)): {diff}")
+    drafter.load_state_dict(source.state_dict())
+
+
 def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     """Train as configured; ``target`` overrides loading cfg.model (tests pass a tiny one)."""
     train_cfg = train_config_from(cfg)
@@ -145,7 +159,10 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
                           f"resume=true to continue that run or choose another train.output_dir")
     torch.manual_seed(train_cfg.seed)
     drafter = DSparkDrafter(target.cfg, drafter_cfg)
-    extra = {"style": cfg.style, "data": str(cfg.data), "data_holdout_fraction": float(cfg.data_holdout_fraction),
+    init_from = cfg.get("init_from")
+    if init_from and not cfg.resume:
+        init_weights(drafter, init_from, target)
+    extra = {"init_from": init_from, "style": cfg.style, "data": str(cfg.data), "data_holdout_fraction": float(cfg.data_holdout_fraction),
              "data_holdout_seed": int(cfg.data_holdout_seed)}
     trainer = DrafterTrainer(target, drafter, dataset, train_cfg, extra_state=extra)
     resumed_from = None

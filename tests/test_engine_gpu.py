@@ -58,3 +58,77 @@ def test_cuda_sampling_runs_and_respects_max_tokens():
     sp = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=20, ignore_eos=True)
     out = cuda_engine(target, drafter, dtype="bfloat16").generate(prompts_for(35, 16), sp)
     assert all(len(o.token_ids) == 20 and o.error is None for o in out)
+
+
+# ---- device-resident steps: CUDA graphs keyed by token bucket, overlap, no host syncs -------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("spec", ["off", "dspark"])
+def test_cuda_graph_steps_emit_what_eager_steps_emit(dtype, spec):
+    target = tiny_target(41)
+    drafter = tiny_drafter(target, 42, block_size=4) if spec == "dspark" else None
+    prompts = prompts_for(41, 11, lo=2, hi=60)
+    params = [SamplingParams(max_tokens=16 + 7 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
+    kw = dict(spec=spec, dtype=dtype, max_num_seqs=8)
+    base = [o.token_ids for o in cuda_engine(target, drafter, **kw).generate(prompts, params)]
+    for overlap in (False, True):
+        eng = cuda_engine(target, drafter, cuda_graphs=True, overlap=overlap, **kw)
+        out = [o.token_ids for o in eng.generate(prompts, params)]
+        same = sum(a == b for a, b in zip(out, base))
+        assert same == len(prompts) if dtype == "float32" else same >= len(prompts) - 2, (overlap, same)
+        c = eng.counters()
+        assert c["graph_replays"] > 0 and c["graph_eager_steps"] == 0
+        # One graph per token bucket used, never per (bucket x anything else).
+        assert c["graphs_captured"] == len(eng.graph.graphs) <= len(eng.graph.buckets)
+
+
+GRAPH_MODES = [("off", "full"), ("dspark", "full"), ("dspark", "uniform"), ("dspark", "ragged")]
+
+
+def graph_engine(tmp_path, target, drafter, spec, verify, **kw):
+    table = None
+    if verify != "full":
+        probe = cuda_engine(target, drafter, cuda_graphs=True, overlap=kw.get("overlap", False),
+                            budget_lag=kw.get("budget_lag", 1), dtype=kw.get("dtype", "float32"))
+        table = steep_table(probe, tmp_path / "t.json")
+    return cuda_engine(target, drafter, spec=spec, verify=verify, cost_table=table, cuda_graphs=True, **kw)
+
+
+@pytest.mark.parametrize("spec,verify", GRAPH_MODES[2:])
+def test_cuda_graph_confidence_scheduled_steps_are_lossless_and_trim(tmp_path, spec, verify):
+    target = tiny_target(45)
+    drafter = tiny_drafter(target, 46, block_size=4)
+    prompts = prompts_for(45, 11, lo=2, hi=60)
+    params = [SamplingParams(max_tokens=16 + 7 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
+    base = [o.token_ids for o in cuda_engine(target, None, spec="off", max_num_seqs=8).generate(prompts, params)]
+    for overlap in (False, True):
+        eng = graph_engine(tmp_path, target, drafter, spec, verify, max_num_seqs=8, overlap=overlap,
+                           budget_lag=2 if overlap else 1)
+        out = [o.token_ids for o in eng.generate(prompts, params)]
+        assert out == base, overlap
+        c = eng.counters()
+        assert c["graph_replays"] > 0 and c["trimmed_steps"] > 0 and c["window_tokens"] < c["ceiling_tokens"]
+
+
+@pytest.mark.parametrize("spec,verify", GRAPH_MODES)
+def test_steady_graph_steps_never_sync_the_host(tmp_path, spec, verify):
+    target = tiny_target(43)
+    drafter = tiny_drafter(target, 44, block_size=4) if spec == "dspark" else None
+    eng = graph_engine(tmp_path, target, drafter, spec, verify, dtype="bfloat16", max_num_seqs=16, overlap=True,
+                       budget_lag=2, max_model_len=480, max_num_batched_tokens=1024)
+    sp = SamplingParams(max_tokens=400, ignore_eos=True)
+    for p in prompts_for(43, 16, lo=2, hi=40):
+        eng.add_request(p, sp)
+    for _ in range(12):  # prefill, captures of every bucket this batch can use, page-table updates
+        eng.step()
+    replays = eng.counters()["graph_replays"]
+    captured = eng.graph.captures
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(30):
+            eng.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    c = eng.counters()
+    assert c["graph_replays"] > replays and eng.graph.captures == captured  # all captured up front

@@ -107,8 +107,8 @@ def test_drafted_block_stays_full_while_the_verify_length_is_forced(models, monk
 
     real_draft = ModelRunner.draft
 
-    def draft(self, decodes, rows):
-        out = real_draft(self, decodes, rows)
+    def draft(self, decodes, rows, uniforms=None):
+        out = real_draft(self, decodes, rows, uniforms=uniforms)
         drafted.append(out.tokens.shape[1])
         return out
 

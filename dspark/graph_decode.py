@@ -1,0 +1,349 @@
+"""Device-resident decode steps over persistent buffers, captured as CUDA graphs keyed by token bucket.
+
+A steady decode step (every running request decoding, nothing to prefill) does not need
+the host to build anything: the committed length and the anchor of each request live on
+the device, the step computes positions, cache slots, attention metadata, the draft, the
+target's verification, acceptance and the state update from them, and the host only reads
+the accepted tokens back (one step late with the overlap scheduler, see
+:meth:`dspark.engine.Engine.step`). Everything the step reads or writes is a persistent
+buffer (``DecodeBuffers``), so a captured replay reads this step's values.
+
+One graph per token bucket: a step of R padded requests processes R * (v + 1) tokens
+(v = block size, or 0 target-only), and the bucket is that token count; the padded request
+count follows from it. Padding rows have no KV length to speak of, write to the cache's
+trash slot and are ignored by the host.
+
+verify=full (and target-only) captures draft and verification as one graph per token
+bucket (R requests -> R*(G+1) tokens). Confidence-scheduled steps (uniform, ragged) run a
+draft graph keyed by the padded request count, then a verify graph keyed by the token
+bucket alone: the host sizes the step from lagged survival (the planner's budget, known
+before the step), the device picks the windows from fresh survival and packs the rows on
+the flat token axis itself. Sampled rows run eagerly (counted as ``sampled_rows``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dspark.attention import AttentionMetadata
+
+EAGER_REASONS = ("prefill_or_mixed", "verify_mode", "sampled_rows", "over_largest_bucket", "kv_pages", "cpu")
+
+
+@dataclass
+class Launched:
+    """A step whose results are on their way to the host."""
+
+    req_ids: tuple[int, ...]
+    host: torch.Tensor  # pinned int64 [R_real, 2 + M]: accepted count, window, then the M output slots
+    survival: torch.Tensor | None  # pinned float32 [R_real, G]: this step's fresh survival (planner history)
+    event: object | None  # torch.cuda.Event (None on CPU)
+    bucket: int
+    num_tokens: int  # real tokens the target processed (sum of windows + 1)
+    launch_ms: float
+    decision: object = None  # the planner's PlanDecision for confidence-scheduled steps
+
+
+class GraphDecoder:
+    """Persistent buffers + one captured step per token bucket for one engine's models and caches."""
+
+    def __init__(self, runner, max_num_seqs: int, max_pages: int, buckets: tuple[int, ...], use_graphs: bool,
+                 token_buckets: tuple[int, ...] | None = None, min_verify_len: int = 1, window_impl: str = "torch"):
+        self.runner = runner
+        self.target = runner.target
+        self.drafter = runner.drafter
+        self.G = runner.block_size
+        self.M = self.G + 1
+        self.device = runner.device
+        self.page = runner.blocks.page_size
+        self.trash_slot = runner.trash_slot
+        self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
+        self.buckets = tuple(b for b in buckets if b % self.M == 0) or (self.M * max_num_seqs,)
+        S = max(max_num_seqs, max(self.buckets) // self.M)
+        self.S = S
+        dev = self.device
+        self.seq_len = torch.zeros(S, dtype=torch.int64, device=dev)
+        self.anchor = torch.zeros(S, dtype=torch.int64, device=dev)
+        self.seed = torch.zeros(S, dtype=torch.int64, device=dev)
+        self.active = torch.zeros(S, dtype=torch.bool, device=dev)
+        self.tables = torch.zeros((S, max_pages), dtype=torch.int32, device=dev)
+        self.out = torch.zeros((S, 2 + self.M), dtype=torch.int64, device=dev)
+        G1 = max(self.G, 1)
+        self.drafts = torch.zeros((S, G1), dtype=torch.int64, device=dev)
+        self.survival = torch.zeros((S, G1), dtype=torch.float32, device=dev)
+        self.tier = torch.zeros(1, dtype=torch.int64, device=dev)  # uniform: this step's verify length
+        self.extra = torch.zeros(1, dtype=torch.int64, device=dev)  # ragged: cells past min_verify_len
+        self.min_verify_len = int(min_verify_len)
+        self.window_impl = window_impl
+        self.batch_buckets = tuple(b // self.M for b in self.buckets)
+        # Token buckets of confidence-scheduled verify steps: fine enough that padding stays small.
+        top = self.M * S
+        ladder = set(token_buckets or ())
+        if not ladder:
+            t = 8
+            while t < 128:
+                ladder.add(t)
+                t *= 2
+            ladder.update(range(128, top + 128, 128))
+            ladder.update(self.buckets)
+        self.token_buckets = tuple(sorted(x for x in ladder if x <= max(top, max(ladder))))
+        self.ar_M = torch.arange(self.M, device=dev)
+        self.ar_G = torch.arange(max(self.G, 1), device=dev)
+        self.indptr_M = (torch.arange(S + 1, device=dev) * self.M).to(torch.int32)
+        self.indptr_G = (torch.arange(S + 1, device=dev) * max(self.G, 1)).to(torch.int32)
+        self.req_ids: tuple[int, ...] = ()
+        self.graphs: dict[int, object] = {}
+        self.pool = None
+        self.captures = 0
+        self.replays = 0
+
+    # ---- host -> device ---------------------------------------------------------------------
+    def bucket_for(self, num_requests: int) -> int | None:
+        need = num_requests * self.M
+        for b in self.buckets:
+            if b >= need:
+                return b
+        return None
+
+    def token_bucket_for(self, num_tokens: int) -> int | None:
+        for b in self.token_buckets:
+            if b >= num_tokens:
+                return b
+        return None
+
+    def load(self, requests) -> None:
+        """Upload the rows' state (exact: no step of theirs is in flight)."""
+        n = len(requests)
+        width = self.tables.shape[1]
+        tables = torch.zeros((n, width), dtype=torch.int32)
+        for i, r in enumerate(requests):
+            t = self.runner.blocks.table(r.req_id)
+            tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+        state = torch.tensor([[r.num_tokens, r.anchor, r.seed] for r in requests], dtype=torch.int64)
+        pin = self.device.type == "cuda"
+        if pin:
+            state, tables = state.pin_memory(), tables.pin_memory()
+        self.active.zero_()
+        self.active[:n] = True
+        self.seq_len[:n].copy_(state[:, 0], non_blocking=pin)
+        self.anchor[:n].copy_(state[:, 1], non_blocking=pin)
+        self.seed[:n].copy_(state[:, 2], non_blocking=pin)
+        self.tables[:n].copy_(tables, non_blocking=pin)
+        self.req_ids = tuple(r.req_id for r in requests)
+
+    # ---- the step (capturable: no host reads, no allocation from host data) -------------------
+    def _slots(self, tables: torch.Tensor, pos: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        p = torch.where(act, pos, 0)
+        pages = tables.long().gather(-1, torch.div(p, self.page, rounding_mode="floor"))
+        slot = pages * self.page + torch.remainder(p, self.page)
+        return torch.where(act, slot, -1)
+
+    def _draft_stage(self, R: int) -> None:
+        """Draft a block for rows [:R]; writes self.drafts and (with a confidence head) self.survival."""
+        G = self.G
+        n, act, tables, anchor = self.seq_len[:R], self.active[:R], self.tables[:R], self.anchor[:R]
+        anchor_pos = torch.where(act, n - 1, 0)
+        pos_d = anchor_pos[:, None] + self.ar_G[None, :G]
+        meta_d = AttentionMetadata(qo_indptr=self.indptr_G[: R + 1],
+                                   kv_lens=torch.where(act, anchor_pos + G, 1).to(torch.int32),
+                                   block_tables=tables,
+                                   slot_mapping=self._slots(tables[:, None, :].expand(R, G, tables.shape[1]),
+                                                            pos_d[..., None], act[:, None, None]).reshape(-1),
+                                   causal=False, max_q_len=G, trash_slot=self.trash_slot)
+        hidden = self.drafter.forward_block(anchor, anchor_pos, self.runner.draft_cache, meta_d, self.target.embed)
+        out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight,
+                                 lambda logits, k: torch.argmax(logits, dim=-1))
+        self.drafts[:R].copy_(out.tokens)
+        if out.confidence_logits is not None:
+            from dspark.survival import prefix_survival
+
+            surv = prefix_survival(self.drafter.calibrated_confidence(out.confidence_logits.float()))
+            self.survival[:R].copy_(torch.where(act[:, None], surv, 0.0))
+
+    def _windows(self, R: int, mode: str) -> torch.Tensor:
+        """Verify length per row [:R] (int64, 0 for padding rows) for this step's decision."""
+        act = self.active[:R]
+        G = self.G
+        if mode == "full" or G == 0:
+            w = torch.full((R,), G, dtype=torch.int64, device=self.device)
+        elif mode == "uniform":
+            w = self.tier.expand(R)
+        else:  # ragged: min_len per row, then the top-`extra` cells past it by fresh survival
+            from kernels.window_allocation import allocate_windows
+
+            m = self.min_verify_len
+            if m >= G:
+                w = torch.full((R,), G, dtype=torch.int64, device=self.device)
+            else:
+                w = m + allocate_windows(survival=self.survival[:R, m:], budget=self.extra[0], min_verify_len=0,
+                                         block=G - m, active=act, impl=self.window_impl).long()
+        return torch.where(act, w, 0)
+
+    def _verify_stage(self, T: int, R: int, mode: str) -> None:
+        """Target forward over T packed tokens ([anchor, d_1..d_w] per row), acceptance, state update."""
+        G, M = self.G, self.M
+        n, act, tables, anchor = self.seq_len[:R], self.active[:R], self.tables[:R], self.anchor[:R]
+        w = self._windows(R, mode)
+        qlen = torch.where(act, w + 1, 0)
+        csum = torch.cumsum(qlen, dim=0)
+        indptr = torch.cat((torch.zeros(1, dtype=csum.dtype, device=self.device), csum))
+        tok = torch.arange(T, device=self.device)
+        row = torch.searchsorted(csum, tok, right=True).clamp(max=R - 1)
+        valid = tok < csum[-1]
+        off = tok - indptr[row]
+        pos = torch.where(valid, n[row] - 1 + off, 0)
+        if G:
+            drafted = self.drafts[:R][row, (off - 1).clamp(0, G - 1)]
+            ids = torch.where(off == 0, anchor[row], drafted)
+        else:
+            ids = anchor[row]
+        ids = torch.where(valid, ids, 0)
+        slots = self._slots(tables[row], pos[:, None], valid[:, None]).squeeze(1)
+        meta = AttentionMetadata(qo_indptr=indptr.to(torch.int32),
+                                 kv_lens=torch.where(act, n - 1 + qlen, 1).to(torch.int32),
+                                 block_tables=tables, slot_mapping=slots, causal=True, max_q_len=M,
+                                 trash_slot=self.trash_slot)
+        hidden, captured = self.target(ids, pos, self.runner.cache, meta, self.runner.capture_layers)
+        if G:
+            self.drafter.context_kv(captured, pos, self.runner.draft_cache, meta)
+        target_flat = torch.argmax(self.target.compute_logits(hidden), dim=-1)  # [T]
+        target_tok = target_flat[(indptr[:R, None] + self.ar_M[None, :]).clamp(max=T - 1)]  # [R, M]
+        if G:
+            drafts = self.drafts[:R]
+            match = (drafts == target_tok[:, :G]) & (self.ar_G[None, :G] < w[:, None])
+            k = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
+            emitted = drafts
+        else:
+            k = torch.zeros(R, dtype=torch.int64, device=self.device)
+            emitted = anchor[:, None][:, :0]
+        nxt = target_tok.gather(1, k[:, None]).squeeze(1)
+        slots_out = torch.cat((emitted, torch.zeros_like(nxt)[:, None]), dim=1)  # [R, M]
+        slots_out = torch.where(self.ar_M[None, :] == k[:, None], nxt[:, None], slots_out)
+        self.out[:R, 0].copy_(k)
+        self.out[:R, 1].copy_(w)
+        self.out[:R, 2:].copy_(slots_out)
+        self.seq_len[:R].add_(torch.where(act, k + 1, 0))
+        self.anchor[:R].copy_(torch.where(act, nxt, anchor))
+
+    def _step(self, R: int) -> None:
+        """verify=full (and target-only): draft and verify in one captured step of R*(G+1) tokens."""
+        if self.G:
+            self._draft_stage(R)
+        self._verify_stage(R * self.M, R, "full")
+
+    # ---- launch / collect -----------------------------------------------------------------------
+    def launch(self, num_requests: int, mode: str = "full", tier: int | None = None, extra: int | None = None
+               ) -> Launched:
+        """Run one step for rows [:num_requests]: mode full, or uniform (``tier``) / ragged (``extra``
+        cells past min_verify_len per the fresh survival ranking)."""
+        start = time.perf_counter()
+        B = num_requests
+        pin = self.device.type == "cuda"
+        if mode == "full":
+            bucket = self.bucket_for(B)
+            if bucket is None:
+                raise ValueError(f"{B} requests x {self.M} tokens exceed the largest bucket {self.buckets[-1]}")
+            num_tokens = B * self.M
+            self._run(("step", bucket), lambda: self._step(bucket // self.M))
+        else:
+            if mode == "uniform":
+                num_tokens = B * (int(tier) + 1)
+                value, target_buf = int(tier), self.tier
+            else:
+                num_tokens = B * (self.min_verify_len + 1) + int(extra)
+                value, target_buf = int(extra), self.extra
+            bucket = self.token_bucket_for(num_tokens)
+            if bucket is None:
+                raise ValueError(f"{num_tokens} tokens exceed the largest token bucket {self.token_buckets[-1]}")
+            src = torch.tensor([value], dtype=torch.int64)
+            target_buf.copy_(src.pin_memory() if pin else src, non_blocking=pin)
+            r_draft = next(b for b in self.batch_buckets if b >= B)
+            r_verify = min(bucket, self.S)
+            self._run(("draft", r_draft), lambda: self._draft_stage(r_draft))
+            self._run(("verify", bucket, mode), lambda: self._verify_stage(bucket, r_verify, mode))
+        host = torch.empty((B, 2 + self.M), dtype=torch.int64, pin_memory=pin)
+        host.copy_(self.out[:B], non_blocking=pin)
+        surv = None
+        if self.G and self.drafter.confidence_head is not None:
+            surv = torch.empty((B, self.G), dtype=torch.float32, pin_memory=pin)
+            surv.copy_(self.survival[:B], non_blocking=pin)
+        event = None
+        if pin:
+            event = torch.cuda.Event()
+            event.record()
+        return Launched(self.req_ids[:B], host, surv, event, bucket, num_tokens, (time.perf_counter() - start) * 1e3)
+
+    def ensure_captured(self, num_requests: int, mode: str, tiers: tuple[int, ...] | None = None) -> None:
+        """Capture, up front, every graph a steady batch of ``num_requests`` rows can replay, so
+        that steady steps never stop to capture (capture synchronises the device)."""
+        if not self.use_graphs:
+            return
+        B = num_requests
+        full = self.bucket_for(B)
+        if full is not None and ("step", full) not in self.graphs:
+            self.graphs[("step", full)] = self._capture(lambda: self._step(full // self.M))
+        if mode == "full" or not self.G:
+            return
+        r_draft = next(b for b in self.batch_buckets if b >= B)
+        if ("draft", r_draft) not in self.graphs:
+            self.graphs[("draft", r_draft)] = self._capture(lambda: self._draft_stage(r_draft))
+        if mode == "uniform":
+            lens = tiers if tiers is not None else range(self.min_verify_len, self.G)
+            buckets = {self.token_bucket_for(B * (v + 1)) for v in lens if v < self.G}
+        else:  # ragged: any token count from min_verify_len per row to the whole block
+            lo, hi = self.token_bucket_for(B * (self.min_verify_len + 1)), self.token_bucket_for(B * self.M)
+            buckets = {t for t in self.token_buckets if lo is not None and lo <= t <= (hi or self.token_buckets[-1])}
+        for T in sorted(b for b in buckets if b is not None):
+            if ("verify", T, mode) not in self.graphs:
+                R = min(T, self.S)
+                self.graphs[("verify", T, mode)] = self._capture(lambda T=T, R=R: self._verify_stage(T, R, mode))
+
+    def _run(self, key, fn) -> None:
+        if not self.use_graphs:
+            fn()
+            return
+        graph = self.graphs.get(key)
+        if graph is None:
+            graph = self._capture(fn)
+            self.graphs[key] = graph
+        graph.replay()
+        self.replays += 1
+
+    @staticmethod
+    def collect(launched: Launched) -> list[tuple[int, int, list[int]]]:
+        """(accepted count, window, emitted tokens) per row; waits for that step only."""
+        if launched.event is not None:
+            launched.event.synchronize()
+        rows = launched.host.tolist()
+        return [(row[0], row[1], row[2: row[0] + 3]) for row in rows]
+
+    def _capture(self, fn):
+        """Warm up (JIT, cuBLAS) on a side stream with the state restored afterwards, then capture."""
+        saved = (self.seq_len.clone(), self.anchor.clone(), self.out.clone())
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self.seq_len.copy_(saved[0])
+        self.anchor.copy_(saved[1])
+        self.out.copy_(saved[2])
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
+            fn()
+        self.captures += 1
+        return graph
+
+    def set_table_entries(self, updates: list[tuple[int, int, int]]) -> None:
+        """tables[row, col] = page for each (row, col, page): new pages of running requests."""
+        upd = torch.tensor(updates, dtype=torch.int64)
+        pin = self.device.type == "cuda"
+        if pin:
+            upd = upd.pin_memory()
+        dev = upd.to(self.device, non_blocking=pin)
+        self.tables.index_put_((dev[:, 0], dev[:, 1]), dev[:, 2].to(torch.int32))

@@ -1,0 +1,129 @@
+"""Device-resident decode steps (engine.cuda_graphs) and the overlap scheduler, on the CPU.
+
+On the CPU the captured step function runs eagerly over the same persistent buffers, so
+these tests check its logic (device-side metadata, acceptance, state update, page-table
+updates, the pipeline's drain on membership changes) against the host-built eager path.
+The CUDA-graph capture itself and sync-freedom are checked in tests/test_engine_gpu.py.
+"""
+
+import pytest
+import torch
+
+from dspark.config import ConfigError, EngineConfig, SamplingParams
+from dspark.engine import Engine
+from tiny import tiny_drafter, tiny_engine_config, tiny_target
+
+
+def prompts_for(seed, n, lo=2, hi=30):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi, (n,), generator=g).tolist()
+    return [torch.randint(3, 97, (L,), generator=g).tolist() for L in lens]
+
+
+def generate(target, drafter, prompts, params, **cfg):
+    eng = Engine(target, None, tiny_engine_config(spec="dspark" if drafter is not None else "off", **cfg), drafter)
+    outs = eng.generate(prompts, params)
+    return [o.token_ids for o in outs], eng
+
+
+@pytest.mark.parametrize("spec", ["off", "dspark"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_device_resident_steps_emit_what_the_eager_engine_emits(spec, overlap):
+    target = tiny_target(3)
+    drafter = tiny_drafter(target, 7, block_size=4) if spec == "dspark" else None
+    prompts = prompts_for(5, 7)
+    # Different lengths: requests finish at different steps, so rows leave the pipeline and
+    # the waiting ones are admitted (max_num_seqs 4 < 7 requests) through eager prefill steps.
+    params = [SamplingParams(max_tokens=12 + 5 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
+    base, _ = generate(target, drafter, prompts, params, max_num_seqs=4)
+    fast, eng = generate(target, drafter, prompts, params, max_num_seqs=4, cuda_graphs=True, overlap=overlap)
+    assert fast == base
+    c = eng.counters()
+    assert c["graph_eager_steps"] > 0 and c["graph_replays"] == 0  # CPU: the step ran, uncaptured
+    assert c["eager_reason/cpu"] == c["graph_eager_steps"]
+    assert c["eager_reason/prefill_or_mixed"] > 0
+    if overlap:
+        assert c["pipelined_steps"] > 0
+        assert c["discarded_row_steps"] > 0  # rows that finished one step before the in-flight one
+    else:
+        assert c["pipelined_steps"] == 0 and c["discarded_row_steps"] == 0
+    assert c["emitted_tokens"] >= sum(len(t) for t in base)
+
+
+def test_eos_and_page_growth_inside_the_pipeline():
+    target = tiny_target(4)
+    drafter = tiny_drafter(target, 8, block_size=3)
+    prompts = prompts_for(9, 3, lo=14, hi=17)
+    params = SamplingParams(max_tokens=40)  # EOS allowed: some requests stop early
+    base, _ = generate(target, drafter, prompts, params, kv_block_size=4)
+    fast, eng = generate(target, drafter, prompts, params, kv_block_size=4, cuda_graphs=True, overlap=True)
+    assert fast == base
+    assert eng.counters()["graph_eager_steps"] >= 5  # the pages grew many times (4-token pages)
+
+
+def test_sampled_rows_run_eagerly_and_say_why():
+    target = tiny_target(5)
+    drafter = tiny_drafter(target, 9, block_size=3)
+    params = SamplingParams(temperature=0.8, max_tokens=8, seed=3, ignore_eos=True)
+    base, _ = generate(target, drafter, prompts_for(1, 2), params)
+    fast, eng = generate(target, drafter, prompts_for(1, 2), params, cuda_graphs=True)
+    assert fast == base
+    c = eng.counters()
+    assert c["graph_eager_steps"] == 0 and c["eager_reason/sampled_rows"] > 0
+
+
+def test_graph_configs_refused_with_a_fix():
+    with pytest.raises(ConfigError, match="cuda_graphs=true"):
+        EngineConfig(overlap=True)
+    target = tiny_target(0)
+    drafter = tiny_drafter(target, 1, block_size=4)
+    with pytest.raises(ConfigError, match="multiples of 5"):
+        Engine(target, None, tiny_engine_config(spec="dspark", cuda_graphs=True, token_buckets=(5, 12)), drafter)
+
+
+@pytest.mark.parametrize("verify", ["uniform", "ragged"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_confidence_scheduled_device_steps_trim_and_stay_lossless(tmp_path, verify, overlap):
+    from test_engine_scheduling import steep_table
+
+    target = tiny_target(6)
+    drafter = tiny_drafter(target, 11, block_size=4)
+    lag = 2 if overlap else 1
+    probe = Engine(target, None, tiny_engine_config(cuda_graphs=True, overlap=overlap, budget_lag=lag), drafter)
+    table = steep_table(probe, tmp_path / "table.json")
+    prompts = prompts_for(12, 7)
+    params = [SamplingParams(max_tokens=14 + 4 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
+    base, _ = generate(target, None, prompts, params, max_num_seqs=4)
+    fast, eng = generate(target, drafter, prompts, params, max_num_seqs=4, verify=verify, cost_table=table,
+                         budget_lag=lag, cuda_graphs=True, overlap=overlap)
+    assert fast == base
+    c = eng.counters()
+    assert c["graph_eager_steps"] > 0
+    assert c["trimmed_steps"] > 0 and c["window_tokens"] < c["ceiling_tokens"]  # the feature ran
+    # The trims happened on the device-resident steps, not only on eager ones.
+    assert c["eager_steps"] < c["steps"] and c.get("sched/trimmed_steps", 1) > 0
+
+
+def test_confidence_scheduled_graph_configs_refused():
+    with pytest.raises(ConfigError, match="budget_lag=2"):
+        EngineConfig(cuda_graphs=True, overlap=True, verify="ragged", budget_lag=1)
+    with pytest.raises(ConfigError, match="budget_lag=1"):
+        EngineConfig(cuda_graphs=True, verify="uniform", budget_lag=0)
+    with pytest.raises(ConfigError, match="greedy_stop"):
+        EngineConfig(cuda_graphs=True, verify="ragged", planner_algorithm="greedy_stop")
+    with pytest.raises(ConfigError, match="cuda_graphs=false"):
+        EngineConfig(cuda_graphs=True, verify="cap_accept")
+
+
+def test_profiler_measures_device_resident_steps():
+    """The cost table of a graph engine is measured on graph steps (forced lengths honoured)."""
+    from dspark.profiler import collect_measurements
+
+    target = tiny_target(7)
+    drafter = tiny_drafter(target, 12, block_size=3)
+    eng = Engine(target, None, tiny_engine_config(cuda_graphs=True, overlap=True, budget_lag=2, max_num_seqs=4),
+                 drafter)
+    samples = collect_measurements(eng, batch_sizes=[1, 4], verify_lens=[0, 1, 3], warmup_steps=1, measure_steps=2,
+                                   prompt_len=8, seed=0)
+    assert sorted({(b, m) for b, m, _ in samples}) == [(1, 1), (1, 2), (1, 4), (4, 4), (4, 8), (4, 16)]
+    assert eng.fingerprint()["step_path"] == "graphs+overlap"
