@@ -19,15 +19,23 @@ cat "$STAGE/model.part1" "$STAGE/model.part2" "$STAGE/model.part3" > "$GGUF"
 [[ "$(cat "$STAGE/model.sha256")" == "$(sha256sum "$GGUF" | awk '{print $1}')" ]] || { echo "sha256 mismatch"; exit 3; }
 stamp "GPU tests"
 timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py tests/test_kernels_gpu.py \
-  2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
+  tests/test_fused_kernels.py 2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
+stamp "kernel census: plain vs fused layer kernels (random SmolLM2-shaped weights)"
+timeout ${T_CENSUS:-120} python3 bench/profile_graph_step.py "$OUT" 2>&1 | grep -v Warning | tail -24
 GRAPH="engine.cuda_graphs=true engine.overlap=true engine.budget_lag=2"
 stamp "profile: cost table of captured + overlapped steps"
 timeout ${T_PROFILE:-200} python3 -m runners.profile engine=h200 $GRAPH batch_sizes=[1,4,16,64,128,256] \
   warmup_steps=3 measure_steps=8 prompt_len=128 monotone=envelope out="$OUT/cost_table.json" progress=false \
   hydra.run.dir="$WORK/hydra/profile" 2>&1 | grep -v WARNING | tail -25
 cp "$WORK/hydra/profile/profile.json" "$OUT/" 2>/dev/null
-stamp "bench: target / full / uniform / ragged on captured steps"
-timeout ${T_BENCH:-220} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 \
-  engine.cost_table="$OUT/cost_table.json" progress=false batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" \
-  new_tokens=${NEW_TOKENS:-96} output_dir="$OUT/bench" hydra.run.dir="$WORK/hydra/bench" 2>&1 | grep -v WARNING | tail -30
+stamp "bench: target / full / uniform / ragged on captured steps (one process per arm)"
+for arm in target full uniform ragged; do
+  drop=""; for o in target full uniform ragged; do [[ $o != "$arm" ]] && drop="$drop ~arms.$o"; done
+  timeout ${T_ARM:-70} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 \
+    engine.cost_table="$OUT/cost_table.json" progress=false $drop batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" \
+    new_tokens=${NEW_TOKENS:-96} output_dir="$OUT/bench_$arm" hydra.run.dir="$WORK/hydra/bench_$arm" 2>&1 \
+    | grep -v WARNING | grep "Error\|^| " | cut -c1-300
+done
+# At most 8 files come back from a leased machine: pack everything into one archive.
+(cd "$OUT" && tar czf "$WORK/results.tar.gz" . && find . -mindepth 1 -delete && mv "$WORK/results.tar.gz" "$OUT/")
 stamp done

@@ -95,24 +95,28 @@ def main(out_dir: str) -> None:
     torch.manual_seed(0)
     target = TargetModel(SMOLLM2)
     drafter = DSparkDrafter(SMOLLM2, DRAFTER)
+    import os
+
     rows = []
-    for spec in ("off", "dspark"):
-        for b in (1, 16, 64, 256):
-            r = profile(spec, b, target, drafter)
-            rows.append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "top_kernels"}))
+    for fused in ("0", "1"):  # plain modules vs the fused layer kernels (dspark.models.layers)
+        os.environ["DSPARK_FUSED_KERNELS"] = fused
+        for spec in ("off", "dspark"):
+            for b in (1, 16, 64, 256):
+                r = {"fused": fused == "1", **profile(spec, b, target, drafter)}
+                rows.append(r)
+                print(json.dumps({k: v for k, v in r.items() if k != "top_kernels"}))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_graph_step.json").write_text(json.dumps({"rows": rows, "torch": torch.__version__,
                                                              "device": torch.cuda.get_device_name()}, indent=2))
-    lines = ["| spec | batch | tokens/step | kernels/step | summed kernel ms | graph replay ms | overlapped step ms | "
-             "host ms/step |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| fused kernels | spec | batch | tokens/step | kernels/step | summed kernel ms | graph replay ms | "
+             "overlapped step ms | host ms/step |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['spec']} | {r['batch']} | {r['tokens_per_step']} | {r['kernels_per_step']} | "
+        lines.append(f"| {'yes' if r['fused'] else 'no'} | {r['spec']} | {r['batch']} | {r['tokens_per_step']} | {r['kernels_per_step']} | "
                      f"{r['kernel_time_ms']:.2f} | {r['graph_replay_ms']:.2f} | {r['overlapped_step_period_ms']:.2f} | "
                      f"{r['host_ms_per_step_median']:.2f} |")
-    lines += ["", "Top kernels, DSpark batch 1:", ""]
-    for t in next(r for r in rows if r["spec"] == "dspark" and r["batch"] == 1)["top_kernels"]:
+    lines += ["", "Top kernels, DSpark batch 1, fused:", ""]
+    for t in next(r for r in rows if r["spec"] == "dspark" and r["batch"] == 1 and r["fused"])["top_kernels"]:
         lines.append(f"- {t['kernel']}: {t['calls']} calls, {t['us']} us")
     (out / "profile_graph_step.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -151,8 +151,35 @@ def run(cfg: DictConfig) -> dict:
                      f"{fmt(r['trim_ratio'], '.3f')} | {fmt(r['predicted_gain_mean'], '+.3f')} | "
                      f"{r['graph_replays']} / {r['eager_steps']} | {r['requests_differing_from_' + first_arm]} |")
     (out_dir / "bench_decode.md").write_text("\n".join(lines) + "\n")
+    plot_results(results, out_dir / "bench_decode.png")
     print("\n".join(lines))
     return doc
+
+
+def plot_results(results: list[dict], path: Path) -> Path:
+    """Output tokens/s and ms per step against batch size, one line per arm (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for arm in dict.fromkeys(r["arm"] for r in results):
+        rows = sorted((r for r in results if r["arm"] == arm), key=lambda r: r["batch_size"])
+        bs = [r["batch_size"] for r in rows]
+        ax1.plot(bs, [r["output_tokens_per_s"] for r in rows], marker="o", label=arm)
+        ax2.plot(bs, [r["ms_per_step_median"] for r in rows], marker="o", label=arm)
+    for ax, title in ((ax1, "output tokens/s"), (ax2, "ms per decode step (median)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="bench_decode")

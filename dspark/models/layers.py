@@ -18,13 +18,33 @@ Both share :meth:`PagedSelfAttention.project_qkv`, so they compute the same func
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark.attention import AttentionMetadata, attend, write_kv
+from dspark.attention import AttentionMetadata, attend, get_attention_backend, write_kv
 from dspark.config import ModelConfig
+
+
+def use_fused_kernels() -> bool:
+    """Inference on the Triton backend runs the fused layer kernels (kernels/rmsnorm.py,
+    rotary.py, silu_mul.py) and fused QKV / gate-up projections; training (autograd on) and
+    the torch backend run the plain modules, which are the kernels' references.
+    DSPARK_FUSED_KERNELS=0 turns the fusion off (to measure what it buys)."""
+    return (get_attention_backend() == "triton" and not torch.is_grad_enabled()
+            and os.environ.get("DSPARK_FUSED_KERNELS", "1") != "0")
+
+
+def _fused_weight(module: nn.Module, key: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat(parts) cached on ``module``; rebuilt when any part is replaced or updated in place."""
+    stamp = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in parts)
+    cached = module.__dict__.get(key)
+    if cached is None or cached[0] != stamp:
+        cached = (stamp, torch.cat([t.detach() for t in parts], dim=0))
+        module.__dict__[key] = cached
+    return cached[1]
 
 
 class RMSNorm(nn.Module):
@@ -36,6 +56,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_fused_kernels() and x.shape[-1] == self.weight.shape[0]:
+            from kernels.rmsnorm import rmsnorm_triton
+
+            return rmsnorm_triton(x, self.weight, self.eps)[0]
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         return (self.weight.float() * x32).to(x.dtype)
@@ -105,6 +129,7 @@ class PagedSelfAttention(nn.Module):
         self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
         self.q_norm = RMSNorm(head_dim, eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else None
+        self._inv_freq: dict = {}  # device -> fp32 [D/2] rotary frequencies (fused path)
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> "PagedSelfAttention":
@@ -134,10 +159,34 @@ class PagedSelfAttention(nn.Module):
         k, v = self.project_kv(x, positions)
         return q, k, v
 
+    def _project_qkv_fused(self, x: torch.Tensor, positions: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """project_qkv in three kernels: one GEMM for q/k/v, one rotary kernel for q and k."""
+        from kernels.rotary import rotary_triton
+
+        parts = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
+        w = _fused_weight(self, "_fused_qkv_w", parts)
+        b = _fused_weight(self, "_fused_qkv_b", [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]) \
+            if self.q_proj.bias is not None else None
+        H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(x, w, b)
+        q = qkv[..., : H * D].unflatten(-1, (H, D))
+        k = qkv[..., H * D: (H + Hk) * D].unflatten(-1, (Hk, D))
+        v = qkv[..., (H + Hk) * D:].unflatten(-1, (Hk, D))
+        inv_freq = self._inv_freq.get(x.device)
+        if inv_freq is None:
+            inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D))
+            self._inv_freq[x.device] = inv_freq
+        q, k = rotary_triton(q, k, positions, inv_freq)
+        return q, k, v
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         """x [T, hidden] packed tokens -> [T, hidden]; writes this step's K/V at meta.slot_mapping first."""
-        q, k, v = self.project_qkv(x, positions)
+        if use_fused_kernels() and self.q_norm is None and x.dim() == 2:
+            q, k, v = self._project_qkv_fused(x, positions)
+        else:
+            q, k, v = self.project_qkv(x, positions)
         write_kv(k_cache, v_cache, k, v, meta)
         out = attend(q, k_cache, v_cache, meta, self.scale)  # [T, H, D]
         return self.o_proj(out.flatten(-2))
@@ -185,8 +234,24 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
+        if use_fused_kernels():
+            return self._forward_fused(x, positions, k_cache, v_cache, meta)
         x = x + self.self_attn(self.input_layernorm(x), positions, k_cache, v_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def _forward_fused(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       meta: AttentionMetadata) -> torch.Tensor:
+        """The same function with the residual add fused into the second norm and a fused SwiGLU."""
+        from kernels.rmsnorm import rmsnorm_triton
+        from kernels.silu_mul import silu_mul_triton
+
+        n1 = self.input_layernorm(x)
+        a = self.self_attn(n1, positions, k_cache, v_cache, meta)
+        norm2 = self.post_attention_layernorm
+        n2, x = rmsnorm_triton(a, norm2.weight, norm2.eps, residual=x)  # x <- x + a, n2 = norm(x)
+        mlp = self.mlp
+        gate_up = F.linear(n2, _fused_weight(mlp, "_fused_gate_up", [mlp.gate_proj.weight, mlp.up_proj.weight]))
+        return x + mlp.down_proj(silu_mul_triton(gate_up))
 
     def forward_dense(self, x: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor | None,
                       prefix_v: torch.Tensor | None, visible: torch.Tensor) -> torch.Tensor:

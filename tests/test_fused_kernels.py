@@ -1,0 +1,119 @@
+"""Fused layer kernels (RMSNorm + residual, rotary, SiLU*mul) against their references.
+
+On CPU they run under TRITON_INTERPRET=1 (set by conftest); outputs are poisoned before
+each run so a kernel that skips a row cannot pass on stale memory.
+"""
+
+import pytest
+import torch
+
+from dspark.models.layers import apply_rotary, rotary_cos_sin
+from kernels.rmsnorm import rmsnorm_reference, rmsnorm_triton
+from kernels.rotary import rotary_reference, rotary_triton
+from kernels.silu_mul import silu_mul_reference, silu_mul_triton
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("rows,n", [(1, 64), (7, 576), (33, 100)])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_matches_reference(rows, n, with_residual, dtype):
+    g = torch.Generator().manual_seed(rows * n)
+    x = torch.randn(rows, n, generator=g).to(DEV, dtype)
+    r = torch.randn(rows, n, generator=g).to(DEV, dtype) if with_residual else None
+    w = (1 + 0.1 * torch.randn(n, generator=g)).to(DEV, dtype)
+    out, h = rmsnorm_triton(x, w, 1e-5, r)
+    ref, ref_h = rmsnorm_reference(x, w, 1e-5, r)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    if DEV == "cuda" or dtype == torch.float32:
+        assert torch.equal(h, ref_h)  # the residual stream is rounded exactly as torch rounds x + r
+    else:  # Triton's CPU interpreter truncates fp32 -> bf16 instead of rounding to nearest: 1 ulp
+        torch.testing.assert_close(h, ref_h, atol=0, rtol=2 ** -7)
+
+
+def test_rmsnorm_reference_is_the_layers_norm():
+    from dspark.models.layers import RMSNorm
+
+    norm = RMSNorm(48, 1e-6)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(5, 48)
+    torch.testing.assert_close(rmsnorm_reference(x, norm.weight, 1e-6)[0], norm(x))
+
+
+@pytest.mark.parametrize("T,hq,hk,d", [(1, 9, 3, 64), (13, 4, 2, 16), (40, 8, 8, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_matches_reference_and_the_layers_rotary(T, hq, hk, d, dtype):
+    g = torch.Generator().manual_seed(T + d)
+    # q and k are views into one fused QKV output, as the fused attention path passes them.
+    qkv = torch.randn(T, (hq + 2 * hk) * d, generator=g).to(DEV, dtype)
+    q = qkv[:, : hq * d].unflatten(-1, (hq, d))
+    k = qkv[:, hq * d: (hq + hk) * d].unflatten(-1, (hk, d))
+    guard = torch.full((T + 4, (hq + 2 * hk) * d), float("nan"), device=DEV, dtype=dtype)
+    pos = torch.randint(0, 4000, (T,), generator=g).to(DEV)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32, device=DEV) / d))
+    qo, ko = rotary_triton(q, k, pos, inv_freq)
+    assert qo.is_contiguous() and ko.is_contiguous() and torch.isnan(guard).all()
+    rq, rk = rotary_reference(q, k, pos, inv_freq)
+    tol = 2e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(qo, rq, atol=tol, rtol=tol)
+    torch.testing.assert_close(ko, rk, atol=tol, rtol=tol)
+    cos, sin = rotary_cos_sin(pos, d, 10000.0, torch.float32)
+    torch.testing.assert_close(rq, apply_rotary(q, cos, sin), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("rows,i", [(1, 1536), (9, 100), (3, 2049)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_matches_reference(rows, i, dtype):
+    g = torch.Generator().manual_seed(rows + i)
+    x = (3 * torch.randn(rows, 2 * i, generator=g)).to(DEV, dtype)
+    out = silu_mul_triton(x)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, silu_mul_reference(x), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_fused_layers_compute_the_plain_layers_function(arch):
+    """Engine on the Triton backend (fused layer kernels, fused projections) vs the torch
+    backend (plain modules): same logits to fp32 rounding, same greedy tokens."""
+    from dspark.attention import set_attention_backend
+    from dspark.config import SamplingParams
+    from dspark.engine import Engine
+    from tiny import tiny_drafter, tiny_engine_config, tiny_target
+
+    target = tiny_target(8, arch=arch)
+    drafter = tiny_drafter(target, 9, block_size=3)
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
+    sp = SamplingParams(max_tokens=10, ignore_eos=True)
+    try:
+        plain = Engine(target, None, tiny_engine_config(attention_backend="torch", kv_block_size=16), drafter).generate(prompts, sp)
+        fused = Engine(target, None, tiny_engine_config(attention_backend="triton", kv_block_size=16), drafter).generate(prompts, sp)
+    finally:
+        set_attention_backend("torch")
+    assert [o.token_ids for o in fused] == [o.token_ids for o in plain]
+    # Training (autograd on) never takes the fused path: it has no backward.
+    from dspark.models.layers import use_fused_kernels
+
+    set_attention_backend("triton")
+    try:
+        with torch.enable_grad():
+            assert not use_fused_kernels()
+        with torch.inference_mode():
+            assert use_fused_kernels()
+    finally:
+        set_attention_backend("torch")
+
+
+def test_fused_weights_follow_in_place_updates():
+    from dspark.models.layers import _fused_weight
+
+    lin = torch.nn.Linear(4, 3)
+    other = torch.nn.Linear(4, 2)
+    w = _fused_weight(lin, "_k", [lin.weight, other.weight])
+    assert torch.equal(w, torch.cat([lin.weight, other.weight]))
+    with torch.no_grad():
+        other.weight.add_(1.0)
+    w2 = _fused_weight(lin, "_k", [lin.weight, other.weight])
+    assert torch.equal(w2, torch.cat([lin.weight, other.weight])) and not torch.equal(w, w2)
