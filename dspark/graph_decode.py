@@ -18,7 +18,10 @@ bucket (R requests -> R*(G+1) tokens). Confidence-scheduled steps (uniform, ragg
 draft graph keyed by the padded request count, then a verify graph keyed by the token
 bucket alone: the host sizes the step from lagged survival (the planner's budget, known
 before the step), the device picks the windows from fresh survival and packs the rows on
-the flat token axis itself. Sampled rows run eagerly (counted as ``sampled_rows``).
+the flat token axis itself. Sampled rows sample from counter-based uniforms
+(:mod:`dspark.uniforms`, keyed by seed and anchor position) with the same processing and
+acceptance rule as the eager path; the batch's sampling signature (all greedy, top-k in
+use, top-p in use) is part of every graph key.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import torch
 
 from dspark.attention import AttentionMetadata
 
-EAGER_REASONS = ("prefill_or_mixed", "verify_mode", "sampled_rows", "over_largest_bucket", "kv_pages", "cpu")
+EAGER_REASONS = ("prefill_or_mixed", "over_largest_bucket", "kv_pages", "cpu")
 
 
 @dataclass
@@ -70,6 +73,11 @@ class GraphDecoder:
         self.seed = torch.zeros(S, dtype=torch.int64, device=dev)
         self.active = torch.zeros(S, dtype=torch.bool, device=dev)
         self.tables = torch.zeros((S, max_pages), dtype=torch.int32, device=dev)
+        self.temperature = torch.zeros(S, dtype=torch.float32, device=dev)
+        self.top_k = torch.zeros(S, dtype=torch.int64, device=dev)
+        self.top_p = torch.ones(S, dtype=torch.float32, device=dev)
+        self.sampling = (True, False, False)  # (all greedy, needs top-k, needs top-p) of the loaded rows
+        self.draft_probs: torch.Tensor | None = None  # [S, G, V], allocated when sampled rows first load
         self.out = torch.zeros((S, 2 + self.M), dtype=torch.int64, device=dev)
         G1 = max(self.G, 1)
         self.drafts = torch.zeros((S, G1), dtype=torch.int64, device=dev)
@@ -122,15 +130,25 @@ class GraphDecoder:
         for i, r in enumerate(requests):
             t = self.runner.blocks.table(r.req_id)
             tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        state = torch.tensor([[r.num_tokens, r.anchor, r.seed] for r in requests], dtype=torch.int64)
+        state = torch.tensor([[r.num_tokens, r.anchor, r.seed, r.params.top_k] for r in requests], dtype=torch.int64)
+        floats = torch.tensor([[r.params.temperature, r.params.top_p] for r in requests], dtype=torch.float32)
+        params = [r.params for r in requests]
+        self.sampling = (all(p.temperature == 0 for p in params), any(p.temperature > 0 and p.top_k > 0 for p in params),
+                         any(p.temperature > 0 and p.top_p < 1.0 for p in params))
+        if not self.sampling[0] and self.G and self.draft_probs is None:
+            V = self.target.cfg.vocab_size
+            self.draft_probs = torch.zeros((self.S, self.G, V), dtype=torch.float32, device=self.device)
         pin = self.device.type == "cuda"
         if pin:
-            state, tables = state.pin_memory(), tables.pin_memory()
+            state, tables, floats = state.pin_memory(), tables.pin_memory(), floats.pin_memory()
         self.active.zero_()
         self.active[:n] = True
         self.seq_len[:n].copy_(state[:, 0], non_blocking=pin)
         self.anchor[:n].copy_(state[:, 1], non_blocking=pin)
         self.seed[:n].copy_(state[:, 2], non_blocking=pin)
+        self.top_k[:n].copy_(state[:, 3], non_blocking=pin)
+        self.temperature[:n].copy_(floats[:, 0], non_blocking=pin)
+        self.top_p[:n].copy_(floats[:, 1], non_blocking=pin)
         self.tables[:n].copy_(tables, non_blocking=pin)
         self.req_ids = tuple(r.req_id for r in requests)
 
@@ -141,8 +159,23 @@ class GraphDecoder:
         slot = pages * self.page + torch.remainder(p, self.page)
         return torch.where(act, slot, -1)
 
+    def _rows(self, R: int):
+        from dspark.sampling import RowSampling
+
+        all_greedy, needs_k, needs_p = self.sampling
+        return RowSampling.from_tensors(self.temperature[:R], self.top_k[:R], self.top_p[:R], all_greedy=all_greedy,
+                                        needs_k=needs_k, needs_p=needs_p)
+
+    def _uniforms(self, R: int) -> torch.Tensor:
+        """[R, 2G+1] this step's uniforms (draft slots, acceptance tests, resample) per row."""
+        from dspark.uniforms import step_uniforms
+
+        anchor_pos = torch.where(self.active[:R], self.seq_len[:R] - 1, 0)
+        return step_uniforms(self.seed[:R], anchor_pos, self.G)
+
     def _draft_stage(self, R: int) -> None:
-        """Draft a block for rows [:R]; writes self.drafts and (with a confidence head) self.survival."""
+        """Draft a block for rows [:R]; writes self.drafts, self.draft_probs (sampled rows) and
+        (with a confidence head) self.survival."""
         G = self.G
         n, act, tables, anchor = self.seq_len[:R], self.active[:R], self.tables[:R], self.anchor[:R]
         anchor_pos = torch.where(act, n - 1, 0)
@@ -154,8 +187,21 @@ class GraphDecoder:
                                                             pos_d[..., None], act[:, None, None]).reshape(-1),
                                    causal=False, max_q_len=G, trash_slot=self.trash_slot)
         hidden = self.drafter.forward_block(anchor, anchor_pos, self.runner.draft_cache, meta_d, self.target.embed)
-        out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight,
-                                 lambda logits, k: torch.argmax(logits, dim=-1))
+        if self.sampling[0]:
+            out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight,
+                                     lambda logits, k: torch.argmax(logits, dim=-1))
+        else:
+            from dspark.sampling import sample_rows
+
+            rows, uni, probs = self._rows(R), self._uniforms(R), []
+
+            def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
+                tokens, p = sample_rows(logits, rows, uni[:, k])
+                probs.append(p)
+                return tokens
+
+            out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn)
+            self.draft_probs[:R].copy_(torch.stack(probs, dim=1))
         self.drafts[:R].copy_(out.tokens)
         if out.confidence_logits is not None:
             from dspark.survival import prefix_survival
@@ -209,17 +255,46 @@ class GraphDecoder:
         hidden, captured = self.target(ids, pos, self.runner.cache, meta, self.runner.capture_layers)
         if G:
             self.drafter.context_kv(captured, pos, self.runner.draft_cache, meta)
-        target_flat = torch.argmax(self.target.compute_logits(hidden), dim=-1)  # [T]
-        target_tok = target_flat[(indptr[:R, None] + self.ar_M[None, :]).clamp(max=T - 1)]  # [R, M]
+        logits = self.target.compute_logits(hidden)  # [T, V]
+        rows_at = (indptr[:R, None] + self.ar_M[None, :]).clamp(max=T - 1)  # [R, M]
+        if not self.sampling[0]:
+            k, nxt = self._accept_sampled(logits[rows_at.reshape(-1)].view(R, M, -1), w, R)
+            self._commit_state(R, k, nxt, anchor, act, w)
+            return
+        target_tok = torch.argmax(logits, dim=-1)[rows_at]  # [R, M]
         if G:
-            drafts = self.drafts[:R]
-            match = (drafts == target_tok[:, :G]) & (self.ar_G[None, :G] < w[:, None])
+            match = (self.drafts[:R] == target_tok[:, :G]) & (self.ar_G[None, :G] < w[:, None])
             k = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
-            emitted = drafts
         else:
             k = torch.zeros(R, dtype=torch.int64, device=self.device)
-            emitted = anchor[:, None][:, :0]
         nxt = target_tok.gather(1, k[:, None]).squeeze(1)
+        self._commit_state(R, k, nxt, anchor, act, w)
+
+    def _accept_sampled(self, logits: torch.Tensor, w: torch.Tensor, R: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Lossless acceptance (kernels/acceptance.py) over logits [R, M, V] -> (accepted int64 [R], next [R])."""
+        from dspark.sampling import processed_probs, sample_inverse_cdf
+
+        G, M = self.G, self.M
+        rows = self._rows(R)
+        uni = self._uniforms(R)
+        target_probs = processed_probs(logits.reshape(R * M, -1), rows.repeat(M)).view(R, M, -1)
+        if not G:
+            greedy = rows.greedy
+            drawn = sample_inverse_cdf(target_probs[:, 0], uni[:, 0])
+            return torch.zeros(R, dtype=torch.int64, device=self.device), torch.where(
+                greedy, torch.argmax(logits[:, 0], dim=-1), drawn)
+        from kernels.acceptance import accept
+
+        res = accept(draft_tokens=self.drafts[:R], windows=w.to(torch.int32), target_probs=target_probs,
+                     draft_probs=self.draft_probs[:R], greedy=rows.greedy, accept_uniforms=uni[:, G:2 * G],
+                     sample_uniforms=uni[:, 2 * G], impl="triton" if self.device.type == "cuda" else "torch")
+        return res.num_accepted.long(), res.next_token.long()
+
+    def _commit_state(self, R: int, k: torch.Tensor, nxt: torch.Tensor, anchor: torch.Tensor, act: torch.Tensor,
+                      w: torch.Tensor) -> None:
+        """Write this step's outputs (accepted, window, tokens) and advance the rows' state."""
+        G = self.G
+        emitted = self.drafts[:R] if G else anchor[:, None][:, :0]
         slots_out = torch.cat((emitted, torch.zeros_like(nxt)[:, None]), dim=1)  # [R, M]
         slots_out = torch.where(self.ar_M[None, :] == k[:, None], nxt[:, None], slots_out)
         self.out[:R, 0].copy_(k)
@@ -247,7 +322,7 @@ class GraphDecoder:
             if bucket is None:
                 raise ValueError(f"{B} requests x {self.M} tokens exceed the largest bucket {self.buckets[-1]}")
             num_tokens = B * self.M
-            self._run(("step", bucket), lambda: self._step(bucket // self.M))
+            self._run(("step", bucket, self.sampling), lambda: self._step(bucket // self.M))
         else:
             if mode == "uniform":
                 num_tokens = B * (int(tier) + 1)
@@ -262,8 +337,8 @@ class GraphDecoder:
             target_buf.copy_(src.pin_memory() if pin else src, non_blocking=pin)
             r_draft = next(b for b in self.batch_buckets if b >= B)
             r_verify = min(bucket, self.S)
-            self._run(("draft", r_draft), lambda: self._draft_stage(r_draft))
-            self._run(("verify", bucket, mode), lambda: self._verify_stage(bucket, r_verify, mode))
+            self._run(("draft", r_draft, self.sampling), lambda: self._draft_stage(r_draft))
+            self._run(("verify", bucket, mode, self.sampling), lambda: self._verify_stage(bucket, r_verify, mode))
         host = torch.empty((B, 2 + self.M), dtype=torch.int64, pin_memory=pin)
         host.copy_(self.out[:B], non_blocking=pin)
         surv = None
@@ -283,13 +358,13 @@ class GraphDecoder:
             return
         B = num_requests
         full = self.bucket_for(B)
-        if full is not None and ("step", full) not in self.graphs:
-            self.graphs[("step", full)] = self._capture(lambda: self._step(full // self.M))
+        if full is not None and ("step", full, self.sampling) not in self.graphs:
+            self.graphs[("step", full, self.sampling)] = self._capture(lambda: self._step(full // self.M))
         if mode == "full" or not self.G:
             return
         r_draft = next(b for b in self.batch_buckets if b >= B)
-        if ("draft", r_draft) not in self.graphs:
-            self.graphs[("draft", r_draft)] = self._capture(lambda: self._draft_stage(r_draft))
+        if ("draft", r_draft, self.sampling) not in self.graphs:
+            self.graphs[("draft", r_draft, self.sampling)] = self._capture(lambda: self._draft_stage(r_draft))
         if mode == "uniform":
             lens = tiers if tiers is not None else range(self.min_verify_len, self.G)
             buckets = {self.token_bucket_for(B * (v + 1)) for v in lens if v < self.G}
@@ -297,9 +372,9 @@ class GraphDecoder:
             lo, hi = self.token_bucket_for(B * (self.min_verify_len + 1)), self.token_bucket_for(B * self.M)
             buckets = {t for t in self.token_buckets if lo is not None and lo <= t <= (hi or self.token_buckets[-1])}
         for T in sorted(b for b in buckets if b is not None):
-            if ("verify", T, mode) not in self.graphs:
+            if ("verify", T, mode, self.sampling) not in self.graphs:
                 R = min(T, self.S)
-                self.graphs[("verify", T, mode)] = self._capture(lambda T=T, R=R: self._verify_stage(T, R, mode))
+                self.graphs[("verify", T, mode, self.sampling)] = self._capture(lambda T=T, R=R: self._verify_stage(T, R, mode))
 
     def _run(self, key, fn) -> None:
         if not self.use_graphs:

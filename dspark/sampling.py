@@ -21,7 +21,21 @@ class RowSampling:
         self.top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
         self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
         self.greedy = self.temperature == 0
-        self.all_greedy = bool(self.greedy.all()) if params else True
+        # Decided from the host-side parameters, so processing never reads a device value.
+        self.all_greedy = all(p.temperature == 0 for p in params)
+        self.needs_k = any(p.temperature > 0 and p.top_k > 0 for p in params)
+        self.needs_p = any(p.temperature > 0 and p.top_p < 1.0 for p in params)
+
+    @classmethod
+    def from_tensors(cls, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, *, all_greedy: bool,
+                     needs_k: bool, needs_p: bool) -> "RowSampling":
+        """Rows whose parameters already live in (persistent) device tensors."""
+        out = cls.__new__(cls)
+        out.params = []
+        out.temperature, out.top_k, out.top_p = temperature, top_k, top_p
+        out.greedy = temperature == 0
+        out.all_greedy, out.needs_k, out.needs_p = all_greedy, needs_k, needs_p
+        return out
 
     def repeat(self, n: int) -> "RowSampling":
         """Each row repeated n times (rows of the same request stay adjacent)."""
@@ -31,7 +45,7 @@ class RowSampling:
         out.top_k = self.top_k.repeat_interleave(n)
         out.top_p = self.top_p.repeat_interleave(n)
         out.greedy = self.greedy.repeat_interleave(n)
-        out.all_greedy = self.all_greedy
+        out.all_greedy, out.needs_k, out.needs_p = self.all_greedy, self.needs_k, self.needs_p
         return out
 
 
@@ -44,14 +58,13 @@ def processed_probs(logits: torch.Tensor, rows: RowSampling) -> torch.Tensor:
     temp = torch.where(rows.greedy, torch.ones_like(rows.temperature), rows.temperature)
     scaled = logits / temp[:, None]
     V = logits.shape[-1]
-    needs_k = bool(((rows.top_k > 0) & (rows.top_k < V) & ~rows.greedy).any())
-    needs_p = bool(((rows.top_p < 1.0) & ~rows.greedy).any())
+    needs_k, needs_p = rows.needs_k, rows.needs_p
     if needs_k or needs_p:
         sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
         keep = torch.ones_like(sorted_logits, dtype=torch.bool)
         rank = torch.arange(V, device=logits.device)[None, :]
         if needs_k:
-            k = torch.where((rows.top_k > 0) & ~rows.greedy, rows.top_k, torch.full_like(rows.top_k, V))
+            k = torch.where((rows.top_k > 0) & ~rows.greedy, rows.top_k.clamp(max=V), torch.full_like(rows.top_k, V))
             keep &= rank < k[:, None]
         if needs_p:
             probs_sorted = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)

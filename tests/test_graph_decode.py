@@ -11,13 +11,12 @@ import torch
 
 from dspark.config import ConfigError, EngineConfig, SamplingParams
 from dspark.engine import Engine
+from test_engine_lossless import prompts_for as lossless_prompts
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
 
 def prompts_for(seed, n, lo=2, hi=30):
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(lo, hi, (n,), generator=g).tolist()
-    return [torch.randint(3, 97, (L,), generator=g).tolist() for L in lens]
+    return lossless_prompts(seed, n, lo=lo, hi=hi)
 
 
 def generate(target, drafter, prompts, params, **cfg):
@@ -61,15 +60,32 @@ def test_eos_and_page_growth_inside_the_pipeline():
     assert eng.counters()["graph_eager_steps"] >= 5  # the pages grew many times (4-token pages)
 
 
-def test_sampled_rows_run_eagerly_and_say_why():
+@pytest.mark.parametrize("verify", ["full", "ragged"])
+@pytest.mark.parametrize("spec", ["off", "dspark"])
+def test_sampled_rows_on_device_steps_draw_what_the_eager_engine_draws(tmp_path, spec, verify):
+    """Counter-based uniforms + the same processing and acceptance rule: token-identical samples."""
+    if spec == "off" and verify != "full":
+        pytest.skip("target-only has nothing to schedule")
     target = tiny_target(5)
-    drafter = tiny_drafter(target, 9, block_size=3)
-    params = SamplingParams(temperature=0.8, max_tokens=8, seed=3, ignore_eos=True)
-    base, _ = generate(target, drafter, prompts_for(1, 2), params)
-    fast, eng = generate(target, drafter, prompts_for(1, 2), params, cuda_graphs=True)
+    drafter = tiny_drafter(target, 9, block_size=3) if spec == "dspark" else None
+    params = [SamplingParams(temperature=0.8, top_p=0.9, top_k=(0 if i % 2 else 20), max_tokens=12, seed=3 + i,
+                             ignore_eos=True) for i in range(5)]
+    params.append(SamplingParams(max_tokens=12, ignore_eos=True))  # one greedy row in the sampled batch
+    prompts = prompts_for(1, len(params))
+    kw = {}
+    if verify != "full":
+        from test_engine_scheduling import steep_table
+
+        probe = Engine(target, None, tiny_engine_config(cuda_graphs=True, overlap=True, budget_lag=2), drafter)
+        kw = dict(verify=verify, cost_table=steep_table(probe, tmp_path / "t.json"), budget_lag=2)
+        base, _ = generate(target, drafter, prompts, params, **{**kw, "cost_table": steep_table(
+            Engine(target, None, tiny_engine_config(), drafter), tmp_path / "e.json"), "budget_lag": 2})
+    else:
+        base, _ = generate(target, drafter, prompts, params)
+    fast, eng = generate(target, drafter, prompts, params, cuda_graphs=True, overlap=True, **kw)
     assert fast == base
     c = eng.counters()
-    assert c["graph_eager_steps"] == 0 and c["eager_reason/sampled_rows"] > 0
+    assert c["graph_eager_steps"] > 0 and "eager_reason/sampled_rows" not in c
 
 
 def test_graph_configs_refused_with_a_fix():
