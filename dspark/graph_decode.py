@@ -33,8 +33,6 @@ import torch
 
 from dspark.attention import AttentionMetadata
 
-EAGER_REASONS = ("prefill_or_mixed", "over_largest_bucket", "kv_pages", "cpu")
-
 
 @dataclass
 class Launched:
@@ -132,9 +130,10 @@ class GraphDecoder:
             tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
         state = torch.tensor([[r.num_tokens, r.anchor, r.seed, r.params.top_k] for r in requests], dtype=torch.int64)
         floats = torch.tensor([[r.params.temperature, r.params.top_p] for r in requests], dtype=torch.float32)
-        params = [r.params for r in requests]
-        self.sampling = (all(p.temperature == 0 for p in params), any(p.temperature > 0 and p.top_k > 0 for p in params),
-                         any(p.temperature > 0 and p.top_p < 1.0 for p in params))
+        from dspark.sampling import RowSampling
+
+        flags = RowSampling([r.params for r in requests])
+        self.sampling = (flags.all_greedy, flags.needs_k, flags.needs_p)
         if not self.sampling[0] and self.G and self.draft_probs is None:
             V = self.target.cfg.vocab_size
             self.draft_probs = torch.zeros((self.S, self.G, V), dtype=torch.float32, device=self.device)
