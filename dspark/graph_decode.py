@@ -387,12 +387,16 @@ class GraphDecoder:
         self.replays += 1
 
     @staticmethod
-    def collect(launched: Launched) -> list[tuple[int, int, list[int]]]:
-        """(accepted count, window, emitted tokens) per row; waits for that step only."""
+    def collect(launched: Launched) -> tuple[list[tuple[int, int, list[int]]], float]:
+        """((accepted count, window, emitted tokens) per row, ms spent waiting for the device);
+        waits for that step only."""
+        waited = 0.0
         if launched.event is not None:
+            t0 = time.perf_counter()
             launched.event.synchronize()
+            waited = (time.perf_counter() - t0) * 1e3
         rows = launched.host.tolist()
-        return [(row[0], row[1], row[2: row[0] + 3]) for row in rows]
+        return [(row[0], row[1], row[2: row[0] + 3]) for row in rows], waited
 
     def _capture(self, fn):
         """Warm up (JIT, cuBLAS) on a side stream with the state restored afterwards, then capture."""

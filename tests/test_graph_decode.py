@@ -47,6 +47,7 @@ def test_device_resident_steps_emit_what_the_eager_engine_emits(spec, overlap):
     else:
         assert c["pipelined_steps"] == 0 and c["discarded_row_steps"] == 0
     assert c["emitted_tokens"] >= sum(len(t) for t in base)
+    assert c["host_ms_per_graph_step_median"] > 0  # host scheduling time of device-resident steps
 
 
 def test_eos_and_page_growth_inside_the_pipeline():
