@@ -683,7 +683,10 @@ def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block
         counters = _sum_counters([r for r in block_rows if r["arm"] == arm])
         guards.append(did_nothing_guard(arm, vars_of(ecfg), counters,
                                         expects_trim=trim_expected(ecfg.verify, False),
-                                        expects_graphs=False, expects_speculation=ecfg.spec != "off"))
+                                        # CUDA graphs can only replay on a GPU; on a CPU the same
+                                        # device-resident steps run uncaptured (eager_reason/cpu).
+                                        expects_graphs=ecfg.cuda_graphs and ecfg.device.startswith("cuda"),
+                                        expects_speculation=ecfg.spec != "off"))
     return guards
 
 
