@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from typing import Iterable, Sequence
 
 import torch
@@ -88,12 +89,14 @@ class Engine:
         self._host_step_ms: list[float] = []
         self._graph_wait_ms = 0.0
         self._eager_reason = "no_cuda_graphs"
-        self.eager_reasons: dict[str, int] = {}
+        self.eager_reasons: Counter[str] = Counter()
         if self.cfg.cuda_graphs:
             self._build_graph_decoder()
 
     def _build_graph_decoder(self) -> None:
         from dspark.graph_decode import GraphDecoder
+
+        from dspark.profiler import batch_size_ladder
 
         M = self.block_size + 1
         if self.cfg.token_buckets is not None and self.cfg.verify == "full":
@@ -103,12 +106,8 @@ class Engine:
                                   f"(block {self.block_size} + 1); a full-block captured step of R requests "
                                   f"processes R*{M} tokens, so give multiples of {M}")
             buckets = tuple(self.cfg.token_buckets)
-        if self.cfg.token_buckets is None or self.cfg.verify != "full":
-            sizes, b = [], 1
-            while b < self.cfg.max_num_seqs:
-                sizes.append(b)
-                b *= 2
-            buckets = tuple(M * x for x in sizes + [self.cfg.max_num_seqs])
+        else:  # full-block steps of 1, 2, 4, ... max_num_seqs requests
+            buckets = tuple(M * b for b in batch_size_ladder(self.cfg.max_num_seqs))
         page = self.cfg.kv_block_size
         max_pages = -(-(self.cfg.max_model_len + self._lookahead) // page) + 1
         ragged_buckets = self.cfg.token_buckets if self.cfg.verify != "full" else None
@@ -301,7 +300,7 @@ class Engine:
         counts = self._counts
         counts["steps"] += 1
         counts["eager_steps"] += 1  # this path never replays a graph
-        self.eager_reasons[self._eager_reason] = self.eager_reasons.get(self._eager_reason, 0) + 1
+        self.eager_reasons[self._eager_reason] += 1
         counts["preemptions"] += len(plan.preempted)
         counts["prefill_tokens"] += sum(c.length for c in plan.prefills)
         decodes = plan.decodes
@@ -413,7 +412,7 @@ class Engine:
             counts["graph_replays"] += 1
         else:
             counts["graph_eager_steps"] += 1
-            self.eager_reasons["cpu"] = self.eager_reasons.get("cpu", 0) + 1
+            self.eager_reasons["cpu"] += 1
         if self.cfg.overlap:
             previous, self._inflight = self._inflight, launched
             if previous is None:  # the pipeline's first step: nothing to commit yet
@@ -439,13 +438,8 @@ class Engine:
         from dspark.planner import _walk_order, plan_budget
 
         start = time.perf_counter()
-        lag = self.cfg.budget_lag
-        back = lag - (2 if self.cfg.overlap else 1)  # the newest snapshot read back is this old already
-        sizing = []
-        for r in running:
-            hist = self.planner._history.get(self._slot(r))
-            sizing.append(list(hist[-(back + 1)]) if hist is not None and len(hist) > back
-                          else list(self.planner._neutral))
+        newest_age = 2 if self.cfg.overlap else 1  # the newest snapshot read back is this old already
+        sizing = [self.planner.lagged_row(self._slot(r), newest_age) for r in running]
         decision = plan_budget(ranking_survival=None, sizing_survival=sizing, table=self.cost_table,
                                config=self.planner_config, temperature_positive=False)
         self.stats.record_plan(decision, plan_ms=(time.perf_counter() - start) * 1e3)
@@ -480,9 +474,8 @@ class Engine:
         now = time.perf_counter()
         G = self.block_size
         finished = []
-        live_ids, accepted = [], []
         surv = launched.survival.tolist() if launched.survival is not None else None
-        live_ids, windows, slots, snapshot = [], [], [], []
+        live_ids, accepted, windows, slots, snapshot = [], [], [], [], []
         for i, (rid, (k, w, new)) in enumerate(zip(launched.req_ids, results)):
             req = self._requests.get(rid)
             if req is None or req.finish_reason is not None:
@@ -504,7 +497,7 @@ class Engine:
                 diag = {"nan_rows_now": int(torch.isnan(gd.survival[:B]).any(1).sum()),
                         "seq_len": (int(gd.seq_len[:B].min()), int(gd.seq_len[:B].max())),
                         "extra": int(gd.extra[0]), "tier": int(gd.tier[0]), "windows": [r[1] for r in results][:8]}
-                R = next(b for b in gd.batch_buckets if b >= B)
+                R = gd.bucket_for(B) // gd.M
                 gd._draft_stage(R)  # the same stage, uncaptured, on the same state
                 diag["nan_rows_eager_redo"] = int(torch.isnan(gd.survival[:B]).any(1).sum())
                 diag["nan_drafts_hidden_cache"] = int(torch.isnan(self.runner.draft_cache.k).sum())
@@ -512,7 +505,7 @@ class Engine:
                 raise RuntimeError(f"device step (bucket {launched.bucket}, {B} rows) returned "
                                    f"survival outside [0, 1] for live rows {bad[:4]}: {snapshot[bad[0]]}; {diag}")
             self.planner.push_snapshot(slots, snapshot)
-        decision = getattr(launched, "decision", None)
+        decision = launched.decision
         if decision is not None and decision.trimmed:
             self._counts["trimmed_steps"] += 1
         if G and live_ids:
@@ -661,7 +654,7 @@ class Engine:
         self._host_step_ms = []
         if self.graph is not None:
             self.graph.req_ids = ()
-        self.eager_reasons = {}
+        self.eager_reasons = Counter()
         self._requests.clear()
         self.runner.reset()
         self.num_steps = 0

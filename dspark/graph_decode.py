@@ -34,6 +34,10 @@ import torch
 from dspark.attention import AttentionMetadata
 
 
+def _first_at_least(ladder: tuple[int, ...], n: int) -> int | None:
+    return next((b for b in ladder if b >= n), None)
+
+
 @dataclass
 class Launched:
     """A step whose results are on their way to the host."""
@@ -62,7 +66,10 @@ class GraphDecoder:
         self.page = runner.blocks.page_size
         self.trash_slot = runner.trash_slot
         self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
-        self.buckets = tuple(b for b in buckets if b % self.M == 0) or (self.M * max_num_seqs,)
+        bad = [b for b in buckets if b % self.M]
+        if bad or not buckets:
+            raise ValueError(f"full-step buckets must be non-empty multiples of {self.M} tokens, got {list(buckets)}")
+        self.buckets = tuple(buckets)
         S = max(max_num_seqs, max(self.buckets) // self.M)
         self.S = S
         dev = self.device
@@ -95,30 +102,23 @@ class GraphDecoder:
                 t *= 2
             ladder.update(range(128, top + 128, 128))
             ladder.update(self.buckets)
-        self.token_buckets = tuple(sorted(x for x in ladder if x <= max(top, max(ladder))))
+        self.token_buckets = tuple(sorted(ladder))
         self.ar_M = torch.arange(self.M, device=dev)
         self.ar_G = torch.arange(max(self.G, 1), device=dev)
         self.indptr_M = (torch.arange(S + 1, device=dev) * self.M).to(torch.int32)
         self.indptr_G = (torch.arange(S + 1, device=dev) * max(self.G, 1)).to(torch.int32)
         self.req_ids: tuple[int, ...] = ()
-        self.graphs: dict[int, object] = {}
+        self.graphs: dict[tuple, object] = {}  # ("step"|"draft"|"verify", size[, mode], sampling) -> graph
         self.pool = None
         self.captures = 0
-        self.replays = 0
 
     # ---- host -> device ---------------------------------------------------------------------
     def bucket_for(self, num_requests: int) -> int | None:
-        need = num_requests * self.M
-        for b in self.buckets:
-            if b >= need:
-                return b
-        return None
+        """The full-step bucket of ``num_requests`` rows (None above the largest)."""
+        return _first_at_least(self.buckets, num_requests * self.M)
 
     def token_bucket_for(self, num_tokens: int) -> int | None:
-        for b in self.token_buckets:
-            if b >= num_tokens:
-                return b
-        return None
+        return _first_at_least(self.token_buckets, num_tokens)
 
     def load(self, requests) -> None:
         """Upload the rows' state (exact: no step of theirs is in flight)."""
@@ -334,7 +334,7 @@ class GraphDecoder:
                 raise ValueError(f"{num_tokens} tokens exceed the largest token bucket {self.token_buckets[-1]}")
             src = torch.tensor([value], dtype=torch.int64)
             target_buf.copy_(src.pin_memory() if pin else src, non_blocking=pin)
-            r_draft = next(b for b in self.batch_buckets if b >= B)
+            r_draft = _first_at_least(self.batch_buckets, B)
             r_verify = min(bucket, self.S)
             self._run(("draft", r_draft, self.sampling), lambda: self._draft_stage(r_draft))
             self._run(("verify", bucket, mode, self.sampling), lambda: self._verify_stage(bucket, r_verify, mode))
@@ -361,7 +361,7 @@ class GraphDecoder:
             self.graphs[("step", full, self.sampling)] = self._capture(lambda: self._step(full // self.M))
         if mode == "full" or not self.G:
             return
-        r_draft = next(b for b in self.batch_buckets if b >= B)
+        r_draft = _first_at_least(self.batch_buckets, B)
         if ("draft", r_draft, self.sampling) not in self.graphs:
             self.graphs[("draft", r_draft, self.sampling)] = self._capture(lambda: self._draft_stage(r_draft))
         if mode == "uniform":
@@ -384,7 +384,6 @@ class GraphDecoder:
             graph = self._capture(fn)
             self.graphs[key] = graph
         graph.replay()
-        self.replays += 1
 
     @staticmethod
     def collect(launched: Launched) -> tuple[list[tuple[int, int, list[int]]], float]:

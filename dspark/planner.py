@@ -335,13 +335,19 @@ class Planner:
         self._history.pop(slot, None)
 
     def sizing_row(self, slot: int, fresh_row: Sequence[float]) -> list[float]:
-        lag = self.config.budget_lag
-        if lag == 0:
+        if self.config.budget_lag == 0:
             return [float(v) for v in fresh_row]
+        return self.lagged_row(slot, newest_age=1)
+
+    def lagged_row(self, slot: int, newest_age: int) -> list[float]:
+        """The slot's survival ``budget_lag`` steps old, when the newest snapshot pushed is
+        ``newest_age`` steps old (1 when planning right after a step; 2 when a step is still in
+        flight, as with the overlap scheduler). Neutral until that snapshot exists."""
+        back = self.config.budget_lag - newest_age
         hist = self._history.get(slot)
-        if hist is None or len(hist) < lag:
+        if back < 0 or hist is None or len(hist) <= back:
             return list(self._neutral)
-        return list(hist[0])
+        return list(hist[-(back + 1)])
 
     def push_snapshot(self, slots: Sequence[int], rows: Any) -> None:
         """Record one step's survival per slot (for engines whose snapshot lands after planning)."""

@@ -65,6 +65,13 @@ class RMSNorm(nn.Module):
         return (self.weight.float() * x32).to(x.dtype)
 
 
+def rotary_inv_freq(head_dim: int, theta: float, device: torch.device | str) -> torch.Tensor:
+    """fp32 [head_dim/2] rotary frequencies 1 / theta^(2i/D)."""
+    if head_dim % 2 != 0:
+        raise ValueError(f"rotary head_dim must be even, got {head_dim}")
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+
+
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
                    dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables for integer positions of any shape [...] -> two tensors [..., head_dim].
@@ -72,9 +79,7 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
     Frequencies are computed in float32; the second half of the last axis repeats the first
     (HF ``rotate_half`` layout).
     """
-    if head_dim % 2 != 0:
-        raise ValueError(f"rotary head_dim must be even, got {head_dim}")
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    inv_freq = rotary_inv_freq(head_dim, theta, positions.device)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # [..., D/2]
     angles = torch.cat((angles, angles), dim=-1)  # [..., D]
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -175,8 +180,7 @@ class PagedSelfAttention(nn.Module):
         v = qkv[..., (H + Hk) * D:].unflatten(-1, (Hk, D))
         inv_freq = self._inv_freq.get(x.device)
         if inv_freq is None:
-            inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D))
-            self._inv_freq[x.device] = inv_freq
+            inv_freq = self._inv_freq[x.device] = rotary_inv_freq(D, self.rope_theta, x.device)
         q, k = rotary_triton(q, k, positions, inv_freq)
         return q, k, v
 
