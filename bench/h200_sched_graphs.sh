@@ -2,21 +2,45 @@
 # Leased-H200 run for issue 6: GPU tests, a graph+overlap cost table, then target-only / full /
 # uniform / ragged on captured steps at batch 1..256 with SmolLM2 and the shipped drafter.
 #   OUT=/path bash bench/h200_sched_graphs.sh STAGE_DIR     # STAGE_DIR holds model.part1..3 + model.sha256
+# PHASES picks what runs (default: all, in this order): tests census graphs nan profile bench.
+#   graphs: target-only and DSpark full on captured steps, overlap off/on (bench_graphs without eager arms)
+#   nan:    bench/nan_hunt.py (ragged, batch 128) against $OUT/cost_table.json or COST_TABLE
 set -uo pipefail
+PHASES=${PHASES:-tests census graphs nan profile bench}
+has() { [[ " $PHASES " == *" $1 "* ]]; }
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/dspark-sched}
 source "$(dirname "$0")/stage_model.sh" "${1:?stage dir}"
+if has tests; then
 stamp "GPU tests"
 timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py tests/test_kernels_gpu.py \
-  tests/test_fused_kernels.py 2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
+  tests/test_fused_kernels.py tests/test_paged_attention.py 2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
+fi
+if has census; then
 stamp "kernel census: plain vs fused layer kernels (random SmolLM2-shaped weights)"
-timeout ${T_CENSUS:-120} python3 bench/profile_graph_step.py "$OUT" 2>&1 | grep -v Warning | tail -24
+timeout ${T_CENSUS:-150} python3 bench/profile_graph_step.py "$OUT" 2>&1 | grep -v Warning | tail -30
+fi
+if has graphs; then
+stamp "bench: target-only and DSpark full, captured steps, overlap off/on"
+timeout ${T_GRAPHS:-240} python3 -m runners.bench_decode --config-name bench_graphs engine=h200 progress=false \
+  '~arms.target_eager' '~arms.dspark_eager' batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" \
+  new_tokens=${NEW_TOKENS:-96} output_dir="$OUT/bench_graphs" hydra.run.dir="$WORK/hydra/bench_graphs" 2>&1 \
+  | grep -v WARNING | grep "Error\|^| " | cut -c1-300
+fi
+if has nan; then
+stamp "NaN hunt (ragged, batch 128)"
+timeout ${T_NAN:-200} python3 bench/nan_hunt.py "$OUT" "${COST_TABLE:-$OUT/cost_table.json}" mode=ragged batch=128 \
+  2>&1 | grep -v Warning | tail -12
+fi
 GRAPH="engine.cuda_graphs=true engine.overlap=true engine.budget_lag=2"
+if has profile; then
 stamp "profile: cost table of captured + overlapped steps"
 timeout ${T_PROFILE:-200} python3 -m runners.profile engine=h200 $GRAPH batch_sizes=[1,4,16,64,128,256] \
   warmup_steps=3 measure_steps=8 prompt_len=128 monotone=envelope out="$OUT/cost_table.json" progress=false \
   hydra.run.dir="$WORK/hydra/profile" 2>&1 | grep -v WARNING | tail -25
 cp "$WORK/hydra/profile/profile.json" "$OUT/" 2>/dev/null
+fi
+if has bench; then
 stamp "bench: target / full / uniform / ragged on captured steps (one process per arm)"
 for arm in target full uniform ragged; do
   drop=""; for o in target full uniform ragged; do [[ $o != "$arm" ]] && drop="$drop ~arms.$o"; done
@@ -25,6 +49,7 @@ for arm in target full uniform ragged; do
     new_tokens=${NEW_TOKENS:-96} output_dir="$OUT/bench_$arm" hydra.run.dir="$WORK/hydra/bench_$arm" 2>&1 \
     | grep -v WARNING | grep "Error\|^| " | cut -c1-300
 done
+fi
 # At most 8 files come back from a leased machine: pack everything into one archive.
 (cd "$OUT" && tar czf "$WORK/results.tar.gz" . && find . -mindepth 1 -delete && mv "$WORK/results.tar.gz" "$OUT/")
 stamp done

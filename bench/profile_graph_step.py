@@ -115,9 +115,10 @@ def main(out_dir: str) -> None:
         lines.append(f"| {'yes' if r['fused'] else 'no'} | {r['spec']} | {r['batch']} | {r['tokens_per_step']} | {r['kernels_per_step']} | "
                      f"{r['kernel_time_ms']:.2f} | {r['graph_replay_ms']:.2f} | {r['overlapped_step_period_ms']:.2f} | "
                      f"{r['host_ms_per_step_median']:.2f} |")
-    lines += ["", "Top kernels, DSpark batch 1, fused:", ""]
-    for t in next(r for r in rows if r["spec"] == "dspark" and r["batch"] == 1 and r["fused"])["top_kernels"]:
-        lines.append(f"- {t['kernel']}: {t['calls']} calls, {t['us']} us")
+    for spec in ("off", "dspark"):
+        lines += ["", f"Top kernels, spec={spec} batch 1, fused:", ""]
+        for t in next(r for r in rows if r["spec"] == spec and r["batch"] == 1 and r["fused"])["top_kernels"]:
+            lines.append(f"- {t['kernel']}: {t['calls']} calls, {t['us']} us")
     (out / "profile_graph_step.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -9,7 +9,7 @@ import torch
 
 from dspark.models.layers import apply_rotary, rotary_cos_sin
 from kernels.rmsnorm import rmsnorm_reference, rmsnorm_triton
-from kernels.rotary import rotary_reference, rotary_triton
+from kernels.rotary import rotary_kv_write_reference, rotary_kv_write_triton, rotary_reference, rotary_triton
 from kernels.silu_mul import silu_mul_reference, silu_mul_triton
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -62,6 +62,83 @@ def test_rotary_matches_reference_and_the_layers_rotary(T, hq, hk, d, dtype):
     torch.testing.assert_close(ko, rk, atol=tol, rtol=tol)
     cos, sin = rotary_cos_sin(pos, d, 10000.0, torch.float32)
     torch.testing.assert_close(rq, apply_rotary(q, cos, sin), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("T,hq,hk,d,page", [(1, 9, 3, 64, 16), (13, 4, 2, 16, 4), (40, 8, 8, 32, 8)])
+@pytest.mark.parametrize("with_q", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_kv_write_matches_rotary_then_scatter(T, hq, hk, d, page, with_q, dtype):
+    """One kernel = rotary + KV scatter: q comes back rotated, k (rotated) and v land at their
+    slots, padding tokens (slot -1) write nothing, every other cache slot keeps its value."""
+    g = torch.Generator().manual_seed(3 * T + d)
+    qkv = torch.randn(T, (hq + 2 * hk) * d, generator=g).to(DEV, dtype)
+    q = qkv[:, : hq * d].unflatten(-1, (hq, d))
+    k = qkv[:, hq * d: (hq + hk) * d].unflatten(-1, (hk, d))
+    v = qkv[:, (hq + hk) * d:].unflatten(-1, (hk, d))
+    pages = T // page + 3
+    slots = torch.randperm(pages * page, generator=g)[:T]
+    slots[torch.rand(T, generator=g) < 0.25] = -1  # padding tokens
+    slots = slots.to(DEV)
+    pos = torch.randint(0, 4000, (T,), generator=g).to(DEV)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32, device=DEV) / d))
+    init = torch.randn(2, pages, page, hk, d, generator=g).to(DEV, dtype)
+    kc, vc = init[0].clone(), init[1].clone()
+    rk, rv = init[0].clone(), init[1].clone()
+    qo = rotary_kv_write_triton(q if with_q else None, k, v, pos, inv_freq, kc, vc, slots)
+    rq = rotary_kv_write_reference(q, k, v, pos, inv_freq, rk, rv, slots)
+    tol = 2e-4 if dtype == torch.float32 else 2e-2
+    if with_q:
+        torch.testing.assert_close(qo, rq, atol=tol, rtol=tol)
+    else:
+        assert qo is None
+    torch.testing.assert_close(kc, rk, atol=tol, rtol=tol)
+    assert torch.equal(vc, rv)  # v is copied, not computed
+    untouched = torch.ones(pages * page, dtype=torch.bool, device=DEV)
+    untouched[slots[slots >= 0]] = False
+    assert torch.equal(kc.view(-1, hk, d)[untouched], init[0].view(-1, hk, d)[untouched])
+
+
+def test_rotary_kv_write_refuses_a_mismatched_cache():
+    q, k = torch.zeros(2, 4, 8, device=DEV), torch.zeros(2, 2, 8, device=DEV)
+    inv_freq = torch.ones(4, device=DEV)
+    bad = torch.zeros(3, 4, 1, 8, device=DEV)  # one kv head, k has two
+    with pytest.raises(ValueError, match="k_cache must be a contiguous"):
+        rotary_kv_write_triton(q, k, k, torch.zeros(2, dtype=torch.long, device=DEV), inv_freq, bad, bad,
+                               torch.zeros(2, dtype=torch.long, device=DEV))
+
+
+def test_carried_residual_stack_is_the_plain_stack():
+    """run_decoder_stack with the fused kernels (residual carried into the next norm) returns the
+    final hidden and the captured layer streams of the plain layers, on the paged cache."""
+    from dspark.attention import AttentionMetadata, set_attention_backend
+    from dspark.kv_cache import KVCache
+    from dspark.models.layers import run_decoder_stack
+    from tiny import tiny_target
+
+    target = tiny_target(4)
+    cfg = target.cfg
+    T = 6
+    ids = torch.randint(3, cfg.vocab_size, (T,))
+    pos = torch.arange(T)
+    meta = AttentionMetadata(qo_indptr=torch.tensor([0, T], dtype=torch.int32),
+                             kv_lens=torch.tensor([T], dtype=torch.int32),
+                             block_tables=torch.tensor([[0]], dtype=torch.int32),
+                             slot_mapping=torch.arange(T), causal=True, max_q_len=T)
+    out = {}
+    for backend in ("torch", "triton"):
+        cache = KVCache(num_layers=cfg.num_layers, num_pages=2, page_size=16, kv_heads=cfg.num_kv_heads,
+                        head_dim=cfg.head_dim, dtype=torch.float32, device="cpu")
+        set_attention_backend(backend)
+        try:
+            with torch.inference_mode():
+                out[backend] = run_decoder_stack(target.model.layers, target.embed(ids), pos, cache, meta,
+                                                 target.model.norm, capture_layers=(0, cfg.num_layers - 1))
+        finally:
+            set_attention_backend("torch")
+    (h_plain, cap_plain), (h_fused, cap_fused) = out["torch"], out["triton"]
+    torch.testing.assert_close(h_fused, h_plain, atol=1e-5, rtol=1e-5)
+    for a, b in zip(cap_fused, cap_plain):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("rows,i", [(1, 1536), (9, 100), (3, 2049)])

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.acceptance import accept_reference, accept_triton
-from kernels.paged_attention import paged_attention, paged_attention_reference
+from kernels.paged_attention import default_num_splits, paged_attention, paged_attention_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -68,10 +68,10 @@ def _dense_sdpa(case, scale, causal):
     return out
 
 
-def _run(case, scale, causal, max_q_len=None):
+def _run(case, scale, causal, max_q_len=None, num_splits=None):
     return paged_attention(case["q"], case["k_cache"], case["v_cache"], qo_indptr=case["qo_indptr"],
                            kv_lens=case["kv_lens"], block_tables=case["block_tables"], scale=scale,
-                           causal=causal, max_q_len=max_q_len)
+                           causal=causal, max_q_len=max_q_len, num_splits=num_splits)
 
 
 def _reference(case, scale, causal):
@@ -141,6 +141,78 @@ def test_paged_attention_graph_capture_replays_new_lengths():
         case["q"].normal_()
         graph.replay()
         torch.cuda.synchronize()
+        torch.testing.assert_close(out.float(), _reference(case, scale, True).float(), atol=BF16_ATOL, rtol=BF16_RTOL)
+
+
+# Split-KV path: batch-1/small-batch shapes where the base grid is a few programs.
+SPLIT_CASES = [
+    # name, q_lens, kv_lens, page, hq, hkv, d, causal
+    ("smollm2_decode_b1", [1], [1000], 16, 9, 3, 64, True),
+    ("smollm2_verify_b2", [5, 8], [700, 33], 16, 9, 3, 64, True),
+    ("decode_b4_short_kv", [1] * 4, [1, 17, 64, 65], 16, 32, 8, 128, True),
+    ("drafter_block_noncausal_b1", [8], [513], 16, 32, 8, 128, False),
+    ("prefill_chunk_and_decode", [300, 1], [300, 2100], 64, 9, 3, 64, True),
+]
+
+
+def _poison_unused_cache(case):
+    """NaN into every cache slot that is no request's valid key."""
+    kc, vc = case["k_cache"], case["v_cache"]
+    num_pages, page = kc.shape[:2]
+    valid = torch.zeros(num_pages * page, dtype=torch.bool, device=DEV)
+    for b, L in enumerate(case["kv_lens"].tolist()):
+        pos = torch.arange(L, device=DEV)
+        valid[case["block_tables"][b, pos // page].long() * page + pos % page] = True
+    kc.view(num_pages * page, -1)[~valid] = float("nan")
+    vc.view(num_pages * page, -1)[~valid] = float("nan")
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 4, 8, 32, None], ids=lambda s: f"s{s}")
+@pytest.mark.parametrize("name,q_lens,kv_lens,page,hq,hkv,d,causal", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_paged_attention_split_kv_matches_reference(name, q_lens, kv_lens, page, hq, hkv, d, causal, num_splits):
+    case = _paged_case(q_lens, kv_lens, page=page, hq=hq, hkv=hkv, d=d, dtype=torch.bfloat16, seed=len(name))
+    scale = d ** -0.5
+    ref = _reference(case, scale, causal)
+    _poison_unused_cache(case)  # a masked p = 0 times a NaN V row would leak NaN
+    n = int(case["qo_indptr"][-1])
+    torch.empty(1 << 24, device=DEV).fill_(float("nan"))  # leave NaN in the allocator's free blocks
+    out = _run(case, scale, causal, num_splits=num_splits)
+    assert torch.isfinite(out).all()
+    assert (out[n:] == 0).all(), "padding rows must be zero"
+    torch.testing.assert_close(out[:n].float(), ref[:n].float(), atol=BF16_ATOL, rtol=BF16_RTOL)
+
+
+def test_paged_attention_split_kv_fp32_tight():
+    case = _paged_case([1, 4], [1500, 77], page=16, hq=9, hkv=3, d=64, dtype=torch.float32, seed=15)
+    for causal in (True, False):
+        ref = _reference(case, 0.125, causal)
+        for num_splits in (1, 3, 8, 32):
+            torch.testing.assert_close(_run(case, 0.125, causal, num_splits=num_splits), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("num_splits", [8, None], ids=["s8", "default"])
+@pytest.mark.parametrize("q_len,B", [(1, 1), (4, 3)], ids=["decode_b1", "verify_b3"])
+def test_paged_attention_split_graph_capture_replays_new_lengths(q_len, B, num_splits):
+    """The split path reads nothing on the host either (the chunk size comes from kv_lens on the
+    device): a graph captured once replays correctly with new lengths, short ones included
+    (most splits empty), and its torch.empty output keeps zero padding rows."""
+    hq, hkv, d = 9, 3, 64  # SmolLM2
+    if num_splits is None:
+        assert default_num_splits(B * hkv * 1, torch.cuda.get_device_properties(0).multi_processor_count) > 1
+    case = _paged_case([q_len] * B, [1100] * B, page=16, hq=hq, hkv=hkv, d=d, dtype=torch.bfloat16, seed=16)
+    scale = d ** -0.5
+    n = q_len * B
+    _run(case, scale, True, max_q_len=q_len, num_splits=num_splits)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = _run(case, scale, True, max_q_len=q_len, num_splits=num_splits)
+    for lens in ([q_len] * B, [1100] * B, _rng_lens(B, q_len, 1100, 17), [max(q_len, 65)] * B, [64] * B):
+        case["kv_lens"].copy_(torch.tensor(lens, dtype=torch.int32, device=DEV))
+        case["q"].normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all() and (out[n:] == 0).all()
         torch.testing.assert_close(out.float(), _reference(case, scale, True).float(), atol=BF16_ATOL, rtol=BF16_RTOL)
 
 
@@ -247,3 +319,33 @@ def test_decode_bandwidth_report():
         print(f"decode B={B} L={L} Hq={hq} Hkv={hkv} D={d} page={page}: triton paged {ms * 1e3:.1f} us "
               f"({kv_bytes / ms / 1e6:.0f} GB/s) | torch SDPA dense ({note}) {ms_sdpa * 1e3:.1f} us "
               f"({kv_bytes / ms_sdpa / 1e6:.0f} GB/s of unique KV)")
+
+
+def test_batch1_decode_split_kv_report():
+    """SmolLM2 batch-1 decode (9 query heads, 3 kv heads, D 64, page 16): single kernel against
+    the split-KV path, each timed as 30 calls replayed from one CUDA graph (no launch overhead)."""
+    hq, hkv, d, page, calls = 9, 3, 64, 16, 30
+    print()
+    for L in (256, 512, 1024, 4096):
+        case = _paged_case([1], [L], page=page, hq=hq, hkv=hkv, d=d, dtype=torch.bfloat16, seed=L, pad_rows=0)
+        scale = d ** -0.5
+        res = {}
+        for num_splits in (1, 4, 8, 16, 32, None):
+            def fn():
+                for _ in range(calls):
+                    _run(case, scale, True, max_q_len=1, num_splits=num_splits)
+            fn()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            graph.replay()
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            res[num_splits] = start.elapsed_time(end) / 20 / calls * 1e3
+        print(f"b1 decode L={L}: " + " | ".join(f"splits={k}: {v:.1f} us" for k, v in res.items()))

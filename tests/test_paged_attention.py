@@ -21,7 +21,19 @@ import math  # noqa: E402
 
 import torch.nn.functional as F  # noqa: E402
 
-from kernels.paged_attention import paged_attention, paged_attention_reference, write_kv_reference  # noqa: E402
+from kernels.paged_attention import (  # noqa: E402
+    DEFAULT_NUM_SMS, MAX_NUM_SPLITS, default_num_splits, paged_attention, paged_attention_reference,
+    write_kv_reference,
+)
+
+# The split path's combine kernel reads unwritten workspace for padding rows (its loads do not
+# wait for the row lookup) and discards the result with tl.where; numpy, under the interpreter,
+# warns about the NaN/inf arithmetic on that garbage.
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                                        "ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:All-NaN slice encountered:RuntimeWarning")
+
+SPLITS = [1, 2, 4, 8]
 
 
 def make_case(q_lens, kv_lens, *, page=16, hq=6, hkv=2, d=16, dtype=torch.float32, seed=0, pad_rows=2):
@@ -83,20 +95,43 @@ def run_reference(case, scale, causal):
 
 
 def poisoned_run(case, scale, causal, monkeypatch, **kw):
-    """Run the kernel into an output pre-filled with NaN (except the padding rows, which the
-    wrapper zero-fills by design), so a row the kernel forgets to write shows up as NaN."""
+    """Run the kernel with every buffer the wrapper allocates pre-filled with NaN, so a row the
+    kernel forgets to write (or a workspace entry the combine reads unwritten) shows up as NaN.
+    The single-kernel path zero-fills its output by design, so there only the padding rows
+    come back zero; the split path's torch.empty output and workspace are NaN throughout."""
     import kernels.paged_attention as pa
 
     n = int(case["qo_indptr"][-1])
+    real_empty, real_empty_like = torch.empty, torch.empty_like
 
     def nan_except_padding(t, **kwargs):
         out = torch.full_like(t, float("nan"), **kwargs)
         out[n:] = 0
         return out
 
+    def nan_filled(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
     with monkeypatch.context() as m:
         m.setattr(pa.torch, "zeros_like", nan_except_padding)
+        m.setattr(pa.torch, "empty_like", lambda *a, **k: nan_filled(real_empty_like(*a, **k)))
+        m.setattr(pa.torch, "empty", lambda *a, **k: nan_filled(real_empty(*a, **k)))
         return run_kernel(case, scale, causal, **kw)
+
+
+def poison_unused_cache(case):
+    """Fill every cache slot that is not a valid key of some request with NaN (tails of last
+    pages, unused pages) and the padding query rows too; returns the number of poisoned slots."""
+    kc, vc = case["k_cache"], case["v_cache"]
+    num_pages, page = kc.shape[:2]
+    valid = torch.zeros(num_pages * page, dtype=torch.bool)
+    for b, L in enumerate(case["kv_lens"].tolist()):
+        pos = torch.arange(L)
+        valid[case["block_tables"][b, pos // page].long() * page + pos % page] = True
+    kc.view(num_pages * page, -1)[~valid] = float("nan")
+    vc.view(num_pages * page, -1)[~valid] = float("nan")
+    case["q"][int(case["qo_indptr"][-1]):] = float("nan")
+    return int((~valid).sum())
 
 
 # (q_lens, kv_lens, hq, hkv): ragged verification rows, decode rows, a ~40-row prefill chunk,
@@ -109,12 +144,15 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("num_splits", SPLITS, ids=[f"s{s}" for s in SPLITS])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 @pytest.mark.parametrize("q_lens,kv_lens,hq,hkv", CASES, ids=[f"B{len(c[0])}_g{c[2] // c[3]}" for c in CASES])
-def test_triton_matches_reference_and_dense(q_lens, kv_lens, hq, hkv, causal, monkeypatch):
+def test_triton_matches_reference_and_dense(q_lens, kv_lens, hq, hkv, causal, num_splits, monkeypatch):
+    # With 64-key blocks most of these KV lengths are shorter than num_splits * 64, so the
+    # later splits of a request are empty; kv_len == q_len occurs in three of the cases.
     case = make_case(q_lens, kv_lens, hq=hq, hkv=hkv, seed=len(q_lens) + hq)
     scale = 0.3
-    out = poisoned_run(case, scale, causal, monkeypatch)
+    out = poisoned_run(case, scale, causal, monkeypatch, num_splits=num_splits)
     ref = run_reference(case, scale, causal)
     dense = dense_oracle(case, scale, causal)
     n = int(case["qo_indptr"][-1])
@@ -124,35 +162,114 @@ def test_triton_matches_reference_and_dense(q_lens, kv_lens, hq, hkv, causal, mo
     assert (out[n:] == 0).all()
 
 
-def test_head_dim_not_power_of_two_and_page_32():
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_head_dim_not_power_of_two_and_page_32(num_splits):
+    # 3 splits: not a power of two (the combine masks its split axis).
     case = make_case([3, 1, 20], [40, 70, 20], page=32, hq=4, hkv=2, d=24, seed=5)
-    out = run_kernel(case, 0.2, True)
+    out = run_kernel(case, 0.2, True, num_splits=num_splits)
     torch.testing.assert_close(out, run_reference(case, 0.2, True), atol=1e-4, rtol=1e-4)
 
 
-def test_rows_that_see_nothing_are_zero():
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_rows_that_see_nothing_are_zero(num_splits, monkeypatch):
     # kv_len < q_len: the first causal rows see <= 0 keys; kv_len 0 sees nothing at all.
     case = make_case([4, 2], [2, 0], seed=6)
-    out = run_kernel(case, 0.5, True)
+    out = poisoned_run(case, 0.5, True, monkeypatch, num_splits=num_splits)
     ref = run_reference(case, 0.5, True)
     assert (out[:2] == 0).all() and (out[4:] == 0).all()
     torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
 
 
-def test_half_precision_inputs():
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_half_precision_inputs(num_splits):
     # fp16 here: Triton 3.9's interpreter mishandles bf16 (numpy has no bfloat16), so the bf16
     # path is checked on the GPU in tests/test_kernels_gpu.py.
     case = make_case([1, 6, 3], [40, 17, 3], dtype=torch.float16, seed=7)
-    out = run_kernel(case, 0.25, True)
+    out = run_kernel(case, 0.25, True, num_splits=num_splits)
     assert out.dtype == torch.float16
     torch.testing.assert_close(out.float(), run_reference(case, 0.25, True).float(), atol=5e-3, rtol=5e-3)
 
 
-def test_max_q_len_bounds_the_grid():
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_max_q_len_bounds_the_grid(num_splits):
     case = make_case([2, 5, 1], [20, 30, 9], seed=8)
     ref = run_reference(case, 0.3, True)
-    torch.testing.assert_close(run_kernel(case, 0.3, True, max_q_len=5), ref, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(run_kernel(case, 0.3, True, max_q_len=9), ref, atol=1e-4, rtol=1e-4)
+    for max_q_len in (5, 9):
+        out = run_kernel(case, 0.3, True, max_q_len=max_q_len, num_splits=num_splits)
+        torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_too_small_max_q_len_leaves_the_same_rows_zero_on_both_paths(monkeypatch):
+    # max_q_len=1 with group 3: one 16-row tile reaches rows 0..4 of each request (tile row
+    # o * 3 + g < 16), part of row 5; everything past it is left zero, split path included.
+    case = make_case([2, 7, 1], [20, 30, 9], seed=8)
+    single = run_kernel(case, 0.3, True, max_q_len=1, num_splits=1)
+    split = poisoned_run(case, 0.3, True, monkeypatch, max_q_len=1, num_splits=4)
+    assert not torch.isnan(split).any()
+    torch.testing.assert_close(split, single, atol=1e-4, rtol=1e-4)
+    row5 = single[2 + 5]  # request 1, row 5: only group slot 0 (heads 0 and 3) is reached
+    assert (row5[[0, 3]] != 0).all() and (row5[[1, 2, 4, 5]] == 0).all()
+    assert (single[2 + 6] == 0).all() and (single[9] != 0).all()
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_nan_outside_the_valid_keys_never_leaks(num_splits, causal, monkeypatch):
+    """Every cache slot that is no request's valid key (and every padding query row) is NaN:
+    the output must equal the reference on the clean cache. KV lengths 130 and 70 put a
+    partial block inside a split, 5 and 1 leave most splits empty, 3 == its q_len."""
+    case = make_case([1, 3, 8, 1, 3], [5, 70, 130, 1, 3], hq=6, hkv=2, seed=21, pad_rows=3)
+    ref = run_reference(case, 0.3, causal)
+    assert poison_unused_cache(case) > 0
+    out = poisoned_run(case, 0.3, causal, monkeypatch, num_splits=num_splits)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+    assert (out[int(case["qo_indptr"][-1]):] == 0).all()
+
+
+def test_default_num_splits_heuristic():
+    # Batch-1 decode of SmolLM2 (3 kv heads, one query tile): 3 programs -> split.
+    assert default_num_splits(1 * 3 * 1) == MAX_NUM_SPLITS
+    assert default_num_splits(1 * 8 * 1) == 64 // 2  # ceil(264 / 8) = 33 -> 64, clamped to 32
+    assert default_num_splits(4 * 3 * 1) == 32 and default_num_splits(16 * 8) == 4
+    # Large batches already fill the GPU: the single kernel.
+    assert default_num_splits(64 * 8 * 1) == 1 and default_num_splits(2 * DEFAULT_NUM_SMS) == 1
+    assert default_num_splits(256 * 3 * 1, num_sms=132) == 1
+    assert default_num_splits(0) == 1
+    prev = MAX_NUM_SPLITS
+    for base in range(1, 600):
+        n = default_num_splits(base)
+        assert 1 <= n <= prev and n & (n - 1) == 0  # powers of two, non-increasing in the grid
+        prev = n
+
+
+def test_default_path_splits_batch_one_and_not_large_batches(monkeypatch):
+    import kernels.paged_attention as pa
+
+    calls = []
+    real = pa._paged_attention_split
+
+    def spy(*args):
+        calls.append(args[-1])  # num_splits
+        return real(*args)
+
+    monkeypatch.setattr(pa, "_paged_attention_split", spy)
+    case = make_case([1], [40], hq=3, hkv=1, seed=22, pad_rows=1)
+    torch.testing.assert_close(run_kernel(case, 0.3, True), run_reference(case, 0.3, True), atol=1e-4, rtol=1e-4)
+    assert calls == [MAX_NUM_SPLITS]
+    # 132 requests x 2 kv heads = 264 = 2 * 132 programs: the single kernel (launch stubbed out,
+    # the interpreter would take seconds over 264 programs).
+    launches = []
+
+    class StubKernel:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(pa, "_paged_attention_kernel", StubKernel())
+    big = make_case([1] * 132, [3] * 132, hq=4, hkv=2, seed=23)
+    run_kernel(big, 0.3, True)
+    assert calls == [MAX_NUM_SPLITS] and launches == [(132, 2, 1)]
 
 
 def test_write_then_attend_roundtrip():
@@ -179,6 +296,13 @@ def test_rejects_bad_geometry(bad, match):
     case = make_case([1], [4], **bad)
     with pytest.raises(ValueError, match=match):
         run_kernel(case, 1.0, True)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True])
+def test_rejects_bad_num_splits(bad):
+    case = make_case([1], [4])
+    with pytest.raises(ValueError, match="num_splits"):
+        run_kernel(case, 1.0, True, num_splits=bad)
 
 
 def test_rejects_bad_index_dtype_and_shapes():

@@ -42,10 +42,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from dspark.attention import AttentionMetadata, write_kv
+from dspark.attention import AttentionMetadata
 from dspark.config import ConfigError, DrafterConfig, ModelConfig
 from dspark.kv_cache import KVCache
-from dspark.models.layers import DecoderLayer, RMSNorm
+from dspark.models.layers import DecoderLayer, RMSNorm, run_decoder_stack
 
 EmbedFn = Callable[[torch.Tensor], torch.Tensor]
 SampleFn = Callable[[torch.Tensor, int], torch.Tensor]
@@ -204,9 +204,8 @@ class DSparkDrafter(nn.Module):
         self._check_cache(cache)
         ctx = self._context_states(target_hidden_cat)
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.project_kv(ctx, positions)
             k_cache, v_cache = cache.layer(i)
-            write_kv(k_cache, v_cache, k, v, meta)
+            layer.self_attn.write_context_kv(ctx, positions, k_cache, v_cache, meta)
 
     def forward_block(self, anchor_ids: torch.Tensor, start_positions: torch.Tensor, cache: KVCache,
                       meta: AttentionMetadata, embed_fn: EmbedFn) -> torch.Tensor:
@@ -226,10 +225,8 @@ class DSparkDrafter(nn.Module):
         offsets = torch.arange(gamma, device=anchor_ids.device)
         positions = (start_positions.long()[:, None] + offsets).reshape(-1)  # [B*gamma]
         x = self._block_inputs(anchor_ids, embed_fn).reshape(batch * gamma, self.hidden_size)
-        for i, layer in enumerate(self.layers):
-            k_cache, v_cache = cache.layer(i)
-            x = layer(x, positions, k_cache, v_cache, meta)
-        return self.norm(x).view(batch, gamma, self.hidden_size)
+        hidden, _ = run_decoder_stack(self.layers, x, positions, cache, meta, self.norm)
+        return hidden.view(batch, gamma, self.hidden_size)
 
     # ------------------------------------------------------------------ heads
 

@@ -153,6 +153,23 @@ class PagedSelfAttention(nn.Module):
         cos, sin = self._rotary(positions)
         return apply_rotary(k, cos, sin), v
 
+    def write_context_kv(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
+        """K/V of x [T, hidden] (no queries) written into the paged cache at meta.slot_mapping."""
+        if use_fused_kernels() and self.k_norm is None and x.dim() == 2:
+            from kernels.rotary import rotary_kv_write_triton
+
+            Hk, D = self.num_kv_heads, self.head_dim
+            w = _fused_weight(self, "_fused_kv_w", [self.k_proj.weight, self.v_proj.weight])
+            b = _fused_weight(self, "_fused_kv_b", [self.k_proj.bias, self.v_proj.bias]) \
+                if self.k_proj.bias is not None else None
+            kv = F.linear(x, w, b)
+            rotary_kv_write_triton(None, kv[:, : Hk * D].unflatten(-1, (Hk, D)), kv[:, Hk * D:].unflatten(-1, (Hk, D)),
+                                   positions, self._inv_freq_on(x.device), k_cache, v_cache, meta.slot_mapping)
+            return
+        k, v = self.project_kv(x, positions)
+        write_kv(k_cache, v_cache, k, v, meta)
+
     def project_qkv(self, x: torch.Tensor, positions: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [..., T, H, D], k and v [..., T, Hkv, D] with norms and rotary applied."""
@@ -164,10 +181,17 @@ class PagedSelfAttention(nn.Module):
         k, v = self.project_kv(x, positions)
         return q, k, v
 
-    def _project_qkv_fused(self, x: torch.Tensor, positions: torch.Tensor
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """project_qkv in three kernels: one GEMM for q/k/v, one rotary kernel for q and k."""
-        from kernels.rotary import rotary_triton
+    def _inv_freq_on(self, device: torch.device) -> torch.Tensor:
+        inv_freq = self._inv_freq.get(device)
+        if inv_freq is None:
+            inv_freq = self._inv_freq[device] = rotary_inv_freq(self.head_dim, self.rope_theta, device)
+        return inv_freq
+
+    def _forward_fused(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """forward in four kernels before attention's: one GEMM for q/k/v, then one kernel that
+        rotates q and k and writes k and v into the paged cache (kernels/rotary.py)."""
+        from kernels.rotary import rotary_kv_write_triton
 
         parts = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
         w = _fused_weight(self, "_fused_qkv_w", parts)
@@ -178,19 +202,17 @@ class PagedSelfAttention(nn.Module):
         q = qkv[..., : H * D].unflatten(-1, (H, D))
         k = qkv[..., H * D: (H + Hk) * D].unflatten(-1, (Hk, D))
         v = qkv[..., (H + Hk) * D:].unflatten(-1, (Hk, D))
-        inv_freq = self._inv_freq.get(x.device)
-        if inv_freq is None:
-            inv_freq = self._inv_freq[x.device] = rotary_inv_freq(D, self.rope_theta, x.device)
-        q, k = rotary_triton(q, k, positions, inv_freq)
-        return q, k, v
+        q = rotary_kv_write_triton(q, k, v, positions, self._inv_freq_on(x.device), k_cache, v_cache,
+                                   meta.slot_mapping)
+        out = attend(q, k_cache, v_cache, meta, self.scale)  # [T, H, D]
+        return self.o_proj(out.flatten(-2))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         """x [T, hidden] packed tokens -> [T, hidden]; writes this step's K/V at meta.slot_mapping first."""
         if use_fused_kernels() and self.q_norm is None and x.dim() == 2:
-            q, k, v = self._project_qkv_fused(x, positions)
-        else:
-            q, k, v = self.project_qkv(x, positions)
+            return self._forward_fused(x, positions, k_cache, v_cache, meta)
+        q, k, v = self.project_qkv(x, positions)
         write_kv(k_cache, v_cache, k, v, meta)
         out = attend(q, k_cache, v_cache, meta, self.scale)  # [T, H, D]
         return self.o_proj(out.flatten(-2))
@@ -238,24 +260,26 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        if use_fused_kernels():
-            return self._forward_fused(x, positions, k_cache, v_cache, meta)
         x = x + self.self_attn(self.input_layernorm(x), positions, k_cache, v_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def _forward_fused(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       meta: AttentionMetadata) -> torch.Tensor:
-        """The same function with the residual add fused into the second norm and a fused SwiGLU."""
+    def forward_carry(self, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fused kernels' form of :meth:`forward`: the residual stream is carried as (x, delta),
+        its value x + delta, so that every residual add happens inside the RMSNorm kernel that
+        follows it (the last one in the next layer's input norm or the final norm). Returns the
+        stream after this layer as (x', delta'), with the same rounding as the plain forward."""
         from kernels.rmsnorm import rmsnorm_triton
         from kernels.silu_mul import silu_mul_triton
 
-        n1 = self.input_layernorm(x)
+        norm1, norm2, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
+        n1, x = rmsnorm_triton(delta if delta is not None else x, norm1.weight, norm1.eps,
+                               residual=x if delta is not None else None)
         a = self.self_attn(n1, positions, k_cache, v_cache, meta)
-        norm2 = self.post_attention_layernorm
         n2, x = rmsnorm_triton(a, norm2.weight, norm2.eps, residual=x)  # x <- x + a, n2 = norm(x)
-        mlp = self.mlp
         gate_up = F.linear(n2, _fused_weight(mlp, "_fused_gate_up", [mlp.gate_proj.weight, mlp.up_proj.weight]))
-        return x + mlp.down_proj(silu_mul_triton(gate_up))
+        return x, mlp.down_proj(silu_mul_triton(gate_up))
 
     def forward_dense(self, x: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor | None,
                       prefix_v: torch.Tensor | None, visible: torch.Tensor) -> torch.Tensor:
@@ -263,4 +287,34 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-__all__ = ["RMSNorm", "rotary_cos_sin", "apply_rotary", "SwiGLUMLP", "PagedSelfAttention", "DecoderLayer"]
+def run_decoder_stack(layers, x: torch.Tensor, positions: torch.Tensor, cache, meta: AttentionMetadata,
+                      final_norm: RMSNorm, capture_layers: tuple[int, ...] = ()
+                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Run paged decoder layers over packed tokens x [T, hidden] with layer i on ``cache.layer(i)``.
+
+    Returns (final_norm of the last stream, [stream after layer i for i in capture_layers]).
+    With the fused kernels on (and 2-D inputs) the layers run in their carried-residual form
+    (:meth:`DecoderLayer.forward_carry`); otherwise in the plain form. Both compute the same function.
+    """
+    wanted = {layer: slot for slot, layer in enumerate(capture_layers)}
+    captured: list[torch.Tensor | None] = [None] * len(capture_layers)
+    fused = use_fused_kernels() and x.dim() == 2 and final_norm.weight.shape[0] == x.shape[-1]
+    delta = None
+    for i, layer in enumerate(layers):
+        k_cache, v_cache = cache.layer(i)
+        if fused:
+            x, delta = layer.forward_carry(x, delta, positions, k_cache, v_cache, meta)
+            if i in wanted:
+                captured[wanted[i]] = x + delta
+        else:
+            x = layer(x, positions, k_cache, v_cache, meta)
+            if i in wanted:
+                captured[wanted[i]] = x
+    if fused and delta is not None:
+        from kernels.rmsnorm import rmsnorm_triton
+
+        return rmsnorm_triton(delta, final_norm.weight, final_norm.eps, residual=x)[0], captured  # type: ignore[return-value]
+    return final_norm(x), captured  # type: ignore[return-value]
+
+
+__all__ = ["run_decoder_stack", "RMSNorm", "rotary_cos_sin", "apply_rotary", "SwiGLUMLP", "PagedSelfAttention", "DecoderLayer"]

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 from dspark.attention import AttentionMetadata
 from dspark.config import ModelConfig
 from dspark.kv_cache import KVCache
-from dspark.models.layers import DecoderLayer, RMSNorm
+from dspark.models.layers import DecoderLayer, RMSNorm, run_decoder_stack
 
 
 class Backbone(nn.Module):
@@ -42,16 +42,10 @@ class TargetModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
                 capture_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
         """input_ids/positions: [T] -> (final-normed hidden [T, d], captured layer outputs [T, n*d] or None)."""
-        x = self.embed(input_ids)
-        wanted = {layer: slot for slot, layer in enumerate(capture_layers)}
-        captured: list[torch.Tensor | None] = [None] * len(capture_layers)
-        for i, layer in enumerate(self.model.layers):
-            k_cache, v_cache = cache.layer(i)
-            x = layer(x, positions, k_cache, v_cache, meta)
-            if i in wanted:
-                captured[wanted[i]] = x
-        cap = torch.cat(captured, dim=-1) if capture_layers else None  # type: ignore[arg-type]
-        return self.model.norm(x), cap
+        hidden, captured = run_decoder_stack(self.model.layers, self.embed(input_ids), positions, cache, meta,
+                                             self.model.norm, capture_layers)
+        cap = torch.cat(captured, dim=-1) if capture_layers else None
+        return hidden, cap
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return F.linear(hidden, self.lm_head_weight).float()
