@@ -60,7 +60,7 @@ def profile(spec: str, batch: int, target, drafter) -> dict:
     host_ms = eng.counters()["host_ms_per_graph_step_median"]
     eng._drain()
     # Graph replay alone (device time per step): state advances, which is fine for timing.
-    graph = gd.graphs[gd.bucket_for(batch)]
+    graph = gd.graphs[("step", gd.bucket_for(batch), gd.sampling)]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(20):

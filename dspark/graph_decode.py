@@ -233,8 +233,13 @@ class GraphDecoder:
         n, act, tables, anchor = self.seq_len[:R], self.active[:R], self.tables[:R], self.anchor[:R]
         w = self._windows(R, mode)
         qlen = torch.where(act, w + 1, 0)
-        csum = torch.cumsum(qlen, dim=0)
+        # Memory safety: the packed rows never reach past the bucket's T token rows, whatever the
+        # windows say. On replays the host sizes the bucket from the same budget, so nothing is
+        # cut; a capture's warm-up run, though, sees whatever tier/extra the last step left.
+        csum = torch.cumsum(qlen, dim=0).clamp(max=T)
         indptr = torch.cat((torch.zeros(1, dtype=csum.dtype, device=self.device), csum))
+        qlen = indptr[1:] - indptr[:-1]
+        w = torch.where(qlen > 0, qlen - 1, 0)
         tok = torch.arange(T, device=self.device)
         row = torch.searchsorted(csum, tok, right=True).clamp(max=R - 1)
         valid = tok < csum[-1]
@@ -285,8 +290,8 @@ class GraphDecoder:
         from kernels.acceptance import accept
 
         res = accept(draft_tokens=self.drafts[:R], windows=w.to(torch.int32), target_probs=target_probs,
-                     draft_probs=self.draft_probs[:R], greedy=rows.greedy, accept_uniforms=uni[:, G:2 * G],
-                     sample_uniforms=uni[:, 2 * G], impl="triton" if self.device.type == "cuda" else "torch")
+                     draft_probs=self.draft_probs[:R], greedy=rows.greedy,
+                     accept_uniforms=uni[:, G:2 * G].contiguous(), sample_uniforms=uni[:, 2 * G].contiguous(), impl="triton" if self.device.type == "cuda" else "torch")
         return res.num_accepted.long(), res.next_token.long()
 
     def _commit_state(self, R: int, k: torch.Tensor, nxt: torch.Tensor, anchor: torch.Tensor, act: torch.Tensor,
@@ -399,15 +404,19 @@ class GraphDecoder:
 
     def _capture(self, fn):
         """Warm up (JIT, cuBLAS) on a side stream with the state restored afterwards, then capture."""
-        saved = (self.seq_len.clone(), self.anchor.clone(), self.out.clone())
+        bufs = (self.seq_len, self.anchor, self.out, self.tier, self.extra)
+        saved = tuple(b.clone() for b in bufs)
+        # The warm-up runs on real state; a verify graph's warm-up with the last step's tier/extra
+        # could pack more rows than its bucket holds (cut by _verify_stage): start it from none.
+        self.tier.fill_(self.min_verify_len)
+        self.extra.zero_()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             fn()
         torch.cuda.current_stream(self.device).wait_stream(side)
-        self.seq_len.copy_(saved[0])
-        self.anchor.copy_(saved[1])
-        self.out.copy_(saved[2])
+        for b, v in zip(bufs, saved):
+            b.copy_(v)
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()

@@ -141,3 +141,29 @@ def test_profiler_measures_device_resident_steps():
                                    prompt_len=8, seed=0)
     assert sorted({(b, m) for b, m, _ in samples}) == [(1, 1), (1, 2), (1, 4), (4, 4), (4, 8), (4, 16)]
     assert eng.fingerprint()["step_path"] == "graphs+overlap"
+
+
+@pytest.mark.parametrize("mode", ["uniform", "ragged"])
+def test_verify_stage_never_packs_past_its_bucket(tmp_path, mode):
+    """A verify stage run with a tier/extra larger than its bucket holds (as a capture's warm-up
+    may see) cuts the packed rows at T instead of indexing past the bucket's buffers."""
+    from test_engine_scheduling import steep_table
+
+    target = tiny_target(6)
+    drafter = tiny_drafter(target, 11, block_size=4)
+    probe = Engine(target, None, tiny_engine_config(cuda_graphs=True, budget_lag=1), drafter)
+    eng = Engine(target, None, tiny_engine_config(verify=mode, cost_table=steep_table(probe, tmp_path / "t.json"),
+                                                  budget_lag=1, cuda_graphs=True, max_num_seqs=4), drafter)
+    for p in prompts_for(3, 4):
+        eng.add_request(p, SamplingParams(max_tokens=30, ignore_eos=True))
+    while eng.counters()["graph_eager_steps"] < 4:  # running, device-resident steps under way
+        eng.step()
+    gd = eng.graph
+    T = gd.token_buckets[0]
+    gd.tier.fill_(gd.G)
+    gd.extra.fill_(10 ** 6)
+    with torch.inference_mode():
+        gd._verify_stage(T, min(T, gd.S), mode)
+    windows = gd.out[: min(T, gd.S), 1]
+    # The first row's anchor and window fit (T >= block + 1); the rows past the bucket got nothing.
+    assert int(windows[0]) == gd.G and int(windows[1:].sum()) == 0 and T < 2 * (gd.G + 1)
