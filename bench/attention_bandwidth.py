@@ -66,6 +66,14 @@ def case(B: int, L: int, q_rows: int, hq: int, hkv: int, d: int, page: int = 16)
         mask = torch.arange(L, device=dev)[None, :] <= (L - q_rows + o)
     out = {"batch": B, "kv_len": L, "q_rows": q_rows, "hq": hq, "hkv": hkv, "head_dim": d,
            "kv_bytes": kv_bytes, "paged_ms": paged, "paged_gbs": kv_bytes / paged / 1e6}
+    # The split-KV heuristic against every forced split count (which one the default should pick).
+    sweep = {s: bench_ms(lambda s=s: paged_attention(q, k_cache, v_cache, qo_indptr=indptr, kv_lens=kv_lens,
+                                                     block_tables=tables, scale=scale, causal=True,
+                                                     max_q_len=q_rows, num_splits=s)) for s in (1, 2, 4, 8, 16, 32)}
+    best = min(sweep, key=sweep.get)
+    out.update(split_sweep_ms=sweep, best_splits=best, best_gbs=kv_bytes / sweep[best] / 1e6)
+    if PAGED_ONLY:
+        return out
     try:
         sdpa = bench_ms(lambda: F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=True))
         out.update(sdpa_ms=sdpa, sdpa_gbs=kv_bytes / sdpa / 1e6)
@@ -87,6 +95,9 @@ def case(B: int, L: int, q_rows: int, hq: int, hkv: int, d: int, page: int = 16)
     return out
 
 
+PAGED_ONLY = "--paged-only" in sys.argv  # skip SDPA and flex (their compile dominates the run time)
+
+
 def main(out_dir: str) -> None:
     copy = copy_bandwidth_gbs()
     rows = []
@@ -104,15 +115,17 @@ def main(out_dir: str) -> None:
                                                               "device": torch.cuda.get_device_name(),
                                                               "torch": torch.__version__}, indent=2))
     lines = [f"Copy bandwidth (device-to-device, read + write): {copy:.0f} GB/s", "",
-             "| Hq/Hkv/D | batch | KV len | q rows | paged GB/s | % of copy | SDPA padded GB/s | flex GB/s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| Hq/Hkv/D | batch | KV len | q rows | paged GB/s | % of copy | best split count: GB/s | "
+             "SDPA padded GB/s | flex GB/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['hq']}/{r['hkv']}/{r['head_dim']} | {r['batch']} | {r['kv_len']} | {r['q_rows']} | "
-                     f"{r['paged_gbs']:.0f} | {100 * r['paged_of_copy']:.0f}% | "
+                     f"{r['paged_gbs']:.0f} | {100 * r['paged_of_copy']:.0f}% | {r['best_splits']}: {r['best_gbs']:.0f} | "
                      f"{r.get('sdpa_gbs', float('nan')):.0f} | {r.get('flex_gbs', float('nan')):.0f} |")
     (out / "attention_bandwidth.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/attention")
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    main(args[0] if args else "bench/results/attention")

@@ -45,7 +45,7 @@ stamp "bench: target / full / uniform / ragged on captured steps (one process pe
 for arm in target full uniform ragged; do
   drop=""; for o in target full uniform ragged; do [[ $o != "$arm" ]] && drop="$drop ~arms.$o"; done
   timeout ${T_ARM:-70} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 \
-    engine.cost_table="$OUT/cost_table.json" progress=false $drop batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" \
+    engine.cost_table="${COST_TABLE:-$OUT/cost_table.json}" progress=false $drop batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" \
     new_tokens=${NEW_TOKENS:-96} output_dir="$OUT/bench_$arm" hydra.run.dir="$WORK/hydra/bench_$arm" 2>&1 \
     | grep -v WARNING | grep "Error\|^| " | cut -c1-300
 done

@@ -70,8 +70,8 @@ def profile(spec: str, batch: int, target, drafter) -> dict:
     replay_ms = start.elapsed_time(end) / 20
     # Kernel census of one uncaptured run of the same step function.
     saved = (gd.seq_len.clone(), gd.anchor.clone())
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        gd._step(R)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof, torch.inference_mode():
+        gd._step(R)  # under inference mode, as the engine runs it (the fused kernels need grad off)
         torch.cuda.synchronize()
     gd.seq_len.copy_(saved[0])
     gd.anchor.copy_(saved[1])

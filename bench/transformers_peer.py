@@ -44,8 +44,9 @@ def main() -> None:
         kw = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
                   pad_token_id=tok.pad_token_id)
         if mode == "static_compiled":
+            # transformers compiles the decoding forward itself when the cache is static (its
+            # generation_config.compile_config); a hand-made torch.compile on top breaks its graphs.
             kw["cache_implementation"] = "static"
-            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
         for b in batches:
             enc = tok(texts[:b], return_tensors="pt", padding=True).to("cuda")
             with torch.inference_mode():
