@@ -148,6 +148,26 @@ class CostTable:
         """Predicted step time for M = num_tokens submitted tokens (bonus included) over batch_size requests."""
         return self.fixed_overhead_ms + self.batch_overhead(batch_size) + self.theta_at(num_tokens, extrapolate=extrapolate)
 
+    def step_ms_many(self, num_tokens: "np.ndarray", batch_size: int, *, extrapolate: bool = False) -> "np.ndarray":
+        """:meth:`step_ms` over an integer array of token counts (float64, the same values)."""
+        import numpy as np
+
+        m = np.asarray(num_tokens, dtype=np.int64)
+        if m.size and int(m.min()) < 1:
+            raise CostTableError(f"token counts must be integers >= 1 (bonus tokens included), got min {int(m.min())}")
+        tc = np.asarray(self.token_counts, dtype=np.int64)
+        th = np.asarray(self.theta_ms, dtype=np.float64)
+        above = m > tc[-1]
+        if above.any() and not extrapolate:
+            raise CostTableError(
+                f"M={int(m.max())} tokens is above the table's largest measured count {tc[-1]}; profile up to "
+                f"max_num_seqs * (block + 1) tokens, or pass extrapolate=True to extend the last slope")
+        theta = th[np.minimum(np.searchsorted(tc, m, side="left"), len(tc) - 1)]
+        if above.any():
+            theta = theta.copy()
+            theta[above] = [self.theta_at(int(x), extrapolate=True) for x in m[above]]
+        return self.fixed_overhead_ms + self.batch_overhead(batch_size) + theta
+
     def is_flat(self, rel_tol: float = 0.02) -> bool:
         """True when theta varies by at most rel_tol of the cheapest step: trimming would look free.
 

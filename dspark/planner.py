@@ -183,6 +183,75 @@ def _allocate_host(rows: list[list[float]], budget: int, min_len: int, block: in
     return [min(max(c, min_len), block) for c in counts]
 
 
+def _global_ragged_walk(rows: list[list[float]], table: CostTable, bs: int, config: "PlannerConfig"
+                        ) -> tuple[float, int, tuple[int, ...]]:
+    """The global ragged search, vectorised: walk the cells in admission order (survival
+    descending, position, request), value every prefix as tau/T, keep the last best.
+
+    Returns (best value, cells walked to reach it, windows at that prefix). The same numbers
+    as walking the cells one by one (:func:`_global_ragged_walk_reference`, float64 running
+    sums in the same order), in numpy: this runs on the host every step, for R x G cells.
+    """
+    import numpy as np
+
+    S = np.asarray(rows, dtype=np.float64)  # [R, G]
+    R, G = S.shape
+    min_len = config.min_verify_len
+    g_idx = np.broadcast_to(np.arange(G), (R, G))
+    r_idx = np.broadcast_to(np.arange(R)[:, None], (R, G))
+    # Position-major flat index g*R + r is the tie order; a stable sort on -survival keeps it.
+    flat = S.T.reshape(-1)
+    order = np.argsort(-flat, kind="stable")
+    g_walk = g_idx.T.reshape(-1)[order]
+    r_walk = r_idx.T.reshape(-1)[order]
+    a_walk = flat[order]
+    counted = g_walk >= min_len  # cells below min_len are verified anyway: walked, not valued
+    tau0 = R + sum(sum(row[:min_len]) for row in rows)  # the reference's summation order: bit-equal values
+    m0 = R * (min_len + 1)
+    value0 = tau0 / float(table.step_ms(m0, bs, extrapolate=config.extrapolate_cost))
+    a = a_walk[counted]
+    if a.size == 0:
+        return value0, 0, tuple([min_len] * R)
+    tau = np.cumsum(np.concatenate(([tau0], a)))[1:]  # running sum from tau0, as the walk adds
+    m = m0 + np.arange(1, a.size + 1)
+    values = tau / table.step_ms_many(m, bs, extrapolate=config.extrapolate_cost)
+    top = max(value0, float(values.max()))
+    hits = np.nonzero(values >= top)[0]
+    if hits.size == 0:
+        return value0, 0, tuple([min_len] * R)
+    k = int(hits[-1])  # the last prefix reaching the best value (ties go to the longer windows)
+    walked = np.nonzero(counted)[0]
+    best_n = int(walked[k]) + 1
+    windows = np.full(R, min_len, dtype=np.int64)
+    sel_r, sel_g = r_walk[:best_n][counted[:best_n]], g_walk[:best_n][counted[:best_n]]
+    np.maximum.at(windows, sel_r, sel_g + 1)
+    return float(values[k]), best_n, tuple(int(w) for w in windows)
+
+
+def _global_ragged_walk_reference(rows: list[list[float]], table: CostTable, bs: int, config: "PlannerConfig"
+                                  ) -> tuple[float, int, tuple[int, ...]]:
+    """Cell-by-cell form of :func:`_global_ragged_walk` (its specification; tests compare them)."""
+    R = len(rows)
+    min_len = config.min_verify_len
+    windows_now = [min_len] * R
+    tau_now = R + sum(sum(row[:min_len]) for row in rows)
+    m_now = R * (min_len + 1)
+    best_value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost)
+    best_n, n = 0, 0
+    best_windows = tuple(windows_now)
+    for r, g in _walk_order(rows):
+        n += 1
+        if g < min_len:
+            continue
+        windows_now[r] = g + 1
+        tau_now += rows[r][g]
+        m_now += 1
+        value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost)
+        if value >= best_value:
+            best_value, best_n, best_windows = value, n, tuple(windows_now)
+    return best_value, best_n, best_windows
+
+
 def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable | None, config: PlannerConfig,
                 temperature_positive: bool, is_mixed_step: bool = False, snapshot_ready: bool = True,
                 batch_size: int | None = None) -> PlanDecision:
@@ -272,8 +341,10 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
                 best_v, best_value = v, value
         best_windows: tuple[int, ...] = tuple([best_v] * R)
         best_budget = R * best_v
-    else:
-        rows = ranking if config.algorithm == "greedy_stop" else sizing
+    elif config.algorithm == "global":
+        best_value, best_budget, best_windows = _global_ragged_walk(sizing, table, bs, config)
+    else:  # greedy_stop (Algorithm 1) on fresh survival: stops at the first prefix that does not gain
+        rows = ranking
         min_len = config.min_verify_len
         windows_now = [min_len] * R
         tau_now = tau(rows, windows_now)
@@ -286,18 +357,15 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
             a = rows[r][g]
             if g < min_len:
                 continue  # already verified by the min_verify_len clamp
-            if config.algorithm == "greedy_stop" and a <= 0.0:
+            if a <= 0.0:
                 break  # Algorithm 1's candidate set holds only cells with survival > 0
             windows_now[r] = g + 1
             tau_now += a
             m_now += 1
             value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost)
-            if config.algorithm == "greedy_stop":
-                if value <= best_value:
-                    break
-                best_value, best_n, best_windows = value, n, tuple(windows_now)
-            elif value >= best_value:
-                best_value, best_n, best_windows = value, n, tuple(windows_now)
+            if value <= best_value:
+                break
+            best_value, best_n, best_windows = value, n, tuple(windows_now)
         best_budget = best_n  # cells walked, clamped ones included: what the device allocation counts
     gain = best_value / full_value - 1.0
     keeps_full = all(w == G for w in best_windows)

@@ -1,6 +1,7 @@
 """Verify-budget planner: global argmax on a staircase, declines, lag vs fresh, overrides, refusals, oracle."""
 
 import pytest
+import torch
 
 from dspark.cost_table import CostTable
 from dspark.planner import Planner, PlannerConfig, PlannerConfigError, oracle_bound, plan_budget
@@ -220,3 +221,43 @@ def test_survival_helpers_feed_the_planner():
     assert buf[2].tolist() == pytest.approx([0.9, 0.8, 0.5, 0.5])
     with pytest.raises(ValueError, match="non-increasing"):
         neutral_survival_row(3, prior=[0.5, 0.9, 0.1])
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("min_len", [0, 1, 3])
+def test_vectorised_global_ragged_walk_is_the_cell_by_cell_walk(seed, min_len):
+    """The numpy walk returns the reference walk's value, budget and windows exactly, ties and
+    zero-survival cells included."""
+    import random
+
+    from dspark.cost_table import CostTable
+    from dspark.planner import PlannerConfig, _global_ragged_walk, _global_ragged_walk_reference
+    from dspark.survival import prefix_survival
+
+    rng = random.Random(seed)
+    R, G = rng.choice([(1, 4), (5, 7), (33, 7), (64, 3)])
+    conf = torch.rand(R, G, generator=torch.Generator().manual_seed(seed))
+    conf = torch.where(conf < 0.15, torch.zeros_like(conf), conf)  # zero cells
+    conf[::3] = 0.5  # tied rows
+    rows = prefix_survival(conf).tolist()
+    counts = tuple(range(1, R * (G + 1) + 8))
+    theta = tuple(0.2 + 0.004 * m + (0.3 if m > R * 2 else 0.0) for m in counts)  # a step in the middle
+    table = CostTable(token_counts=counts, theta_ms=theta, fixed_overhead_ms=1.0,
+                      batch_sizes=(1, 64), batch_overhead_ms=(0.0, 0.2))
+    cfg = PlannerConfig(block=G, mode="ragged", min_verify_len=min(min_len, G))
+    assert _global_ragged_walk(rows, table, R, cfg) == _global_ragged_walk_reference(rows, table, R, cfg)
+
+
+def test_check_survival_names_the_first_bad_value():
+    from dspark.survival import check_survival
+
+    check_survival([[1.0, 0.5, 0.5], [0.2, 0.0, 0.0]])
+    check_survival([[0.5, 0.50001]], atol=1e-4)
+    with pytest.raises(ValueError, match=r"survival\[1\]\[2\] = nan"):
+        check_survival([[1.0, 0.5, 0.5], [0.2, 0.1, float("nan")]])
+    with pytest.raises(ValueError, match=r"s\[0\]\[0\] = 1.5 is outside"):
+        check_survival([[1.5, 0.5]], name="s")
+    with pytest.raises(ValueError, match="rises at position 2"):
+        check_survival([[0.9, 0.5, 0.6], [0.2, 0.1, 0.0]])
+    with pytest.raises(ValueError, match="rises at position 1"):
+        check_survival([[0.9, 0.5], [0.2]] + [[0.1, 0.3]])  # ragged rows take the row-by-row path
