@@ -42,8 +42,9 @@ def bench_ms(fn, iters: int = 50, graphs: bool | None = None) -> float:
             end.record()
             torch.cuda.synchronize()
             return start.elapsed_time(end) / iters
-        except Exception:  # noqa: BLE001 - e.g. flex's compiled callable; timed eagerly below
+        except Exception as e:  # noqa: BLE001 - e.g. flex's compiled callable: timed eagerly, and said so
             torch.cuda.synchronize()
+            EAGER_FALLBACKS.append(f"{getattr(fn, '__name__', 'fn')}: {type(e).__name__}: {e}"[:160])
     start.record()
     for _ in range(iters):
         fn()
@@ -83,6 +84,7 @@ def case(B: int, L: int, q_rows: int, hq: int, hkv: int, d: int, page: int = 16)
     if q_rows > 1:  # causal inside the window: row o sees L - q + o + 1 keys
         o = torch.arange(q_rows, device=dev)[:, None]
         mask = torch.arange(L, device=dev)[None, :] <= (L - q_rows + o)
+    fallbacks_before = len(EAGER_FALLBACKS)
     out = {"batch": B, "kv_len": L, "q_rows": q_rows, "hq": hq, "hkv": hkv, "head_dim": d,
            "kv_bytes": kv_bytes, "paged_ms": paged, "paged_gbs": kv_bytes / paged / 1e6}
     # The split-KV heuristic against every forced split count (which one the default should pick).
@@ -92,6 +94,7 @@ def case(B: int, L: int, q_rows: int, hq: int, hkv: int, d: int, page: int = 16)
     best = min(sweep, key=sweep.get)
     out.update(split_sweep_ms=sweep, best_splits=best, best_gbs=kv_bytes / sweep[best] / 1e6)
     if PAGED_ONLY:
+        out["timed_eagerly"] = EAGER_FALLBACKS[fallbacks_before:]
         return out
     try:
         sdpa = bench_ms(lambda: F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scale, enable_gqa=True))
@@ -111,11 +114,13 @@ def case(B: int, L: int, q_rows: int, hq: int, hkv: int, d: int, page: int = 16)
         out.update(flex_ms=fx, flex_gbs=kv_bytes / fx / 1e6)
     except Exception as e:
         out["flex_error"] = f"{type(e).__name__}: {e}"[:200]
+    out["timed_eagerly"] = EAGER_FALLBACKS[fallbacks_before:]
     return out
 
 
 PAGED_ONLY = "--paged-only" in sys.argv  # skip SDPA and flex (their compile dominates the run time)
 GRAPHS = "--eager-timing" not in sys.argv  # time captured replays (default) or eager launches
+EAGER_FALLBACKS: list[str] = []  # calls that could not be captured and were timed eagerly instead
 
 
 def main(out_dir: str) -> None:
@@ -132,6 +137,7 @@ def main(out_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "attention_bandwidth.json").write_text(json.dumps({"copy_gbs": copy, "rows": rows,
+                                                              "timing": "graph replays" if GRAPHS else "eager",
                                                               "device": torch.cuda.get_device_name(),
                                                               "torch": torch.__version__}, indent=2))
     lines = [f"Copy bandwidth (device-to-device, read + write): {copy:.0f} GB/s", "",

@@ -41,6 +41,10 @@ timeout ${T_PROFILE:-200} python3 -m runners.profile engine=h200 $GRAPH batch_si
 cp "$WORK/hydra/profile/profile.json" "$OUT/" 2>/dev/null
 fi
 if has bench; then
+# All arms in one process, so that every arm's greedy outputs are compared with the target-only
+# arm's (runners.bench_decode). SEPARATE=1 runs one process per arm instead (each then compares
+# only with itself), as the 2026-11-30 runs did while the capture warm-up bug was open.
+if [[ "${SEPARATE:-0}" == 1 ]]; then
 stamp "bench: target / full / uniform / ragged on captured steps (one process per arm)"
 for arm in target full uniform ragged; do
   drop=""; for o in target full uniform ragged; do [[ $o != "$arm" ]] && drop="$drop ~arms.$o"; done
@@ -49,6 +53,13 @@ for arm in target full uniform ragged; do
     new_tokens=${NEW_TOKENS:-96} output_dir="$OUT/bench_$arm" hydra.run.dir="$WORK/hydra/bench_$arm" 2>&1 \
     | grep -v WARNING | grep "Error\|^| " | cut -c1-300
 done
+else
+stamp "bench: target / full / uniform / ragged on captured steps (one process, outputs compared)"
+timeout ${T_BENCH:-400} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 \
+  engine.cost_table="${COST_TABLE:-$OUT/cost_table.json}" progress=false batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" \
+  new_tokens=${NEW_TOKENS:-96} output_dir="$OUT/bench_sched" hydra.run.dir="$WORK/hydra/bench_sched" 2>&1 \
+  | grep -v WARNING | grep "Error\|^| " | cut -c1-300
+fi
 fi
 # At most 8 files come back from a leased machine: pack everything into one archive.
 (cd "$OUT" && tar czf "$WORK/results.tar.gz" . && find . -mindepth 1 -delete && mv "$WORK/results.tar.gz" "$OUT/")

@@ -69,6 +69,7 @@ class Engine:
             num_pages = max(2, -(-tokens // page))
         self.blocks = BlockManager(num_pages, page)
         self.runner = ModelRunner(self.target, self.drafter, self.cfg, self.blocks)
+        self._eos = frozenset(self.target.cfg.eos_token_ids or ())
         self.scheduler = Scheduler(self.blocks, max_num_seqs=self.cfg.max_num_seqs,
                                    max_num_batched_tokens=self.cfg.max_num_batched_tokens, block_size=G)
         self.block_size = G
@@ -435,7 +436,7 @@ class Engine:
         """(mode, tier, extra, decision) of a captured step, planned on the host from lagged survival."""
         if self.planner is None:
             return "full", None, None, None
-        from dspark.planner import _walk_order, plan_budget
+        from dspark.planner import cells_past_min_len, plan_budget
 
         start = time.perf_counter()
         newest_age = 2 if self.cfg.overlap else 1  # the newest snapshot read back is this old already
@@ -448,7 +449,7 @@ class Engine:
         if self.cfg.verify == "uniform":
             return "uniform", decision.windows[0], None, decision
         m = self.cfg.min_verify_len
-        extra = sum(1 for _, g in _walk_order(sizing)[:decision.budget] if g >= m)
+        extra = cells_past_min_len(sizing, decision.budget, m)
         return "ragged", None, extra, decision
 
     def _sync_tables(self, running: list[Request]) -> None:
@@ -559,8 +560,8 @@ class Engine:
         room = min(p.max_tokens - len(req.output_ids), self.cfg.max_model_len - req.num_tokens)
         new = new[:max(room, 0)]
         reason = None
-        if not p.ignore_eos and self.target.cfg.eos_token_ids:
-            eos = set(self.target.cfg.eos_token_ids)
+        if not p.ignore_eos and self._eos:
+            eos = self._eos
             for j, t in enumerate(new):
                 if t in eos:
                     new = new[: j + 1]

@@ -188,7 +188,7 @@ class GraphDecoder:
         hidden = self.drafter.forward_block(anchor, anchor_pos, self.runner.draft_cache, meta_d, self.target.embed)
         if self.sampling[0]:
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight,
-                                     lambda logits, k: torch.argmax(logits, dim=-1))
+                                     lambda logits, k: torch.argmax(logits, dim=-1), keep_logits=False)
         else:
             from dspark.sampling import sample_rows
 
@@ -199,7 +199,7 @@ class GraphDecoder:
                 probs.append(p)
                 return tokens
 
-            out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn)
+            out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False)
             self.draft_probs[:R].copy_(torch.stack(probs, dim=1))
         self.drafts[:R].copy_(out.tokens)
         if out.confidence_logits is not None:

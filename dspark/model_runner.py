@@ -144,7 +144,7 @@ class ModelRunner:
                 probs_per_slot.append(probs)
             return tokens
 
-        out = self.drafter.draft(hidden, anchor_t, self.target.lm_head_weight, sample_fn)
+        out = self.drafter.draft(hidden, anchor_t, self.target.lm_head_weight, sample_fn, keep_logits=False)
         probs = torch.stack(probs_per_slot, dim=1) if probs_per_slot else None
         return DraftResult(tokens=out.tokens, probs=probs, confidence_logits=out.confidence_logits)
 

@@ -183,28 +183,60 @@ def _allocate_host(rows: list[list[float]], budget: int, min_len: int, block: in
     return [min(max(c, min_len), block) for c in counts]
 
 
+def _uniform_taus(rows: list[list[float]]) -> "np.ndarray":
+    """tau(rows, [v] * R) for every uniform window v = 0..G as float64 [G + 1]: R plus the rows'
+    survival prefixes, summed in the order the per-row Python sums add them (bit-equal)."""
+    import numpy as np
+
+    S = np.asarray(rows, dtype=np.float64)
+    R, G = S.shape
+    prefix = np.zeros((R, G + 1))
+    prefix[:, 1:] = np.cumsum(S, axis=1)  # sequential along each row, as sum(row[:v])
+    # Sequential down the rows, starting from 0 as sum() does, then R added last.
+    totals = np.cumsum(np.vstack((np.zeros((1, G + 1)), prefix)), axis=0)[-1]
+    return R + totals
+
+
+def _admission_order(S: "np.ndarray") -> tuple["np.ndarray", "np.ndarray", "np.ndarray"]:
+    """(request, position, survival) of every cell of S [R, G] in admission order: survival
+    descending, then position, then request (the order of :func:`_walk_order`)."""
+    import numpy as np
+
+    R, G = S.shape
+    # Position-major flat index g*R + r is the tie order; a stable sort on -survival keeps it.
+    flat = S.T.reshape(-1)
+    order = np.argsort(-flat, kind="stable")
+    return order % R, order // R, flat[order]
+
+
+def cells_past_min_len(rows: Sequence[Sequence[float]], budget: int, min_len: int) -> int:
+    """How many of the first ``budget`` cells in admission order lie at or past ``min_len``:
+    the ragged allocation's extra cells (the device adds them to min_len per row)."""
+    import numpy as np
+
+    S = np.asarray(rows, dtype=np.float64)
+    if S.size == 0 or budget <= 0:
+        return 0
+    _, g_walk, _ = _admission_order(S)
+    return int((g_walk[:budget] >= min_len).sum())
+
+
 def _global_ragged_walk(rows: list[list[float]], table: CostTable, bs: int, config: "PlannerConfig"
                         ) -> tuple[float, int, tuple[int, ...]]:
     """The global ragged search, vectorised: walk the cells in admission order (survival
     descending, position, request), value every prefix as tau/T, keep the last best.
 
     Returns (best value, cells walked to reach it, windows at that prefix). The same numbers
-    as walking the cells one by one (:func:`_global_ragged_walk_reference`, float64 running
-    sums in the same order), in numpy: this runs on the host every step, for R x G cells.
+    as walking the cells one by one (float64 running
+    sums in the same order; tests/test_planner.py holds that walk), in numpy: this runs on the
+    host every step, for R x G cells.
     """
     import numpy as np
 
     S = np.asarray(rows, dtype=np.float64)  # [R, G]
-    R, G = S.shape
+    R = S.shape[0]
     min_len = config.min_verify_len
-    g_idx = np.broadcast_to(np.arange(G), (R, G))
-    r_idx = np.broadcast_to(np.arange(R)[:, None], (R, G))
-    # Position-major flat index g*R + r is the tie order; a stable sort on -survival keeps it.
-    flat = S.T.reshape(-1)
-    order = np.argsort(-flat, kind="stable")
-    g_walk = g_idx.T.reshape(-1)[order]
-    r_walk = r_idx.T.reshape(-1)[order]
-    a_walk = flat[order]
+    r_walk, g_walk, a_walk = _admission_order(S)
     counted = g_walk >= min_len  # cells below min_len are verified anyway: walked, not valued
     tau0 = R + sum(sum(row[:min_len]) for row in rows)  # the reference's summation order: bit-equal values
     m0 = R * (min_len + 1)
@@ -226,30 +258,6 @@ def _global_ragged_walk(rows: list[list[float]], table: CostTable, bs: int, conf
     sel_r, sel_g = r_walk[:best_n][counted[:best_n]], g_walk[:best_n][counted[:best_n]]
     np.maximum.at(windows, sel_r, sel_g + 1)
     return float(values[k]), best_n, tuple(int(w) for w in windows)
-
-
-def _global_ragged_walk_reference(rows: list[list[float]], table: CostTable, bs: int, config: "PlannerConfig"
-                                  ) -> tuple[float, int, tuple[int, ...]]:
-    """Cell-by-cell form of :func:`_global_ragged_walk` (its specification; tests compare them)."""
-    R = len(rows)
-    min_len = config.min_verify_len
-    windows_now = [min_len] * R
-    tau_now = R + sum(sum(row[:min_len]) for row in rows)
-    m_now = R * (min_len + 1)
-    best_value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost)
-    best_n, n = 0, 0
-    best_windows = tuple(windows_now)
-    for r, g in _walk_order(rows):
-        n += 1
-        if g < min_len:
-            continue
-        windows_now[r] = g + 1
-        tau_now += rows[r][g]
-        m_now += 1
-        value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost)
-        if value >= best_value:
-            best_value, best_n, best_windows = value, n, tuple(windows_now)
-    return best_value, best_n, best_windows
 
 
 def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable | None, config: PlannerConfig,
@@ -322,17 +330,17 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
     if not snapshot_ready:
         return decline("declined_snapshot_not_ready")
 
-    full_value = tau(sizing, full) / cost(full)
+    sizing_taus = _uniform_taus(sizing)
+    full_value = float(sizing_taus[G]) / cost(full)
     if config.mode == "uniform":
         if config.allowed_verify_lens is not None:
             candidates = list(config.allowed_verify_lens)
         else:
             candidates = list(range(config.min_verify_len, G + 1))
-        rows = ranking if config.algorithm == "greedy_stop" else sizing
+        taus = _uniform_taus(ranking) if config.algorithm == "greedy_stop" else sizing_taus
         best_v, best_value = None, -math.inf
         for v in candidates:
-            w = [v] * R
-            value = tau(rows, w) / cost(w)
+            value = float(taus[v]) / cost([v] * R)
             if config.algorithm == "greedy_stop":
                 if best_v is not None and value <= best_value:
                     break

@@ -398,3 +398,19 @@ def test_confidence_temperatures(tmp_path):
     write([1.0, -1.0, 1.0, 1.0])
     with pytest.raises(ConfigError, match="> 0|positive"):
         DSparkDrafter.load(tmp_path, cfg)
+
+
+def test_draft_without_logits_draws_the_same_block():
+    """keep_logits=False (the engine's steps) changes nothing but the returned logits."""
+    cfg = _target_cfg()
+    drafter = _make(cfg)
+    target = FrozenTarget(cfg)
+    hidden = torch.randn(3, GAMMA, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    anchors = torch.tensor([4, 9, 11])
+    greedy = lambda logits, k: logits.argmax(-1)  # noqa: E731
+    with torch.no_grad():
+        full = drafter.draft(hidden, anchors, target.lm_head_weight, greedy)
+        lean = drafter.draft(hidden, anchors, target.lm_head_weight, greedy, keep_logits=False)
+    assert lean.logits is None and full.logits.shape == (3, GAMMA, cfg.vocab_size)
+    assert torch.equal(lean.tokens, full.tokens)
+    assert torch.equal(lean.confidence_logits, full.confidence_logits)

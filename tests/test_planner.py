@@ -231,7 +231,7 @@ def test_vectorised_global_ragged_walk_is_the_cell_by_cell_walk(seed, min_len):
     import random
 
     from dspark.cost_table import CostTable
-    from dspark.planner import PlannerConfig, _global_ragged_walk, _global_ragged_walk_reference
+    from dspark.planner import PlannerConfig, _global_ragged_walk
     from dspark.survival import prefix_survival
 
     rng = random.Random(seed)
@@ -245,7 +245,25 @@ def test_vectorised_global_ragged_walk_is_the_cell_by_cell_walk(seed, min_len):
     table = CostTable(token_counts=counts, theta_ms=theta, fixed_overhead_ms=1.0,
                       batch_sizes=(1, 64), batch_overhead_ms=(0.0, 0.2))
     cfg = PlannerConfig(block=G, mode="ragged", min_verify_len=min(min_len, G))
-    assert _global_ragged_walk(rows, table, R, cfg) == _global_ragged_walk_reference(rows, table, R, cfg)
+    assert _global_ragged_walk(rows, table, R, cfg) == walk_cell_by_cell(rows, table, R, cfg)
+
+
+def walk_cell_by_cell(rows, table, bs, cfg):
+    """The global ragged search as specified: admit cells one at a time in (survival desc,
+    position, request) order, value each prefix as tau / T, keep the last best."""
+    cells = sorted((-v, g, r) for r, row in enumerate(rows) for g, v in enumerate(row))
+    windows = [cfg.min_verify_len] * len(rows)
+    tau = len(rows) + sum(sum(row[: cfg.min_verify_len]) for row in rows)
+    m = len(rows) * (cfg.min_verify_len + 1)
+    best = (tau / table.step_ms(m, bs), 0, tuple(windows))
+    for n, (neg_v, g, r) in enumerate(cells, start=1):
+        if g < cfg.min_verify_len:
+            continue
+        windows[r], tau, m = g + 1, tau - neg_v, m + 1
+        value = tau / table.step_ms(m, bs)
+        if value >= best[0]:
+            best = (value, n, tuple(windows))
+    return best
 
 
 def test_check_survival_names_the_first_bad_value():
@@ -261,3 +279,28 @@ def test_check_survival_names_the_first_bad_value():
         check_survival([[0.9, 0.5, 0.6], [0.2, 0.1, 0.0]])
     with pytest.raises(ValueError, match="rises at position 1"):
         check_survival([[0.9, 0.5], [0.2]] + [[0.1, 0.3]])  # ragged rows take the row-by-row path
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_cells_past_min_len_counts_the_admission_walk(seed):
+    from dspark.planner import _walk_order, cells_past_min_len
+    from dspark.survival import prefix_survival
+
+    conf = torch.rand(9, 5, generator=torch.Generator().manual_seed(seed))
+    conf[::2] = 0.5  # ties across rows and positions
+    rows = prefix_survival(conf).tolist()
+    for budget in (0, 1, 7, 23, 45, 60):
+        for m in (0, 1, 3):
+            want = sum(1 for _, g in _walk_order(rows)[:budget] if g >= m)
+            assert cells_past_min_len(rows, budget, m) == want
+
+
+@pytest.mark.parametrize("R,G", [(1, 4), (7, 7), (256, 7)])
+def test_uniform_taus_are_the_python_sums_bit_for_bit(R, G):
+    from dspark.planner import _uniform_taus
+    from dspark.survival import prefix_survival
+
+    rows = prefix_survival(torch.rand(R, G, generator=torch.Generator().manual_seed(R))).tolist()
+    taus = _uniform_taus(rows)
+    for v in range(G + 1):
+        assert float(taus[v]) == R + sum(sum(row[:v]) for row in rows)

@@ -62,7 +62,8 @@ TARGET_COMPAT_KEYS = ("arch", "vocab_size", "hidden_size", "num_layers", "num_he
 
 class DraftOutput(NamedTuple):
     tokens: torch.Tensor  # int64 [B, gamma]
-    logits: torch.Tensor  # float32 [B, gamma, V]: the logits each token was drawn from (Markov bias included)
+    logits: torch.Tensor | None  # float32 [B, gamma, V]: the logits each token was drawn from (Markov bias
+    # included); None when draft(keep_logits=False), as the engine's steps call it
     confidence_logits: torch.Tensor | None  # float32 [B, gamma] raw z_k; None without a confidence head
 
 
@@ -231,9 +232,11 @@ class DSparkDrafter(nn.Module):
     # ------------------------------------------------------------------ heads
 
     @staticmethod
-    def _base_logits(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-        """Backbone logits U_k for all slots at once: hidden [..., d] -> float32 [..., V]."""
-        return F.linear(hidden.to(lm_head_weight.dtype), lm_head_weight).float()
+    def _base_logits(hidden: torch.Tensor, lm_head_weight: torch.Tensor, widen: bool = True) -> torch.Tensor:
+        """Backbone logits U_k for all slots at once: hidden [..., d] -> [..., V], float32 when widen
+        (else in the head's dtype, for callers that widen one slot at a time)."""
+        logits = F.linear(hidden.to(lm_head_weight.dtype), lm_head_weight)
+        return logits.float() if widen else logits
 
     def _slot_head(self, h: torch.Tensor, base_logits: torch.Tensor, prev_tokens: torch.Tensor,
                    state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -252,28 +255,35 @@ class DSparkDrafter(nn.Module):
         return logits, conf, state
 
     def draft(self, hidden: torch.Tensor, anchor_ids: torch.Tensor, lm_head_weight: torch.Tensor,
-              sample_fn: SampleFn) -> DraftOutput:
+              sample_fn: SampleFn, keep_logits: bool = True) -> DraftOutput:
         """Sample the block left to right from hidden [B, gamma, d].
 
         ``sample_fn(logits [B, V] float32, slot k) -> tokens int64 [B]``; slot k's Markov bias and
         confidence use the token before it (anchor_ids for slot 0, then the token drawn at k-1).
+        keep_logits=False returns no logits: the engine's steps need only the tokens (and the
+        sampled rows' probabilities, which sample_fn keeps), and at batch 256 the stacked fp32
+        logits alone are 350 MB of writes per step.
         """
         batch, gamma, _ = hidden.shape
         state = self.markov_head.initial_state(batch, hidden) if self.markov_head is not None else None
         prev = anchor_ids.long()
-        base = self._base_logits(hidden, lm_head_weight)  # [B, gamma, V]
+        # [B, gamma, V] in the head's dtype; each slot is widened to fp32 when its bias is added
+        # (the same values as widening all of it first, without the fp32 copy of the whole block).
+        base = self._base_logits(hidden, lm_head_weight, widen=False)
         tokens, logits_all, conf_all = [], [], []
         for k in range(gamma):
-            logits, conf, state = self._slot_head(hidden[:, k], base[:, k], prev, state)
+            logits, conf, state = self._slot_head(hidden[:, k], base[:, k].float(), prev, state)
             drawn = sample_fn(logits, k)
             if drawn.shape != (batch,):
                 raise ValueError(f"sample_fn returned shape {tuple(drawn.shape)} for slot {k}, expected ({batch},)")
             prev = drawn.long()
             tokens.append(prev)
-            logits_all.append(logits)
+            if keep_logits:
+                logits_all.append(logits)
             conf_all.append(conf)
         confidence = torch.stack(conf_all, dim=1) if self.confidence_head is not None else None
-        return DraftOutput(torch.stack(tokens, dim=1), torch.stack(logits_all, dim=1), confidence)
+        return DraftOutput(torch.stack(tokens, dim=1), torch.stack(logits_all, dim=1) if keep_logits else None,
+                           confidence)
 
     def calibrated_confidence(self, confidence_logits: torch.Tensor) -> torch.Tensor:
         """c_k = sigmoid(z_k / T_k) for confidence_logits [..., gamma] (temperatures from STS, default 1)."""
