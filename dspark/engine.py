@@ -345,6 +345,7 @@ class Engine:
                                        step_ms=step_ms)
                 self._oracle_steps.append(list(uncapped if uncapped is not None else verdict.num_accepted))
                 counts["trimmed_steps"] += int(decision is not None and decision.trimmed)
+            self._count_rows(list(windows), list(verdict.num_accepted))
             for i, req in enumerate(decodes):
                 k = verdict.num_accepted[i]
                 if self._commit_row(req, windows[i], k, draft_rows[i][:k] + [verdict.next_tokens[i]], now):
@@ -356,19 +357,23 @@ class Engine:
                                   step_ms=(time.perf_counter() - step_start) * 1e3)
         return finished
 
-    def _commit_row(self, req: Request, window: int, k: int, new: list[int], now: float) -> bool:
-        """Commit one request's step: k accepted drafts + the target's token. True when it finished."""
+    def _count_rows(self, windows: list[int], accepted: list[int]) -> None:
+        """Step counters for the rows committed this step (one update per step, not per row)."""
+        n, G, W, K = len(windows), self.block_size, sum(windows), sum(accepted)
         counts = self._counts
-        G = self.block_size
+        counts["request_steps"] += n
+        counts["drafted_tokens"] += G * n
+        counts["ceiling_tokens"] += G * n
+        counts["window_tokens"] += W
+        counts["verified_tokens"] += W
+        counts["accepted_tokens"] += K
+        counts["emitted_tokens"] += K + n
+
+    def _commit_row(self, req: Request, window: int, k: int, new: list[int], now: float) -> bool:
+        """Commit one request's step: k accepted drafts + the target's token. True when it finished.
+        The caller counts the step's rows with _count_rows."""
         self._record(req, window, k)
-        counts["request_steps"] += 1
-        counts["drafted_tokens"] += G
-        counts["ceiling_tokens"] += G
-        counts["window_tokens"] += window
-        counts["verified_tokens"] += window
-        counts["accepted_tokens"] += k
-        counts["emitted_tokens"] += k + 1
-        req.num_computed = req.num_tokens - 1 + k + 1  # anchor + accepted drafts are now in the cache
+        req.num_computed = req.num_tokens + k  # anchor + accepted drafts are now in the cache
         return self._commit(req, new, now)
 
     # ---- device-resident steps (engine.cuda_graphs) ---------------------------------------
@@ -490,8 +495,11 @@ class Engine:
                 snapshot.append(surv[i])
             if self._commit_row(req, w, k, new, now):
                 finished.append(RequestOutput.from_request(req))
+        self._count_rows(windows, accepted)
         if snapshot:
-            bad = [i for i, row in enumerate(snapshot) if any(not 0.0 <= v <= 1.0 for v in row)]
+            st = launched.survival
+            in_range = bool(((st >= 0.0) & (st <= 1.0)).all())  # one vector test; NaN fails it too
+            bad = [] if in_range else [i for i, row in enumerate(snapshot) if any(not 0.0 <= v <= 1.0 for v in row)]
             if bad:
                 gd = self.graph
                 B = len(launched.req_ids)
