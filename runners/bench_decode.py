@@ -4,8 +4,10 @@
     python -m runners.bench_decode engine=h200 batch_sizes=[1,4,16,64,128,256]
 
 Each (arm, batch size) runs `batch_size` requests of workload prompts with ignore_eos and
-a fixed output length; only decode-only steps (no prefill in the step) are timed, after
-`warmup_steps` of them. Reports output tokens/s over those steps and the median ms per
+a fixed output length, in as many consecutive sets of distinct prompts as it takes to serve
+at least `min_requests` requests (so batch 1 is not one prompt's acceptance); only
+decode-only steps at full batch (no prefill in the step) are timed, after `warmup_steps`
+of them in each set. Reports output tokens/s over those steps and the median ms per
 step, plus acceptance length for speculative arms. Writes bench_decode.json and
 bench_decode.md into the output folder.
 """
@@ -34,16 +36,34 @@ from workloads.registry import build_workload, make_spec
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup_steps: int) -> dict[str, Any]:
+def prompt_sets(batch: int, min_requests: int) -> int:
+    """Consecutive sets of `batch` distinct prompts that serve at least `min_requests` requests."""
+    if batch < 1 or min_requests < 1:
+        raise ConfigError(f"batch ({batch}) and min_requests ({min_requests}) must be >= 1")
+    return -(-min_requests // batch)
+
+
+def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup_steps: int,
+              sets: int = 1) -> dict[str, Any]:
     engine.reset()
     sp = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request(prompts[i % len(prompts)], sp)
     decode_steps: list[float] = []
     outputs: dict[int, list[int]] = {}
     tokens_in_timed = 0
-    seen = 0
     t_all = time.perf_counter()
+    for s in range(sets):  # the engine's counters run on across sets: the row sums all of them
+        for i in range(batch):
+            engine.add_request(prompts[(s * batch + i) % len(prompts)], sp)
+        tokens_in_timed += _run_set(engine, batch, warmup_steps, decode_steps, outputs)
+    wall = time.perf_counter() - t_all
+    return _row(engine, batch, sets, decode_steps, outputs, tokens_in_timed, wall, warmup_steps)
+
+
+def _run_set(engine: Engine, batch: int, warmup_steps: int, decode_steps: list[float],
+             outputs: dict[int, list[int]]) -> int:
+    """Step until the set's requests finish; append the timed steps' ms; return their tokens."""
+    tokens_in_timed = 0
+    seen = 0
     while engine.has_unfinished():
         # The step is timed by the wall clock around engine.step() and nothing else runs in this
         # loop (no engine.counters(): its summaries cost host time that, with the overlap
@@ -62,7 +82,11 @@ def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup
             continue
         decode_steps.append(step_ms)
         tokens_in_timed += emitted
-    wall = time.perf_counter() - t_all
+    return tokens_in_timed
+
+
+def _row(engine: Engine, batch: int, sets: int, decode_steps: list[float], outputs: dict[int, list[int]],
+         tokens_in_timed: int, wall: float, warmup_steps: int) -> dict[str, Any]:
     if not decode_steps:
         raise ConfigError(f"batch {batch}: no steady decode step was timed; raise new_tokens above warmup_steps "
                           f"({warmup_steps}) times the acceptance length")
@@ -70,6 +94,8 @@ def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup
     total_ms = sum(decode_steps)
     return {
         "batch_size": batch,
+        "prompt_sets": sets,
+        "requests": sets * batch,
         "timed_steps": len(decode_steps),
         "ms_per_step_median": statistics.median(decode_steps),
         "output_tokens_per_s": tokens_in_timed / (total_ms / 1e3),
@@ -106,7 +132,9 @@ def run(cfg: DictConfig) -> dict:
     batches = [int(b) for b in cfg.batch_sizes]
     if not batches or min(batches) < 1:
         raise ConfigError(f"batch_sizes: positive integers required, got {batches}")
-    wl = build_workload(make_spec(cfg.workload, num_prompts=max(batches), seed=0, greedy_replica_count=0))
+    sets = {b: prompt_sets(b, int(cfg.min_requests)) for b in batches}
+    wl = build_workload(make_spec(cfg.workload, num_prompts=max(b * n for b, n in sets.items()), seed=0,
+                                  greedy_replica_count=0))
     prompts = [p.messages if p.messages is not None else p.prompt for p in wl.prompts()]
     need_drafter = any(a.spec == "dspark" for a in arms.values())
     # This engine only loads the models (the arms reuse them): no cost table, no graphs.
@@ -120,7 +148,7 @@ def run(cfg: DictConfig) -> dict:
     for name, b in tqdm(jobs, desc="bench_decode", disable=not cfg.progress):
         ecfg = dataclasses.replace(arms[name], max_num_seqs=max(b, 1))
         engine = Engine(first.target, first.tokenizer, ecfg, first.drafter if ecfg.spec == "dspark" else None)
-        row = {"arm": name, **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps))}
+        row = {"arm": name, **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps), sets[b])}
         if ecfg.cuda_graphs and engine.graph.use_graphs and row["graph_replays"] == 0:
             raise RuntimeError(f"arm {name} batch {b}: engine.cuda_graphs is on but no step replayed a graph "
                                f"(eager reasons: {engine.eager_reasons}); refusing to report it as a graph arm")

@@ -172,6 +172,7 @@ class BenchDecodeSchema:
     batch_sizes: List[int] = field(default_factory=lambda: [1, 16, 64])
     new_tokens: int = 64
     warmup_steps: int = 3
+    min_requests: int = 8  # small batches run consecutive sets of distinct prompts up to this many requests
     workload: str = "poetry"
     output_dir: str = "outputs/bench_decode"
     progress: bool = True

@@ -1,0 +1,39 @@
+"""runners.bench_decode end to end on the CPU with the real SmolLM2 and the shipped drafter."""
+
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from test_configs import CONF, ROOT
+
+pytestmark = pytest.mark.smollm2
+
+
+def test_prompt_sets_cover_min_requests():
+    from runners.bench_decode import prompt_sets
+
+    assert [prompt_sets(b, 8) for b in (1, 3, 8, 64)] == [8, 3, 1, 1]
+    with pytest.raises(Exception, match="min_requests"):
+        prompt_sets(4, 0)
+
+
+def test_small_batches_run_several_prompt_sets_and_arms_are_compared(tmp_path):
+    from runners import bench_decode
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="bench_decode"):
+        cfg = compose(config_name="bench_decode", overrides=[
+            f"paths.root={ROOT}", f"paths.output_dir={tmp_path}", f"output_dir={tmp_path}", "progress=false",
+            f"paths.cost_tables={tmp_path / 'cost_tables'}", "batch_sizes=[1,2]",
+            "new_tokens=8", "warmup_steps=0", "min_requests=3"])
+    doc = bench_decode.run(cfg)
+    rows = {(r["arm"], r["batch_size"]): r for r in doc["results"]}
+    assert rows[("target_only", 1)]["prompt_sets"] == 3 and rows[("target_only", 1)]["requests"] == 3
+    assert rows[("target_only", 2)]["prompt_sets"] == 2 and rows[("target_only", 2)]["requests"] == 4
+    for b in (1, 2):
+        spec = rows[("dspark_full", b)]
+        assert spec["requests_differing_from_target_only"] == 0  # fp32 greedy: lossless
+        assert spec["accept_length"] > 1.0 and spec["output_tokens_total"] == spec["requests"] * 8
+    saved = json.loads((tmp_path / "bench_decode.json").read_text())
+    assert len(saved["results"]) == 4
+    assert (tmp_path / "bench_decode.md").exists() and (tmp_path / "bench_decode.png").exists()
