@@ -441,7 +441,7 @@ class Engine:
         """(mode, tier, extra, decision) of a captured step, planned on the host from lagged survival."""
         if self.planner is None:
             return "full", None, None, None
-        from dspark.planner import cells_past_min_len, plan_budget
+        from dspark.planner import plan_budget
 
         start = time.perf_counter()
         newest_age = 2 if self.cfg.overlap else 1  # the newest snapshot read back is this old already
@@ -453,9 +453,7 @@ class Engine:
             return "full", None, None, decision
         if self.cfg.verify == "uniform":
             return "uniform", decision.windows[0], None, decision
-        m = self.cfg.min_verify_len
-        extra = cells_past_min_len(sizing, decision.budget, m)
-        return "ragged", None, extra, decision
+        return "ragged", None, decision.extra_cells, decision
 
     def _sync_tables(self, running: list[Request]) -> None:
         """Send the device only the page-table entries added since the last step (a few ints)."""

@@ -291,7 +291,8 @@ class GraphDecoder:
 
         res = accept(draft_tokens=self.drafts[:R], windows=w.to(torch.int32), target_probs=target_probs,
                      draft_probs=self.draft_probs[:R], greedy=rows.greedy,
-                     accept_uniforms=uni[:, G:2 * G].contiguous(), sample_uniforms=uni[:, 2 * G].contiguous(), impl="triton" if self.device.type == "cuda" else "torch")
+                     accept_uniforms=uni[:, G:2 * G].contiguous(), sample_uniforms=uni[:, 2 * G].contiguous(),
+                     impl="triton" if self.device.type == "cuda" else "torch")
         return res.num_accepted.long(), res.next_token.long()
 
     def _commit_state(self, R: int, k: torch.Tensor, nxt: torch.Tensor, anchor: torch.Tensor, act: torch.Tensor,

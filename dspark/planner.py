@@ -151,6 +151,9 @@ class PlanDecision:
     budget: cells to verify (R*G when the full block is kept).
     predicted_gain: (tau/T of the best candidate) / (tau/T of the full block) - 1; 0 without a table.
     predicted_tokens / predicted_ms: tau and T of the decision actually taken (None without a table).
+    extra_cells: ragged mode, trimmed: how many of the first ``budget`` cells (admission order
+      over the sizing survival) lie at or past min_verify_len, i.e. the cells a device allocation
+      adds to min_verify_len per row; None otherwise.
     """
 
     windows: tuple[int, ...] | None
@@ -160,6 +163,7 @@ class PlanDecision:
     predicted_tokens: float | None
     predicted_ms: float | None
     budget: int
+    extra_cells: int | None = None
 
 
 def _to_rows(x: Any, name: str) -> list[list[float]]:
@@ -238,7 +242,7 @@ def _global_ragged_walk(rows: list[list[float]], table: CostTable, bs: int, conf
     min_len = config.min_verify_len
     r_walk, g_walk, a_walk = _admission_order(S)
     counted = g_walk >= min_len  # cells below min_len are verified anyway: walked, not valued
-    tau0 = R + sum(sum(row[:min_len]) for row in rows)  # the reference's summation order: bit-equal values
+    tau0 = float(_uniform_taus(rows)[min_len])  # bit-equal to the walk's Python sums
     m0 = R * (min_len + 1)
     value0 = tau0 / float(table.step_ms(m0, bs, extrapolate=config.extrapolate_cost))
     a = a_walk[counted]
@@ -319,7 +323,8 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         if table is not None and windows is not None:
             tok, ms = tau(ranking if ranking is not None else sizing, windows), cost(windows)
         trimmed = windows is None or any(w < G for w in windows)
-        return PlanDecision(windows, trimmed, "forced", 0.0, tok, ms, budget)
+        extra = cells_past_min_len(sizing, budget, config.min_verify_len) if config.mode == "ragged" else None
+        return PlanDecision(windows, trimmed, "forced", 0.0, tok, ms, budget, extra)
 
     if table is None:
         return decline("declined_no_table")
@@ -381,13 +386,17 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         return decline("declined_below_min_gain", gain)
     if config.algorithm == "greedy_stop" and keeps_full:
         return decline("declined_below_min_gain", gain)
+    extra = None
     if config.mode == "ragged" and config.algorithm == "global":
         # Sized on lagged survival, ranked on fresh: the windows come from the fresh order.
         windows = None if ranking is None else tuple(_allocate_host(ranking, best_budget, config.min_verify_len, G))
+        extra = sum(best_windows) - R * config.min_verify_len  # each row's walked cells past min_len
     else:
         windows = best_windows
+        if config.mode == "ragged":
+            extra = cells_past_min_len(sizing, best_budget, config.min_verify_len)
     ms = cost(best_windows)
-    return PlanDecision(windows, True, "trimmed", gain, tau(sizing, best_windows), ms, best_budget)
+    return PlanDecision(windows, True, "trimmed", gain, tau(sizing, best_windows), ms, best_budget, extra)
 
 
 class Planner:

@@ -6,11 +6,11 @@ Specification (``rotary_reference``): for each token t at position p_t and frequ
 This is what :func:`dspark.models.layers.apply_rotary` computes from a cos/sin table; the
 kernel forms the angles itself, so the per-layer table (eight small kernels) disappears.
 
-:func:`rotary_kv_write_triton` goes one step further for the paged layers: it rotates q
-into a new tensor and writes the rotated k and the untouched v straight into the paged
-cache at ``slot_mapping`` (negative slots = padding, skipped), which is what
-``rotary_reference`` followed by ``write_kv_reference`` does (specification:
-``rotary_kv_write_reference``). One kernel replaces rotary + slot select + two scatters.
+The kernel, :func:`rotary_kv_write_triton`, serves the paged layers: it rotates q into a
+new tensor and writes the rotated k and the untouched v straight into the paged cache at
+``slot_mapping`` (negative slots = padding, skipped), which is what ``rotary_reference``
+followed by ``write_kv_reference`` does (specification: ``rotary_kv_write_reference``).
+One kernel replaces rotary + slot select + two scatters.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ if triton is not None:
     def _rotary_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, ko_ptr, vo_ptr, pos_ptr, slot_ptr, freq_ptr,
                        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
                        HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
-                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, TO_CACHE: tl.constexpr):
+                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, BLOCK_D)
         p = tl.load(pos_ptr + t).to(tl.float32)
@@ -74,18 +74,15 @@ if triton is not None:
         s = tl.sin(ang)[None, :]
         if HQ > 0:
             _rotate_heads(q_ptr, qo_ptr, t, sq_t, sq_h, t, c, s, t >= 0, HQ, HALF, BLOCK_H, BLOCK_D)
-        if TO_CACHE:
-            # k and v land in the paged cache at this token's slot; padding tokens (slot < 0) write nothing.
-            slot = tl.load(slot_ptr + t).to(tl.int64)
-            ok = slot >= 0
-            _rotate_heads(k_ptr, ko_ptr, t, sk_t, sk_h, slot, c, s, ok, HK, HALF, BLOCK_H, BLOCK_D)
-            hh = tl.arange(0, BLOCK_H)[:, None]
-            dd = tl.arange(0, 2 * BLOCK_D)[None, :]
-            vm = (hh < tl.where(ok, HK, 0)) & (dd < 2 * HALF)
-            v = tl.load(v_ptr + t * sv_t + hh * sv_h + dd, mask=vm, other=0.0)
-            tl.store(vo_ptr + slot * (HK * 2 * HALF) + hh * (2 * HALF) + dd, v, mask=vm)
-        else:
-            _rotate_heads(k_ptr, ko_ptr, t, sk_t, sk_h, t, c, s, t >= 0, HK, HALF, BLOCK_H, BLOCK_D)
+        # k and v land in the paged cache at this token's slot; padding tokens (slot < 0) write nothing.
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        ok = slot >= 0
+        _rotate_heads(k_ptr, ko_ptr, t, sk_t, sk_h, slot, c, s, ok, HK, HALF, BLOCK_H, BLOCK_D)
+        hh = tl.arange(0, BLOCK_H)[:, None]
+        dd = tl.arange(0, 2 * BLOCK_D)[None, :]
+        vm = (hh < tl.where(ok, HK, 0)) & (dd < 2 * HALF)
+        v = tl.load(v_ptr + t * sv_t + hh * sv_h + dd, mask=vm, other=0.0)
+        tl.store(vo_ptr + slot * (HK * 2 * HALF) + hh * (2 * HALF) + dd, v, mask=vm)
 
 
 def _check_rotary_args(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor) -> None:
@@ -100,22 +97,6 @@ def _check_rotary_args(q: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor)
         raise ValueError(f"head dim {D} must be even and inv_freq [{D // 2}], got {tuple(inv_freq.shape)}")
     if q.stride(-1) != 1 or k.stride(-1) != 1:
         raise ValueError("q and k need a unit stride on the head dim")
-
-
-def rotary_triton(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
-                  inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of :func:`rotary_reference`: new rotated (q, k)."""
-    _check_rotary_args(q, k, inv_freq)
-    T, hq, D = q.shape
-    hk = k.shape[1]
-    qo = torch.empty((T, hq, D), dtype=q.dtype, device=q.device)
-    ko = torch.empty((T, hk, D), dtype=k.dtype, device=k.device)
-    if T:
-        _rotary_kernel[(T,)](q, k, k, qo, ko, ko, positions, positions, inv_freq.to(torch.float32).contiguous(),
-                             q.stride(0), q.stride(1), k.stride(0), k.stride(1), 0, 0,
-                             HQ=hq, HK=hk, HALF=D // 2, BLOCK_H=triton.next_power_of_2(max(hq, hk)),
-                             BLOCK_D=triton.next_power_of_2(D // 2), TO_CACHE=False)
-    return qo, ko
 
 
 def rotary_kv_write_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
@@ -157,8 +138,8 @@ def rotary_kv_write_triton(q: torch.Tensor | None, k: torch.Tensor, v: torch.Ten
                              0 if q is None else q.stride(0), 0 if q is None else q.stride(1),
                              k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                              HQ=hq, HK=hk, HALF=D // 2, BLOCK_H=triton.next_power_of_2(max(hq, hk)),
-                             BLOCK_D=triton.next_power_of_2(D // 2), TO_CACHE=True)
+                             BLOCK_D=triton.next_power_of_2(D // 2))
     return None if q is None else qo
 
 
-__all__ = ["rotary_reference", "rotary_triton", "rotary_kv_write_reference", "rotary_kv_write_triton"]
+__all__ = ["rotary_reference", "rotary_kv_write_reference", "rotary_kv_write_triton"]

@@ -9,7 +9,7 @@ import torch
 
 from dspark.models.layers import apply_rotary, rotary_cos_sin
 from kernels.rmsnorm import rmsnorm_reference, rmsnorm_triton
-from kernels.rotary import rotary_kv_write_reference, rotary_kv_write_triton, rotary_reference, rotary_triton
+from kernels.rotary import rotary_kv_write_reference, rotary_kv_write_triton, rotary_reference
 from kernels.silu_mul import silu_mul_reference, silu_mul_triton
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -54,8 +54,12 @@ def test_rotary_matches_reference_and_the_layers_rotary(T, hq, hk, d, dtype):
     guard = torch.full((T + 4, (hq + 2 * hk) * d), float("nan"), device=DEV, dtype=dtype)
     pos = torch.randint(0, 4000, (T,), generator=g).to(DEV)
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32, device=DEV) / d))
-    qo, ko = rotary_triton(q, k, pos, inv_freq)
-    assert qo.is_contiguous() and ko.is_contiguous() and torch.isnan(guard).all()
+    v = qkv[:, (hq + hk) * d:].unflatten(-1, (hk, d))
+    cache = torch.full((2, T, 1, hk, d), float("nan"), device=DEV, dtype=dtype)  # one slot per token, in order
+    qo = rotary_kv_write_triton(q, k, v, pos, inv_freq, cache[0], cache[1], torch.arange(T, device=DEV))
+    ko = cache[0].view(T, hk, d)
+    assert torch.equal(cache[1].view(T, hk, d), v)  # v lands unrotated
+    assert qo.is_contiguous() and torch.isnan(guard).all()
     rq, rk = rotary_reference(q, k, pos, inv_freq)
     tol = 2e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(qo, rq, atol=tol, rtol=tol)

@@ -304,3 +304,26 @@ def test_uniform_taus_are_the_python_sums_bit_for_bit(R, G):
     taus = _uniform_taus(rows)
     for v in range(G + 1):
         assert float(taus[v]) == R + sum(sum(row[:v]) for row in rows)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("min_len", [0, 1, 2])
+def test_ragged_decisions_carry_the_device_allocations_extra_cells(seed, min_len):
+    """extra_cells is the count of walked cells at or past min_verify_len (what the engine hands
+    the device), for the global search and for forced budgets."""
+    from dspark.planner import cells_past_min_len
+    from dspark.survival import prefix_survival
+
+    R, G = 24, 7
+    rows = prefix_survival(torch.rand(R, G, generator=torch.Generator().manual_seed(seed))).tolist()
+    counts = tuple(range(1, R * (G + 1) + 1))
+    table = CostTable(token_counts=counts, theta_ms=tuple(0.1 + 0.02 * m for m in counts), fixed_overhead_ms=0.5)
+    for extra_cfg in ({}, {"force_budget_frac": 0.4}):
+        cfg = PlannerConfig(block=G, mode="ragged", min_verify_len=min_len, budget_lag=1, **extra_cfg)
+        d = plan_budget(ranking_survival=None, sizing_survival=rows, table=table, config=cfg,
+                        temperature_positive=False)
+        assert d.trimmed and d.windows is None
+        assert d.extra_cells == cells_past_min_len(rows, d.budget, min_len)
+    uniform = plan_budget(ranking_survival=None, sizing_survival=rows, table=table, temperature_positive=False,
+                          config=PlannerConfig(block=G, mode="uniform", min_verify_len=min_len, budget_lag=1))
+    assert uniform.extra_cells is None

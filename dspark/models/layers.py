@@ -47,6 +47,13 @@ def _fused_weight(module: nn.Module, key: str, parts: list[torch.Tensor]) -> tor
     return cached[1]
 
 
+def _fused_linear(owner: nn.Module, key: str, x: torch.Tensor, projections: list[nn.Linear]) -> torch.Tensor:
+    """One GEMM for several projections of x: their weights (and biases) concatenated and cached on ``owner``."""
+    w = _fused_weight(owner, key + "_w", [p.weight for p in projections])
+    b = _fused_weight(owner, key + "_b", [p.bias for p in projections]) if projections[0].bias is not None else None
+    return F.linear(x, w, b)
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last axis; computed in float32, cast back to the input dtype."""
 
@@ -160,10 +167,7 @@ class PagedSelfAttention(nn.Module):
             from kernels.rotary import rotary_kv_write_triton
 
             Hk, D = self.num_kv_heads, self.head_dim
-            w = _fused_weight(self, "_fused_kv_w", [self.k_proj.weight, self.v_proj.weight])
-            b = _fused_weight(self, "_fused_kv_b", [self.k_proj.bias, self.v_proj.bias]) \
-                if self.k_proj.bias is not None else None
-            kv = F.linear(x, w, b)
+            kv = _fused_linear(self, "_fused_kv", x, [self.k_proj, self.v_proj])
             rotary_kv_write_triton(None, kv[:, : Hk * D].unflatten(-1, (Hk, D)), kv[:, Hk * D:].unflatten(-1, (Hk, D)),
                                    positions, self._inv_freq_on(x.device), k_cache, v_cache, meta.slot_mapping)
             return
@@ -193,12 +197,8 @@ class PagedSelfAttention(nn.Module):
         rotates q and k and writes k and v into the paged cache (kernels/rotary.py)."""
         from kernels.rotary import rotary_kv_write_triton
 
-        parts = [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
-        w = _fused_weight(self, "_fused_qkv_w", parts)
-        b = _fused_weight(self, "_fused_qkv_b", [self.q_proj.bias, self.k_proj.bias, self.v_proj.bias]) \
-            if self.q_proj.bias is not None else None
         H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(x, w, b)
+        qkv = _fused_linear(self, "_fused_qkv", x, [self.q_proj, self.k_proj, self.v_proj])
         q = qkv[..., : H * D].unflatten(-1, (H, D))
         k = qkv[..., H * D: (H + Hk) * D].unflatten(-1, (Hk, D))
         v = qkv[..., (H + Hk) * D:].unflatten(-1, (Hk, D))
@@ -278,7 +278,7 @@ class DecoderLayer(nn.Module):
                                residual=x if delta is not None else None)
         a = self.self_attn(n1, positions, k_cache, v_cache, meta)
         n2, x = rmsnorm_triton(a, norm2.weight, norm2.eps, residual=x)  # x <- x + a, n2 = norm(x)
-        gate_up = F.linear(n2, _fused_weight(mlp, "_fused_gate_up", [mlp.gate_proj.weight, mlp.up_proj.weight]))
+        gate_up = _fused_linear(mlp, "_fused_gate_up", n2, [mlp.gate_proj, mlp.up_proj])
         return x, mlp.down_proj(silu_mul_triton(gate_up))
 
     def forward_dense(self, x: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor | None,
