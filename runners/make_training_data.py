@@ -30,7 +30,7 @@ from dspark.training.data import generate_dataset
 from runners.schema import EngineSchema, ModelSchema, to_engine_config
 from workloads.registry import build_workload, make_spec
 
-DEFAULT_SOURCES = ["agentic", "poetry", "arena_hard", "stdlib_prose"]
+DEFAULT_SOURCES = ["agentic", "poetry", "arena_hard", "stdlib_prose", "hard_questions"]
 
 
 @dataclass
@@ -58,6 +58,26 @@ class MakeTrainingDataSchema:
     # Stop admitting prompts after this many seconds (admitted ones finish and are kept);
     # prompts are shuffled first so a cut keeps the sources' mix.
     time_budget_s: Optional[float] = None
+    # "i/n": answer only every n-th prompt of the shuffled list, starting at i (0-based), so n
+    # processes (one per GPU) split the work; train on all shards with data=[shard0,shard1,...].
+    shard: Optional[str] = None
+
+
+def parse_shard(shard: Optional[str]) -> tuple[int, int]:
+    """(index, count) of ``shard`` = "i/n"; (0, 1) for None."""
+    if shard is None:
+        return 0, 1
+    parts = str(shard).split("/")
+    try:
+        index, count = int(parts[0]), int(parts[1])
+        if len(parts) != 2:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise ConfigError(f"shard: {shard!r}; write it as 'i/n' (0 <= i < n), e.g. shard=0/2 and shard=1/2 "
+                          f"for two GPUs") from None
+    if not 0 <= index < count:
+        raise ConfigError(f"shard: {shard!r}; the index must satisfy 0 <= i < n")
+    return index, count
 
 
 ConfigStore.instance().store(name="make_training_data_schema", node=MakeTrainingDataSchema)
@@ -113,6 +133,8 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     engine_cfg = to_engine_config(cfg.engine, spec="off")
     items = collect_prompts(list(cfg.sources), cfg.split, cfg.num_prompts_per_source, int(cfg.seed))
     items = expand_samples(items, dict(cfg.get("samples_per_prompt") or {}), int(cfg.seed))
+    shard_index, shard_count = parse_shard(cfg.get("shard"))
+    items = items[shard_index::shard_count]
     if target is None:
         from runners.train_drafter import load_target_and_tokenizer
 
@@ -127,6 +149,7 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     info = {"model": str(cfg.model.source), "split": cfg.split, "seed": int(cfg.seed), "max_tokens": int(cfg.max_tokens),
             "sampling": {"temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": int(s.top_k)},
             "sources": list(cfg.sources), "num_prompts_per_source": cfg.num_prompts_per_source,
+            "shard": f"{shard_index}/{shard_count}",
             "engine": {"device": engine_cfg.device, "dtype": engine_cfg.dtype, "max_num_seqs": engine_cfg.max_num_seqs}}
     t0 = time.perf_counter()
     dataset, failed = generate_dataset(engine, [(src, msgs) for src, _, msgs in items], params, info=info,

@@ -81,7 +81,7 @@ class TrainDrafterSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
     drafter_arch: DrafterArchSchema = field(default_factory=DrafterArchSchema)
     train: TrainSchema = field(default_factory=TrainSchema)
-    data: Optional[str] = None
+    data: Any = None  # a .safetensors file, or a list of them (shards), joined in order
     data_holdout_fraction: float = 0.0
     data_holdout_seed: int = 0
     style: str = "dspark"
@@ -116,7 +116,10 @@ def load_training_data(cfg: Any) -> TokenDataset:
     if not cfg.data:
         raise ConfigError("data: give the training data file, e.g. data=training_data/train.safetensors "
                           "(make it with `python -m runners.make_training_data`)")
-    dataset = TokenDataset.load(cfg.data)
+    data = cfg.data
+    if not isinstance(data, (str, Path)):
+        data = [str(p) for p in data]
+    dataset = TokenDataset.load_many(data)
     if cfg.data_holdout_fraction:
         dataset, _ = dataset.split_holdout(float(cfg.data_holdout_fraction), int(cfg.data_holdout_seed))
     return dataset

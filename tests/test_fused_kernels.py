@@ -111,22 +111,28 @@ def test_rotary_kv_write_refuses_a_mismatched_cache():
                                torch.zeros(2, dtype=torch.long, device=DEV))
 
 
-def test_carried_residual_stack_is_the_plain_stack():
+@pytest.mark.parametrize("T,small_m", [(6, "1"), (6, "0"), (20, "1")])
+def test_carried_residual_stack_is_the_plain_stack(T, small_m, monkeypatch):
     """run_decoder_stack with the fused kernels (residual carried into the next norm) returns the
-    final hidden and the captured layer streams of the plain layers, on the paged cache."""
+    final hidden and the captured layer streams of the plain layers, on the paged cache; with
+    at most SMALL_M_MAX tokens through the small-M GEMV kernels (counted), else through cuBLAS."""
+    import kernels.small_m_linear as small_m_linear
     from dspark.attention import AttentionMetadata, set_attention_backend
     from dspark.kv_cache import KVCache
     from dspark.models.layers import run_decoder_stack
     from tiny import tiny_target
 
+    monkeypatch.setenv("DSPARK_SMALL_M_KERNELS", small_m)
+    calls = []
+    real = small_m_linear._launch
+    monkeypatch.setattr(small_m_linear, "_launch", lambda fn, *a, **k: calls.append(fn) or real(fn, *a, **k))
     target = tiny_target(4).to(DEV)
     cfg = target.cfg
-    T = 6
     ids = torch.randint(3, cfg.vocab_size, (T,)).to(DEV)
     pos = torch.arange(T, device=DEV)
     meta = AttentionMetadata(qo_indptr=torch.tensor([0, T], dtype=torch.int32, device=DEV),
                              kv_lens=torch.tensor([T], dtype=torch.int32, device=DEV),
-                             block_tables=torch.tensor([[0]], dtype=torch.int32, device=DEV),
+                             block_tables=torch.tensor([[0, 1]], dtype=torch.int32, device=DEV),
                              slot_mapping=torch.arange(T, device=DEV), causal=True, max_q_len=T)
     out = {}
     for backend in ("torch", "triton"):
@@ -140,6 +146,9 @@ def test_carried_residual_stack_is_the_plain_stack():
         finally:
             set_attention_backend("torch")
     (h_plain, cap_plain), (h_fused, cap_fused) = out["torch"], out["triton"]
+    small = T <= small_m_linear.SMALL_M_MAX and small_m == "1"
+    # four GEMV kernels per layer (norm+QKV, o_proj, norm+gate/up+silu*mul, down) or none
+    assert calls == (["norm_linear_triton", "linear_triton"] * 2) * cfg.num_layers if small else not calls
     tol = 1e-4 if DEV == "cuda" else 1e-5
     torch.testing.assert_close(h_fused, h_plain, atol=tol, rtol=tol)
     for a, b in zip(cap_fused, cap_plain):

@@ -461,6 +461,42 @@ def test_make_training_data_samples_per_prompt_and_time_budget(tmp_path, target)
         make_training_data.run(compose_with("time_budget_s=0.0"), target=target, tokenizer=CharTokenizer())
 
 
+def test_make_training_data_shards_partition_the_prompts_and_train_together(tmp_path, target):
+    from runners import make_training_data, train_drafter
+
+    def shard_cfg(shard):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return compose(config_name="make_training_data", overrides=[
+                "sources=[stdlib_prose,poetry]", "num_prompts_per_source=3", "max_tokens=6",
+                f"output={tmp_path / ('s' + shard[0] + '.safetensors')}", "engine.max_model_len=64",
+                "engine.kv_block_size=8", "engine.max_num_batched_tokens=64", "progress=false", f"shard={shard}"])
+
+    whole = make_training_data.expand_samples(make_training_data.collect_prompts(["stdlib_prose", "poetry"], "train",
+                                                                                 3, 0), {}, 0)
+    parts = []
+    for shard in ("0/2", "1/2"):
+        summary = make_training_data.run(shard_cfg(shard), target=target, tokenizer=CharTokenizer())
+        parts.append(TokenDataset.load(summary["output"]))
+        assert parts[-1].info["shard"] == shard
+    assert [len(p) for p in parts] == [3, 3]
+    joined = TokenDataset.load_many([tmp_path / "s0.safetensors", tmp_path / "s1.safetensors"])
+    assert len(joined) == 6 and joined.summary()["per_source"] == {"poetry": 3, "stdlib_prose": 3}
+    # every prompt answered exactly once: shard 0 holds items 0, 2, 4; shard 1 holds 1, 3, 5
+    tok = CharTokenizer()
+    for k, (src, _, messages) in enumerate(whole):
+        part, i = parts[k % 2], k // 2
+        assert part.source(i) == src and part.sequence(i)[: int(part.prompt_lens[i])].tolist() == tok.encode_chat(messages)
+    assert torch.equal(joined.sequence(3), parts[1].sequence(0)) and joined.source(3) == parts[1].source(0)
+    for bad in ("2/2", "1", "a/b", "0/2/3"):
+        with pytest.raises(ConfigError, match="shard"):
+            make_training_data.parse_shard(bad)
+    # the trainer takes the shards as one list
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="train_drafter", overrides=[
+            f"data=[{tmp_path / 's0.safetensors'},{tmp_path / 's1.safetensors'}]"])
+    assert len(train_drafter.load_training_data(cfg)) == 6
+
+
 def test_init_from_copies_weights_and_refuses_another_architecture(tmp_path, target):
     from runners.train_drafter import init_weights
 

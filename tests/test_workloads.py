@@ -13,7 +13,7 @@ from workloads import DEFAULTS, Prompt, WorkloadError, WorkloadSpec, build_workl
 from workloads.agentic import CODE_PROMPT_TEMPLATE, INSTALL_HINT
 from workloads.arena_hard import PACKAGED_QUESTIONS
 
-BUILTIN = ("agentic", "poetry", "arena_hard", "stdlib_prose")
+BUILTIN = ("agentic", "poetry", "arena_hard", "stdlib_prose", "hard_questions")
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +223,29 @@ def test_arena_hard_packaged_originals(pools):
     assert sampling.greedy and sampling.max_tokens == 512
 
 
+def test_hard_questions_are_combinatorial_training_material(pools):
+    from workloads.hard_questions import CATEGORIES, question_text
+
+    pool = pools["hard_questions"]
+    expected = sum(len(a) * len(b) * len(c) for a, b, c in CATEGORIES.values())
+    assert len(pool) == expected > 2000
+    assert {p.source for p in pool} == {f"hard_questions:{c}" for c in CATEGORIES}
+    texts = [p.messages[0]["content"] for p in pool]
+    assert len(set(texts)) == len(texts)  # every combination reads differently
+    coding = next(p for p in pool if p.id == "hard_questions/coding/lru_cache/rust/tests")
+    assert "LRU cache" in coding.messages[0]["content"] and "Rust" in coding.messages[0]["content"]
+    assert make_spec("hard_questions").split == "train"
+    train = build_workload(make_spec("hard_questions", split="train")).prompts()
+    assert len(train) > 1500
+    # none of the packaged arena-hard-style questions is among them
+    arena = {p.messages[0]["content"] for p in pools["arena_hard"]}
+    assert not arena & set(texts)
+    with pytest.raises(WorkloadError, match="unknown category 'poems'"):
+        question_text("poems", "a", "b", "c")
+    with pytest.raises(WorkloadError, match="takes no path"):
+        build_workload(make_spec("hard_questions", path="x.jsonl")).pool()
+
+
 def test_arena_hard_reads_real_question_format(tmp_path):
     path = _write_jsonl(tmp_path / "question.jsonl", [
         {"question_id": "0a1b2c", "category": "arena-hard-v0.1", "cluster": "Python Coding",
@@ -312,7 +335,7 @@ def test_registry_defaults_cover_every_workload():
         spec = make_spec(name)
         assert spec.name == name
     assert make_spec("poetry").max_tokens == 768
-    assert make_spec("stdlib_prose").split == "train"
+    assert make_spec("stdlib_prose").split == make_spec("hard_questions").split == "train"
     assert make_spec("agentic").split == make_spec("poetry").split == make_spec("arena_hard").split == "eval"
 
 

@@ -13,12 +13,14 @@ from .agentic import AgenticWorkload
 from .arena_hard import ArenaHardWorkload
 from .base import Workload, WorkloadError, WorkloadSpec
 from .custom import CustomWorkload
+from .hard_questions import HardQuestionsWorkload
 from .poetry import PoetryWorkload
 from .stdlib_prose import StdlibProseWorkload
 
 WORKLOADS: dict[str, type[Workload]] = {
     cls.NAME: cls
-    for cls in (AgenticWorkload, PoetryWorkload, ArenaHardWorkload, CustomWorkload, StdlibProseWorkload)
+    for cls in (AgenticWorkload, PoetryWorkload, ArenaHardWorkload, CustomWorkload, StdlibProseWorkload,
+                HardQuestionsWorkload)
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -37,6 +39,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # Drafter-training material only.
     "stdlib_prose": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                      "max_tokens": 256, "split": "train", "path": None, "greedy_replica_count": 0},
+    # Drafter-training material only: arena-hard-style questions built combinatorially.
+    "hard_questions": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                       "max_tokens": 512, "split": "train", "path": None, "greedy_replica_count": 0},
 }
 
 

@@ -37,6 +37,16 @@ def use_fused_kernels() -> bool:
             and os.environ.get("DSPARK_FUSED_KERNELS", "1") != "0")
 
 
+def use_small_m_kernels(x: torch.Tensor) -> bool:
+    """Decode-sized steps (at most kernels.small_m_linear.SMALL_M_MAX packed tokens) run the layers'
+    GEMMs as Triton GEMV kernels with the norms and SwiGLU fused in (fused kernels on, 2-D input).
+    DSPARK_SMALL_M_KERNELS=0 keeps cuBLAS for them (to measure what the GEMV kernels buy)."""
+    from kernels.small_m_linear import SMALL_M_MAX
+
+    return (x.dim() == 2 and x.shape[0] <= SMALL_M_MAX and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and os.environ.get("DSPARK_SMALL_M_KERNELS", "1") != "0")
+
+
 def _fused_weight(module: nn.Module, key: str, parts: list[torch.Tensor]) -> torch.Tensor:
     """torch.cat(parts) cached on ``module``; rebuilt when any part is replaced or updated in place."""
     stamp = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in parts)
@@ -191,21 +201,34 @@ class PagedSelfAttention(nn.Module):
             inv_freq = self._inv_freq[device] = rotary_inv_freq(self.head_dim, self.rope_theta, device)
         return inv_freq
 
-    def _forward_fused(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
-                       v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """forward in four kernels before attention's: one GEMM for q/k/v, then one kernel that
-        rotates q and k and writes k and v into the paged cache (kernels/rotary.py)."""
+    def qkv_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The q/k/v projections' weights (and biases) concatenated, cached (see _fused_weight)."""
+        parts = [self.q_proj, self.k_proj, self.v_proj]
+        w = _fused_weight(self, "_fused_qkv_w", [p.weight for p in parts])
+        b = _fused_weight(self, "_fused_qkv_b", [p.bias for p in parts]) if self.q_proj.bias is not None else None
+        return w, b
+
+    def attend_projected(self, qkv: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
+                         v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention from the fused q/k/v projection [T, (H + 2 Hk) D]: one kernel rotates q and k
+        and writes k and v into the paged cache (kernels/rotary.py), then attention. -> [T, H * D]
+        (before o_proj)."""
         from kernels.rotary import rotary_kv_write_triton
 
         H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = _fused_linear(self, "_fused_qkv", x, [self.q_proj, self.k_proj, self.v_proj])
         q = qkv[..., : H * D].unflatten(-1, (H, D))
         k = qkv[..., H * D: (H + Hk) * D].unflatten(-1, (Hk, D))
         v = qkv[..., (H + Hk) * D:].unflatten(-1, (Hk, D))
-        q = rotary_kv_write_triton(q, k, v, positions, self._inv_freq_on(x.device), k_cache, v_cache,
+        q = rotary_kv_write_triton(q, k, v, positions, self._inv_freq_on(qkv.device), k_cache, v_cache,
                                    meta.slot_mapping)
-        out = attend(q, k_cache, v_cache, meta, self.scale)  # [T, H, D]
-        return self.o_proj(out.flatten(-2))
+        return attend(q, k_cache, v_cache, meta, self.scale).flatten(-2)  # [T, H * D]
+
+    def _forward_fused(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """forward in four kernels before attention's: one GEMM for q/k/v, then the fused
+        rotary + paged K/V write (:meth:`attend_projected`)."""
+        w, b = self.qkv_weights()
+        return self.o_proj(self.attend_projected(F.linear(x, w, b), positions, k_cache, v_cache, meta))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -274,12 +297,32 @@ class DecoderLayer(nn.Module):
         from kernels.silu_mul import silu_mul_triton
 
         norm1, norm2, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
+        if use_small_m_kernels(x) and self.self_attn.q_norm is None:
+            return self._forward_carry_small_m(x, delta, positions, k_cache, v_cache, meta)
         n1, x = rmsnorm_triton(delta if delta is not None else x, norm1.weight, norm1.eps,
                                residual=x if delta is not None else None)
         a = self.self_attn(n1, positions, k_cache, v_cache, meta)
         n2, x = rmsnorm_triton(a, norm2.weight, norm2.eps, residual=x)  # x <- x + a, n2 = norm(x)
         gate_up = _fused_linear(mlp, "_fused_gate_up", n2, [mlp.gate_proj, mlp.up_proj])
         return x, mlp.down_proj(silu_mul_triton(gate_up))
+
+    def _forward_carry_small_m(self, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
+                               k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward_carry` for at most SMALL_M_MAX tokens in five kernels before attention's
+        (kernels/small_m_linear.py): residual add + norm + QKV, rotary + K/V write, o_proj,
+        residual add + norm + gate/up + silu*mul, down_proj."""
+        from kernels.small_m_linear import linear_triton, norm_linear_triton
+
+        attn, norm1, norm2, mlp = self.self_attn, self.input_layernorm, self.post_attention_layernorm, self.mlp
+        w_qkv, b_qkv = attn.qkv_weights()
+        qkv, x = norm_linear_triton(delta if delta is not None else x, norm1.weight, norm1.eps, w_qkv,
+                                    residual=x if delta is not None else None, bias=b_qkv)
+        o = attn.o_proj
+        a = linear_triton(attn.attend_projected(qkv, positions, k_cache, v_cache, meta), o.weight, o.bias)
+        w_gu = _fused_weight(mlp, "_fused_gate_up_w", [mlp.gate_proj.weight, mlp.up_proj.weight])
+        act, x = norm_linear_triton(a, norm2.weight, norm2.eps, w_gu, residual=x, silu_mul=True)
+        return x, linear_triton(act, mlp.down_proj.weight)
 
     def forward_dense(self, x: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor | None,
                       prefix_v: torch.Tensor | None, visible: torch.Tensor) -> torch.Tensor:

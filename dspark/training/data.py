@@ -137,6 +137,34 @@ class TokenDataset:
         return cls(tokens, offsets, torch.tensor(list(prompt_lens), dtype=torch.int32),
                    torch.tensor([index[s] for s in sources], dtype=torch.int32), names, dict(info or {}))
 
+    @classmethod
+    def concat(cls, parts: Sequence["TokenDataset"], info: dict[str, Any] | None = None) -> "TokenDataset":
+        """One dataset holding every sequence of ``parts`` in order (source names merged by name)."""
+        if not parts:
+            raise DataError("concat needs at least one dataset")
+        names = sorted({name for part in parts for name in part.source_names})
+        index = {name: k for k, name in enumerate(names)}
+        ids = [torch.tensor([index[n] for n in part.source_names], dtype=torch.int32)[part.source_ids.long()]
+               if len(part) else torch.zeros(0, dtype=torch.int32) for part in parts]
+        lengths = torch.cat([(p.offsets[1:] - p.offsets[:-1]) for p in parts])
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+        offsets[1:] = torch.cumsum(lengths, 0)
+        merged_info = dict(parts[0].info) if info is None else dict(info)
+        if info is None and len(parts) > 1:
+            merged_info["parts"] = [p.info for p in parts]
+        return cls(torch.cat([p.tokens for p in parts]), offsets, torch.cat([p.prompt_lens for p in parts]),
+                   torch.cat(ids), names, merged_info)
+
+    @classmethod
+    def load_many(cls, paths: str | Path | Sequence[str | Path]) -> "TokenDataset":
+        """A data file, or several (e.g. shards written by parallel make_training_data runs) joined in order."""
+        if isinstance(paths, (str, Path)):
+            return cls.load(paths)
+        paths = list(paths)
+        if not paths:
+            raise DataError("no training data files given")
+        return cls.concat([cls.load(p) for p in paths]) if len(paths) > 1 else cls.load(paths[0])
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         if path.suffix != ".safetensors":
