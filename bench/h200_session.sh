@@ -84,6 +84,15 @@ if has data; then
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
+  for ((i = 0; i < GPUS; i++)); do  # a shard that failed on captured steps is redone eagerly, and says so
+    [[ -f "$WORK/data/train_$i.safetensors" ]] && continue
+    echo "DATA SHARD $i FAILED on engine=$ENGINE (log below); redoing it with engine=${EVAL_ENGINE}"; tail -5 "$WORK/data_$i.log"
+    CUDA_VISIBLE_DEVICES=$(gpu $i) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$EVAL_ENGINE \
+      engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \
+      time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$i/$GPUS output="$WORK/data/train_$i.safetensors" progress=false \
+      hydra.run.dir="$WORK/hydra/data$i" > "$WORK/data_${i}_eager.log" 2>&1 &
+  done
+  wait
   tail -n 30 "$WORK"/data_*.log | grep -v "^\s*\"" | tail -20
   python3 -c "
 from dspark.training.data import TokenDataset
