@@ -3,7 +3,10 @@
 # uniform / ragged on captured steps at batch 1..256 with SmolLM2 and the shipped drafter.
 #   OUT=/path bash bench/h200_sched_graphs.sh STAGE_DIR     # STAGE_DIR holds model.part1..3 + model.sha256
 # DRAFTER=DIR benchmarks (and profiles) that drafter instead of the shipped one.
-# PHASES picks what runs (default: all, in this order): tests census graphs nan profile bench.
+# PHASES picks what runs (default: tests census graphs nan profile bench; also: sweep, exact), in this order:
+#   tests sweep exact census graphs nan profile bench.
+#   sweep:  bench/small_m_sweep.py (GEMV tile settings vs the cuBLAS path)
+#   exact:  every arm in fp32, outputs compared with target-only (bf16 GEMMs round by row count)
 #   graphs: target-only and DSpark full on captured steps, overlap off/on (bench_graphs without eager arms)
 #   nan:    bench/nan_hunt.py (ragged, batch 128) against $OUT/cost_table.json or COST_TABLE
 set -uo pipefail
@@ -16,6 +19,17 @@ if has tests; then
 stamp "GPU tests"
 timeout ${T_TESTS:-150} python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py tests/test_kernels_gpu.py \
   tests/test_fused_kernels.py tests/test_paged_attention.py 2>&1 | tail -30 | tee "$OUT/gpu_tests.txt"
+fi
+if has sweep; then
+stamp "small-M GEMV tile sweep (SmolLM2 layer shapes, M = 1, 8, 16) against the cuBLAS path"
+timeout ${T_SWEEP:-240} python3 bench/small_m_sweep.py "$OUT/small_m_sweep" 2>&1 | grep -v Warning | tail -12
+fi
+if has exact; then
+stamp "exactness: all arms in fp32 on captured steps, outputs compared with target-only (expect 0 differing)"
+timeout ${T_EXACT:-240} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 $DRAFT \
+  engine.dtype=float32 engine.allow_foreign_cost_table=true engine.cost_table="${COST_TABLE:-$OUT/cost_table.json}" \
+  progress=false batch_sizes="${EXACT_BATCHES:-[1,4,16,64,256]}" new_tokens=48 output_dir="$OUT/bench_exact_fp32" \
+  hydra.run.dir="$WORK/hydra/bench_exact" 2>&1 | grep -v WARNING | grep "Error\|^| " | cut -c1-300
 fi
 if has census; then
 stamp "kernel census: plain vs fused layer kernels (random SmolLM2-shaped weights)"

@@ -91,8 +91,9 @@ if has data; then
       engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \
       time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$i/$GPUS output="$WORK/data/train_$i.safetensors" progress=false \
       hydra.run.dir="$WORK/hydra/data$i" > "$WORK/data_${i}_eager.log" 2>&1 &
+    pids+=($!)
   done
-  wait
+  for p in "${pids[@]}"; do wait "$p"; done  # (a bare wait would also wait for the log's tee)
   tail -n 30 "$WORK"/data_*.log | grep -v "^\s*\"" | tail -20
   python3 -c "
 from dspark.training.data import TokenDataset
@@ -141,12 +142,12 @@ mkdir -p "$OUT/drafter" "$OUT/dflash"
 cp "$WORK"/ship/*.safetensors "$OUT/drafter/" 2>/dev/null
 cp "$WORK"/ship_dflash/*.safetensors "$OUT/dflash/" 2>/dev/null
 
-stamp "evaluate: acceptance per workload at T=0 and 0.7 (DSpark GPU $(gpu 0), DFlash GPU $(gpu 1))"
+stamp "evaluate: acceptance per workload at T=0 and 0.7 (DSpark GPU $(gpu ${EVAL_GPU_DSPARK:-0}), DFlash GPU $(gpu ${EVAL_GPU_DFLASH:-1}))"
 ev="engine=$EVAL_ENGINE num_prompts=$EVAL_PROMPTS max_tokens=$EVAL_TOK progress=false"
-CUDA_VISIBLE_DEVICES=$(gpu 0) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship" $ev \
+CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DSPARK:-0}) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship" $ev \
   output_dir="$WORK/eval_dspark" hydra.run.dir="$WORK/hydra/ev1" > "$WORK/eval_dspark.log" 2>&1 &
 e1=$!
-CUDA_VISIBLE_DEVICES=$(gpu 1) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship_dflash" $ev \
+CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DFLASH:-1}) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship_dflash" $ev \
   output_dir="$WORK/eval_dflash" hydra.run.dir="$WORK/hydra/ev2" > "$WORK/eval_dflash.log" 2>&1 &
 e2=$!
 wait $e1; wait $e2

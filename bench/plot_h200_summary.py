@@ -18,6 +18,10 @@ def load(folder: Path) -> dict[str, dict[int, dict]]:
         f = folder / f"bench_{arm}" / "bench_decode.json"
         if f.exists():
             series[arm] = {r["batch_size"]: r for r in json.loads(f.read_text())["results"]}
+    together = folder / "bench_decode.json"  # all arms from one process (outputs compared across arms)
+    if together.exists():
+        for r in json.loads(together.read_text())["results"]:
+            series.setdefault(r["arm"], {})[r["batch_size"]] = r
     peer = folder / "transformers_peer.json"
     if peer.exists():
         series["transformers (static cache, compiled)"] = {

@@ -166,7 +166,10 @@ def _check_out(name: str, out: torch.Tensor, shape: tuple, like: torch.Tensor) -
 
 
 def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=None, silu_mul=False,
-            out=None, h_out=None):
+            out=None, h_out=None, block_n: int = BLOCK_N, block_k: int | None = None, num_warps: int = NUM_WARPS,
+            num_stages: int | None = None):
+    # block_n / block_k / num_warps / num_stages: tile settings for bench/small_m_sweep.py. They
+    # may depend on the weight's shape, never on M (that keeps rows batch-invariant).
     if triton is None:
         raise RuntimeError(f"{fn} needs the triton package")
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -206,14 +209,15 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
             raise ValueError("h_out is only written with a residual (without one h is x itself)")
         r2, h2, h = x2, x2, x
     if M and n_out:
-        BLOCK_K = max(16, min(256, triton.next_power_of_2(K)))
-        grid = (triton.cdiv(n_out, BLOCK_N),)
+        BLOCK_K = block_k or max(16, min(256, triton.next_power_of_2(K)))
+        grid = (triton.cdiv(n_out, block_n),)
+        extra = {} if num_stages is None else {"num_stages": num_stages}
         _small_m_linear_kernel[grid](
             x2, r2, norm_weight if norm_weight is not None else x2, weight, bias if bias is not None else x2,
             y2, h2, M, n_out, K, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), float(eps),
             HAS_NORM=norm_weight is not None, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
-            SILU_MUL=silu_mul, BLOCK_M=SMALL_M_MAX, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-            UPCAST_DOT=_interpreted(), num_warps=NUM_WARPS)
+            SILU_MUL=silu_mul, BLOCK_M=SMALL_M_MAX, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+            UPCAST_DOT=_interpreted(), num_warps=num_warps, **extra)
     elif M and residual is not None:  # nothing to project, but h is still owed
         h.copy_(x + residual)
     return out, h

@@ -159,7 +159,17 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
         raise RuntimeError(f"no prompt produced a response ({len(failed)} failed; first error: "
                            f"{failed[0]['error'] if failed else 'none'})")
     out = dataset.save(cfg.output)
+    counters = engine.counters()
+    steps = int(counters["steps"])
+    # How the steps ran (graph replays, eager steps and why, prefill-mixed steps): what to read
+    # first when generation is slower than the decode benchmarks.
+    engine_summary = {k: counters[k] for k in sorted(counters) if k.startswith("eager_reason/") or k in (
+        "steps", "decode_steps", "mixed_steps", "prefill_tokens", "emitted_tokens", "graph_replays",
+        "eager_steps", "graphs_captured")}
+    engine_summary.update(ms_per_step=round(1000 * wall / steps, 3) if steps else None,
+                          mean_tokens_per_step=round(counters["emitted_tokens"] / steps, 2) if steps else None)
     summary = {"output": str(Path(out).resolve()), "prompts": len(items), "failed": len(failed),
+               "engine_steps": engine_summary,
                "not_admitted": dataset.info.get("not_admitted", 0),
                "failures": [{**f, "id": items[f["index"]][1]} for f in failed[:20]],
                "wall_s": round(wall, 2), **dataset.summary()}

@@ -413,6 +413,11 @@ def test_make_training_data_runner(tmp_path, target):
     assert cfg.sampling.temperature == 0.7 and cfg.sampling.top_p == 0.8 and cfg.sampling.top_k == 20
     summary = make_training_data.run(cfg, target=target, tokenizer=CharTokenizer())
     assert summary["failed"] == 0 and summary["sequences"] == 6
+    steps = summary["engine_steps"]
+    assert steps["steps"] > 0 and steps["emitted_tokens"] == summary["response_tokens"]
+    reasons = {k: v for k, v in steps.items() if k.startswith("eager_reason/")}
+    assert reasons and sum(reasons.values()) == steps["eager_steps"] == steps["steps"]  # CPU: every step eager, said why
+    assert steps["graph_replays"] == 0 and steps["ms_per_step"] > 0
     ds = TokenDataset.load(tmp_path / "train.safetensors")
     assert ds.summary()["per_source"] == {"poetry": 3, "stdlib_prose": 3}
     assert ds.info["split"] == "train" and ds.info["sampling"]["top_k"] == 20
