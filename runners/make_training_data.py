@@ -61,6 +61,11 @@ class MakeTrainingDataSchema:
     # "i/n": answer only every n-th prompt of the shuffled list, starting at i (0-based), so n
     # processes (one per GPU) split the work; train on all shards with data=[shard0,shard1,...].
     shard: Optional[str] = None
+    # Requests enter the engine in waves of in_flight (null: engine.max_num_seqs), the next wave
+    # when at most refill_at (null: half of in_flight) are unfinished, so most steps are pure
+    # decode and replay captured graphs (see dspark.training.data.generate_dataset).
+    in_flight: Optional[int] = None
+    refill_at: Optional[int] = None
 
 
 def parse_shard(shard: Optional[str]) -> tuple[int, int]:
@@ -153,7 +158,8 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
             "engine": {"device": engine_cfg.device, "dtype": engine_cfg.dtype, "max_num_seqs": engine_cfg.max_num_seqs}}
     t0 = time.perf_counter()
     dataset, failed = generate_dataset(engine, [(src, msgs) for src, _, msgs in items], params, info=info,
-                                       progress=bool(cfg.progress), time_budget_s=cfg.get("time_budget_s"))
+                                       progress=bool(cfg.progress), time_budget_s=cfg.get("time_budget_s"),
+                                       in_flight=cfg.get("in_flight"), refill_at=cfg.get("refill_at"))
     wall = time.perf_counter() - t0
     if len(dataset) == 0:
         raise RuntimeError(f"no prompt produced a response ({len(failed)} failed; first error: "

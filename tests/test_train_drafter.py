@@ -466,6 +466,31 @@ def test_make_training_data_samples_per_prompt_and_time_budget(tmp_path, target)
         make_training_data.run(compose_with("time_budget_s=0.0"), target=target, tokenizer=CharTokenizer())
 
 
+def test_generate_dataset_admits_in_waves_so_most_steps_are_pure_decode(target):
+    """Topping the batch up after every finished request puts a prefill into most steps (which
+    cannot replay a decode graph); waves keep most steps pure decode. Same data either way."""
+    import random
+
+    from dspark.training.data import generate_dataset
+
+    rng = random.Random(0)
+    items = [("x", [1] + [rng.randrange(3, 90) for _ in range(rng.randrange(4, 20))]) for _ in range(24)]
+    sampling = [SamplingParams(temperature=0.7, top_p=0.8, top_k=20, max_tokens=rng.randrange(3, 14), seed=i,
+                               ignore_eos=True) for i in range(24)]
+    runs = {}
+    for name, kw in (("top_up", {"in_flight": 8, "refill_at": 7}), ("waves", {})):
+        engine = Engine(target, None, tiny_engine_config(spec="off", max_num_seqs=8, max_num_batched_tokens=256))
+        data, failed = generate_dataset(engine, items, sampling, progress=False, **kw)
+        assert not failed and len(data) == 24
+        runs[name] = (data, engine.counters())
+    (top_data, top), (wave_data, wave) = runs["top_up"], runs["waves"]
+    assert [wave_data.sequence(i).tolist() for i in range(24)] == [top_data.sequence(i).tolist() for i in range(24)]
+    assert wave["mixed_steps"] * 2 < top["mixed_steps"]
+    assert wave["mixed_steps"] / wave["steps"] < 0.25 < top["mixed_steps"] / top["steps"]
+    with pytest.raises(DataError, match="refill_at"):
+        generate_dataset(engine, items, sampling, progress=False, in_flight=4, refill_at=4)
+
+
 def test_make_training_data_shards_partition_the_prompts_and_train_together(tmp_path, target):
     from runners import make_training_data, train_drafter
 

@@ -265,13 +265,17 @@ def batch_indices(num_sequences: int, batch_size: int, step: int, seed: int) -> 
 
 def generate_dataset(engine, items: Sequence[tuple[str, Any]], sampling: Sequence, *, info: dict[str, Any] | None = None,
                      progress: bool = True, time_budget_s: float | None = None,
-                     in_flight: int | None = None) -> tuple[TokenDataset, list[dict[str, Any]]]:
+                     in_flight: int | None = None, refill_at: int | None = None
+                     ) -> tuple[TokenDataset, list[dict[str, Any]]]:
     """Regenerate responses with ``engine`` (target-only) for ``items`` = (source name, prompt) pairs.
 
     ``prompt`` is chat messages (rendered with the tokenizer's template) or token ids;
-    ``sampling`` gives one SamplingParams per item. Requests are streamed into the engine so
-    the batch stays full (at most ``in_flight`` queued or running, default twice
-    ``engine.cfg.max_num_seqs``). With ``time_budget_s``, no new prompt is admitted once the
+    ``sampling`` gives one SamplingParams per item. Requests enter the engine in waves: up to
+    ``in_flight`` (default ``engine.cfg.max_num_seqs``) at once, and the next wave only when at
+    most ``refill_at`` (default half of ``in_flight``) are unfinished. Topping the batch up
+    whenever one request finished would put a prefill into nearly every step, and a step that
+    mixes prefill with decode cannot replay a captured decode graph; in waves, most steps are
+    pure decode. With ``time_budget_s``, no new prompt is admitted once the
     budget is spent; the requests already admitted finish and are kept, the rest are
     reported under ``info["not_admitted"]``. Returns the dataset (in item order) and the
     failed items (``{"index", "source", "error"}``); failures are never dropped silently.
@@ -282,7 +286,10 @@ def generate_dataset(engine, items: Sequence[tuple[str, Any]], sampling: Sequenc
 
     if len(items) != len(sampling):
         raise DataError(f"got {len(items)} prompts but {len(sampling)} sampling settings")
-    limit = in_flight or 2 * int(engine.cfg.max_num_seqs)
+    limit = in_flight or int(engine.cfg.max_num_seqs)
+    low = limit // 2 if refill_at is None else int(refill_at)
+    if not 0 <= low < limit:
+        raise DataError(f"refill_at must be in [0, in_flight={limit}), got {low}")
     t0 = time.perf_counter()
     outputs: dict[int, Any] = {}
     failed: list[dict[str, Any]] = []
@@ -295,7 +302,8 @@ def generate_dataset(engine, items: Sequence[tuple[str, Any]], sampling: Sequenc
     nxt = 0
     cut = False
     while nxt < len(items) or engine.has_unfinished():
-        while nxt < len(items) and len(index_of) < limit and not cut:
+        refill = len(index_of) <= low
+        while refill and nxt < len(items) and len(index_of) < limit and not cut:
             if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
                 cut = True
                 break
