@@ -6,7 +6,8 @@
 # PHASES picks what runs (default: tests census graphs nan profile bench; also: sweep, exact), in this order:
 #   tests sweep exact census graphs nan profile bench.
 #   sweep:  bench/small_m_sweep.py (GEMV tile settings vs the cuBLAS path)
-#   exact:  every arm in fp32, outputs compared with target-only (bf16 GEMMs round by row count)
+#   exact:  every arm with engine.batch_invariant=true (bf16), outputs compared with target-only,
+#           and what the fixed-tile kernels cost against the bench phase
 #   graphs: target-only and DSpark full on captured steps, overlap off/on (bench_graphs without eager arms)
 #   nan:    bench/nan_hunt.py (ragged, batch 128) against $OUT/cost_table.json or COST_TABLE
 set -uo pipefail
@@ -25,11 +26,12 @@ stamp "small-M GEMV tile sweep (SmolLM2 layer shapes, M = 1, 8, 16) against the 
 timeout ${T_SWEEP:-240} python3 bench/small_m_sweep.py "$OUT/small_m_sweep" 2>&1 | grep -v Warning | tail -12
 fi
 if has exact; then
-stamp "exactness: all arms in fp32 on captured steps, outputs compared with target-only (expect 0 differing)"
+stamp "exactness: all arms in bf16 with engine.batch_invariant=true, outputs compared with target-only (expect 0)"
 timeout ${T_EXACT:-240} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 $DRAFT \
-  engine.dtype=float32 engine.allow_foreign_cost_table=true engine.cost_table="${COST_TABLE:-$OUT/cost_table.json}" \
-  progress=false batch_sizes="${EXACT_BATCHES:-[1,4,16,64,256]}" new_tokens=48 output_dir="$OUT/bench_exact_fp32" \
-  hydra.run.dir="$WORK/hydra/bench_exact" 2>&1 | grep -v WARNING | grep "Error\|^| " | cut -c1-300
+  engine.batch_invariant=true engine.cost_table="${COST_TABLE:-$OUT/cost_table.json}" \
+  progress=false batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" new_tokens=${NEW_TOKENS:-96} \
+  output_dir="$OUT/bench_batch_invariant" hydra.run.dir="$WORK/hydra/bench_exact" 2>&1 | grep -v WARNING \
+  | grep "Error\|^| " | cut -c1-300
 fi
 if has census; then
 stamp "kernel census: plain vs fused layer kernels (random SmolLM2-shaped weights)"

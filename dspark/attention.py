@@ -57,6 +57,20 @@ def set_attention_backend(name: str) -> None:
     _BACKEND["name"] = name
 
 
+_BATCH_INVARIANT = {"on": False}
+
+
+def set_batch_invariant(on: bool) -> None:
+    """Batch-invariant mode (``engine.batch_invariant``): every GEMM of the layers and the LM head
+    runs the fixed-tile Triton kernel (kernels/small_m_linear.py, ``any_m``) and attention runs
+    unsplit, so a row's result does not depend on how many rows share its step."""
+    _BATCH_INVARIANT["on"] = bool(on)
+
+
+def batch_invariant() -> bool:
+    return _BATCH_INVARIANT["on"]
+
+
 def get_attention_backend() -> str:
     return _BACKEND["name"]
 
@@ -80,6 +94,6 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
 
         return paged_attention(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
                                block_tables=meta.block_tables, scale=scale, causal=meta.causal,
-                               max_q_len=meta.max_q_len)
+                               max_q_len=meta.max_q_len, batch_invariant=batch_invariant())
     return paged_attention_reference(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
                                      block_tables=meta.block_tables, scale=scale, causal=meta.causal)

@@ -149,6 +149,9 @@ class EngineConfig:
     verify: str = "full"  # full | uniform | ragged | cap_accept
     seed: int = 0
     attention_backend: str = "torch"  # torch | triton
+    # Every GEMM through the fixed-tile Triton kernel and attention unsplit, so that a row's logits do
+    # not depend on the step's row count: bf16 greedy outputs then agree across arms and batch sizes.
+    batch_invariant: bool = False
     # Confidence-scheduled verification (verify != full).
     cost_table: str | None = None  # path of a profiled cost-table JSON; None: the planner declines every step
     allow_foreign_cost_table: bool = False  # use a table profiled on another node/model/dtype anyway
@@ -178,6 +181,9 @@ class EngineConfig:
         _check(self.verify in self.VERIFY, "engine.verify", f"{self.verify!r} not in {list(self.VERIFY)}")
         _check(self.attention_backend in self.BACKENDS, "engine.attention_backend",
                f"{self.attention_backend!r} not in {list(self.BACKENDS)}")
+        _check(not self.batch_invariant or self.attention_backend == "triton", "engine.batch_invariant",
+               "the batch-invariant kernels are Triton kernels: set engine.attention_backend=triton "
+               "(on CPU with TRITON_INTERPRET=1) or engine.batch_invariant=false")
         _check(self.kv_block_size >= 1, "engine.kv_block_size", "must be >= 1")
         _check(self.max_model_len >= 2, "engine.max_model_len", "must be >= 2")
         _check(self.max_num_seqs >= 1, "engine.max_num_seqs", "must be >= 1")

@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from dspark.attention import set_attention_backend
+from dspark.attention import set_attention_backend, set_batch_invariant
 from dspark.config import ConfigError, EngineConfig, SamplingParams
 from dspark.kv_cache import BlockManager
 from dspark.model_runner import DTYPES, ModelRunner, Segment
@@ -52,6 +52,10 @@ class Engine:
         if self.cfg.spec == "off":
             drafter = None
         set_attention_backend(self.cfg.attention_backend)
+        if self.cfg.batch_invariant and target.cfg.qk_norm:
+            raise ConfigError("engine.batch_invariant: the batch-invariant layers cover Llama/Qwen2 attention; "
+                              f"this {target.cfg.arch} target has q/k norms; set engine.batch_invariant=false")
+        set_batch_invariant(self.cfg.batch_invariant)
         self.tokenizer = tokenizer
         dtype = DTYPES[self.cfg.dtype]
         self.target = target.to(device=self.cfg.device, dtype=dtype).eval()

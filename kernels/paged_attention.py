@@ -410,7 +410,7 @@ def default_num_splits(base_programs: int, num_sms: int = DEFAULT_NUM_SMS) -> in
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
                     qo_indptr: torch.Tensor, kv_lens: torch.Tensor, block_tables: torch.Tensor,
                     scale: float, causal: bool = True, max_q_len: int | None = None,
-                    num_splits: int | None = None) -> torch.Tensor:
+                    num_splits: int | None = None, batch_invariant: bool = False) -> torch.Tensor:
     """Triton paged attention with the semantics of :func:`paged_attention_reference`.
 
     q: [T, Hq, D] (fp16/bf16/fp32, unit stride on D); k_cache/v_cache: [num_pages, page_size,
@@ -425,6 +425,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     num_splits: how many KV chunks each (request, kv head, tile) is split into (the
     split-KV path, see the module docstring). None picks :func:`default_num_splits` from
     the grid size and the GPU's SM count; 1 forces the single kernel.
+
+    batch_invariant: one tile shape whatever the query rows, and no split (num_splits must be
+    None or 1), so that a query row's output does not depend on how many rows its request
+    or the batch has (a verified row equals the same row decoded alone).
     """
     if q.dim() != 3 or k_cache.dim() != 4:
         raise ValueError(f"q must be [T, Hq, D] and k_cache [num_pages, page_size, Hkv, D]; "
@@ -468,7 +472,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if B == 0 or rows == 0 or T == 0:
         return torch.zeros_like(q, memory_format=torch.contiguous_format)
     block_d = max(16, triton.next_power_of_2(d))
-    block_m, block_n, num_warps, num_stages = _tiles(rows, block_d)
+    if batch_invariant:
+        if num_splits not in (None, 1):
+            raise ValueError(f"batch_invariant runs attention unsplit; got num_splits={num_splits}")
+        num_splits = 1
+        block_m, block_n, num_warps, num_stages = (64, 64, 4, 2) if block_d <= 128 else (64, 32, 4, 2)
+    else:
+        block_m, block_n, num_warps, num_stages = _tiles(rows, block_d)
     tiles = triton.cdiv(rows, block_m)
     if num_splits is None:
         num_splits = default_num_splits(B * hkv * tiles, _num_sms(q.device))

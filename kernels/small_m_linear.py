@@ -16,7 +16,9 @@ then streams its weight rows (gate and up rows with ``silu_mul``) in ``BLOCK_K``
 into ``tl.dot``. No tile shape depends on M, so the code and each output's reduction order are the
 same for every M: deterministic and batch-invariant (a row is bitwise equal at M=1 and M=16).
 No atomics, no host syncs, outputs are the only allocations (or pass ``out=`` / ``h_out=``):
-safe in CUDA graphs. M <= ``SMALL_M_MAX`` (ValueError above; use cuBLAS). fp32 inputs use an
+safe in CUDA graphs. M <= ``SMALL_M_MAX`` (ValueError above; use cuBLAS), or any M with
+``any_m=True``: the grid then also runs over row tiles of the same shape, so every row is computed
+exactly as at M=1 (the engine's batch-invariant mode, ``engine.batch_invariant``). fp32 inputs use an
 IEEE fp32 dot (no TF32). Under TRITON_INTERPRET=1 the dot operands are upcast to fp32 (exact)
 because the interpreter misreads bf16 dot operands.
 """
@@ -72,8 +74,9 @@ if triton is not None:
         # Every shape here is fixed (BLOCK_M is SMALL_M_MAX whatever M is; rows >= M are masked),
         # so the code, and with it each output's reduction order, does not depend on M.
         pid = tl.program_id(0)
+        row0 = tl.program_id(1).to(tl.int64) * BLOCK_M  # row tiles: any M in the batch-invariant mode
         dtype = y_ptr.dtype.element_ty
-        rows = tl.arange(0, BLOCK_M)
+        rows = row0 + tl.arange(0, BLOCK_M)
         row_mask = rows < M
         ks = tl.arange(0, BLOCK_K)
         cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns (the gate's, with SILU_MUL)
@@ -93,7 +96,7 @@ if triton is not None:
                 if HAS_RES:
                     rv = tl.load(r_rows + kk[None, :], mask=xm, other=0.0)
                     hv = (xv.to(tl.float32) + rv.to(tl.float32)).to(dtype)  # rounded like torch's x + r
-                    if pid == 0:  # one program writes the new residual stream
+                    if pid == 0:  # one program per row tile writes the new residual stream
                         tl.store(h_ptr + rows[:, None] * stride_hm + kk[None, :], hv, mask=xm)
                 else:
                     hv = xv
@@ -166,8 +169,8 @@ def _check_out(name: str, out: torch.Tensor, shape: tuple, like: torch.Tensor) -
 
 
 def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=None, silu_mul=False,
-            out=None, h_out=None, block_n: int = BLOCK_N, block_k: int | None = None, num_warps: int = NUM_WARPS,
-            num_stages: int | None = None):
+            out=None, h_out=None, any_m: bool = False, block_n: int = BLOCK_N, block_k: int | None = None,
+            num_warps: int = NUM_WARPS, num_stages: int | None = None):
     # block_n / block_k / num_warps / num_stages: tile settings for bench/small_m_sweep.py. They
     # may depend on the weight's shape, never on M (that keeps rows batch-invariant).
     if triton is None:
@@ -191,8 +194,9 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
         raise ValueError(f"silu_mul needs an even N (gate and up halves), weight has N={N}")
     x2 = _rows(x, K)
     M = x2.shape[0]
-    if M > SMALL_M_MAX:
-        raise ValueError(f"{fn} handles at most {SMALL_M_MAX} rows (got {M}); use the cuBLAS path (F.linear)")
+    if M > SMALL_M_MAX and not any_m:
+        raise ValueError(f"{fn} handles at most {SMALL_M_MAX} rows (got {M}); use the cuBLAS path (F.linear), "
+                         f"or any_m=True (the batch-invariant mode: same tiles, a grid over row tiles)")
     n_out = N // 2 if silu_mul else N
     y_shape = (*x.shape[:-1], n_out)
     if out is None:
@@ -210,7 +214,7 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
         r2, h2, h = x2, x2, x
     if M and n_out:
         BLOCK_K = block_k or max(16, min(256, triton.next_power_of_2(K)))
-        grid = (triton.cdiv(n_out, block_n),)
+        grid = (triton.cdiv(n_out, block_n), triton.cdiv(M, SMALL_M_MAX))
         extra = {} if num_stages is None else {"num_stages": num_stages}
         _small_m_linear_kernel[grid](
             x2, r2, norm_weight if norm_weight is not None else x2, weight, bias if bias is not None else x2,
@@ -226,17 +230,19 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
 def norm_linear_triton(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                        residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                        silu_mul: bool = False, *, out: torch.Tensor | None = None,
-                       h_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       h_out: torch.Tensor | None = None, any_m: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused (residual add +) RMSNorm + linear (+ silu*mul); see the module docstring.
-    ``out`` / ``h_out``: optional preallocated outputs (``h_out`` only with a residual)."""
+    ``out`` / ``h_out``: optional preallocated outputs (``h_out`` only with a residual).
+    ``any_m``: lift the M <= SMALL_M_MAX limit (row tiles of the same shape: still batch-invariant)."""
     return _launch("norm_linear_triton", x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual,
-                   silu_mul=silu_mul, out=out, h_out=h_out)
+                   silu_mul=silu_mul, out=out, h_out=h_out, any_m=any_m)
 
 
 def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """y = x @ weight.T (+ bias), fp32 accumulation, one rounding to x's dtype, for M <= SMALL_M_MAX."""
-    return _launch("linear_triton", x, weight, bias, out=out)[0]
+                  out: torch.Tensor | None = None, any_m: bool = False) -> torch.Tensor:
+    """y = x @ weight.T (+ bias), fp32 accumulation, one rounding to x's dtype, for M <= SMALL_M_MAX
+    (any M with ``any_m``)."""
+    return _launch("linear_triton", x, weight, bias, out=out, any_m=any_m)[0]
 
 
 __all__ = ["SMALL_M_MAX", "norm_linear_reference", "norm_linear_triton", "linear_reference", "linear_triton"]

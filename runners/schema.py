@@ -44,6 +44,7 @@ class EngineSchema:
     verify: str = "full"
     seed: int = 0
     attention_backend: str = "torch"
+    batch_invariant: bool = False  # fixed-tile GEMMs + unsplit attention (needs attention_backend=triton)
     # Confidence-scheduled verification (engine.verify != full); see dspark.config.EngineConfig.
     cost_table: Optional[str] = None  # null: looked up (or profiled) by the A/B runner; the engine alone declines
     allow_foreign_cost_table: bool = False

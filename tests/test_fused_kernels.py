@@ -210,3 +210,72 @@ def test_fused_weights_follow_in_place_updates():
         other.weight.add_(1.0)
     w2 = _fused_weight(lin, "_k", [lin.weight, other.weight])
     assert torch.equal(w2, torch.cat([lin.weight, other.weight])) and not torch.equal(w, w2)
+
+
+def test_batch_invariant_mode_rows_do_not_depend_on_the_step(monkeypatch):
+    """engine.batch_invariant: a request's target logits are bitwise the same whether its tokens
+    run alone or packed with other requests' (bf16, the fixed-tile kernels and unsplit attention);
+    the plain fused path makes no such promise. Then greedy DSpark output equals target-only
+    output in bf16, token for token."""
+    from dspark.attention import AttentionMetadata, batch_invariant, set_attention_backend, set_batch_invariant
+    from dspark.config import ConfigError, EngineConfig, SamplingParams
+    from dspark.engine import Engine
+    from dspark.kv_cache import KVCache
+    from tiny import tiny_drafter, tiny_engine_config, tiny_target
+
+    target = tiny_target(5).to(DEV, torch.bfloat16)
+    cfg = target.cfg
+    lens = [7, 3, 21, 1]  # request 0 alone, then packed with three others
+
+    def logits(requests):
+        T = sum(lens[r] for r in requests)
+        cache = KVCache(num_layers=cfg.num_layers, num_pages=4 * len(requests), page_size=16,
+                        kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=torch.bfloat16, device=DEV)
+        ids = torch.cat([torch.arange(lens[r], device=DEV) % 50 + 3 + r for r in requests])
+        pos = torch.cat([torch.arange(lens[r], device=DEV) for r in requests])
+        starts = [0]
+        for r in requests:
+            starts.append(starts[-1] + lens[r])
+        slots = torch.cat([torch.arange(lens[r], device=DEV) + 32 * k for k, r in enumerate(requests)])
+        meta = AttentionMetadata(qo_indptr=torch.tensor(starts, dtype=torch.int32, device=DEV),
+                                 kv_lens=torch.tensor([lens[r] for r in requests], dtype=torch.int32, device=DEV),
+                                 block_tables=torch.tensor([[2 * k, 2 * k + 1] for k in range(len(requests))],
+                                                           dtype=torch.int32, device=DEV),
+                                 slot_mapping=slots, causal=True, max_q_len=max(lens[r] for r in requests))
+        with torch.inference_mode():
+            hidden, _ = target(ids, pos, cache, meta)
+            return target.compute_logits(hidden)[: lens[requests[0]]]
+
+    set_attention_backend("triton")
+    try:
+        set_batch_invariant(True)
+        alone, packed = logits([0]), logits([0, 1, 2, 3])
+        assert torch.equal(alone, packed)
+        set_batch_invariant(False)
+        torch.testing.assert_close(logits([0]), alone, atol=0.1, rtol=0.05)  # same function, other rounding
+    finally:
+        set_batch_invariant(False)
+        set_attention_backend("torch")
+
+    drafter = tiny_drafter(target, 9, block_size=3)
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
+    sp = SamplingParams(max_tokens=10, ignore_eos=True)
+    outs = {}
+    try:
+        for spec in ("off", "dspark"):
+            ecfg = tiny_engine_config(attention_backend="triton", kv_block_size=16, device=DEV, dtype="bfloat16",
+                                      spec=spec, batch_invariant=True)
+            outs[spec] = Engine(target, None, ecfg, drafter if spec == "dspark" else None).generate(prompts, sp)
+            assert batch_invariant()
+    finally:
+        set_batch_invariant(False)
+        set_attention_backend("torch")
+    assert [o.token_ids for o in outs["dspark"]] == [o.token_ids for o in outs["off"]]
+    assert sum(sum(o.accept_lengths) for o in outs["dspark"]) > 0
+    with pytest.raises(ConfigError, match="attention_backend=triton"):
+        EngineConfig(batch_invariant=True)
+    with pytest.raises(ConfigError, match="q/k norms"):
+        Engine(tiny_target(1, arch="qwen3"), None, tiny_engine_config(attention_backend="triton", spec="off",
+                                                                        batch_invariant=True))
+    set_attention_backend("torch")
+    set_batch_invariant(False)

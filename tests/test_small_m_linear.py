@@ -127,6 +127,29 @@ def test_rows_are_batch_invariant(dtype):
         assert torch.equal(linear_triton(x[i:i + 1], w, b)[0], z8[i])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_any_m_runs_row_tiles_and_stays_batch_invariant(dtype):
+    """any_m=True (the engine's batch-invariant mode) lifts the 16-row limit with a grid over row
+    tiles of the same shape: 40 rows (3 tiles, the last partial) match the reference, every row
+    is bitwise the row computed alone, and h is written for every tile."""
+    M, K, N = 40, 64, 2 * 24
+    x, r, nw, w, b = _inputs(M, K, N, dtype, True, True, seed=13)
+    y_out, h_out = _nan(M, N // 2, dtype=dtype), _nan(M, K, dtype=dtype)
+    y, h = norm_linear_triton(x, nw, EPS, w, r, b, silu_mul=True, out=y_out, h_out=h_out, any_m=True)
+    ref, ref_h = norm_linear_reference(x, nw, EPS, w, r, b, silu_mul=True)
+    if DEV == "cuda" or dtype == torch.float32:
+        _close(y, ref, dtype)
+    else:  # the interpreter truncates bf16 roundings (see test_norm_linear_matches_reference)
+        torch.testing.assert_close(y, _truncating_norm_linear(x, nw, EPS, w, r, b, True), atol=1e-3, rtol=2 ** -6)
+    _check_h(h, ref_h, dtype)
+    z = linear_triton(x, w, b, out=_nan(M, N, dtype=dtype), any_m=True)
+    _close(z, linear_reference(x, w, b), dtype)
+    for i in (0, 17, 39):
+        y1, h1 = norm_linear_triton(x[i:i + 1], nw, EPS, w, r[i:i + 1], b, silu_mul=True)
+        assert torch.equal(y1[0], y[i]) and torch.equal(h1[0], h[i])
+        assert torch.equal(linear_triton(x[i:i + 1], w, b)[0], z[i])
+
+
 def test_leading_dims_default_outputs_and_strided_out():
     x, r, nw, w, b = _inputs(6, 64, 48, torch.float32, True, True, seed=5)
     x3, r3 = x.view(2, 3, 64), r.view(2, 3, 64)

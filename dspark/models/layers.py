@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark.attention import AttentionMetadata, attend, get_attention_backend, write_kv
+from dspark.attention import AttentionMetadata, attend, batch_invariant, get_attention_backend, write_kv
 from dspark.config import ModelConfig
 
 
@@ -43,8 +43,11 @@ def use_small_m_kernels(x: torch.Tensor) -> bool:
     DSPARK_SMALL_M_KERNELS=0 keeps cuBLAS for them (to measure what the GEMV kernels buy)."""
     from kernels.small_m_linear import SMALL_M_MAX
 
-    return (x.dim() == 2 and x.shape[0] <= SMALL_M_MAX and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
-            and os.environ.get("DSPARK_SMALL_M_KERNELS", "1") != "0")
+    if x.dim() != 2 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    if batch_invariant():  # every row count, so that no row's result depends on the step's size
+        return True
+    return x.shape[0] <= SMALL_M_MAX and os.environ.get("DSPARK_SMALL_M_KERNELS", "1") != "0"
 
 
 def _fused_weight(module: nn.Module, key: str, parts: list[torch.Tensor]) -> torch.Tensor:
@@ -315,14 +318,16 @@ class DecoderLayer(nn.Module):
         from kernels.small_m_linear import linear_triton, norm_linear_triton
 
         attn, norm1, norm2, mlp = self.self_attn, self.input_layernorm, self.post_attention_layernorm, self.mlp
+        any_m = batch_invariant()
         w_qkv, b_qkv = attn.qkv_weights()
         qkv, x = norm_linear_triton(delta if delta is not None else x, norm1.weight, norm1.eps, w_qkv,
-                                    residual=x if delta is not None else None, bias=b_qkv)
+                                    residual=x if delta is not None else None, bias=b_qkv, any_m=any_m)
         o = attn.o_proj
-        a = linear_triton(attn.attend_projected(qkv, positions, k_cache, v_cache, meta), o.weight, o.bias)
+        a = linear_triton(attn.attend_projected(qkv, positions, k_cache, v_cache, meta), o.weight, o.bias,
+                          any_m=any_m)
         w_gu = _fused_weight(mlp, "_fused_gate_up_w", [mlp.gate_proj.weight, mlp.up_proj.weight])
-        act, x = norm_linear_triton(a, norm2.weight, norm2.eps, w_gu, residual=x, silu_mul=True)
-        return x, linear_triton(act, mlp.down_proj.weight)
+        act, x = norm_linear_triton(a, norm2.weight, norm2.eps, w_gu, residual=x, silu_mul=True, any_m=any_m)
+        return x, linear_triton(act, mlp.down_proj.weight, any_m=any_m)
 
     def forward_dense(self, x: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor | None,
                       prefix_v: torch.Tensor | None, visible: torch.Tensor) -> torch.Tensor:

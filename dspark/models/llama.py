@@ -11,10 +11,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dspark.attention import AttentionMetadata
+from dspark.attention import AttentionMetadata, batch_invariant
 from dspark.config import ModelConfig
 from dspark.kv_cache import KVCache
-from dspark.models.layers import DecoderLayer, RMSNorm, run_decoder_stack
+from dspark.models.layers import DecoderLayer, RMSNorm, run_decoder_stack, use_fused_kernels
 
 
 class Backbone(nn.Module):
@@ -48,6 +48,10 @@ class TargetModel(nn.Module):
         return hidden, cap
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if batch_invariant() and use_fused_kernels() and hidden.dim() == 2:
+            from kernels.small_m_linear import linear_triton
+
+            return linear_triton(hidden, self.lm_head_weight.contiguous(), any_m=True).float()
         return F.linear(hidden, self.lm_head_weight).float()
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
