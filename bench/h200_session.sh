@@ -74,27 +74,26 @@ fi
 
 if has data; then
   stamp "data: target-regenerated responses, train split, $GPUS shard(s)"
+  shard() {  # shard() I ENGINE LOG: answer shard I/GPUS on GPU I, in the background
+    CUDA_VISIBLE_DEVICES=$(gpu $1) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$2 \
+      engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \
+      time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$1/$GPUS output="$WORK/data/train_$1.safetensors" progress=false \
+      hydra.run.dir="$WORK/hydra/data$1" > "$3" 2>&1 &
+    pids+=($!)
+  }
   pids=()
   for ((i = 0; i < GPUS; i++)); do
-    [[ -f "$WORK/data/train_$i.safetensors" ]] && continue
-    CUDA_VISIBLE_DEVICES=$(gpu $i) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$ENGINE \
-      engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \
-      time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$i/$GPUS output="$WORK/data/train_$i.safetensors" progress=false \
-      hydra.run.dir="$WORK/hydra/data$i" > "$WORK/data_$i.log" 2>&1 &
-    pids+=($!)
+    [[ -f "$WORK/data/train_$i.safetensors" ]] || shard $i $ENGINE "$WORK/data_$i.log"
   done
   for p in "${pids[@]}"; do wait "$p"; done
   for ((i = 0; i < GPUS; i++)); do  # a shard that failed on captured steps is redone eagerly, and says so
     [[ -f "$WORK/data/train_$i.safetensors" ]] && continue
     echo "DATA SHARD $i FAILED on engine=$ENGINE (log below); redoing it with engine=${EVAL_ENGINE}"; tail -5 "$WORK/data_$i.log"
-    CUDA_VISIBLE_DEVICES=$(gpu $i) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$EVAL_ENGINE \
-      engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \
-      time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$i/$GPUS output="$WORK/data/train_$i.safetensors" progress=false \
-      hydra.run.dir="$WORK/hydra/data$i" > "$WORK/data_${i}_eager.log" 2>&1 &
-    pids+=($!)
+    shard $i $EVAL_ENGINE "$WORK/data_${i}_eager.log"
   done
   for p in "${pids[@]}"; do wait "$p"; done  # (a bare wait would also wait for the log's tee)
   tail -n 30 "$WORK"/data_*.log | grep -v "^\s*\"" | tail -20
+  grep -h -A 16 '"engine_steps"' "$WORK"/data_*.log | tr -d ' \n'; echo  # how the steps ran (graphs, eager, why)
   python3 -c "
 from dspark.training.data import TokenDataset
 d = TokenDataset.load_many($(python3 -c "import sys; print(repr(sys.argv[1].strip('[]').split(',')))" "$DATA_LIST"))
