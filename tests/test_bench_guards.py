@@ -79,6 +79,18 @@ def test_did_nothing_guard_fires_on_each_idle_feature():
     never_trimmed = did_nothing_guard("B", config, {**healthy, "trimmed_steps": 0, "trim_ratio": 0.0},
                                       expects_trim=True, expects_graphs=True, expects_speculation=True)
     assert not never_trimmed.passed and "never did" in never_trimmed.message
+    assert "no planner decisions" in never_trimmed.message  # no sched/plan_reason.* counters at all
+    # The planner's own decline reasons say why, most frequent first, each with what it means.
+    declined = did_nothing_guard("B", config, {**healthy, "trimmed_steps": 0, "trim_ratio": 0.0,
+                                               "sched/plan_reason.declined_below_min_gain": 690,
+                                               "sched/plan_reason.declined_mixed_step": 12,
+                                               "sched/plan_reason.declined_no_table": 0},
+                                 expects_trim=True, expects_graphs=True, expects_speculation=True)
+    assert not declined.passed
+    assert ("declined_below_min_gain in 690 of 702 steps (the planner predicted less than engine.min_predicted_gain"
+            in declined.message)
+    assert declined.message.index("declined_below_min_gain") < declined.message.index("declined_mixed_step")
+    assert "declined_no_table" not in declined.message
     eager = did_nothing_guard("B", config, {**healthy, "graph_replays": 0}, expects_trim=True, expects_graphs=True,
                               expects_speculation=True)
     assert not eager.passed and "graph_replays" in eager.message

@@ -139,6 +139,34 @@ def trim_expected(verify_mode: str, force_override: bool) -> bool:
     return verify_mode in TRIMMING_VERIFY_MODES and not force_override
 
 
+# What each of the planner's decline reasons (counters sched/plan_reason.<reason>) means for a user.
+DECLINE_HINTS = {
+    "declined_no_table": "the planner has no profiled cost table for this node: profile one (runners.profile) "
+                         "or point engine.cost_table at it",
+    "declined_below_min_gain": "the planner predicted less than engine.min_predicted_gain from trimming: on this "
+                               "node and workload a trimmed step is not predicted to pay (the drafter's confidence "
+                               "keeps the tail, or shorter steps cost about as much as the full block)",
+    "declined_flat_cost": "the cost table prices every verify length alike at this batch size, so trimming saves "
+                          "no time on this node",
+    "declined_mixed_step": "steps carried a prefill and engine.skip_mixed_trim declines those",
+    "declined_snapshot_not_ready": "the survival snapshot that sizes the budget was not ready (engine.budget_lag)",
+}
+
+
+def _why_no_trim(counters: Mapping[str, Any]) -> str:
+    """The planner's decline reasons from the counters, most frequent first, each with its meaning."""
+    prefix = "sched/plan_reason."
+    reasons = sorted(((k[len(prefix):], float(v)) for k, v in counters.items() if k.startswith(prefix) and float(v)),
+                     key=lambda kv: -kv[1])
+    if not reasons:
+        return ("the engine reported no planner decisions (sched/plan_reason.*): was the arm's planner built? "
+                "check engine.verify and engine.cost_table")
+    total = sum(n for _, n in reasons)
+    parts = [f"{name} in {n:.0f} of {total:.0f} steps" + (f" ({DECLINE_HINTS[name]})" if name in DECLINE_HINTS else "")
+             for name, n in reasons]
+    return "the planner's decisions: " + "; ".join(parts)
+
+
 def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Mapping[str, Any], *,
                       expects_trim: bool, expects_graphs: bool, expects_speculation: bool) -> GuardResult:
     """Fail when an arm's feature never engaged, according to the engine's counters.
@@ -164,7 +192,7 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
         trimmed, ratio = need("trimmed_steps"), need("trim_ratio")
         if trimmed == 0 or ratio == 0:
             problems.append(f"configured to trim but never did (trimmed_steps={trimmed}, trim_ratio={ratio}); "
-                            "a planner without a profiled cost table refuses to trim: check the cost table")
+                            + _why_no_trim(counters))
     if expects_graphs:
         replays = need("graph_replays")
         if replays == 0:
