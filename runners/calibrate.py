@@ -65,8 +65,7 @@ def held_out_data(cfg: Any) -> TokenDataset:
     if not cfg.data:
         raise ConfigError("data: give held-out sequences, e.g. data=training_data/eval.safetensors (made by "
                           "`python -m runners.make_training_data split=eval`)")
-    data = cfg.data if isinstance(cfg.data, (str, Path)) else [str(p) for p in cfg.data]
-    dataset = TokenDataset.load_many(data)  # one file, or the list of shards the training run used
+    dataset = TokenDataset.load_many(cfg.data)  # one file, or the list of shards the training run used
     if cfg.holdout_fraction:
         _, dataset = dataset.split_holdout(float(cfg.holdout_fraction), int(cfg.holdout_seed))
     elif dataset.info.get("split") == "train":

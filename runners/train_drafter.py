@@ -116,10 +116,7 @@ def load_training_data(cfg: Any) -> TokenDataset:
     if not cfg.data:
         raise ConfigError("data: give the training data file, e.g. data=training_data/train.safetensors "
                           "(make it with `python -m runners.make_training_data`)")
-    data = cfg.data
-    if not isinstance(data, (str, Path)):
-        data = [str(p) for p in data]
-    dataset = TokenDataset.load_many(data)
+    dataset = TokenDataset.load_many(cfg.data)
     if cfg.data_holdout_fraction:
         dataset, _ = dataset.split_holdout(float(cfg.data_holdout_fraction), int(cfg.data_holdout_seed))
     return dataset

@@ -299,9 +299,9 @@ class DecoderLayer(nn.Module):
         from kernels.rmsnorm import rmsnorm_triton
         from kernels.silu_mul import silu_mul_triton
 
-        norm1, norm2, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
         if use_small_m_kernels(x) and self.self_attn.q_norm is None:
             return self._forward_carry_small_m(x, delta, positions, k_cache, v_cache, meta)
+        norm1, norm2, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
         n1, x = rmsnorm_triton(delta if delta is not None else x, norm1.weight, norm1.eps,
                                residual=x if delta is not None else None)
         a = self.self_attn(n1, positions, k_cache, v_cache, meta)

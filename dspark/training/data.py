@@ -157,10 +157,11 @@ class TokenDataset:
 
     @classmethod
     def load_many(cls, paths: str | Path | Sequence[str | Path]) -> "TokenDataset":
-        """A data file, or several (e.g. shards written by parallel make_training_data runs) joined in order."""
+        """A data file, or several (e.g. shards written by parallel make_training_data runs) joined in order.
+        ``paths``: a path, or any sequence of paths (a Hydra list config too)."""
         if isinstance(paths, (str, Path)):
             return cls.load(paths)
-        paths = list(paths)
+        paths = [str(p) for p in paths]
         if not paths:
             raise DataError("no training data files given")
         return cls.concat([cls.load(p) for p in paths]) if len(paths) > 1 else cls.load(paths[0])
