@@ -2,7 +2,8 @@
 
 The drafter's confidence head gives, for every drafted position k, a logit z_k whose
 sigmoid estimates c_k = P(position k accepted | positions 1..k-1 accepted). Sequential
-temperature scaling (STS) divides each position's logit by its own temperature. The
+temperature scaling (STS) divides each position's logit by its own temperature (and the
+``sts_bias`` calibration then adds a per-position bias: sigmoid(z_k / T_k + b_k)). The
 probability that the whole prefix 1..j survives verification is the cumulative product
 a_j = prod_{i<=j} c_i, which is non-increasing in j (every factor lies in [0, 1] and
 IEEE rounding is monotone, so no float coincidence can make it increase).
@@ -27,11 +28,13 @@ import torch
 NEUTRAL_CONFIDENCE = 1.0
 
 
-def calibrated_confidence(conf_logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-    """sigmoid(z_k / T_k): conf_logits [B, G], temperatures [G] (positive) -> [B, G] float32.
+def calibrated_confidence(conf_logits: torch.Tensor, temperatures: torch.Tensor,
+                          biases: torch.Tensor | None = None) -> torch.Tensor:
+    """sigmoid(z_k / T_k + b_k): conf_logits [B, G], temperatures [G] (positive), biases [G] or None (zeros)
+    -> [B, G] float32.
 
-    Sync-free (no value checks on device tensors): the temperatures are validated where
-    they are fitted or loaded, see ``check_temperatures``.
+    Sync-free (no value checks on device tensors): the temperatures and biases are validated
+    where they are fitted or loaded, see ``check_temperatures`` / ``check_biases``.
     """
     if conf_logits.dim() != 2:
         raise ValueError(f"conf_logits must be [B, G], got shape {tuple(conf_logits.shape)}")
@@ -39,6 +42,11 @@ def calibrated_confidence(conf_logits: torch.Tensor, temperatures: torch.Tensor)
         raise ValueError(f"temperatures must be [G={conf_logits.shape[1]}], got shape {tuple(temperatures.shape)}; "
                          "fit one STS temperature per drafted position")
     z = conf_logits.float() / temperatures.to(device=conf_logits.device, dtype=torch.float32)
+    if biases is not None:
+        if biases.dim() != 1 or biases.shape[0] != conf_logits.shape[1]:
+            raise ValueError(f"biases must be [G={conf_logits.shape[1]}], got shape {tuple(biases.shape)}; "
+                             "fit one bias per drafted position (sts_bias)")
+        z = z + biases.to(device=conf_logits.device, dtype=torch.float32)
     return torch.sigmoid(z)
 
 
@@ -50,6 +58,16 @@ def check_temperatures(temperatures: Sequence[float] | torch.Tensor, block: int)
     bad = [(k, t) for k, t in enumerate(values) if not (t > 0.0 and t < float("inf"))]
     if bad:
         raise ValueError(f"STS temperatures must be finite and > 0; bad (position, value): {bad}")
+
+
+def check_biases(biases: Sequence[float] | torch.Tensor, block: int) -> None:
+    """Host-side validation of sts_bias biases (call once at load time, not per step)."""
+    values = [float(b) for b in (biases.tolist() if isinstance(biases, torch.Tensor) else biases)]
+    if len(values) != block:
+        raise ValueError(f"expected {block} confidence biases (one per drafted position), got {len(values)}: {values}")
+    bad = [(k, b) for k, b in enumerate(values) if not (abs(b) < float("inf"))]  # NaN fails too
+    if bad:
+        raise ValueError(f"confidence biases must be finite; bad (position, value): {bad}")
 
 
 def prefix_survival(conf: torch.Tensor) -> torch.Tensor:
@@ -123,5 +141,5 @@ def check_survival(survival: Sequence[Sequence[float]], *, name: str = "survival
                                  "cumulative product of confidence (prefix_survival), not per-position confidence")
 
 
-__all__ = ["NEUTRAL_CONFIDENCE", "calibrated_confidence", "check_temperatures", "prefix_survival",
+__all__ = ["NEUTRAL_CONFIDENCE", "calibrated_confidence", "check_biases", "check_temperatures", "prefix_survival",
            "neutral_survival_row", "reset_slot_", "check_survival"]

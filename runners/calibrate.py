@@ -1,15 +1,37 @@
 """Calibrate a trained drafter's confidence head by sequential temperature scaling (STS).
 
-    python -m runners.calibrate checkpoint=runs/dspark/final data=training_data/eval.safetensors
+    python -m runners.calibrate checkpoint=runs/dspark/final data=training_data/calib.safetensors fit_fraction=0.5
     python -m runners.calibrate checkpoint=DIR data=training_data/train.safetensors holdout_fraction=0.05
+    python -m runners.calibrate checkpoint=DIR data=... fit_fraction=0.5 method=sts_bias
 
-On held-out sequences (an eval-split data file, or the part of a training file that
-``runners.train_drafter data_holdout_fraction=F`` kept out: same fraction and seed), the
-drafter drafts greedily at sampled anchors and the target verifies every full block
-greedily (:func:`dspark.training.trainer.greedy_block_acceptance`). STS is fitted on the
-raw confidence logits against the realised acceptance, ``temperatures.json`` is written
-into the checkpoint folder, and AUC / ECE before and after go to ``calibration.json``
-plus a reliability diagram ``reliability.png`` (both beside the checkpoint by default).
+``method=sts`` (default): one temperature per position, c_k = sigmoid(z_k / T_k).
+``method=sts_bias``: a temperature AND a bias per position, c_k = sigmoid(z_k / T_k + b_k), fitted
+left to right by a 2-D grid search (``n_bias`` biases in [-b_max, b_max] x the temperature grid, then a
+``refine`` x ``refine`` grid around the optimum; candidates within ``ece_tolerance`` of the smallest ECE
+go to the lowest Brier score, so the fit cannot flatten c_k to a constant); for a head whose raw
+confidence is biased, which a temperature alone cannot fix. The biases go into temperatures.json
+("biases"), which DSparkDrafter.load reads. ``replay_cache=FILE.pt`` keeps the greedy replay (the
+slow part) so that both methods can be fitted on the same blocks without replaying twice.
+
+On held-out sequences (calibration data made by ``runners.make_training_data`` from train-split
+prompts the drafter never saw, ``exclude_prompts=`` the drafter's ``training_prompts.json``; or
+the part of a training file that ``runners.train_drafter data_holdout_fraction=F`` kept out:
+same fraction and seed), the drafter drafts greedily at anchors and the target verifies every
+full block greedily (:func:`dspark.training.trainer.greedy_block_acceptance`).
+``anchors_per_seq=null`` takes every response position (every ``anchor_stride``-th), in passes
+of ``anchor_chunk`` anchors per sequence so memory stays bounded.
+
+With ``fit_fraction=F`` the sequences are split (seeded, by sequence) into a fit part (F)
+and a report part: STS is fitted on the fit part only, AUC / ECE before and after are reported
+on both (``in_sample`` = fit part, ``out_of_sample`` = report part), the top-level numbers are
+the out-of-sample ones, and a bootstrap over the report part's sequences gives a confidence
+interval for the out-of-sample ECE after STS, compared with ``target_ece``. The temperatures
+written are the ones fitted on the fit part (documented choice: refitting on all data would
+leave no unbiased estimate of the temperatures that ship). Without ``fit_fraction`` STS is
+fitted and reported on the same blocks (in-sample only; the older behaviour).
+
+``temperatures.json`` is written into the checkpoint folder, ``calibration.json`` and a
+reliability diagram ``reliability.png`` (of the report part when split) beside it by default.
 """
 
 from __future__ import annotations
@@ -28,8 +50,9 @@ from dspark.config import ConfigError
 from dspark.model_runner import DTYPES
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.llama import TargetModel
-from dspark.training.calibration import (calibration_report, fit_sequential_temperatures, reliability_plot,
-                                         save_temperatures)
+from dspark.training.calibration import (METHODS, bootstrap_ece, calibration_report, fit_sequential_temperatures,
+                                         fit_sequential_temperatures_biases, reliability_plot, save_temperatures,
+                                         split_sequences)
 from dspark.training.data import TokenDataset
 from dspark.training.trainer import greedy_block_acceptance
 from runners.schema import ModelSchema
@@ -43,7 +66,9 @@ class CalibrateSchema:
     holdout_fraction: Optional[float] = None  # take the held-out part of a training file instead of all of it
     holdout_seed: int = 0
     max_sequences: Optional[int] = None
-    anchors_per_seq: int = 16
+    anchors_per_seq: Optional[int] = 16  # null: every response position (every anchor_stride-th)
+    anchor_stride: int = 1
+    anchor_chunk: Optional[int] = 32  # anchors per sequence per draft+verify pass (memory bound); null: all at once
     batch_size: int = 8
     max_len: int = 1024
     device: str = "cpu"
@@ -53,6 +78,18 @@ class CalibrateSchema:
     t_min: float = 0.2
     t_max: float = 10.0
     n_bins: int = 15
+    method: str = "sts"  # sts | sts_bias
+    n_bias: int = 81  # sts_bias: odd number of biases in [-b_max, b_max]
+    b_max: float = 4.0
+    refine: int = 21  # sts_bias: refinement grid per axis around the coarse optimum (0/1: none)
+    ece_tolerance: float = 0.002  # sts_bias: ECE near-ties (absolute) go to the lower Brier score; 0: pure argmin
+    replay_cache: Optional[str] = None  # .pt file: reuse the greedy replay (same data/anchors/drafter), else write it
+    fit_fraction: Optional[float] = None  # (0, 1): fit STS on this share of the sequences, report on the rest
+    split_seed: Optional[int] = None  # null: seed
+    bootstrap_resamples: int = 200  # 0: no interval
+    bootstrap_seed: Optional[int] = None  # null: seed
+    confidence: float = 0.95
+    target_ece: float = 0.02
     output_json: Optional[str] = None  # default: CHECKPOINT/calibration.json
     plot: Optional[str] = None  # default: CHECKPOINT/reliability.png
     progress: bool = True
@@ -61,53 +98,244 @@ class CalibrateSchema:
 ConfigStore.instance().store(name="calibrate_schema", node=CalibrateSchema)
 
 
+def check_options(cfg: Any) -> None:
+    """Reject bad values before any model is loaded; every message names the key and the fix."""
+
+    def integer(key: str, minimum: int, allow_none: bool = False) -> None:
+        value = cfg.get(key)
+        if value is None and allow_none:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{key}: must be an integer >= {minimum}{' or null' if allow_none else ''}, got {value!r}")
+
+    integer("anchors_per_seq", 1, allow_none=True)
+    integer("anchor_stride", 1)
+    integer("anchor_chunk", 1, allow_none=True)
+    integer("batch_size", 1)
+    integer("max_len", 2)
+    integer("n_bins", 1)
+    integer("bootstrap_resamples", 0)
+    integer("max_sequences", 1, allow_none=True)
+    method = cfg.get("method", "sts")
+    if method not in METHODS:
+        raise ConfigError(f"method: {method!r} is not one of {sorted(METHODS)} (sts: a temperature per position; "
+                          f"sts_bias: a temperature and a bias per position)")
+    if method == "sts_bias":
+        integer("refine", 0)
+        n_bias = cfg.get("n_bias", 81)
+        if isinstance(n_bias, bool) or not isinstance(n_bias, int) or n_bias < 3 or n_bias % 2 == 0:
+            raise ConfigError(f"n_bias: must be an odd integer >= 3 (so that bias 0 is a candidate), got {n_bias!r}")
+        b_max = cfg.get("b_max", 4.0)
+        if isinstance(b_max, bool) or not isinstance(b_max, (int, float)) or not 0.0 < float(b_max) < float("inf"):
+            raise ConfigError(f"b_max: must be a finite number > 0 (biases are searched in [-b_max, b_max]), "
+                              f"got {b_max!r}")
+        tol = cfg.get("ece_tolerance", 0.002)
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0.0 <= float(tol) < 1.0:
+            raise ConfigError(f"ece_tolerance: must be in [0, 1) (e.g. 0.002; 0: pure ECE argmin), got {tol!r}")
+    f = cfg.get("fit_fraction")
+    if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < float(f) < 1.0):
+        raise ConfigError(f"fit_fraction: must be strictly between 0 and 1 (e.g. 0.5: fit STS on half of the "
+                          f"sequences, report on the other half) or null (fit and report on all), got {f!r}")
+    c = cfg.get("confidence", 0.95)
+    if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < float(c) < 1.0:
+        raise ConfigError(f"confidence: must be strictly between 0 and 1 (e.g. 0.95), got {c!r}")
+    t = cfg.get("target_ece", 0.02)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.0 < float(t) < 1.0:
+        raise ConfigError(f"target_ece: must be strictly between 0 and 1 (e.g. 0.02), got {t!r}")
+    if cfg.dtype not in DTYPES:
+        raise ConfigError(f"dtype: {cfg.dtype!r} not in {list(DTYPES)}")
+
+
 def held_out_data(cfg: Any) -> TokenDataset:
     if not cfg.data:
-        raise ConfigError("data: give held-out sequences, e.g. data=training_data/eval.safetensors (made by "
-                          "`python -m runners.make_training_data split=eval`)")
+        raise ConfigError("data: give held-out sequences, e.g. data=training_data/calib.safetensors (made by "
+                          "`python -m runners.make_training_data exclude_prompts=DRAFTER/training_prompts.json ...`)")
     dataset = TokenDataset.load_many(cfg.data)  # one file, or the list of shards the training run used
     if cfg.holdout_fraction:
         _, dataset = dataset.split_holdout(float(cfg.holdout_fraction), int(cfg.holdout_seed))
-    elif dataset.info.get("split") == "train":
+    elif dataset.info.get("split") == "train" and not dataset.info.get("exclude_prompts"):
         print(f"warning: {cfg.data} holds TRAIN-split prompts and no holdout_fraction is set; calibrate on "
-              f"data the drafter did not train on (split=eval data, or the training run's holdout)")
+              f"data the drafter did not train on (make_training_data exclude_prompts=..., or the training "
+              f"run's holdout)")
+    elif dataset.info.get("split") == "eval":
+        print(f"warning: {cfg.data} holds EVAL-split prompts: calibrating on them is not disjoint from the "
+              f"evaluation prompts; prefer make_training_data split=train exclude_prompts=...")
     if cfg.max_sequences is not None:
         dataset = dataset.subset(range(min(int(cfg.max_sequences), len(dataset))))
+    if cfg.get("fit_fraction") is not None and len(dataset) < 4:
+        raise ConfigError(f"fit_fraction={cfg.fit_fraction}: {len(dataset)} held-out sequences cannot be split "
+                          f"into a fit part and a report part of at least 2 each; give more data or "
+                          f"fit_fraction=null")
     return dataset
 
 
 def write_temperatures(checkpoint: Path, temperatures: torch.Tensor, drafter: DSparkDrafter, *,
-                       ece_before: float | None = None, ece_after: float | None = None) -> Path:
-    """Write temperatures.json (calibration.save_temperatures' format, which DSparkDrafter.load reads)."""
+                       ece_before: float | None = None, ece_after: float | None = None,
+                       biases: torch.Tensor | None = None) -> Path:
+    """Write temperatures.json (calibration.save_temperatures' format, which DSparkDrafter.load reads).
+
+    ``biases`` None: an STS file (no "biases" key)."""
     values = [float(t) for t in temperatures]
-    drafter.set_confidence_temperatures(values)  # validates count and range
-    return save_temperatures(checkpoint, values, ece_before=ece_before, ece_after=ece_after)
+    bias_values = None if biases is None else [float(b) for b in biases]
+    drafter.set_confidence_temperatures(values, bias_values)  # validates count and range
+    return save_temperatures(checkpoint, values, ece_before=ece_before, ece_after=ece_after, biases=bias_values)
 
 
-def calibrate(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset, checkpoint: Path, cfg: Any
-              ) -> dict[str, Any]:
-    """Fit STS on ``dataset``, write temperatures.json into ``checkpoint``, return the report."""
+def _verdict(interval: dict[str, Any], target: float) -> str:
+    pct = f"{100 * interval['confidence']:.0f}%"
+    if interval.get("noise_floor", 0.0) >= target and interval["high"] > target:
+        return (f"unresolvable: a perfectly calibrated predictor would score {100 * interval['noise_floor']:.2f}% "
+                f"on these {interval['blocks']} blocks (noise floor >= {100 * target:.2f}%); add held-out data")
+    if interval["high"] <= target:
+        return f"met: the {pct} interval's upper end {100 * interval['high']:.2f}% is <= {100 * target:.2f}%"
+    if interval["low"] > target:
+        return f"not met: the {pct} interval's lower end {100 * interval['low']:.2f}% is > {100 * target:.2f}%"
+    return (f"undecided: the {pct} interval [{100 * interval['low']:.2f}%, {100 * interval['high']:.2f}%] "
+            f"straddles {100 * target:.2f}%")
+
+
+def _replay_key(cfg: Any, dataset: TokenDataset, checkpoint: Path) -> dict[str, Any]:
+    """What a cached greedy replay depends on: the data, the anchors and the drafter's weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for f in sorted(checkpoint.glob("*.safetensors")) + [checkpoint / "config.json"]:
+        if f.is_file():
+            digest.update(f.name.encode() + f.read_bytes())
+    data = cfg.data if isinstance(cfg.data, str) else [str(d) for d in cfg.data]
+    return {"data": data, "holdout_fraction": cfg.get("holdout_fraction"), "holdout_seed": cfg.get("holdout_seed"),
+            "max_sequences": cfg.get("max_sequences"), "sequences": len(dataset),
+            "anchors_per_seq": cfg.anchors_per_seq, "anchor_stride": int(cfg.get("anchor_stride", 1)),
+            "batch_size": int(cfg.batch_size), "max_len": int(cfg.max_len), "seed": int(cfg.seed),
+            "device": str(cfg.device), "dtype": str(cfg.dtype), "drafter_sha256": digest.hexdigest()}
+
+
+def greedy_replay(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset, checkpoint: Path,
+                  cfg: Any) -> dict[str, Any]:
+    """The greedy draft + verify replay, or the one ``cfg.replay_cache`` holds for the same key (else written there)."""
+    cache = cfg.get("replay_cache")
+    key = _replay_key(cfg, dataset, checkpoint) if cache else None
+    if cache and Path(cache).is_file():
+        stored = torch.load(cache, map_location="cpu", weights_only=True)
+        if stored.get("key") != json.dumps(key, sort_keys=True):
+            raise ConfigError(f"replay_cache: {cache} was written for other data, anchors or drafter weights "
+                              f"({stored.get('key')}; now {json.dumps(key, sort_keys=True)}); delete it or give "
+                              f"another path")
+        print(f"replay_cache: reusing the greedy replay in {cache}")
+        return stored["replay"]
+    replay = greedy_block_acceptance(target, drafter, dataset, max_len=int(cfg.max_len),
+                                     anchors_per_seq=cfg.anchors_per_seq, batch_size=int(cfg.batch_size),
+                                     seed=int(cfg.seed), progress=bool(cfg.progress),
+                                     anchor_stride=int(cfg.get("anchor_stride", 1)),
+                                     anchor_chunk=cfg.get("anchor_chunk"))
+    if cache:
+        Path(cache).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": json.dumps(key, sort_keys=True), "replay": replay}, cache)
+    return replay
+
+
+def calibrate(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset, checkpoint: Path, cfg: Any,
+              previous: list[float] | None = None, previous_biases: list[float] | None = None) -> dict[str, Any]:
+    """Fit STS or sts_bias (on the fit part when ``cfg.fit_fraction`` is set), write temperatures.json into
+    ``checkpoint``, return the report."""
     if drafter.confidence_head is None:
         raise ConfigError(f"checkpoint {checkpoint}: this drafter has no confidence head (DFlash-style ablation); "
                           f"there is nothing to calibrate")
-    replay = greedy_block_acceptance(target, drafter, dataset, max_len=int(cfg.max_len),
-                                     anchors_per_seq=int(cfg.anchors_per_seq), batch_size=int(cfg.batch_size),
-                                     seed=int(cfg.seed), progress=bool(cfg.progress))
+    seed = int(cfg.seed)
+    method = cfg.get("method", "sts")
+    replay = greedy_replay(target, drafter, dataset, checkpoint, cfg)
     z, accepted = replay["conf_logits"].double(), replay["accepted"].double()
-    temperatures = fit_sequential_temperatures(z, accepted, n_grid=int(cfg.n_grid), t_min=float(cfg.t_min),
-                                               t_max=float(cfg.t_max), n_bins=int(cfg.n_bins))
-    report = calibration_report(z, accepted, temperatures, n_bins=int(cfg.n_bins))
+    seq_index = replay["seq_index"]
+    n_bins = int(cfg.n_bins)
+    fit_fraction = cfg.get("fit_fraction")
+    if fit_fraction is not None:
+        split_seed = seed if cfg.get("split_seed") is None else int(cfg.split_seed)
+        try:
+            fit, rep = split_sequences(seq_index, float(fit_fraction), split_seed)
+        except ValueError as e:
+            raise ConfigError(f"fit_fraction: {e}") from None
+    else:
+        split_seed = None
+        fit = rep = torch.ones(z.shape[0], dtype=torch.bool)
+    if method == "sts_bias":
+        temperatures, biases = fit_sequential_temperatures_biases(
+            z[fit], accepted[fit], n_grid=int(cfg.n_grid), t_min=float(cfg.t_min), t_max=float(cfg.t_max),
+            n_bias=int(cfg.get("n_bias", 81)), b_max=float(cfg.get("b_max", 4.0)), refine=int(cfg.get("refine", 21)),
+            ece_tolerance=float(cfg.get("ece_tolerance", 0.002)), n_bins=n_bins)
+    else:
+        temperatures = fit_sequential_temperatures(z[fit], accepted[fit], n_grid=int(cfg.n_grid),
+                                                   t_min=float(cfg.t_min), t_max=float(cfg.t_max), n_bins=n_bins)
+        biases = None
+    in_sample = calibration_report(z[fit], accepted[fit], temperatures, biases, n_bins=n_bins)
+    out_of_sample = calibration_report(z[rep], accepted[rep], temperatures, biases, n_bins=n_bins)
+    report = dict(out_of_sample)  # top level: the reported part (out of sample when split)
+    interval = None
+    if int(cfg.get("bootstrap_resamples", 0)) > 0:
+        boot_seed = seed if cfg.get("bootstrap_seed") is None else int(cfg.bootstrap_seed)
+        kw = dict(n_resamples=int(cfg.bootstrap_resamples), seed=boot_seed, n_bins=n_bins,
+                  confidence=float(cfg.get("confidence", 0.95)))
+        try:
+            interval = {"ece_after": bootstrap_ece(z[rep], accepted[rep], temperatures, seq_index[rep], biases=biases,
+                                                   **kw),
+                        "ece_before": bootstrap_ece(z[rep], accepted[rep], torch.ones_like(temperatures),
+                                                    seq_index[rep], **kw)}
+        except ValueError as e:  # fewer than 2 sequences without a split
+            interval = {"skipped": str(e)}
+    before_refit = None
+    old_biases = None
+    if previous_biases is not None and any(abs(v) > 1e-12 for v in previous_biases):
+        old_biases = torch.tensor(previous_biases, dtype=torch.float64)
+    if previous is not None and (any(abs(v - 1.0) > 1e-12 for v in previous) or old_biases is not None):
+        # the calibration the checkpoint held before this run, judged on the same reported blocks
+        old = torch.tensor(previous, dtype=torch.float64)
+        old_report = calibration_report(z[rep], accepted[rep], old, old_biases, n_bins=n_bins)
+        before_refit = {"temperatures": [float(v) for v in previous], "ece_after": old_report["ece_after"],
+                        "ece_after_per_position": old_report["ece_after_per_position"]}
+        if old_biases is not None:
+            before_refit["biases"] = [float(v) for v in previous_biases]
+        if int(cfg.get("bootstrap_resamples", 0)) > 0 and interval is not None and "ece_after" in interval:
+            before_refit["bootstrap"] = bootstrap_ece(z[rep], accepted[rep], old, seq_index[rep], biases=old_biases,
+                                                      **kw)
+    part = "report" if fit_fraction is not None else "all (in-sample: fitted and reported on the same blocks)"
     write_temperatures(checkpoint, temperatures, drafter, ece_before=report.get("ece_before"),
-                       ece_after=report.get("ece_after"))
+                       ece_after=report.get("ece_after"), biases=biases)
     plot_path = Path(cfg.plot) if cfg.plot else checkpoint / "reliability.png"
-    reliability_plot(z, accepted, temperatures, plot_path, n_bins=int(cfg.n_bins))
+    name = "STS" if biases is None else "STS+bias"
+    title = (f"out of sample: {name} fitted on the fit part, shown on the report part" if fit_fraction is not None
+             else f"in sample: {name} fitted and shown on the same blocks")
+    reliability_plot(z[rep], accepted[rep], temperatures, plot_path, n_bins=n_bins, title=title, biases=biases)
+    n_seq = lambda mask: int(torch.unique(seq_index[mask]).numel())  # noqa: E731
     report.update({
         "checkpoint": str(checkpoint.resolve()),
+        "reported_on": part,
+        "temperatures_fitted_on": "fit" if fit_fraction is not None else "all",
+        "method_option": method,
         "sequences": len(dataset),
         "blocks": int(z.shape[0]),
+        "anchors": {"anchors_per_seq": cfg.anchors_per_seq, "anchor_stride": int(cfg.get("anchor_stride", 1)),
+                    "max_len": int(cfg.max_len), "seed": seed},
         "greedy_mean_accept_length": float(replay["accept_length"].mean()),
         "reliability_plot": str(plot_path.resolve()),
+        "data_info": {k: dataset.info.get(k) for k in ("split", "seed", "sources", "exclude_prompts",
+                                                          "num_prompts_per_source", "max_tokens") if k in dataset.info},
     })
+    if fit_fraction is not None:
+        report["split"] = {
+            "by": "sequence", "fit_fraction": float(fit_fraction), "seed": split_seed,
+            "sequences": {"fit": n_seq(fit), "report": n_seq(rep)},
+            "blocks": {"fit": int(fit.sum()), "report": int(rep.sum())},
+            "sequences_without_blocks": len(dataset) - n_seq(fit) - n_seq(rep),
+        }
+        report["in_sample"] = {"part": "fit", "blocks": int(fit.sum()), "sequences": n_seq(fit), **in_sample}
+        report["out_of_sample"] = {"part": "report", "blocks": int(rep.sum()), "sequences": n_seq(rep),
+                                   **out_of_sample}
+    if before_refit is not None:
+        report["previous_temperatures"] = before_refit
+    if interval is not None:
+        report["bootstrap"] = interval
+        if "ece_after" in interval:
+            report["target_ece"] = float(cfg.get("target_ece", 0.02))
+            report["target_ece_verdict"] = _verdict(interval["ece_after"], report["target_ece"])
     out_json = Path(cfg.output_json) if cfg.output_json else checkpoint / "calibration.json"
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(report, indent=2) + "\n")
@@ -120,8 +348,7 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     if not cfg.checkpoint:
         raise ConfigError("checkpoint: give the drafter folder to calibrate, e.g. checkpoint=runs/dspark/final")
     checkpoint = Path(cfg.checkpoint)
-    if cfg.dtype not in DTYPES:
-        raise ConfigError(f"dtype: {cfg.dtype!r} not in {list(DTYPES)}")
+    check_options(cfg)
     dataset = held_out_data(cfg)
     if target is None:
         from runners.train_drafter import load_target_and_tokenizer
@@ -130,18 +357,27 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     dtype = DTYPES[cfg.dtype]
     target = target.to(device=cfg.device, dtype=dtype).eval()
     drafter = DSparkDrafter.load(checkpoint, target.cfg, device=cfg.device, dtype=dtype).eval()
-    drafter.set_confidence_temperatures([1.0] * drafter.block_size)  # fit from the raw head
+    previous = [float(v) for v in drafter.confidence_temperatures.tolist()]  # what the checkpoint shipped with
+    previous_biases = [float(v) for v in drafter.confidence_biases.tolist()]
+    drafter.set_confidence_temperatures([1.0] * drafter.block_size)  # fit from the raw head (biases zero)
     with torch.no_grad():
-        report = calibrate(target, drafter, dataset, checkpoint, cfg)
+        report = calibrate(target, drafter, dataset, checkpoint, cfg, previous=previous,
+                           previous_biases=previous_biases)
     return report
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="calibrate")
 def main(cfg: DictConfig) -> None:
     report = run(cfg)
-    keys = ("blocks", "auc_overall", "ece_before", "ece_after", "temperatures", "greedy_mean_accept_length",
-            "output_json", "reliability_plot")
-    print(json.dumps({k: report[k] for k in keys}, indent=2))
+    keys = ("reported_on", "blocks", "split", "auc_overall", "ece_before", "ece_after", "target_ece_verdict",
+            "temperatures", "biases", "greedy_mean_accept_length", "output_json", "reliability_plot")
+    summary = {k: report[k] for k in keys if k in report}
+    if "in_sample" in report:
+        summary["in_sample_ece_after"] = report["in_sample"]["ece_after"]
+    if "ece_after" in report.get("bootstrap", {}):
+        b = report["bootstrap"]["ece_after"]
+        summary["ece_after_interval"] = [b["low"], b["high"]]
+    print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

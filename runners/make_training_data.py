@@ -10,10 +10,23 @@ with the tokenizer's chat template and answered by the target in target-only mod
 (``engine.spec`` is forced to ``off``) with temperature 0.7, top-p 0.8, top-k 20 and a
 per-prompt seed, in batches of ``engine.max_num_seqs``. The result is a
 :class:`dspark.training.data.TokenDataset` (token ids only).
+
+Beside the output, ``OUTPUT_STEM.prompts.json`` lists the ids of every prompt the run admitted
+(a prompt record, :func:`write_prompt_record`). Calibration data that must not overlap a
+drafter's training prompts is made from the same train split with ``exclude_prompts=`` those
+records (or ``builtin:NAME``, the record shipped with a drafter in ``dspark/assets/NAME``):
+
+    python -m runners.make_training_data exclude_prompts=[builtin:dspark-smollm2] seed=1 \
+        num_prompts_per_source=120 max_tokens=256 output=training_data/calib.safetensors
+
+Such data is disjoint from (a) the drafter's training prompts, by the explicit exclusion, and
+(b) every workload's evaluation prompts, because it is drawn from ``split=train`` and the
+train/eval split is a hash of the prompt id (:func:`workloads.base.split_of`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 import zlib
@@ -66,6 +79,120 @@ class MakeTrainingDataSchema:
     # decode and replay captured graphs (see dspark.training.data.generate_dataset).
     in_flight: Optional[int] = None
     refill_at: Optional[int] = None
+    # Prompt records (OUTPUT_STEM.prompts.json files, data files beside which they lie, or
+    # builtin:NAME for a shipped drafter's training_prompts.json) whose prompt ids are left out.
+    exclude_prompts: Optional[List[str]] = None
+
+
+PROMPT_RECORD_FORMAT = "dspark-prompt-ids/1"
+PROMPT_RECORD_SUFFIX = ".prompts.json"
+SHIPPED_RECORD = "training_prompts.json"
+ASSETS = Path(__file__).resolve().parents[1] / "dspark" / "assets"
+
+
+def ids_digest(ids: list[str]) -> str:
+    """sha256 of the sorted, newline-joined ids (what a prompt record stores to check itself)."""
+    return hashlib.sha256("\n".join(sorted(set(ids))).encode("utf-8")).hexdigest()
+
+
+def prompt_record_path(output: str | Path) -> Path:
+    """Where make_training_data writes the prompt record of ``output`` (train_0.safetensors -> train_0.prompts.json)."""
+    out = Path(output)
+    return out.with_name(out.stem + PROMPT_RECORD_SUFFIX)
+
+
+def write_prompt_record(path: str | Path, prompt_ids: list[str], recipe: dict[str, Any],
+                        admitted_per_source: dict[str, int] | None = None) -> Path:
+    """Write a prompt record: the sorted base ids (no ``#j`` sample suffix) of the prompts a data run used."""
+    ids = sorted(set(prompt_ids))
+    payload = {
+        "format": PROMPT_RECORD_FORMAT,
+        "what": "base prompt ids (without '#j' sample suffixes) of every request runners.make_training_data "
+                "admitted for this data; give it to exclude_prompts= to make data disjoint from it",
+        "recipe": recipe,
+        "admitted_requests_per_source": dict(sorted((admitted_per_source or {}).items())),
+        "count": len(ids),
+        "sha256": ids_digest(ids),
+        "prompt_ids": ids,
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=0) + "\n")
+    return path
+
+
+def resolve_prompt_record(entry: str) -> Path:
+    """``builtin:NAME`` -> dspark/assets/NAME/training_prompts.json; a data file -> its prompt record; else the path."""
+    entry = str(entry)
+    if entry.startswith("builtin:"):
+        path = ASSETS / entry.split(":", 1)[1] / SHIPPED_RECORD
+    elif entry.endswith(".safetensors"):
+        path = prompt_record_path(entry)
+    elif Path(entry).is_dir():
+        path = Path(entry) / SHIPPED_RECORD
+    else:
+        path = Path(entry)
+    if not path.is_file():
+        raise ConfigError(f"exclude_prompts: {entry!r} -> {path} does not exist; give a prompt record "
+                          f"(OUTPUT{PROMPT_RECORD_SUFFIX} written beside the data by make_training_data), a data "
+                          f"file beside which one lies, a drafter folder holding {SHIPPED_RECORD}, or builtin:NAME")
+    return path
+
+
+def load_prompt_record(entry: str) -> dict[str, Any]:
+    """Read and check one prompt record (format and sha256 of its ids)."""
+    path = resolve_prompt_record(entry)
+    try:
+        payload = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"exclude_prompts: {path} is not valid JSON ({e})") from None
+    if not isinstance(payload, dict) or payload.get("format") != PROMPT_RECORD_FORMAT:
+        raise ConfigError(f"exclude_prompts: {path} is not a prompt record (format {PROMPT_RECORD_FORMAT!r})")
+    ids = payload.get("prompt_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise ConfigError(f"exclude_prompts: {path} has no 'prompt_ids' list of strings")
+    if ids_digest(ids) != payload.get("sha256") or len(set(ids)) != payload.get("count"):
+        raise ConfigError(f"exclude_prompts: {path}: its ids do not match its sha256/count; the file was edited "
+                          f"or truncated, regenerate it")
+    payload["path"] = str(path)
+    return payload
+
+
+def excluded_prompt_ids(entries: Any) -> tuple[set[str], list[dict[str, Any]]]:
+    """The union of the ids of the prompt records ``entries`` (a string or a list), and what each held."""
+    if entries is None:
+        return set(), []
+    if isinstance(entries, str):
+        entries = [entries]
+    ids: set[str] = set()
+    used = []
+    for entry in entries:
+        record = load_prompt_record(entry)
+        ids.update(record["prompt_ids"])
+        used.append({"entry": str(entry), "path": record["path"], "count": record["count"],
+                     "sha256": record["sha256"]})
+    return ids, used
+
+
+def admitted_prompts(sources: list[str], split: str, num_prompts: int | None, seed: int,
+                     samples_per_prompt: dict[str, int], admitted_per_shard: list[int],
+                     exclude: set[str] | None = None) -> tuple[list[tuple[str, str]], list[int]]:
+    """Replay a past data run's prompt order: the (source, base id) of every request it admitted.
+
+    ``admitted_per_shard[i]`` is how many requests shard i/n admitted (requests minus
+    ``not_admitted`` in its log; with a time budget, admission follows the shuffled order, so
+    the admitted requests are a prefix of each shard). Returns those pairs and each shard's
+    request count (which must equal the log's ``prompts`` for the replay to be the same).
+    """
+    items = collect_prompts(sources, split, num_prompts, seed, exclude=exclude)
+    tagged = expand_samples([(src, pid, pid) for src, pid, _ in items], samples_per_prompt, seed)
+    n = len(admitted_per_shard)
+    chosen, requests = [], []
+    for i, count in enumerate(admitted_per_shard):
+        shard = tagged[i::n]
+        requests.append(len(shard))
+        chosen.extend((src, base) for src, _, base in shard[:count])
+    return chosen, requests
 
 
 def parse_shard(shard: Optional[str]) -> tuple[int, int]:
@@ -93,8 +220,13 @@ def prompt_seed(seed: int, prompt_id: str) -> int:
     return zlib.crc32(f"{seed}:{prompt_id}".encode()) & 0x7FFF_FFFF
 
 
-def collect_prompts(sources: list[str], split: str, num_prompts: int | None, seed: int) -> list[tuple[str, str, list[dict]]]:
-    """(source workload, prompt id, chat messages) for every selected prompt, source by source."""
+def collect_prompts(sources: list[str], split: str, num_prompts: int | None, seed: int,
+                    exclude: set[str] | None = None) -> list[tuple[str, str, list[dict]]]:
+    """(source workload, prompt id, chat messages) for every selected prompt, source by source.
+
+    Prompts whose id is in ``exclude`` are dropped BEFORE the first ``num_prompts`` of each
+    source are taken, so a source still gives ``num_prompts`` (or all it has left).
+    """
     if split not in ("train", "eval"):
         raise ConfigError(f"split: {split!r}; use 'train' (training data) or 'eval' (held-out calibration data)")
     if not sources:
@@ -103,6 +235,8 @@ def collect_prompts(sources: list[str], split: str, num_prompts: int | None, see
     for name in sources:
         workload = build_workload(make_spec(name, split=split, num_prompts=None, seed=seed))
         prompts = workload.prompts()
+        if exclude:
+            prompts = [p for p in prompts if p.id not in exclude]
         if num_prompts is not None:
             prompts = prompts[:num_prompts]
         for p in prompts:
@@ -136,10 +270,18 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     from dspark.engine import Engine
 
     engine_cfg = to_engine_config(cfg.engine, spec="off")
-    items = collect_prompts(list(cfg.sources), cfg.split, cfg.num_prompts_per_source, int(cfg.seed))
-    items = expand_samples(items, dict(cfg.get("samples_per_prompt") or {}), int(cfg.seed))
+    exclude, exclude_info = excluded_prompt_ids(cfg.get("exclude_prompts"))
+    items = collect_prompts(list(cfg.sources), cfg.split, cfg.num_prompts_per_source, int(cfg.seed), exclude=exclude)
+    if not items:
+        raise ConfigError(f"no prompt left: sources {list(cfg.sources)} of split {cfg.split!r} minus the "
+                          f"{len(exclude)} excluded ids")
+    # expand with the base id carried along, so the prompt record can name base ids
+    tagged = expand_samples([(src, pid, (pid, msgs)) for src, pid, msgs in items],
+                            dict(cfg.get("samples_per_prompt") or {}), int(cfg.seed))
     shard_index, shard_count = parse_shard(cfg.get("shard"))
-    items = items[shard_index::shard_count]
+    tagged = tagged[shard_index::shard_count]
+    items = [(src, pid, msgs) for src, pid, (_, msgs) in tagged]
+    base_ids = [base for _, _, (base, _) in tagged]
     if target is None:
         from runners.train_drafter import load_target_and_tokenizer
 
@@ -155,6 +297,8 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
             "sampling": {"temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": int(s.top_k)},
             "sources": list(cfg.sources), "num_prompts_per_source": cfg.num_prompts_per_source,
             "shard": f"{shard_index}/{shard_count}",
+            "samples_per_prompt": dict(cfg.get("samples_per_prompt") or {}),
+            "exclude_prompts": exclude_info or None,
             "engine": {"device": engine_cfg.device, "dtype": engine_cfg.dtype, "max_num_seqs": engine_cfg.max_num_seqs}}
     t0 = time.perf_counter()
     dataset, failed = generate_dataset(engine, [(src, msgs) for src, _, msgs in items], params, info=info,
@@ -165,6 +309,14 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
         raise RuntimeError(f"no prompt produced a response ({len(failed)} failed; first error: "
                            f"{failed[0]['error'] if failed else 'none'})")
     out = dataset.save(cfg.output)
+    admitted = len(items) - int(dataset.info.get("not_admitted", 0))
+    per_source: dict[str, int] = {}
+    for src, _, _ in items[:admitted]:
+        per_source[src] = per_source.get(src, 0) + 1
+    recipe = {k: info[k] for k in ("split", "seed", "sources", "num_prompts_per_source", "samples_per_prompt",
+                                   "exclude_prompts")}
+    recipe["shards"] = [{"shard": f"{shard_index}/{shard_count}", "requests": len(items), "admitted": admitted}]
+    record = write_prompt_record(prompt_record_path(cfg.output), base_ids[:admitted], recipe, per_source)
     counters = engine.counters()
     steps = int(counters["steps"])
     # How the steps ran (graph replays, eager steps and why, prefill-mixed steps): what to read
@@ -174,7 +326,8 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
         "eager_steps", "graphs_captured")}
     engine_summary.update(ms_per_step=round(1000 * wall / steps, 3) if steps else None,
                           mean_tokens_per_step=round(counters["emitted_tokens"] / steps, 2) if steps else None)
-    summary = {"output": str(Path(out).resolve()), "prompts": len(items), "failed": len(failed),
+    summary = {"output": str(Path(out).resolve()), "prompt_record": str(record.resolve()),
+               "excluded_prompt_ids": len(exclude), "prompts": len(items), "failed": len(failed),
                "engine_steps": engine_summary,
                "not_admitted": dataset.info.get("not_admitted", 0),
                "failures": [{**f, "id": items[f["index"]][1]} for f in failed[:20]],

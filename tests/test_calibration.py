@@ -23,12 +23,14 @@ from dspark.training.calibration import (
 T_TRUE = [0.5, 1.5, 2.5, 0.8]
 
 
-def _synthetic_blocks(n_rows, temperatures, seed):
-    """Raw logits and sequentially sampled acceptance (stop at the first rejection) from known temperatures."""
+def _synthetic_blocks(n_rows, temperatures, seed, biases=None, scale=3.0, shift=2.0):
+    """Raw logits and sequentially sampled acceptance (stop at the first rejection) from known
+    temperatures (and biases: sigmoid(z / T + b))."""
     g = torch.Generator().manual_seed(seed)
     t = torch.tensor(temperatures, dtype=torch.float64)
-    z = 3.0 * torch.randn(n_rows, len(temperatures), generator=g, dtype=torch.float64) + 2.0
-    p = torch.sigmoid(z / t)
+    b = torch.zeros_like(t) if biases is None else torch.tensor(biases, dtype=torch.float64)
+    z = scale * torch.randn(n_rows, len(temperatures), generator=g, dtype=torch.float64) + shift
+    p = torch.sigmoid(z / t + b)
     accepted = torch.zeros_like(p)
     alive = torch.ones(n_rows, dtype=torch.bool)
     for k in range(len(temperatures)):

@@ -19,9 +19,10 @@ left to right:
   s_k = sigmoid(g) * s_{k-1} + (1 - sigmoid(g)) * tanh(c), bias = W2(tanh(o)), s_0 = 0;
 - rank 0: no bias (DFlash-style independent slots).
 
-Confidence head. z_k = w . [h_k; W1[x_{k-1}]] (h_k alone at rank 0); sigmoid(z_k / T_k)
+Confidence head. z_k = w . [h_k; W1[x_{k-1}]] (h_k alone at rank 0); sigmoid(z_k / T_k + b_k)
 estimates the probability that slot k's draft is accepted given that all earlier ones
-were, with per-slot temperatures T_k from sequential temperature scaling (default 1).
+were, with per-slot temperatures T_k from sequential temperature scaling (default 1) and
+per-slot biases b_k from its sts_bias variant (default 0; temperatures.json "biases").
 
 The target's embedding and lm_head are not parameters of the drafter: callers pass
 ``embed_fn`` and ``lm_head_weight`` (frozen, shared) at call time.
@@ -134,6 +135,8 @@ class DSparkDrafter(nn.Module):
         self.confidence_head = nn.Linear(d + r, 1) if cfg.use_confidence_head else None
         self.register_buffer("confidence_temperatures", torch.ones(cfg.block_size, dtype=torch.float32),
                              persistent=False)
+        self.register_buffer("confidence_biases", torch.zeros(cfg.block_size, dtype=torch.float32),
+                             persistent=False)
         self._init_weights()
 
     # ------------------------------------------------------------------ setup
@@ -159,11 +162,12 @@ class DSparkDrafter(nn.Module):
             nn.init.normal_(self.mask_embedding, std=std)
 
     def _apply(self, fn, recurse: bool = True):
-        """Module.to()/.half()/.cuda() move the STS temperatures with the model but keep them float32."""
-        temperatures = self.confidence_temperatures
+        """Module.to()/.half()/.cuda() move the STS temperatures and biases with the model but keep them float32."""
+        temperatures, biases = self.confidence_temperatures, self.confidence_biases
         super()._apply(fn, recurse)
         device = fn(temperatures).device
         self.confidence_temperatures = temperatures.to(device=device, dtype=torch.float32)
+        self.confidence_biases = biases.to(device=device, dtype=torch.float32)
         return self
 
     def num_parameters(self) -> int:
@@ -286,21 +290,46 @@ class DSparkDrafter(nn.Module):
                            confidence)
 
     def calibrated_confidence(self, confidence_logits: torch.Tensor) -> torch.Tensor:
-        """c_k = sigmoid(z_k / T_k) for confidence_logits [..., gamma] (temperatures from STS, default 1)."""
+        """c_k = sigmoid(z_k / T_k + b_k) for confidence_logits [..., gamma] (temperatures from STS, default 1;
+        biases from sts_bias calibration, default 0)."""
         from dspark.survival import calibrated_confidence
 
         flat = confidence_logits.reshape(-1, confidence_logits.shape[-1])
-        return calibrated_confidence(flat, self.confidence_temperatures).reshape(confidence_logits.shape)
+        return calibrated_confidence(flat, self.confidence_temperatures,
+                                     self.confidence_biases).reshape(confidence_logits.shape)
 
-    def set_confidence_temperatures(self, temperatures) -> None:
+    def set_confidence_temperatures(self, temperatures, biases=None) -> None:
+        """Set the per-slot calibration: temperatures (finite, > 0) and biases (finite; None: zeros, i.e. STS).
+
+        Written in place into the existing buffers, so a CUDA graph captured earlier sees the new values.
+        """
         temps = [float(t) for t in temperatures]
         if len(temps) != self.block_size:
             raise ConfigError(f"confidence temperatures: got {len(temps)} values, need one per slot "
                               f"(drafter.block_size = {self.block_size})")
         if not all(t > 0 and t == t and t != float("inf") for t in temps):
             raise ConfigError(f"confidence temperatures must be finite and > 0, got {temps}")
-        self.confidence_temperatures = torch.tensor(temps, dtype=torch.float32,
-                                                    device=self.confidence_temperatures.device)
+        if biases is None:
+            bias_values = [0.0] * self.block_size
+        else:
+            try:
+                bias_values = [float(b) for b in biases]
+            except (TypeError, ValueError):
+                raise ConfigError(f"confidence biases: need a list of {self.block_size} finite numbers (one per "
+                                  f"slot), got {biases!r}") from None
+            if len(bias_values) != self.block_size:
+                raise ConfigError(f"confidence biases: got {len(bias_values)} values, need one per slot "
+                                  f"(drafter.block_size = {self.block_size})")
+            if not all(abs(b) < float("inf") for b in bias_values):
+                raise ConfigError(f"confidence biases must be finite, got {bias_values}")
+        for name, values in (("confidence_temperatures", temps), ("confidence_biases", bias_values)):
+            buf = getattr(self, name)
+            new = torch.tensor(values, dtype=torch.float32)
+            if buf.is_inference() and not torch.is_inference_mode_enabled():
+                setattr(self, name, new.to(buf.device))  # an inference tensor cannot be written outside inference mode
+            else:
+                with torch.no_grad():
+                    buf.copy_(new)
 
     # ------------------------------------------------------------------ training
 
@@ -405,10 +434,11 @@ class DSparkDrafter(nn.Module):
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
         temps = self.confidence_temperatures.tolist()
-        if any(t != 1.0 for t in temps):
+        biases = self.confidence_biases.tolist()
+        if any(t != 1.0 for t in temps) or any(b != 0.0 for b in biases):
             from dspark.training.calibration import save_temperatures
 
-            save_temperatures(out, temps)
+            save_temperatures(out, temps, biases=biases if any(b != 0.0 for b in biases) else None)
         return out
 
     @classmethod
@@ -454,10 +484,11 @@ class DSparkDrafter(nn.Module):
 
         temps_path = src / TEMPERATURES_FILE
         if temps_path.is_file():
-            from dspark.training.calibration import load_temperatures
+            from dspark.training.calibration import load_calibration
 
             try:
-                model.set_confidence_temperatures(load_temperatures(src, model.block_size).tolist())
+                temps, biases = load_calibration(src, model.block_size)
+                model.set_confidence_temperatures(temps.tolist(), biases.tolist())
             except (ConfigError, ValueError) as err:
                 raise ConfigError(f"{temps_path}: {err}") from None
         return model

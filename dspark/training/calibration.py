@@ -1,4 +1,4 @@
-"""Post-hoc calibration of the confidence head: sequential temperature scaling (STS).
+"""Post-hoc calibration of the confidence head: sequential temperature scaling (STS), optionally with a bias.
 
 The confidence head gives one logit z_k per block position; c_k = sigmoid(z_k / T_k) is
 the probability that draft position k is accepted GIVEN that positions 1..k-1 were
@@ -9,12 +9,20 @@ minimises the expected calibration error of S_k against the realised indicator
 "positions 1..k all accepted", over all validation rows, with T_1..T_{k-1} frozen.
 Temperature scaling keeps the order of the scores, so discrimination (AUC) is unchanged.
 
+A temperature is a pure scale on the logit: it cannot fix a head whose confidence is BIASED
+(e.g. too high on every block at position 1). ``sts_bias`` (:func:`fit_sequential_temperatures_biases`)
+adds one bias per position, c_k = sigmoid(z_k / T_k + b_k), fitted the same way (left to right,
+earlier positions frozen) by a 2-D grid search over (T_k, b_k) followed by a finer grid around the
+coarse optimum, with a sharpness guard (near-ties in ECE go to the lower Brier score, so the fit
+cannot flatten c_k to a constant). It also keeps the order of the scores within a position.
+
 Inputs are plain tensors: ``conf_logits`` [M, G] raw confidence logits of M validation
 blocks and ``accepted`` [M, G] with 0/1 realised acceptance per position, each row
 verified over the whole block. Values after a row's first rejection are ignored (the
 survival indicator is the cumulative product), so rows may hold anything 0/1 there.
 
-Temperatures live in ``temperatures.json`` beside the drafter checkpoint.
+Temperatures (and biases, zero for STS and for files written before biases existed) live in
+``temperatures.json`` beside the drafter checkpoint.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from torch import Tensor
 
 TEMPERATURES_FILE = "temperatures.json"
 STS_METHOD = "sequential_temperature_scaling"
+STS_BIAS_METHOD = "sequential_temperature_bias_scaling"
+METHODS = {"sts": STS_METHOD, "sts_bias": STS_BIAS_METHOD}  # config name -> name written in the files
 
 
 def _as_float64(x: Any, name: str) -> Tensor:
@@ -64,20 +74,41 @@ def _check_temperatures(temperatures: Any, block_size: int) -> Tensor:
     return t
 
 
+def _check_biases(biases: Any, block_size: int) -> Tensor:
+    if biases is None:
+        return torch.zeros(block_size, dtype=torch.float64)
+    if isinstance(biases, (str, bytes, dict)) or (not isinstance(biases, Tensor) and not hasattr(biases, "__len__")):
+        raise ValueError(f"biases must be a list of {block_size} finite numbers (one per position), got {biases!r}")
+    try:
+        b = _as_float64(biases, "biases").reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"biases must be a list of {block_size} finite numbers (one per position): {e}") from None
+    if b.numel() != block_size:
+        raise ValueError(f"got {b.numel()} biases for a block of {block_size} positions; fit one bias per position "
+                         f"(or leave biases out: zeros)")
+    return b
+
+
 def survival_indicator(accepted: Tensor) -> Tensor:
     """Realised prefix survival [M, G]: 1 where positions 1..k of the row were all accepted."""
     return torch.cumprod(torch.as_tensor(accepted), dim=-1)
 
 
-def calibrated_confidence(conf_logits: Tensor, temperatures: Tensor) -> Tensor:
-    """Per-position conditional confidence sigmoid(z_k / T_k); temperatures [G] broadcast over rows."""
+def calibrated_confidence(conf_logits: Tensor, temperatures: Tensor, biases: Tensor | None = None) -> Tensor:
+    """Per-position conditional confidence sigmoid(z_k / T_k + b_k); temperatures / biases [G] broadcast over rows.
+
+    ``biases`` None: zeros (plain STS).
+    """
     t = torch.as_tensor(temperatures, dtype=conf_logits.dtype, device=conf_logits.device)
-    return torch.sigmoid(conf_logits / t)
+    if biases is None:
+        return torch.sigmoid(conf_logits / t)
+    b = torch.as_tensor(biases, dtype=conf_logits.dtype, device=conf_logits.device)
+    return torch.sigmoid(conf_logits / t + b)
 
 
-def cumulative_survival(conf_logits: Tensor, temperatures: Tensor) -> Tensor:
-    """Predicted prefix survival S_k = prod_{i<=k} sigmoid(z_i / T_i) along the last axis."""
-    return torch.cumprod(calibrated_confidence(conf_logits, temperatures), dim=-1)
+def cumulative_survival(conf_logits: Tensor, temperatures: Tensor, biases: Tensor | None = None) -> Tensor:
+    """Predicted prefix survival S_k = prod_{i<=k} sigmoid(z_i / T_i + b_i) along the last axis."""
+    return torch.cumprod(calibrated_confidence(conf_logits, temperatures, biases), dim=-1)
 
 
 def temperature_grid(n_grid: int = 100, t_min: float = 0.2, t_max: float = 10.0) -> Tensor:
@@ -176,7 +207,114 @@ def fit_sequential_temperatures(
     return torch.tensor(temperatures, dtype=torch.float32)
 
 
-def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, *, n_bins: int = 15) -> dict[str, Any]:
+def bias_grid(n_bias: int = 81, b_max: float = 4.0) -> Tensor:
+    """Evenly spaced candidate biases, float64 [n_bias], from -b_max to b_max; n_bias odd so that 0 is on it."""
+    if isinstance(n_bias, bool) or int(n_bias) < 3 or int(n_bias) % 2 == 0:
+        raise ValueError(f"n_bias must be an odd integer >= 3 (so that bias 0 is a candidate), got {n_bias}")
+    if not (0 < b_max < math.inf):
+        raise ValueError(f"b_max must be finite and > 0, got {b_max}")
+    return torch.linspace(-float(b_max), float(b_max), int(n_bias), dtype=torch.float64)
+
+
+def _scores(prefix: Tensor, z: Tensor, outcome: Tensor, temps: Tensor, biases: Tensor, n_bins: int,
+            max_elements: int = 1 << 23) -> tuple[Tensor, Tensor]:
+    """ECE and Brier score [len(temps), len(biases)] of prefix * sigmoid(z / T + b) against outcome, per (T, b).
+
+    Evaluated in slices of temperatures so that at most ``max_elements`` candidate values exist at once.
+    """
+    m = z.shape[0]
+    n_t, n_b = temps.numel(), biases.numel()
+    step = max(1, max_elements // max(1, n_b * m))
+    ece = torch.empty(n_t, n_b, dtype=torch.float64)
+    brier = torch.empty(n_t, n_b, dtype=torch.float64)
+    for i in range(0, n_t, step):
+        t = temps[i: i + step]
+        cand = (prefix[None, None, :] * torch.sigmoid(z[None, None, :] / t[:, None, None]
+                                                      + biases[None, :, None])).reshape(-1, m)
+        ece[i: i + step] = _ece_rows(cand, outcome, n_bins).view(t.numel(), n_b)
+        brier[i: i + step] = ((cand - outcome[None, :]) ** 2).mean(1).view(t.numel(), n_b)
+    return ece, brier
+
+
+def _pick(ece: Tensor, brier: Tensor, change: Tensor, tolerance: float) -> int:
+    """Index of the chosen candidate (flat tensors): among those within ``tolerance`` of the smallest ECE, the
+    lowest Brier score, then the smallest change |ln T| + |b|, then the first."""
+    near = torch.nonzero(ece <= ece.min() + max(float(tolerance), 1e-12)).reshape(-1)
+    near = near[brier[near] <= brier[near].min() + 1e-15]
+    return int(near[change[near].argmin()])
+
+
+def fit_sequential_temperatures_biases(
+    conf_logits: Any,
+    accepted: Any,
+    *,
+    n_grid: int = 100,
+    t_min: float = 0.2,
+    t_max: float = 10.0,
+    n_bias: int = 81,
+    b_max: float = 4.0,
+    refine: int = 21,
+    ece_tolerance: float = 0.002,
+    n_bins: int = 15,
+) -> tuple[Tensor, Tensor]:
+    """Fit one temperature AND one bias per position, left to right; returns float32 (temperatures [G], biases [G]).
+
+    c_k = sigmoid(z_k / T_k + b_k). Position k takes the (T, b) pair minimising the ECE of the
+    cumulative product prod_{i<=k} c_i against "positions 1..k all accepted" over all M rows, with
+    positions 1..k-1 already fixed (as :func:`fit_sequential_temperatures`): over the product of the
+    log-spaced temperature grid (n_grid in [t_min, t_max]) and the bias grid (n_bias evenly spaced in
+    [-b_max, b_max]), plus (``refine`` > 1) a ``refine`` x ``refine`` grid spanning one coarse step
+    either side of the coarse optimum.
+
+    Sharpness guard: with a free bias, a large T and b = logit(base rate) make c_k nearly CONSTANT,
+    and a constant at the base rate is perfectly calibrated, so a pure ECE argmin drifts toward
+    flattening c_k (dropping the head's information) whenever that wins by sampling noise. Among the
+    candidates within ``ece_tolerance`` (absolute, default 0.2 points, below the sampling noise of
+    ECE on a few thousand blocks) of the smallest ECE, the one with the lowest Brier score of the
+    cumulative product (a proper score: it rewards sharpness) is taken; ``ece_tolerance=0`` is the
+    pure ECE argmin. Remaining ties go to the smallest change |ln T| + |b|.
+    """
+    z, a = _check_block_inputs(conf_logits, accepted)
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    if isinstance(refine, bool) or int(refine) < 0:
+        raise ValueError(f"refine must be an integer >= 0 (0 or 1: no refinement), got {refine}")
+    if isinstance(ece_tolerance, bool) or not 0.0 <= float(ece_tolerance) < 1.0:
+        raise ValueError(f"ece_tolerance must be in [0, 1) (0: pure ECE argmin), got {ece_tolerance}")
+    temps = temperature_grid(n_grid, t_min, t_max)
+    bias_values = bias_grid(n_bias, b_max)
+    log_step = (math.log(t_max) - math.log(t_min)) / (n_grid - 1)
+    b_step = 2.0 * float(b_max) / (int(n_bias) - 1)
+    survived = survival_indicator(a)
+    prefix = torch.ones(z.shape[0], dtype=torch.float64)
+    fitted_t, fitted_b = [], []
+    for k in range(z.shape[1]):
+        zk, outcome = z[:, k], survived[:, k]
+        ece, brier = _scores(prefix, zk, outcome, temps, bias_values, n_bins)
+        cand_t = temps[:, None].expand_as(ece).reshape(-1)
+        cand_b = bias_values[None, :].expand_as(ece).reshape(-1)
+        ece, brier = ece.reshape(-1), brier.reshape(-1)
+        if int(refine) > 1:
+            i = _pick(ece, brier, cand_t.log().abs() + cand_b.abs(), ece_tolerance)
+            lt, b0 = math.log(float(cand_t[i])), float(cand_b[i])
+            fine_t = torch.linspace(max(math.log(t_min), lt - log_step), min(math.log(t_max), lt + log_step),
+                                    int(refine), dtype=torch.float64).exp()
+            fine_b = torch.linspace(max(-b_max, b0 - b_step), min(b_max, b0 + b_step), int(refine),
+                                    dtype=torch.float64)
+            fine_ece, fine_brier = _scores(prefix, zk, outcome, fine_t, fine_b, n_bins)
+            cand_t = torch.cat([cand_t, fine_t[:, None].expand_as(fine_ece).reshape(-1)])
+            cand_b = torch.cat([cand_b, fine_b[None, :].expand_as(fine_ece).reshape(-1)])
+            ece, brier = torch.cat([ece, fine_ece.reshape(-1)]), torch.cat([brier, fine_brier.reshape(-1)])
+        i = _pick(ece, brier, cand_t.log().abs() + cand_b.abs(), ece_tolerance)
+        t_best, b_best = float(cand_t[i]), float(cand_b[i])
+        fitted_t.append(t_best)
+        fitted_b.append(b_best)
+        prefix = prefix * torch.sigmoid(zk / t_best + b_best)
+    return torch.tensor(fitted_t, dtype=torch.float32), torch.tensor(fitted_b, dtype=torch.float32)
+
+
+def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biases: Any = None, *,
+                       n_bins: int = 15) -> dict[str, Any]:
     """Discrimination and calibration of the confidence head, as JSON-ready plain values.
 
     AUC: per position, sigmoid(z_k) against acceptance of k among the rows that reached k
@@ -184,10 +322,15 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, *, n_
     reached rows are all accepted or all rejected has AUC None (undefined).
     ECE: of the cumulative product against prefix survival over all rows, per position,
     before (T = 1) and after STS; ``ece_before`` / ``ece_after`` are the means over positions.
+    With ``biases`` (sts_bias) "after" is sigmoid(z / T + b), the report's method is sts_bias and it
+    carries the biases; without, it is exactly the STS report. ``survival_auc_*`` / ``brier_*``: per
+    position, AUC and Brier score of the cumulative product against prefix survival over all rows,
+    before and after (calibration must not buy its ECE by flattening the survival it predicts).
     """
     z, a = _check_block_inputs(conf_logits, accepted)
     g = z.shape[1]
     t = _check_temperatures(temperatures, g)
+    b = None if biases is None else _check_biases(biases, g)
     survived = survival_indicator(a)
     reached = torch.cat([torch.ones(z.shape[0], 1, dtype=torch.bool), survived[:, :-1].bool()], dim=1)
     raw_conf = torch.sigmoid(z)
@@ -199,17 +342,27 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, *, n_
 
     auc_per_position = [auc_or_none(raw_conf[reached[:, k], k], a[reached[:, k], k]) for k in range(g)]
     before = cumulative_survival(z, torch.ones(g, dtype=torch.float64))
-    after = cumulative_survival(z, t)
+    after = cumulative_survival(z, t, b)
     ece_before = [float(_ece_rows(before[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
     ece_after = [float(_ece_rows(after[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
     reached_count = reached.sum(0)
     accepted_at = (a * reached).sum(0)
+    extra: dict[str, Any] = {}
+    if b is not None:
+        extra["biases"] = [float(v) for v in b]
+    extra.update({
+        "survival_auc_before_per_position": [auc_or_none(before[:, k], survived[:, k]) for k in range(g)],
+        "survival_auc_after_per_position": [auc_or_none(after[:, k], survived[:, k]) for k in range(g)],
+        "brier_before_per_position": [float(((before[:, k] - survived[:, k]) ** 2).mean()) for k in range(g)],
+        "brier_after_per_position": [float(((after[:, k] - survived[:, k]) ** 2).mean()) for k in range(g)],
+    })
     return {
-        "method": STS_METHOD,
+        "method": STS_METHOD if b is None else STS_BIAS_METHOD,
         "num_rows": int(z.shape[0]),
         "block_size": g,
         "n_bins": n_bins,
         "temperatures": [float(v) for v in t],
+        **extra,
         "reached_per_position": [int(v) for v in reached_count],
         "acceptance_per_position": [float(accepted_at[k] / reached_count[k]) if reached_count[k] > 0 else None
                                     for k in range(g)],
@@ -219,6 +372,111 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, *, n_
         "ece_after_per_position": ece_after,
         "ece_before": float(np.mean(ece_before)),
         "ece_after": float(np.mean(ece_after)),
+    }
+
+
+def split_sequences(seq_index: Any, fit_fraction: float, seed: int, *, min_sequences: int = 2
+                    ) -> tuple[Tensor, Tensor]:
+    """Split the sequences present in ``seq_index`` [M] into a fit part and a report part.
+
+    The split is BY SEQUENCE (every block of a sequence lands on the same side, so the
+    report part is out of sample: blocks of one sequence are strongly correlated) and seeded:
+    a permutation of the distinct sequence ids drawn from ``seed``, the first
+    round(fit_fraction * n) of it (at least ``min_sequences``, and at least ``min_sequences``
+    left) fit. Returns boolean masks over the M blocks ``(fit, report)``, disjoint and covering.
+    """
+    idx = torch.as_tensor(seq_index).reshape(-1).long().cpu()
+    if isinstance(fit_fraction, bool) or not isinstance(fit_fraction, (int, float)) or not math.isfinite(fit_fraction) \
+            or not 0.0 < float(fit_fraction) < 1.0:
+        raise ValueError(f"fit_fraction must be a number strictly between 0 and 1 (e.g. 0.5), got {fit_fraction!r}")
+    seqs = torch.unique(idx)
+    n = int(seqs.numel())
+    n_fit = int(round(float(fit_fraction) * n))
+    if n_fit < min_sequences or n - n_fit < min_sequences:
+        raise ValueError(f"fit_fraction={fit_fraction} splits {n} sequences into {n_fit} to fit and {n - n_fit} to "
+                         f"report; each part needs at least {min_sequences}: give more held-out sequences "
+                         f"(at least {2 * min_sequences}) or a fit_fraction nearer 0.5")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+    fit_seqs = seqs[order[:n_fit]]
+    fit = torch.isin(idx, fit_seqs)
+    return fit, ~fit
+
+
+def bootstrap_ece(conf_logits: Any, accepted: Any, temperatures: Any, seq_index: Any, *, n_resamples: int = 200,
+                  seed: int = 0, n_bins: int = 15, confidence: float = 0.95, biases: Any = None) -> dict[str, Any]:
+    """Bootstrap interval of the mean-over-positions ECE of the cumulative survival (fixed temperatures,
+    and biases when given: sigmoid(z / T + b)).
+
+    Resamples SEQUENCES with replacement (``seq_index`` [M] names each block's sequence), so
+    the interval reflects the correlation of blocks within a sequence; each resample's ECE is
+    exactly :func:`calibration_report`'s ``ece_after`` on the blocks of the drawn sequences
+    (duplicates counted as often as drawn). The temperatures are held fixed: the interval is
+    the evaluation noise of these temperatures, not of refitting them. Percentile interval;
+    because ECE is a sum of absolute values, resamples are biased upward, so the upper end is
+    conservative for a claim "ECE <= x" (for a nearly calibrated predictor the whole interval can
+    sit above the point estimate). ``noise_floor`` is the mean ECE, over ``n_resamples`` draws
+    (at most 50), of outcomes simulated from the predictions themselves: what a PERFECTLY
+    calibrated predictor would score on this many blocks, i.e. the smallest ECE this data can
+    resolve. Deterministic given ``seed``.
+    """
+    z, a = _check_block_inputs(conf_logits, accepted)
+    g = z.shape[1]
+    t = _check_temperatures(temperatures, g)
+    b = None if biases is None else _check_biases(biases, g)
+    idx = torch.as_tensor(seq_index).reshape(-1).long().cpu()
+    if idx.numel() != z.shape[0]:
+        raise ValueError(f"seq_index has {idx.numel()} entries for {z.shape[0]} blocks; give one per block")
+    if isinstance(n_resamples, bool) or int(n_resamples) < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    if not 0.0 < float(confidence) < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n_bins < 1:
+        raise ValueError(f"n_bins must be >= 1, got {n_bins}")
+    seqs, inverse = torch.unique(idx, return_inverse=True)
+    n_seq = int(seqs.numel())
+    if n_seq < 2:
+        raise ValueError(f"a bootstrap by sequence needs at least 2 sequences, got {n_seq}")
+    prob = cumulative_survival(z, t, b)
+    diff = prob - survival_indicator(a)
+    bins = (prob * n_bins).floor().clamp_(0, n_bins - 1).long()
+    # per-sequence, per-position, per-bin sums of (predicted - observed): ECE is linear in them
+    flat = (inverse[:, None] * g + torch.arange(g)[None, :]) * n_bins + bins
+    per_seq = torch.zeros(n_seq * g * n_bins, dtype=torch.float64).index_add_(0, flat.reshape(-1), diff.reshape(-1))
+    per_seq = per_seq.view(n_seq, g * n_bins)
+    blocks = torch.bincount(inverse, minlength=n_seq).double()
+
+    def ece_of(weights: Tensor) -> Tensor:  # weights [R, n_seq] -> mean-over-positions ECE [R]
+        sums = (weights @ per_seq).view(-1, g, n_bins).abs().sum(-1)
+        return (sums / (weights @ blocks)[:, None]).mean(-1)
+
+    point = float(ece_of(torch.ones(1, n_seq, dtype=torch.float64))[0])
+    gen = torch.Generator().manual_seed(int(seed))
+    draws = torch.randint(n_seq, (int(n_resamples), n_seq), generator=gen)
+    weights = torch.zeros(int(n_resamples), n_seq, dtype=torch.float64).scatter_add_(
+        1, draws, torch.ones_like(draws, dtype=torch.float64))
+    values = ece_of(weights)
+    conditional = calibrated_confidence(z, t, b)
+    floors = []
+    for _ in range(min(int(n_resamples), 50)):
+        hits = (torch.rand(z.shape, generator=gen, dtype=torch.float64) < conditional).double()
+        sim = torch.cumprod(hits, dim=-1)
+        floors.append(float(np.mean([float(_ece_rows(prob[:, k][None], sim[:, k], n_bins)[0]) for k in range(g)])))
+    alpha = (1.0 - float(confidence)) / 2.0
+    low, high = torch.quantile(values, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)).tolist()
+    return {
+        "point": point,
+        "low": float(low),
+        "high": float(high),
+        "confidence": float(confidence),
+        "bootstrap_mean": float(values.mean()),
+        "bootstrap_std": float(values.std()) if values.numel() > 1 else 0.0,
+        "noise_floor": float(np.mean(floors)),
+        "resamples": int(n_resamples),
+        "seed": int(seed),
+        "sequences": n_seq,
+        "blocks": int(z.shape[0]),
+        "by": "sequence",
+        "method": "percentile",
     }
 
 
@@ -232,12 +490,14 @@ def _reliability_curve(prob: Tensor, outcome: Tensor, n_bins: int) -> tuple[np.n
             count.numpy())
 
 
-def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: str | Path, *, n_bins: int = 15) -> Path:
+def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: str | Path, *, n_bins: int = 15,
+                     title: str | None = None, biases: Any = None) -> Path:
     """Write a PNG reliability diagram, one panel per block position.
 
     Each panel plots the observed frequency of "positions 1..k all accepted" against the
-    predicted cumulative survival, per equal-width bin, before (T = 1) and after STS, over
-    the diagonal of perfect calibration and a histogram of the calibrated predictions.
+    predicted cumulative survival, per equal-width bin, before (T = 1) and after STS (or STS with
+    biases, when given), over the diagonal of perfect calibration and a histogram of the calibrated
+    predictions.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -245,9 +505,11 @@ def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: s
     z, a = _check_block_inputs(conf_logits, accepted)
     g = z.shape[1]
     t = _check_temperatures(temperatures, g)
+    b = None if biases is None else _check_biases(biases, g)
+    after_label = "after STS" if b is None else "after STS+bias"
     survived = survival_indicator(a)
     before = cumulative_survival(z, torch.ones(g, dtype=torch.float64))
-    after = cumulative_survival(z, t)
+    after = cumulative_survival(z, t, b)
     ncols = min(g, 4)
     nrows = math.ceil(g / ncols)
     fig = Figure(figsize=(3.2 * ncols, 3.0 * nrows), layout="constrained")
@@ -269,7 +531,7 @@ def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: s
         ax.patch.set_visible(False)
         ax.plot([0, 1], [0, 1], ls="--", color="0.4", lw=1, label="perfect")
         ax.plot(x_b, y_b, "o-", color="tab:red", ms=3, label="before STS")
-        ax.plot(x_a, y_a, "s-", color="tab:blue", ms=3, label="after STS")
+        ax.plot(x_a, y_a, "s-", color="tab:blue", ms=3, label=after_label)
         ece_b = float(_ece_rows(before[:, k][None], survived[:, k], n_bins)[0])
         ece_a = float(_ece_rows(after[:, k][None], survived[:, k], n_bins)[0])
         ax.set_title(f"position {k + 1}: ECE {100 * ece_b:.1f}% -> {100 * ece_a:.1f}%", fontsize=9)
@@ -279,6 +541,8 @@ def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: s
         ax.set_ylabel("observed frequency", fontsize=8)
         if k == 0:
             ax.legend(fontsize=7, loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", dpi=100)
@@ -286,28 +550,45 @@ def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: s
 
 
 def save_temperatures(directory: str | Path, temperatures: Any, *, ece_before: float | None = None,
-                      ece_after: float | None = None) -> Path:
+                      ece_after: float | None = None, biases: Any = None) -> Path:
     """Write ``temperatures.json`` into the drafter checkpoint directory; returns its path.
 
     ece_before / ece_after (from :func:`calibration_report`) are stored as null when not given.
+    ``biases`` (sts_bias, one finite value per position) adds a "biases" list and names the method
+    sts_bias; without it the file is exactly the STS file (no "biases" key: zeros when read).
     """
     t = _as_float64(temperatures, "temperatures").reshape(-1)
     t = _check_temperatures(t, t.numel())
+    b = None if biases is None else _check_biases(biases, t.numel())
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "temperatures": [float(v) for v in t],
-        "method": STS_METHOD,
+    payload: dict[str, Any] = {"temperatures": [float(v) for v in t]}
+    if b is not None:
+        payload["biases"] = [float(v) for v in b]
+    payload.update({
+        "method": STS_METHOD if b is None else STS_BIAS_METHOD,
         "ece_before": None if ece_before is None else float(ece_before),
         "ece_after": None if ece_after is None else float(ece_after),
-    }
+    })
     path = directory / TEMPERATURES_FILE
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
 
 
 def load_temperatures(directory: str | Path, block_size: int) -> Tensor:
-    """Read ``temperatures.json`` from a drafter checkpoint directory as float32 [block_size]."""
+    """Read the temperatures of ``temperatures.json`` in a drafter checkpoint directory as float32 [block_size].
+
+    The biases (if any) are validated too but not returned: use :func:`load_calibration` for both.
+    """
+    return load_calibration(directory, block_size)[0]
+
+
+def load_calibration(directory: str | Path, block_size: int) -> tuple[Tensor, Tensor]:
+    """Read ``temperatures.json``: float32 (temperatures [block_size], biases [block_size]).
+
+    Files without a "biases" list (STS, and every file written before biases existed) read as
+    zero biases. A "biases" entry must be a list of ``block_size`` finite numbers.
+    """
     path = Path(directory) / TEMPERATURES_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: calibrate the drafter first (fit_sequential_temperatures "
@@ -318,18 +599,33 @@ def load_temperatures(directory: str | Path, block_size: int) -> Tensor:
         raise ValueError(f"{path} is not valid JSON ({e}); re-run calibration to rewrite it") from e
     if not isinstance(payload, dict) or "temperatures" not in payload:
         raise ValueError(f"{path} has no 'temperatures' list; re-run calibration to rewrite it")
-    if payload.get("method") != STS_METHOD:
-        raise ValueError(f"{path} was written by method {payload.get('method')!r}, expected {STS_METHOD!r}")
+    if payload.get("method") not in (STS_METHOD, STS_BIAS_METHOD):
+        raise ValueError(f"{path} was written by method {payload.get('method')!r}, expected {STS_METHOD!r} "
+                         f"or {STS_BIAS_METHOD!r}")
     values = payload["temperatures"]
     if not isinstance(values, list) or len(values) != block_size:
         n = len(values) if isinstance(values, list) else type(values).__name__
         raise ValueError(f"{path} holds {n} temperatures but the drafter block size is {block_size}; "
                          f"re-calibrate this drafter checkpoint")
-    return _check_temperatures(values, block_size).float()
+    temperatures = _check_temperatures(values, block_size).float()
+    raw = payload.get("biases")
+    if raw is None:
+        return temperatures, torch.zeros(block_size, dtype=torch.float32)
+    bad_type = not isinstance(raw, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in raw)
+    if bad_type:
+        raise ValueError(f"{path}: 'biases' must be a list of {block_size} finite numbers (one per block position), "
+                         f"got {raw!r}; re-run calibration (method=sts_bias) to rewrite it, or remove the key")
+    if len(raw) != block_size:
+        raise ValueError(f"{path} holds {len(raw)} biases but the drafter block size is {block_size}; "
+                         f"re-calibrate this drafter checkpoint")
+    if not all(math.isfinite(float(v)) for v in raw):
+        raise ValueError(f"{path}: biases must be finite, got {raw}; re-run calibration to rewrite it")
+    return temperatures, torch.tensor([float(v) for v in raw], dtype=torch.float32)
 
 
 __all__ = [
-    "STS_METHOD", "TEMPERATURES_FILE", "calibrated_confidence", "calibration_report", "cumulative_survival",
-    "expected_calibration_error", "fit_sequential_temperatures", "load_temperatures", "reliability_plot",
-    "roc_auc", "save_temperatures", "survival_indicator", "temperature_grid",
+    "METHODS", "STS_BIAS_METHOD", "STS_METHOD", "TEMPERATURES_FILE", "bias_grid", "bootstrap_ece",
+    "calibrated_confidence", "calibration_report", "cumulative_survival", "expected_calibration_error",
+    "fit_sequential_temperatures", "fit_sequential_temperatures_biases", "load_calibration", "load_temperatures",
+    "reliability_plot", "roc_auc", "save_temperatures", "split_sequences", "survival_indicator", "temperature_grid",
 ]

@@ -205,31 +205,47 @@ def step_generator(seed: int, step: int, salt: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed((int(seed) * 7919 + int(step) * 104729 + salt) & 0x7FFF_FFFF_FFFF_FFFF)
 
 
-def sample_anchors(lengths: torch.Tensor, response_starts: torch.Tensor, num_anchors: int, block_size: int,
-                   generator: torch.Generator, require_full_block: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_anchors(lengths: torch.Tensor, response_starts: torch.Tensor, num_anchors: int | None, block_size: int,
+                   generator: torch.Generator, require_full_block: bool = True, stride: int = 1
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Up to ``num_anchors`` distinct anchors per row in the response part, sorted; (anchors [B, A], valid [B, A]).
 
     Candidates are a in [start-1, length-2] (a = start-1 is the last prompt token: its block
     predicts the first response tokens). With ``require_full_block`` the range ends at
     length-1-block_size so all labels exist; a row whose response is shorter falls back to
     the partial range, whose out-of-sequence slots are masked by :func:`block_labels`.
-    Unused anchor slots are 0 and invalid.
+    With ``stride`` > 1 only every stride-th candidate from start-1 on is eligible.
+    ``num_anchors=None`` takes every eligible candidate (no randomness; A is then the largest
+    count in the batch). Unused anchor slots are 0 and invalid.
     """
+    if int(stride) < 1:
+        raise ValueError(f"anchor stride must be >= 1, got {stride}")
+    if num_anchors is not None and int(num_anchors) < 1:
+        raise ValueError(f"num_anchors must be >= 1 or None (every eligible position), got {num_anchors}")
     batch = lengths.shape[0]
-    anchors = torch.zeros(batch, num_anchors, dtype=torch.int64)
-    valid = torch.zeros(batch, num_anchors, dtype=torch.bool)
+    picked: list[torch.Tensor | None] = []
     for b in range(batch):
         lo = int(response_starts[b]) - 1
         hi = int(lengths[b]) - 2
         if require_full_block and int(lengths[b]) - 1 - block_size >= lo:
             hi = int(lengths[b]) - 1 - block_size
-        count = hi - lo + 1
+        count = (hi - lo) // stride + 1 if hi >= lo else 0
         if count < 1:
+            picked.append(None)
             continue
-        take = min(num_anchors, count)
-        chosen = torch.randperm(count, generator=generator)[:take].sort().values + lo
-        anchors[b, :take] = chosen
-        valid[b, :take] = True
+        if num_anchors is None:
+            chosen = torch.arange(count, dtype=torch.int64)
+        else:
+            chosen = torch.randperm(count, generator=generator)[:min(int(num_anchors), count)].sort().values
+        picked.append(chosen * stride + lo)
+    width = int(num_anchors) if num_anchors is not None else max([c.numel() for c in picked if c is not None],
+                                                                  default=0)
+    anchors = torch.zeros(batch, width, dtype=torch.int64)
+    valid = torch.zeros(batch, width, dtype=torch.bool)
+    for b, chosen in enumerate(picked):
+        if chosen is not None:
+            anchors[b, :chosen.numel()] = chosen
+            valid[b, :chosen.numel()] = True
     return anchors, valid
 
 
@@ -548,7 +564,8 @@ class DrafterTrainer:
                               f"the current {self.drafter.cfg.to_dict()}")
         loaded = DSparkDrafter.load(src, self.target.cfg, device="cpu", dtype=torch.float32)
         self.drafter.load_state_dict(loaded.state_dict(), strict=True)
-        self.drafter.set_confidence_temperatures(loaded.confidence_temperatures.tolist())
+        self.drafter.set_confidence_temperatures(loaded.confidence_temperatures.tolist(),
+                                                 loaded.confidence_biases.tolist())
         opt_tensors = load_tensor_shards(src / OPTIMIZER_DIR, "optimizer")
         self.optimizer.load_state_dict(_unflatten_optimizer_state(opt_tensors, state["optimizer_meta"]))
         self.scheduler.load_state_dict(state["scheduler"])
@@ -584,8 +601,8 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 @torch.no_grad()
-def replay_blocks(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.Tensor, anchors: torch.Tensor
-                  ) -> dict[str, torch.Tensor]:
+def replay_blocks(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.Tensor, anchors: torch.Tensor,
+                  anchor_chunk: int | None = None) -> dict[str, torch.Tensor]:
     """Greedy draft + full-block greedy verification at given anchors, as the engine would do them.
 
     input_ids int64 [B, S] (committed tokens; only positions <= anchor are used); anchors int64 [B, A].
@@ -593,11 +610,26 @@ def replay_blocks(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.
     confidence features from the drafted tokens); the target verifies [anchor, d_1..d_{G-1}]
     on top of the true prefix. Returns ``tokens`` [B, A, G], ``accepted`` bool [B, A, G]
     (d_k == target argmax; every slot verified) and float32 ``conf_logits`` [B, A, G] (zeros
-    without a confidence head).
+    without a confidence head). ``anchor_chunk`` bounds memory: the target's context pass runs
+    once, then drafting and verification run over at most that many anchors per sequence at a
+    time (the verify attention grows with (anchors x block)^2 otherwise).
     """
+    if anchor_chunk is not None and int(anchor_chunk) < 1:
+        raise ValueError(f"anchor_chunk must be >= 1 or None, got {anchor_chunk}")
+    _, captured, kvs = dense_target_forward(target, input_ids, drafter.cfg.target_layer_ids, return_kv=True)
+    n_anchor = anchors.shape[1]
+    chunk = n_anchor if anchor_chunk is None else min(int(anchor_chunk), max(n_anchor, 1))
+    if chunk >= n_anchor:
+        return _replay_anchor_chunk(target, drafter, input_ids, captured, kvs, anchors)
+    parts = [_replay_anchor_chunk(target, drafter, input_ids, captured, kvs, anchors[:, i: i + chunk])
+             for i in range(0, n_anchor, chunk)]
+    return {key: torch.cat([p[key] for p in parts], dim=1) for key in parts[0]}
+
+
+def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.Tensor,
+                         captured: torch.Tensor, kvs: list, anchors: torch.Tensor) -> dict[str, torch.Tensor]:
     gamma = drafter.block_size
     device = input_ids.device
-    _, captured, kvs = dense_target_forward(target, input_ids, drafter.cfg.target_layer_ids, return_kv=True)
     dummy = torch.zeros(*anchors.shape, gamma, dtype=torch.int64, device=device)
     hidden = drafter.forward_train(captured, input_ids, anchors, target.embed, target.lm_head_weight, dummy).hidden
     n, a = anchors.shape
@@ -615,38 +647,55 @@ def replay_blocks(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.
 
 @torch.no_grad()
 def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset, *, max_len: int = 1024,
-                            anchors_per_seq: int = 16, batch_size: int = 8, seed: int = 0, pad_id: int = 0,
-                            progress: bool = False) -> dict[str, torch.Tensor]:
+                            anchors_per_seq: int | None = 16, batch_size: int = 8, seed: int = 0, pad_id: int = 0,
+                            progress: bool = False, anchor_stride: int = 1, anchor_chunk: int | None = None
+                            ) -> dict[str, torch.Tensor]:
     """:func:`replay_blocks` at up to ``anchors_per_seq`` seeded anchors of every sequence.
 
-    Anchors a lie in [response_start-1, length-1] (verification needs only the prefix).
+    Anchors a lie in [response_start-1, length-1] (verification needs only the prefix), every
+    ``anchor_stride``-th position from response_start-1 on; ``anchors_per_seq=None`` takes all
+    of them. ``batch_size`` sequences share one context pass and ``anchor_chunk`` anchors per
+    sequence share one draft + verify pass, which bounds memory however many anchors there are.
     Returns float32 ``conf_logits`` [M, G] (raw z_k of the drafted tokens), float32
-    ``accepted`` [M, G] and ``accept_length`` [M] (accepted prefix + 1 bonus) over the M blocks.
+    ``accepted`` [M, G], ``accept_length`` [M] (accepted prefix + 1 bonus), and int64
+    ``seq_index`` [M] / ``anchor`` [M] (the dataset row and the position of each block's anchor)
+    over the M blocks, in dataset order.
     """
     from tqdm.auto import tqdm
 
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     device = next(drafter.parameters()).device
     gamma = drafter.block_size
     was_training = drafter.training
     drafter.eval()
-    conf_all, acc_all = [], []
+    conf_all, acc_all, seq_all, anchor_all = [], [], [], []
     starts = range(0, len(dataset), batch_size)
     try:
         for i, start in enumerate(tqdm(starts, desc="greedy replay", unit="batch", disable=not progress)):
             rows = list(range(start, min(start + batch_size, len(dataset))))
             batch = make_batch(dataset, rows, max_len, pad_id)
             anchors, valid = sample_anchors(batch.lengths + 1, batch.response_starts, anchors_per_seq, gamma,
-                                            step_generator(seed, i, salt=1), require_full_block=False)
-            valid = valid.to(device)
-            out = replay_blocks(target, drafter, batch.input_ids.to(device), anchors.to(device))
-            conf_all.append(out["conf_logits"][valid].cpu())
-            acc_all.append(out["accepted"][valid].float().cpu())
+                                            step_generator(seed, i, salt=1), require_full_block=False,
+                                            stride=anchor_stride)
+            if not bool(valid.any()):
+                continue
+            out = replay_blocks(target, drafter, batch.input_ids.to(device), anchors.to(device),
+                                anchor_chunk=anchor_chunk)
+            valid_dev = valid.to(device)
+            conf_all.append(out["conf_logits"][valid_dev].float().cpu())
+            acc_all.append(out["accepted"][valid_dev].float().cpu())
+            seq_all.append(torch.tensor(rows, dtype=torch.int64)[:, None].expand(valid.shape)[valid])
+            anchor_all.append(anchors[valid])
     finally:
         drafter.train(was_training)
+    if not conf_all:
+        raise ValueError(f"no sequence of the {len(dataset)} given has a response position to anchor a block at")
     conf_logits = torch.cat(conf_all)
     accepted = torch.cat(acc_all)
     accept_length = torch.cumprod(accepted, dim=-1).sum(-1) + 1.0
-    return {"conf_logits": conf_logits, "accepted": accepted, "accept_length": accept_length}
+    return {"conf_logits": conf_logits, "accepted": accepted, "accept_length": accept_length,
+            "seq_index": torch.cat(seq_all), "anchor": torch.cat(anchor_all)}
 
 
 __all__ = ["DrafterTrainer", "TrainConfig", "block_labels", "complete_checkpoints", "dense_target_forward",

@@ -1,0 +1,124 @@
+"""Held-out calibration data is disjoint from the drafter's training prompts and from every
+workload's evaluation prompts.
+
+- The shipped drafter's prompt record (dspark/assets/dspark-smollm2/training_prompts.json) is
+  exactly the set of prompts its data run admitted: replaying the run's recipe (sources, seed,
+  samples per prompt, two shards, and each shard's admitted count from its log) gives those
+  ids, and the replay's admitted requests per source equal the shipped data's per-source counts.
+- Calibration prompts (split=train minus the record) never meet the record, nor any eval-split
+  prompt (the split is a hash of the id), nor the prompts the benchmarks and eval_drafter draw.
+- make_training_data writes a prompt record beside every output, and exclude_prompts= honours it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from dspark.config import ConfigError
+from runners import make_training_data as mtd
+from workloads.base import split_of
+from workloads.registry import DEFAULTS, build_workload, make_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = str(ROOT / "conf")
+SOURCES = ["agentic", "poetry", "arena_hard", "stdlib_prose", "hard_questions"]
+# bench/results/h200-2026-11-30-drafter3: data_shard{0,1}.log ("prompts" minus "not_admitted") and
+# data_summary.txt ("per_source"), the run that made the shipped drafter's training data.
+SHIPPED_ADMITTED = [17143 - 14113, 17142 - 13949]
+SHIPPED_PER_SOURCE = {"agentic": 960, "arena_hard": 21, "hard_questions": 1351, "poetry": 3578, "stdlib_prose": 313}
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return mtd.load_prompt_record("builtin:dspark-smollm2")
+
+
+def test_shipped_record_matches_the_recorded_run(shipped):
+    logs = ROOT / "bench/results/h200-2026-11-30-drafter3"
+    if logs.is_dir():  # the numbers above are the logs'
+        summary = json.loads((logs / "data_summary.txt").read_text())
+        assert summary["per_source"] == SHIPPED_PER_SOURCE and summary["sequences"] == sum(SHIPPED_ADMITTED)
+        assert [p["not_admitted"] for p in summary["info"]["parts"]] == [14113, 13949]
+    recipe = shipped["recipe"]
+    assert recipe["split"] == "train" and recipe["seed"] == 0 and recipe["num_prompts_per_source"] is None
+    assert [s["admitted"] for s in recipe["shards"]] == SHIPPED_ADMITTED
+    chosen, requests = mtd.admitted_prompts(recipe["sources"], "train", None, 0, recipe["samples_per_prompt"],
+                                            SHIPPED_ADMITTED)
+    assert requests == [17143, 17142]  # the prompt pools still replay the run's order
+    assert dict(collections.Counter(src for src, _ in chosen)) == SHIPPED_PER_SOURCE
+    assert set(shipped["prompt_ids"]) == {pid for _, pid in chosen}
+    assert shipped["admitted_requests_per_source"] == SHIPPED_PER_SOURCE
+
+
+def test_calibration_prompts_are_disjoint_from_training_and_evaluation(shipped):
+    trained = set(shipped["prompt_ids"])
+    items = mtd.collect_prompts(SOURCES, "train", None, 1, exclude=trained)
+    ids = {pid for _, pid, _ in items}
+    assert len(ids) > 2000 and not ids & trained
+    assert all(split_of(pid) == "train" for pid in ids)  # hence never an eval-split prompt
+    per_source = collections.Counter(src for src, _, _ in items)
+    assert all(per_source[s] > 0 for s in SOURCES if s != "arena_hard")
+    for name in SOURCES:  # the whole eval split of each source, which benchmarks and eval_drafter draw from
+        workload = build_workload(make_spec(name, split="eval", num_prompts=None))
+        assert not ids & {p.id for p in workload.available("eval")}
+    for name in ("agentic", "poetry", "arena_hard"):  # the benchmark defaults, drawn as the benchmarks do
+        assert DEFAULTS[name]["split"] == "eval"
+        assert not ids & {p.id for p in build_workload(make_spec(name)).prompts()}
+    # num_prompts_per_source counts after the exclusion: a source still gives what it has left
+    capped = mtd.collect_prompts(["poetry", "agentic"], "train", 50, 1, exclude=trained)
+    assert collections.Counter(src for src, _, _ in capped) == {"poetry": 50, "agentic": 50}
+    assert not {pid for _, pid, _ in capped} & trained
+
+
+def test_prompt_record_checks_itself(tmp_path):
+    rec = mtd.write_prompt_record(tmp_path / "x.prompts.json", ["b", "a", "a"], {"split": "train"})
+    loaded = mtd.load_prompt_record(str(rec))
+    assert loaded["prompt_ids"] == ["a", "b"] and loaded["count"] == 2
+    assert mtd.prompt_record_path(tmp_path / "x.safetensors") == rec
+    assert mtd.load_prompt_record(str(tmp_path / "x.safetensors"))["count"] == 2  # a data file -> its record
+    payload = json.loads(rec.read_text())
+    payload["prompt_ids"].append("c")
+    rec.write_text(json.dumps(payload))
+    with pytest.raises(ConfigError, match="sha256"):
+        mtd.load_prompt_record(str(rec))
+    with pytest.raises(ConfigError, match="does not exist"):
+        mtd.load_prompt_record(str(tmp_path / "missing.json"))
+    (tmp_path / "other.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not a prompt record"):
+        mtd.load_prompt_record(str(tmp_path / "other.json"))
+
+
+def test_make_training_data_records_prompts_and_excludes_them(tmp_path):
+    import torch
+
+    from test_train_drafter import CharTokenizer
+    from tiny import tiny_target
+
+    torch.set_num_threads(1)
+    target = tiny_target(scale=2.0)
+
+    def cfg(out, *extra):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            return compose(config_name="make_training_data", overrides=[
+                "sources=[stdlib_prose,poetry]", "num_prompts_per_source=3", "max_tokens=4", f"output={out}",
+                "engine.max_model_len=64", "engine.kv_block_size=8", "engine.max_num_batched_tokens=64",
+                "progress=false", "++samples_per_prompt={stdlib_prose: 2}", *extra])
+
+    first = mtd.run(cfg(tmp_path / "train.safetensors"), target=target, tokenizer=CharTokenizer())
+    record = mtd.load_prompt_record(first["prompt_record"])
+    assert record["count"] == 6 and record["admitted_requests_per_source"] == {"poetry": 3, "stdlib_prose": 6}
+    assert all("#" not in pid for pid in record["prompt_ids"])  # base ids, sample suffixes stripped
+    second = mtd.run(cfg(tmp_path / "calib.safetensors", f"exclude_prompts=[{tmp_path / 'train.safetensors'}]"),
+                     target=target, tokenizer=CharTokenizer())
+    again = mtd.load_prompt_record(second["prompt_record"])
+    assert second["excluded_prompt_ids"] == 6 and again["count"] == 6
+    assert not set(again["prompt_ids"]) & set(record["prompt_ids"])
+    from dspark.training.data import TokenDataset
+
+    info = TokenDataset.load(tmp_path / "calib.safetensors").info
+    assert info["exclude_prompts"][0]["count"] == 6 and info["split"] == "train"

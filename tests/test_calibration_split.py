@@ -1,0 +1,303 @@
+"""Out-of-sample calibration: the fit/report split by sequence, the bootstrap interval of the
+reported ECE, many-anchor replay with bounded memory, bad-value errors, and runners.calibrate
+end to end with fit_fraction on a tiny random target (CPU, seconds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from dspark.config import ConfigError, SamplingParams
+from dspark.engine import Engine
+from dspark.training.calibration import bootstrap_ece, calibration_report, split_sequences
+from dspark.training.data import TokenDataset, make_batch
+from dspark.training.trainer import greedy_block_acceptance, replay_blocks, sample_anchors
+from tiny import tiny_drafter, tiny_engine_config, tiny_target
+
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+def _blocks(n_seq: int, per_seq: int, seed: int = 0, block: int = 4):
+    """Synthetic blocks: logits, sequential acceptance drawn from sigmoid(z / 1.7), and a sequence id per block."""
+    g = torch.Generator().manual_seed(seed)
+    m = n_seq * per_seq
+    z = 2.0 * torch.randn(m, block, generator=g, dtype=torch.float64) + 1.0
+    p = torch.sigmoid(z / 1.7)
+    accepted = torch.zeros_like(p)
+    alive = torch.ones(m, dtype=torch.bool)
+    for k in range(block):
+        hit = torch.rand(m, generator=g, dtype=torch.float64) < p[:, k]
+        accepted[:, k] = (alive & hit).double()
+        alive &= hit
+    seq = torch.arange(n_seq).repeat_interleave(per_seq)
+    return z, accepted, seq
+
+
+# ------------------------------------------------------------------------------ split
+
+
+def test_split_is_by_sequence_disjoint_covering_and_seeded():
+    seq = torch.tensor([5, 5, 5, 9, 9, 2, 2, 2, 2, 7, 11, 11, 3, 3, 3, 3, 8, 8, 4, 4])
+    fit, rep = split_sequences(seq, 0.5, seed=3)
+    assert bool((fit ^ rep).all())  # every block on exactly one side
+    fit_seqs, rep_seqs = set(seq[fit].tolist()), set(seq[rep].tolist())
+    assert not fit_seqs & rep_seqs and fit_seqs | rep_seqs == set(seq.tolist())
+    assert len(fit_seqs) == 4 and len(rep_seqs) == 4  # round(0.5 * 8)
+    again, _ = split_sequences(seq, 0.5, seed=3)
+    assert torch.equal(fit, again)
+    others = {tuple(split_sequences(seq, 0.5, seed=s)[0].tolist()) for s in range(8)}
+    assert len(others) > 1  # the seed matters
+    fit_small, _ = split_sequences(seq, 0.3, seed=0)
+    assert len(set(seq[fit_small].tolist())) == 2  # round(0.3 * 8)
+
+
+@pytest.mark.parametrize("bad", [0, 1, 0.0, 1.0, -0.2, 1.5, float("nan"), True, "0.5", None])
+def test_split_rejects_fractions_outside_the_open_interval(bad):
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        split_sequences(torch.arange(10), bad, seed=0)
+
+
+def test_split_needs_enough_sequences_on_each_side():
+    with pytest.raises(ValueError, match="each part needs at least 2"):
+        split_sequences(torch.tensor([0, 0, 1, 1, 2]), 0.5, seed=0)  # 3 sequences
+    with pytest.raises(ValueError, match="each part needs at least 2"):
+        split_sequences(torch.arange(10), 0.9, seed=0)  # 9 / 1
+    fit, rep = split_sequences(torch.arange(10), 0.8, seed=0)  # 8 / 2 is fine
+    assert int(fit.sum()) == 8 and int(rep.sum()) == 2
+
+
+# ------------------------------------------------------------------------------ bootstrap
+
+
+def test_bootstrap_point_is_the_report_ece_and_the_interval_contains_it():
+    z, a, seq = _blocks(120, 20, seed=1)  # acceptance drawn at temperature 1.7
+    t = torch.ones(4, dtype=torch.float64)  # raw head: miscalibrated by several percent
+    out = bootstrap_ece(z, a, t, seq, n_resamples=200, seed=5)
+    assert out["point"] == pytest.approx(calibration_report(z, a, t)["ece_after"], abs=1e-12)
+    assert out["point"] > 0.03
+    assert out["low"] <= out["point"] <= out["high"] and out["low"] < out["high"]
+    assert out["sequences"] == 120 and out["blocks"] == 2400 and out["resamples"] == 200
+    assert out == bootstrap_ece(z, a, t, seq, n_resamples=200, seed=5)  # deterministic given the seed
+    assert out["high"] != bootstrap_ece(z, a, t, seq, n_resamples=200, seed=6)["high"]
+    # the true temperature: ECE falls to the noise floor of 2,400 blocks, and the interval says it is lower
+    good = bootstrap_ece(z, a, torch.full((4,), 1.7, dtype=torch.float64), seq, n_resamples=200, seed=5)
+    assert good["high"] < out["low"]
+    assert good["point"] < 2.5 * good["noise_floor"] and out["point"] > 2.5 * out["noise_floor"]
+    # near perfect calibration ECE is noise-dominated and the percentile interval leans upward (conservative)
+    assert good["low"] >= 0.75 * good["point"]
+
+
+def test_bootstrap_resample_equals_ece_of_the_drawn_blocks():
+    """One resample's value is calibration_report's ECE over the blocks of the drawn sequences, duplicates kept."""
+    z, a, seq = _blocks(9, 7, seed=2)
+    t = torch.tensor([1.2, 0.8, 2.0, 1.0], dtype=torch.float64)
+    out = bootstrap_ece(z, a, t, seq, n_resamples=1, seed=11, confidence=0.5)
+    draws = torch.randint(9, (1, 9), generator=torch.Generator().manual_seed(11))[0]
+    rows = torch.cat([torch.nonzero(seq == s).reshape(-1) for s in draws.tolist()])
+    expected = calibration_report(z[rows], a[rows], t)["ece_after"]
+    assert out["low"] == pytest.approx(expected, abs=1e-12) and out["high"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_bootstrap_errors():
+    z, a, seq = _blocks(4, 3)
+    t = torch.ones(4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="one per block"):
+        bootstrap_ece(z, a, t, seq[:-1])
+    with pytest.raises(ValueError, match="at least 2 sequences"):
+        bootstrap_ece(z, a, t, torch.zeros_like(seq))
+    with pytest.raises(ValueError, match="n_resamples"):
+        bootstrap_ece(z, a, t, seq, n_resamples=0)
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_ece(z, a, t, seq, confidence=1.0)
+
+
+# ------------------------------------------------------------------------------ replay with many anchors
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.set_num_threads(1)
+    return tiny_target(scale=2.0)
+
+
+@pytest.fixture(scope="module")
+def data(target) -> TokenDataset:
+    engine = Engine(target, None, tiny_engine_config(spec="off", max_num_seqs=16))
+    gen = torch.Generator().manual_seed(321)
+    prompts = [torch.randint(3, 97, (int(torch.randint(3, 7, (1,), generator=gen)),), generator=gen).tolist()
+               for _ in range(16)]
+    outs = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+    return TokenDataset.from_sequences([o.prompt_token_ids + o.token_ids for o in outs],
+                                       [len(o.prompt_token_ids) for o in outs], ["a"] * len(outs),
+                                       info={"split": "train", "exclude_prompts": [{"entry": "test"}]})
+
+
+def test_sample_anchors_every_position_with_stride():
+    lengths, starts = torch.tensor([20, 9, 4, 3]), torch.tensor([5, 4, 3, 3])
+    anchors, valid = sample_anchors(lengths, starts, None, 4, torch.Generator(), require_full_block=False, stride=3)
+    assert anchors[0][valid[0]].tolist() == [4, 7, 10, 13, 16]  # [start-1, length-2] every 3rd
+    assert anchors[1][valid[1]].tolist() == [3, 6]
+    assert anchors[2][valid[2]].tolist() == [2]
+    assert not valid[3].any() and anchors.shape == (4, 5)  # no response position: no anchor
+    # stride 1 and a count: the historical sampler (same generator draws)
+    a1, v1 = sample_anchors(lengths, starts, 4, 4, torch.Generator().manual_seed(0), require_full_block=False)
+    g = torch.Generator().manual_seed(0)
+    assert a1[0].tolist() == (torch.randperm(15, generator=g)[:4].sort().values + 4).tolist()
+    with pytest.raises(ValueError, match="stride"):
+        sample_anchors(lengths, starts, None, 4, torch.Generator(), stride=0)
+
+
+def test_replay_in_anchor_chunks_equals_one_pass(target):
+    drafter = tiny_drafter(target, block_size=4).eval()
+    batch = make_batch(TokenDataset.from_sequences([list(range(3, 30)), list(range(40, 60))], [4, 5], ["a", "a"]),
+                       [0, 1], 64)
+    anchors, _ = sample_anchors(batch.lengths + 1, batch.response_starts, None, 4, torch.Generator(),
+                                require_full_block=False)
+    whole = replay_blocks(target, drafter, batch.input_ids, anchors)
+    chunked = replay_blocks(target, drafter, batch.input_ids, anchors, anchor_chunk=5)
+    assert torch.equal(whole["tokens"], chunked["tokens"]) and torch.equal(whole["accepted"], chunked["accepted"])
+    torch.testing.assert_close(whole["conf_logits"], chunked["conf_logits"], rtol=1e-4, atol=1e-5)
+
+
+def test_greedy_block_acceptance_all_anchors_names_sequences(target, data):
+    drafter = tiny_drafter(target, block_size=4)
+    out = greedy_block_acceptance(target, drafter, data, max_len=40, anchors_per_seq=None, anchor_stride=2,
+                                  anchor_chunk=4, batch_size=5)
+    per_seq = torch.bincount(out["seq_index"], minlength=len(data))
+    for i in range(len(data)):
+        p_len, length = int(data.prompt_lens[i]), data.length(i)
+        assert int(per_seq[i]) == len(range(p_len - 1, length, 2))  # anchors in [start-1, length-1], stride 2
+    assert out["conf_logits"].shape == out["accepted"].shape == (int(per_seq.sum()), 4)
+    assert out["anchor"].shape == out["seq_index"].shape
+
+
+# ------------------------------------------------------------------------------ runner
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, target):
+    """A drafter whose confidence head carries signal: a tiny model trained briefly on greedy data."""
+    from dspark.training.trainer import DrafterTrainer, TrainConfig
+
+    out = tmp_path_factory.mktemp("cal")
+    engine = Engine(target, None, tiny_engine_config(spec="off", max_num_seqs=16))
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 97, (4,), generator=gen).tolist() for _ in range(16)]
+    outs = engine.generate(prompts, SamplingParams(max_tokens=28, ignore_eos=True))
+    train = TokenDataset.from_sequences([o.prompt_token_ids + o.token_ids for o in outs],
+                                        [len(o.prompt_token_ids) for o in outs], ["a"] * 16)
+    drafter = tiny_drafter(target, block_size=4)
+    DrafterTrainer(target, drafter, train, TrainConfig(output_dir=str(out / "run"), max_steps=20, batch_size=6,
+                                                       max_len=40, anchors_per_seq=6, lr=1e-2, warmup_steps=2,
+                                                       save_every=1000, log_every=5, progress=False, seed=0)).train()
+    drafter.set_confidence_temperatures([1.3, 0.9, 1.1, 2.0])  # "previously shipped" temperatures
+    return drafter.save(out / "final")
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="calibrate", overrides=["max_len=40", "progress=false", "n_grid=40", *overrides])
+
+
+def test_calibrate_runner_fit_report_split_and_bootstrap(tmp_path, target, data, checkpoint):
+    from runners import calibrate
+
+    path = data.save(tmp_path / "calib.safetensors")
+    out_json = tmp_path / "cal.json"
+    cfg = _compose(f"checkpoint={checkpoint}", f"data={path}", "fit_fraction=0.5", "anchors_per_seq=null",
+                   "anchor_stride=1", "anchor_chunk=8", "bootstrap_resamples=50", f"output_json={out_json}",
+                   f"plot={tmp_path / 'rel.png'}")
+    report = calibrate.run(cfg, target=target)
+    saved = json.loads(out_json.read_text())
+    split = saved["split"]
+    assert split["by"] == "sequence" and split["sequences"] == {"fit": 8, "report": 8}
+    assert split["blocks"]["fit"] + split["blocks"]["report"] == saved["blocks"]
+    assert saved["reported_on"] == "report" and saved["temperatures_fitted_on"] == "fit"
+    assert saved["in_sample"]["part"] == "fit" and saved["out_of_sample"]["part"] == "report"
+    assert saved["in_sample"]["num_rows"] == split["blocks"]["fit"]
+    assert saved["out_of_sample"]["num_rows"] == split["blocks"]["report"] == saved["num_rows"]
+    assert saved["ece_after"] == saved["out_of_sample"]["ece_after"]  # top level = out of sample
+    b = saved["bootstrap"]["ece_after"]
+    assert b["sequences"] == 8 and b["point"] == pytest.approx(saved["ece_after"], abs=1e-12)
+    assert b["low"] <= b["high"] and saved["target_ece"] == 0.02
+    assert saved["target_ece_verdict"].split(":")[0] in ("met", "not met", "undecided", "unresolvable")
+    assert saved["previous_temperatures"]["temperatures"] == pytest.approx([1.3, 0.9, 1.1, 2.0])
+    temps = json.loads((checkpoint / "temperatures.json").read_text())
+    assert temps["temperatures"] == saved["temperatures"] and temps["ece_after"] == saved["ece_after"]
+    assert (tmp_path / "rel.png").stat().st_size > 1000
+    # deterministic: the same run gives the same report
+    again = calibrate.run(cfg, target=target)
+    assert again["temperatures"] == report["temperatures"] and again["bootstrap"] == report["bootstrap"]
+
+
+def test_calibrate_runner_sts_bias_writes_biases_the_drafter_loads(tmp_path, target, data, checkpoint):
+    import shutil
+
+    from dspark.models.drafter import DSparkDrafter
+    from runners import calibrate
+
+    ckpt = Path(shutil.copytree(checkpoint, tmp_path / "drafter"))
+    path = data.save(tmp_path / "calib.safetensors")
+    cache = tmp_path / "replay.pt"
+    common = [f"data={path}", "fit_fraction=0.5", "anchors_per_seq=null", "anchor_chunk=8",
+              "bootstrap_resamples=20", f"replay_cache={cache}", "n_bias=21", "refine=5"]
+    sts = calibrate.run(_compose(f"checkpoint={ckpt}", *common, f"output_json={tmp_path / 'sts.json'}",
+                                 f"plot={tmp_path / 'sts.png'}"), target=target)
+    assert cache.is_file() and sts["method"] == "sequential_temperature_scaling" and "biases" not in sts
+    report = calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_bias",
+                                    f"output_json={tmp_path / 'bias.json'}", f"plot={tmp_path / 'bias.png'}"),
+                           target=target)
+    saved = json.loads((tmp_path / "bias.json").read_text())
+    assert saved["method"] == "sequential_temperature_bias_scaling" and saved["method_option"] == "sts_bias"
+    assert saved["blocks"] == sts["blocks"]  # the cached replay: the same blocks
+    assert len(saved["biases"]) == 4 and saved["out_of_sample"]["biases"] == saved["biases"]
+    # at position 1 (same prefix for both) the bias grid holds every STS candidate (b = 0), so in sample the
+    # bias fit is never worse there than STS, up to the sharpness tolerance
+    assert (saved["in_sample"]["ece_after_per_position"][0]
+            <= sts["in_sample"]["ece_after_per_position"][0] + 0.002 + 1e-9)
+    written = json.loads((ckpt / "temperatures.json").read_text())
+    assert written["biases"] == saved["biases"] and written["temperatures"] == saved["temperatures"]
+    loaded = DSparkDrafter.load(ckpt, target.cfg)
+    assert loaded.confidence_biases.tolist() == pytest.approx(saved["biases"])
+    z = torch.randn(3, 4)
+    expected = torch.sigmoid(z / torch.tensor(saved["temperatures"]) + torch.tensor(saved["biases"]))
+    torch.testing.assert_close(loaded.calibrated_confidence(z), expected)
+    # the STS temperatures the checkpoint held before are judged as before (no biases)
+    assert saved["previous_temperatures"]["temperatures"] == pytest.approx(sts["temperatures"])
+    assert "biases" not in saved["previous_temperatures"]
+    assert report["bootstrap"]["ece_after"]["point"] == pytest.approx(saved["ece_after"], abs=1e-12)
+    # a cache made for other anchors is refused, not silently reused
+    with pytest.raises(ConfigError, match="replay_cache"):
+        calibrate.run(_compose(f"checkpoint={ckpt}", *common, "anchor_stride=2"), target=target)
+
+
+@pytest.mark.parametrize("override,match", [
+    ("method=platt", "method"), ("method=sts_bias n_bias=4", "n_bias"), ("method=sts_bias b_max=0", "b_max"),
+    ("method=sts_bias refine=-1", "refine"), ("method=sts_bias ece_tolerance=-0.1", "ece_tolerance"),
+    ("fit_fraction=0", "fit_fraction"), ("fit_fraction=1.0", "fit_fraction"), ("fit_fraction=1.5", "fit_fraction"),
+    ("anchors_per_seq=0", "anchors_per_seq"), ("anchor_stride=0", "anchor_stride"),
+    ("anchor_chunk=0", "anchor_chunk"), ("bootstrap_resamples=-1", "bootstrap_resamples"),
+    ("confidence=1.0", "confidence"), ("target_ece=0", "target_ece"), ("batch_size=0", "batch_size"),
+])
+def test_calibrate_runner_rejects_bad_values(tmp_path, override, match, checkpoint):
+    from runners import calibrate
+
+    with pytest.raises(ConfigError, match=match):
+        calibrate.run(_compose(f"checkpoint={checkpoint}", f"data={tmp_path / 'none.safetensors'}",
+                               *override.split()), target=object())
+
+
+def test_calibrate_runner_too_few_sequences_for_a_split(tmp_path, target, data, checkpoint):
+    from runners import calibrate
+
+    path = data.subset(range(3)).save(tmp_path / "small.safetensors")
+    with pytest.raises(ConfigError, match="cannot be split"):
+        calibrate.run(_compose(f"checkpoint={checkpoint}", f"data={path}", "fit_fraction=0.5"), target=target)
+    path5 = data.subset(range(5)).save(tmp_path / "five.safetensors")
+    with pytest.raises(ConfigError, match="each part needs at least 2"):
+        calibrate.run(_compose(f"checkpoint={checkpoint}", f"data={path5}", "fit_fraction=0.9",
+                               f"output_json={tmp_path / 'x.json'}"), target=target)
