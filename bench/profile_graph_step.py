@@ -6,7 +6,13 @@ size, count the kernels one step launches and their summed GPU time (torch.profi
 an uncaptured run of the same step function), time graph replays with CUDA events, and
 time the host's share of an overlapped engine step.
 
-    python bench/profile_graph_step.py OUT_DIR        # on a CUDA machine
+    python bench/profile_graph_step.py OUT_DIR [VARIANT ...]       # on a CUDA machine
+
+VARIANTs (default: plain fused): environment settings of the layer kernels, each measured on the
+same weights in one process (``VARIANTS`` below): ``plain`` (unfused modules), ``cublas`` (fused
+norms, cuBLAS GEMMs), ``fused`` (small-M GEMV kernels, rotary separate), ``rope`` (GEMV with the
+QKV + rotary + K/V-write epilogue), ``rope+pdl`` (and programmatic dependent launch). Batch sizes:
+``PROFILE_BATCHES`` (default 1,16,64,256).
 """
 
 from __future__ import annotations
@@ -91,37 +97,59 @@ def profile(spec: str, batch: int, target, drafter) -> dict:
             "host_ms_per_step_median": host_ms, "top_kernels": top}
 
 
-def main(out_dir: str) -> None:
+VARIANTS = {
+    "plain": {"DSPARK_FUSED_KERNELS": "0"},
+    "cublas": {"DSPARK_SMALL_M_KERNELS": "0"},
+    "fused": {"DSPARK_FUSED_QKV_ROPE": "0", "DSPARK_PDL": "0"},
+    "rope": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0"},
+    "rope+pdl": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "1"},
+}
+SWITCHES = ("DSPARK_FUSED_KERNELS", "DSPARK_SMALL_M_KERNELS", "DSPARK_FUSED_QKV_ROPE", "DSPARK_PDL")
+
+
+def main(out_dir: str, variants: list[str]) -> None:
+    import os
+
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    batches = [int(b) for b in os.environ.get("PROFILE_BATCHES", "1,16,64,256").split(",")]
     torch.manual_seed(0)
     target = TargetModel(SMOLLM2)
     drafter = DSparkDrafter(SMOLLM2, DRAFTER)
-    import os
-
     rows = []
-    for fused in ("0", "1"):  # plain modules vs the fused layer kernels (dspark.models.layers)
-        os.environ["DSPARK_FUSED_KERNELS"] = fused
+    for variant in variants:
+        for key in SWITCHES:
+            os.environ.pop(key, None)
+        os.environ.update(VARIANTS[variant])
         for spec in ("off", "dspark"):
-            for b in (1, 16, 64, 256):
-                r = {"fused": fused == "1", **profile(spec, b, target, drafter)}
+            for b in batches:
+                try:
+                    measured = profile(spec, b, target, drafter)
+                except Exception as e:  # a variant this machine cannot run is recorded, and the others still run
+                    print(f"variant {variant} spec {spec} batch {b} failed: {type(e).__name__}: {e}", flush=True)
+                    torch.cuda.empty_cache()
+                    break
+                r = {"variant": variant, "fused": variant != "plain", **measured}
                 rows.append(r)
-                print(json.dumps({k: v for k, v in r.items() if k != "top_kernels"}))
+                print(json.dumps({k: v for k, v in r.items() if k != "top_kernels"}), flush=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_graph_step.json").write_text(json.dumps({"rows": rows, "torch": torch.__version__,
                                                              "device": torch.cuda.get_device_name()}, indent=2))
-    lines = ["| fused kernels | spec | batch | tokens/step | kernels/step | summed kernel ms | graph replay ms | "
+    lines = ["| variant | spec | batch | tokens/step | kernels/step | summed kernel ms | graph replay ms | "
              "overlapped step ms | host ms/step |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {'yes' if r['fused'] else 'no'} | {r['spec']} | {r['batch']} | {r['tokens_per_step']} | {r['kernels_per_step']} | "
+        lines.append(f"| {r['variant']} | {r['spec']} | {r['batch']} | {r['tokens_per_step']} | {r['kernels_per_step']} | "
                      f"{r['kernel_time_ms']:.2f} | {r['graph_replay_ms']:.2f} | {r['overlapped_step_period_ms']:.2f} | "
                      f"{r['host_ms_per_step_median']:.2f} |")
-    for spec in ("off", "dspark"):
-        lines += ["", f"Top kernels, spec={spec} batch 1, fused:", ""]
-        for t in next(r for r in rows if r["spec"] == spec and r["batch"] == 1 and r["fused"])["top_kernels"]:
-            lines.append(f"- {t['kernel']}: {t['calls']} calls, {t['us']} us")
+    for r in rows:
+        if r["batch"] == min(batches):
+            lines += ["", f"Top kernels, {r['variant']}, spec={r['spec']}, batch {r['batch']}:", ""]
+            lines += [f"- {t['kernel']}: {t['calls']} calls, {t['us']} us" for t in r["top_kernels"]]
     (out / "profile_graph_step.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/profile")
+    main(sys.argv[1] if len(sys.argv) > 1 else "bench/results/profile", sys.argv[2:] or ["plain", "fused"])

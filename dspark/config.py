@@ -162,6 +162,7 @@ class EngineConfig:
     min_predicted_gain: float = 0.02
     skip_mixed_trim: bool = True  # decline to trim on steps that also carry a prefill
     force_verify_len: int | None = None  # profiling/debug override of the decision (must be on the ladder)
+    force_trimmed_path: bool = False  # profiling: run a forced verify length (even the full block) as a trimmed step
     force_budget_frac: float | None = None  # profiling/debug override (ragged): budget = frac * R * G cells
     token_buckets: tuple[int, ...] | None = None  # pad each step's tokens up to the next bucket (graph keys)
     debug_checks: bool = False  # assert every description of a step's verify tokens agrees
@@ -222,6 +223,9 @@ class EngineConfig:
         if self.force_verify_len is not None:
             _check(self.verify in ("uniform", "ragged", "cap_accept"), "engine.force_verify_len",
                    f"overrides the planner's decision, but verify={self.verify!r} has no planner")
+        _check(not self.force_trimmed_path or self.force_verify_len is not None, "engine.force_trimmed_path",
+               "runs the forced verify length on the trimmed-step path (the profiler measures its extra cost); "
+               "set engine.force_verify_len too")
         if self.force_budget_frac is not None:
             _check(0.0 <= self.force_budget_frac <= 1.0, "engine.force_budget_frac",
                    f"must be in [0, 1], got {self.force_budget_frac}")

@@ -11,6 +11,10 @@ Lookups:
  - M above the largest measured count is refused (the planner would be optimising
    against a guess) unless ``extrapolate=True``, which extends the last measured slope.
  - batch overhead: the smallest listed batch size >= bs, or the last one.
+ - trim overhead (same staircase): what a TRIMMED step costs beyond an untrimmed one of the same
+   tokens. On captured steps an untrimmed step is one fused draft+verify graph while a trimmed
+   one runs a draft graph and a separately sized verify graph; the planner adds this to every
+   plan that trims, so a trim must save more than the path switch costs.
 
 The table carries a fingerprint of where it was measured; ``check_fingerprint`` refuses
 a table from another device, driver, software stack, model, drafter or dtype.
@@ -29,7 +33,8 @@ from typing import Any, Iterable, Mapping, Sequence
 FORMAT_VERSION = 1
 # Fingerprint fields that must agree for a table to describe this run's step cost.
 # step_path: eager, graphs or graphs+overlap steps cost differently (a graph replay has no host work).
-CHECKED_FINGERPRINT_FIELDS = ("device_name", "driver", "torch", "triton", "model", "drafter", "dtype", "step_path")
+CHECKED_FINGERPRINT_FIELDS = ("device_name", "driver", "torch", "triton", "model", "drafter", "dtype", "step_path",
+                              "kernels")
 OPTIONAL_FINGERPRINT_FIELDS = ("hostname",)
 
 
@@ -59,6 +64,7 @@ class CostTable:
     batch_sizes: tuple[int, ...] | None = None  # staircase of the per-batch-size overhead
     batch_overhead_ms: tuple[float, ...] | None = None
     fingerprint: Mapping[str, str] = field(default_factory=dict)
+    trim_overhead_ms: tuple[float, ...] | None = None  # per batch_sizes entry (None: no extra cost measured)
 
     def __post_init__(self) -> None:
         tc = tuple(self.token_counts)
@@ -94,6 +100,14 @@ class CostTable:
                                      f"{list(bo)} vs {list(bs)}")
             if not all(_finite(o) and o >= 0.0 for o in bo):
                 raise CostTableError(f"batch_overhead_ms must be finite and >= 0 (no NaN), got {list(bo)}")
+        to = self.trim_overhead_ms
+        if to is not None:
+            to = tuple(to)
+            if bs is None or len(to) != len(bs):
+                raise CostTableError(f"trim_overhead_ms needs one value per batch_sizes entry; got {list(to)} for "
+                                     f"batch_sizes={bs!r}")
+            if not all(_finite(o) and o >= 0.0 for o in to):
+                raise CostTableError(f"trim_overhead_ms must be finite and >= 0 (no NaN), got {list(to)}")
         fp = dict(self.fingerprint)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in fp.items()):
             raise CostTableError(f"fingerprint must map str -> str, got {fp!r}")
@@ -102,6 +116,7 @@ class CostTable:
         object.__setattr__(self, "fixed_overhead_ms", float(self.fixed_overhead_ms))
         object.__setattr__(self, "batch_sizes", bs)
         object.__setattr__(self, "batch_overhead_ms", None if bo is None else tuple(float(o) for o in bo))
+        object.__setattr__(self, "trim_overhead_ms", None if to is None else tuple(float(o) for o in to))
         object.__setattr__(self, "fingerprint", MappingProxyType(fp))
 
     # ---- lookups -------------------------------------------------------------------------
@@ -133,22 +148,33 @@ class CostTable:
                 lo = mid + 1
         return self.theta_ms[lo]
 
-    def batch_overhead(self, batch_size: int) -> float:
-        """Staircase lookup: the smallest listed batch size >= batch_size, or the last listed one."""
+    def _staircase(self, values: tuple[float, ...] | None, batch_size: int) -> float:
+        """The value at the smallest listed batch size >= batch_size, or the last one; 0 if none listed."""
         if not _is_int(batch_size) or batch_size < 1:
             raise CostTableError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-        if self.batch_sizes is None:
+        if values is None:
             return 0.0
-        for b, o in zip(self.batch_sizes, self.batch_overhead_ms):
+        for b, o in zip(self.batch_sizes, values):
             if b >= batch_size:
                 return o
-        return self.batch_overhead_ms[-1]
+        return values[-1]
 
-    def step_ms(self, num_tokens: int, batch_size: int, *, extrapolate: bool = False) -> float:
-        """Predicted step time for M = num_tokens submitted tokens (bonus included) over batch_size requests."""
-        return self.fixed_overhead_ms + self.batch_overhead(batch_size) + self.theta_at(num_tokens, extrapolate=extrapolate)
+    def batch_overhead(self, batch_size: int) -> float:
+        """Staircase lookup: the smallest listed batch size >= batch_size, or the last listed one."""
+        return self._staircase(self.batch_overhead_ms, batch_size)
 
-    def step_ms_many(self, num_tokens: "np.ndarray", batch_size: int, *, extrapolate: bool = False) -> "np.ndarray":
+    def trim_overhead(self, batch_size: int) -> float:
+        """Extra cost of a trimmed step at this batch size (staircase as :meth:`batch_overhead`; 0 if unmeasured)."""
+        return self._staircase(self.trim_overhead_ms, batch_size)
+
+    def step_ms(self, num_tokens: int, batch_size: int, *, extrapolate: bool = False, trimmed: bool = False) -> float:
+        """Predicted step time for M = num_tokens submitted tokens (bonus included) over batch_size requests;
+        ``trimmed``: the step verifies less than the full block somewhere (adds :meth:`trim_overhead`)."""
+        return (self.fixed_overhead_ms + self.batch_overhead(batch_size) + self.theta_at(num_tokens, extrapolate=extrapolate)
+                + (self.trim_overhead(batch_size) if trimmed else 0.0))
+
+    def step_ms_many(self, num_tokens: "np.ndarray", batch_size: int, *, extrapolate: bool = False,
+                     trimmed: bool = False) -> "np.ndarray":
         """:meth:`step_ms` over an integer array of token counts (float64, the same values)."""
         import numpy as np
 
@@ -166,7 +192,8 @@ class CostTable:
         if above.any():
             theta = theta.copy()
             theta[above] = [self.theta_at(int(x), extrapolate=True) for x in m[above]]
-        return self.fixed_overhead_ms + self.batch_overhead(batch_size) + theta
+        return self.fixed_overhead_ms + self.batch_overhead(batch_size) + theta + (
+            self.trim_overhead(batch_size) if trimmed else 0.0)
 
     def is_flat(self, rel_tol: float = 0.02) -> bool:
         """True when theta varies by at most rel_tol of the cheapest step: trimming would look free.
@@ -190,6 +217,7 @@ class CostTable:
             "fixed_overhead_ms": self.fixed_overhead_ms,
             "batch_sizes": None if self.batch_sizes is None else list(self.batch_sizes),
             "batch_overhead_ms": None if self.batch_overhead_ms is None else list(self.batch_overhead_ms),
+            "trim_overhead_ms": None if self.trim_overhead_ms is None else list(self.trim_overhead_ms),
             "fingerprint": dict(self.fingerprint),
         }
 
@@ -198,7 +226,7 @@ class CostTable:
         if not isinstance(d, Mapping):
             raise CostTableError(f"cost table JSON must be an object, got {type(d).__name__}")
         known = {"format_version", "token_counts_include_bonus", "token_counts", "theta_ms", "fixed_overhead_ms",
-                 "batch_sizes", "batch_overhead_ms", "fingerprint"}
+                 "batch_sizes", "batch_overhead_ms", "trim_overhead_ms", "fingerprint"}
         unknown = set(d) - known
         if unknown:
             raise CostTableError(f"cost table: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
@@ -216,7 +244,8 @@ class CostTable:
                    fixed_overhead_ms=d.get("fixed_overhead_ms", 0.0),
                    batch_sizes=None if bs is None else tuple(bs),
                    batch_overhead_ms=None if bo is None else tuple(bo),
-                   fingerprint=dict(d.get("fingerprint") or {}))
+                   fingerprint=dict(d.get("fingerprint") or {}),
+                   trim_overhead_ms=None if d.get("trim_overhead_ms") is None else tuple(d["trim_overhead_ms"]))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)

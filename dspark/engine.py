@@ -148,7 +148,8 @@ class Engine:
             algorithm=cfg.planner_algorithm, budget_lag=cfg.budget_lag, allowed_verify_lens=cfg.tiers,
             min_verify_len=cfg.min_verify_len, min_predicted_gain=cfg.min_predicted_gain,
             skip_mixed_trim=cfg.skip_mixed_trim, temperature_positive=not fresh_global,
-            force_verify_len=cfg.force_verify_len, force_budget_frac=cfg.force_budget_frac)
+            force_verify_len=cfg.force_verify_len, force_budget_frac=cfg.force_budget_frac,
+            force_trimmed_path=cfg.force_trimmed_path)
         self.planner = Planner(self.planner_config, self.cost_table, stats=self.stats)
 
     def fingerprint(self) -> dict:
@@ -172,8 +173,10 @@ class Engine:
             drafter = f"block{dc.block_size}-L{dc.num_layers}-r{dc.markov_rank}-{dc.markov_variant}"
         tc = self.target.cfg
         step_path = ("graphs+overlap" if self.cfg.overlap else "graphs") if self.cfg.cuda_graphs else "eager"
+        from dspark.models.layers import kernel_set
+
         return {"device_name": device_name, "driver": driver, "torch": torch.__version__, "triton": triton_v,
-                "step_path": step_path,
+                "step_path": step_path, "kernels": kernel_set(self.cfg.attention_backend, self.runner.device),
                 "model": f"{tc.arch}-h{tc.hidden_size}-L{tc.num_layers}-V{tc.vocab_size}", "drafter": drafter,
                 "dtype": self.cfg.dtype}
 

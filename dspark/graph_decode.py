@@ -109,6 +109,8 @@ class GraphDecoder:
         self.indptr_G = (torch.arange(S + 1, device=dev) * max(self.G, 1)).to(torch.int32)
         self.req_ids: tuple[int, ...] = ()
         self.graphs: dict[tuple, object] = {}  # ("step"|"draft"|"verify", size[, mode], sampling) -> graph
+        self.timing: list | None = None  # (mode, [(key, start event, end event)]) per step when timing
+        self._step_events: list = []
         self.pool = None
         self.captures = 0
 
@@ -344,6 +346,7 @@ class GraphDecoder:
             r_verify = min(bucket, self.S)
             self._run(("draft", r_draft, self.sampling), lambda: self._draft_stage(r_draft))
             self._run(("verify", bucket, mode, self.sampling), lambda: self._verify_stage(bucket, r_verify, mode))
+        self._close_step_timing(mode)
         host = torch.empty((B, 2 + self.M), dtype=torch.int64, pin_memory=pin)
         host.copy_(self.out[:B], non_blocking=pin)
         surv = None
@@ -389,7 +392,46 @@ class GraphDecoder:
         if graph is None:
             graph = self._capture(fn)
             self.graphs[key] = graph
+        if self.timing is not None:  # device time of each replay, read back only by timing_summary()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            self._step_events.append((key, start, end))
+            return
         graph.replay()
+
+    # ---- device timing (diagnostics: bench_decode's graph_timing) -------------------------------
+    def start_timing(self) -> None:
+        """Record CUDA events around every graph replay from now on (no host sync: the events are
+        read by :meth:`timing_summary`). Each launched step keeps its own list, so a step's device
+        span covers the gap between its draft and verify graphs too."""
+        self.timing = []
+        self._step_events = []
+
+    def _close_step_timing(self, mode: str) -> None:
+        if self.timing is not None and self._step_events:
+            self.timing.append((mode, self._step_events))
+            self._step_events = []
+
+    def timing_summary(self, skip_steps: int = 0) -> dict:
+        """Per graph key and per step mode: median device ms (synchronises; call after the run)."""
+        if not self.timing:
+            return {}
+        import statistics
+
+        torch.cuda.synchronize(self.device)
+        per_key: dict[str, list[float]] = {}
+        per_mode: dict[str, list[float]] = {}
+        for mode, events in self.timing[skip_steps:]:
+            for key, start, end in events:
+                per_key.setdefault("/".join(str(k) for k in key[:3]), []).append(start.elapsed_time(end))
+            per_mode.setdefault(mode, []).append(events[0][1].elapsed_time(events[-1][2]))
+        med = lambda xs: round(statistics.median(xs), 4)  # noqa: E731
+        return {"graph_device_ms_median": {k: med(v) for k, v in sorted(per_key.items())},
+                "graph_replays_timed": {k: len(v) for k, v in sorted(per_key.items())},
+                "step_device_ms_median": {m: med(v) for m, v in per_mode.items()},
+                "steps_timed": {m: len(v) for m, v in per_mode.items()}}
 
     @staticmethod
     def collect(launched: Launched) -> tuple[list[tuple[int, int, list[int]]], float]:

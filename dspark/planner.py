@@ -72,6 +72,7 @@ class PlannerConfig:
     temperature_positive: bool = True  # may any request sample? (conservative default: yes)
     force_verify_len: int | None = None  # override: every request verifies exactly this many drafts
     force_budget_frac: float | None = None  # override (ragged): budget = round(frac * R * G) cells
+    force_trimmed_path: bool = False  # with a forced length: report the step as trimmed even at the full block
     extrapolate_cost: bool = False  # allow token counts beyond the table (extends the last slope)
 
     def __post_init__(self) -> None:
@@ -244,13 +245,16 @@ def _global_ragged_walk(rows: list[list[float]], table: CostTable, bs: int, conf
     counted = g_walk >= min_len  # cells below min_len are verified anyway: walked, not valued
     tau0 = float(_uniform_taus(rows)[min_len])  # bit-equal to the walk's Python sums
     m0 = R * (min_len + 1)
-    value0 = tau0 / float(table.step_ms(m0, bs, extrapolate=config.extrapolate_cost))
+    m_full = R * (config.block + 1)
+    # Every prefix but the whole block is a trimmed step: it pays the table's trim overhead.
+    value0 = tau0 / float(table.step_ms(m0, bs, extrapolate=config.extrapolate_cost, trimmed=m0 < m_full))
     a = a_walk[counted]
     if a.size == 0:
         return value0, 0, tuple([min_len] * R)
     tau = np.cumsum(np.concatenate(([tau0], a)))[1:]  # running sum from tau0, as the walk adds
     m = m0 + np.arange(1, a.size + 1)
-    values = tau / table.step_ms_many(m, bs, extrapolate=config.extrapolate_cost)
+    values = tau / (table.step_ms_many(m, bs, extrapolate=config.extrapolate_cost)
+                    + np.where(m < m_full, table.trim_overhead(bs), 0.0))
     top = max(value0, float(values.max()))
     hits = np.nonzero(values >= top)[0]
     if hits.size == 0:
@@ -300,7 +304,8 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         return PlanDecision((), False, "declined_below_min_gain", 0.0, 0.0 if table else None, None, 0)
 
     def cost(windows: Sequence[int]) -> float:
-        return table.step_ms(sum(w + 1 for w in windows), bs, extrapolate=config.extrapolate_cost)
+        return table.step_ms(sum(w + 1 for w in windows), bs, extrapolate=config.extrapolate_cost,
+                             trimmed=any(w < G for w in windows))
 
     def tau(rows: list[list[float]], windows: Sequence[int]) -> float:
         return R + sum(sum(row[:w]) for row, w in zip(rows, windows))
@@ -322,7 +327,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         tok = ms = None
         if table is not None and windows is not None:
             tok, ms = tau(ranking if ranking is not None else sizing, windows), cost(windows)
-        trimmed = windows is None or any(w < G for w in windows)
+        trimmed = windows is None or any(w < G for w in windows) or config.force_trimmed_path
         extra = cells_past_min_len(sizing, budget, config.min_verify_len) if config.mode == "ragged" else None
         return PlanDecision(windows, trimmed, "forced", 0.0, tok, ms, budget, extra)
 
@@ -362,7 +367,8 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         windows_now = [min_len] * R
         tau_now = tau(rows, windows_now)
         m_now = R * (min_len + 1)
-        best_value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost)
+        m_full = R * (G + 1)
+        best_value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost, trimmed=m_now < m_full)
         best_n, n = 0, 0
         best_windows = tuple(windows_now)
         for r, g in _walk_order(rows):
@@ -375,7 +381,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
             windows_now[r] = g + 1
             tau_now += a
             m_now += 1
-            value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost)
+            value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost, trimmed=m_now < m_full)
             if value <= best_value:
                 break
             best_value, best_n, best_windows = value, n, tuple(windows_now)
@@ -474,7 +480,8 @@ def oracle_bound(accepted_per_step: Sequence[Sequence[int]], batch_sizes: Sequen
     accepted_per_step[s][r]: drafts request r accepted at step s with the FULL block
     verified (uncapped; e.g. a cap-accept run). The oracle verifies exactly the accepted
     drafts (window = accepted: accepted + 1 tokens per request, anchor included), or with
-    include_rejected_draft the first rejected draft too (window = min(accepted + 1, block)).
+    include_rejected_draft the first rejected draft too (window = min(accepted + 1, block)),
+    paying the table's trim overhead, or keeps the full block on a step where that is cheaper.
     It commits the same accepted + 1 tokens per request as the full block.
     Returns tokens, full-block and oracle ms and tokens/ms, and headroom = oracle/full - 1
     (plus the same against ``measured_ms`` when given).
@@ -494,8 +501,11 @@ def oracle_bound(accepted_per_step: Sequence[Sequence[int]], batch_sizes: Sequen
             raise ValueError(f"step {s}: accepted counts must be integers in [0, block={block}], got {bad}")
         windows = [min(k + 1, block) if include_rejected_draft else k for k in acc]
         tokens += sum(k + 1 for k in acc)
-        full_ms += table.step_ms(bs * (block + 1), bs, extrapolate=extrapolate)
-        oracle_ms += table.step_ms(sum(w + 1 for w in windows), bs, extrapolate=extrapolate)
+        full = table.step_ms(bs * (block + 1), bs, extrapolate=extrapolate)
+        full_ms += full
+        # A trimmed step pays the trim overhead; the oracle keeps the full block when that is cheaper.
+        trimmed = any(w < block for w in windows)
+        oracle_ms += min(full, table.step_ms(sum(w + 1 for w in windows), bs, extrapolate=extrapolate, trimmed=trimmed))
     out = {
         "steps": float(len(accepted_per_step)),
         "tokens": tokens,

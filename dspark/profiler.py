@@ -17,6 +17,15 @@ next ``measure_steps`` decode-only steps (no prefill in the step, all B requests
 are recorded as (B, M = B * (v + 1), step_ms). The medians per (B, M) are fitted with
 :func:`dspark.cost_table.fit_cost_table`.
 
+The trim overhead. A step that verifies the full block runs one fused draft+verify graph; a
+trimmed step (v < block) runs a draft graph and a verify graph sized to its tokens, which can
+cost more than its tokens explain. So every batch size is also measured at the full block on
+the trimmed path (``engine.force_trimmed_path``): the difference to the fused full step is the
+table's ``trim_overhead_ms`` (clamped at 0), it is taken out of the v < block medians before
+the fit (theta then prices tokens only) and the planner adds it back to every plan that trims.
+Without it, a table fitted across both paths (and its monotone envelope) makes a one-position
+trim look cheaper than the full block when it costs more.
+
 A table that could mislead the planner is refused (:class:`ProfileFlatError`): a flat
 theta makes every trim look free, and step times that do not grow with M at all mean the
 measurement is dominated by noise or fixed overhead.
@@ -100,6 +109,7 @@ class ProfileResult:
     verify_lens: tuple[int, ...]
     fingerprint: dict[str, Any]
     settings: dict[str, Any] = field(default_factory=dict)
+    trim_samples: list[tuple[int, int, float]] = field(default_factory=list)  # full block, trimmed path
 
     def summary(self) -> dict[str, Any]:
         t = self.table
@@ -111,6 +121,7 @@ class ProfileResult:
             "fixed_overhead_ms": round(t.fixed_overhead_ms, 4),
             "theta_ms_min": round(min(t.theta_ms), 4),
             "theta_ms_max": round(max(t.theta_ms), 4),
+            "trim_overhead_ms": None if t.trim_overhead_ms is None else [round(o, 4) for o in t.trim_overhead_ms],
             "num_samples": len(self.samples),
             "settings": dict(self.settings),
         }
@@ -118,7 +129,7 @@ class ProfileResult:
     def to_dict(self) -> dict[str, Any]:
         return {**self.summary(), "fingerprint": dict(self.fingerprint),
                 "measurements": [list(m) for m in self.measurements], "samples": [list(s) for s in self.samples],
-                "table": self.table.to_dict()}
+                "trim_samples": [list(s) for s in self.trim_samples], "table": self.table.to_dict()}
 
 
 # ---- settings ------------------------------------------------------------------------------
@@ -184,9 +195,16 @@ def _profiling_config(engine: Engine, v: int, *, max_tokens: int, batch_size: in
 # ---- measurement ---------------------------------------------------------------------------
 def collect_measurements(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: Sequence[int] | None,
                          warmup_steps: int, measure_steps: int, prompt_len: int, seed: int,
-                         progress: bool = False) -> list[tuple[int, int, float]]:
-    """Every recorded (batch_size, M, step ms) of the sweep, warm-up steps dropped (see module docstring)."""
+                         progress: bool = False, trimmed_path: bool = False) -> list[tuple[int, int, float]]:
+    """Every recorded (batch_size, M, step ms) of the sweep, warm-up steps dropped (see module docstring).
+    ``trimmed_path``: run every forced length on the trimmed-step path (``engine.force_trimmed_path``)."""
     bs, vl = _check_settings(engine, batch_sizes, verify_lens, warmup_steps, measure_steps, prompt_len)
+    return _collect(engine, bs, vl, warmup_steps=warmup_steps, measure_steps=measure_steps, prompt_len=prompt_len,
+                    seed=seed, progress=progress, trimmed_path=trimmed_path)
+
+
+def _collect(engine: Engine, bs: Sequence[int], vl: Sequence[int], *, warmup_steps: int, measure_steps: int,
+             prompt_len: int, seed: int, progress: bool, trimmed_path: bool) -> list[tuple[int, int, float]]:
     G = engine.block_size
     budget = engine.cfg.max_num_batched_tokens
     steps_cap = _max_steps(max(bs), prompt_len, budget, warmup_steps, measure_steps)
@@ -200,10 +218,12 @@ def collect_measurements(engine: Engine, *, batch_sizes: Sequence[int], verify_l
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(vl) * len(bs), desc="profile", unit="config")
+        bar = tqdm(total=len(vl) * len(bs), desc="profile (trimmed path)" if trimmed_path else "profile",
+                   unit="config")
     try:
         for v in vl:
             cfg_v = _profiling_config(engine, v, max_tokens=max_tokens, batch_size=max(bs), prompt_len=prompt_len)
+            cfg_v = dataclasses.replace(cfg_v, force_trimmed_path=bool(trimmed_path))
             eng = Engine(engine.target, engine.tokenizer, cfg_v, engine.drafter)
             for b in bs:
                 if bar is not None:
@@ -346,11 +366,17 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: S
                            f"with the full block's cost, and an engine refuses a table that does not cover it; add {G}")
     samples = collect_measurements(engine, batch_sizes=bs, verify_lens=vl, warmup_steps=warmup_steps,
                                    measure_steps=measure_steps, prompt_len=prompt_len, seed=seed, progress=progress)
+    trim_samples = _collect(engine, bs, [G], warmup_steps=warmup_steps, measure_steps=measure_steps,
+                            prompt_len=prompt_len, seed=seed, progress=progress, trimmed_path=True)
     measurements = medians_of(samples)
+    trim_overhead = trim_overheads(samples, trim_samples, G)
     check_not_flat(measurements, None, flat_rel_tol, samples)
     fingerprint = engine.fingerprint()
+    fit_points = [(b, m, ms - trim_overhead[b] if m < b * (G + 1) else ms) for b, m, ms in measurements]
     try:
-        table = fit_cost_table(measurements, fingerprint=fingerprint)
+        table = fit_cost_table(fit_points, fingerprint=fingerprint)
+        table = dataclasses.replace(table, trim_overhead_ms=tuple(trim_overhead[b] for b in table.batch_sizes)
+                                    if table.batch_sizes is not None else None)
     except CostTableError as e:
         raise ProfileFitError(f"fitting the cost table failed: {e}. When medians of neighbouring token counts jump "
                               "by large factors, something else was using the device or CPU during the sweep: re-run "
@@ -369,7 +395,39 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: S
                 "flat_rel_tol": flat_rel_tol,
                 "max_drop_rel": max_drop_rel, "monotone": monotone, "monotone_repaired": repaired}
     return ProfileResult(measurements=measurements, samples=samples, table=table, block=engine.block_size,
-                         batch_sizes=bs, verify_lens=vl, fingerprint=fingerprint, settings=settings)
+                         batch_sizes=bs, verify_lens=vl, fingerprint=fingerprint, settings=settings,
+                         trim_samples=trim_samples)
+
+
+def trim_overheads(samples: Sequence[Sequence[float]], trimmed_full: Sequence[Sequence[float]],
+                   block: int) -> dict[int, float]:
+    """Per batch size: the median full-block step on the trimmed path minus the median fused full
+    step, where that difference is real: at least 2 standard errors (from each side's median
+    absolute deviation) and > 0; otherwise 0, so that noise does not tax every trim (on the eager
+    CPU path both paths run the same code)."""
+    def by_batch(rows):
+        out: dict[int, list[float]] = {}
+        for b, m, ms in rows:
+            if int(m) == int(b) * (block + 1):
+                out.setdefault(int(b), []).append(float(ms))
+        return out
+
+    full, split = by_batch(samples), by_batch(trimmed_full)
+    missing = sorted(set(full) ^ set(split))
+    if missing:
+        raise ProfileError(f"trim overhead: batch sizes {missing} lack a full-block step on one of the two paths")
+
+    def median_and_se(xs: list[float]) -> tuple[float, float]:
+        med = statistics.median(xs)
+        mad = statistics.median(abs(x - med) for x in xs)
+        return med, 1.4826 * mad / math.sqrt(len(xs))
+
+    overhead = {}
+    for b in sorted(full):
+        (mf, sf), (ms, ss) = median_and_se(full[b]), median_and_se(split[b])
+        diff = ms - mf
+        overhead[b] = diff if diff > 2.0 * math.hypot(sf, ss) else 0.0
+    return overhead
 
 
 def monotone_envelope(table: CostTable) -> tuple[CostTable, int]:
@@ -502,6 +560,6 @@ def find_or_profile(engine_factory: Engine | Callable[[], Engine], root: str | P
 
 
 __all__ = ["ProfileError", "ProfileRefusedError", "ProfileFlatError", "ProfileFitError", "ProfileResult",
-           "collect_measurements", "medians_of", "check_not_flat", "check_monotone", "profile_engine", "batch_size_ladder",
+           "collect_measurements", "medians_of", "trim_overheads", "check_not_flat", "check_monotone", "profile_engine", "batch_size_ladder",
            "recommend_tier_ladder", "plot_cost_curve", "cost_table_path_for", "find_or_profile", "DEFAULT_FLAT_REL_TOL",
            "DEFAULT_MAX_DROP_REL"]

@@ -25,7 +25,10 @@ because the interpreter misreads bf16 dot operands.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -66,26 +69,71 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 if triton is not None:
 
     @triton.jit
+    def _normed_chunk(x_rows, r_rows, nw_ptr, kk, km, row_mask, rstd,
+                      HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, UPCAST_DOT: tl.constexpr):
+        # One BLOCK_K chunk of the GEMM's left operand: x, or RMSNorm(x + residual) rounded to x's dtype.
+        xm = row_mask[:, None] & km[None, :]
+        xv = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
+        if HAS_NORM:
+            if HAS_RES:
+                rv = tl.load(r_rows + kk[None, :], mask=xm, other=0.0)
+                hv = (xv.to(tl.float32) + rv.to(tl.float32)).to(xv.dtype)
+            else:
+                hv = xv
+            nw = tl.load(nw_ptr + kk, mask=km, other=0.0).to(tl.float32)
+            n = (nw[None, :] * (hv.to(tl.float32) * rstd[:, None])).to(xv.dtype)  # the norm's output, rounded
+        else:
+            n = xv
+        if UPCAST_DOT:  # exact casts: the same products, summed in fp32
+            n = n.to(tl.float32)
+        return n
+
+    @triton.jit
     def _small_m_linear_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, h_ptr,
+                               pos_ptr, freq_ptr, slot_ptr, kc_ptr, vc_ptr,
                                M, N_OUT, K, stride_xm, stride_rm, stride_ym, stride_hm, eps,
                                HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
-                               SILU_MUL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr):
+                               SILU_MUL: tl.constexpr, ROPE_KV: tl.constexpr,
+                               HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, RN: tl.constexpr,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_PDL: tl.constexpr):
         # Every shape here is fixed (BLOCK_M is SMALL_M_MAX whatever M is; rows >= M are masked),
         # so the code, and with it each output's reduction order, does not depend on M.
+        if USE_PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         row0 = tl.program_id(1).to(tl.int64) * BLOCK_M  # row tiles: any M in the batch-invariant mode
         dtype = y_ptr.dtype.element_ty
         rows = row0 + tl.arange(0, BLOCK_M)
         row_mask = rows < M
         ks = tl.arange(0, BLOCK_K)
-        cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns (the gate's, with SILU_MUL)
-        col_mask = cols < N_OUT
+        if ROPE_KV:
+            # A tile's BLOCK_N columns are RN = BLOCK_N / 2 rotary pairs of one head: columns
+            # j .. j + RN - 1 of its first half, then the same of its second half (RN divides HALF),
+            # so a tile holds both members of each pair and the grid is as wide as a plain QKV GEMV's.
+            head = (pid * RN) // HALF
+            j = (pid * RN) % HALF + tl.arange(0, RN)
+            t = tl.arange(0, BLOCK_N)
+            cols = head * (2 * HALF) + (pid * RN) % HALF + (t % RN) + (t // RN) * HALF
+            col_mask = t < BLOCK_N
+            cols_u = cols
+        else:
+            cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns (the gate's, with SILU_MUL)
+            col_mask = cols < N_OUT
+            cols_u = cols + N_OUT  # with SILU_MUL: the matching rows of the up half
         x_rows = x_ptr + rows[:, None] * stride_xm
         r_rows = res_ptr + rows[:, None] * stride_rm
         w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
+        wu_rows = w_ptr + cols_u.to(tl.int64)[:, None] * K
+        # The first chunk of weights loads before the grid dependency wait: no kernel of a step
+        # writes weights, so with PDL this load overlaps the previous kernel's tail.
+        km0 = ks < K
+        wm0 = col_mask[:, None] & km0[None, :]
+        w0 = tl.load(w_rows + ks[None, :], mask=wm0, other=0.0)
         if SILU_MUL:
-            wu_rows = w_ptr + (cols + N_OUT).to(tl.int64)[:, None] * K  # the matching rows of the up half
+            wu0 = tl.load(wu_rows + ks[None, :], mask=wm0, other=0.0)
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
 
         if HAS_NORM:  # prologue: each row's 1/rms over all of K
             ss = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
@@ -103,28 +151,22 @@ if triton is not None:
                 h32 = hv.to(tl.float32)
                 ss += h32 * h32
             rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+        else:
+            rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        n = _normed_chunk(x_rows, r_rows, nw_ptr, ks, km0, row_mask, rstd, HAS_NORM, HAS_RES, UPCAST_DOT)
+        if UPCAST_DOT:
+            w0 = w0.to(tl.float32)
+        acc = tl.dot(n, tl.trans(w0), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), input_precision="ieee")
         if SILU_MUL:
-            acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+            if UPCAST_DOT:
+                wu0 = wu0.to(tl.float32)
+            acc_u = tl.dot(n, tl.trans(wu0), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), input_precision="ieee")
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             kk = k0 + ks
             km = kk < K
-            xm = row_mask[:, None] & km[None, :]
-            xv = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
-            if HAS_NORM:
-                if HAS_RES:
-                    rv = tl.load(r_rows + kk[None, :], mask=xm, other=0.0)
-                    hv = (xv.to(tl.float32) + rv.to(tl.float32)).to(dtype)
-                else:
-                    hv = xv
-                nw = tl.load(nw_ptr + kk, mask=km, other=0.0).to(tl.float32)
-                n = (nw[None, :] * (hv.to(tl.float32) * rstd[:, None])).to(dtype)  # the norm's output, rounded
-            else:
-                n = xv
+            n = _normed_chunk(x_rows, r_rows, nw_ptr, kk, km, row_mask, rstd, HAS_NORM, HAS_RES, UPCAST_DOT)
             wm = col_mask[:, None] & km[None, :]
-            if UPCAST_DOT:  # exact casts: the same products, summed in fp32
-                n = n.to(tl.float32)
             w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0)
             if UPCAST_DOT:
                 w = w.to(tl.float32)
@@ -138,13 +180,46 @@ if triton is not None:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
             if SILU_MUL:
-                acc_u += tl.load(b_ptr + N_OUT + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+                acc_u += tl.load(b_ptr + cols_u, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         z = acc.to(dtype)
+        out_mask = row_mask[:, None] & col_mask[None, :]
         if SILU_MUL:
             g32 = z.to(tl.float32)
             s = (g32 / (1.0 + tl.exp(-g32))).to(dtype)  # silu rounded to dtype, as torch does
             z = (s.to(tl.float32) * acc_u.to(dtype).to(tl.float32)).to(dtype)
-        tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], z, mask=row_mask[:, None] & col_mask[None, :])
+            tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], z, mask=out_mask)
+        elif ROPE_KV:
+            # [BLOCK_M, BLOCK_N] -> the first-half columns z and their second-half partners zu, [BLOCK_M, RN] each
+            z, zu = tl.split(tl.permute(tl.reshape(z, [BLOCK_M, 2, RN]), (0, 2, 1)))
+            out_mask = row_mask[:, None] & (j < HALF)[None, :]
+            if head < HQ + HK:  # q and k heads rotate (the rotary kernel's math, kernels/rotary.py)
+                p = tl.load(pos_ptr + rows, mask=row_mask, other=0).to(tl.float32)
+                f = tl.load(freq_ptr + j)
+                ang = p[:, None] * f[None, :]
+                c = tl.cos(ang)
+                sn = tl.sin(ang)
+                a = z.to(tl.float32)
+                b = zu.to(tl.float32)
+                lo = (a * c - b * sn).to(dtype)
+                hi = (b * c + a * sn).to(dtype)
+            else:  # v heads go to the cache as projected
+                lo = z
+                hi = zu
+            if head < HQ:  # rotated q: [M, HQ, 2 * HALF] rows of y
+                dst = y_ptr + rows[:, None] * stride_ym + head * (2 * HALF) + j[None, :]
+                tl.store(dst, lo, mask=out_mask)
+                tl.store(dst + HALF, hi, mask=out_mask)
+            else:  # k / v into the paged cache at the token's slot; padding tokens (slot < 0) write nothing
+                slot = tl.load(slot_ptr + rows, mask=row_mask, other=-1).to(tl.int64)
+                kv_mask = out_mask & (slot >= 0)[:, None]
+                if head < HQ + HK:
+                    dst = kc_ptr + slot[:, None] * (HK * 2 * HALF) + (head - HQ) * (2 * HALF) + j[None, :]
+                else:
+                    dst = vc_ptr + slot[:, None] * (HK * 2 * HALF) + (head - HQ - HK) * (2 * HALF) + j[None, :]
+                tl.store(dst, lo, mask=kv_mask)
+                tl.store(dst + HALF, hi, mask=kv_mask)
+        else:
+            tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], z, mask=out_mask)
 
 
 def _interpreted() -> bool:
@@ -168,11 +243,53 @@ def _check_out(name: str, out: torch.Tensor, shape: tuple, like: torch.Tensor) -
     return out.view(-1, shape[-1])
 
 
+TILE_KEYS = ("block_n", "block_k", "num_warps", "num_stages")
+
+
+@functools.lru_cache(maxsize=8)
+def _tile_table(path: str, mtime: float) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+        table = {}
+        for e in data["tiles"]:
+            key = (int(e["N"]), int(e["K"]), bool(e["silu_mul"]))
+            cfg = {k: e[k] for k in TILE_KEYS if e.get(k) is not None}
+            if (cfg.get("block_n", BLOCK_N) not in (16, 32, 64) or cfg.get("num_warps", NUM_WARPS) not in (1, 2, 4, 8)
+                    or cfg.get("block_k", 256) not in (16, 32, 64, 128, 256, 512, 1024)
+                    or cfg.get("num_stages", 2) not in (1, 2, 3, 4, 5)):
+                raise ValueError(f"entry {e}: block_n must be 16/32/64, block_k a power of two in 16..1024, "
+                                 f"num_warps 1/2/4/8 and num_stages 1..5")
+            table[key] = cfg
+        return table
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"DSPARK_SMALL_M_TILES={path}: not a tile table ({e}); bench/small_m_sweep.py writes "
+                         f"one (small_m_tiles.json)") from e
+
+
+def tile_settings(N: int, K: int, silu_mul: bool) -> dict:
+    """Tile settings for a weight of N rows and K columns: the table named by DSPARK_SMALL_M_TILES
+    (written by bench/small_m_sweep.py for one device) where it has this shape, else the defaults.
+    They depend on the weight's shape only, never on M, so rows stay batch-invariant."""
+    path = os.environ.get("DSPARK_SMALL_M_TILES")
+    if not path:
+        return {}
+    return dict(_tile_table(path, os.path.getmtime(path)).get((N, K, bool(silu_mul)), {}))
+
+
 def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=None, silu_mul=False,
-            out=None, h_out=None, any_m: bool = False, block_n: int = BLOCK_N, block_k: int | None = None,
-            num_warps: int = NUM_WARPS, num_stages: int | None = None):
-    # block_n / block_k / num_warps / num_stages: tile settings for bench/small_m_sweep.py. They
-    # may depend on the weight's shape, never on M (that keeps rows batch-invariant).
+            rope: dict | None = None, out=None, h_out=None, any_m: bool = False, block_n: int | None = None,
+            block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
+    # block_n / block_k / num_warps / num_stages: explicit tile settings (bench/small_m_sweep.py);
+    # unset ones come from tile_settings(), then the defaults.
+    # rope: the fused QKV + rotary + paged K/V write epilogue (norm_qkv_rope_triton checks it).
+    if rope is None and None in (block_n, block_k, num_warps, num_stages):
+        table = tile_settings(weight.shape[0], x.shape[-1], silu_mul)
+        block_n = block_n or table.get("block_n")
+        block_k = block_k or table.get("block_k")
+        num_warps = num_warps or table.get("num_warps")
+        num_stages = num_stages or table.get("num_stages")
+    block_n = block_n or BLOCK_N
+    num_warps = num_warps or NUM_WARPS
     if triton is None:
         raise RuntimeError(f"{fn} needs the triton package")
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -197,11 +314,18 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
     if M > SMALL_M_MAX and not any_m:
         raise ValueError(f"{fn} handles at most {SMALL_M_MAX} rows (got {M}); use the cuBLAS path (F.linear), "
                          f"or any_m=True (the batch-invariant mode: same tiles, a grid over row tiles)")
-    n_out = N // 2 if silu_mul else N
-    y_shape = (*x.shape[:-1], n_out)
+    if rope is not None:
+        hq, hk, half = rope["hq"], rope["hk"], rope["half"]
+        n_out, y_shape, n_programs = N, (M, hq, 2 * half), (hq + 2 * hk) * half // (block_n // 2)
+    else:
+        hq = hk = half = 0
+        n_out = N // 2 if silu_mul else N
+        y_shape, n_programs = (*x.shape[:-1], n_out), triton.cdiv(n_out, block_n) if n_out else 0
     if out is None:
         out = torch.empty(y_shape, dtype=x.dtype, device=x.device)
     y2 = _check_out("out", out, y_shape, x)
+    if rope is not None:
+        y2 = out.view(M, hq * 2 * half)
     if residual is not None:
         r2 = _rows(residual, K)
         if h_out is None:
@@ -212,19 +336,92 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
         if h_out is not None:
             raise ValueError("h_out is only written with a residual (without one h is x itself)")
         r2, h2, h = x2, x2, x
-    if M and n_out:
+    if M and n_programs:
+        from kernels.pdl import pdl_launch
+
+        use_pdl, launch = pdl_launch(x.device)
         BLOCK_K = block_k or max(16, min(256, triton.next_power_of_2(K)))
-        grid = (triton.cdiv(n_out, block_n), triton.cdiv(M, SMALL_M_MAX))
+        grid = (n_programs, triton.cdiv(M, SMALL_M_MAX))
         extra = {} if num_stages is None else {"num_stages": num_stages}
+        r_ = rope or {}
         _small_m_linear_kernel[grid](
             x2, r2, norm_weight if norm_weight is not None else x2, weight, bias if bias is not None else x2,
-            y2, h2, M, n_out, K, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), float(eps),
+            y2, h2, r_.get("positions", x2), r_.get("inv_freq", x2), r_.get("slot_mapping", x2),
+            r_.get("k_cache", x2), r_.get("v_cache", x2),
+            M, n_out, K, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), float(eps),
             HAS_NORM=norm_weight is not None, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
-            SILU_MUL=silu_mul, BLOCK_M=SMALL_M_MAX, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
-            UPCAST_DOT=_interpreted(), num_warps=num_warps, **extra)
+            SILU_MUL=silu_mul, ROPE_KV=rope is not None,
+            HQ=hq, HK=hk, HALF=half, RN=block_n // 2, BLOCK_M=SMALL_M_MAX, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+            UPCAST_DOT=_interpreted(), USE_PDL=use_pdl, num_warps=num_warps, **extra, **launch)
     elif M and residual is not None:  # nothing to project, but h is still owed
         h.copy_(x + residual)
     return out, h
+
+
+def rope_fusable(head_dim: int, block_n: int = BLOCK_N) -> bool:
+    """Whether :func:`norm_qkv_rope_triton` takes this head size (a tile's block_n / 2 rotary pairs
+    must fit inside half a head)."""
+    return head_dim % 2 == 0 and (head_dim // 2) % (block_n // 2) == 0
+
+
+def norm_qkv_rope_reference(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, *,
+                            num_heads: int, num_kv_heads: int, positions: torch.Tensor, inv_freq: torch.Tensor,
+                            k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                            residual: torch.Tensor | None = None, bias: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(residual add +) RMSNorm + the fused q/k/v projection, then rotary on q and k and the paged
+    K/V write (kernels/rotary.py's specification). -> (rotated q [M, H, D], h); k and v land in
+    the caches at slot_mapping (negative slots skipped)."""
+    from kernels.rotary import rotary_kv_write_reference
+
+    qkv, h = norm_linear_reference(x, norm_weight, eps, weight, residual, bias)
+    D = k_cache.shape[-1]
+    H, Hk = num_heads, num_kv_heads
+    q = qkv[:, : H * D].unflatten(-1, (H, D))
+    k = qkv[:, H * D: (H + Hk) * D].unflatten(-1, (Hk, D))
+    v = qkv[:, (H + Hk) * D:].unflatten(-1, (Hk, D))
+    return rotary_kv_write_reference(q, k, v, positions, inv_freq, k_cache, v_cache, slot_mapping), h
+
+
+def norm_qkv_rope_triton(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor, *,
+                         num_heads: int, num_kv_heads: int, positions: torch.Tensor, inv_freq: torch.Tensor,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                         residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                         h_out: torch.Tensor | None = None, any_m: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One kernel for :func:`norm_qkv_rope_reference`: the GEMV's programs run over rotary pairs
+    (columns j and j + D/2 of one head) and rotate in the epilogue, writing q to the output and k
+    and v straight into the paged cache. x [M, K] with M <= SMALL_M_MAX (any M with ``any_m``).
+    Capture-safe: no host reads, the output (and h) is the only allocation."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be [tokens, hidden], got {tuple(x.shape)}")
+    M = x.shape[0]
+    H, Hk = int(num_heads), int(num_kv_heads)
+    if H < 1 or Hk < 1 or H % Hk:
+        raise ValueError(f"num_heads={H} must be a positive multiple of num_kv_heads={Hk}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.dim() != 4 or c.shape[2] != Hk or not c.is_contiguous() or c.dtype != x.dtype:
+            raise ValueError(f"{name} must be a contiguous [pages, page_size, {Hk}, head_dim] {x.dtype} tensor, "
+                             f"got {tuple(c.shape)} {c.dtype} (contiguous={c.is_contiguous()})")
+    D = k_cache.shape[-1]
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache {tuple(v_cache.shape)} must match k_cache {tuple(k_cache.shape)}")
+    if not rope_fusable(D):
+        raise ValueError(f"head_dim {D}: the fused rotary epilogue needs head_dim/2 to be a multiple of {BLOCK_N // 2}; "
+                         f"use norm_linear_triton + kernels.rotary.rotary_kv_write_triton")
+    if weight.dim() != 2 or weight.shape[0] != (H + 2 * Hk) * D:
+        raise ValueError(f"weight has {weight.shape[0] if weight.dim() == 2 else '?'} rows, expected "
+                         f"(num_heads + 2 num_kv_heads) * head_dim = {(H + 2 * Hk) * D}")
+    if inv_freq.shape != (D // 2,) or inv_freq.dtype != torch.float32:
+        raise ValueError(f"inv_freq must be fp32 [{D // 2}], got {inv_freq.dtype} {tuple(inv_freq.shape)}")
+    for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
+        if t.shape != (M,) or t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{name} must be int32/int64 [{M}], got {t.dtype} {tuple(t.shape)}")
+    rope = {"hq": H, "hk": Hk, "half": D // 2, "positions": positions, "inv_freq": inv_freq.contiguous(),
+            "slot_mapping": slot_mapping, "k_cache": k_cache, "v_cache": v_cache}
+    q, h = _launch("norm_qkv_rope_triton", x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual,
+                   rope=rope, h_out=h_out, any_m=any_m)
+    return q, h
 
 
 def norm_linear_triton(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
@@ -245,4 +442,5 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _launch("linear_triton", x, weight, bias, out=out, any_m=any_m)[0]
 
 
-__all__ = ["SMALL_M_MAX", "norm_linear_reference", "norm_linear_triton", "linear_reference", "linear_triton"]
+__all__ = ["SMALL_M_MAX", "norm_linear_reference", "norm_linear_triton", "linear_reference", "linear_triton",
+           "norm_qkv_rope_reference", "norm_qkv_rope_triton", "rope_fusable"]

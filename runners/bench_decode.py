@@ -48,19 +48,44 @@ def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup
     engine.reset()
     sp = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     decode_steps: list[float] = []
+    step_tokens: list[int] = []
     outputs: dict[int, list[int]] = {}
     tokens_in_timed = 0
     t_all = time.perf_counter()
     for s in range(sets):  # the engine's counters run on across sets: the row sums all of them
         for i in range(batch):
             engine.add_request(prompts[(s * batch + i) % len(prompts)], sp)
-        tokens_in_timed += _run_set(engine, batch, warmup_steps, decode_steps, outputs)
+        tokens_in_timed += _run_set(engine, batch, warmup_steps, decode_steps, outputs, step_tokens)
     wall = time.perf_counter() - t_all
-    return _row(engine, batch, sets, decode_steps, outputs, tokens_in_timed, wall, warmup_steps)
+    row = _row(engine, batch, sets, decode_steps, outputs, tokens_in_timed, wall, warmup_steps)
+    row.update(throughput_interval(decode_steps, step_tokens))
+    return row
+
+
+def throughput_interval(step_ms: list[float], step_tokens: list[int], resamples: int = 1000,
+                        seed: int = 0) -> dict[str, Any]:
+    """How precisely the timed steps pin the throughput: the mean step time's standard error and a
+    95% bootstrap interval (steps resampled, seeded) of output tokens/s = sum(tokens) / sum(ms).
+    Two arms whose intervals overlap are not told apart by this run."""
+    import random
+
+    n = len(step_ms)
+    out: dict[str, Any] = {"ms_per_step_mean": statistics.fmean(step_ms) if n else None,
+                           "ms_per_step_se": statistics.stdev(step_ms) / n ** 0.5 if n > 1 else None,
+                           "output_tokens_per_s_ci95": None}
+    if n > 1 and len(step_tokens) == n:
+        rng = random.Random(seed)
+        rates = []
+        for _ in range(resamples):
+            idx = [rng.randrange(n) for _ in range(n)]
+            rates.append(sum(step_tokens[i] for i in idx) / (sum(step_ms[i] for i in idx) / 1e3))
+        rates.sort()
+        out["output_tokens_per_s_ci95"] = [rates[int(0.025 * resamples)], rates[int(0.975 * resamples) - 1]]
+    return out
 
 
 def _run_set(engine: Engine, batch: int, warmup_steps: int, decode_steps: list[float],
-             outputs: dict[int, list[int]]) -> int:
+             outputs: dict[int, list[int]], step_tokens: list[int] | None = None) -> int:
     """Step until the set's requests finish; append the timed steps' ms; return their tokens."""
     tokens_in_timed = 0
     seen = 0
@@ -81,6 +106,8 @@ def _run_set(engine: Engine, batch: int, warmup_steps: int, decode_steps: list[f
         if seen <= warmup_steps:
             continue
         decode_steps.append(step_ms)
+        if step_tokens is not None:
+            step_tokens.append(emitted)
         tokens_in_timed += emitted
     return tokens_in_timed
 
@@ -148,7 +175,12 @@ def run(cfg: DictConfig) -> dict:
     for name, b in tqdm(jobs, desc="bench_decode", disable=not cfg.progress):
         ecfg = dataclasses.replace(arms[name], max_num_seqs=max(b, 1))
         engine = Engine(first.target, first.tokenizer, ecfg, first.drafter if ecfg.spec == "dspark" else None)
+        timing = bool(cfg.get("graph_timing", False)) and ecfg.cuda_graphs and torch.cuda.is_available()
+        if timing:
+            engine.graph.start_timing()
         row = {"arm": name, **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps), sets[b])}
+        if timing:  # device ms per graph and per step (draft + verify span), warm-up steps left out
+            row["device_timing"] = engine.graph.timing_summary(skip_steps=int(cfg.warmup_steps))
         if ecfg.cuda_graphs and engine.graph.use_graphs and row["graph_replays"] == 0:
             raise RuntimeError(f"arm {name} batch {b}: engine.cuda_graphs is on but no step replayed a graph "
                                f"(eager reasons: {engine.eager_reasons}); refusing to report it as a graph arm")
@@ -169,16 +201,19 @@ def run(cfg: DictConfig) -> dict:
     doc = {"results": results, "config": OmegaConf.to_container(cfg, resolve=True),
            "fingerprint": node_fingerprint(None, ROOT)}
     (out_dir / "bench_decode.json").write_text(json.dumps(doc, indent=2, default=str))
-    lines = ["| arm | batch | ms/step (median) | output tok/s | tokens/step | accept length | trim ratio | "
-             f"predicted gain | graph replays / eager steps | requests differing from {first_arm} |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| arm | batch | ms/step (median) | output tok/s | 95% interval | timed steps | tokens/step | "
+             f"accept length | trim ratio | predicted gain | graph replays / eager steps | requests differing from "
+             f"{first_arm} |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
 
     for r in results:
+        ci = r.get("output_tokens_per_s_ci95")
+        ci_text = "-" if not ci else f"{ci[0]:,.0f} to {ci[1]:,.0f}"
         lines.append(f"| {r['arm']} | {r['batch_size']} | {r['ms_per_step_median']:.2f} | "
-                     f"{r['output_tokens_per_s']:.1f} | {r['tokens_per_step']:.2f} | {fmt(r['accept_length'], '.2f')} | "
+                     f"{r['output_tokens_per_s']:.1f} | {ci_text} | {r['timed_steps']} | {r['tokens_per_step']:.2f} | "
+                     f"{fmt(r['accept_length'], '.2f')} | "
                      f"{fmt(r['trim_ratio'], '.3f')} | {fmt(r['predicted_gain_mean'], '+.3f')} | "
                      f"{r['graph_replays']} / {r['eager_steps']} | {r['requests_differing_from_' + first_arm]} |")
     (out_dir / "bench_decode.md").write_text("\n".join(lines) + "\n")

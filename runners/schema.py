@@ -55,6 +55,7 @@ class EngineSchema:
     min_predicted_gain: float = 0.02
     skip_mixed_trim: bool = True
     force_verify_len: Optional[int] = None
+    force_trimmed_path: bool = False
     force_budget_frac: Optional[float] = None
     token_buckets: Optional[List[int]] = None
     debug_checks: bool = False
@@ -175,6 +176,7 @@ class BenchDecodeSchema:
     warmup_steps: int = 3
     min_requests: int = 8  # small batches run consecutive sets of distinct prompts up to this many requests
     workload: str = "poetry"
+    graph_timing: bool = False  # CUDA events around every graph replay: device ms per graph and per step
     output_dir: str = "outputs/bench_decode"
     progress: bool = True
 

@@ -37,3 +37,17 @@ def test_small_batches_run_several_prompt_sets_and_arms_are_compared(tmp_path):
     saved = json.loads((tmp_path / "bench_decode.json").read_text())
     assert len(saved["results"]) == 4
     assert (tmp_path / "bench_decode.md").exists() and (tmp_path / "bench_decode.png").exists()
+
+
+def test_throughput_interval_brackets_the_rate_and_shrinks_with_steps():
+    from runners.bench_decode import throughput_interval
+
+    few = throughput_interval([4.0, 4.4, 3.8, 4.2], [800, 790, 805, 795])
+    lo, hi = few["output_tokens_per_s_ci95"]
+    rate = sum([800, 790, 805, 795]) / (sum([4.0, 4.4, 3.8, 4.2]) / 1e3)
+    assert lo <= rate <= hi and few["ms_per_step_mean"] == pytest.approx(4.1)
+    many = throughput_interval([4.0, 4.4, 3.8, 4.2] * 16, [800, 790, 805, 795] * 16)
+    assert many["output_tokens_per_s_ci95"][1] - many["output_tokens_per_s_ci95"][0] < hi - lo
+    assert many["ms_per_step_se"] < few["ms_per_step_se"]
+    one = throughput_interval([4.0], [800])
+    assert one["output_tokens_per_s_ci95"] is None and one["ms_per_step_se"] is None

@@ -142,3 +142,19 @@ def test_fit_refuses_unseparable_and_bad_measurements():
         fit_cost_table([(1, 2, math.nan)])
     with pytest.raises(CostTableError, match="no measurements"):
         fit_cost_table([])
+
+
+def test_trim_overhead_staircase_round_trip_and_validation():
+    t = CostTable(token_counts=(8, 16), theta_ms=(1.0, 2.0), fixed_overhead_ms=1.0, batch_sizes=(1, 4),
+                  batch_overhead_ms=(0.0, 0.5), trim_overhead_ms=(0.0, 0.25))
+    assert t.trim_overhead(1) == 0.0 and t.trim_overhead(3) == 0.25 and t.trim_overhead(99) == 0.25
+    assert t.step_ms(16, 4, trimmed=True) == pytest.approx(t.step_ms(16, 4) + 0.25)
+    assert list(t.step_ms_many([8, 16], 4, trimmed=True)) == [t.step_ms(8, 4, trimmed=True),
+                                                              t.step_ms(16, 4, trimmed=True)]
+    assert CostTable.from_json(t.to_json()) == t
+    assert staircase().trim_overhead(4) == 0.0  # none measured: no extra cost
+    with pytest.raises(CostTableError, match="one value per batch_sizes"):
+        CostTable(token_counts=(8,), theta_ms=(1.0,), trim_overhead_ms=(0.1,))
+    with pytest.raises(CostTableError, match="finite and >= 0"):
+        CostTable(token_counts=(8,), theta_ms=(1.0,), batch_sizes=(1,), batch_overhead_ms=(0.0,),
+                  trim_overhead_ms=(-0.1,))

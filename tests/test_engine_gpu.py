@@ -166,3 +166,22 @@ def test_cuda_graph_sampled_rows_match_eager_and_never_sync(tmp_path, spec, veri
     for p, sp in zip(prompts, params):
         eng.add_request(p, sp)
     run_steady_steps_without_sync(eng, warm=12, steps=20)
+
+
+def test_graph_timing_reports_device_ms_per_graph_and_per_step(tmp_path):
+    """GraphDecoder.start_timing (bench_decode graph_timing=true): CUDA events around every replay
+    give a positive device time per captured graph, and per step mode (a trimmed ragged step spans
+    its draft and verify graphs); outputs are unchanged by the timing."""
+    target = tiny_target(45)
+    drafter = tiny_drafter(target, 46, block_size=4)
+    prompts = prompts_for(45, 6, lo=2, hi=40)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = [o.token_ids for o in graph_engine(tmp_path, target, drafter, "dspark", "ragged",
+                                               max_num_seqs=8).generate(prompts, params)]
+    eng = graph_engine(tmp_path, target, drafter, "dspark", "ragged", max_num_seqs=8)
+    eng.graph.start_timing()
+    assert [o.token_ids for o in eng.generate(prompts, params)] == plain
+    t = eng.graph.timing_summary()
+    assert t["graph_device_ms_median"] and all(v > 0 for v in t["graph_device_ms_median"].values())
+    assert "ragged" in t["step_device_ms_median"] and t["steps_timed"]["ragged"] > 0
+    assert any(k.startswith("draft") for k in t["graph_device_ms_median"])

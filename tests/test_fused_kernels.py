@@ -111,22 +111,26 @@ def test_rotary_kv_write_refuses_a_mismatched_cache():
                                torch.zeros(2, dtype=torch.long, device=DEV))
 
 
-@pytest.mark.parametrize("T,small_m", [(6, "1"), (6, "0"), (20, "1")])
-def test_carried_residual_stack_is_the_plain_stack(T, small_m, monkeypatch):
+@pytest.mark.parametrize("T,small_m,head_dim", [(6, "1", 16), (6, "0", 16), (20, "1", 16), (6, "1", 32),
+                                                (6, "rope0", 16)])
+def test_carried_residual_stack_is_the_plain_stack(T, small_m, head_dim, monkeypatch):
     """run_decoder_stack with the fused kernels (residual carried into the next norm) returns the
     final hidden and the captured layer streams of the plain layers, on the paged cache; with
-    at most SMALL_M_MAX tokens through the small-M GEMV kernels (counted), else through cuBLAS."""
+    at most SMALL_M_MAX tokens through the small-M GEMV kernels (counted), else through cuBLAS.
+    QKV, rotary and the K/V write run as one kernel (norm_qkv_rope_triton); ``rope0`` is
+    DSPARK_FUSED_QKV_ROPE=0, which keeps them apart (norm_linear_triton, then the rotary kernel)."""
     import kernels.small_m_linear as small_m_linear
     from dspark.attention import AttentionMetadata, set_attention_backend
     from dspark.kv_cache import KVCache
     from dspark.models.layers import run_decoder_stack
     from tiny import tiny_target
 
-    monkeypatch.setenv("DSPARK_SMALL_M_KERNELS", small_m)
+    monkeypatch.setenv("DSPARK_SMALL_M_KERNELS", "0" if small_m == "0" else "1")
+    monkeypatch.setenv("DSPARK_FUSED_QKV_ROPE", "0" if small_m == "rope0" else "1")
     calls = []
     real = small_m_linear._launch
     monkeypatch.setattr(small_m_linear, "_launch", lambda fn, *a, **k: calls.append(fn) or real(fn, *a, **k))
-    target = tiny_target(4).to(DEV)
+    target = tiny_target(4, head_dim=head_dim).to(DEV)
     cfg = target.cfg
     ids = torch.randint(3, cfg.vocab_size, (T,)).to(DEV)
     pos = torch.arange(T, device=DEV)
@@ -146,9 +150,11 @@ def test_carried_residual_stack_is_the_plain_stack(T, small_m, monkeypatch):
         finally:
             set_attention_backend("torch")
     (h_plain, cap_plain), (h_fused, cap_fused) = out["torch"], out["triton"]
-    small = T <= small_m_linear.SMALL_M_MAX and small_m == "1"
-    # four GEMV kernels per layer (norm+QKV, o_proj, norm+gate/up+silu*mul, down) or none
-    assert calls == (["norm_linear_triton", "linear_triton"] * 2) * cfg.num_layers if small else not calls
+    small = T <= small_m_linear.SMALL_M_MAX and small_m != "0"
+    # four GEMV kernels per layer (norm+QKV(+rotary+K/V write), o_proj, norm+gate/up+silu*mul, down) or none
+    first = "norm_qkv_rope_triton" if small_m == "1" else "norm_linear_triton"
+    expected = [first, "linear_triton", "norm_linear_triton", "linear_triton"] * cfg.num_layers
+    assert calls == expected if small else not calls
     tol = 1e-4 if DEV == "cuda" else 1e-5
     torch.testing.assert_close(h_fused, h_plain, atol=tol, rtol=tol)
     for a, b in zip(cap_fused, cap_plain):
@@ -165,16 +171,18 @@ def test_silu_mul_matches_reference(rows, i, dtype):
     torch.testing.assert_close(out, silu_mul_reference(x), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_fused_layers_compute_the_plain_layers_function(arch):
+@pytest.mark.parametrize("arch,head_dim", [("llama", 16), ("qwen2", 16), ("qwen3", 16)])
+def test_fused_layers_compute_the_plain_layers_function(arch, head_dim):
     """Engine on the Triton backend (fused layer kernels, fused projections) vs the torch
-    backend (plain modules): same logits to fp32 rounding, same greedy tokens."""
+    backend (plain modules): same logits to fp32 rounding, same greedy tokens. Llama and qwen2 take
+    the fused QKV + rotary + K/V write kernel in decode steps (with q/k/v biases for qwen2;
+    qwen3's q/k norms keep them apart)."""
     from dspark.attention import set_attention_backend
     from dspark.config import SamplingParams
     from dspark.engine import Engine
     from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
-    target = tiny_target(8, arch=arch)
+    target = tiny_target(8, arch=arch, head_dim=head_dim)
     drafter = tiny_drafter(target, 9, block_size=3)
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
     sp = SamplingParams(max_tokens=10, ignore_eos=True)
@@ -212,7 +220,8 @@ def test_fused_weights_follow_in_place_updates():
     assert torch.equal(w2, torch.cat([lin.weight, other.weight])) and not torch.equal(w, w2)
 
 
-def test_batch_invariant_mode_rows_do_not_depend_on_the_step(monkeypatch):
+@pytest.mark.parametrize("head_dim", [16])  # the fused QKV + rotary + K/V write kernel over row tiles
+def test_batch_invariant_mode_rows_do_not_depend_on_the_step(head_dim, monkeypatch):
     """engine.batch_invariant: a request's target logits are bitwise the same whether its tokens
     run alone or packed with other requests' (bf16, the fixed-tile kernels and unsplit attention);
     the plain fused path makes no such promise. Then greedy DSpark output equals target-only
@@ -223,7 +232,7 @@ def test_batch_invariant_mode_rows_do_not_depend_on_the_step(monkeypatch):
     from dspark.kv_cache import KVCache
     from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
-    target = tiny_target(5).to(DEV, torch.bfloat16)
+    target = tiny_target(5, head_dim=head_dim).to(DEV, torch.bfloat16)
     cfg = target.cfg
     lens = [7, 3, 21, 1]  # request 0 alone, then packed with three others
 

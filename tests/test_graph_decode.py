@@ -167,3 +167,37 @@ def test_verify_stage_never_packs_past_its_bucket(tmp_path, mode):
     windows = gd.out[: min(T, gd.S), 1]
     # The first row's anchor and window fit (T >= block + 1); the rows past the bucket got nothing.
     assert int(windows[0]) == gd.G and int(windows[1:].sum()) == 0 and T < 2 * (gd.G + 1)
+
+
+def test_forced_trimmed_path_runs_the_full_block_as_a_split_step(monkeypatch):
+    """engine.force_trimmed_path (the profiler's trim-overhead probe): a forced full-block verify
+    goes through the draft + verify graphs a trimmed step uses, not the fused full step, and
+    emits the same tokens; without force_verify_len the setting is refused."""
+    from dspark.graph_decode import GraphDecoder
+
+    target = tiny_target(3)
+    drafter = tiny_drafter(target, 4, block_size=3)
+    modes = []
+    real = GraphDecoder.launch
+    monkeypatch.setattr(GraphDecoder, "launch", lambda self, n, mode="full", **kw: modes.append(mode)
+                        or real(self, n, mode, **kw))
+    prompts = prompts_for(2, 3)
+    params = [SamplingParams(max_tokens=10, ignore_eos=True)] * 3
+    base, _ = generate(target, drafter, prompts, params, cuda_graphs=True)
+    assert set(modes) == {"full"}
+    modes.clear()
+    split, eng = generate(target, drafter, prompts, params, cuda_graphs=True, verify="uniform", force_verify_len=3,
+                          force_trimmed_path=True, budget_lag=1)
+    assert split == base and modes and set(modes) == {"uniform"}
+    with pytest.raises(ConfigError, match="force_verify_len"):
+        EngineConfig(verify="uniform", force_trimmed_path=True)
+
+
+def test_timing_summary_is_empty_without_graphs_and_timing():
+    """Device timing is a CUDA-event diagnostic: off by default, and nothing to report on the CPU's
+    eager path (bench_decode only asks for it on CUDA)."""
+    target = tiny_target(3)
+    drafter = tiny_drafter(target, 4, block_size=3)
+    _, eng = generate(target, drafter, prompts_for(2, 2), [SamplingParams(max_tokens=6, ignore_eos=True)] * 2,
+                      cuda_graphs=True)
+    assert eng.graph.timing is None and eng.graph.timing_summary() == {}

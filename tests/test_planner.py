@@ -243,7 +243,7 @@ def test_vectorised_global_ragged_walk_is_the_cell_by_cell_walk(seed, min_len):
     counts = tuple(range(1, R * (G + 1) + 8))
     theta = tuple(0.2 + 0.004 * m + (0.3 if m > R * 2 else 0.0) for m in counts)  # a step in the middle
     table = CostTable(token_counts=counts, theta_ms=theta, fixed_overhead_ms=1.0,
-                      batch_sizes=(1, 64), batch_overhead_ms=(0.0, 0.2))
+                      batch_sizes=(1, 64), batch_overhead_ms=(0.0, 0.2), trim_overhead_ms=(0.05, 0.1 * (seed % 3)))
     cfg = PlannerConfig(block=G, mode="ragged", min_verify_len=min(min_len, G))
     assert _global_ragged_walk(rows, table, R, cfg) == walk_cell_by_cell(rows, table, R, cfg)
 
@@ -255,12 +255,13 @@ def walk_cell_by_cell(rows, table, bs, cfg):
     windows = [cfg.min_verify_len] * len(rows)
     tau = len(rows) + sum(sum(row[: cfg.min_verify_len]) for row in rows)
     m = len(rows) * (cfg.min_verify_len + 1)
-    best = (tau / table.step_ms(m, bs), 0, tuple(windows))
+    full = len(rows) * (cfg.block + 1)  # every smaller prefix is a trimmed step: it pays the trim overhead
+    best = (tau / table.step_ms(m, bs, trimmed=m < full), 0, tuple(windows))
     for n, (neg_v, g, r) in enumerate(cells, start=1):
         if g < cfg.min_verify_len:
             continue
         windows[r], tau, m = g + 1, tau - neg_v, m + 1
-        value = tau / table.step_ms(m, bs)
+        value = tau / table.step_ms(m, bs, trimmed=m < full)
         if value >= best[0]:
             best = (value, n, tuple(windows))
     return best
@@ -327,3 +328,31 @@ def test_ragged_decisions_carry_the_device_allocations_extra_cells(seed, min_len
     uniform = plan_budget(ranking_survival=None, sizing_survival=rows, table=table, temperature_positive=False,
                           config=PlannerConfig(block=G, mode="uniform", min_verify_len=min_len, budget_lag=1))
     assert uniform.extra_cells is None
+
+
+def test_trim_overhead_is_paid_by_every_trimmed_plan_and_by_the_oracle():
+    """A trimmed step runs another path (draft and verify graphs apart) than the fused full step:
+    the table's trim overhead is added to every plan that trims. A trim the bare table favours by
+    19% is declined once the overhead eats the gain, in both modes; the oracle keeps the full
+    block on a step where trimming would cost more."""
+    import dataclasses
+
+    taxed = dataclasses.replace(STAIRS, batch_sizes=(1,), batch_overhead_ms=(0.0,), trim_overhead_ms=(0.6,))
+    assert taxed.step_ms(3, 1, trimmed=True) == pytest.approx(taxed.step_ms(3, 1) + 0.6)
+    assert plan(cfg()).reason == "trimmed"
+    for mode in ("ragged", "uniform"):
+        d = plan(cfg(mode=mode), table=taxed)
+        assert d.reason == "declined_below_min_gain" and d.windows == (4,) and not d.trimmed
+        assert d.predicted_ms == pytest.approx(3.5)  # the untrimmed plan pays no overhead
+    small = dataclasses.replace(taxed, trim_overhead_ms=(0.1,))
+    d = plan(cfg(), table=small)  # 3.4 / 2.6 still beats 4.0 / 3.5: trims, priced with the overhead
+    assert d.reason == "trimmed" and d.predicted_ms == pytest.approx(2.6)
+    g = plan(cfg(algorithm="greedy_stop"), table=taxed)
+    assert g.windows == (1,) and g.predicted_ms == pytest.approx(1.5 + 0.6)  # Algorithm 1's price carries it too
+    table = CostTable(token_counts=(2, 4, 6, 8, 10), theta_ms=(1.0, 2.0, 3.0, 4.0, 5.0), fixed_overhead_ms=1.0,
+                      batch_sizes=(2,), batch_overhead_ms=(0.0,), trim_overhead_ms=(1.5,))
+    out = oracle_bound([[0, 4], [1, 2]], [2, 2], table, block=4)
+    # trimmed costs 4 + 1.5 = 5.5 < 6 on both steps; with an overhead of 2.5 the oracle keeps the full block
+    assert out["oracle_ms"] == pytest.approx(11.0)
+    costly = dataclasses.replace(table, trim_overhead_ms=(2.5,))
+    assert oracle_bound([[0, 4], [1, 2]], [2, 2], costly, block=4)["oracle_ms"] == pytest.approx(12.0)

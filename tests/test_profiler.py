@@ -285,3 +285,43 @@ def test_bumpy_cost_is_refused_or_repaired_by_the_monotone_envelope(models, monk
     assert result.settings["monotone_repaired"] >= 1
     with pytest.raises(ProfileError, match="monotone"):
         profile_engine(make_engine(models), **SWEEP, monotone="sometimes")
+
+
+def test_trim_overhead_is_measured_on_the_trimmed_path_and_kept_out_of_theta(models, monkeypatch):
+    """A trimmed step (any window below the block, or a full block forced onto the trimmed path)
+    costing 0.8 ms more than its tokens: the profile measures the full block on both paths, stores
+    the difference per batch size, fits theta on the tokens alone, and prices trimmed steps with it."""
+    real_step = Engine.step
+
+    def step(self):
+        out = real_step(self)
+        info = self.last_step
+        if info is not None:
+            trimmed = self.cfg.force_trimmed_path or any(w < BLOCK for w in info.windows)
+            self.last_step = dataclasses.replace(info, step_ms=staircase(info.num_tokens, info.num_decodes)
+                                                 + (0.8 if trimmed else 0.0))
+        return out
+
+    monkeypatch.setattr(Engine, "step", step)
+    result = profile_engine(make_engine(models), **SWEEP)
+    table = result.table
+    assert table.trim_overhead_ms == pytest.approx((0.8, 0.8))
+    assert {(b, m) for b, m, _ in result.trim_samples} == {(1, 1 * (BLOCK + 1)), (2, 2 * (BLOCK + 1))}
+    for b, m, ms in result.measurements:
+        trimmed = m < b * (BLOCK + 1)
+        assert table.step_ms(m, b, trimmed=trimmed) == pytest.approx(ms, abs=1e-6)
+        assert table.step_ms(m, b) == pytest.approx(staircase(m, b), abs=1e-6)
+    assert result.to_dict()["trim_overhead_ms"] == [0.8, 0.8]
+
+
+def test_trim_overhead_ignores_noise():
+    from dspark.profiler import trim_overheads
+
+    full = [(1, 5, 10.0 + d) for d in (-0.2, 0.1, 0.0, 0.3, -0.1, 0.2)]
+    same = [(1, 5, 10.05 + d) for d in (0.2, -0.1, 0.0, -0.3, 0.1, -0.2)]  # within the noise: no overhead
+    slow = [(1, 5, 11.0 + d) for d in (0.2, -0.1, 0.0, -0.3, 0.1, -0.2)]
+    assert trim_overheads(full, same, 4) == {1: 0.0}
+    assert trim_overheads(full, slow, 4) == {1: pytest.approx(10.95 - 10.05)}  # medians
+    assert trim_overheads(full, [(1, 5, 9.0)] * 3, 4) == {1: 0.0}  # cheaper is never a negative overhead
+    with pytest.raises(ProfileError, match="lack a full-block step"):
+        trim_overheads(full, [(2, 10, 9.0)], 4)

@@ -223,3 +223,175 @@ def test_mlp_replays_in_a_cuda_graph():
         assert torch.equal(gh, ref_h)
         assert torch.equal(gz, linear_triton(gy, wd))  # deterministic: replay == eager on the same input
         _close(gz, linear_reference(gy, wd), dtype)
+
+
+# ---- fused QKV + rotary + paged K/V write (norm_qkv_rope_triton) ----------------------------
+
+def _rope_case(M, H, Hk, D, dtype, residual, bias, seed, pages=6, page=4):
+    from dspark.models.layers import rotary_inv_freq
+
+    K = 64
+    x, r, nw, w, b = _inputs(M, K, (H + 2 * Hk) * D, dtype, residual, bias, seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    slots = torch.randperm(pages * page, generator=g)[:M].to(DEV)
+    if M > 2:
+        slots[1] = -1  # a padding token: its k and v are written nowhere
+    pos = torch.randint(0, 4000, (M,), generator=g).to(DEV)
+    inv = rotary_inv_freq(D, 10000.0, DEV)
+    kc = _nan(pages, page, Hk, D, dtype=dtype)
+    vc = _nan(pages, page, Hk, D, dtype=dtype)
+    kw = dict(num_heads=H, num_kv_heads=Hk, positions=pos, inv_freq=inv, slot_mapping=slots, residual=r, bias=b)
+    return x, nw, w, kc, vc, kw
+
+
+@pytest.mark.parametrize("M,H,Hk,D,residual,bias", [(1, 3, 1, 32, True, False), (5, 4, 2, 32, False, True),
+                                                    (16, 2, 2, 64, True, True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_qkv_rope_matches_the_unfused_kernels_and_reference(M, H, Hk, D, residual, bias, dtype):
+    """The fused kernel against (a) the two kernels it replaces (norm_linear_triton, then
+    rotary_kv_write_triton), bitwise, and (b) the plain-PyTorch reference, to rounding; the
+    cache is NaN-poisoned, so a slot the kernel skips or a stray write shows."""
+    from kernels.rotary import rotary_kv_write_triton
+    from kernels.small_m_linear import norm_qkv_rope_reference, norm_qkv_rope_triton
+
+    x, nw, w, kc, vc, kw = _rope_case(M, H, Hk, D, dtype, residual, bias, seed=M + H)
+    q, h = norm_qkv_rope_triton(x, nw, EPS, w, k_cache=kc, v_cache=vc, **kw)
+    # (a) the unfused Triton path
+    kc2, vc2 = kc.clone().fill_(float("nan")), vc.clone().fill_(float("nan"))
+    qkv, h2 = norm_linear_triton(x, nw, EPS, w, kw["residual"], kw["bias"])
+    qd, kd = H * D, Hk * D
+    q2 = rotary_kv_write_triton(qkv[:, :qd].unflatten(-1, (H, D)), qkv[:, qd:qd + kd].unflatten(-1, (Hk, D)),
+                                qkv[:, qd + kd:].unflatten(-1, (Hk, D)), kw["positions"], kw["inv_freq"], kc2, vc2,
+                                kw["slot_mapping"])
+    assert torch.equal(h, h2)
+    assert torch.equal(kc.isnan(), kc2.isnan()) and torch.equal(vc.isnan(), vc2.isnan())
+    if DEV == "cpu":  # the interpreter computes both the same way, bit for bit
+        assert torch.equal(q, q2)
+        assert torch.equal(kc.nan_to_num(), kc2.nan_to_num()) and torch.equal(vc.nan_to_num(), vc2.nan_to_num())
+    else:  # compiled, the two kernels may contract the rotation's multiply-adds differently: an ulp
+        ulp = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=1e-2, rtol=8e-3)
+        torch.testing.assert_close(q, q2, **ulp)
+        torch.testing.assert_close(kc.nan_to_num(), kc2.nan_to_num(), **ulp)
+        torch.testing.assert_close(vc.nan_to_num(), vc2.nan_to_num(), **ulp)
+    # (b) the reference
+    kc3, vc3 = kc.clone().fill_(float("nan")), vc.clone().fill_(float("nan"))
+    q3, h3 = norm_qkv_rope_reference(x, nw, EPS, w, k_cache=kc3, v_cache=vc3, **kw)
+    _close(q, q3, dtype)
+    _check_h(h, h3, dtype)
+    assert torch.equal(kc.isnan(), kc3.isnan())
+    written = ~kc3.isnan()
+    assert int(written.sum()) == int((kw["slot_mapping"] >= 0).sum()) * Hk * D
+    _close(kc[written], kc3[written], dtype)
+    _close(vc[written], vc3[written], dtype)
+
+
+def test_norm_qkv_rope_is_batch_invariant_and_refuses_bad_shapes():
+    from kernels.small_m_linear import norm_qkv_rope_triton, rope_fusable
+
+    x, nw, w, kc, vc, kw = _rope_case(8, 3, 1, 32, torch.bfloat16, True, False, seed=3)
+    q8, _ = norm_qkv_rope_triton(x, nw, EPS, w, k_cache=kc, v_cache=vc, **kw)
+    one = dict(kw, positions=kw["positions"][:1], slot_mapping=kw["slot_mapping"][:1], residual=kw["residual"][:1])
+    q1, _ = norm_qkv_rope_triton(x[:1], nw, EPS, w, k_cache=kc, v_cache=vc, **one)
+    assert torch.equal(q8[:1], q1)
+    assert rope_fusable(64) and rope_fusable(128) and not rope_fusable(40)
+    with pytest.raises(ValueError, match="rows, expected"):
+        norm_qkv_rope_triton(x, nw, EPS, w[:-32], k_cache=kc, v_cache=vc, **kw)
+    with pytest.raises(ValueError, match="positions"):
+        norm_qkv_rope_triton(x, nw, EPS, w, k_cache=kc, v_cache=vc, **dict(kw, positions=kw["positions"][:3]))
+    with pytest.raises(ValueError, match="k_cache"):
+        norm_qkv_rope_triton(x, nw, EPS, w, k_cache=kc.float(), v_cache=vc, **kw)
+
+
+def test_pdl_switch_is_refused_when_malformed_and_off_on_cpu(monkeypatch):
+    from kernels import pdl
+
+    monkeypatch.setenv("DSPARK_PDL", "yes")
+    with pytest.raises(ValueError, match="DSPARK_PDL"):
+        pdl.pdl_enabled(torch.device("cpu"))
+    monkeypatch.setenv("DSPARK_PDL", "1")
+    assert pdl.pdl_launch(torch.device("cpu")) == (False, {})  # CPU / the interpreter: never
+
+
+@pytest.mark.gpu
+def test_pdl_chain_matches_plain_launches_in_a_cuda_graph(monkeypatch):
+    """A layer's small-M chain (norm+QKV+rope, o_proj, norm+gate/up+silu, down) launched with
+    programmatic dependent launch inside a CUDA graph gives bitwise the results of plain launches
+    (a missing grid-dependency wait would read the previous kernel's output early)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs a Hopper-class GPU")
+    from kernels.small_m_linear import norm_qkv_rope_triton
+
+    dtype, H, Hk, D, Kh, I = torch.bfloat16, 9, 3, 64, 576, 1536
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*s, scale=1.0):
+        return (scale * torch.randn(*s, generator=g)).to(DEV, dtype)
+
+    wqkv, wo = rnd((H + 2 * Hk) * D, Kh, scale=Kh ** -0.5), rnd(Kh, H * D, scale=(H * D) ** -0.5)
+    wgu, wd = rnd(2 * I, Kh, scale=Kh ** -0.5), rnd(Kh, I, scale=I ** -0.5)
+    n1, n2 = 1 + rnd(Kh, scale=0.1), 1 + rnd(Kh, scale=0.1)
+    from dspark.models.layers import rotary_inv_freq
+    inv = rotary_inv_freq(D, 10000.0, DEV)
+
+    def run(pdl_on):
+        monkeypatch.setenv("DSPARK_PDL", "1" if pdl_on else "0")
+        x, d = rnd(8, Kh), rnd(8, Kh)
+        kc = torch.zeros(4, 16, Hk, D, device=DEV, dtype=dtype)
+        vc = torch.zeros_like(kc)
+        pos = torch.arange(8, device=DEV) + 100
+        slots = torch.arange(8, device=DEV) + 5
+
+        def layers():
+            xx, dd = x, d
+            for _ in range(6):
+                q, h = norm_qkv_rope_triton(dd, n1, EPS, wqkv, residual=xx, num_heads=H, num_kv_heads=Hk,
+                                            positions=pos, inv_freq=inv, k_cache=kc, v_cache=vc, slot_mapping=slots)
+                a = linear_triton(q.flatten(1), wo)
+                act, xx = norm_linear_triton(a, n2, EPS, wgu, residual=h, silu_mul=True)
+                dd = linear_triton(act, wd)
+            return xx, dd
+
+        layers()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = layers()
+        outs = []
+        for _ in range(3):
+            graph.replay()
+            outs.append([t.clone() for t in (*out, kc, vc)])
+        torch.cuda.synchronize()
+        return outs
+
+    g.manual_seed(1)
+    plain = run(False)
+    g.manual_seed(1)
+    chained = run(True)
+    for a, b in zip(plain, chained):
+        for ta, tb in zip(a, b):
+            assert torch.equal(ta, tb)
+
+
+def test_tile_table_is_read_per_shape_and_validated(tmp_path, monkeypatch):
+    """DSPARK_SMALL_M_TILES names a per-shape tile table (bench/small_m_sweep.py writes it): a listed
+    shape launches with its settings, others with the defaults, and results do not change; a
+    malformed table is refused with the variable's name."""
+    import json
+
+    import kernels.small_m_linear as sml
+
+    x, r, nw, w, _ = _inputs(3, 64, 48, torch.float32, True, False, seed=11)
+    before = norm_linear_triton(x, nw, EPS, w, r)[0]
+    table = tmp_path / "small_m_tiles.json"
+    table.write_text(json.dumps({"tiles": [{"N": 48, "K": 64, "silu_mul": False, "block_n": 32, "block_k": 32,
+                                            "num_warps": 2, "num_stages": 2}]}))
+    monkeypatch.setenv("DSPARK_SMALL_M_TILES", str(table))
+    assert sml.tile_settings(48, 64, False) == {"block_n": 32, "block_k": 32, "num_warps": 2, "num_stages": 2}
+    assert sml.tile_settings(48, 64, True) == {}
+    after = norm_linear_triton(x, nw, EPS, w, r)[0]
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)  # another reduction split, same function
+    from dspark.models.layers import kernel_set
+    assert "tiles:" in kernel_set("triton", "cpu") and kernel_set("torch", "cpu") == "torch"
+    table.write_text(json.dumps({"tiles": [{"N": 48, "K": 64, "silu_mul": False, "block_n": 8}]}))
+    with pytest.raises(ValueError, match="DSPARK_SMALL_M_TILES"):
+        norm_linear_triton(x, nw, EPS, w, r)

@@ -111,9 +111,19 @@ def device_info() -> dict[str, Any]:
     }
 
 
+KERNEL_SWITCHES = ("DSPARK_FUSED_KERNELS", "DSPARK_SMALL_M_KERNELS", "DSPARK_FUSED_QKV_ROPE", "DSPARK_PDL",
+                   "DSPARK_SMALL_M_TILES")
+
+
+def kernel_switches() -> dict[str, str]:
+    """The environment switches of the layer kernels as set for this run ("unset" = the default)."""
+    return {name: os.environ.get(name, "unset") for name in KERNEL_SWITCHES}
+
+
 def node_fingerprint(config: dict | None, project_root: Path) -> dict[str, Any]:
-    """Hostname, platform, versions, device, git commit and config hash of this run."""
+    """Hostname, platform, versions, device, git commit, kernel switches and config hash of this run."""
     return {
+        "kernel_switches": kernel_switches(),
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],

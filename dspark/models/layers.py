@@ -50,6 +50,35 @@ def use_small_m_kernels(x: torch.Tensor) -> bool:
     return x.shape[0] <= SMALL_M_MAX and os.environ.get("DSPARK_SMALL_M_KERNELS", "1") != "0"
 
 
+def kernel_set(backend: str, device: torch.device | str) -> str:
+    """Which layer kernels a step runs on ``backend`` / ``device``, as one string (``torch``, or the
+    Triton switches in effect: fused norms/projections, small-M GEMV, fused QKV + rotary epilogue,
+    programmatic dependent launch). Cost tables record it: a step's cost depends on it."""
+    if backend != "triton":
+        return backend
+    from kernels.pdl import pdl_enabled
+
+    on = lambda name: os.environ.get(name, "1") != "0"  # noqa: E731
+    parts = ["triton"]
+    if on("DSPARK_FUSED_KERNELS"):
+        parts.append("fused")
+        if batch_invariant():
+            parts.append("batch_invariant")
+        elif on("DSPARK_SMALL_M_KERNELS"):
+            parts.append("small_m")
+        if on("DSPARK_FUSED_QKV_ROPE") and (batch_invariant() or on("DSPARK_SMALL_M_KERNELS")):
+            parts.append("qkv_rope")
+        if os.environ.get("DSPARK_SMALL_M_TILES"):  # a device's tuned GEMV tiles (bench/small_m_sweep.py)
+            import hashlib
+            from pathlib import Path
+
+            table = Path(os.environ["DSPARK_SMALL_M_TILES"]).read_bytes()
+            parts.append("tiles:" + hashlib.sha256(table).hexdigest()[:10])
+    if pdl_enabled(torch.device(device)):
+        parts.append("pdl")
+    return "+".join(parts)
+
+
 def _fused_weight(module: nn.Module, key: str, parts: list[torch.Tensor]) -> torch.Tensor:
     """torch.cat(parts) cached on ``module``; rebuilt when any part is replaced or updated in place."""
     stamp = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in parts)
@@ -312,19 +341,28 @@ class DecoderLayer(nn.Module):
     def _forward_carry_small_m(self, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
                                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
                                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`forward_carry` for at most SMALL_M_MAX tokens in five kernels before attention's
-        (kernels/small_m_linear.py): residual add + norm + QKV, rotary + K/V write, o_proj,
-        residual add + norm + gate/up + silu*mul, down_proj."""
-        from kernels.small_m_linear import linear_triton, norm_linear_triton
+        """:meth:`forward_carry` for at most SMALL_M_MAX tokens in four kernels besides attention's
+        (kernels/small_m_linear.py): residual add + norm + QKV + rotary + paged K/V write, o_proj,
+        residual add + norm + gate/up + silu*mul, down_proj. (Five where the head size does not fit
+        the fused rotary epilogue, or with DSPARK_FUSED_QKV_ROPE=0: rotary + K/V write separately.)"""
+        from kernels.small_m_linear import linear_triton, norm_linear_triton, norm_qkv_rope_triton, rope_fusable
 
         attn, norm1, norm2, mlp = self.self_attn, self.input_layernorm, self.post_attention_layernorm, self.mlp
         any_m = batch_invariant()
         w_qkv, b_qkv = attn.qkv_weights()
-        qkv, x = norm_linear_triton(delta if delta is not None else x, norm1.weight, norm1.eps, w_qkv,
-                                    residual=x if delta is not None else None, bias=b_qkv, any_m=any_m)
+        src, res = (delta, x) if delta is not None else (x, None)
+        if rope_fusable(attn.head_dim) and os.environ.get("DSPARK_FUSED_QKV_ROPE", "1") != "0":
+            q, x = norm_qkv_rope_triton(src, norm1.weight, norm1.eps, w_qkv, residual=res, bias=b_qkv,
+                                        num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads,
+                                        positions=positions, inv_freq=attn._inv_freq_on(x.device),
+                                        k_cache=k_cache, v_cache=v_cache, slot_mapping=meta.slot_mapping,
+                                        any_m=any_m)
+            heads = attend(q, k_cache, v_cache, meta, attn.scale).flatten(-2)
+        else:
+            qkv, x = norm_linear_triton(src, norm1.weight, norm1.eps, w_qkv, residual=res, bias=b_qkv, any_m=any_m)
+            heads = attn.attend_projected(qkv, positions, k_cache, v_cache, meta)
         o = attn.o_proj
-        a = linear_triton(attn.attend_projected(qkv, positions, k_cache, v_cache, meta), o.weight, o.bias,
-                          any_m=any_m)
+        a = linear_triton(heads, o.weight, o.bias, any_m=any_m)
         w_gu = _fused_weight(mlp, "_fused_gate_up_w", [mlp.gate_proj.weight, mlp.up_proj.weight])
         act, x = norm_linear_triton(a, norm2.weight, norm2.eps, w_gu, residual=x, silu_mul=True, any_m=any_m)
         return x, linear_triton(act, mlp.down_proj.weight, any_m=any_m)
@@ -365,4 +403,4 @@ def run_decoder_stack(layers, x: torch.Tensor, positions: torch.Tensor, cache, m
     return final_norm(x), captured  # type: ignore[return-value]
 
 
-__all__ = ["run_decoder_stack", "RMSNorm", "rotary_cos_sin", "apply_rotary", "SwiGLUMLP", "PagedSelfAttention", "DecoderLayer"]
+__all__ = ["kernel_set", "run_decoder_stack", "RMSNorm", "rotary_cos_sin", "apply_rotary", "SwiGLUMLP", "PagedSelfAttention", "DecoderLayer"]
