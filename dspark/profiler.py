@@ -17,14 +17,16 @@ next ``measure_steps`` decode-only steps (no prefill in the step, all B requests
 are recorded as (B, M = B * (v + 1), step_ms). The medians per (B, M) are fitted with
 :func:`dspark.cost_table.fit_cost_table`.
 
-The trim overhead. A step that verifies the full block runs one fused draft+verify graph; a
-trimmed step (v < block) runs a draft graph and a verify graph sized to its tokens, which can
-cost more than its tokens explain. So every batch size is also measured at the full block on
-the trimmed path (``engine.force_trimmed_path``): the difference to the fused full step is the
+The trim overhead. On captured steps (``engine.cuda_graphs``) a step that verifies the full
+block runs one fused draft+verify graph; a trimmed step (v < block) runs a draft graph and a
+verify graph sized to its tokens, which can cost more than its tokens explain. So every batch
+size is also measured at the full block on the trimmed path (``engine.force_trimmed_path``):
+the difference to the fused full step is the
 table's ``trim_overhead_ms`` (clamped at 0), it is taken out of the v < block medians before
 the fit (theta then prices tokens only) and the planner adds it back to every plan that trims.
 Without it, a table fitted across both paths (and its monotone envelope) makes a one-position
-trim look cheaper than the full block when it costs more.
+trim look cheaper than the full block when it costs more. Eager steps run the same code trimmed
+or not: there nothing is measured and the table carries no trim overhead.
 
 A table that could mislead the planner is refused (:class:`ProfileFlatError`): a flat
 theta makes every trim look free, and step times that do not grow with M at all mean the
@@ -366,17 +368,22 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: S
                            f"with the full block's cost, and an engine refuses a table that does not cover it; add {G}")
     samples = collect_measurements(engine, batch_sizes=bs, verify_lens=vl, warmup_steps=warmup_steps,
                                    measure_steps=measure_steps, prompt_len=prompt_len, seed=seed, progress=progress)
+    # Only captured steps have two paths (one fused graph vs draft + verify graphs); an eager step
+    # runs the same code trimmed or not, so there the overhead is 0 by construction and measuring
+    # it would only turn timing noise into a tax on every trim.
+    two_paths = bool(engine.cfg.cuda_graphs)
     trim_samples = _collect(engine, bs, [G], warmup_steps=warmup_steps, measure_steps=measure_steps,
-                            prompt_len=prompt_len, seed=seed, progress=progress, trimmed_path=True)
+                            prompt_len=prompt_len, seed=seed, progress=progress,
+                            trimmed_path=True) if two_paths else []
     measurements = medians_of(samples)
-    trim_overhead = trim_overheads(samples, trim_samples, G)
+    trim_overhead = trim_overheads(samples, trim_samples, G) if two_paths else {b: 0.0 for b in bs}
     check_not_flat(measurements, None, flat_rel_tol, samples)
     fingerprint = engine.fingerprint()
     fit_points = [(b, m, ms - trim_overhead[b] if m < b * (G + 1) else ms) for b, m, ms in measurements]
     try:
         table = fit_cost_table(fit_points, fingerprint=fingerprint)
         table = dataclasses.replace(table, trim_overhead_ms=tuple(trim_overhead[b] for b in table.batch_sizes)
-                                    if table.batch_sizes is not None else None)
+                                    if two_paths and table.batch_sizes is not None else None)
     except CostTableError as e:
         raise ProfileFitError(f"fitting the cost table failed: {e}. When medians of neighbouring token counts jump "
                               "by large factors, something else was using the device or CPU during the sweep: re-run "
@@ -393,7 +400,9 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: S
         check_monotone(table, measurements, samples, max_drop_rel)
     settings = {"warmup_steps": warmup_steps, "measure_steps": measure_steps, "prompt_len": prompt_len, "seed": seed,
                 "flat_rel_tol": flat_rel_tol,
-                "max_drop_rel": max_drop_rel, "monotone": monotone, "monotone_repaired": repaired}
+                "max_drop_rel": max_drop_rel, "monotone": monotone, "monotone_repaired": repaired,
+                "trim_overhead": "measured (captured steps)" if two_paths else
+                "not measured: eager steps run the same code trimmed or not"}
     return ProfileResult(measurements=measurements, samples=samples, table=table, block=engine.block_size,
                          batch_sizes=bs, verify_lens=vl, fingerprint=fingerprint, settings=settings,
                          trim_samples=trim_samples)

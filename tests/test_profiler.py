@@ -288,9 +288,11 @@ def test_bumpy_cost_is_refused_or_repaired_by_the_monotone_envelope(models, monk
 
 
 def test_trim_overhead_is_measured_on_the_trimmed_path_and_kept_out_of_theta(models, monkeypatch):
-    """A trimmed step (any window below the block, or a full block forced onto the trimmed path)
-    costing 0.8 ms more than its tokens: the profile measures the full block on both paths, stores
-    the difference per batch size, fits theta on the tokens alone, and prices trimmed steps with it."""
+    """Captured steps (cuda_graphs; on the CPU the same step functions run uncaptured): a trimmed
+    step (any window below the block, or a full block forced onto the trimmed path) costing 0.8 ms
+    more than its tokens. The profile measures the full block on both paths, stores the difference
+    per batch size, fits theta on the tokens alone, and prices trimmed steps with it. Eager steps
+    run one path: nothing is measured and the table carries no overhead."""
     real_step = Engine.step
 
     def step(self):
@@ -303,7 +305,10 @@ def test_trim_overhead_is_measured_on_the_trimmed_path_and_kept_out_of_theta(mod
         return out
 
     monkeypatch.setattr(Engine, "step", step)
-    result = profile_engine(make_engine(models), **SWEEP)
+    eager = profile_engine(make_engine(models), **SWEEP)
+    assert eager.table.trim_overhead_ms is None and eager.trim_samples == []
+    assert eager.settings["trim_overhead"].startswith("not measured")
+    result = profile_engine(make_engine(models, cuda_graphs=True), **SWEEP)
     table = result.table
     assert table.trim_overhead_ms == pytest.approx((0.8, 0.8))
     assert {(b, m) for b, m, _ in result.trim_samples} == {(1, 1 * (BLOCK + 1)), (2, 2 * (BLOCK + 1))}
