@@ -116,7 +116,6 @@ if triton is not None:
             t = tl.arange(0, BLOCK_N)
             cols = head * (2 * HALF) + (pid * RN) % HALF + (t % RN) + (t // RN) * HALF
             col_mask = t < BLOCK_N
-            cols_u = cols
         else:
             cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns (the gate's, with SILU_MUL)
             col_mask = cols < N_OUT
@@ -124,7 +123,8 @@ if triton is not None:
         x_rows = x_ptr + rows[:, None] * stride_xm
         r_rows = res_ptr + rows[:, None] * stride_rm
         w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
-        wu_rows = w_ptr + cols_u.to(tl.int64)[:, None] * K
+        if SILU_MUL:
+            wu_rows = w_ptr + cols_u.to(tl.int64)[:, None] * K
         # The first chunk of weights loads before the grid dependency wait: no kernel of a step
         # writes weights, so with PDL this load overlaps the previous kernel's tail.
         km0 = ks < K
