@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Leased-H200 re-calibration of a DSpark drafter's confidence head (issue 4), out of sample:
-#  1. calibration data: train-split prompts the drafter never trained on (exclude_prompts = the
-#     drafter's training_prompts.json), answered by the target at T=0.7 / top-p 0.8 / top-k 20
-#     (as training data is made), bf16, engine=h200; disjoint from every workload's eval split
-#     because the train/eval split is a hash of the prompt id;
+#  1. calibration data: prompts the drafter never trained on, answered by the target at T=0.7 /
+#     top-p 0.8 / top-k 20 (as training data is made), bf16, engine=h200. The shipped drafter
+#     trained on the whole train split, so by default they are the EVAL split of the training-only
+#     sources (hard_questions, stdlib_prose: no benchmark or eval_drafter run draws from them);
+#     for a drafter trained on part of the train split, SPLIT=train SOURCES=[...all five...] takes
+#     the train split minus its training_prompts.json (exclude_prompts, applied either way);
 #  2. runners.calibrate on a COPY of the drafter under $OUT: STS fitted on FIT_FRACTION of the
 #     sequences, AUC/ECE reported on the rest (out of sample) with a by-sequence bootstrap interval,
 #     many anchors per sequence (every STRIDE-th response position);
@@ -12,7 +14,7 @@
 #   OUT=/path WORK=/tmp/dspark-cal CUDA_VISIBLE_DEVICES=0 bash bench/h200_calibration.sh STAGE_DIR
 #
 # STAGE_DIR holds model.part1..3 + model.sha256 (bench/stage_model.sh). Knobs (env, defaults below):
-# DRAFTER (drafter folder; default the shipped one), EXCLUDE (prompt record(s), comma-separated;
+# DRAFTER (drafter folder; default the shipped one), SPLIT, EXCLUDE (prompt record(s), comma-separated;
 # default $DRAFTER/training_prompts.json), PER_SOURCE, SOURCES, CAL_SEED, MAXTOK, DATA_SEQS,
 # T_DATA (admission budget, s), FIT_FRACTION, ANCHORS (null = every STRIDE-th position), STRIDE,
 # CHUNK, CAL_BATCH, RESAMPLES, ENGINE, T_CAL, METHOD. Budget: about 2-3 minutes on one H200.
@@ -25,8 +27,9 @@ source "$(dirname "$0")/stage_model.sh" "${1:?stage dir with model.part1..3 + mo
 
 DRAFTER=$(cd "${DRAFTER:-dspark/assets/dspark-smollm2}" && pwd) || { echo "DRAFTER folder not found"; exit 2; }
 EXCLUDE=${EXCLUDE:-$DRAFTER/training_prompts.json}
-SOURCES=${SOURCES:-[agentic,poetry,arena_hard,stdlib_prose,hard_questions]}
-PER_SOURCE=${PER_SOURCE:-120}      # prompts per source (arena_hard has ~3 left untrained): ~480 sequences
+SPLIT=${SPLIT:-eval}
+SOURCES=${SOURCES:-[hard_questions,stdlib_prose]}
+PER_SOURCE=${PER_SOURCE:-400}      # prompts per source (stdlib_prose has 119 eval prompts): ~520 sequences
 CAL_SEED=${CAL_SEED:-1}
 MAXTOK=${MAXTOK:-256}              # as the shipped drafter's training data
 DATA_SEQS=${DATA_SEQS:-256}
@@ -45,10 +48,10 @@ echo "drafter=$DRAFTER exclude=$EX_LIST sources=$SOURCES per_source=$PER_SOURCE 
   "GPU=${CUDA_VISIBLE_DEVICES:-unset}"
 [[ -f "$DRAFTER/config.json" ]] || { echo "no config.json in $DRAFTER"; exit 2; }
 
-stamp "calibration data: train split minus the drafter's training prompts, T=0.7/0.8/20, $MAXTOK tokens"
+stamp "calibration data: $SPLIT split of $SOURCES minus the drafter's training prompts, T=0.7/0.8/20, $MAXTOK tokens"
 mkdir -p "$OUT/data"
 timeout $(( T_DATA + 120 )) python3 -m runners.make_training_data engine=$ENGINE engine.max_num_seqs=$DATA_SEQS \
-  sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "exclude_prompts=$EX_LIST" seed=$CAL_SEED \
+  split=$SPLIT sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "exclude_prompts=$EX_LIST" seed=$CAL_SEED \
   max_tokens=$MAXTOK time_budget_s=$T_DATA output="$OUT/data/calib.safetensors" progress=false \
   hydra.run.dir="$WORK/hydra/data" > "$OUT/data.log" 2>&1 &
 pid_data=$!

@@ -22,6 +22,14 @@ records (or ``builtin:NAME``, the record shipped with a drafter in ``dspark/asse
 Such data is disjoint from (a) the drafter's training prompts, by the explicit exclusion, and
 (b) every workload's evaluation prompts, because it is drawn from ``split=train`` and the
 train/eval split is a hash of the prompt id (:func:`workloads.base.split_of`).
+
+A drafter trained on the WHOLE train split (the shipped one since its fourth run) leaves no
+train-split prompt over. Its held-out calibration data comes from the eval split of the
+training-only sources (``CALIBRATION_EVAL_SOURCES``: no benchmark workload and no
+``eval_drafter`` run draws from them), which the train/eval hash keeps out of its training:
+
+    python -m runners.make_training_data split=eval sources=[hard_questions,stdlib_prose] seed=4 \
+        num_prompts_per_source=200 max_tokens=256 output=training_data/calib.safetensors
 """
 
 from __future__ import annotations
@@ -44,6 +52,10 @@ from runners.schema import EngineSchema, ModelSchema, to_engine_config
 from workloads.registry import build_workload, make_spec
 
 DEFAULT_SOURCES = ["agentic", "poetry", "arena_hard", "stdlib_prose", "hard_questions"]
+# Sources that are drafter-training material only: no benchmark workload (conf/workload/) and no
+# eval_drafter run uses them, so their EVAL split is held-out calibration material for a drafter
+# trained on the whole train split.
+CALIBRATION_EVAL_SOURCES = ["hard_questions", "stdlib_prose"]
 
 
 @dataclass
@@ -273,8 +285,11 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     exclude, exclude_info = excluded_prompt_ids(cfg.get("exclude_prompts"))
     items = collect_prompts(list(cfg.sources), cfg.split, cfg.num_prompts_per_source, int(cfg.seed), exclude=exclude)
     if not items:
+        hint = (f"; a drafter trained on the whole train split is calibrated on the eval split of the "
+                f"training-only sources: split=eval sources={CALIBRATION_EVAL_SOURCES}"
+                if exclude and cfg.split == "train" else "")
         raise ConfigError(f"no prompt left: sources {list(cfg.sources)} of split {cfg.split!r} minus the "
-                          f"{len(exclude)} excluded ids")
+                          f"{len(exclude)} excluded ids{hint}")
     # expand with the base id carried along, so the prompt record can name base ids
     tagged = expand_samples([(src, pid, (pid, msgs)) for src, pid, msgs in items],
                             dict(cfg.get("samples_per_prompt") or {}), int(cfg.seed))

@@ -5,8 +5,11 @@ workload's evaluation prompts.
   exactly the set of prompts its data run admitted: replaying the run's recipe (sources, seed,
   samples per prompt, two shards, and each shard's admitted count from its log) gives those
   ids, and the replay's admitted requests per source equal the shipped data's per-source counts.
-- Calibration prompts (split=train minus the record) never meet the record, nor any eval-split
-  prompt (the split is a hash of the id), nor the prompts the benchmarks and eval_drafter draw.
+- The shipped drafter trained on the whole train split, so its calibration prompts are the eval
+  split of the training-only sources (hard_questions, stdlib_prose): never in the record (the
+  split is a hash of the id), and never drawn by a benchmark workload or by eval_drafter.
+- For a drafter trained on part of the train split, calibration prompts (split=train minus its
+  record) never meet the record, nor any eval-split prompt.
 - make_training_data writes a prompt record beside every output, and exclude_prompts= honours it.
 """
 
@@ -27,10 +30,15 @@ from workloads.registry import DEFAULTS, build_workload, make_spec
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = str(ROOT / "conf")
 SOURCES = ["agentic", "poetry", "arena_hard", "stdlib_prose", "hard_questions"]
-# bench/results/h200-2026-11-30-drafter3: data_shard{0,1}.log ("prompts" minus "not_admitted") and
-# data_summary.txt ("per_source"), the run that made the shipped drafter's training data.
-SHIPPED_ADMITTED = [17143 - 14113, 17142 - 13949]
-SHIPPED_PER_SOURCE = {"agentic": 960, "arena_hard": 21, "hard_questions": 1351, "poetry": 3578, "stdlib_prose": 313}
+# bench/results/h200-2026-11-30-drafter4: data_{0,1}.log ("prompts" minus "not_admitted") and
+# data_summary.txt ("per_source"), the run that made the shipped drafter's training data: every
+# train-split prompt, several samples of the small sources.
+SHIPPED_ADMITTED = [34672, 34672]
+SHIPPED_PER_SOURCE = {"agentic": 21088, "arena_hard": 240, "hard_questions": 24770, "poetry": 19678,
+                      "stdlib_prose": 3568}
+# The third run's record (data_shard{0,1}.log in ../h200-2026-11-30-drafter3): a time budget cut it.
+DRAFTER3_ADMITTED = [17143 - 14113, 17142 - 13949]
+DRAFTER3_SAMPLES = {"agentic": 4, "stdlib_prose": 4, "arena_hard": 8, "hard_questions": 3}
 
 
 @pytest.fixture(scope="module")
@@ -39,36 +47,64 @@ def shipped():
 
 
 def test_shipped_record_matches_the_recorded_run(shipped):
-    logs = ROOT / "bench/results/h200-2026-11-30-drafter3"
+    logs = ROOT / "bench/results/h200-2026-11-30-drafter4"
     if logs.is_dir():  # the numbers above are the logs'
         summary = json.loads((logs / "data_summary.txt").read_text())
         assert summary["per_source"] == SHIPPED_PER_SOURCE and summary["sequences"] == sum(SHIPPED_ADMITTED)
-        assert [p["not_admitted"] for p in summary["info"]["parts"]] == [14113, 13949]
+        assert [p["not_admitted"] for p in summary["info"]["parts"]] == [0, 0]
     recipe = shipped["recipe"]
     assert recipe["split"] == "train" and recipe["seed"] == 0 and recipe["num_prompts_per_source"] is None
     assert [s["admitted"] for s in recipe["shards"]] == SHIPPED_ADMITTED
     chosen, requests = mtd.admitted_prompts(recipe["sources"], "train", None, 0, recipe["samples_per_prompt"],
                                             SHIPPED_ADMITTED)
-    assert requests == [17143, 17142]  # the prompt pools still replay the run's order
+    assert requests == SHIPPED_ADMITTED  # the prompt pools still replay the run's order (all admitted)
     assert dict(collections.Counter(src for src, _ in chosen)) == SHIPPED_PER_SOURCE
     assert set(shipped["prompt_ids"]) == {pid for _, pid in chosen}
     assert shipped["admitted_requests_per_source"] == SHIPPED_PER_SOURCE
 
 
-def test_calibration_prompts_are_disjoint_from_training_and_evaluation(shipped):
+def _assert_never_evaluated(ids: set[str], sources: list[str]) -> None:
+    for name in sources:  # the whole eval split of each benchmark source, which benchmarks and eval_drafter draw from
+        workload = build_workload(make_spec(name, split="eval", num_prompts=None))
+        assert not ids & {p.id for p in workload.available("eval")}
+    for name in ("agentic", "poetry", "arena_hard"):  # the benchmark defaults, drawn as the benchmarks do
+        assert DEFAULTS[name]["split"] == "eval"
+        assert not ids & {p.id for p in build_workload(make_spec(name)).prompts()}
+
+
+def test_shipped_drafter_calibrates_on_eval_split_of_training_only_sources(shipped):
     trained = set(shipped["prompt_ids"])
+    # the whole train split is trained on: nothing is left there, and make_training_data says where to look
+    assert mtd.collect_prompts(SOURCES, "train", None, 1, exclude=trained) == []
+    items = mtd.collect_prompts(mtd.CALIBRATION_EVAL_SOURCES, "eval", None, 4, exclude=trained)
+    ids = {pid for _, pid, _ in items}
+    assert len(ids) > 600 and not ids & trained and all(split_of(pid) == "eval" for pid in ids)
+    # training-only: no benchmark workload config and no eval_drafter default names them
+    benchmark = {p.stem for p in (ROOT / "conf" / "workload").glob("*.yaml")}
+    from omegaconf import OmegaConf
+
+    evaluated = set(OmegaConf.load(ROOT / "conf" / "eval_drafter.yaml").workloads)
+    assert evaluated == {"agentic", "poetry", "arena_hard"}
+    assert not set(mtd.CALIBRATION_EVAL_SOURCES) & (benchmark | evaluated)
+    _assert_never_evaluated(ids, ["agentic", "poetry", "arena_hard"])
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="make_training_data", overrides=["exclude_prompts=[builtin:dspark-smollm2]"])
+    with pytest.raises(ConfigError, match="split=eval sources=.*hard_questions"):
+        mtd.run(cfg, target=object(), tokenizer=object())
+
+
+def test_calibration_prompts_are_disjoint_from_a_partial_record():
+    # the third run's record (a time budget cut it): train split minus it is held-out calibration material
+    chosen, _ = mtd.admitted_prompts(SOURCES, "train", None, 0, DRAFTER3_SAMPLES, DRAFTER3_ADMITTED)
+    trained = {pid for _, pid in chosen}
+    assert len(trained) == 5694
     items = mtd.collect_prompts(SOURCES, "train", None, 1, exclude=trained)
     ids = {pid for _, pid, _ in items}
     assert len(ids) > 2000 and not ids & trained
     assert all(split_of(pid) == "train" for pid in ids)  # hence never an eval-split prompt
     per_source = collections.Counter(src for src, _, _ in items)
     assert all(per_source[s] > 0 for s in SOURCES if s != "arena_hard")
-    for name in SOURCES:  # the whole eval split of each source, which benchmarks and eval_drafter draw from
-        workload = build_workload(make_spec(name, split="eval", num_prompts=None))
-        assert not ids & {p.id for p in workload.available("eval")}
-    for name in ("agentic", "poetry", "arena_hard"):  # the benchmark defaults, drawn as the benchmarks do
-        assert DEFAULTS[name]["split"] == "eval"
-        assert not ids & {p.id for p in build_workload(make_spec(name)).prompts()}
+    _assert_never_evaluated(ids, SOURCES)
     # num_prompts_per_source counts after the exclusion: a source still gives what it has left
     capped = mtd.collect_prompts(["poetry", "agentic"], "train", 50, 1, exclude=trained)
     assert collections.Counter(src for src, _, _ in capped) == {"poetry": 50, "agentic": 50}
