@@ -98,7 +98,8 @@ cp "$WORK/hydra/profile/profile.json" "$OUT/" 2>/dev/null
 fi
 if has bench; then
 # All arms in one process, so that every arm's greedy outputs are compared with the target-only
-# arm's (runners.bench_decode). SEPARATE=1 runs one process per arm instead (each then compares
+# arm's (runners.bench_decode), in ORDER (default alternating: the arm order reverses at every
+# other batch and round, so a drifting host is not charged to the last arm) for ROUNDS rounds. SEPARATE=1 runs one process per arm instead (each then compares
 # only with itself), as the 2026-11-30 runs did while the capture warm-up bug was open.
 if [[ "${SEPARATE:-0}" == 1 ]]; then
 stamp "bench: target / full / uniform / ragged on captured steps (one process per arm)"
@@ -113,7 +114,8 @@ else
 stamp "bench: target / full / uniform / ragged on captured steps (one process, outputs compared)"
 timeout ${T_BENCH:-400} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 $DRAFT \
   engine.cost_table="${COST_TABLE:-$OUT/cost_table.json}" progress=false batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" \
-  new_tokens=${NEW_TOKENS:-96} output_dir="$OUT/bench_sched" hydra.run.dir="$WORK/hydra/bench_sched" 2>&1 \
+  new_tokens=${NEW_TOKENS:-96} order=${ORDER:-alternating} rounds=${ROUNDS:-1} \
+  output_dir="$OUT/bench_sched" hydra.run.dir="$WORK/hydra/bench_sched" 2>&1 \
   | grep -v WARNING | grep "Error\|^| " | cut -c1-300
 fi
 fi

@@ -12,15 +12,29 @@ import sys
 from pathlib import Path
 
 
+def rows_of(doc: dict) -> list[dict]:
+    """A bench_decode.json's rows, one per (arm, batch): with rounds > 1, the first round's row
+    carrying the median over the rounds of ms/step and output tokens/s."""
+    medians = {(m["arm"], m["batch_size"]): m for m in doc.get("median_over_rounds") or []}
+    rows = []
+    for r in doc["results"]:
+        if r.get("round", 0) != 0:
+            continue
+        m = medians.get((r["arm"], r["batch_size"]))
+        rows.append({**r, "ms_per_step_median": m["ms_per_step_median"],
+                     "output_tokens_per_s": m["output_tokens_per_s"]} if m else r)
+    return rows
+
+
 def load(folder: Path) -> dict[str, dict[int, dict]]:
     series: dict[str, dict[int, dict]] = {}
     for arm in ("target", "full", "uniform", "ragged"):
         f = folder / f"bench_{arm}" / "bench_decode.json"
         if f.exists():
-            series[arm] = {r["batch_size"]: r for r in json.loads(f.read_text())["results"]}
+            series[arm] = {r["batch_size"]: r for r in rows_of(json.loads(f.read_text()))}
     together = folder / "bench_decode.json"  # all arms from one process (outputs compared across arms)
     if together.exists():
-        for r in json.loads(together.read_text())["results"]:
+        for r in rows_of(json.loads(together.read_text())):
             series.setdefault(r["arm"], {})[r["batch_size"]] = r
     peer = folder / "transformers_peer.json"
     if peer.exists():

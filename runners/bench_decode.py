@@ -36,6 +36,50 @@ from workloads.registry import build_workload, make_spec
 ROOT = Path(__file__).resolve().parents[1]
 
 
+RUN_ORDERS = ("arm_major", "batch_major", "alternating")
+
+
+def run_order(arms: list[str], batches: list[int], order: str = "arm_major", rounds: int = 1
+              ) -> list[tuple[int, str, int]]:
+    """The (round, arm, batch) jobs in the order they run.
+
+    ``arm_major`` runs every batch of an arm before the next arm, so the last arm always runs
+    last (after every other engine of the process): a host or device that drifts over the run
+    is then read as that arm's cost. ``batch_major`` runs every arm at a batch before the next
+    batch. ``alternating`` is batch-major with the arms in the given order at even positions
+    (round * len(batches) + batch index) and reversed at odd ones, so each arm runs early as
+    often as late, and a drift shows as a difference between the rounds or batches.
+    """
+    if order not in RUN_ORDERS:
+        raise ConfigError(f"order: {order!r}; use one of {list(RUN_ORDERS)}")
+    if int(rounds) < 1:
+        raise ConfigError(f"rounds: {rounds}; run the schedule at least once (rounds=1)")
+    if not arms:
+        raise ConfigError("arms: give at least one arm")
+    jobs = []
+    for r in range(int(rounds)):
+        if order == "arm_major":
+            jobs.extend((r, a, b) for a in arms for b in batches)
+            continue
+        for j, b in enumerate(batches):
+            names = arms if order == "batch_major" or (r * len(batches) + j) % 2 == 0 else arms[::-1]
+            jobs.extend((r, a, b) for a in names)
+    return jobs
+
+
+def median_over_rounds(results: list[dict]) -> list[dict]:
+    """Per (arm, batch): median ms/step and output tokens/s over the rounds, and each round's tokens/s."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["arm"], r["batch_size"]), []).append(r)
+    return [{"arm": arm, "batch_size": b, "rounds": len(rows),
+             "ms_per_step_median": statistics.median(x["ms_per_step_median"] for x in rows),
+             "output_tokens_per_s": statistics.median(x["output_tokens_per_s"] for x in rows),
+             "output_tokens_per_s_by_round": [x["output_tokens_per_s"] for x in sorted(rows, key=lambda x: x["round"])],
+             "run_positions": [x["run_position"] for x in sorted(rows, key=lambda x: x["round"])]}
+            for (arm, b), rows in groups.items()]
+
+
 def prompt_sets(batch: int, min_requests: int) -> int:
     """Consecutive sets of `batch` distinct prompts that serve at least `min_requests` requests."""
     if batch < 1 or min_requests < 1:
@@ -159,6 +203,9 @@ def run(cfg: DictConfig) -> dict:
     batches = [int(b) for b in cfg.batch_sizes]
     if not batches or min(batches) < 1:
         raise ConfigError(f"batch_sizes: positive integers required, got {batches}")
+    # refused before any model is loaded
+    rounds = int(cfg.get("rounds", 1))
+    jobs = run_order(list(arms), batches, str(cfg.get("order", "arm_major")), rounds)
     sets = {b: prompt_sets(b, int(cfg.min_requests)) for b in batches}
     wl = build_workload(make_spec(cfg.workload, num_prompts=max(b * n for b, n in sets.items()), seed=0,
                                   greedy_replica_count=0))
@@ -171,14 +218,14 @@ def run(cfg: DictConfig) -> dict:
     results = []
     from tqdm.auto import tqdm
 
-    jobs = [(name, b) for name in arms for b in batches]
-    for name, b in tqdm(jobs, desc="bench_decode", disable=not cfg.progress):
+    for position, (rnd, name, b) in enumerate(tqdm(jobs, desc="bench_decode", disable=not cfg.progress)):
         ecfg = dataclasses.replace(arms[name], max_num_seqs=max(b, 1))
         engine = Engine(first.target, first.tokenizer, ecfg, first.drafter if ecfg.spec == "dspark" else None)
         timing = bool(cfg.get("graph_timing", False)) and ecfg.cuda_graphs and torch.cuda.is_available()
         if timing:
             engine.graph.start_timing()
-        row = {"arm": name, **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps), sets[b])}
+        row = {"arm": name, "round": rnd, "run_position": position,
+               **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps), sets[b])}
         if timing:  # device ms per graph and per step (draft + verify span), warm-up steps left out
             row["device_timing"] = engine.graph.timing_summary(skip_steps=int(cfg.warmup_steps))
         if ecfg.cuda_graphs and engine.graph.use_graphs and row["graph_replays"] == 0:
@@ -191,19 +238,23 @@ def run(cfg: DictConfig) -> dict:
             torch.cuda.empty_cache()
     # Greedy outputs of every arm against the first arm at the same batch size.
     first_arm = next(iter(arms))
-    reference = {r["batch_size"]: r["outputs"] for r in results if r["arm"] == first_arm}
+    reference = {(r["round"], r["batch_size"]): r["outputs"] for r in results if r["arm"] == first_arm}
     for r in results:
-        ref = reference[r["batch_size"]]
+        ref = reference[(r["round"], r["batch_size"])]
         r["requests_differing_from_" + first_arm] = sum(a != b for a, b in zip(r["outputs"], ref))
         r["output_tokens_total"] = sum(len(o) for o in r.pop("outputs"))
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    summary = median_over_rounds(results) if rounds > 1 else None
     doc = {"results": results, "config": OmegaConf.to_container(cfg, resolve=True),
            "fingerprint": node_fingerprint(None, ROOT)}
+    if summary is not None:
+        doc["median_over_rounds"] = summary
     (out_dir / "bench_decode.json").write_text(json.dumps(doc, indent=2, default=str))
-    lines = ["| arm | batch | ms/step (median) | output tok/s | 95% interval | timed steps | tokens/step | "
+    lines = [f"Run order: {cfg.get('order', 'arm_major')}, {rounds} round(s); 'run' is each row's position in it.",
+             "", "| arm | batch | run | ms/step (median) | output tok/s | 95% interval | timed steps | tokens/step | "
              f"accept length | trim ratio | predicted gain | graph replays / eager steps | requests differing from "
-             f"{first_arm} |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{first_arm} |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def fmt(v, spec):
         return "-" if v is None else format(v, spec)
@@ -211,13 +262,22 @@ def run(cfg: DictConfig) -> dict:
     for r in results:
         ci = r.get("output_tokens_per_s_ci95")
         ci_text = "-" if not ci else f"{ci[0]:,.0f} to {ci[1]:,.0f}"
-        lines.append(f"| {r['arm']} | {r['batch_size']} | {r['ms_per_step_median']:.2f} | "
+        lines.append(f"| {r['arm']} | {r['batch_size']} | {r['run_position']} | {r['ms_per_step_median']:.2f} | "
                      f"{r['output_tokens_per_s']:.1f} | {ci_text} | {r['timed_steps']} | {r['tokens_per_step']:.2f} | "
                      f"{fmt(r['accept_length'], '.2f')} | "
                      f"{fmt(r['trim_ratio'], '.3f')} | {fmt(r['predicted_gain_mean'], '+.3f')} | "
                      f"{r['graph_replays']} / {r['eager_steps']} | {r['requests_differing_from_' + first_arm]} |")
+    if summary is not None:
+        lines += ["", f"Median over the {rounds} rounds (each round's tokens/s in run order of the rounds):", "",
+                  "| arm | batch | ms/step (median of rounds) | output tok/s (median of rounds) | tok/s by round | "
+                  "run positions |", "|---|---|---|---|---|---|"]
+        for s_ in summary:
+            lines.append(f"| {s_['arm']} | {s_['batch_size']} | {s_['ms_per_step_median']:.2f} | "
+                         f"{s_['output_tokens_per_s']:.1f} | "
+                         f"{', '.join(f'{v:,.0f}' for v in s_['output_tokens_per_s_by_round'])} | "
+                         f"{', '.join(map(str, s_['run_positions']))} |")
     (out_dir / "bench_decode.md").write_text("\n".join(lines) + "\n")
-    plot_results(results, out_dir / "bench_decode.png")
+    plot_results(summary if summary is not None else results, out_dir / "bench_decode.png")
     print("\n".join(lines))
     return doc
 

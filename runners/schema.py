@@ -177,6 +177,11 @@ class BenchDecodeSchema:
     min_requests: int = 8  # small batches run consecutive sets of distinct prompts up to this many requests
     workload: str = "poetry"
     graph_timing: bool = False  # CUDA events around every graph replay: device ms per graph and per step
+    # Run order of the (arm, batch) jobs, against machine drift and in-process state (runners.bench_decode.run_order):
+    # arm_major (every batch of an arm, then the next arm), batch_major (every arm at a batch, then the next
+    # batch) or alternating (batch-major with the arm order reversed at every other batch and round).
+    order: str = "arm_major"
+    rounds: int = 1  # repeat the whole schedule; rows carry their round, and a median-over-rounds table is added
     output_dir: str = "outputs/bench_decode"
     progress: bool = True
 

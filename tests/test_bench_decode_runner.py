@@ -51,3 +51,40 @@ def test_throughput_interval_brackets_the_rate_and_shrinks_with_steps():
     assert many["ms_per_step_se"] < few["ms_per_step_se"]
     one = throughput_interval([4.0], [800])
     assert one["output_tokens_per_s_ci95"] is None and one["ms_per_step_se"] is None
+
+
+def test_run_order_kinds_and_refusals():
+    from runners.bench_decode import run_order
+
+    arms, batches = ["t", "f", "r"], [64, 256]
+    assert run_order(arms, batches) == [(0, "t", 64), (0, "t", 256), (0, "f", 64), (0, "f", 256), (0, "r", 64),
+                                        (0, "r", 256)]
+    assert run_order(arms, batches, "batch_major") == [(0, "t", 64), (0, "f", 64), (0, "r", 64), (0, "t", 256),
+                                                       (0, "f", 256), (0, "r", 256)]
+    alt = run_order(arms, batches, "alternating", rounds=2)
+    assert [a for _, a, _ in alt] == ["t", "f", "r", "r", "f", "t", "t", "f", "r", "r", "f", "t"]
+    assert [b for _, _, b in alt] == [64] * 3 + [256] * 3 + [64] * 3 + [256] * 3
+    # one batch size: the rounds alternate instead, so every arm runs first once and last once
+    one = run_order(arms, [256], "alternating", rounds=2)
+    assert [a for _, a, _ in one] == ["t", "f", "r", "r", "f", "t"] and [r for r, _, _ in one] == [0, 0, 0, 1, 1, 1]
+    for order, rounds, match in (("random", 1, "order"), ("alternating", 0, "rounds")):
+        with pytest.raises(Exception, match=match):
+            run_order(arms, batches, order, rounds)
+
+
+def test_rounds_are_reported_with_positions_and_a_median_table(tmp_path):
+    from runners import bench_decode
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="bench_decode"):
+        cfg = compose(config_name="bench_decode", overrides=[
+            f"paths.root={ROOT}", f"paths.output_dir={tmp_path}", f"output_dir={tmp_path}", "progress=false",
+            f"paths.cost_tables={tmp_path / 'cost_tables'}", "batch_sizes=[2]", "new_tokens=6",
+            "warmup_steps=0", "min_requests=2", "order=alternating", "rounds=2"])
+    doc = bench_decode.run(cfg)
+    order = [(r["round"], r["arm"], r["run_position"]) for r in doc["results"]]
+    assert order == [(0, "target_only", 0), (0, "dspark_full", 1), (1, "dspark_full", 2), (1, "target_only", 3)]
+    assert all(r["requests_differing_from_target_only"] == 0 for r in doc["results"])  # per round's reference
+    summary = {s["arm"]: s for s in doc["median_over_rounds"]}
+    assert summary["dspark_full"]["run_positions"] == [1, 2] and len(summary["target_only"]["output_tokens_per_s_by_round"]) == 2
+    md = (tmp_path / "bench_decode.md").read_text()
+    assert "Run order: alternating, 2 round(s)" in md and "Median over the 2 rounds" in md
