@@ -70,13 +70,13 @@ def run_order(arms: list[str], batches: list[int], order: str = "arm_major", rou
 def median_over_rounds(results: list[dict]) -> list[dict]:
     """Per (arm, batch): median ms/step and output tokens/s over the rounds, and each round's tokens/s."""
     groups: dict[tuple[str, int], list[dict]] = {}
-    for r in results:
+    for r in sorted(results, key=lambda x: x["round"]):
         groups.setdefault((r["arm"], r["batch_size"]), []).append(r)
     return [{"arm": arm, "batch_size": b, "rounds": len(rows),
              "ms_per_step_median": statistics.median(x["ms_per_step_median"] for x in rows),
              "output_tokens_per_s": statistics.median(x["output_tokens_per_s"] for x in rows),
-             "output_tokens_per_s_by_round": [x["output_tokens_per_s"] for x in sorted(rows, key=lambda x: x["round"])],
-             "run_positions": [x["run_position"] for x in sorted(rows, key=lambda x: x["round"])]}
+             "output_tokens_per_s_by_round": [x["output_tokens_per_s"] for x in rows],
+             "run_positions": [x["run_position"] for x in rows]}
             for (arm, b), rows in groups.items()]
 
 
