@@ -114,7 +114,7 @@ else
 stamp "bench: target / full / uniform / ragged on captured steps (one process, outputs compared)"
 timeout ${T_BENCH:-400} python3 -m runners.bench_decode --config-name bench_sched_graphs engine=h200 $DRAFT \
   engine.cost_table="${COST_TABLE:-$OUT/cost_table.json}" progress=false batch_sizes="${BATCHES:-[1,4,16,64,128,256]}" \
-  new_tokens=${NEW_TOKENS:-96} order=${ORDER:-alternating} rounds=${ROUNDS:-1} \
+  new_tokens=${NEW_TOKENS:-96} order=${ORDER:-alternating} rounds=${ROUNDS:-1} ${BENCH_ARGS:-} \
   output_dir="$OUT/bench_sched" hydra.run.dir="$WORK/hydra/bench_sched" 2>&1 \
   | grep -v WARNING | grep "Error\|^| " | cut -c1-300
 fi

@@ -11,8 +11,10 @@ time the host's share of an overlapped engine step.
 VARIANTs (default: plain fused): environment settings of the layer kernels, each measured on the
 same weights in one process (``VARIANTS`` below): ``plain`` (unfused modules), ``cublas`` (fused
 norms, cuBLAS GEMMs), ``fused`` (small-M GEMV kernels, rotary separate), ``rope`` (GEMV with the
-QKV + rotary + K/V-write epilogue), ``rope+pdl`` (and programmatic dependent launch). Batch sizes:
-``PROFILE_BATCHES`` (default 1,16,64,256).
+QKV + rotary + K/V-write epilogue), ``rope+pdl`` (and programmatic dependent launch), ``rope+tiles``
+(rope with the GEMV tile table named by ``CENSUS_TILES``, e.g. bench/small_m_sweep.py's
+small_m_tiles.json: split-K, unrolled loops), ``rope-step-kernels`` (rope with the step's argmax and
+packing/commit as PyTorch ops: DSPARK_TRITON_ARGMAX=0, DSPARK_FUSED_STEP_METADATA=0). Batch sizes: ``PROFILE_BATCHES`` (default 1,16,64,256).
 """
 
 from __future__ import annotations
@@ -103,8 +105,26 @@ VARIANTS = {
     "fused": {"DSPARK_FUSED_QKV_ROPE": "0", "DSPARK_PDL": "0"},
     "rope": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0"},
     "rope+pdl": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "1"},
+    "rope+tiles": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_SMALL_M_TILES": "$CENSUS_TILES"},
+    "rope-step-kernels": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_TRITON_ARGMAX": "0",
+                          "DSPARK_FUSED_STEP_METADATA": "0"},
 }
-SWITCHES = ("DSPARK_FUSED_KERNELS", "DSPARK_SMALL_M_KERNELS", "DSPARK_FUSED_QKV_ROPE", "DSPARK_PDL")
+SWITCHES = ("DSPARK_FUSED_KERNELS", "DSPARK_SMALL_M_KERNELS", "DSPARK_FUSED_QKV_ROPE", "DSPARK_PDL",
+            "DSPARK_SMALL_M_TILES", "DSPARK_TRITON_ARGMAX", "DSPARK_FUSED_STEP_METADATA")
+
+
+def _settings(variant: str) -> dict:
+    """A variant's environment, with ``$NAME`` values read from this process's environment."""
+    import os
+
+    env = {}
+    for key, value in VARIANTS[variant].items():
+        if value.startswith("$"):
+            if not os.environ.get(value[1:]):
+                raise SystemExit(f"variant {variant} needs {value[1:]} (e.g. {value[1:]}=.../small_m_tiles.json)")
+            value = os.environ[value[1:]]
+        env[key] = value
+    return env
 
 
 def main(out_dir: str, variants: list[str]) -> None:
@@ -114,6 +134,7 @@ def main(out_dir: str, variants: list[str]) -> None:
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
     batches = [int(b) for b in os.environ.get("PROFILE_BATCHES", "1,16,64,256").split(",")]
+    settings = {v: _settings(v) for v in variants}
     torch.manual_seed(0)
     target = TargetModel(SMOLLM2)
     drafter = DSparkDrafter(SMOLLM2, DRAFTER)
@@ -121,7 +142,7 @@ def main(out_dir: str, variants: list[str]) -> None:
     for variant in variants:
         for key in SWITCHES:
             os.environ.pop(key, None)
-        os.environ.update(VARIANTS[variant])
+        os.environ.update(settings[variant])
         for spec in ("off", "dspark"):
             for b in batches:
                 try:

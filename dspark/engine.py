@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections import Counter
 from typing import Iterable, Sequence
@@ -116,9 +117,14 @@ class Engine:
         page = self.cfg.kv_block_size
         max_pages = -(-(self.cfg.max_model_len + self._lookahead) // page) + 1
         ragged_buckets = self.cfg.token_buckets if self.cfg.verify != "full" else None
+        triton_backend = self.cfg.attention_backend == "triton"
+        # The verify step's packing/metadata and state commit as one Triton kernel each on the Triton
+        # backend; DSPARK_FUSED_STEP_METADATA=0 keeps the torch reference ops (to measure what it buys).
+        fused_metadata = triton_backend and os.environ.get("DSPARK_FUSED_STEP_METADATA", "1") != "0"
         self.graph = GraphDecoder(self.runner, self.cfg.max_num_seqs, max_pages, buckets, use_graphs=True,
                                   token_buckets=ragged_buckets, min_verify_len=self.cfg.min_verify_len,
-                                  window_impl="triton" if self.cfg.attention_backend == "triton" else "torch")
+                                  window_impl="triton" if triton_backend else "torch",
+                                  metadata_impl="triton" if fused_metadata else "torch")
         self._graph_table_lens: dict[int, int] = {}
 
     def _build_planner(self) -> None:

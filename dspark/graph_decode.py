@@ -56,7 +56,8 @@ class GraphDecoder:
     """Persistent buffers + one captured step per token bucket for one engine's models and caches."""
 
     def __init__(self, runner, max_num_seqs: int, max_pages: int, buckets: tuple[int, ...], use_graphs: bool,
-                 token_buckets: tuple[int, ...] | None = None, min_verify_len: int = 1, window_impl: str = "torch"):
+                 token_buckets: tuple[int, ...] | None = None, min_verify_len: int = 1, window_impl: str = "torch",
+                 metadata_impl: str = "torch"):
         self.runner = runner
         self.target = runner.target
         self.drafter = runner.drafter
@@ -91,6 +92,15 @@ class GraphDecoder:
         self.extra = torch.zeros(1, dtype=torch.int64, device=dev)  # ragged: cells past min_verify_len
         self.min_verify_len = int(min_verify_len)
         self.window_impl = window_impl
+        # The verify stage's token packing / attention metadata and the state commit: the torch
+        # reference ops, or one Triton kernel each (kernels/verify_packing.py).
+        if metadata_impl not in ("torch", "triton"):
+            raise ValueError(f"metadata_impl must be 'torch' or 'triton', got {metadata_impl!r}")
+        if metadata_impl == "triton":
+            from kernels.verify_packing import triton_runnable
+
+            triton_runnable(self.device)
+        self.metadata_impl = metadata_impl
         self.batch_buckets = tuple(b // self.M for b in self.buckets)
         # Token buckets of confidence-scheduled verify steps: fine enough that padding stays small.
         top = self.M * S
@@ -103,7 +113,6 @@ class GraphDecoder:
             ladder.update(range(128, top + 128, 128))
             ladder.update(self.buckets)
         self.token_buckets = tuple(sorted(ladder))
-        self.ar_M = torch.arange(self.M, device=dev)
         self.ar_G = torch.arange(max(self.G, 1), device=dev)
         self.indptr_M = (torch.arange(S + 1, device=dev) * self.M).to(torch.int32)
         self.indptr_G = (torch.arange(S + 1, device=dev) * max(self.G, 1)).to(torch.int32)
@@ -155,10 +164,9 @@ class GraphDecoder:
 
     # ---- the step (capturable: no host reads, no allocation from host data) -------------------
     def _slots(self, tables: torch.Tensor, pos: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-        p = torch.where(act, pos, 0)
-        pages = tables.long().gather(-1, torch.div(p, self.page, rounding_mode="floor"))
-        slot = pages * self.page + torch.remainder(p, self.page)
-        return torch.where(act, slot, -1)
+        from kernels.verify_packing import paged_slots
+
+        return paged_slots(tables, pos, act, self.page)
 
     def _rows(self, R: int):
         from dspark.sampling import RowSampling
@@ -189,8 +197,10 @@ class GraphDecoder:
                                    causal=False, max_q_len=G, trash_slot=self.trash_slot)
         hidden = self.drafter.forward_block(anchor, anchor_pos, self.runner.draft_cache, meta_d, self.target.embed)
         if self.sampling[0]:
+            from dspark.sampling import greedy_argmax
+
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight,
-                                     lambda logits, k: torch.argmax(logits, dim=-1), keep_logits=False)
+                                     lambda logits, k: greedy_argmax(logits), keep_logits=False)
         else:
             from dspark.sampling import sample_rows
 
@@ -210,64 +220,67 @@ class GraphDecoder:
             surv = prefix_survival(self.drafter.calibrated_confidence(out.confidence_logits.float()))
             self.survival[:R].copy_(torch.where(act[:, None], surv, 0.0))
 
-    def _windows(self, R: int, mode: str) -> torch.Tensor:
-        """Verify length per row [:R] (int64, 0 for padding rows) for this step's decision."""
-        act = self.active[:R]
+    def _window_source(self, R: int, mode: str) -> tuple[int | torch.Tensor, int]:
+        """This step's verify lengths for rows [:R] before padding rows are zeroed, as (one int for
+        every row, 0) or (a tensor [R], an offset to add to it): the fused packing kernel reads
+        them as they are, the torch path materialises them (:meth:`_windows`)."""
         G = self.G
         if mode == "full" or G == 0:
-            w = torch.full((R,), G, dtype=torch.int64, device=self.device)
-        elif mode == "uniform":
-            w = self.tier.expand(R)
-        else:  # ragged: min_len per row, then the top-`extra` cells past it by fresh survival
-            from kernels.window_allocation import allocate_windows
+            return G, 0
+        if mode == "uniform":
+            return self.tier.expand(R), 0
+        # ragged: min_len per row, then the top-`extra` cells past it by fresh survival
+        from kernels.window_allocation import allocate_windows
 
-            m = self.min_verify_len
-            if m >= G:
-                w = torch.full((R,), G, dtype=torch.int64, device=self.device)
-            else:
-                w = m + allocate_windows(survival=self.survival[:R, m:], budget=self.extra[0], min_verify_len=0,
-                                         block=G - m, active=act, impl=self.window_impl).long()
-        return torch.where(act, w, 0)
+        m = self.min_verify_len
+        if m >= G:
+            return G, 0
+        return allocate_windows(survival=self.survival[:R, m:], budget=self.extra[0], min_verify_len=0,
+                                block=G - m, active=self.active[:R], impl=self.window_impl), m
+
+    def _windows(self, R: int, mode: str) -> torch.Tensor:
+        """Verify length per row [:R] (int64, 0 for padding rows) for this step's decision."""
+        src, offset = self._window_source(R, mode)
+        if isinstance(src, int):
+            w = torch.full((R,), src + offset, dtype=torch.int64, device=self.device)
+        else:
+            w = offset + src.long() if offset else src.long()
+        return torch.where(self.active[:R], w, 0)
 
     def _verify_stage(self, T: int, R: int, mode: str) -> None:
         """Target forward over T packed tokens ([anchor, d_1..d_w] per row), acceptance, state update."""
         G, M = self.G, self.M
         n, act, tables, anchor = self.seq_len[:R], self.active[:R], self.tables[:R], self.anchor[:R]
-        w = self._windows(R, mode)
-        qlen = torch.where(act, w + 1, 0)
+        # Pack the rows on the token axis and build the attention metadata (kernels/verify_packing.py).
         # Memory safety: the packed rows never reach past the bucket's T token rows, whatever the
         # windows say. On replays the host sizes the bucket from the same budget, so nothing is
         # cut; a capture's warm-up run, though, sees whatever tier/extra the last step left.
-        csum = torch.cumsum(qlen, dim=0).clamp(max=T)
-        indptr = torch.cat((torch.zeros(1, dtype=csum.dtype, device=self.device), csum))
-        qlen = indptr[1:] - indptr[:-1]
-        w = torch.where(qlen > 0, qlen - 1, 0)
-        tok = torch.arange(T, device=self.device)
-        row = torch.searchsorted(csum, tok, right=True).clamp(max=R - 1)
-        valid = tok < csum[-1]
-        off = tok - indptr[row]
-        pos = torch.where(valid, n[row] - 1 + off, 0)
-        if G:
-            drafted = self.drafts[:R][row, (off - 1).clamp(0, G - 1)]
-            ids = torch.where(off == 0, anchor[row], drafted)
+        rows_in = dict(active=act, seq_len=n, anchor=anchor, drafts=self.drafts[:R, :G], tables=tables, num_tokens=T,
+                       page_size=self.page)
+        if self.metadata_impl == "triton":
+            from kernels.verify_packing import pack_verify_rows_triton
+
+            src, offset = self._window_source(R, mode)
+            packed = pack_verify_rows_triton(windows=src, window_offset=offset, **rows_in)
         else:
-            ids = anchor[row]
-        ids = torch.where(valid, ids, 0)
-        slots = self._slots(tables[row], pos[:, None], valid[:, None]).squeeze(1)
-        meta = AttentionMetadata(qo_indptr=indptr.to(torch.int32),
-                                 kv_lens=torch.where(act, n - 1 + qlen, 1).to(torch.int32),
-                                 block_tables=tables, slot_mapping=slots, causal=True, max_q_len=M,
+            from kernels.verify_packing import pack_verify_rows_reference
+
+            packed = pack_verify_rows_reference(windows=self._windows(R, mode), **rows_in)
+        w, ids, pos, rows_at = packed.windows, packed.ids, packed.pos, packed.rows_at  # rows_at [R, M]
+        meta = AttentionMetadata(qo_indptr=packed.indptr, kv_lens=packed.kv_lens, block_tables=tables,
+                                 slot_mapping=packed.slot_mapping, causal=True, max_q_len=M,
                                  trash_slot=self.trash_slot)
         hidden, captured = self.target(ids, pos, self.runner.cache, meta, self.runner.capture_layers)
         if G:
             self.drafter.context_kv(captured, pos, self.runner.draft_cache, meta)
         logits = self.target.compute_logits(hidden)  # [T, V]
-        rows_at = (indptr[:R, None] + self.ar_M[None, :]).clamp(max=T - 1)  # [R, M]
         if not self.sampling[0]:
             k, nxt = self._accept_sampled(logits[rows_at.reshape(-1)].view(R, M, -1), w, R)
             self._commit_state(R, k, nxt, anchor, act, w)
             return
-        target_tok = torch.argmax(logits, dim=-1)[rows_at]  # [R, M]
+        from dspark.sampling import greedy_argmax
+
+        target_tok = greedy_argmax(logits)[rows_at]  # [R, M]
         if G:
             match = (self.drafts[:R] == target_tok[:, :G]) & (self.ar_G[None, :G] < w[:, None])
             k = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
@@ -299,16 +312,13 @@ class GraphDecoder:
 
     def _commit_state(self, R: int, k: torch.Tensor, nxt: torch.Tensor, anchor: torch.Tensor, act: torch.Tensor,
                       w: torch.Tensor) -> None:
-        """Write this step's outputs (accepted, window, tokens) and advance the rows' state."""
-        G = self.G
-        emitted = self.drafts[:R] if G else anchor[:, None][:, :0]
-        slots_out = torch.cat((emitted, torch.zeros_like(nxt)[:, None]), dim=1)  # [R, M]
-        slots_out = torch.where(self.ar_M[None, :] == k[:, None], nxt[:, None], slots_out)
-        self.out[:R, 0].copy_(k)
-        self.out[:R, 1].copy_(w)
-        self.out[:R, 2:].copy_(slots_out)
-        self.seq_len[:R].add_(torch.where(act, k + 1, 0))
-        self.anchor[:R].copy_(torch.where(act, nxt, anchor))
+        """Write this step's outputs (accepted, window, tokens) and advance the rows' state
+        (``anchor`` is ``self.anchor[:R]``, updated in place)."""
+        from kernels.verify_packing import commit_state_reference, commit_state_triton
+
+        commit = commit_state_triton if self.metadata_impl == "triton" else commit_state_reference
+        commit(accepted=k, next_token=nxt, windows=w, active=act, drafts=self.drafts[:R, :self.G], anchor=anchor,
+               seq_len=self.seq_len[:R], out=self.out[:R])
 
     def _step(self, R: int) -> None:
         """verify=full (and target-only): draft and verify in one captured step of R*(G+1) tokens."""

@@ -3,9 +3,16 @@
 The target and the drafter go through the same processing (temperature, then top-k, then
 top-p), so rejection sampling compares like with like. Greedy rows keep their logits'
 argmax: their "distribution" is only ever used through argmax.
+
+:func:`greedy_argmax` is the greedy token choice of the device-resident decode steps: the
+multi-program Triton kernel (kernels/argmax.py, index-identical to ``torch.argmax``) for CUDA
+tensors on the Triton attention backend, ``torch.argmax`` otherwise. ``DSPARK_TRITON_ARGMAX=0``
+switches the kernel off (any other value, or unset, leaves it on).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -84,6 +91,26 @@ def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     total = cdf[:, -1:]
     idx = torch.searchsorted(cdf, (u[:, None].float() * total).contiguous(), right=True).squeeze(-1)
     return idx.clamp_(max=probs.shape[-1] - 1)
+
+
+def triton_argmax_enabled(device: torch.device | str) -> bool:
+    """Whether :func:`greedy_argmax` runs the Triton kernel for tensors on ``device`` on the Triton
+    attention backend: CUDA only, and not switched off by ``DSPARK_TRITON_ARGMAX=0``."""
+    return torch.device(device).type == "cuda" and os.environ.get("DSPARK_TRITON_ARGMAX", "1") != "0"
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``torch.argmax(logits, dim=-1)``, through kernels/argmax.py for 2-D float logits on CUDA
+    with the Triton attention backend (same index, ties and NaN included; capture-safe)."""
+    from dspark.attention import get_attention_backend
+
+    if (logits.dim() == 2 and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and logits.shape[1] > 0 and (logits.shape[1] == 1 or logits.stride(1) == 1)
+            and get_attention_backend() == "triton" and triton_argmax_enabled(logits.device)):
+        from kernels.argmax import argmax_triton
+
+        return argmax_triton(logits)
+    return torch.argmax(logits, dim=-1)
 
 
 def sample_rows(logits: torch.Tensor, rows: RowSampling, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,13 +10,17 @@ Specification (``norm_linear_reference``), rounding as the unfused path does:
 
 returning ``(y, h)``. ``linear_reference`` is ``z`` for ``n = x``. ``weight`` is [N, K] (Linear layout).
 
-Kernel: grid over output columns in blocks of ``BLOCK_N`` (16); a program holds all rows in a
-fixed ``SMALL_M_MAX``-row tile (rows >= M masked), takes 1/rms of each row in a first pass over K,
+Kernel: grid over output columns in blocks of ``BLOCK_N`` (16 or 32); a program holds all rows in
+a fixed ``SMALL_M_MAX``-row tile (rows >= M masked), takes 1/rms of each row in a first pass over K,
 then streams its weight rows (gate and up rows with ``silu_mul``) in ``BLOCK_K`` (<= 256) chunks
-into ``tl.dot``. No tile shape depends on M, so the code and each output's reduction order are the
-same for every M: deterministic and batch-invariant (a row is bitwise equal at M=1 and M=16).
-No atomics, no host syncs, outputs are the only allocations (or pass ``out=`` / ``h_out=``):
-safe in CUDA graphs. M <= ``SMALL_M_MAX`` (ValueError above; use cuBLAS), or any M with
+into ``tl.dot``. With ``split_k`` > 1, that many programs share a tile's K chunks: each stores an
+fp32 partial, and the last to arrive (a per-tile arrival counter, ``split_k_counters``) sums the
+partials in split order and runs the epilogue, then resets its counter. Settings come from
+``default_tiles`` or a device's tile table and depend on the weight's shape only. No tile shape
+and no split depends on M, so the code and each output's reduction order are the same for every
+M: deterministic and batch-invariant (a row is bitwise equal at M=1 and M=16). No host syncs;
+the outputs and the split-K workspace are the only allocations (or pass ``out=`` / ``h_out=``),
+and the counters persist: safe in CUDA graphs. M <= ``SMALL_M_MAX`` (ValueError above; use cuBLAS), or any M with
 ``any_m=True``: the grid then also runs over row tiles of the same shape, so every row is computed
 exactly as at M=1 (the engine's batch-invariant mode, ``engine.batch_invariant``). fp32 inputs use an
 IEEE fp32 dot (no TF32). Under TRITON_INTERPRET=1 the dot operands are upcast to fp32 (exact)
@@ -46,6 +50,26 @@ except ImportError:  # pragma: no cover
 SMALL_M_MAX = 16
 BLOCK_N = 16
 NUM_WARPS = 4
+MAX_SPLIT_K = 8
+_COUNTERS: dict = {}
+
+
+def split_k_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """The split-K arrival counters of ``device``: one int32 per output tile, zero between launches
+    (each launch's last split resets its tiles'). One persistent buffer serves every launch on the
+    device, since launches on a stream run one after another. Created (or grown) outside CUDA-graph
+    capture only: a capture that would need it first raises, saying to run the layer once eagerly."""
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"the split-K GEMV needs {tiles} arrival counters on {device} and has "
+                               f"{0 if buf is None else buf.numel()}; they are created outside CUDA-graph "
+                               f"capture: run the step once eagerly (a warm-up) before capturing it")
+        buf = torch.zeros(max(tiles, 1 << 14, 0 if buf is None else 2 * buf.numel()), dtype=torch.int32,
+                          device=device)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def _linear32(n: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -89,20 +113,62 @@ if triton is not None:
         return n
 
     @triton.jit
+    def _row_sumsq_chunk(x_rows, r_rows, h_ptr, rows, row_mask, kk, K, stride_hm, write_h, HAS_RES: tl.constexpr):
+        # One BLOCK_K chunk of the rows' sum of squares of h = x (+ residual, rounded like torch's
+        # x + r); the program named by write_h also stores h, the new residual stream.
+        xm = row_mask[:, None] & (kk < K)[None, :]
+        xv = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
+        if HAS_RES:
+            rv = tl.load(r_rows + kk[None, :], mask=xm, other=0.0)
+            hv = (xv.to(tl.float32) + rv.to(tl.float32)).to(xv.dtype)
+            if write_h:
+                tl.store(h_ptr + rows[:, None] * stride_hm + kk[None, :], hv, mask=xm)
+        else:
+            hv = xv
+        h32 = hv.to(tl.float32)
+        return h32 * h32
+
+    @triton.jit
+    def _dot_chunk(acc, acc_u, x_rows, r_rows, nw_ptr, w_rows, wu_rows, kk, K, row_mask, col_mask, rstd,
+                   HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, SILU_MUL: tl.constexpr, UPCAST_DOT: tl.constexpr):
+        # acc (+)= n_chunk @ w_chunk^T (and acc_u for the up half with SILU_MUL) over columns kk of K.
+        km = kk < K
+        n = _normed_chunk(x_rows, r_rows, nw_ptr, kk, km, row_mask, rstd, HAS_NORM, HAS_RES, UPCAST_DOT)
+        wm = col_mask[:, None] & km[None, :]
+        w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0)
+        if UPCAST_DOT:
+            w = w.to(tl.float32)
+        acc = tl.dot(n, tl.trans(w), acc, input_precision="ieee")  # ieee: no TF32 for fp32 inputs
+        if SILU_MUL:
+            wu = tl.load(wu_rows + kk[None, :], mask=wm, other=0.0)
+            if UPCAST_DOT:
+                wu = wu.to(tl.float32)
+            acc_u = tl.dot(n, tl.trans(wu), acc_u, input_precision="ieee")
+        return acc, acc_u
+
+    @triton.jit
     def _small_m_linear_kernel(x_ptr, res_ptr, nw_ptr, w_ptr, b_ptr, y_ptr, h_ptr,
-                               pos_ptr, freq_ptr, slot_ptr, kc_ptr, vc_ptr,
-                               M, N_OUT, K, stride_xm, stride_rm, stride_ym, stride_hm, eps,
+                               pos_ptr, freq_ptr, slot_ptr, kc_ptr, vc_ptr, ws_ptr, cnt_ptr,
+                               M, N_OUT, stride_xm, stride_rm, stride_ym, stride_hm, eps,
+                               K: tl.constexpr,
                                HAS_NORM: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
                                SILU_MUL: tl.constexpr, ROPE_KV: tl.constexpr,
                                HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, RN: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, UPCAST_DOT: tl.constexpr, USE_PDL: tl.constexpr):
+                               BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UNROLL: tl.constexpr,
+                               UPCAST_DOT: tl.constexpr, USE_PDL: tl.constexpr):
         # Every shape here is fixed (BLOCK_M is SMALL_M_MAX whatever M is; rows >= M are masked),
-        # so the code, and with it each output's reduction order, does not depend on M.
+        # and so is the split of K (a function of the weight's shape), so the code, and with it
+        # each output's reduction order, does not depend on M.
         if USE_PDL:
             tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
-        row0 = tl.program_id(1).to(tl.int64) * BLOCK_M  # row tiles: any M in the batch-invariant mode
+        row_tile = tl.program_id(1)
+        split = tl.program_id(2)  # this program's share of K: chunks [split * CPS, (split + 1) * CPS)
+        NC: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+        CPS: tl.constexpr = (NC + SPLIT_K - 1) // SPLIT_K
+        k_first = split * (CPS * BLOCK_K)
+        row0 = row_tile.to(tl.int64) * BLOCK_M  # row tiles: any M in the batch-invariant mode
         dtype = y_ptr.dtype.element_ty
         rows = row0 + tl.arange(0, BLOCK_M)
         row_mask = rows < M
@@ -125,36 +191,34 @@ if triton is not None:
         w_rows = w_ptr + cols.to(tl.int64)[:, None] * K
         if SILU_MUL:
             wu_rows = w_ptr + cols_u.to(tl.int64)[:, None] * K
+        else:
+            wu_rows = w_rows  # unused without SILU_MUL
         # The first chunk of weights loads before the grid dependency wait: no kernel of a step
         # writes weights, so with PDL this load overlaps the previous kernel's tail.
-        km0 = ks < K
+        kk0 = k_first + ks
+        km0 = kk0 < K
         wm0 = col_mask[:, None] & km0[None, :]
-        w0 = tl.load(w_rows + ks[None, :], mask=wm0, other=0.0)
+        w0 = tl.load(w_rows + kk0[None, :], mask=wm0, other=0.0)
         if SILU_MUL:
-            wu0 = tl.load(wu_rows + ks[None, :], mask=wm0, other=0.0)
+            wu0 = tl.load(wu_rows + kk0[None, :], mask=wm0, other=0.0)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
 
-        if HAS_NORM:  # prologue: each row's 1/rms over all of K
+        if HAS_NORM:  # prologue: each row's 1/rms over all of K (every split needs it)
             ss = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                kk = k0 + ks
-                xm = row_mask[:, None] & (kk < K)[None, :]
-                xv = tl.load(x_rows + kk[None, :], mask=xm, other=0.0)
-                if HAS_RES:
-                    rv = tl.load(r_rows + kk[None, :], mask=xm, other=0.0)
-                    hv = (xv.to(tl.float32) + rv.to(tl.float32)).to(dtype)  # rounded like torch's x + r
-                    if pid == 0:  # one program per row tile writes the new residual stream
-                        tl.store(h_ptr + rows[:, None] * stride_hm + kk[None, :], hv, mask=xm)
-                else:
-                    hv = xv
-                h32 = hv.to(tl.float32)
-                ss += h32 * h32
+            if UNROLL:  # straight-line code: the chunks' loads can all be in flight at once
+                for ci in tl.static_range(NC):
+                    ss += _row_sumsq_chunk(x_rows, r_rows, h_ptr, rows, row_mask, ci * BLOCK_K + ks, K, stride_hm,
+                                           (pid == 0) & (split == 0), HAS_RES)
+            else:
+                for ci in range(NC):
+                    ss += _row_sumsq_chunk(x_rows, r_rows, h_ptr, rows, row_mask, ci * BLOCK_K + ks, K, stride_hm,
+                                           (pid == 0) & (split == 0), HAS_RES)
             rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
         else:
             rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
 
-        n = _normed_chunk(x_rows, r_rows, nw_ptr, ks, km0, row_mask, rstd, HAS_NORM, HAS_RES, UPCAST_DOT)
+        n = _normed_chunk(x_rows, r_rows, nw_ptr, kk0, km0, row_mask, rstd, HAS_NORM, HAS_RES, UPCAST_DOT)
         if UPCAST_DOT:
             w0 = w0.to(tl.float32)
         acc = tl.dot(n, tl.trans(w0), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), input_precision="ieee")
@@ -162,20 +226,43 @@ if triton is not None:
             if UPCAST_DOT:
                 wu0 = wu0.to(tl.float32)
             acc_u = tl.dot(n, tl.trans(wu0), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), input_precision="ieee")
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            kk = k0 + ks
-            km = kk < K
-            n = _normed_chunk(x_rows, r_rows, nw_ptr, kk, km, row_mask, rstd, HAS_NORM, HAS_RES, UPCAST_DOT)
-            wm = col_mask[:, None] & km[None, :]
-            w = tl.load(w_rows + kk[None, :], mask=wm, other=0.0)
-            if UPCAST_DOT:
-                w = w.to(tl.float32)
-            acc = tl.dot(n, tl.trans(w), acc, input_precision="ieee")  # ieee: no TF32 for fp32 inputs
+        else:
+            acc_u = acc
+        # The rest of this split's chunks. Chunks past K (the last split's share can be short) are
+        # fully masked: their dot adds exact zeros.
+        if UNROLL:
+            for ci in tl.static_range(1, CPS):
+                acc, acc_u = _dot_chunk(acc, acc_u, x_rows, r_rows, nw_ptr, w_rows, wu_rows, k_first + ci * BLOCK_K + ks,
+                                        K, row_mask, col_mask, rstd, HAS_NORM, HAS_RES, SILU_MUL, UPCAST_DOT)
+        else:
+            for ci in range(1, CPS):
+                acc, acc_u = _dot_chunk(acc, acc_u, x_rows, r_rows, nw_ptr, w_rows, wu_rows, k_first + ci * BLOCK_K + ks,
+                                        K, row_mask, col_mask, rstd, HAS_NORM, HAS_RES, SILU_MUL, UPCAST_DOT)
+
+        if SPLIT_K > 1:
+            # Split-K: each split stores its fp32 partial tile; the last split of the tile to arrive
+            # (an arrival counter) sums all partials in split order, 0 first, so the result does not
+            # depend on which split came last, and runs the epilogue. It resets the counter for the
+            # next launch (launches on a stream never overlap: counters are shared by all of them).
+            tile = row_tile * tl.num_programs(0) + pid
+            TILE: tl.constexpr = BLOCK_M * BLOCK_N
+            offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            ws_tile = ws_ptr + tile.to(tl.int64) * (SPLIT_K * (2 if SILU_MUL else 1) * TILE)
+            tl.store(ws_tile + split * TILE + offs, acc)
             if SILU_MUL:
-                wu = tl.load(wu_rows + kk[None, :], mask=wm, other=0.0)
-                if UPCAST_DOT:
-                    wu = wu.to(tl.float32)
-                acc_u = tl.dot(n, tl.trans(wu), acc_u, input_precision="ieee")
+                tl.store(ws_tile + (SPLIT_K + split) * TILE + offs, acc_u)
+            tl.debug_barrier()  # every thread's partial is stored before the arrival is published
+            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived != SPLIT_K - 1:
+                return
+            acc = tl.load(ws_tile + offs, cache_modifier=".cg")
+            for si in tl.static_range(1, SPLIT_K):
+                acc += tl.load(ws_tile + si * TILE + offs, cache_modifier=".cg")
+            if SILU_MUL:
+                acc_u = tl.load(ws_tile + SPLIT_K * TILE + offs, cache_modifier=".cg")
+                for si in tl.static_range(1, SPLIT_K):
+                    acc_u += tl.load(ws_tile + (SPLIT_K + si) * TILE + offs, cache_modifier=".cg")
+            tl.atomic_xchg(cnt_ptr + tile, 0)
 
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
@@ -243,7 +330,7 @@ def _check_out(name: str, out: torch.Tensor, shape: tuple, like: torch.Tensor) -
     return out.view(-1, shape[-1])
 
 
-TILE_KEYS = ("block_n", "block_k", "num_warps", "num_stages")
+TILE_KEYS = ("block_n", "block_k", "num_warps", "num_stages", "split_k", "unroll")
 
 
 @functools.lru_cache(maxsize=8)
@@ -252,13 +339,16 @@ def _tile_table(path: str, mtime: float) -> dict:
         data = json.loads(Path(path).read_text())
         table = {}
         for e in data["tiles"]:
-            key = (int(e["N"]), int(e["K"]), bool(e["silu_mul"]))
+            key = (int(e["N"]), int(e["K"]), bool(e["silu_mul"]), bool(e.get("rope", False)))
             cfg = {k: e[k] for k in TILE_KEYS if e.get(k) is not None}
             if (cfg.get("block_n", BLOCK_N) not in (16, 32, 64) or cfg.get("num_warps", NUM_WARPS) not in (1, 2, 4, 8)
                     or cfg.get("block_k", 256) not in (16, 32, 64, 128, 256, 512, 1024)
-                    or cfg.get("num_stages", 2) not in (1, 2, 3, 4, 5)):
+                    or cfg.get("num_stages", 2) not in (1, 2, 3, 4, 5)
+                    or cfg.get("split_k", 1) not in range(1, MAX_SPLIT_K + 1)
+                    or cfg.get("unroll", False) not in (True, False)):
                 raise ValueError(f"entry {e}: block_n must be 16/32/64, block_k a power of two in 16..1024, "
-                                 f"num_warps 1/2/4/8 and num_stages 1..5")
+                                 f"num_warps 1/2/4/8, num_stages 1..5, split_k 1..{MAX_SPLIT_K} and unroll "
+                                 f"true/false")
             table[key] = cfg
         return table
     except (OSError, KeyError, TypeError, ValueError) as e:
@@ -266,35 +356,77 @@ def _tile_table(path: str, mtime: float) -> dict:
                          f"one (small_m_tiles.json)") from e
 
 
-def tile_settings(N: int, K: int, silu_mul: bool) -> dict:
+def tile_settings(N: int, K: int, silu_mul: bool, rope: bool = False) -> dict:
     """Tile settings for a weight of N rows and K columns: the table named by DSPARK_SMALL_M_TILES
     (written by bench/small_m_sweep.py for one device) where it has this shape, else the defaults.
-    They depend on the weight's shape only, never on M, so rows stay batch-invariant."""
+    They depend on the weight's shape only, never on M, so rows stay batch-invariant. ``rope``: the
+    fused QKV + rotary epilogue's entry (a table's ``"rope": true`` rows), kept apart from the plain
+    GEMV's entry for the same weight shape."""
     path = os.environ.get("DSPARK_SMALL_M_TILES")
     if not path:
         return {}
-    return dict(_tile_table(path, os.path.getmtime(path)).get((N, K, bool(silu_mul)), {}))
+    return dict(_tile_table(path, os.path.getmtime(path)).get((N, K, bool(silu_mul), bool(rope)), {}))
+
+
+def _even_split(chunks: int, want: int) -> int:
+    """The largest split of ``chunks`` BLOCK_K chunks, at most ``want``, whose shares are all non-empty."""
+    for s in range(min(want, chunks), 1, -1):
+        if -(-chunks // -(-chunks // s)) == s:
+            return s
+    return 1
+
+
+def default_tiles(N: int, K: int, silu_mul: bool, rope: bool = False, norm: bool = False,
+                  any_m: bool = False) -> dict:
+    """The built-in settings for a weight of N rows and K columns (a device's table, tile_settings(),
+    overrides them). Like the table, a function of the weight's shape and the fused prologue/epilogue
+    only, never of M, so rows stay batch-invariant.
+
+    - Base: 16-column tiles, BLOCK_K up to 256, four warps, three stages, no split of K, rolled loops.
+    - Norm + gate/up + SiLU: 32-column tiles, unrolled loops (the prologue's loads of x and the
+      residual over all of K in flight together), K split three ways.
+    - Plain projections over a long K (four or more chunks, e.g. down_proj): 32-column tiles, K split
+      into one chunk per program (up to MAX_SPLIT_K).
+    - ``any_m`` (the batch-invariant mode, any number of rows): never split, since the partial tiles of
+      hundreds of row tiles would cost more than they save; the mode's choice is the same at every M.
+
+    H200, weights streamed from HBM (bench/results/h200-2026-11-30-gemv-split/): gate/up 7.11 -> 6.28 us
+    per launch at M=1, down 5.24 -> 4.74; a batch-1 target-only step 0.884 -> 0.843 ms. The QKV + rotary
+    kernel gained at M=1 only, o_proj not at all: both keep the base settings."""
+    block_k = max(16, min(256, 1 << max(K - 1, 1).bit_length()))
+    chunks = -(-K // block_k)
+    cfg = {"block_n": BLOCK_N, "block_k": block_k, "num_warps": NUM_WARPS, "num_stages": 3, "split_k": 1,
+           "unroll": False}
+    if silu_mul and norm:
+        cfg.update(block_n=32, unroll=True, split_k=1 if any_m else _even_split(chunks, 3))
+    elif not (norm or rope or silu_mul or any_m) and chunks >= 4:
+        cfg.update(block_n=32, split_k=_even_split(chunks, MAX_SPLIT_K))
+    return cfg
 
 
 def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=None, silu_mul=False,
             rope: dict | None = None, out=None, h_out=None, any_m: bool = False, block_n: int | None = None,
-            block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None):
-    # block_n / block_k / num_warps / num_stages: explicit tile settings (bench/small_m_sweep.py);
-    # unset ones come from tile_settings(), then the defaults.
-    # rope: the fused QKV + rotary + paged K/V write epilogue (norm_qkv_rope_triton checks it).
-    if rope is None and None in (block_n, block_k, num_warps, num_stages):
-        table = tile_settings(weight.shape[0], x.shape[-1], silu_mul)
-        block_n = block_n or table.get("block_n")
-        block_k = block_k or table.get("block_k")
-        num_warps = num_warps or table.get("num_warps")
-        num_stages = num_stages or table.get("num_stages")
-    block_n = block_n or BLOCK_N
-    num_warps = num_warps or NUM_WARPS
+            block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+            split_k: int | None = None, unroll: bool | None = None):
+    # block_n / block_k / num_warps / num_stages / split_k / unroll: explicit tile settings
+    # (bench/small_m_sweep.py); unset ones come from tile_settings(), then the defaults.
+    # rope: the fused QKV + rotary + paged K/V write epilogue (norm_qkv_rope_triton checks it);
+    # its tile is BLOCK_N wide whatever a table says (a tile holds BLOCK_N / 2 rotary pairs).
+    K = x.shape[-1]
+    cfg = default_tiles(weight.shape[0], K, silu_mul, rope=rope is not None, norm=norm_weight is not None,
+                        any_m=any_m)
+    cfg.update(tile_settings(weight.shape[0], K, silu_mul, rope=rope is not None))
+    given = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages, split_k=split_k,
+                 unroll=unroll)
+    cfg.update({k: v for k, v in given.items() if v is not None})
+    block_n, block_k, num_warps, num_stages = cfg["block_n"], cfg["block_k"], cfg["num_warps"], cfg["num_stages"]
+    split_k, unroll = int(cfg["split_k"]), bool(cfg["unroll"])
+    if rope is not None:
+        block_n = BLOCK_N
     if triton is None:
         raise RuntimeError(f"{fn} needs the triton package")
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(f"{fn} needs CUDA tensors (got {x.device}); on CPU set TRITON_INTERPRET=1")
-    K = x.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != K:
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected (N, {K}) for x {tuple(x.shape)}")
     if weight.dtype != x.dtype or not weight.is_contiguous():
@@ -340,18 +472,31 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
         from kernels.pdl import pdl_launch
 
         use_pdl, launch = pdl_launch(x.device)
-        BLOCK_K = block_k or max(16, min(256, triton.next_power_of_2(K)))
-        grid = (n_programs, triton.cdiv(M, SMALL_M_MAX))
+        BLOCK_K = block_k
+        chunks = triton.cdiv(K, BLOCK_K)
+        if split_k > chunks or triton.cdiv(chunks, triton.cdiv(chunks, split_k)) != split_k:
+            raise ValueError(f"split_k={split_k} does not cut K={K} into {split_k} non-empty shares of "
+                             f"BLOCK_K={BLOCK_K} chunks ({chunks} chunks); pick a split_k that does")
+        row_tiles = triton.cdiv(M, SMALL_M_MAX)
+        grid = (n_programs, row_tiles, split_k)
         extra = {} if num_stages is None else {"num_stages": num_stages}
         r_ = rope or {}
+        if split_k > 1:
+            tiles = n_programs * row_tiles
+            ws = torch.empty(tiles * split_k * (2 if silu_mul else 1) * SMALL_M_MAX * block_n,
+                             dtype=torch.float32, device=x.device)
+            counters = split_k_counters(x.device, tiles)
+        else:
+            ws = counters = x2
         _small_m_linear_kernel[grid](
             x2, r2, norm_weight if norm_weight is not None else x2, weight, bias if bias is not None else x2,
             y2, h2, r_.get("positions", x2), r_.get("inv_freq", x2), r_.get("slot_mapping", x2),
-            r_.get("k_cache", x2), r_.get("v_cache", x2),
-            M, n_out, K, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), float(eps),
+            r_.get("k_cache", x2), r_.get("v_cache", x2), ws, counters,
+            M, n_out, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), float(eps), K=K,
             HAS_NORM=norm_weight is not None, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
             SILU_MUL=silu_mul, ROPE_KV=rope is not None,
             HQ=hq, HK=hk, HALF=half, RN=block_n // 2, BLOCK_M=SMALL_M_MAX, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+            SPLIT_K=split_k, UNROLL=unroll,
             UPCAST_DOT=_interpreted(), USE_PDL=use_pdl, num_warps=num_warps, **extra, **launch)
     elif M and residual is not None:  # nothing to project, but h is still owed
         h.copy_(x + residual)
@@ -442,5 +587,6 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _launch("linear_triton", x, weight, bias, out=out, any_m=any_m)[0]
 
 
-__all__ = ["SMALL_M_MAX", "norm_linear_reference", "norm_linear_triton", "linear_reference", "linear_triton",
-           "norm_qkv_rope_reference", "norm_qkv_rope_triton", "rope_fusable"]
+__all__ = ["SMALL_M_MAX", "MAX_SPLIT_K", "default_tiles", "split_k_counters", "norm_linear_reference",
+           "norm_linear_triton", "linear_reference", "linear_triton", "norm_qkv_rope_reference", "norm_qkv_rope_triton",
+           "rope_fusable"]

@@ -5,22 +5,12 @@ The statistical checks run on the reference (the interpreter runs one program pe
 slow for thousands of rows); the kernel inherits them through exact parity, and
 tests/test_kernels_gpu.py repeats them on the kernel itself on CUDA."""
 
-import os
-import sys
-
 import pytest
 import torch  # does not import triton
 
-if torch.cuda.is_available():
-    # Setting TRITON_INTERPRET here would switch every kernel of the session to the
-    # interpreter; on a GPU machine tests/test_kernels_gpu.py runs the compiled kernels.
-    pytest.skip("CPU-interpreter module; on a CUDA machine see tests/test_kernels_gpu.py", allow_module_level=True)
-if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
-    # triton.language's own helpers are decorated at import time, so the interpreter cannot
-    # be switched on afterwards; tests/conftest.py must set TRITON_INTERPRET=1 when no GPU.
-    raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set; set it in tests/conftest.py "
-                       "(before any import of triton) or run this module on its own")
-os.environ["TRITON_INTERPRET"] = "1"  # read when @triton.jit decorates a function
+from interpreter_only import interpreter_module  # noqa: E402  (tests/interpreter_only.py)
+
+interpreter_module()
 
 from scipy.stats import chi2  # noqa: E402
 

@@ -295,6 +295,24 @@ def _bench_ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100)
 
 
+def _graph_ms(fn, replays: int = 20) -> float:
+    """Milliseconds per replay of a CUDA graph of ``fn`` (run once eagerly first, to compile)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
 def test_decode_bandwidth_report():
     B, hq, hkv, d, page = 64, 32, 8, 128, 16
     print()
@@ -334,18 +352,241 @@ def test_batch1_decode_split_kv_report():
             def fn():
                 for _ in range(calls):
                     _run(case, scale, True, max_q_len=1, num_splits=num_splits)
-            fn()
+            res[num_splits] = _graph_ms(fn) / calls * 1e3
+        print(f"b1 decode L={L}: " + " | ".join(f"splits={k}: {v:.1f} us" for k, v in res.items()))
+
+
+class TestVerifyPackingCuda:
+    """kernels/verify_packing.py on CUDA: the verify step's row packing and state commit kernels give
+    the torch reference's integers exactly, and replay from a CUDA graph on new device state."""
+
+    @staticmethod
+    def _state(R, G, page, seed, p_active=0.8):
+        """Active rows with lengths near page boundaries, shuffled tables, ragged windows; padding rows
+        anywhere with stale lengths. Returns (inputs on CUDA, windows zeroed on inactive rows)."""
+        g = torch.Generator().manual_seed(seed)
+        act = torch.rand(R, generator=g) < p_active
+        n = (torch.randint(0, 40, (R,), generator=g) * page + torch.randint(-G - 1, 3, (R,), generator=g)).clamp(min=1)
+        n = torch.where(act, n, torch.randint(0, 5 * page, (R,), generator=g))
+        P = 50 + (G + page) // page  # room for ~100 committed steps (the timing replays advance seq_len)
+        tables = torch.randperm(R * P + 7, generator=g)[: R * P].view(R, P).to(torch.int32)
+        w = torch.where(act, torch.randint(0, G + 1, (R,), generator=g), 0)
+        state = dict(active=act, seq_len=n, anchor=torch.randint(0, 150000, (R,), generator=g),
+                     drafts=torch.randint(0, 150000, (R, G), generator=g), tables=tables)
+        return {k: v.to(DEV) for k, v in state.items()}, w.to(DEV)
+
+    @staticmethod
+    def _assert_same(got, want, ctx):
+        for name, g, w in zip(want._fields, got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape, (name, ctx)
+            assert torch.equal(g, w), (name, ctx, (g != w).nonzero()[:5].tolist())
+
+    @pytest.mark.parametrize("G", [0, 1, 7, 15])
+    @pytest.mark.parametrize("page", [16, 32])
+    def test_pack_matches_reference(self, G, page):
+        from kernels.verify_packing import pack_verify_rows_reference, pack_verify_rows_triton
+
+        for i, R in enumerate((1, 3, 64, 255, 512)):
+            state, w = self._state(R, G, page, seed=1000 * G + 10 * page + i, p_active=(0.8, 1.0)[i % 2])
+            total = int(torch.where(state["active"], w + 1, 0).sum())
+            for T in sorted({min(4096, total + 37), min(4096, max(total, 1)), max(1, total // 2), max(1, R // 3)}):
+                want = pack_verify_rows_reference(windows=w, num_tokens=T, page_size=page, **state)
+                got = pack_verify_rows_triton(windows=w, num_tokens=T, page_size=page, **state)
+                self._assert_same(got, want, (G, page, R, T))
+
+    @pytest.mark.parametrize("G", [0, 7, 15])
+    def test_commit_matches_reference(self, G):
+        from kernels.verify_packing import commit_state_reference, commit_state_triton
+
+        g = torch.Generator().manual_seed(G)
+        for R in (1, 100, 512):
+            act = torch.rand(R, generator=g) < 0.8
+            w = torch.where(act, torch.randint(0, G + 1, (R,), generator=g), 0)
+            k = torch.minimum(torch.randint(0, G + 2, (R,), generator=g), w)  # k = w often, k = 0 too
+            case = {name: t.to(DEV) for name, t in dict(
+                accepted=k, next_token=torch.randint(0, 150000, (R,), generator=g), windows=w, active=act,
+                drafts=torch.randint(0, 150000, (R, G), generator=g)).items()}
+            seq, anchor = torch.randint(1, 9000, (R + 4,), device=DEV), torch.randint(0, 150000, (R + 4,), device=DEV)
+            res = []
+            for fn in (commit_state_reference, commit_state_triton):
+                b = (seq.clone(), anchor.clone(), torch.full((R + 4, G + 3), -7, dtype=torch.int64, device=DEV))
+                fn(**case, seq_len=b[0][:R], anchor=b[1][:R], out=b[2][:R])
+                res.append(b)
+            for name, a, b in zip(("seq_len", "anchor", "out"), *res):
+                assert torch.equal(a, b), (name, G, R)
+
+    def test_graph_capture_replays_new_state(self):
+        """Pack + commit captured once over persistent buffers (as GraphDecoder's verify stage does),
+        replayed on fresh states, ragged windows and a cut, each equal to the reference."""
+        from kernels.verify_packing import (PackedRows, commit_state_reference, commit_state_triton,
+                                            pack_verify_rows_reference, pack_verify_rows_triton)
+
+        R, G, page, T = 512, 7, 16, 3000  # 512 * 8 = 4096 tokens at most: the full blocks get cut
+        state, w = self._state(R, G, page, seed=0)
+        bufs = {k: v.clone() for k, v in state.items()}
+        win = w.to(torch.int32).clone()
+        k_buf = torch.zeros(R, dtype=torch.int64, device=DEV)
+        nxt_buf = torch.zeros(R, dtype=torch.int64, device=DEV)
+        out = PackedRows(*(t.clone() for t in pack_verify_rows_reference(windows=w, num_tokens=T, page_size=page,
+                                                                         **state)))
+        commit_out = torch.zeros((R, G + 3), dtype=torch.int64, device=DEV)
+
+        def step():
+            packed = pack_verify_rows_triton(windows=win, num_tokens=T, page_size=page, out=out, **bufs)
+            commit_state_triton(accepted=k_buf, next_token=nxt_buf, windows=packed.windows, active=bufs["active"],
+                                drafts=bufs["drafts"], anchor=bufs["anchor"], seq_len=bufs["seq_len"], out=commit_out)
+
+        step()  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        for seed in range(1, 6):
+            fresh, fw = self._state(R, G, page, seed=seed, p_active=(0.5, 0.9, 1.0)[seed % 3])
+            for key, v in fresh.items():
+                bufs[key].copy_(v)
+            win.copy_(fw)
+            k_buf.copy_(torch.minimum(torch.randint(0, G + 1, (R,), device=DEV), fw))
+            nxt_buf.copy_(torch.randint(0, 150000, (R,), device=DEV))
+            want = pack_verify_rows_reference(windows=fw, num_tokens=T, page_size=page, **fresh)
+            ref_state = {key: fresh[key].clone() for key in ("seq_len", "anchor")}
+            ref_out = torch.zeros_like(commit_out)
+            commit_state_reference(accepted=k_buf, next_token=nxt_buf, windows=want.windows, active=fresh["active"],
+                                   drafts=fresh["drafts"], anchor=ref_state["anchor"], seq_len=ref_state["seq_len"],
+                                   out=ref_out)
+            out.ids.fill_(-7)
+            out.slot_mapping.fill_(-7)
+            graph.replay()
+            torch.cuda.synchronize()
+            self._assert_same(out, want, seed)
+            assert torch.equal(commit_out, ref_out)
+            for key in ("seq_len", "anchor"):
+                assert torch.equal(bufs[key], ref_state[key]), (key, seed)
+
+    def test_step_metadata_graph_time_report(self):
+        """Device time of the verify step's packing + commit captured in a graph: the torch reference
+        ops against the two kernels (batch 1 and 64, G = 7), 50 replays each."""
+        from kernels.verify_packing import (commit_state_reference, commit_state_triton, pack_verify_rows_reference,
+                                            pack_verify_rows_triton)
+
+        print()
+        for R, G in ((1, 7), (1, 0), (64, 7)):
+            state, w = self._state(R, G, 16, seed=R)
+            T = R * (G + 1)
+            k = torch.zeros(R, dtype=torch.int64, device=DEV)
+            ms = {}
+            for impl, pack, commit in (("torch", pack_verify_rows_reference, commit_state_reference),
+                                       ("triton", pack_verify_rows_triton, commit_state_triton)):
+                bufs = {key: v.clone() for key, v in state.items()}
+                out = torch.zeros((R, G + 3), dtype=torch.int64, device=DEV)
+
+                def step():
+                    p = pack(windows=w, num_tokens=T, page_size=16, **bufs)
+                    commit(accepted=k, next_token=p.ids[:R], windows=p.windows, active=bufs["active"],
+                           drafts=bufs["drafts"], anchor=bufs["anchor"], seq_len=bufs["seq_len"], out=out)
+
+                ms[impl] = _graph_ms(step, replays=50)
+            print(f"verify packing + commit R={R} G={G}: torch ops {ms['torch'] * 1e3:.1f} us | "
+                  f"two Triton kernels {ms['triton'] * 1e3:.1f} us per replay")
+
+
+# --------------------------------------------------------------------------------------
+# Greedy argmax (kernels/argmax.py): index-exact against torch.argmax on CUDA
+# --------------------------------------------------------------------------------------
+
+class TestArgmaxTriton:
+    V = 49152
+
+    @staticmethod
+    def _logits(T, V, dtype, seed):
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        x = (torch.randn(T, V, device=DEV, generator=g) * 4).to(dtype)
+        if T > 2:  # forced ties: equal maxima in distant chunks, and repeated inside one chunk
+            x[0, [V * 4 // 5, min(7, V - 1), V * 3 // 5]] = 50.0
+            x[1, [V // 2, min(V // 2 + 1, V - 1), min(V // 2 + 23, V - 1)]] = 50.0
+            x[2, :] = -3.0
+        return x
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    @pytest.mark.parametrize("T", [1, 2, 3, 7, 16, 33, 128, 300])
+    def test_matches_torch_argmax(self, T, dtype):
+        from kernels.argmax import argmax_triton
+
+        for seed in range(3):
+            x = self._logits(T, self.V, dtype, seed=T * 10 + seed)
+            assert torch.equal(argmax_triton(x), torch.argmax(x, dim=-1))
+
+    @pytest.mark.parametrize("T,V", [(1, 1), (5, 1000), (3, 1025), (9, 32000), (2, 151936), (4096, 49152)])
+    def test_other_vocabularies_and_row_counts(self, T, V):
+        from kernels.argmax import argmax_triton
+
+        for dtype in (torch.bfloat16, torch.float32, torch.float16):
+            x = self._logits(T, V, dtype, seed=V + T)
+            assert torch.equal(argmax_triton(x), torch.argmax(x, dim=-1))
+
+    def test_special_values_and_strides(self):
+        from kernels.argmax import argmax_triton
+
+        nan, inf = float("nan"), float("inf")
+        wide = torch.randn(8, self.V + 64, device=DEV)
+        x = wide[:, 32:32 + self.V]  # row stride != V
+        x[0, [45000, 20000]] = nan
+        x[1, 3] = inf
+        x[1, 40000] = nan
+        x[2] = -inf
+        x[3] = -1.0
+        x[3, [30000, 40000]] = torch.tensor([-0.0, 0.0], device=DEV)
+        x[4] = nan
+        x[5, 100] = -nan
+        out = torch.full((8,), -5, dtype=torch.int64, device=DEV)
+        for dtype in (torch.float32, torch.bfloat16):
+            xs = wide.to(dtype)[:, 32:32 + self.V]
+            assert argmax_triton(xs, out=out) is out
+            assert out.cpu().tolist()[:6] == [20000, 40000, 0, 30000, 0, 100]
+            # rows 6, 7 are random: compare per dtype (rounding to bf16 can create ties)
+            assert torch.equal(out.cpu(), torch.argmax(xs.cpu(), dim=-1))
+            assert torch.equal(out, torch.argmax(xs, dim=-1))
+
+    def test_graph_capture_replays_new_data(self):
+        """Seven calls per graph (one per drafted position), new logits before every replay."""
+        from kernels.argmax import argmax_triton
+
+        for T, dtype in ((1, torch.bfloat16), (16, torch.bfloat16), (300, torch.float32)):
+            xs = [self._logits(T, self.V, dtype, seed=k) for k in range(7)]
+            outs = [argmax_triton(x) for x in xs]  # warm-up: compile, workspace
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                fn()
-            graph.replay()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(20):
+                outs = [argmax_triton(x) for x in xs]
+            for replay in range(3):
+                for k, x in enumerate(xs):
+                    x.copy_(self._logits(T, self.V, dtype, seed=1000 * (replay + 1) + k))
                 graph.replay()
-            end.record()
-            torch.cuda.synchronize()
-            res[num_splits] = start.elapsed_time(end) / 20 / calls * 1e3
-        print(f"b1 decode L={L}: " + " | ".join(f"splits={k}: {v:.1f} us" for k, v in res.items()))
+                torch.cuda.synchronize()
+                for x, out in zip(xs, outs):
+                    assert torch.equal(out, torch.argmax(x, dim=-1)), (T, dtype, replay)
+
+    def test_capture_without_workspace_raises(self):
+        from kernels import argmax as argmax_mod
+
+        rows = argmax_mod._workspace(torch.device(DEV), 1).rows + 1
+        x = torch.randn(rows, self.V, device=DEV, dtype=torch.bfloat16)
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="before capturing"):
+            with torch.cuda.graph(graph):
+                argmax_mod.argmax_triton(x)
+
+    def test_speed_report(self):
+        """Prints per-call time under graph replay (7 calls per graph), torch.argmax vs the kernel."""
+        from kernels.argmax import argmax_triton
+
+        print()
+        for T in (1, 16, 300, 2048):
+            x = self._logits(T, self.V, torch.bfloat16, seed=T)
+            res = {}
+            for name, fn in (("torch", lambda: torch.argmax(x, dim=-1)), ("triton", lambda: argmax_triton(x))):
+                def seven(fn=fn):
+                    for _ in range(7):
+                        fn()
+                res[name] = _graph_ms(seven, replays=50) / 7 * 1e3
+            print(f"argmax T={T} V={self.V} bf16: torch {res['torch']:.1f} us | triton {res['triton']:.1f} us per call")

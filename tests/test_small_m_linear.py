@@ -395,3 +395,102 @@ def test_tile_table_is_read_per_shape_and_validated(tmp_path, monkeypatch):
     table.write_text(json.dumps({"tiles": [{"N": 48, "K": 64, "silu_mul": False, "block_n": 8}]}))
     with pytest.raises(ValueError, match="DSPARK_SMALL_M_TILES"):
         norm_linear_triton(x, nw, EPS, w, r)
+
+
+# Split-K (programs share K; the last split to arrive sums the partials in split order) and the
+# unrolled loops: (M, K, N, silu_mul, residual, block_k, split_k).
+SPLIT_CASES = [
+    (1, 192, 48, False, False, 64, 3),     # o_proj-like: three one-chunk shares
+    (4, 256, 48, False, True, 32, 4),      # two chunks per share
+    (16, 160, 2 * 32, True, True, 32, 2),  # gate/up + silu: both halves' partials; K = 5 chunks, shares of 3 and 2
+    (3, 96, 48, False, True, 32, 1),       # no split, unrolled loops
+]
+
+
+@pytest.mark.parametrize("M,K,N,silu,with_res,block_k,split_k", SPLIT_CASES)
+@pytest.mark.parametrize("unroll", [False, True])
+def test_split_k_and_unroll_match_the_reference_and_reset_their_counters(M, K, N, silu, with_res, block_k, split_k,
+                                                                         unroll):
+    import kernels.small_m_linear as sml
+
+    dtype = torch.float32
+    tiles = dict(block_k=block_k, split_k=split_k, unroll=unroll)
+    for seed in (1, 2):  # twice: the second launch only works if the first left its counters at zero
+        x, r, nw, w, b = _inputs(M, K, N, dtype, with_res, True, seed=seed * 100 + M + K)
+        out = _nan(M, N // 2 if silu else N, dtype=dtype)
+        y, h = sml._launch("test", x, w, b, norm_weight=nw, eps=EPS, residual=r, silu_mul=silu, out=out, **tiles)
+        ref, ref_h = norm_linear_reference(x, nw, EPS, w, r, b, silu_mul=silu)
+        _close(y, ref, dtype)
+        assert torch.equal(h, ref_h)
+        z = sml._launch("test", x, w, b, out=_nan(M, N, dtype=dtype), **tiles)[0]
+        _close(z, linear_reference(x, w, b), dtype)
+        if split_k > 1:
+            assert int(sml.split_k_counters(x.device, 1).abs().sum()) == 0
+    # rows stay batch-invariant: the split depends on the weight's shape, not on M
+    for i in (0, M - 1):
+        one = sml._launch("test", x[i:i + 1], w, b, norm_weight=nw, eps=EPS,
+                          residual=None if r is None else r[i:i + 1], silu_mul=silu, **tiles)[0]
+        assert torch.equal(one[0], y[i])
+
+
+def test_split_k_is_deterministic_across_row_tiles_and_close_to_no_split():
+    """any_m with split-K: 3 row tiles x 3 column tiles x 4 splits share the counters; every row
+    equals the row alone, bitwise, and the result is the unsplit one to fp32 rounding."""
+    import kernels.small_m_linear as sml
+
+    M, K, N = 40, 128, 48
+    x, r, nw, w, b = _inputs(M, K, N, torch.float32, True, False, seed=21)
+    kw = dict(norm_weight=nw, eps=EPS, residual=r, any_m=True, block_k=32)
+    y4 = sml._launch("test", x, w, b, split_k=4, **kw)[0]
+    y1 = sml._launch("test", x, w, b, split_k=1, **kw)[0]
+    torch.testing.assert_close(y4, y1, atol=1e-5, rtol=1e-5)
+    assert torch.equal(sml._launch("test", x, w, b, split_k=4, **kw)[0], y4)
+    for i in (0, 20, 39):
+        one = sml._launch("test", x[i:i + 1], w, b, norm_weight=nw, eps=EPS, residual=r[i:i + 1], block_k=32,
+                          split_k=4)[0]
+        assert torch.equal(one[0], y4[i])
+
+
+def test_split_k_rope_epilogue_and_refusals():
+    """The fused QKV + rotary epilogue runs after the split reduction; bad splits are refused."""
+    import kernels.small_m_linear as sml
+    from kernels.small_m_linear import norm_qkv_rope_reference
+
+    x, nw, w, kc, vc, kw = _rope_case(3, 3, 1, 32, torch.float32, True, False, seed=4)
+    rope = {"hq": 3, "hk": 1, "half": 16, "positions": kw["positions"], "inv_freq": kw["inv_freq"],
+            "slot_mapping": kw["slot_mapping"], "k_cache": kc, "v_cache": vc}
+    q, h = sml._launch("test", x, w, None, norm_weight=nw, eps=EPS, residual=kw["residual"], rope=rope,
+                       block_k=16, split_k=4)
+    kc3, vc3 = kc.clone().fill_(float("nan")), vc.clone().fill_(float("nan"))
+    q3, h3 = norm_qkv_rope_reference(x, nw, EPS, w, k_cache=kc3, v_cache=vc3, **kw)
+    _close(q, q3, torch.float32)
+    assert torch.equal(h, h3) and torch.equal(kc.isnan(), kc3.isnan())
+    written = ~kc3.isnan()
+    _close(kc[written], kc3[written], torch.float32)
+    _close(vc[written], vc3[written], torch.float32)
+    x2, _, _, w2, _ = _inputs(2, 96, 48, torch.float32, False, False, seed=5)
+    with pytest.raises(ValueError, match="split_k=4 does not cut K=96"):  # 3 chunks of 32
+        sml._launch("test", x2, w2, None, block_k=32, split_k=4)
+    with pytest.raises(ValueError, match="split_k=3 does not cut K=128"):  # 4 chunks: shares of 2, 2, 0
+        sml._launch("test", _inputs(2, 128, 48, torch.float32, False, False, seed=5)[0],
+                    _inputs(2, 128, 48, torch.float32, False, False, seed=5)[3], None, block_k=32, split_k=3)
+
+
+def test_default_tiles_split_long_k_and_gate_up_but_never_in_the_batch_invariant_mode():
+    """The built-in settings (no table): long-K projections and the norm + gate/up + SiLU kernel
+    split K, the batch-invariant mode never does, and a default launch over a long K (4 chunks ->
+    4 splits) matches the reference with rows bitwise equal at M=1 and M=16."""
+    import kernels.small_m_linear as sml
+
+    assert sml.default_tiles(576, 1536, False)["split_k"] == 6
+    assert sml.default_tiles(3072, 576, True, norm=True) == {"block_n": 32, "block_k": 256, "num_warps": 4,
+                                                             "num_stages": 3, "split_k": 3, "unroll": True}
+    assert sml.default_tiles(576, 1536, False, any_m=True)["split_k"] == 1
+    assert sml.default_tiles(3072, 576, True, norm=True, any_m=True)["split_k"] == 1
+    for args, kw in (((576, 576, False), {}), ((960, 576, False), {"rope": True, "norm": True})):
+        assert sml.default_tiles(*args, **kw)["split_k"] == 1  # o_proj, QKV + rotary: no gain measured
+    x, _, _, w, b = _inputs(16, 1024, 64, torch.float32, False, True, seed=31)
+    y = linear_triton(x, w, b)
+    _close(y, linear_reference(x, w, b), torch.float32)
+    assert int(sml.split_k_counters(x.device, 1).abs().sum()) == 0
+    assert torch.equal(linear_triton(x[5:6], w, b)[0], y[5])

@@ -1,0 +1,285 @@
+"""Greedy argmax kernel (kernels/argmax.py), interpreted on CPU: index-exact against
+torch.argmax on CPU (first maximum, NaN largest and first NaN wins, -0.0 == +0.0) over random
+shapes, ties across and within chunks, special rows, strided rows, ``out=`` and repeated
+calls that depend on the kernel leaving its per-row counters and cells clean.
+
+Rows are split into many chunks by passing small ``block``/``tiles`` (the interpreter runs
+one program at a time, so most vocabularies stay small); tests/test_kernels_gpu.py repeats
+the checks on CUDA at V = 49152 with the default tiling and under CUDA-graph replay."""
+
+import pytest
+import torch  # does not import triton
+
+from interpreter_only import interpreter_module  # noqa: E402  (tests/interpreter_only.py)
+
+interpreter_module()
+
+from kernels import argmax as argmax_mod  # noqa: E402
+from kernels.argmax import argmax_reference, argmax_triton  # noqa: E402
+
+NAN, INF = float("nan"), float("inf")
+
+
+def check(x, **kw):
+    """argmax_triton(x) must equal torch.argmax on CPU exactly; returns the index list."""
+    want = torch.argmax(x, dim=-1)
+    got = argmax_triton(x, **kw)
+    assert got.dtype == torch.int64 and got.shape == want.shape
+    assert torch.equal(got, want), f"got {got.tolist()}, torch.argmax {want.tolist()}"
+    return got.tolist()
+
+
+def workspace_is_clean():
+    ws = argmax_mod._WORKSPACES.get(torch.device("cpu"))
+    return ws is None or (bool((ws.counts == 0).all()) and bool((ws.cells == argmax_mod._INT64_MIN).all()))
+
+
+def test_reference_is_torch_argmax():
+    x = torch.tensor([[1.0, NAN, 3.0, NAN], [-0.0, 0.0, -1.0, 0.0], [-INF, -INF, -INF, -INF], [1.0, 2.0, 2.0, 1.0]])
+    assert argmax_reference(x).tolist() == [1, 0, 0, 1]
+    assert torch.equal(argmax_reference(x), torch.argmax(x, dim=-1))
+
+
+# (T, V, block, tiles): V below, at and past multiples of the chunk (block * tiles)
+RANDOM_SHAPES = [(1, 1, 16, 1), (1, 16, 16, 1), (3, 17, 16, 1), (2, 100, 16, 2), (5, 64, 16, 2), (4, 95, 32, 1),
+                 (11, 50, 16, 1), (7, 130, 16, 4), (40, 33, 16, 1), (23, 48, 16, 1), (1, 300, 16, 1),
+                 (16, 40, 16, None)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,V,block,tiles", RANDOM_SHAPES)
+def test_random_shapes(T, V, block, tiles, dtype):
+    g = torch.Generator().manual_seed(T * 1000 + V)
+    x = (torch.randn(T, V, generator=g) * 3).to(dtype)
+    check(x, block=block, tiles=tiles)
+    assert workspace_is_clean()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_full_vocabulary_default_tiling(dtype):
+    """V = 49152 with the default block: 48 programs per row, combined through the cells."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 49152, generator=g).to(dtype)
+    x[1, 40000] = 100.0
+    x[1, 49151] = 100.0  # tie in the last chunk: the earlier index wins
+    assert check(x)[1] == 40000
+    assert workspace_is_clean()
+
+
+def test_fp16():
+    g = torch.Generator().manual_seed(8)
+    check(torch.randn(6, 70, generator=g).half(), block=16, tiles=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ties_pick_the_first_index(dtype):
+    V = 80  # block 16, tiles 1: five chunks per row
+    x = torch.randn(6, V).clamp(-3, 3).to(dtype)
+    x[0, [70, 5, 33]] = 9.0  # equal maxima in three different chunks
+    x[1, [20, 21, 27]] = 9.0  # the maximum repeated inside one chunk
+    x[2, [79, 64]] = 9.0  # both in the last chunk
+    x[3, [15, 16]] = 9.0  # on either side of a chunk boundary
+    x[4, [47, 63, 31, 79]] = 9.0  # the last lane of several chunks
+    x[5, :] = 9.0  # all equal
+    assert check(x, block=16, tiles=1) == [5, 20, 64, 15, 31, 0]
+    # the same ties when a program covers two tiles (a lane holds its first maximum)
+    assert check(x, block=16, tiles=2) == [5, 20, 64, 15, 31, 0]
+
+
+def test_all_equal_rows():
+    for value in (0.0, -1.5, 7.0, INF, -INF):
+        x = torch.full((3, 50), value)
+        assert check(x, block=16, tiles=1) == [0, 0, 0]
+
+
+def test_infinite_rows():
+    x = torch.full((4, 70), -INF)
+    x[1, 55] = -1e30  # the only finite value
+    x[2, [60, 9]] = INF
+    x[3, 69] = -3.0
+    assert check(x, block=16, tiles=1) == [0, 55, 9, 69]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nan_is_largest_and_the_first_nan_wins(dtype):
+    x = torch.randn(5, 64).to(dtype)
+    x[0, [50, 17]] = NAN  # first NaN (chunk 1) beats the later one and every number
+    x[1, 3] = INF
+    x[1, 40] = NAN  # NaN beats +inf
+    x[2, 63] = NAN  # NaN in the last lane of the last chunk
+    x[3, :] = NAN
+    x[4, 30] = -NAN  # a NaN with its sign bit set is a NaN too
+    x[4, 31] = NAN
+    x[4, 0] = INF
+    assert check(x, block=16, tiles=1) == [17, 40, 63, 0, 30]
+
+
+def test_signed_zeros_compare_equal():
+    x = torch.full((3, 40), -1.0)
+    x[0, [20, 35]] = torch.tensor([-0.0, 0.0])  # -0.0 first: it wins as an equal
+    x[1, [4, 36]] = torch.tensor([0.0, -0.0])
+    x[2, :] = -0.0
+    x[2, 39] = 0.0
+    assert check(x, block=16, tiles=1) == [20, 4, 0]
+
+
+def test_extreme_finite_values():
+    x = torch.zeros(3, 40)
+    x[0, 33] = torch.finfo(torch.float32).max
+    x[0, 2] = 1e38
+    x[1] = -torch.finfo(torch.float32).max
+    x[1, 39] = -torch.finfo(torch.float32).tiny
+    x[2, 11] = torch.finfo(torch.float32).tiny / 2  # subnormal above zero
+    assert check(x, block=16, tiles=1) == [33, 39, 11]
+
+
+def test_row_stride_wider_than_v():
+    """A [T, V] slice of a wider tensor: rows stride 120 apart, columns 10..10+V."""
+    g = torch.Generator().manual_seed(11)
+    wide = torch.randn(9, 120, generator=g)
+    wide[:, :10] = 50.0  # larger than any value inside the slice: must not be read
+    wide[:, 90:] = 50.0
+    x = wide[:, 10:90]
+    assert x.stride() == (120, 1)
+    check(x, block=16, tiles=1)
+    check(wide.bfloat16()[::2, 10:90], block=16, tiles=2)  # every other row: stride 240
+    assert check(wide[4:5, 10:90].expand(5, 80), block=16, tiles=1) == check(x[4:5], block=16, tiles=1) * 5
+
+
+def test_out_is_written_and_returned():
+    g = torch.Generator().manual_seed(12)
+    x = torch.randn(13, 70, generator=g)
+    out = torch.full((13,), -777, dtype=torch.int64)
+    res = argmax_triton(x, out=out, block=16, tiles=1)
+    assert res is out and torch.equal(out, torch.argmax(x, -1))
+    out.fill_(123456789)  # single-chunk path writes out directly
+    argmax_triton(x, out=out, block=128, tiles=1)
+    assert torch.equal(out, torch.argmax(x, -1))
+
+
+def test_repeated_calls_reset_the_workspace():
+    """Each call must leave every counter at 0 and every cell empty, or the next one is wrong."""
+    g = torch.Generator().manual_seed(13)
+    out = torch.full((8,), -1, dtype=torch.int64)
+    for call in range(3):
+        x = torch.randn(8, 90, generator=g)
+        x[call, 89 - call] = 20.0  # a different winner each call, late in the row
+        argmax_triton(x, out=out, block=16, tiles=1)
+        assert torch.equal(out, torch.argmax(x, -1)), f"call {call}"
+        assert out[call].item() == 89 - call
+        assert workspace_is_clean()
+    # a smaller maximum after a larger one: a stale cell would keep the old winner
+    big = torch.zeros(8, 90)
+    big[:, 70] = 1e9
+    argmax_triton(big, out=out, block=16, tiles=1)
+    small = torch.zeros(8, 90)
+    small[:, 3] = 1.0
+    argmax_triton(small, out=out, block=16, tiles=1)
+    assert out.tolist() == [3] * 8
+
+
+def test_workspace_grows_and_keeps_old_buffers(monkeypatch):
+    cpu = torch.device("cpu")
+    before = argmax_mod._Workspace(8, cpu)  # a small workspace, so that growing needs few rows
+    monkeypatch.setitem(argmax_mod._WORKSPACES, cpu, before)
+    monkeypatch.setattr(argmax_mod, "_RETIRED", [])
+    monkeypatch.setattr(argmax_mod, "_MIN_WORKSPACE_ROWS", 8)
+    x = torch.zeros(9, 33)
+    x[:, 32] = 1.0
+    x[4, 0] = 2.0
+    assert argmax_triton(x, block=16, tiles=1).tolist() == [32] * 4 + [0] + [32] * 4
+    after = argmax_mod._WORKSPACES[cpu]
+    assert after.rows == 16 and argmax_mod._RETIRED == [before]  # kept alive for captured graphs
+    assert workspace_is_clean()
+    assert argmax_triton(x[:3], block=16, tiles=1).tolist() == [32] * 3
+    assert argmax_mod._WORKSPACES[cpu] is after  # never shrinks
+
+
+def test_empty_batch():
+    out = argmax_triton(torch.zeros(0, 50))
+    assert out.shape == (0,) and out.dtype == torch.int64
+
+
+def test_rejects_bad_input():
+    x = torch.randn(4, 50)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        argmax_triton(x.numpy())
+    with pytest.raises(ValueError, match="2-D"):
+        argmax_triton(torch.randn(50))
+    with pytest.raises(ValueError, match="2-D"):
+        argmax_triton(torch.randn(2, 3, 50))
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        argmax_triton(x.double())
+    with pytest.raises(TypeError, match="float32, bfloat16 or float16"):
+        argmax_triton(torch.zeros(4, 50, dtype=torch.int32))
+    with pytest.raises(ValueError, match="empty vocabulary"):
+        argmax_triton(torch.zeros(4, 0))
+    with pytest.raises(ValueError, match="unit stride"):
+        argmax_triton(torch.randn(50, 4).t())
+    with pytest.raises(TypeError, match="int64"):
+        argmax_triton(x, out=torch.zeros(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        argmax_triton(x, out=torch.zeros(5, dtype=torch.int64))
+    with pytest.raises(ValueError, match="contiguous"):
+        argmax_triton(x, out=torch.zeros(8, dtype=torch.int64)[::2])
+    with pytest.raises(ValueError, match="power of two"):
+        argmax_triton(x, block=24)
+    with pytest.raises(ValueError, match="power of two"):
+        argmax_triton(x, tiles=3)
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        argmax_triton(torch.randn(2, 10))
+
+
+@pytest.fixture
+def triton_backend():
+    from dspark.attention import get_attention_backend, set_attention_backend
+
+    before = get_attention_backend()
+    set_attention_backend("triton")
+    yield
+    set_attention_backend(before)
+
+
+def test_greedy_argmax_dispatch(triton_backend, monkeypatch):
+    import dspark.sampling as sampling
+    from dspark.attention import set_attention_backend
+
+    calls = []
+
+    def spy(logits):
+        calls.append(tuple(logits.shape))
+        return argmax_triton(logits, block=16, tiles=1)
+
+    monkeypatch.setattr("kernels.argmax.argmax_triton", spy)
+    x = torch.randn(5, 50)
+    x[2, [40, 7]] = 9.0
+    # CPU tensors never take the kernel, whatever the backend
+    assert torch.equal(sampling.greedy_argmax(x), torch.argmax(x, -1)) and calls == []
+    # as on CUDA with the Triton backend: the kernel, and the same index
+    monkeypatch.setattr(sampling, "triton_argmax_enabled", lambda device: True)
+    assert torch.equal(sampling.greedy_argmax(x), torch.argmax(x, -1)) and calls == [(5, 50)]
+    assert sampling.greedy_argmax(x)[2].item() == 7
+    # shapes and dtypes the kernel does not take fall back to torch.argmax
+    for other in (torch.randn(2, 3, 50), torch.randn(50), x.double(), torch.randn(50, 5).t()):
+        assert torch.equal(sampling.greedy_argmax(other), torch.argmax(other, -1))
+    assert len(calls) == 2
+    set_attention_backend("torch")
+    assert torch.equal(sampling.greedy_argmax(x), torch.argmax(x, -1)) and len(calls) == 2
+
+
+def test_switch_and_kernel_set(triton_backend, monkeypatch):
+    from dspark.models.layers import kernel_set
+    from dspark.sampling import triton_argmax_enabled
+
+    monkeypatch.delenv("DSPARK_TRITON_ARGMAX", raising=False)
+    assert triton_argmax_enabled("cuda") and not triton_argmax_enabled("cpu")
+    assert "argmax" in kernel_set("triton", "cuda").split("+")
+    assert "argmax" not in kernel_set("triton", "cpu").split("+")  # CPU steps never run it
+    assert kernel_set("torch", "cuda") == "torch"
+    monkeypatch.setenv("DSPARK_TRITON_ARGMAX", "0")
+    assert not triton_argmax_enabled("cuda")
+    assert "argmax" not in kernel_set("triton", "cuda").split("+")
