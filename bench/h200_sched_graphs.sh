@@ -16,6 +16,8 @@
 #           and what the fixed-tile kernels cost against the bench phase
 #   graphs: target-only and DSpark full on captured steps, overlap off/on (bench_graphs without eager arms)
 #   nan:    bench/nan_hunt.py (ragged, batch 128) against $OUT/cost_table.json or COST_TABLE
+#   profile: the cost table, at PROFILE_PROMPT_LEN-token contexts (default 128; the table records it, and
+#           runners.bench_decode warns when a run's decode contexts are much longer)
 set -uo pipefail
 PHASES=${PHASES:-tests census graphs nan profile bench}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
@@ -92,7 +94,7 @@ fi
 if has profile; then
 stamp "profile: cost table of captured + overlapped steps"
 timeout ${T_PROFILE:-200} python3 -m runners.profile engine=h200 $GRAPH $DRAFT batch_sizes=[1,4,16,64,128,256] \
-  warmup_steps=3 measure_steps=8 prompt_len=128 monotone=envelope out="$OUT/cost_table.json" progress=false \
+  warmup_steps=3 measure_steps=8 prompt_len=${PROFILE_PROMPT_LEN:-128} monotone=envelope out="$OUT/cost_table.json" progress=false \
   hydra.run.dir="$WORK/hydra/profile" 2>&1 | grep -v WARNING | tail -25
 cp "$WORK/hydra/profile/profile.json" "$OUT/" 2>/dev/null
 fi

@@ -378,7 +378,9 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: S
     measurements = medians_of(samples)
     trim_overhead = trim_overheads(samples, trim_samples, G) if two_paths else {b: 0.0 for b in bs}
     check_not_flat(measurements, None, flat_rel_tol, samples)
-    fingerprint = engine.fingerprint()
+    # The context the steps attended over is recorded with the table (not a checked field): the
+    # table does not model context length, and runners.bench_decode warns when a run's is much longer.
+    fingerprint = {**engine.fingerprint(), "profile_context_tokens": str(prompt_len)}
     fit_points = [(b, m, ms - trim_overhead[b] if m < b * (G + 1) else ms) for b, m, ms in measurements]
     try:
         table = fit_cost_table(fit_points, fingerprint=fingerprint)

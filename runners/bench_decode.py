@@ -94,14 +94,18 @@ def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup
     decode_steps: list[float] = []
     step_tokens: list[int] = []
     outputs: dict[int, list[int]] = {}
+    prompt_lens: dict[int, int] = {}
     tokens_in_timed = 0
     t_all = time.perf_counter()
     for s in range(sets):  # the engine's counters run on across sets: the row sums all of them
         for i in range(batch):
             engine.add_request(prompts[(s * batch + i) % len(prompts)], sp)
-        tokens_in_timed += _run_set(engine, batch, warmup_steps, decode_steps, outputs, step_tokens)
+        tokens_in_timed += _run_set(engine, batch, warmup_steps, decode_steps, outputs, step_tokens, prompt_lens)
     wall = time.perf_counter() - t_all
     row = _row(engine, batch, sets, decode_steps, outputs, tokens_in_timed, wall, warmup_steps)
+    # The context a decode step attends over, averaged over the run: prompt plus half the output.
+    row["mean_context_tokens"] = statistics.fmean(prompt_lens[k] + len(outputs[k]) / 2 for k in outputs)
+    row["cost_table_context_tokens"] = cost_table_context(engine)
     row.update(throughput_interval(decode_steps, step_tokens))
     return row
 
@@ -128,8 +132,34 @@ def throughput_interval(step_ms: list[float], step_tokens: list[int], resamples:
     return out
 
 
+def cost_table_context(engine: Engine) -> int | None:
+    """The context length the engine's cost table was profiled at (``runners.profile prompt_len``,
+    recorded in its fingerprint), or None (no table, or one from before it was recorded)."""
+    table = engine.cost_table
+    value = None if table is None else table.fingerprint.get("profile_context_tokens")
+    return None if value is None else int(value)
+
+
+def context_note(results: list[dict], ratio: float = 1.5) -> str | None:
+    """A warning when the planner's cost table was profiled at much shorter contexts than the run's
+    decode steps attend over: attention over the longer KV is paid per request whatever the verified
+    length, so such a table can overstate what trimming saves (and the oracle's headroom)."""
+    worst = None
+    for r in results:
+        table_ctx, ctx = r.get("cost_table_context_tokens"), r.get("mean_context_tokens")
+        if table_ctx and ctx and ctx > ratio * table_ctx and (worst is None or ctx > worst[1]):
+            worst = (table_ctx, ctx)
+    if worst is None:
+        return None
+    return (f"Note: the cost table was profiled at {worst[0]}-token contexts and this run's decode steps attended "
+            f"over up to {worst[1]:.0f} tokens on average. Attention reads every request's KV whatever its verified "
+            f"length, a cost the table does not model, so its predicted gains and the oracle bound may overstate "
+            f"what trimming saves here. Profile at the workload's context (runners.profile prompt_len=...).")
+
+
 def _run_set(engine: Engine, batch: int, warmup_steps: int, decode_steps: list[float],
-             outputs: dict[int, list[int]], step_tokens: list[int] | None = None) -> int:
+             outputs: dict[int, list[int]], step_tokens: list[int] | None = None,
+             prompt_lens: dict[int, int] | None = None) -> int:
     """Step until the set's requests finish; append the timed steps' ms; return their tokens."""
     tokens_in_timed = 0
     seen = 0
@@ -141,6 +171,8 @@ def _run_set(engine: Engine, batch: int, warmup_steps: int, decode_steps: list[f
         t0 = time.perf_counter()
         for out in engine.step():
             outputs[out.req_id] = list(out.token_ids)
+            if prompt_lens is not None:
+                prompt_lens[out.req_id] = len(out.prompt_token_ids)
         step_ms = (time.perf_counter() - t0) * 1e3
         emitted = engine.emitted_tokens - before
         info = engine.last_step
@@ -276,6 +308,9 @@ def run(cfg: DictConfig) -> dict:
                          f"{s_['output_tokens_per_s']:.1f} | "
                          f"{', '.join(f'{v:,.0f}' for v in s_['output_tokens_per_s_by_round'])} | "
                          f"{', '.join(map(str, s_['run_positions']))} |")
+    note = context_note(results)
+    if note:
+        lines += ["", note]
     (out_dir / "bench_decode.md").write_text("\n".join(lines) + "\n")
     plot_results(summary if summary is not None else results, out_dir / "bench_decode.png")
     print("\n".join(lines))

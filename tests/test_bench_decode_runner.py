@@ -37,6 +37,19 @@ def test_small_batches_run_several_prompt_sets_and_arms_are_compared(tmp_path):
     saved = json.loads((tmp_path / "bench_decode.json").read_text())
     assert len(saved["results"]) == 4
     assert (tmp_path / "bench_decode.md").exists() and (tmp_path / "bench_decode.png").exists()
+    for r in doc["results"]:  # prompt plus half of the 8 generated tokens
+        assert r["mean_context_tokens"] > 4 and r["cost_table_context_tokens"] is None  # no table: full arms
+
+
+def test_context_note_warns_when_the_cost_table_saw_much_shorter_contexts():
+    from runners.bench_decode import context_note
+
+    rows = [{"cost_table_context_tokens": 128, "mean_context_tokens": 150.0},
+            {"cost_table_context_tokens": None, "mean_context_tokens": 900.0}]
+    assert context_note(rows) is None  # within 1.5x, and a row without a table says nothing
+    rows.append({"cost_table_context_tokens": 128, "mean_context_tokens": 512.0})
+    note = context_note(rows)
+    assert note is not None and "128-token contexts" in note and "512 tokens" in note and "prompt_len" in note
 
 
 def test_throughput_interval_brackets_the_rate_and_shrinks_with_steps():

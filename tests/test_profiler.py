@@ -96,6 +96,8 @@ def test_profile_writes_a_table_that_round_trips(models, monkeypatch, tmp_path):
     loaded = CostTable.load(path)
     assert loaded == result.table
     loaded.check_fingerprint(engine.fingerprint())
+    # The context the steps ran at is recorded (informational: not a checked field).
+    assert loaded.fingerprint["profile_context_tokens"] == str(SWEEP["prompt_len"])
     # Measured shelves end at M = 4 and 6 (8 is not measured): batch 2 -> v = 1 and 2, plus the block.
     assert recommend_tier_ladder(result.table, BLOCK, 2) == [1, 2, 4]
     assert recommend_tier_ladder(result.table, BLOCK, 1) == [3, 4]
