@@ -32,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from kernels.rmsnorm import rmsnorm_triton  # noqa: E402
 from kernels.silu_mul import silu_mul_triton  # noqa: E402
-from kernels.small_m_linear import _launch, default_tiles, norm_linear_reference, norm_qkv_rope_reference  # noqa: E402
+from kernels.small_m_linear import (_launch, default_tiles, norm_linear_reference, norm_qkv_rope_reference,  # noqa: E402
+                                    split_cuts_evenly)
 
 HIDDEN, INTER, QKV = 576, 1536, 576 + 2 * 192
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
@@ -72,9 +73,7 @@ def valid(cfg: dict, K: int, rope: bool) -> bool:
         return False
     if cfg["block_k"] > max(16, 1 << (K - 1).bit_length()):
         return False
-    chunks = -(-K // cfg["block_k"])
-    s = cfg["split_k"]
-    return s <= chunks and -(-chunks // -(-chunks // s)) == s
+    return split_cuts_evenly(-(-K // cfg["block_k"]), cfg["split_k"])
 
 
 def graph_us(fn, launches: int = LAUNCHES) -> float:

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from collections import Counter
 from typing import Iterable, Sequence
@@ -117,10 +116,11 @@ class Engine:
         page = self.cfg.kv_block_size
         max_pages = -(-(self.cfg.max_model_len + self._lookahead) // page) + 1
         ragged_buckets = self.cfg.token_buckets if self.cfg.verify != "full" else None
+        from kernels.verify_packing import fused_step_metadata_enabled
+
         triton_backend = self.cfg.attention_backend == "triton"
-        # The verify step's packing/metadata and state commit as one Triton kernel each on the Triton
-        # backend; DSPARK_FUSED_STEP_METADATA=0 keeps the torch reference ops (to measure what it buys).
-        fused_metadata = triton_backend and os.environ.get("DSPARK_FUSED_STEP_METADATA", "1") != "0"
+        # The verify step's packing/metadata and state commit as one Triton kernel each on the Triton backend.
+        fused_metadata = triton_backend and fused_step_metadata_enabled()
         self.graph = GraphDecoder(self.runner, self.cfg.max_num_seqs, max_pages, buckets, use_graphs=True,
                                   token_buckets=ragged_buckets, min_verify_len=self.cfg.min_verify_len,
                                   window_impl="triton" if triton_backend else "torch",

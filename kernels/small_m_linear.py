@@ -368,12 +368,15 @@ def tile_settings(N: int, K: int, silu_mul: bool, rope: bool = False) -> dict:
     return dict(_tile_table(path, os.path.getmtime(path)).get((N, K, bool(silu_mul), bool(rope)), {}))
 
 
+def split_cuts_evenly(chunks: int, split_k: int) -> bool:
+    """Whether ``split_k`` programs, each taking ceil(chunks / split_k) consecutive BLOCK_K chunks,
+    all get at least one (the kernel's shares; an empty share would have nothing to add)."""
+    return 1 <= split_k <= chunks and -(-chunks // -(-chunks // split_k)) == split_k
+
+
 def _even_split(chunks: int, want: int) -> int:
     """The largest split of ``chunks`` BLOCK_K chunks, at most ``want``, whose shares are all non-empty."""
-    for s in range(min(want, chunks), 1, -1):
-        if -(-chunks // -(-chunks // s)) == s:
-            return s
-    return 1
+    return next(s for s in range(min(want, chunks), 0, -1) if split_cuts_evenly(chunks, s))
 
 
 def default_tiles(N: int, K: int, silu_mul: bool, rope: bool = False, norm: bool = False,
@@ -472,14 +475,12 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
         from kernels.pdl import pdl_launch
 
         use_pdl, launch = pdl_launch(x.device)
-        BLOCK_K = block_k
-        chunks = triton.cdiv(K, BLOCK_K)
-        if split_k > chunks or triton.cdiv(chunks, triton.cdiv(chunks, split_k)) != split_k:
+        chunks = triton.cdiv(K, block_k)
+        if not split_cuts_evenly(chunks, split_k):
             raise ValueError(f"split_k={split_k} does not cut K={K} into {split_k} non-empty shares of "
-                             f"BLOCK_K={BLOCK_K} chunks ({chunks} chunks); pick a split_k that does")
+                             f"BLOCK_K={block_k} chunks ({chunks} chunks); pick a split_k that does")
         row_tiles = triton.cdiv(M, SMALL_M_MAX)
         grid = (n_programs, row_tiles, split_k)
-        extra = {} if num_stages is None else {"num_stages": num_stages}
         r_ = rope or {}
         if split_k > 1:
             tiles = n_programs * row_tiles
@@ -495,9 +496,9 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
             M, n_out, x2.stride(0), r2.stride(0), y2.stride(0), h2.stride(0), float(eps), K=K,
             HAS_NORM=norm_weight is not None, HAS_RES=residual is not None, HAS_BIAS=bias is not None,
             SILU_MUL=silu_mul, ROPE_KV=rope is not None,
-            HQ=hq, HK=hk, HALF=half, RN=block_n // 2, BLOCK_M=SMALL_M_MAX, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+            HQ=hq, HK=hk, HALF=half, RN=block_n // 2, BLOCK_M=SMALL_M_MAX, BLOCK_N=block_n, BLOCK_K=block_k,
             SPLIT_K=split_k, UNROLL=unroll,
-            UPCAST_DOT=_interpreted(), USE_PDL=use_pdl, num_warps=num_warps, **extra, **launch)
+            UPCAST_DOT=_interpreted(), USE_PDL=use_pdl, num_warps=num_warps, num_stages=num_stages, **launch)
     elif M and residual is not None:  # nothing to project, but h is still owed
         h.copy_(x + residual)
     return out, h
@@ -587,6 +588,6 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _launch("linear_triton", x, weight, bias, out=out, any_m=any_m)[0]
 
 
-__all__ = ["SMALL_M_MAX", "MAX_SPLIT_K", "default_tiles", "split_k_counters", "norm_linear_reference",
+__all__ = ["SMALL_M_MAX", "MAX_SPLIT_K", "default_tiles", "split_cuts_evenly", "split_k_counters", "norm_linear_reference",
            "norm_linear_triton", "linear_reference", "linear_triton", "norm_qkv_rope_reference", "norm_qkv_rope_triton",
            "rope_fusable"]

@@ -139,6 +139,12 @@ def commit_state_reference(*, accepted: torch.Tensor, next_token: torch.Tensor, 
     anchor.copy_(torch.where(active, nxt, anchor))
 
 
+def fused_step_metadata_enabled() -> bool:
+    """The engine's switch for these kernels on the Triton backend: on unless DSPARK_FUSED_STEP_METADATA=0
+    (which keeps the torch reference ops, to measure what the kernels buy)."""
+    return os.environ.get("DSPARK_FUSED_STEP_METADATA", "1") != "0"
+
+
 def triton_runnable(device: torch.device | str) -> None:
     """Raise, saying what to change, where the Triton kernels of this module cannot run."""
     if triton is None:

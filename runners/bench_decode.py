@@ -171,7 +171,7 @@ def _run_set(engine: Engine, batch: int, warmup_steps: int, decode_steps: list[f
         t0 = time.perf_counter()
         for out in engine.step():
             outputs[out.req_id] = list(out.token_ids)
-            if prompt_lens is not None:
+            if prompt_lens is not None and out.finish_reason is not None:  # once per request
                 prompt_lens[out.req_id] = len(out.prompt_token_ids)
         step_ms = (time.perf_counter() - t0) * 1e3
         emitted = engine.emitted_tokens - before

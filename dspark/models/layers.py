@@ -74,11 +74,13 @@ def kernel_set(backend: str, device: torch.device | str) -> str:
 
             table = Path(os.environ["DSPARK_SMALL_M_TILES"]).read_bytes()
             parts.append("tiles:" + hashlib.sha256(table).hexdigest()[:10])
-    if torch.device(device).type == "cuda":
-        if on("DSPARK_TRITON_ARGMAX"):  # dspark.sampling.greedy_argmax
-            parts.append("argmax")
-        if on("DSPARK_FUSED_STEP_METADATA"):  # kernels/verify_packing.py in the graph steps
-            parts.append("step_metadata")
+    from dspark.sampling import triton_argmax_enabled
+    from kernels.verify_packing import fused_step_metadata_enabled
+
+    if triton_argmax_enabled(device):  # dspark.sampling.greedy_argmax
+        parts.append("argmax")
+    if torch.device(device).type == "cuda" and fused_step_metadata_enabled():  # the graph steps' packing/commit
+        parts.append("step_metadata")
     if pdl_enabled(torch.device(device)):
         parts.append("pdl")
     return "+".join(parts)
