@@ -9,7 +9,13 @@ launch. A host-bound arm shows wait ~ 0 and a gap > 0; a device-bound one a wait
 
 Arms (env ARMS, comma-separated, run in that order in one process): uniform, ragged (Triton
 window allocation), ragged_torchwin (the torch window allocation), uniform_planned and
-ragged_planned (no forced trim; random weights make the planner's input meaningless).
+ragged_planned (no forced trim; random weights make the planner's input meaningless), full (the
+fused draft+verify step of verify=full), and forced trims of any size: ``uniform@V`` (every row
+verifies V drafts) and ``ragged@F`` (a budget of F x B x G cells). With random target weights
+almost no draft is accepted, so every arm's requests grow by one token per step: the arms see the
+same contexts step for step, which makes their device times comparable at equal token counts.
+PROMPT=N gives every request an N-token prompt (default: 30 to 79 tokens). GRAPH_TIMING=1 adds each
+graph's median device ms (CUDA events around every replay), as key=ms(replays).
 Run the arms in both orders (e.g. ARMS=uniform,ragged then ARMS=ragged,uniform): the host of a
 leased machine drifts, and a drift reads as the later arm's cost.
 
@@ -84,13 +90,20 @@ def run(name, verify, torch_windows=False, **over):
     g = torch.Generator().manual_seed(1)
     for i in range(B):
         L = int(torch.randint(30, 80, (1,), generator=g))
+        if os.environ.get("PROMPT"):
+            L = int(os.environ["PROMPT"])
         eng.add_request(torch.randint(3, 40000, (L,), generator=g).tolist(), SamplingParams(max_tokens=1000, ignore_eos=True))
+    if CUDA and os.environ.get("GRAPH_TIMING"):
+        eng.graph.start_timing()  # CUDA events around every graph replay: device ms per graph key
     rows = []
     EVS.clear()
     for s in range(STEPS):
         T.clear()
         t0 = time.perf_counter(); eng.step(); wall = (time.perf_counter() - t0) * 1e3
-        rows.append(dict(wall=wall, **T))
+        info = eng.last_step
+        running = list(eng.scheduler.running)
+        rows.append(dict(wall=wall, **T, tokens=info.num_tokens if info else 0,
+                         ctx=statistics.fmean(r.num_tokens for r in running) if running else 0.0))
     if CUDA:
         torch.cuda.synchronize()
     steady = [r for r in rows[STEPS // 3:] if "launch" in r]
@@ -104,6 +117,10 @@ def run(name, verify, torch_windows=False, **over):
         spans = [a.elapsed_time(b) for a, b in EVS[-n:]]
         gaps = [EVS[i][1].elapsed_time(EVS[i + 1][0]) for i in range(len(EVS) - n, len(EVS) - 1)]
         line += f" | device span/launch {statistics.median(spans):.3f} gap to next launch {statistics.median(gaps):.3f}"
+    if eng.graph.timing is not None:
+        t = eng.graph.timing_summary(skip_steps=STEPS // 3)
+        line += " | graph ms " + " ".join(f"{k}={v}({t['graph_replays_timed'][k]})"
+                                         for k, v in t["graph_device_ms_median"].items())
     print(line, flush=True)
     del eng
     if CUDA:
@@ -112,7 +129,15 @@ def run(name, verify, torch_windows=False, **over):
 ARMS = {"uniform": ("uniform", False, dict(force_verify_len=5)),
         "ragged": ("ragged", False, dict(force_budget_frac=0.7)),
         "ragged_torchwin": ("ragged", True, dict(force_budget_frac=0.7)),
-        "uniform_planned": ("uniform", False, {}), "ragged_planned": ("ragged", False, {})}
+        "uniform_planned": ("uniform", False, {}), "ragged_planned": ("ragged", False, {}),
+        "full": ("full", False, {})}
 for a in os.environ.get("ARMS", "uniform,ragged,ragged_torchwin").split(","):
-    v, tw, over = ARMS[a]
+    if a.startswith("uniform@"):
+        v, tw, over = "uniform", False, dict(force_verify_len=int(a.split("@")[1]))
+    elif a.startswith("ragged@"):
+        v, tw, over = "ragged", False, dict(force_budget_frac=float(a.split("@")[1]))
+    elif a in ARMS:
+        v, tw, over = ARMS[a]
+    else:
+        raise SystemExit(f"unknown arm {a!r}: use one of {sorted(ARMS)}, uniform@V or ragged@F")
     run(a, v, tw, **over)

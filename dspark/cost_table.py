@@ -33,8 +33,12 @@ from typing import Any, Iterable, Mapping, Sequence
 FORMAT_VERSION = 1
 # Fingerprint fields that must agree for a table to describe this run's step cost.
 # step_path: eager, graphs or graphs+overlap steps cost differently (a graph replay has no host work).
+# step_timing: how a device-resident step's time was taken. "step-call" (2026-11-30, session 8): the
+# wall time of the step() call that committed it, the pipeline's period. Graph-path tables without it
+# timed only the launch and the commit, leaving out the host's work between them, and priced steps
+# 0.8-1.1 ms low at batch 256 on the H200 (trimmed ones most): they are refused here, re-profile.
 CHECKED_FINGERPRINT_FIELDS = ("device_name", "driver", "torch", "triton", "model", "drafter", "dtype", "step_path",
-                              "kernels")
+                              "kernels", "step_timing")
 OPTIONAL_FINGERPRINT_FIELDS = ("hostname",)
 
 

@@ -37,7 +37,13 @@ class StepInfo:
     num_tokens: int  # tokens the target processed, bonus/anchor included, before padding
     bucket: int  # after padding to the token bucket
     windows: tuple[int, ...]
+    # Eager path: the step's wall time, device work included. Device-resident steps: the wall time
+    # of the step() call that committed the step (Engine._step_period_ms): with overlap, the steady
+    # period of the pipeline, so the host's planning and launch of the next step are counted.
     step_ms: float
+    # Host ms spent waiting for the device inside this step (a device-resident step's collect; 0 on
+    # the eager path, which synchronises at its end and counts that in step_ms).
+    wait_ms: float = 0.0
 
 
 class RequestError(ValueError):
@@ -93,6 +99,7 @@ class Engine:
         self._inflight = None
         self._host_step_ms: list[float] = []
         self._graph_wait_ms = 0.0
+        self._step_call_start: float | None = None  # perf_counter at the start of the step() in progress
         self._eager_reason = "no_cuda_graphs"
         self.eager_reasons: Counter[str] = Counter()
         if self.cfg.cuda_graphs:
@@ -181,10 +188,15 @@ class Engine:
         step_path = ("graphs+overlap" if self.cfg.overlap else "graphs") if self.cfg.cuda_graphs else "eager"
         from dspark.models.layers import kernel_set
 
-        return {"device_name": device_name, "driver": driver, "torch": torch.__version__, "triton": triton_v,
-                "step_path": step_path, "kernels": kernel_set(self.cfg.attention_backend, self.runner.device),
-                "model": f"{tc.arch}-h{tc.hidden_size}-L{tc.num_layers}-V{tc.vocab_size}", "drafter": drafter,
-                "dtype": self.cfg.dtype}
+        fp = {"device_name": device_name, "driver": driver, "torch": torch.__version__, "triton": triton_v,
+              "step_path": step_path, "kernels": kernel_set(self.cfg.attention_backend, self.runner.device),
+              "model": f"{tc.arch}-h{tc.hidden_size}-L{tc.num_layers}-V{tc.vocab_size}", "drafter": drafter,
+              "dtype": self.cfg.dtype}
+        if self.cfg.cuda_graphs:
+            # Device-resident steps are timed as their step() call's wall time (StepInfo.step_ms);
+            # eager steps as they always were (no field: nothing to check).
+            fp["step_timing"] = "step-call"
+        return fp
 
     @staticmethod
     def _zero_counts() -> dict[str, int]:
@@ -296,7 +308,11 @@ class Engine:
         if self.graph is not None:
             start = time.perf_counter()
             self._graph_wait_ms = 0.0
-            out = self._graph_step()
+            self._step_call_start = start
+            try:
+                out = self._graph_step()
+            finally:
+                self._step_call_start = None
             if out is not None:
                 # Host time of a device-resident step: its wall time minus the wait for the device.
                 # With overlap that host work runs while the device computes the step in flight.
@@ -396,8 +412,8 @@ class Engine:
             return "prefill_or_mixed"
         if self.graph.bucket_for(len(running)) is None:
             return "over_largest_bucket"
-        need = {r.req_id: r.num_tokens + self._lookahead for r in running}
-        pages = sum(self.blocks.pages_needed(rid, n) for rid, n in need.items())
+        needed, ahead = self.blocks.pages_needed, self._lookahead
+        pages = sum(needed(r.req_id, r.num_tokens + ahead) for r in running)
         if pages > self.blocks.num_free:
             return "kv_pages"
         return None
@@ -458,7 +474,7 @@ class Engine:
 
         start = time.perf_counter()
         newest_age = 2 if self.cfg.overlap else 1  # the newest snapshot read back is this old already
-        sizing = [self.planner.lagged_row(self._slot(r), newest_age) for r in running]
+        sizing = self.planner.lagged_rows([self._slot(r) for r in running], newest_age)
         decision = plan_budget(ranking_survival=None, sizing_survival=sizing, table=self.cost_table,
                                config=self.planner_config, temperature_positive=False)
         self.stats.record_plan(decision, plan_ms=(time.perf_counter() - start) * 1e3)
@@ -471,18 +487,30 @@ class Engine:
     def _sync_tables(self, running: list[Request]) -> None:
         """Send the device only the page-table entries added since the last step (a few ints)."""
         updates = []
+        lens, table_of = self._graph_table_lens, self.blocks.table
         for i, r in enumerate(running):
-            table = self.blocks.table(r.req_id)
-            known = self._graph_table_lens.get(r.req_id, 0)
-            for c in range(known, len(table)):
-                updates.append((i, c, table[c]))
-            self._graph_table_lens[r.req_id] = len(table)
+            table = table_of(r.req_id)
+            known = lens.get(r.req_id, 0)
+            if len(table) != known:  # most steps add no page to most requests
+                updates.extend((i, c, table[c]) for c in range(known, len(table)))
+                lens[r.req_id] = len(table)
         if updates:
             self.graph.set_table_entries(updates)
 
     def _drain(self) -> list[RequestOutput]:
         launched, self._inflight = self._inflight, None
         return self._commit_launched(launched) if launched is not None else []
+
+    def _step_period_ms(self, launched, commit_start: float) -> float:
+        """A committed device-resident step's time: the wall time of the step() call that commits it,
+        from its start (so the host's planning, page-table sync and launch of the next step are in it)
+        to now. With overlap this is the steady step period: the device's step time when the host keeps
+        up, the host's work when it does not. A commit outside step() (a drain from has_unfinished)
+        has no such call: its launch plus its commit."""
+        now = time.perf_counter()
+        if self._step_call_start is not None:
+            return (now - self._step_call_start) * 1e3
+        return launched.launch_ms + (now - commit_start) * 1e3
 
     def _commit_launched(self, launched) -> list[RequestOutput]:
         start = time.perf_counter()
@@ -491,26 +519,29 @@ class Engine:
         now = time.perf_counter()
         G = self.block_size
         finished = []
-        surv = launched.survival.tolist() if launched.survival is not None else None
-        live_ids, accepted, windows, slots, snapshot = [], [], [], [], []
+        track = launched.survival is not None and self.planner is not None
+        live_ids, accepted, windows, slots, live_rows = [], [], [], [], []
+        requests = self._requests
         for i, (rid, (k, w, new)) in enumerate(zip(launched.req_ids, results)):
-            req = self._requests.get(rid)
+            req = requests.get(rid)
             if req is None or req.finish_reason is not None:
                 self._counts["discarded_row_steps"] += 1  # it finished in the step before: tokens dropped
                 continue
             live_ids.append(rid)
             accepted.append(k)
             windows.append(w)
-            if surv is not None and self.planner is not None:
+            if track:
                 slots.append(self._slot(req))
-                snapshot.append(surv[i])
+                live_rows.append(i)
             if self._commit_row(req, w, k, new, now):
                 finished.append(RequestOutput.from_request(req))
         self._count_rows(windows, accepted)
-        if snapshot:
-            st = launched.survival
-            in_range = bool(((st >= 0.0) & (st <= 1.0)).all())  # one vector test; NaN fails it too
-            bad = [] if in_range else [i for i, row in enumerate(snapshot) if any(not 0.0 <= v <= 1.0 for v in row)]
+        if live_rows:
+            # The live rows' survival, as one host array (the pinned copy the launch made).
+            snapshot = launched.survival.numpy()[live_rows]
+            in_range = bool(((snapshot >= 0.0) & (snapshot <= 1.0)).all())  # one vector test; NaN fails it too
+            bad = [] if in_range else [i for i, row in enumerate(snapshot.tolist())
+                                       if any(not 0.0 <= v <= 1.0 for v in row)]
             if bad:
                 gd = self.graph
                 B = len(launched.req_ids)
@@ -523,23 +554,24 @@ class Engine:
                 diag["nan_drafts_hidden_cache"] = int(torch.isnan(self.runner.draft_cache.k).sum())
                 diag["nan_target_cache"] = int(torch.isnan(self.runner.cache.k).sum())
                 raise RuntimeError(f"device step (bucket {launched.bucket}, {B} rows) returned "
-                                   f"survival outside [0, 1] for live rows {bad[:4]}: {snapshot[bad[0]]}; {diag}")
+                                   f"survival outside [0, 1] for live rows {bad[:4]}: {snapshot[bad[0]].tolist()}; "
+                                   f"{diag}")
             self.planner.push_snapshot(slots, snapshot)
         decision = launched.decision
         if decision is not None and decision.trimmed:
             self._counts["trimmed_steps"] += 1
+        step_ms = self._step_period_ms(launched, start)
         if G and live_ids:
             self.stats.record_step(request_ids=live_ids, windows=windows, accepted=accepted, block=G,
                                    mode=self.cfg.verify, num_tokens=launched.num_tokens,
                                    bucket=launched.bucket, graph_replay=self.graph.use_graphs,
-                                   eager_reason=None if self.graph.use_graphs else "cpu",
-                                   step_ms=launched.launch_ms + (time.perf_counter() - start) * 1e3)
+                                   eager_reason=None if self.graph.use_graphs else "cpu", step_ms=step_ms)
             if self.cfg.verify == "full":
                 self._oracle_steps.append(list(accepted))
         self.last_step = StepInfo(num_decodes=len(live_ids), num_prefill_tokens=0,
                                   num_tokens=launched.num_tokens, bucket=launched.bucket,
                                   windows=tuple(windows),
-                                  step_ms=launched.launch_ms + (time.perf_counter() - start) * 1e3)
+                                  step_ms=step_ms, wait_ms=waited_ms)
         return finished
 
     def _plan(self, decodes: list[Request], drafts, plan, rows: RowSampling):
@@ -576,8 +608,11 @@ class Engine:
 
     def _commit(self, req: Request, new: list[int], now: float) -> bool:
         p = req.params
-        room = min(p.max_tokens - len(req.output_ids), self.cfg.max_model_len - req.num_tokens)
-        new = new[:max(room, 0)]
+        out = req.output_ids
+        n_prompt, n_out, max_len = len(req.prompt_ids), len(out), self.cfg.max_model_len
+        room = min(p.max_tokens - n_out, max_len - n_prompt - n_out)
+        if room < len(new):
+            new = new[:max(room, 0)]
         reason = None
         if not p.ignore_eos and self._eos:
             eos = self._eos
@@ -586,7 +621,8 @@ class Engine:
                     new = new[: j + 1]
                     reason = "stop"
                     break
-        req.output_ids.extend(new)
+        out.extend(new)
+        n_out += len(new)
         if new:
             if req.first_token_time is None:
                 req.first_token_time = now
@@ -598,7 +634,7 @@ class Engine:
                 if s in text:
                     reason = "stop"
                     break
-        if reason is None and (len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.cfg.max_model_len):
+        if reason is None and (n_out >= p.max_tokens or n_prompt + n_out >= max_len):
             reason = "length"
         if reason is not None:
             self._finish(req, reason)

@@ -433,15 +433,27 @@ class GraphDecoder:
         torch.cuda.synchronize(self.device)
         per_key: dict[str, list[float]] = {}
         per_mode: dict[str, list[float]] = {}
-        for mode, events in self.timing[skip_steps:]:
+        steps = self.timing[skip_steps:]
+        for mode, events in steps:
             for key, start, end in events:
                 per_key.setdefault("/".join(str(k) for k in key[:3]), []).append(start.elapsed_time(end))
             per_mode.setdefault(mode, []).append(events[0][1].elapsed_time(events[-1][2]))
+        # Device idle between consecutive steps: end of a step's last graph to the start of the next
+        # step's first (eager work in between, a prefill, reads as idle here). Near zero when the
+        # host keeps ahead of the device; a host-bound step shows its shortfall here.
+        gaps = [a[-1][2].elapsed_time(b[0][1]) for (_, a), (_, b) in zip(steps, steps[1:])]
         med = lambda xs: round(statistics.median(xs), 4)  # noqa: E731
-        return {"graph_device_ms_median": {k: med(v) for k, v in sorted(per_key.items())},
-                "graph_replays_timed": {k: len(v) for k, v in sorted(per_key.items())},
-                "step_device_ms_median": {m: med(v) for m, v in per_mode.items()},
-                "steps_timed": {m: len(v) for m, v in per_mode.items()}}
+        out = {"graph_device_ms_median": {k: med(v) for k, v in sorted(per_key.items())},
+               "graph_replays_timed": {k: len(v) for k, v in sorted(per_key.items())},
+               "step_device_ms_median": {m: med(v) for m, v in per_mode.items()},
+               "steps_timed": {m: len(v) for m, v in per_mode.items()}}
+        if gaps:
+            import numpy as np
+
+            span = steps[0][1][0][1].elapsed_time(steps[-1][1][-1][2])
+            out.update({"step_gap_ms_median": med(gaps), "step_gap_ms_p90": round(float(np.percentile(gaps, 90)), 4),
+                        "device_idle_fraction": round(sum(gaps) / span, 4) if span > 0 else None})
+        return out
 
     @staticmethod
     def collect(launched: Launched) -> tuple[list[tuple[int, int, list[int]]], float]:

@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
 
 from dspark.config import ConfigError
 from dspark.cost_table import CostTable
@@ -174,6 +175,44 @@ def _to_rows(x: Any, name: str) -> list[list[float]]:
     return rows
 
 
+def _as_matrix(x: Any, name: str, block: int) -> np.ndarray:
+    """Survival rows as one float64 [R, block] array, checked (range, NaN, non-increasing).
+
+    Tensors, arrays and lists of rows are accepted; float32 values convert exactly, so every sum
+    below is the one the same rows as Python floats give. Rows of the wrong length are refused
+    with the lengths found."""
+    if hasattr(x, "detach"):  # torch tensor: host copy (a sync if it lives on a device)
+        x = x.detach().cpu().double().numpy()
+    try:
+        S = np.asarray(x, dtype=np.float64)
+    except (ValueError, TypeError):  # ragged rows
+        S = None
+    if S is not None and S.size == 0:
+        return S.reshape(0, block)
+    if S is None or S.ndim != 2 or S.shape[1] != block:
+        lengths = sorted({len(row) for row in _to_rows(x, name)} - {block})
+        raise ValueError(f"{name} rows must have block={block} positions, got lengths {lengths}")
+    check_survival(S, name=name)
+    return S
+
+
+def _prefix_sums(S: np.ndarray) -> np.ndarray:
+    """[R, G + 1]: column v holds sum(row[:v]), added left to right from 0 as Python's sum() does."""
+    R, G = S.shape
+    prefix = np.zeros((R, G + 1))
+    prefix[:, 1:] = np.cumsum(S, axis=1)
+    return prefix
+
+
+def _tau(prefix: np.ndarray, windows: np.ndarray) -> float:
+    """R + sum over rows of sum(row[:window]): the rows' totals added in row order from 0 (bit-equal
+    to ``R + sum(sum(row[:w]) for row, w in zip(rows, windows))``)."""
+    R = prefix.shape[0]
+    if R == 0:
+        return 0.0
+    return float(R + np.cumsum(prefix[np.arange(R), windows])[-1])
+
+
 def _walk_order(rows: list[list[float]]) -> list[tuple[int, int]]:
     """Cells in admission order: survival descending, then position ascending, then request ascending."""
     cells = [(-v, g, r) for r, row in enumerate(rows) for g, v in enumerate(row)]
@@ -181,32 +220,31 @@ def _walk_order(rows: list[list[float]]) -> list[tuple[int, int]]:
     return [(r, g) for _, g, r in cells]
 
 
-def _allocate_host(rows: list[list[float]], budget: int, min_len: int, block: int) -> list[int]:
-    counts = [0] * len(rows)
-    for r, _g in _walk_order(rows)[:max(0, budget)]:
-        counts[r] += 1
-    return [min(max(c, min_len), block) for c in counts]
+def _allocate_host(rows: Any, budget: int, min_len: int, block: int) -> list[int]:
+    """Windows from the first ``budget`` cells in admission order, clamped to [min_len, block]."""
+    S = np.asarray(rows, dtype=np.float64)
+    R = S.shape[0]
+    if R == 0:
+        return []
+    r_walk, _, _ = _admission_order(S)
+    counts = np.bincount(r_walk[:max(0, budget)], minlength=R)
+    return [int(c) for c in np.clip(counts, min_len, block)]
 
 
-def _uniform_taus(rows: list[list[float]]) -> "np.ndarray":
+def _uniform_taus(rows: Any, prefix: np.ndarray | None = None) -> np.ndarray:
     """tau(rows, [v] * R) for every uniform window v = 0..G as float64 [G + 1]: R plus the rows'
     survival prefixes, summed in the order the per-row Python sums add them (bit-equal)."""
-    import numpy as np
-
-    S = np.asarray(rows, dtype=np.float64)
-    R, G = S.shape
-    prefix = np.zeros((R, G + 1))
-    prefix[:, 1:] = np.cumsum(S, axis=1)  # sequential along each row, as sum(row[:v])
+    if prefix is None:
+        prefix = _prefix_sums(np.asarray(rows, dtype=np.float64))
+    R = prefix.shape[0]
     # Sequential down the rows, starting from 0 as sum() does, then R added last.
-    totals = np.cumsum(np.vstack((np.zeros((1, G + 1)), prefix)), axis=0)[-1]
+    totals = np.cumsum(np.vstack((np.zeros((1, prefix.shape[1])), prefix)), axis=0)[-1]
     return R + totals
 
 
-def _admission_order(S: "np.ndarray") -> tuple["np.ndarray", "np.ndarray", "np.ndarray"]:
+def _admission_order(S: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(request, position, survival) of every cell of S [R, G] in admission order: survival
     descending, then position, then request (the order of :func:`_walk_order`)."""
-    import numpy as np
-
     R, G = S.shape
     # Position-major flat index g*R + r is the tie order; a stable sort on -survival keeps it.
     flat = S.T.reshape(-1)
@@ -214,11 +252,9 @@ def _admission_order(S: "np.ndarray") -> tuple["np.ndarray", "np.ndarray", "np.n
     return order % R, order // R, flat[order]
 
 
-def cells_past_min_len(rows: Sequence[Sequence[float]], budget: int, min_len: int) -> int:
+def cells_past_min_len(rows: Any, budget: int, min_len: int) -> int:
     """How many of the first ``budget`` cells in admission order lie at or past ``min_len``:
     the ragged allocation's extra cells (the device adds them to min_len per row)."""
-    import numpy as np
-
     S = np.asarray(rows, dtype=np.float64)
     if S.size == 0 or budget <= 0:
         return 0
@@ -226,8 +262,8 @@ def cells_past_min_len(rows: Sequence[Sequence[float]], budget: int, min_len: in
     return int((g_walk[:budget] >= min_len).sum())
 
 
-def _global_ragged_walk(rows: list[list[float]], table: CostTable, bs: int, config: "PlannerConfig"
-                        ) -> tuple[float, int, tuple[int, ...]]:
+def _global_ragged_walk(rows: Any, table: CostTable, bs: int, config: "PlannerConfig",
+                        taus: np.ndarray | None = None) -> tuple[float, int, tuple[int, ...]]:
     """The global ragged search, vectorised: walk the cells in admission order (survival
     descending, position, request), value every prefix as tau/T, keep the last best.
 
@@ -236,14 +272,13 @@ def _global_ragged_walk(rows: list[list[float]], table: CostTable, bs: int, conf
     sums in the same order; tests/test_planner.py holds that walk), in numpy: this runs on the
     host every step, for R x G cells.
     """
-    import numpy as np
-
     S = np.asarray(rows, dtype=np.float64)  # [R, G]
     R = S.shape[0]
     min_len = config.min_verify_len
     r_walk, g_walk, a_walk = _admission_order(S)
     counted = g_walk >= min_len  # cells below min_len are verified anyway: walked, not valued
-    tau0 = float(_uniform_taus(rows)[min_len])  # bit-equal to the walk's Python sums
+    # (taus: _uniform_taus(S), when the caller has it already)
+    tau0 = float((_uniform_taus(S) if taus is None else taus)[min_len])  # bit-equal to the walk's Python sums
     m0 = R * (min_len + 1)
     m_full = R * (config.block + 1)
     # Every prefix but the whole block is a trimmed step: it pays the table's trim overhead.
@@ -265,7 +300,7 @@ def _global_ragged_walk(rows: list[list[float]], table: CostTable, bs: int, conf
     windows = np.full(R, min_len, dtype=np.int64)
     sel_r, sel_g = r_walk[:best_n][counted[:best_n]], g_walk[:best_n][counted[:best_n]]
     np.maximum.at(windows, sel_r, sel_g + 1)
-    return float(values[k]), best_n, tuple(int(w) for w in windows)
+    return float(values[k]), best_n, tuple(windows.tolist())
 
 
 def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable | None, config: PlannerConfig,
@@ -284,36 +319,32 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         raise PlannerConfigError(
             "planner.algorithm: this step samples at temperature > 0, and global search over fresh confidence "
             "(budget_lag=0) would bias it; set budget_lag>=1 or algorithm=greedy_stop")
-    sizing = _to_rows(sizing_survival, "sizing_survival")
-    ranking = None if ranking_survival is None else _to_rows(ranking_survival, "ranking_survival")
-    R = len(sizing)
-    for name, rows in (("sizing_survival", sizing), ("ranking_survival", ranking)):
-        if rows is None:
-            continue
-        if len(rows) != R:
-            raise ValueError(f"{name} has {len(rows)} rows but sizing_survival has {R}; both are [R active, G]")
-        bad = [len(row) for row in rows if len(row) != G]
-        if bad:
-            raise ValueError(f"{name} rows must have block={G} positions, got lengths {sorted(set(bad))}")
-        check_survival(rows, name=name)
+    sizing = _as_matrix(sizing_survival, "sizing_survival", G)
+    ranking = None if ranking_survival is None else _as_matrix(ranking_survival, "ranking_survival", G)
+    R = sizing.shape[0]
+    if ranking is not None and ranking.shape[0] != R:
+        raise ValueError(f"ranking_survival has {ranking.shape[0]} rows but sizing_survival has {R}; "
+                         "both are [R active, G]")
     if config.algorithm == "greedy_stop" and ranking is None:
         raise ValueError("greedy_stop decides from fresh survival on the host; pass ranking_survival")
     bs = R if batch_size is None else batch_size
     full = tuple([G] * R)
     if R == 0:
         return PlanDecision((), False, "declined_below_min_gain", 0.0, 0.0 if table else None, None, 0)
+    sizing_prefix = _prefix_sums(sizing)
+    ranking_prefix = None if ranking is None else _prefix_sums(ranking)
 
     def cost(windows: Sequence[int]) -> float:
-        return table.step_ms(sum(w + 1 for w in windows), bs, extrapolate=config.extrapolate_cost,
-                             trimmed=any(w < G for w in windows))
+        w = np.asarray(windows)
+        return table.step_ms(int(w.sum()) + R, bs, extrapolate=config.extrapolate_cost, trimmed=bool((w < G).any()))
 
-    def tau(rows: list[list[float]], windows: Sequence[int]) -> float:
-        return R + sum(sum(row[:w]) for row, w in zip(rows, windows))
+    def tau(prefix: np.ndarray, windows: Sequence[int]) -> float:
+        return _tau(prefix, np.asarray(windows, dtype=np.int64))
 
     def decline(reason: str, gain: float = 0.0) -> PlanDecision:
         tok = ms = None
         if table is not None:
-            tok, ms = tau(sizing, full), cost(full)
+            tok, ms = tau(sizing_prefix, full), cost(full)
         return PlanDecision(full, False, reason, gain, tok, ms, R * G)
 
     # Overrides replace only the decision.
@@ -326,7 +357,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
             windows = None if ranking is None else tuple(_allocate_host(ranking, budget, config.min_verify_len, G))
         tok = ms = None
         if table is not None and windows is not None:
-            tok, ms = tau(ranking if ranking is not None else sizing, windows), cost(windows)
+            tok, ms = tau(ranking_prefix if ranking is not None else sizing_prefix, windows), cost(windows)
         trimmed = windows is None or any(w < G for w in windows) or config.force_trimmed_path
         extra = cells_past_min_len(sizing, budget, config.min_verify_len) if config.mode == "ragged" else None
         return PlanDecision(windows, trimmed, "forced", 0.0, tok, ms, budget, extra)
@@ -340,14 +371,14 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
     if not snapshot_ready:
         return decline("declined_snapshot_not_ready")
 
-    sizing_taus = _uniform_taus(sizing)
+    sizing_taus = _uniform_taus(sizing, sizing_prefix)
     full_value = float(sizing_taus[G]) / cost(full)
     if config.mode == "uniform":
         if config.allowed_verify_lens is not None:
             candidates = list(config.allowed_verify_lens)
         else:
             candidates = list(range(config.min_verify_len, G + 1))
-        taus = _uniform_taus(ranking) if config.algorithm == "greedy_stop" else sizing_taus
+        taus = _uniform_taus(ranking, ranking_prefix) if config.algorithm == "greedy_stop" else sizing_taus
         best_v, best_value = None, -math.inf
         for v in candidates:
             value = float(taus[v]) / cost([v] * R)
@@ -360,12 +391,12 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         best_windows: tuple[int, ...] = tuple([best_v] * R)
         best_budget = R * best_v
     elif config.algorithm == "global":
-        best_value, best_budget, best_windows = _global_ragged_walk(sizing, table, bs, config)
+        best_value, best_budget, best_windows = _global_ragged_walk(sizing, table, bs, config, sizing_taus)
     else:  # greedy_stop (Algorithm 1) on fresh survival: stops at the first prefix that does not gain
-        rows = ranking
+        rows = ranking.tolist()
         min_len = config.min_verify_len
         windows_now = [min_len] * R
-        tau_now = tau(rows, windows_now)
+        tau_now = tau(ranking_prefix, windows_now)
         m_now = R * (min_len + 1)
         m_full = R * (G + 1)
         best_value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost, trimmed=m_now < m_full)
@@ -402,7 +433,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         if config.mode == "ragged":
             extra = cells_past_min_len(sizing, best_budget, config.min_verify_len)
     ms = cost(best_windows)
-    return PlanDecision(windows, True, "trimmed", gain, tau(sizing, best_windows), ms, best_budget, extra)
+    return PlanDecision(windows, True, "trimmed", gain, tau(sizing_prefix, best_windows), ms, best_budget, extra)
 
 
 class Planner:
@@ -419,37 +450,75 @@ class Planner:
         self.stats = stats
         self.clock = clock
         self._neutral = neutral_survival_row(config.block, neutral_prior)
-        self._history: dict[int, deque[list[float]]] = {}
+        self._neutral_row = np.asarray(self._neutral, dtype=np.float64)
+        # Lag buffers, one ring of budget_lag rows per slot ([slots, lag, G], grown on demand), and how
+        # many rows each slot has had pushed since its last reset (0: the slot reads neutral).
+        self._rings = np.zeros((0, max(config.budget_lag, 1), config.block))
+        self._pushed = np.zeros(0, dtype=np.int64)
+
+    def _ensure_slots(self, slots: np.ndarray) -> None:
+        """Grow the rings to hold every slot in ``slots`` (refusing negative ones)."""
+        if not slots.size:
+            return
+        if int(slots.min()) < 0:
+            raise ValueError(f"slots must be >= 0, got {int(slots.min())}")
+        need = int(slots.max()) + 1
+        have = self._pushed.shape[0]
+        if need <= have:
+            return
+        n = max(need, 2 * have, 8)
+        rings = np.zeros((n,) + self._rings.shape[1:])
+        rings[:have] = self._rings
+        pushed = np.zeros(n, dtype=np.int64)
+        pushed[:have] = self._pushed
+        self._rings, self._pushed = rings, pushed
 
     def reset_slot(self, slot: int) -> None:
         """A new request took ``slot``: forget the predecessor's survivals (the slot reads neutral until refilled)."""
-        self._history.pop(slot, None)
+        if 0 <= slot < self._pushed.shape[0]:
+            self._pushed[slot] = 0
 
     def sizing_row(self, slot: int, fresh_row: Sequence[float]) -> list[float]:
         if self.config.budget_lag == 0:
             return [float(v) for v in fresh_row]
         return self.lagged_row(slot, newest_age=1)
 
+    def lagged_rows(self, slots: Sequence[int], newest_age: int) -> np.ndarray:
+        """[len(slots), G] float64: each slot's survival ``budget_lag`` steps old, when the newest
+        snapshot pushed is ``newest_age`` steps old (1 when planning right after a step; 2 when a step
+        is still in flight, as with the overlap scheduler). Neutral where that snapshot does not exist."""
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        out = np.tile(self._neutral_row, (slots.size, 1))
+        lag = self.config.budget_lag
+        back = lag - newest_age
+        if back < 0 or slots.size == 0:
+            return out
+        self._ensure_slots(slots)
+        pushed = self._pushed[slots]
+        ok = pushed > back
+        if ok.any():
+            out[ok] = self._rings[slots[ok], (pushed[ok] - 1 - back) % lag]
+        return out
+
     def lagged_row(self, slot: int, newest_age: int) -> list[float]:
-        """The slot's survival ``budget_lag`` steps old, when the newest snapshot pushed is
-        ``newest_age`` steps old (1 when planning right after a step; 2 when a step is still in
-        flight, as with the overlap scheduler). Neutral until that snapshot exists."""
-        back = self.config.budget_lag - newest_age
-        hist = self._history.get(slot)
-        if back < 0 or hist is None or len(hist) <= back:
-            return list(self._neutral)
-        return list(hist[-(back + 1)])
+        """One slot's row of :meth:`lagged_rows`."""
+        return self.lagged_rows([slot], newest_age)[0].tolist()
 
     def push_snapshot(self, slots: Sequence[int], rows: Any) -> None:
         """Record one step's survival per slot (for engines whose snapshot lands after planning)."""
-        rows = _to_rows(rows, "survival snapshot")
-        if len(rows) != len(slots):
-            raise ValueError(f"{len(rows)} survival rows for {len(slots)} slots")
+        slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+        arr = _as_matrix(rows, "survival snapshot", self.config.block) if len(rows) else \
+            np.zeros((0, self.config.block))
+        if arr.shape[0] != slots.size:
+            raise ValueError(f"{arr.shape[0]} survival rows for {slots.size} slots")
         lag = self.config.budget_lag
-        if lag == 0:
+        if lag == 0 or slots.size == 0:
             return
-        for slot, row in zip(slots, rows):
-            self._history.setdefault(slot, deque(maxlen=lag)).append(row)
+        self._ensure_slots(slots)  # (refuses negative slots)
+        if int(np.bincount(slots).max()) > 1:
+            raise ValueError(f"push_snapshot: duplicate slots in {slots.tolist()}")
+        self._rings[slots, self._pushed[slots] % lag] = arr
+        self._pushed[slots] += 1
 
     def plan(self, fresh_survival: Any, active_slots: Sequence[int], *, temperature_positive: bool | None = None,
              is_mixed_step: bool = False, snapshot_ready: bool = True, push_history: bool = True) -> PlanDecision:

@@ -15,7 +15,12 @@ requests of seeded random token ids are submitted with ``ignore_eos`` and steppe
 of them decode together; the first ``warmup_steps`` decode-only steps are dropped and the
 next ``measure_steps`` decode-only steps (no prefill in the step, all B requests decoding)
 are recorded as (B, M = B * (v + 1), step_ms). The medians per (B, M) are fitted with
-:func:`dspark.cost_table.fit_cost_table`.
+:func:`dspark.cost_table.fit_cost_table`. On device-resident steps ``step_ms`` is the wall time of
+the ``step()`` call that committed the step (``StepInfo.step_ms``), which with the overlap scheduler
+is the pipeline's steady period; until 2026-11-30 (session 8) it was the step's launch plus its
+commit, which left out the host's planning and page-table work between them and priced a batch-256
+step about 0.8 ms (and a trimmed one about 1.1 ms) under its real period
+(bench/results/h200-2026-11-30-ragged-context/).
 
 The trim overhead. On captured steps (``engine.cuda_graphs``) a step that verifies the full
 block runs one fused draft+verify graph; a trimmed step (v < block) runs a draft graph and a

@@ -29,6 +29,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 
@@ -104,12 +106,17 @@ class EngineStats:
         G = [int(block)] * n if isinstance(block, int) else [int(v) for v in _as_list(block)]
         if not (len(w) == len(k) == len(G) == n):
             raise ValueError(f"record_step: {n} request ids, {len(w)} windows, {len(k)} accepted, {len(G)} blocks")
-        for i in range(n):
-            if not 0 <= w[i] <= G[i]:
-                raise ValueError(f"record_step: request {ids[i]!r} window {w[i]} outside [0, block={G[i]}]")
-            if not 0 <= k[i] <= w[i]:
-                raise ValueError(f"record_step: request {ids[i]!r} accepted {k[i]} outside [0, window={w[i]}]; "
-                                 "the accepted count must be clamped to the request's window")
+        # One vector pass per check and count (this runs on the host once per step, for every row).
+        wa, ka, ga = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (w, k, G))
+        bad = np.nonzero((wa < 0) | (wa > ga))[0]
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"record_step: request {ids[i]!r} window {w[i]} outside [0, block={G[i]}]")
+        bad = np.nonzero((ka < 0) | (ka > wa))[0]
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"record_step: request {ids[i]!r} accepted {k[i]} outside [0, window={w[i]}]; "
+                             "the accepted count must be clamped to the request's window")
         u = None
         if uncapped_accepted is not None:
             u = [int(v) for v in _as_list(uncapped_accepted)]
@@ -118,17 +125,17 @@ class EngineStats:
                 raise ValueError(f"record_step: uncapped_accepted {u} inconsistent with accepted {k}, windows {w}, "
                                  f"block {G} (it must equal accepted below the window and lie in [window, block] at it)")
         else:
-            if any(w[i] < G[i] and k[i] == w[i] for i in range(n)):
+            if bool(((wa < ga) & (ka == wa)).any()):
                 self.block_accept_exact = False
         if graph_replay is False and not eager_reason:
             raise ValueError("record_step: an eager step needs eager_reason (say why it did not replay a graph)")
 
         self.verify_steps += 1
         self.steps_by_mode[mode] += 1
-        self.ceiling_tokens += sum(g + 1 for g in G)
-        self.window_tokens += sum(w)
-        self.delivered_tokens += sum(x + 1 for x in w)
-        self.committed_tokens += sum(x + 1 for x in k)
+        self.ceiling_tokens += int(ga.sum()) + n
+        self.window_tokens += int(wa.sum())
+        self.delivered_tokens += int(wa.sum()) + n
+        self.committed_tokens += int(ka.sum()) + n
         self.request_steps += n
         self.verify_len_hist.update(w)
         self._distinct_windows.update(w)
@@ -139,31 +146,36 @@ class EngineStats:
         elif graph_replay is False:
             self.eager_steps += 1
             self.eager_reasons[eager_reason] += 1
-        for i in range(n):
-            if w[i] < G[i]:
-                self.trimmed_requests += 1
-                if k[i] == w[i]:
-                    self.trimmed_whole_window += 1
-            need = max(G[i], len(self.reached_at))
-            while len(self.reached_at) < need:
+        trimmed = wa < ga
+        self.trimmed_requests += int(trimmed.sum())
+        self.trimmed_whole_window += int((trimmed & (ka == wa)).sum())
+        if n:
+            # Draft position p (1-based) is reached when drafts 1..p-1 were accepted and p is in the
+            # window: by rows with min(window, accepted + 1) >= p; accepted by rows with accepted >= p.
+            depth = max(int(ga.max()), len(self.reached_at))
+            while len(self.reached_at) < depth:
                 self.reached_at.append(0)
                 self.accepted_at.append(0)
-            for pos in range(1, w[i] + 1):  # draft pos is reached when drafts 1..pos-1 were accepted
-                if k[i] >= pos - 1:
-                    self.reached_at[pos - 1] += 1
-                    if k[i] >= pos:
-                        self.accepted_at[pos - 1] += 1
-            per = self._per_request.setdefault(ids[i], [0, 0, 0, 0, 0])
+            for counts, reach in ((self.reached_at, np.minimum(wa, ka + 1)), (self.accepted_at, ka)):
+                at_least = np.cumsum(np.bincount(reach, minlength=depth + 1)[::-1])[::-1]  # rows with reach >= p
+                for p_ in range(1, depth + 1):
+                    counts[p_ - 1] += int(at_least[p_])
+        per_request = self._per_request
+        for i in range(n):
+            ki = k[i]
+            per = per_request.get(ids[i])
+            if per is None:
+                per = per_request[ids[i]] = [0, 0, 0, 0, 0]
             per[0] += 1
-            per[1] += k[i] + 1
-            per[2] += k[i]
+            per[1] += ki + 1
+            per[2] += ki
             per[3] += w[i]
-            per[4] += (u[i] if u is not None else k[i]) + 1
+            per[4] += (u[i] if u is not None else ki) + 1
         pred = self._pending_prediction
         if pred is not None:
             self.predicted_tokens_total += pred.predicted_tokens
             self.predicted_ms_total += pred.predicted_ms
-            self.realised_tokens_on_predicted += sum(x + 1 for x in k)
+            self.realised_tokens_on_predicted += int(ka.sum()) + n
             if step_ms is not None:
                 self.measured_ms_on_predicted += float(step_ms)
                 self.measured_steps_on_predicted += 1

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import hydra
@@ -87,22 +88,81 @@ def prompt_sets(batch: int, min_requests: int) -> int:
     return -(-min_requests // batch)
 
 
+GC_MODES = ("default", "freeze", "disable")
+
+
+class GcPauses:
+    """The garbage collector's pauses while active (``gc.callbacks``), and the gc_mode around them:
+    ``freeze`` collects, then moves every object alive to the permanent generation (never scanned
+    again) and thaws it on exit; ``disable`` turns automatic collection off until exit."""
+
+    def __init__(self, mode: str = "default"):
+        if mode not in GC_MODES:
+            raise ConfigError(f"gc_mode: {mode!r}; use one of {list(GC_MODES)}")
+        self.mode = mode
+        self.count = [0, 0, 0]  # collections per generation
+        self.ms = 0.0
+        self.max_ms = 0.0
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        ms = (time.perf_counter() - self._t0) * 1e3
+        self.count[min(int(info.get("generation", 0)), 2)] += 1
+        self.ms += ms
+        self.max_ms = max(self.max_ms, ms)
+
+    def __enter__(self) -> "GcPauses":
+        self._was_enabled = gc.isenabled()
+        if self.mode == "freeze":
+            gc.collect()
+            gc.freeze()
+        elif self.mode == "disable":
+            gc.disable()
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._callback)
+        if self.mode == "freeze":
+            gc.unfreeze()
+        elif self.mode == "disable" and self._was_enabled:
+            gc.enable()
+
+    def summary(self) -> dict[str, Any]:
+        return {"gc_mode": self.mode, "gc_collections": list(self.count), "gc_pause_ms_total": round(self.ms, 3),
+                "gc_pause_ms_max": round(self.max_ms, 3)}
+
+
 def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup_steps: int,
-              sets: int = 1) -> dict[str, Any]:
+              sets: int = 1, gc_mode: str = "default") -> dict[str, Any]:
     engine.reset()
     sp = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     decode_steps: list[float] = []
+    step_waits: list[float] = []
     step_tokens: list[int] = []
     outputs: dict[int, list[int]] = {}
     prompt_lens: dict[int, int] = {}
     tokens_in_timed = 0
-    t_all = time.perf_counter()
-    for s in range(sets):  # the engine's counters run on across sets: the row sums all of them
-        for i in range(batch):
-            engine.add_request(prompts[(s * batch + i) % len(prompts)], sp)
-        tokens_in_timed += _run_set(engine, batch, warmup_steps, decode_steps, outputs, step_tokens, prompt_lens)
-    wall = time.perf_counter() - t_all
+    with GcPauses(gc_mode) as pauses:
+        t_all = time.perf_counter()
+        for s in range(sets):  # the engine's counters run on across sets: the row sums all of them
+            for i in range(batch):
+                engine.add_request(prompts[(s * batch + i) % len(prompts)], sp)
+            tokens_in_timed += _run_set(engine, batch, warmup_steps, decode_steps, outputs, step_tokens, prompt_lens,
+                                        step_waits)
+        wall = time.perf_counter() - t_all
     row = _row(engine, batch, sets, decode_steps, outputs, tokens_in_timed, wall, warmup_steps)
+    # Where the timed steps' wall time went: the host's own work, and its wait for the device (0 on
+    # the eager path). A step far above its device time with a short host time points elsewhere
+    # (the collector's pauses below, or device idle: graph_timing's step gaps).
+    row["ms_per_step_p90"] = float(np.percentile(decode_steps, 90))
+    row["ms_per_step_max"] = max(decode_steps)
+    row["host_ms_timed_median"] = statistics.median(w - d for w, d in zip(decode_steps, step_waits))
+    row["wait_ms_timed_median"] = statistics.median(step_waits)
+    row.update(pauses.summary())
     # The context a decode step attends over, averaged over the run: prompt plus half the output.
     row["mean_context_tokens"] = statistics.fmean(prompt_lens[k] + len(outputs[k]) / 2 for k in outputs)
     row["cost_table_context_tokens"] = cost_table_context(engine)
@@ -159,8 +219,9 @@ def context_note(results: list[dict], ratio: float = 1.5) -> str | None:
 
 def _run_set(engine: Engine, batch: int, warmup_steps: int, decode_steps: list[float],
              outputs: dict[int, list[int]], step_tokens: list[int] | None = None,
-             prompt_lens: dict[int, int] | None = None) -> int:
-    """Step until the set's requests finish; append the timed steps' ms; return their tokens."""
+             prompt_lens: dict[int, int] | None = None, step_waits: list[float] | None = None) -> int:
+    """Step until the set's requests finish; append the timed steps' ms (and, into step_waits, the ms
+    each of them waited for the device); return their tokens."""
     tokens_in_timed = 0
     seen = 0
     while engine.has_unfinished():
@@ -182,6 +243,8 @@ def _run_set(engine: Engine, batch: int, warmup_steps: int, decode_steps: list[f
         if seen <= warmup_steps:
             continue
         decode_steps.append(step_ms)
+        if step_waits is not None:
+            step_waits.append(info.wait_ms)
         if step_tokens is not None:
             step_tokens.append(emitted)
         tokens_in_timed += emitted
@@ -236,6 +299,7 @@ def run(cfg: DictConfig) -> dict:
     if not batches or min(batches) < 1:
         raise ConfigError(f"batch_sizes: positive integers required, got {batches}")
     # refused before any model is loaded
+    GcPauses(str(cfg.get("gc_mode", "default")))
     rounds = int(cfg.get("rounds", 1))
     jobs = run_order(list(arms), batches, str(cfg.get("order", "arm_major")), rounds)
     sets = {b: prompt_sets(b, int(cfg.min_requests)) for b in batches}
@@ -257,7 +321,8 @@ def run(cfg: DictConfig) -> dict:
         if timing:
             engine.graph.start_timing()
         row = {"arm": name, "round": rnd, "run_position": position,
-               **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps), sets[b])}
+               **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps), sets[b],
+                           gc_mode=str(cfg.get("gc_mode", "default")))}
         if timing:  # device ms per graph and per step (draft + verify span), warm-up steps left out
             row["device_timing"] = engine.graph.timing_summary(skip_steps=int(cfg.warmup_steps))
         if ecfg.cuda_graphs and engine.graph.use_graphs and row["graph_replays"] == 0:
@@ -308,6 +373,18 @@ def run(cfg: DictConfig) -> dict:
                          f"{s_['output_tokens_per_s']:.1f} | "
                          f"{', '.join(f'{v:,.0f}' for v in s_['output_tokens_per_s_by_round'])} | "
                          f"{', '.join(map(str, s_['run_positions']))} |")
+    lines += ["", "Where the timed steps' time went (ms; host = a step's wall time minus its wait for the device; "
+              f"gc = the garbage collector's pauses during the run, gc_mode={cfg.get('gc_mode', 'default')}; "
+              "device idle = graph_timing's share of the run with no graph on the device):", "",
+              "| arm | batch | run | step median | step p90 | step max | host median | wait median | "
+              "gc pauses (gen0/1/2) | gc ms total / max | device idle |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        idle = (r.get("device_timing") or {}).get("device_idle_fraction")
+        lines.append(f"| {r['arm']} | {r['batch_size']} | {r['run_position']} | {r['ms_per_step_median']:.2f} | "
+                     f"{r['ms_per_step_p90']:.2f} | {r['ms_per_step_max']:.2f} | {r['host_ms_timed_median']:.2f} | "
+                     f"{r['wait_ms_timed_median']:.2f} | {'/'.join(map(str, r['gc_collections']))} | "
+                     f"{r['gc_pause_ms_total']:.1f} / {r['gc_pause_ms_max']:.1f} | "
+                     f"{'-' if idle is None else format(idle, '.1%')} |")
     note = context_note(results)
     if note:
         lines += ["", note]

@@ -182,6 +182,10 @@ class BenchDecodeSchema:
     # batch) or alternating (batch-major with the arm order reversed at every other batch and round).
     order: str = "arm_major"
     rounds: int = 1  # repeat the whole schedule; rows carry their round, and a median-over-rounds table is added
+    # Python's garbage collector during each (arm, batch) run: default (as is), freeze (collect, then
+    # gc.freeze(): the objects alive before the run are never scanned again, as servers do after start-up)
+    # or disable (no automatic collection during the run). Every row records the collector's pauses.
+    gc_mode: str = "default"
     output_dir: str = "outputs/bench_decode"
     progress: bool = True
 

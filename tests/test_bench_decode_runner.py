@@ -39,6 +39,32 @@ def test_small_batches_run_several_prompt_sets_and_arms_are_compared(tmp_path):
     assert (tmp_path / "bench_decode.md").exists() and (tmp_path / "bench_decode.png").exists()
     for r in doc["results"]:  # prompt plus half of the 8 generated tokens
         assert r["mean_context_tokens"] > 4 and r["cost_table_context_tokens"] is None  # no table: full arms
+        # Eager CPU steps synchronise inside step(): no separate wait, so host time is the step time.
+        assert r["wait_ms_timed_median"] == 0.0 and r["host_ms_timed_median"] == pytest.approx(r["ms_per_step_median"])
+        assert r["ms_per_step_median"] <= r["ms_per_step_p90"] <= r["ms_per_step_max"]
+        assert r["gc_mode"] == "default" and len(r["gc_collections"]) == 3 and r["gc_pause_ms_total"] >= 0.0
+    assert "Where the timed steps' time went" in (tmp_path / "bench_decode.md").read_text()
+
+
+def test_gc_pauses_count_collections_and_apply_the_mode():
+    import gc
+
+    from runners.bench_decode import GcPauses
+
+    with pytest.raises(Exception, match="gc_mode"):
+        GcPauses("sometimes")
+    with GcPauses("default") as p:
+        gc.collect(1)
+        gc.collect(2)
+    assert p.count[1] >= 1 and p.count[2] >= 1 and p.ms > 0.0 and p.max_ms <= p.ms
+    assert p._callback not in gc.callbacks  # uninstalled on exit
+    was = gc.isenabled()
+    with GcPauses("disable"):
+        assert not gc.isenabled()
+    assert gc.isenabled() == was
+    with GcPauses("freeze") as p:
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0 and p.summary()["gc_mode"] == "freeze"
 
 
 def test_context_note_warns_when_the_cost_table_saw_much_shorter_contexts():

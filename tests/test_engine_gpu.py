@@ -185,3 +185,5 @@ def test_graph_timing_reports_device_ms_per_graph_and_per_step(tmp_path):
     assert t["graph_device_ms_median"] and all(v > 0 for v in t["graph_device_ms_median"].values())
     assert "ragged" in t["step_device_ms_median"] and t["steps_timed"]["ragged"] > 0
     assert any(k.startswith("draft") for k in t["graph_device_ms_median"])
+    assert t["step_gap_ms_median"] >= 0.0 and t["step_gap_ms_p90"] >= t["step_gap_ms_median"]
+    assert 0.0 <= t["device_idle_fraction"] < 1.0

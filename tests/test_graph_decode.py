@@ -140,7 +140,25 @@ def test_profiler_measures_device_resident_steps():
     samples = collect_measurements(eng, batch_sizes=[1, 4], verify_lens=[0, 1, 3], warmup_steps=1, measure_steps=2,
                                    prompt_len=8, seed=0)
     assert sorted({(b, m) for b, m, _ in samples}) == [(1, 1), (1, 2), (1, 4), (4, 4), (4, 8), (4, 16)]
-    assert eng.fingerprint()["step_path"] == "graphs+overlap"
+    assert eng.fingerprint()["step_path"] == "graphs+overlap" and eng.fingerprint()["step_timing"] == "step-call"
+
+
+def test_a_graph_path_table_timed_the_old_way_is_refused():
+    """A graph-path cost table without step_timing priced steps from launch + commit only (too low);
+    it is refused, and an eager table (nothing to check) still loads."""
+    from dspark.cost_table import CostTableMismatchError, fit_cost_table
+
+    target = tiny_target(7)
+    drafter = tiny_drafter(target, 12, block_size=3)
+    eng = Engine(target, None, tiny_engine_config(cuda_graphs=True, overlap=True, budget_lag=2, max_num_seqs=4),
+                 drafter)
+    old = {k: v for k, v in eng.fingerprint().items() if k != "step_timing"}
+    table = fit_cost_table([(1, 1, 1.0), (1, 2, 1.5), (1, 4, 2.0)], fingerprint=old)
+    with pytest.raises(CostTableMismatchError, match="step_timing"):
+        table.check_fingerprint(eng.fingerprint())
+    eager = Engine(target, None, tiny_engine_config(max_num_seqs=4), drafter).fingerprint()
+    assert "step_timing" not in eager
+    fit_cost_table([(1, 1, 1.0), (1, 2, 1.5)], fingerprint=eager).check_fingerprint(eager)  # no raise
 
 
 @pytest.mark.parametrize("mode", ["uniform", "ragged"])
@@ -201,3 +219,62 @@ def test_timing_summary_is_empty_without_graphs_and_timing():
     _, eng = generate(target, drafter, prompts_for(2, 2), [SamplingParams(max_tokens=6, ignore_eos=True)] * 2,
                       cuda_graphs=True)
     assert eng.graph.timing is None and eng.graph.timing_summary() == {}
+
+
+def test_timing_summary_reports_device_gaps_between_steps(monkeypatch):
+    """The step gaps come from consecutive steps' events: the end of a step's last graph to the start
+    of the next step's first; the idle share divides their sum by the span of all timed steps."""
+    from dspark.graph_decode import GraphDecoder
+
+    class Ev:  # a recorded CUDA event at time t (ms)
+        def __init__(self, t):
+            self.t = t
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+    gd = GraphDecoder.__new__(GraphDecoder)
+    gd.device = torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    # step 0: draft 0-1, verify 1.5-3; step 1 starts at 3.5 (gap 0.5); step 2 at 7 (gap 2.0 after 5)
+    gd.timing = [("ragged", [(("draft", 8), Ev(0.0), Ev(1.0)), (("verify", 16, "ragged"), Ev(1.5), Ev(3.0))]),
+                 ("full", [(("step", 32), Ev(3.5), Ev(5.0))]),
+                 ("full", [(("step", 32), Ev(7.0), Ev(8.0))])]
+    t = gd.timing_summary()
+    assert t["step_device_ms_median"] == {"ragged": 3.0, "full": 1.25}
+    assert t["step_gap_ms_median"] == 1.25 and t["step_gap_ms_p90"] == pytest.approx(0.5 + 0.9 * 1.5)
+    assert t["device_idle_fraction"] == round(2.5 / 8.0, 4)
+    t = gd.timing_summary(skip_steps=1)
+    assert t["step_gap_ms_median"] == 2.0 and t["device_idle_fraction"] == round(2.0 / 4.5, 4)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_committed_steps_time_is_its_step_calls_wall_time(monkeypatch, overlap):
+    """StepInfo.step_ms of a device-resident step covers the whole step() call that committed it:
+    host work before the launch (here a slow planning stand-in) is part of what the profiler and
+    the planner's cost table must price, not only the launch and the commit."""
+    import time as _time
+
+    target = tiny_target(11)
+    drafter = tiny_drafter(target, 12, block_size=3)
+    eng = Engine(target, None, tiny_engine_config(spec="dspark", cuda_graphs=True, overlap=overlap), drafter)
+    for p in prompts_for(13, 3, lo=4, hi=8):
+        eng.add_request(p, SamplingParams(max_tokens=30, ignore_eos=True))
+    real = Engine._graph_decision
+
+    def slow_decision(self, running):
+        _time.sleep(0.02)
+        return real(self, running)
+
+    monkeypatch.setattr(Engine, "_graph_decision", slow_decision)
+    timed = []
+    while eng.has_unfinished() and len(timed) < 4:
+        t0 = _time.perf_counter()
+        eng.step()
+        wall = (_time.perf_counter() - t0) * 1e3
+        info = eng.last_step
+        if info is not None and info.num_decodes == 3 and eng.counters()["graph_eager_steps"] >= 2:
+            timed.append((info.step_ms, wall))
+    assert timed
+    for step_ms, wall in timed:
+        assert 20.0 <= step_ms <= wall + 0.01  # the 20 ms before the launch are in the step's time

@@ -356,3 +356,56 @@ def test_trim_overhead_is_paid_by_every_trimmed_plan_and_by_the_oracle():
     assert out["oracle_ms"] == pytest.approx(11.0)
     costly = dataclasses.replace(table, trim_overhead_ms=(2.5,))
     assert oracle_bound([[0, 4], [1, 2]], [2, 2], costly, block=4)["oracle_ms"] == pytest.approx(12.0)
+
+
+def test_lag_rings_follow_slots_grow_and_refuse_bad_slots():
+    """The per-slot lag rings: rows come back budget_lag steps later by slot (any order, any slot
+    number: the rings grow), a reset slot reads neutral, and duplicate or negative slots are refused."""
+    import numpy as np
+
+    from dspark.planner import Planner, PlannerConfig
+
+    p = Planner(PlannerConfig(block=2, budget_lag=2, min_verify_len=0), None)
+    a, b, c = [0.9, 0.5], [0.8, 0.1], [0.7, 0.6]
+    p.push_snapshot([3, 40], [a, b])
+    p.push_snapshot([40, 3], [c, c])  # the batch order changed; rows still follow their slot
+    assert p.lagged_rows([3, 40, 7], newest_age=1).tolist() == [a, b, [1.0, 1.0]]  # 7: never pushed
+    assert p.lagged_rows([40], newest_age=2).tolist() == [c]  # the overlap scheduler's newest-is-2-old
+    assert p.lagged_row(3, newest_age=1) == a
+    p.reset_slot(40)
+    assert p.lagged_rows([40, 3], newest_age=1).tolist() == [[1.0, 1.0], a]
+    p.push_snapshot([1000], [[0.3, 0.2]])  # grows the rings
+    p.push_snapshot([1000], [[0.2, 0.1]])
+    assert p.lagged_rows(np.array([1000]), newest_age=1).tolist() == [[0.3, 0.2]]
+    with pytest.raises(ValueError, match="duplicate"):
+        p.push_snapshot([5, 5], [a, b])
+    with pytest.raises(ValueError, match=">= 0"):
+        p.push_snapshot([-1], [a])
+    with pytest.raises(ValueError, match="rises"):
+        p.push_snapshot([5], [[0.2, 0.4]])  # per-position confidence, not survival
+    with pytest.raises(ValueError, match="2 survival rows for 1 slots"):
+        p.push_snapshot([5], [a, b])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_forced_host_allocation_is_the_admission_walk(seed):
+    """_allocate_host (the forced-budget windows) counts each request's cells among the first
+    ``budget`` of the Python admission walk, clamped to [min_len, block]; ties included."""
+    import random
+
+    from dspark.planner import _allocate_host, _walk_order
+
+    rnd = random.Random(seed)
+    rows = []
+    for _ in range(rnd.randint(1, 9)):
+        s, row = 1.0, []
+        for _ in range(5):
+            s = s * rnd.choice([1.0, 0.5, 0.9, rnd.random()])  # repeats make ties
+            row.append(s)
+        rows.append(row)
+    for budget in range(0, 5 * len(rows) + 2, 3):
+        for min_len in (0, 1, 2):
+            counts = [0] * len(rows)
+            for r, _ in _walk_order(rows)[:budget]:
+                counts[r] += 1
+            assert _allocate_host(rows, budget, min_len, 5) == [min(max(c, min_len), 5) for c in counts]

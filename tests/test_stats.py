@@ -124,3 +124,33 @@ def test_step_consistency_check():
         check_step_consistency([5, 1], torch.tensor([0, 6, 8], dtype=torch.int32), num_tokens=8, bucket=8, block=4)
     with pytest.raises(LayoutMismatchError, match="entries"):
         check_step_consistency(windows, torch.tensor([0, 4], dtype=torch.int32), num_tokens=6, bucket=8, block=4)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_vector_counts_match_a_row_by_row_count(seed):
+    """record_step counts with numpy; a plain per-row walk over random steps gives the same numbers."""
+    import random
+
+    rnd = random.Random(seed)
+    s = EngineStats()
+    want = {"reached": [0] * 9, "accepted": [0] * 9, "trimmed": 0, "whole": 0, "exact": True, "committed": 0}
+    for _ in range(20):
+        n = rnd.randint(1, 12)
+        G = [rnd.choice([5, 7, 9]) for _ in range(n)]
+        w = [rnd.randint(0, g) for g in G]
+        k = [rnd.randint(0, x) for x in w]
+        s.record_step(request_ids=[rnd.randint(0, 30) for _ in range(n)], windows=w, accepted=k, block=G,
+                      mode="ragged")
+        for gi, wi, ki in zip(G, w, k):
+            for pos in range(1, wi + 1):
+                if ki >= pos - 1:
+                    want["reached"][pos - 1] += 1
+                    if ki >= pos:
+                        want["accepted"][pos - 1] += 1
+            want["trimmed"] += wi < gi
+            want["whole"] += wi < gi and ki == wi
+            want["exact"] &= not (wi < gi and ki == wi)
+            want["committed"] += ki + 1
+    assert s.reached_at == want["reached"] and s.accepted_at == want["accepted"]
+    assert (s.trimmed_requests, s.trimmed_whole_window) == (want["trimmed"], want["whole"])
+    assert s.block_accept_exact == want["exact"] and s.committed_tokens == want["committed"]
