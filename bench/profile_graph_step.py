@@ -14,7 +14,8 @@ norms, cuBLAS GEMMs), ``fused`` (small-M GEMV kernels, rotary separate), ``rope`
 QKV + rotary + K/V-write epilogue), ``rope+pdl`` (and programmatic dependent launch), ``rope+tiles``
 (rope with the GEMV tile table named by ``CENSUS_TILES``, e.g. bench/small_m_sweep.py's
 small_m_tiles.json: split-K, unrolled loops), ``rope-step-kernels`` (rope with the step's argmax and
-packing/commit as PyTorch ops: DSPARK_TRITON_ARGMAX=0, DSPARK_FUSED_STEP_METADATA=0). Batch sizes: ``PROFILE_BATCHES`` (default 1,16,64,256).
+packing/commit as PyTorch ops: DSPARK_TRITON_ARGMAX=0, DSPARK_FUSED_STEP_METADATA=0), ``rope+l2`` (rope with
+the next layer's weights read into L2 on a side stream, DSPARK_L2_PREFETCH=1). Batch sizes: ``PROFILE_BATCHES`` (default 1,16,64,256).
 """
 
 from __future__ import annotations
@@ -108,9 +109,15 @@ VARIANTS = {
     "rope+tiles": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_SMALL_M_TILES": "$CENSUS_TILES"},
     "rope-step-kernels": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_TRITON_ARGMAX": "0",
                           "DSPARK_FUSED_STEP_METADATA": "0"},
+    "rope+l2": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_L2_PREFETCH": "1"},
+    "rope+l2x8": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_L2_PREFETCH": "1",
+                  "DSPARK_L2_PREFETCH_PROGRAMS": "8"},
+    "rope+l2x32": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_L2_PREFETCH": "1",
+                   "DSPARK_L2_PREFETCH_PROGRAMS": "32"},
 }
 SWITCHES = ("DSPARK_FUSED_KERNELS", "DSPARK_SMALL_M_KERNELS", "DSPARK_FUSED_QKV_ROPE", "DSPARK_PDL",
-            "DSPARK_SMALL_M_TILES", "DSPARK_TRITON_ARGMAX", "DSPARK_FUSED_STEP_METADATA")
+            "DSPARK_SMALL_M_TILES", "DSPARK_TRITON_ARGMAX", "DSPARK_FUSED_STEP_METADATA", "DSPARK_L2_PREFETCH",
+            "DSPARK_L2_PREFETCH_PROGRAMS")
 
 
 def _settings(variant: str) -> dict:

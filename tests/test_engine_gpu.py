@@ -187,3 +187,31 @@ def test_graph_timing_reports_device_ms_per_graph_and_per_step(tmp_path):
     assert any(k.startswith("draft") for k in t["graph_device_ms_median"])
     assert t["step_gap_ms_median"] >= 0.0 and t["step_gap_ms_p90"] >= t["step_gap_ms_median"]
     assert 0.0 <= t["device_idle_fraction"] < 1.0
+
+
+@pytest.mark.parametrize("spec,verify", [("off", "full"), ("dspark", "full"), ("dspark", "ragged")])
+def test_l2_prefetch_keeps_tokens_and_runs_in_the_captured_steps(tmp_path, monkeypatch, spec, verify):
+    """DSPARK_L2_PREFETCH=1 (kernels/l2_prefetch.py): the side-stream prefetch of the next layer's
+    weights is captured into the decode graphs (its kernel is launched while they capture) and the
+    greedy tokens are those of the same engine without it, with overlap."""
+    from kernels import l2_prefetch as pf
+
+    target = tiny_target(61)
+    drafter = tiny_drafter(target, 62, block_size=4) if spec == "dspark" else None
+    prompts = prompts_for(61, 3, lo=2, hi=30)
+    sp = SamplingParams(max_tokens=24, ignore_eos=True)
+    kw = dict(overlap=True, budget_lag=2, max_num_seqs=3, dtype="bfloat16")
+    if verify == "ragged":
+        kw["token_buckets"] = (32, 64, 128)
+    monkeypatch.setenv("DSPARK_L2_PREFETCH", "0")
+    plain = [o.token_ids for o in graph_engine(tmp_path, target, drafter, spec, verify, **kw).generate(prompts, sp)]
+    monkeypatch.setenv("DSPARK_L2_PREFETCH", "1")
+    launches = []
+    real = pf.l2_prefetch
+    monkeypatch.setattr(pf, "l2_prefetch", lambda ts, out=None: launches.append(len(ts)) or real(ts, out))
+    eng = graph_engine(tmp_path, target, drafter, spec, verify, **kw)
+    assert "l2_prefetch" in eng.fingerprint()["kernels"]
+    got = [o.token_ids for o in eng.generate(prompts, sp)]
+    assert got == plain
+    assert launches and set(launches) == {4}  # qkv, o_proj, gate/up, down of the next layer
+    assert eng.counters()["graph_replays"] > 0

@@ -590,3 +590,18 @@ class TestArgmaxTriton:
                         fn()
                 res[name] = _graph_ms(seven, replays=50) / 7 * 1e3
             print(f"argmax T={T} V={self.V} bf16: torch {res['torch']:.1f} us | triton {res['triton']:.1f} us per call")
+
+
+# --------------------------------------------------------------------------------------
+# L2 weight prefetch (kernels/l2_prefetch.py)
+# --------------------------------------------------------------------------------------
+
+class TestL2PrefetchCuda:
+    def test_sums_match_the_reference(self):
+        from kernels.l2_prefetch import l2_prefetch, l2_prefetch_reference
+
+        g = torch.Generator(device=DEV).manual_seed(5)
+        tensors = [torch.randint(-8, 9, (n,), device=DEV, generator=g).to(torch.bfloat16)
+                   for n in (576 * 960, 576 * 576, 3072 * 576, 7)]
+        got = l2_prefetch(tensors).clone()
+        assert torch.equal(got.cpu(), l2_prefetch_reference(tensors))

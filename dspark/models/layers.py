@@ -56,6 +56,7 @@ def kernel_set(backend: str, device: torch.device | str) -> str:
     programmatic dependent launch). Cost tables record it: a step's cost depends on it."""
     if backend != "triton":
         return backend
+    from kernels.l2_prefetch import prefetch_enabled
     from kernels.pdl import pdl_enabled
 
     on = lambda name: os.environ.get(name, "1") != "0"  # noqa: E731
@@ -83,6 +84,9 @@ def kernel_set(backend: str, device: torch.device | str) -> str:
         parts.append("step_metadata")
     if pdl_enabled(torch.device(device)):
         parts.append("pdl")
+    if (prefetch_enabled(torch.device(device)) and on("DSPARK_FUSED_KERNELS") and on("DSPARK_SMALL_M_KERNELS")
+            and not batch_invariant()):
+        parts.append("l2_prefetch")  # decode-sized steps read the next layer's weights into L2 (kernels/l2_prefetch.py)
     return "+".join(parts)
 
 
@@ -345,6 +349,14 @@ class DecoderLayer(nn.Module):
         gate_up = _fused_linear(mlp, "_fused_gate_up", n2, [mlp.gate_proj, mlp.up_proj])
         return x, mlp.down_proj(silu_mul_triton(gate_up))
 
+    def small_m_weights(self) -> list[torch.Tensor]:
+        """The weight matrices :meth:`_forward_carry_small_m` streams, in the order it reads them: the
+        fused q/k/v, o_proj, the fused gate/up and down_proj (what ``kernels.l2_prefetch`` pulls into L2)."""
+        mlp = self.mlp
+        return [self.self_attn.qkv_weights()[0], self.self_attn.o_proj.weight,
+                _fused_weight(mlp, "_fused_gate_up_w", [mlp.gate_proj.weight, mlp.up_proj.weight]),
+                mlp.down_proj.weight]
+
     def _forward_carry_small_m(self, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
                                k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
                                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -393,7 +405,22 @@ def run_decoder_stack(layers, x: torch.Tensor, positions: torch.Tensor, cache, m
     captured: list[torch.Tensor | None] = [None] * len(capture_layers)
     fused = use_fused_kernels() and x.dim() == 2
     delta = None
+    from kernels.l2_prefetch import prefetch_enabled
+
+    # Decode-sized steps on the GEMV kernels: layer i+1's weights are read into L2 on a side stream
+    # while layer i runs (kernels/l2_prefetch.py); the side stream joins before the final norm.
+    prefetch = (fused and use_small_m_kernels(x) and not batch_invariant() and prefetch_enabled(x.device)
+                and len(layers) > 1)
+    if prefetch:
+        from kernels.l2_prefetch import l2_prefetch, side_stream
+
+        main, side = torch.cuda.current_stream(x.device), side_stream(x.device)
     for i, layer in enumerate(layers):
+        if prefetch and i + 1 < len(layers):
+            weights = layers[i + 1].small_m_weights()  # (any first-time concatenation stays on the step's stream)
+            side.wait_stream(main)  # not before layer i starts: keeps at most two layers' weights in flight
+            with torch.cuda.stream(side):
+                l2_prefetch(weights)
         k_cache, v_cache = cache.layer(i)
         if fused:
             x, delta = layer.forward_carry(x, delta, positions, k_cache, v_cache, meta)
@@ -403,6 +430,8 @@ def run_decoder_stack(layers, x: torch.Tensor, positions: torch.Tensor, cache, m
             x = layer(x, positions, k_cache, v_cache, meta)
             if i in wanted:
                 captured[wanted[i]] = x
+    if prefetch:
+        main.wait_stream(side)  # the fork joins (a graph capture requires it)
     if fused and delta is not None:
         from kernels.rmsnorm import rmsnorm_triton
 
