@@ -22,6 +22,8 @@ import os
 
 import torch
 
+from kernels.switches import opt_in
+
 try:
     import triton
     import triton.language as tl
@@ -38,10 +40,7 @@ CHUNK = BLOCK * UNROLL  # elements a program reads per iteration
 
 def requested() -> bool:
     """What DSPARK_L2_PREFETCH asks for (values other than 0/1 are refused)."""
-    value = os.environ.get("DSPARK_L2_PREFETCH", "0").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"DSPARK_L2_PREFETCH={value!r}: use 1 (prefetch the next layer's weights) or 0 (off)")
-    return value == "1"
+    return opt_in("DSPARK_L2_PREFETCH", "prefetch the next layer's weights")
 
 
 def prefetch_enabled(device: torch.device) -> bool:

@@ -28,6 +28,8 @@ import os
 
 import torch
 
+from kernels.switches import opt_in
+
 
 @functools.lru_cache(maxsize=None)
 def _triton_has_pdl() -> bool:
@@ -46,10 +48,7 @@ def _capability(index: int) -> tuple[int, int]:
 
 def requested() -> bool:
     """What DSPARK_PDL asks for (values other than 0/1 are refused)."""
-    value = os.environ.get("DSPARK_PDL", "0").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"DSPARK_PDL={value!r}: use 1 (programmatic dependent launch on) or 0 (off)")
-    return value == "1"
+    return opt_in("DSPARK_PDL", "programmatic dependent launch on")
 
 
 def pdl_enabled(device: torch.device) -> bool:
