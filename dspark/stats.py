@@ -132,9 +132,10 @@ class EngineStats:
 
         self.verify_steps += 1
         self.steps_by_mode[mode] += 1
+        window_sum = int(wa.sum())
         self.ceiling_tokens += int(ga.sum()) + n
-        self.window_tokens += int(wa.sum())
-        self.delivered_tokens += int(wa.sum()) + n
+        self.window_tokens += window_sum
+        self.delivered_tokens += window_sum + n
         self.committed_tokens += int(ka.sum()) + n
         self.request_steps += n
         self.verify_len_hist.update(w)

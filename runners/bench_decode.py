@@ -299,7 +299,7 @@ def run(cfg: DictConfig) -> dict:
     if not batches or min(batches) < 1:
         raise ConfigError(f"batch_sizes: positive integers required, got {batches}")
     # refused before any model is loaded
-    GcPauses(str(cfg.get("gc_mode", "default")))
+    gc_mode = GcPauses(str(cfg.get("gc_mode", "default"))).mode
     rounds = int(cfg.get("rounds", 1))
     jobs = run_order(list(arms), batches, str(cfg.get("order", "arm_major")), rounds)
     sets = {b: prompt_sets(b, int(cfg.min_requests)) for b in batches}
@@ -322,7 +322,7 @@ def run(cfg: DictConfig) -> dict:
             engine.graph.start_timing()
         row = {"arm": name, "round": rnd, "run_position": position,
                **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps), sets[b],
-                           gc_mode=str(cfg.get("gc_mode", "default")))}
+                           gc_mode=gc_mode)}
         if timing:  # device ms per graph and per step (draft + verify span), warm-up steps left out
             row["device_timing"] = engine.graph.timing_summary(skip_steps=int(cfg.warmup_steps))
         if ecfg.cuda_graphs and engine.graph.use_graphs and row["graph_replays"] == 0:
@@ -374,7 +374,7 @@ def run(cfg: DictConfig) -> dict:
                          f"{', '.join(f'{v:,.0f}' for v in s_['output_tokens_per_s_by_round'])} | "
                          f"{', '.join(map(str, s_['run_positions']))} |")
     lines += ["", "Where the timed steps' time went (ms; host = a step's wall time minus its wait for the device; "
-              f"gc = the garbage collector's pauses during the run, gc_mode={cfg.get('gc_mode', 'default')}; "
+              f"gc = the garbage collector's pauses during the run, gc_mode={gc_mode}; "
               "device idle = graph_timing's share of the run with no graph on the device):", "",
               "| arm | batch | run | step median | step p90 | step max | host median | wait median | "
               "gc pauses (gen0/1/2) | gc ms total / max | device idle |", "|---|---|---|---|---|---|---|---|---|---|---|"]
