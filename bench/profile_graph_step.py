@@ -15,7 +15,9 @@ QKV + rotary + K/V-write epilogue), ``rope+pdl`` (and programmatic dependent lau
 (rope with the GEMV tile table named by ``CENSUS_TILES``, e.g. bench/small_m_sweep.py's
 small_m_tiles.json: split-K, unrolled loops), ``rope-step-kernels`` (rope with the step's argmax and
 packing/commit as PyTorch ops: DSPARK_TRITON_ARGMAX=0, DSPARK_FUSED_STEP_METADATA=0), ``rope+l2`` (rope with
-the next layer's weights read into L2 on a side stream, DSPARK_L2_PREFETCH=1). Batch sizes: ``PROFILE_BATCHES`` (default 1,16,64,256).
+the next layer's weights read into L2 on a side stream, DSPARK_L2_PREFETCH=1), ``mega`` (rope, and
+one-token target steps as the one-launch decode kernel, kernels/decode_megakernel.py; ``rope`` turns it
+off), ``mega66`` / ``mega32`` (with 66 / 32 programs instead of one per SM). Batch sizes: ``PROFILE_BATCHES`` (default 1,16,64,256).
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def profile(spec: str, batch: int, target, drafter) -> dict:
     torch.cuda.synchronize()
     period_ms = (time.perf_counter() - t0) * 1e3 / 30
     host_ms = eng.counters()["host_ms_per_graph_step_median"]
+    megakernel_steps = eng.counters()["megakernel_steps"]  # > 0: the step ran the one-launch decode kernel
     eng._drain()
     # Graph replay alone (device time per step): state advances, which is fine for timing.
     graph = gd.graphs[("step", gd.bucket_for(batch), gd.sampling)]
@@ -97,14 +100,19 @@ def profile(spec: str, batch: int, target, drafter) -> dict:
     torch.cuda.empty_cache()
     return {"spec": spec, "batch": batch, "tokens_per_step": R * gd.M, "kernels_per_step": len(kernels),
             "kernel_time_ms": total_us / 1e3, "graph_replay_ms": replay_ms, "overlapped_step_period_ms": period_ms,
-            "host_ms_per_step_median": host_ms, "top_kernels": top}
+            "host_ms_per_step_median": host_ms, "megakernel_steps": megakernel_steps, "top_kernels": top}
 
 
 VARIANTS = {
     "plain": {"DSPARK_FUSED_KERNELS": "0"},
     "cublas": {"DSPARK_SMALL_M_KERNELS": "0"},
     "fused": {"DSPARK_FUSED_QKV_ROPE": "0", "DSPARK_PDL": "0"},
-    "rope": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0"},
+    "rope": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_DECODE_MEGAKERNEL": "0"},
+    "mega": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_DECODE_MEGAKERNEL": "auto"},
+    "mega66": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_DECODE_MEGAKERNEL": "auto",
+               "DSPARK_MEGAKERNEL_PROGRAMS": "66"},
+    "mega32": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_DECODE_MEGAKERNEL": "auto",
+               "DSPARK_MEGAKERNEL_PROGRAMS": "32"},
     "rope+pdl": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "1"},
     "rope+tiles": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_SMALL_M_TILES": "$CENSUS_TILES"},
     "rope-step-kernels": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_TRITON_ARGMAX": "0",
@@ -117,7 +125,7 @@ VARIANTS = {
 }
 SWITCHES = ("DSPARK_FUSED_KERNELS", "DSPARK_SMALL_M_KERNELS", "DSPARK_FUSED_QKV_ROPE", "DSPARK_PDL",
             "DSPARK_SMALL_M_TILES", "DSPARK_TRITON_ARGMAX", "DSPARK_FUSED_STEP_METADATA", "DSPARK_L2_PREFETCH",
-            "DSPARK_L2_PREFETCH_PROGRAMS")
+            "DSPARK_L2_PREFETCH_PROGRAMS", "DSPARK_DECODE_MEGAKERNEL", "DSPARK_MEGAKERNEL_PROGRAMS")
 
 
 def _settings(variant: str) -> dict:

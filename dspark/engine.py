@@ -87,6 +87,7 @@ class Engine:
         self._requests: dict[int, Request] = {}
         self.num_steps = 0
         self._counts = self._zero_counts()
+        self._megakernel_base = self._megakernel_raw()
         self._oracle_steps: list[list[int]] = []
         self.stats = EngineStats()
         self.last_step: StepInfo | None = None
@@ -198,6 +199,13 @@ class Engine:
             fp["step_timing"] = "step-call"
         return fp
 
+    def _megakernel_raw(self) -> int:
+        mk = self.target.megakernel_launches  # (the model may have served other engines before)
+        graph = getattr(self, "graph", None)
+        if graph is not None:
+            mk += graph.megakernel_replays - graph.capture_megakernel_calls
+        return mk
+
     @staticmethod
     def _zero_counts() -> dict[str, int]:
         return {"steps": 0, "decode_steps": 0, "mixed_steps": 0, "prefill_tokens": 0, "request_steps": 0,
@@ -219,6 +227,9 @@ class Engine:
         c["accept_rate"] = c["accepted_tokens"] / c["verified_tokens"] if c["verified_tokens"] else 0.0
         for why, n in self.eager_reasons.items():
             c[f"eager_reason/{why}"] = n
+        # Steps whose target forward ran the decode megakernel (kernels/decode_megakernel.py):
+        # graph replays of steps captured with it, plus eager calls (captures' own calls excluded).
+        c["megakernel_steps"] = self._megakernel_raw() - self._megakernel_base
         if self.graph is not None:
             c["graphs_captured"] = self.graph.captures
             if self._host_step_ms:
@@ -715,6 +726,7 @@ class Engine:
         self.runner.reset()
         self.num_steps = 0
         self._counts = self._zero_counts()
+        self._megakernel_base = self._megakernel_raw()
         self._oracle_steps = []
         self.stats = EngineStats()
         if self.planner is not None:

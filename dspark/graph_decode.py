@@ -122,6 +122,8 @@ class GraphDecoder:
         self._step_events: list = []
         self.pool = None
         self.captures = 0
+        self.megakernel_replays = 0  # replays of graphs whose target step is the decode megakernel
+        self.capture_megakernel_calls = 0  # megakernel forward calls made by captures (warm-up + capture)
 
     # ---- host -> device ---------------------------------------------------------------------
     def bucket_for(self, num_requests: int) -> int | None:
@@ -402,6 +404,8 @@ class GraphDecoder:
         if graph is None:
             graph = self._capture(fn)
             self.graphs[key] = graph
+        if graph.megakernel:
+            self.megakernel_replays += 1
         if self.timing is not None:  # device time of each replay, read back only by timing_summary()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -469,6 +473,7 @@ class GraphDecoder:
 
     def _capture(self, fn):
         """Warm up (JIT, cuBLAS) on a side stream with the state restored afterwards, then capture."""
+        before = self.target.megakernel_launches
         bufs = (self.seq_len, self.anchor, self.out, self.tier, self.extra)
         saved = tuple(b.clone() for b in bufs)
         # The warm-up runs on real state; a verify graph's warm-up with the last step's tier/extra
@@ -487,6 +492,10 @@ class GraphDecoder:
             self.pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self.pool):
             fn()
+        # Whether this graph's target step is the decode megakernel: its replays count as such steps.
+        calls = self.target.megakernel_launches - before  # the warm-up's and the capture's
+        graph.megakernel = calls > 0
+        self.capture_megakernel_calls += calls
         self.captures += 1
         return graph
 

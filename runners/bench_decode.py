@@ -279,6 +279,8 @@ def _row(engine: Engine, batch: int, sets: int, decode_steps: list[float], outpu
         # What actually ran: a graph arm that never replayed a graph must not be reported as one.
         "graph_replays": c.get("graph_replays", 0),
         "graphs_captured": c.get("graphs_captured"),
+        # One-token target steps that ran the one-launch decode kernel (kernels/decode_megakernel.py).
+        "megakernel_steps": c.get("megakernel_steps", 0),
         # Host scheduling work per device-resident step (wall time minus waiting for the device);
         # with overlap it runs while the device computes, so it is hidden when below the step time.
         "host_ms_per_step_median": c.get("host_ms_per_graph_step_median"),

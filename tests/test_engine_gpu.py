@@ -215,3 +215,28 @@ def test_l2_prefetch_keeps_tokens_and_runs_in_the_captured_steps(tmp_path, monke
     assert got == plain
     assert launches and set(launches) == {4}  # qkv, o_proj, gate/up, down of the next layer
     assert eng.counters()["graph_replays"] > 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_megakernel_runs_every_batch1_target_step_and_keeps_tokens(monkeypatch, dtype):
+    """One request decoding target-only (graphs, overlap): every steady step replays a graph whose
+    target forward is the decode megakernel (kernels/decode_megakernel.py), the tokens are those of
+    the layer kernels (DSPARK_DECODE_MEGAKERNEL=0), and steady steps never sync the host."""
+    target = tiny_target(71)
+    prompts = prompts_for(71, 3, lo=2, hi=60)
+    sp = SamplingParams(max_tokens=40, ignore_eos=True)
+    kw = dict(spec="off", dtype=dtype, max_num_seqs=1, cuda_graphs=True, overlap=True)
+    runs = {}
+    for switch in ("0", "auto"):
+        monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", switch)
+        eng = cuda_engine(target, None, **kw)
+        runs[switch] = ([o.token_ids for o in eng.generate(prompts, sp)], eng.counters())
+    assert runs["auto"][0] == runs["0"][0]
+    assert runs["0"][1]["megakernel_steps"] == 0
+    c = runs["auto"][1]
+    assert c["graph_replays"] > 0 and c["megakernel_steps"] >= c["graph_replays"]
+    monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", "auto")
+    eng = cuda_engine(target, None, **{**kw, "max_model_len": 480})
+    eng.add_request(prompts[0], SamplingParams(max_tokens=400, ignore_eos=True))
+    run_steady_steps_without_sync(eng, warm=6, steps=30)
+    assert eng.counters()["megakernel_steps"] >= 30

@@ -605,3 +605,102 @@ class TestL2PrefetchCuda:
                    for n in (576 * 960, 576 * 576, 3072 * 576, 7)]
         got = l2_prefetch(tensors).clone()
         assert torch.equal(got.cpu(), l2_prefetch_reference(tensors))
+
+
+class TestDecodeMegakernelCuda:
+    """kernels/decode_megakernel.py compiled: the one-launch form (grid barrier) against the
+    one-launch-per-phase form (the same code and reductions, so bitwise equal: a barrier that let a
+    phase start early would show), both against the reference; graph replays with new lengths."""
+
+    @staticmethod
+    def _stack(dtype, L=30, H=576, Hq=9, Hk=3, D=64, I=1536, bias=False, seed=0):
+        from kernels.decode_megakernel import StackWeights
+
+        g = torch.Generator(device=DEV).manual_seed(seed)
+
+        def r(*shape, sc=0.05):
+            return (torch.randn(*shape, generator=g, device=DEV) * sc).to(dtype).contiguous()
+
+        return StackWeights(qkv=r(L, (Hq + 2 * Hk) * D, H), qkv_bias=r(L, (Hq + 2 * Hk) * D) if bias else None,
+                            o=r(L, H, Hq * D), gate_up=r(L, 2 * I, H), down=r(L, H, I),
+                            norm1=(1 + r(L, H, sc=0.1)).contiguous(), norm2=(1 + r(L, H, sc=0.1)).contiguous(),
+                            final_norm=(1 + r(H, sc=0.1)).contiguous(),
+                            inv_freq=(1.0 / (100000 ** (torch.arange(0, D, 2, device=DEV).float() / D))).contiguous(),
+                            num_heads=Hq, num_kv_heads=Hk, head_dim=D, eps=1e-5)
+
+    @staticmethod
+    def _case(w, kv_len, dtype, page=16, pages=160, seed=1):
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        shape = (w.num_layers, pages, page, w.num_kv_heads, w.head_dim)
+        kc = torch.randn(shape, generator=g, device=DEV).to(dtype)
+        vc = torch.randn(shape, generator=g, device=DEV).to(dtype)
+        table = torch.randperm(pages - 1, generator=g, device=DEV)[: -(-kv_len // page)].to(torch.int32)
+        pos = kv_len - 1
+        slot = int(table[pos // page]) * page + pos % page
+        x = torch.randn(1, w.hidden, generator=g, device=DEV).to(dtype)
+        dev = lambda v, dt=torch.int64: torch.tensor([v], device=DEV, dtype=dt)  # noqa: E731
+        return x, dev(pos), dev(slot), table, dev(kv_len, torch.int32), kc, vc
+
+    @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+    @pytest.mark.parametrize("kv_len", [1, 17, 512, 1000, 2047])
+    def test_one_launch_equals_phase_launches_and_the_reference(self, dtype, kv_len):
+        from kernels.decode_megakernel import decode_megakernel, decode_stack_reference
+
+        w = self._stack(dtype, L=30 if dtype == torch.bfloat16 else 6, bias=kv_len == 17)
+        x, pos, slot, table, kvl, kc, vc = self._case(w, kv_len, dtype)
+        kr, vr = kc.clone(), vc.clone()
+        want = decode_stack_reference(w, x, pos, slot, table, kvl, kr, vr)
+        outs = []
+        for sync in (False, True, True):
+            k, v = kc.clone(), vc.clone()
+            k.flatten(1, 2)[:, int(slot)] = float("nan")
+            v.flatten(1, 2)[:, int(slot)] = float("nan")
+            out = torch.full_like(x, float("nan"))
+            decode_megakernel(w, x, pos, slot, table, kvl, k, v, out=out, sync=sync)
+            outs.append((out, k, v))
+        for out, k, v in outs[1:]:  # the grid barrier changes nothing, launch after launch
+            assert torch.equal(out, outs[0][0]) and torch.equal(k, outs[0][1]) and torch.equal(v, outs[0][2])
+        out, k, v = outs[0]
+        if dtype == torch.float32:
+            torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(k, kr, rtol=1e-4, atol=1e-4)
+        else:  # bf16: rounding points are the reference's; summation orders differ
+            assert (out.float() - want.float()).abs().max().item() < 0.05 * want.float().abs().max().item()
+            assert (k.float() - kr.float()).abs().max().item() < 0.05 * kr.float().abs().max().item()
+
+    @pytest.mark.parametrize("programs", [None, 32, 7])
+    def test_graph_replays_follow_new_positions(self, monkeypatch, programs):
+        from kernels.decode_megakernel import decode_megakernel
+
+        if programs:
+            monkeypatch.setenv("DSPARK_MEGAKERNEL_PROGRAMS", str(programs))
+        dtype = torch.bfloat16
+        w = self._stack(dtype, L=8, seed=3)
+        x, pos, slot, table, kvl, kc, vc = self._case(w, 300, dtype, seed=4)
+        out = torch.empty_like(x)
+        decode_megakernel(w, x, pos, slot, table, kvl, kc, vc, out=out)  # warm-up: compile, workspace
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):  # (capture runs nothing)
+            decode_megakernel(w, x, pos, slot, table, kvl, kc, vc, out=out)
+        ke, ve = kc.clone(), vc.clone()  # the eager twin's caches, from the same state
+        for n in (301, 302, 304, 1):  # (the table holds 19 pages: 304 positions)
+            p = n - 1
+            s = int(table[p // 16]) * 16 + p % 16
+            pos.fill_(p)
+            slot.fill_(s)
+            kvl.fill_(n)
+            x.copy_(torch.randn_like(x))
+            graph.replay()
+            want = decode_megakernel(w, x, pos, slot, table, kvl, ke, ve, sync=False)
+            torch.cuda.synchronize()
+            assert torch.equal(out, want), n
+        assert torch.equal(kc, ke) and torch.equal(vc, ve)
+
+    def test_refuses_more_programs_than_sms(self, monkeypatch):
+        from kernels.decode_megakernel import megakernel_programs
+
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert megakernel_programs(torch.device(DEV)) == sms
+        monkeypatch.setenv("DSPARK_MEGAKERNEL_PROGRAMS", str(sms + 1))
+        with pytest.raises(ValueError, match="resident"):
+            megakernel_programs(torch.device(DEV))

@@ -25,10 +25,29 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
+def decode_megakernel_applies(cfg: ModelConfig, input_ids: torch.Tensor, cache, meta: AttentionMetadata,
+                              capture_layers: tuple[int, ...]) -> bool:
+    """Whether a target step runs as the one-launch decode kernel (kernels/decode_megakernel.py):
+    DSPARK_DECODE_MEGAKERNEL on (the default on CUDA; "1" also on CPU, interpreted), the fused
+    Triton kernels in use, not the batch-invariant mode, one token of one request, no layer
+    outputs wanted (target-only decode: DSpark steps capture layers for the drafter), and a model
+    the kernel covers (no q/k norms, power-of-two head size, unsplit paged cache)."""
+    from kernels.decode_megakernel import megakernel_enabled
+
+    if input_ids.dim() != 1 or input_ids.shape[0] != 1 or capture_layers or meta.block_tables.shape[0] != 1:
+        return False
+    if not megakernel_enabled(input_ids.device) or not use_fused_kernels() or batch_invariant():
+        return False
+    D = cfg.head_dim
+    return (not cfg.qk_norm and D >= 16 and D & (D - 1) == 0 and isinstance(cache, KVCache)
+            and cache.k.is_contiguous() and cache.v.is_contiguous())
+
+
 class TargetModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        self.megakernel_launches = 0  # forward calls that ran the decode megakernel (eager or captured)
         self.model = Backbone(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
@@ -41,11 +60,59 @@ class TargetModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
                 capture_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """input_ids/positions: [T] -> (final-normed hidden [T, d], captured layer outputs [T, n*d] or None)."""
+        """input_ids/positions: [T] -> (final-normed hidden [T, d], captured layer outputs [T, n*d] or None).
+
+        A one-token step with nothing captured runs the whole stack as one persistent kernel where
+        :func:`decode_megakernel_applies` says so (kernels/decode_megakernel.py)."""
+        if decode_megakernel_applies(self.cfg, input_ids, cache, meta, capture_layers):
+            return self._forward_megakernel(input_ids, positions, cache, meta), None
         hidden, captured = run_decoder_stack(self.model.layers, self.embed(input_ids), positions, cache, meta,
                                              self.model.norm, capture_layers)
         cap = torch.cat(captured, dim=-1) if capture_layers else None
         return hidden, cap
+
+    def stack_weights(self):
+        """The layers' weights stacked for the decode megakernel (kernels.decode_megakernel.StackWeights):
+        built once, rebuilt when any weight is replaced or updated in place (a copy: the stack does
+        not alias the modules' parameters)."""
+        from kernels.decode_megakernel import StackWeights
+
+        layers = self.model.layers
+        parts = [p for layer in layers for p in layer.parameters()] + [self.model.norm.weight]
+        stamp = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in parts)
+        cached = self.__dict__.get("_stack_weights")
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        attn0 = layers[0].self_attn
+        with torch.no_grad():
+            stack = lambda f: torch.stack([f(layer).detach() for layer in layers]).contiguous()  # noqa: E731
+            mlp = lambda layer: layer.mlp  # noqa: E731
+            w = StackWeights(
+                qkv=stack(lambda layer: torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
+                                                   layer.self_attn.v_proj.weight])),
+                qkv_bias=None if attn0.q_proj.bias is None else stack(
+                    lambda layer: torch.cat([layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias,
+                                             layer.self_attn.v_proj.bias])),
+                o=stack(lambda layer: layer.self_attn.o_proj.weight),
+                gate_up=stack(lambda layer: torch.cat([mlp(layer).gate_proj.weight, mlp(layer).up_proj.weight])),
+                down=stack(lambda layer: mlp(layer).down_proj.weight),
+                norm1=stack(lambda layer: layer.input_layernorm.weight),
+                norm2=stack(lambda layer: layer.post_attention_layernorm.weight),
+                final_norm=self.model.norm.weight.detach().contiguous(),
+                inv_freq=attn0._inv_freq_on(attn0.q_proj.weight.device).contiguous(),
+                num_heads=self.cfg.num_heads, num_kv_heads=self.cfg.num_kv_heads, head_dim=self.cfg.head_dim,
+                eps=float(self.cfg.rms_norm_eps))
+        w.check()
+        self.__dict__["_stack_weights"] = (stamp, w)
+        return w
+
+    def _forward_megakernel(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                            meta: AttentionMetadata) -> torch.Tensor:
+        from kernels.decode_megakernel import decode_megakernel
+
+        self.megakernel_launches += 1
+        return decode_megakernel(self.stack_weights(), self.embed(input_ids), positions, meta.slot_mapping,
+                                 meta.block_tables[0], meta.kv_lens, cache.k, cache.v)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if batch_invariant() and use_fused_kernels() and hidden.dim() == 2:
