@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dspark.bench.cuda_timing import graph_us
 from kernels import decode_megakernel as mk
 
 KINDS = ("A qkv+rope", "B attention", "C o_proj", "D norm+gate/up", "E down")
@@ -58,24 +59,6 @@ def stack(L=30, H=576, Hq=9, Hk=3, D=64, I=1536, dtype=torch.bfloat16):
                            num_heads=Hq, num_kv_heads=Hk, head_dim=D, eps=1e-5)
 
 
-def graph_us(fn, replays=50, repeats=5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            graph.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / replays)
-    return statistics.median(times)
-
-
 def main(out_dir: str) -> None:
     kv_lens = [int(v) for v in os.environ.get("KV_LENS", "512,2048").split(",")]
     settings = json.loads(os.environ.get("SETTINGS", '[{"programs": 0, "kv_splits": 16, "num_warps": 8}]'))
@@ -90,8 +73,8 @@ def main(out_dir: str) -> None:
     for s in settings:
         P = s.get("programs") or sms
         if P not in floors:
-            floors[P] = graph_us(lambda: _barriers_only[(P,)](bar, mk.PHASES_PER_LAYER * L, num_warps=8),
-                                 repeats=repeats)
+            floors[P] = graph_us(lambda i: _barriers_only[(P,)](bar, mk.PHASES_PER_LAYER * L, num_warps=8),
+                                 replays=50, repeats=repeats)
     for kv_len in kv_lens:
         pages = -(-kv_len // page) + 2
         kc = torch.randn(L, pages, page, w.num_kv_heads, w.head_dim, device="cuda").to(torch.bfloat16)
@@ -105,8 +88,8 @@ def main(out_dir: str) -> None:
             P = s.get("programs") or sms
             kw = dict(programs=P, kv_splits=s.get("kv_splits", mk.DEFAULT_KV_SPLITS),
                       num_warps=s.get("num_warps", mk.NUM_WARPS))
-            one = graph_us(lambda: mk.decode_megakernel(w, x, pos, slot, table, kvl, kc, vc, out=out, sync=True, **kw),
-                           repeats=repeats)
+            one = graph_us(lambda i: mk.decode_megakernel(w, x, pos, slot, table, kvl, kc, vc, out=out, sync=True, **kw),
+                           replays=50, repeats=repeats)
             mk.decode_megakernel(w, x, pos, slot, table, kvl, kc, vc, out=out, sync=False, **kw)
             torch.cuda.synchronize()
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

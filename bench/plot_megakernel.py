@@ -24,7 +24,7 @@ KINDS = ("A qkv+rope", "B attention", "C o_proj", "D norm+gate/up", "E down")
 
 def main(root: str) -> None:
     base = Path(root)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 4.8))
     labels, values = [], []
     for census in sorted(base.glob("run*/census/profile_graph_step.json")):
         for r in json.loads(census.read_text())["rows"]:
@@ -60,7 +60,7 @@ def main(root: str) -> None:
     right.set_xticks(list(x), [v[0] for v in versions], fontsize=8)
     right.set_ylabel("µs per layer (KV length 512)")
     right.set_title("where a layer's time goes")
-    right.legend(fontsize=7)
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(base / "megakernel.png", dpi=110)
     print(base / "megakernel.png")

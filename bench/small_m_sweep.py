@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -79,25 +78,9 @@ def valid(cfg: dict, K: int, rope: bool) -> bool:
 def graph_us(fn, launches: int = LAUNCHES) -> float:
     """Median microseconds per call of ``fn(i)`` (i: the launch's index in the graph, to pick a
     weight copy) over REPEATS replays of a graph of ``launches`` calls."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        for i in range(3):
-            fn(i)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for i in range(launches):
-            fn(i)
-    times = []
-    for _ in range(REPEATS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(REPLAYS):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / (REPLAYS * launches))
-    return statistics.median(times)
+    from dspark.bench.cuda_timing import graph_us as timed
+
+    return timed(fn, launches=launches, replays=REPLAYS, repeats=REPEATS)
 
 
 def _rope_args(M: int, dev: str, dt: torch.dtype) -> dict:

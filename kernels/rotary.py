@@ -44,6 +44,14 @@ def rotary_reference(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
 if triton is not None:
 
     @triton.jit
+    def rotate_pair(a, b, ang):
+        # The rotation of (first-half, second-half) values a, b by angles ang, fp32:
+        # (a cos - b sin, b cos + a sin). Used by the GEMV epilogues that rotate q and k.
+        c = tl.cos(ang)
+        sn = tl.sin(ang)
+        return a * c - b * sn, b * c + a * sn
+
+    @triton.jit
     def _rotate_heads(src, dst, t, st, sh, row, c, s, ok, H: tl.constexpr, HALF: tl.constexpr,
                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
         # Token t of src (a possibly strided view, e.g. a slice of the fused QKV output) goes to

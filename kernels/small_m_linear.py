@@ -91,6 +91,7 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 
 if triton is not None:
+    from kernels.rotary import rotate_pair  # (a Triton helper: defined only with triton)
 
     @triton.jit
     def _normed_chunk(x_rows, r_rows, nw_ptr, kk, km, row_mask, rstd,
@@ -282,13 +283,9 @@ if triton is not None:
             if head < HQ + HK:  # q and k heads rotate (the rotary kernel's math, kernels/rotary.py)
                 p = tl.load(pos_ptr + rows, mask=row_mask, other=0).to(tl.float32)
                 f = tl.load(freq_ptr + j)
-                ang = p[:, None] * f[None, :]
-                c = tl.cos(ang)
-                sn = tl.sin(ang)
-                a = z.to(tl.float32)
-                b = zu.to(tl.float32)
-                lo = (a * c - b * sn).to(dtype)
-                hi = (b * c + a * sn).to(dtype)
+                lo, hi = rotate_pair(z.to(tl.float32), zu.to(tl.float32), p[:, None] * f[None, :])
+                lo = lo.to(dtype)
+                hi = hi.to(dtype)
             else:  # v heads go to the cache as projected
                 lo = z
                 hi = zu

@@ -130,8 +130,8 @@ def test_refusals(monkeypatch):
     monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", "yes")
     with pytest.raises(ValueError, match="DSPARK_DECODE_MEGAKERNEL"):
         mk.megakernel_enabled("cpu")
-    monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", "auto")
-    assert not mk.megakernel_enabled("cpu")  # auto: CUDA only
+    monkeypatch.delenv("DSPARK_DECODE_MEGAKERNEL")
+    assert not mk.megakernel_enabled("cpu")  # opt-in
     monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", "1")
     assert mk.megakernel_enabled("cpu")
 
@@ -153,9 +153,9 @@ def test_engine_target_only_decode_emits_what_the_layer_kernels_emit(monkeypatch
     from dspark.config import SamplingParams
     from dspark.engine import Engine
 
-    target = tiny_target(11)
+    target = tiny_target(11, num_layers=2)  # (each interpreted step runs 11 launches)
     prompt = [[5, 17, 33, 8, 61, 12, 40]]
-    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    sp = SamplingParams(max_tokens=5, ignore_eos=True)
     runs = {}
     for switch in ("0", "1"):
         monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", switch)
@@ -164,10 +164,9 @@ def test_engine_target_only_decode_emits_what_the_layer_kernels_emit(monkeypatch
         out = eng.generate(prompt, sp)[0].token_ids
         c = eng.counters()
         runs[switch] = (out, c["megakernel_steps"], c["decode_steps"])
-        print(c)
     assert runs["1"][0] == runs["0"][0]
     assert runs["0"][1] == 0
-    assert runs["1"][1] == runs["1"][2] >= 5  # every decode step (the first token comes from the prefill)
+    assert runs["1"][1] == runs["1"][2] >= 4  # every decode step (the first token comes from the prefill)
 
 
 def test_applies_only_to_one_token_steps_without_captured_layers(monkeypatch):

@@ -296,21 +296,11 @@ def _bench_ms(fn):
 
 
 def _graph_ms(fn, replays: int = 20) -> float:
-    """Milliseconds per replay of a CUDA graph of ``fn`` (run once eagerly first, to compile)."""
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / replays
+    """Milliseconds per replay of a CUDA graph of ``fn`` (run once eagerly first, to compile):
+    median of 3 blocks of ``replays`` replays (dspark.bench.cuda_timing)."""
+    from dspark.bench.cuda_timing import graph_us
+
+    return graph_us(lambda i: fn(), replays=replays, repeats=3, warmup=1) / 1e3
 
 
 def test_decode_bandwidth_report():

@@ -113,7 +113,8 @@ def device_info() -> dict[str, Any]:
 
 KERNEL_SWITCHES = ("DSPARK_FUSED_KERNELS", "DSPARK_SMALL_M_KERNELS", "DSPARK_FUSED_QKV_ROPE", "DSPARK_PDL",
                    "DSPARK_SMALL_M_TILES", "DSPARK_FUSED_STEP_METADATA", "DSPARK_TRITON_ARGMAX",
-                   "DSPARK_L2_PREFETCH")
+                   "DSPARK_L2_PREFETCH", "DSPARK_L2_PREFETCH_PROGRAMS", "DSPARK_DECODE_MEGAKERNEL",
+                   "DSPARK_MEGAKERNEL_PROGRAMS")
 
 
 def kernel_switches() -> dict[str, str]:

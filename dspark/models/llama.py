@@ -28,7 +28,7 @@ class Backbone(nn.Module):
 def decode_megakernel_applies(cfg: ModelConfig, input_ids: torch.Tensor, cache, meta: AttentionMetadata,
                               capture_layers: tuple[int, ...]) -> bool:
     """Whether a target step runs as the one-launch decode kernel (kernels/decode_megakernel.py):
-    DSPARK_DECODE_MEGAKERNEL on (the default on CUDA; "1" also on CPU, interpreted), the fused
+    DSPARK_DECODE_MEGAKERNEL=1 (opt-in: see kernels.decode_megakernel.megakernel_enabled), the fused
     Triton kernels in use, not the batch-invariant mode, one token of one request, no layer
     outputs wanted (target-only decode: DSpark steps capture layers for the drafter), and a model
     the kernel covers (no q/k norms, power-of-two head size, unsplit paged cache)."""
