@@ -46,25 +46,13 @@ def _barriers_only(bar_ptr, n):
         tl.atomic_xchg(bar_ptr + 1, 0)
 
 
-def stack(L=30, H=576, Hq=9, Hk=3, D=64, I=1536, dtype=torch.bfloat16):
-    g = torch.Generator(device="cuda").manual_seed(0)
-
-    def r(*shape, sc=0.05):
-        return (torch.randn(*shape, generator=g, device="cuda") * sc).to(dtype).contiguous()
-
-    return mk.StackWeights(qkv=r(L, (Hq + 2 * Hk) * D, H), qkv_bias=None, o=r(L, H, Hq * D), gate_up=r(L, 2 * I, H),
-                           down=r(L, H, I), norm1=(1 + r(L, H, sc=0.1)).contiguous(),
-                           norm2=(1 + r(L, H, sc=0.1)).contiguous(), final_norm=(1 + r(H, sc=0.1)).contiguous(),
-                           inv_freq=(1.0 / (100000 ** (torch.arange(0, D, 2, device="cuda").float() / D))).contiguous(),
-                           num_heads=Hq, num_kv_heads=Hk, head_dim=D, eps=1e-5)
-
-
 def main(out_dir: str) -> None:
     kv_lens = [int(v) for v in os.environ.get("KV_LENS", "512,2048").split(",")]
     settings = json.loads(os.environ.get("SETTINGS", '[{"programs": 0, "kv_splits": 16, "num_warps": 8}]'))
     repeats = int(os.environ.get("REPEATS", "5"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    w = stack()
+    w = mk.random_stack_weights(layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
+                                dtype=torch.bfloat16, device="cuda", scale=0.05, theta=100000.0)  # SmolLM2-135M
     L = w.num_layers
     page = 16
     rows = []

@@ -48,11 +48,12 @@ import os
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from kernels.rmsnorm import rmsnorm_reference
 from kernels.rotary import rotary_reference
 from kernels.silu_mul import silu_mul_reference
+from kernels.small_m_linear import linear_reference
+from kernels.switches import interpreted
 
 try:
     import triton
@@ -123,47 +124,51 @@ class StackWeights:
             raise ValueError("StackWeights.inv_freq must be float32")
 
 
+def random_stack_weights(*, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
+                         dtype: torch.dtype, device: torch.device | str = "cpu", bias: bool = False, seed: int = 0,
+                         scale: float = 0.2, theta: float = 10000.0, eps: float = 1e-5) -> StackWeights:
+    """Random weights of a shape (for tests and benchmarks): normal(0, scale) matrices and biases,
+    norm weights 1 + normal(0, 0.1), rotary frequencies of ``theta``."""
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def r(*shape: int, sc: float = scale) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g, device=device) * sc).to(dtype).contiguous()
+
+    L, H, D, N = layers, hidden, head_dim, (heads + 2 * kv_heads) * head_dim
+    return StackWeights(qkv=r(L, N, H), qkv_bias=r(L, N) if bias else None, o=r(L, H, heads * D),
+                        gate_up=r(L, 2 * intermediate, H), down=r(L, H, intermediate),
+                        norm1=(1 + r(L, H, sc=0.1)).contiguous(), norm2=(1 + r(L, H, sc=0.1)).contiguous(),
+                        final_norm=(1 + r(H, sc=0.1)).contiguous(),
+                        inv_freq=1.0 / (theta ** (torch.arange(0, D, 2, device=device).float() / D)),
+                        num_heads=heads, num_kv_heads=kv_heads, head_dim=D, eps=eps)
+
+
 def decode_stack_reference(w: StackWeights, x: torch.Tensor, position: torch.Tensor, slot: torch.Tensor,
                            block_table: torch.Tensor, kv_len: torch.Tensor, k_cache: torch.Tensor,
                            v_cache: torch.Tensor) -> torch.Tensor:
     """The specification in plain PyTorch: x [1, hidden] at position [1], new K/V at slot [1] of the
     paged caches [L, pages, page_size, Hk, D], block_table [pages] int, kv_len [1] (after this token).
     Writes the caches; returns the final-normed hidden state [1, hidden]."""
+    from kernels.paged_attention import paged_attention_reference, write_kv_reference
+
     Hq, Hk, D = w.num_heads, w.num_kv_heads, w.head_dim
-    dt = x.dtype
-    page = k_cache.shape[2]
-    n_kv = int(kv_len.reshape(-1)[0])
-    s = int(slot.reshape(-1)[0])
-    idx = torch.arange(n_kv, device=x.device)
-    slots = block_table.long()[idx // page] * page + idx % page
-    group = Hq // Hk
+    one_request = dict(qo_indptr=torch.tensor([0, 1], dtype=torch.int32, device=x.device), kv_lens=kv_len.reshape(1),
+                       block_tables=block_table.reshape(1, -1), scale=1.0 / math.sqrt(D), causal=True)
     h, d = x, None
-
-    def lin(v: torch.Tensor, wt: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        return F.linear(v.float(), wt.float(), None if b is None else b.float()).to(dt)
-
     for layer in range(w.num_layers):
         if d is not None:
             h = h + d
         n1 = rmsnorm_reference(h, w.norm1[layer], w.eps)[0]
-        z = lin(n1, w.qkv[layer], None if w.qkv_bias is None else w.qkv_bias[layer])
+        z = linear_reference(n1, w.qkv[layer], None if w.qkv_bias is None else w.qkv_bias[layer])
         q = z[:, : Hq * D].unflatten(-1, (Hq, D))
         k = z[:, Hq * D: (Hq + Hk) * D].unflatten(-1, (Hk, D))
         v = z[:, (Hq + Hk) * D:].unflatten(-1, (Hk, D))
         q, k = rotary_reference(q, k, position, w.inv_freq)
-        kc = k_cache[layer].flatten(0, 1)  # [slots, Hk, D] (a view: writes land in the cache)
-        vc = v_cache[layer].flatten(0, 1)
-        if s >= 0:
-            kc[s] = k[0].to(kc.dtype)
-            vc[s] = v[0].to(vc.dtype)
-        keys = kc[slots].float().repeat_interleave(group, dim=1)  # [n_kv, Hq, D]
-        vals = vc[slots].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,thd->ht", q[0].float(), keys) / math.sqrt(D)
-        heads = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), vals).to(dt)  # [Hq, D]
-        a = lin(heads.reshape(1, Hq * D), w.o[layer])
-        h = h + a
+        write_kv_reference(k_cache[layer], v_cache[layer], k, v, slot.reshape(1))  # (nothing for slot < 0)
+        heads = paged_attention_reference(q, k_cache[layer], v_cache[layer], **one_request)  # [1, Hq, D]
+        h = h + linear_reference(heads.flatten(-2), w.o[layer])
         n2 = rmsnorm_reference(h, w.norm2[layer], w.eps)[0]
-        d = lin(silu_mul_reference(lin(n2, w.gate_up[layer])), w.down[layer])
+        d = linear_reference(silu_mul_reference(linear_reference(n2, w.gate_up[layer])), w.down[layer])
     return rmsnorm_reference(d, w.final_norm, w.eps, residual=h)[0]
 
 
@@ -522,27 +527,20 @@ def megakernel_enabled(device: torch.device | str) -> bool:
                                          "decoder stack as one kernel, kernels/decode_megakernel.py")
 
 
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _pow2_split(K: int) -> tuple[int, int]:
     """K = K1 + (valid part of K2): K1 the largest power of two <= K, K2 the power of two that
     covers the rest (at least 16, masked)."""
     k1 = 1 << (K.bit_length() - 1)
-    rest = K - k1
-    return k1, max(16, 1 << max(rest - 1, 0).bit_length()) if rest else 16
+    return k1, max(16, triton.next_power_of_2(K - k1))
 
 
 def _tile(n: int, programs: int, lo: int = 2, hi: int = 64) -> int:
     """Rows per item so that n rows make at most ``programs`` items where possible (a power of two)."""
-    want = -(-n // programs)
-    return max(lo, min(hi, 1 << max(want - 1, 0).bit_length()))
+    return max(lo, min(hi, triton.next_power_of_2(-(-n // programs))))
 
 
 @dataclass(frozen=True)
 class _Plan:
-    programs: int
     rn: int
     bn_o: int
     bn_gu: int
@@ -567,8 +565,8 @@ def megakernel_programs(device: torch.device) -> int:
 
 def _plan(w: StackWeights, programs: int, kv_splits: int) -> _Plan:
     half = w.head_dim // 2
-    rn = min(half, _tile((w.num_heads + 2 * w.num_kv_heads) * half, programs, lo=2, hi=half))
-    return _Plan(programs, rn, _tile(w.hidden, programs), _tile(w.intermediate, programs), _tile(w.hidden, programs),
+    rn = _tile((w.num_heads + 2 * w.num_kv_heads) * half, programs, lo=2, hi=half)
+    return _Plan(rn, _tile(w.hidden, programs), _tile(w.intermediate, programs), _tile(w.hidden, programs),
                  kv_splits)
 
 
@@ -630,7 +628,7 @@ def decode_megakernel(w: StackWeights, x: torch.Tensor, positions: torch.Tensor,
             raise ValueError(f"StackWeights.{name} is {getattr(w, name).dtype}, x is {dt}")
     if k_cache.dtype != dt:
         raise ValueError(f"the cache is {k_cache.dtype}, x is {dt}")
-    interp = _interpreted()
+    interp = interpreted()
     if sync is None:
         sync = x.device.type == "cuda" and not interp
     if sync and interp:
@@ -660,7 +658,7 @@ def decode_megakernel(w: StackWeights, x: torch.Tensor, positions: torch.Tensor,
                 BN_D=plan.bn_d, S=plan.splits, SP=triton.next_power_of_2(plan.splits), BM=max(16, gp), BT=ATTN_BLOCK_T,
                 HAS_BIAS=w.qkv_bias is not None, DOT_F32=interp or dt == torch.float32, SYNC=bool(sync),
                 num_warps=num_warps)
-    scale = (1.0 / math.sqrt(D)) * 1.4426950408889634  # softmax in exp2 units
+    scale = math.log2(math.e) / math.sqrt(D)  # softmax in exp2 units
     phases = PHASES_PER_LAYER * L + 1
     if sync:
         _decode_stack_kernel[(P,)](*args, 0, phases, float(w.eps), scale, **meta)
@@ -670,5 +668,5 @@ def decode_megakernel(w: StackWeights, x: torch.Tensor, positions: torch.Tensor,
     return out
 
 
-__all__ = ["StackWeights", "decode_stack_reference", "decode_megakernel", "megakernel_enabled", "megakernel_programs",
+__all__ = ["StackWeights", "random_stack_weights", "decode_stack_reference", "decode_megakernel", "megakernel_enabled", "megakernel_programs",
            "PHASES_PER_LAYER"]

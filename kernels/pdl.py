@@ -24,11 +24,10 @@ CPU interpreter it is always off (the interpreter has no grid dependency control
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
-from kernels.switches import opt_in
+from kernels.switches import interpreted, opt_in
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,7 +52,7 @@ def requested() -> bool:
 
 def pdl_enabled(device: torch.device) -> bool:
     """True when kernels on ``device`` launch with PDL (see the module docstring)."""
-    if not requested() or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    if not requested() or device.type != "cuda" or interpreted():
         return False
     if not _triton_has_pdl():
         raise RuntimeError("DSPARK_PDL=1 but this Triton has no launch_pdl option (needs Triton >= 3.3); "

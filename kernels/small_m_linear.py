@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from kernels.rmsnorm import rmsnorm_reference
 from kernels.silu_mul import silu_mul_reference
+from kernels.switches import interpreted
 
 try:
     import triton
@@ -306,11 +307,6 @@ if triton is not None:
             tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], z, mask=out_mask)
 
 
-def _interpreted() -> bool:
-    # Triton's CPU interpreter multiplies bf16 dot operands as their raw uint16 bits: upcast there.
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _rows(t: torch.Tensor, K: int) -> torch.Tensor:
     t2 = t.reshape(-1, K)
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
@@ -495,7 +491,8 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
             SILU_MUL=silu_mul, ROPE_KV=rope is not None,
             HQ=hq, HK=hk, HALF=half, RN=block_n // 2, BLOCK_M=SMALL_M_MAX, BLOCK_N=block_n, BLOCK_K=block_k,
             SPLIT_K=split_k, UNROLL=unroll,
-            UPCAST_DOT=_interpreted(), USE_PDL=use_pdl, num_warps=num_warps, num_stages=num_stages, **launch)
+            UPCAST_DOT=interpreted(),  # (the interpreter misreads bf16 dot operands: upcast there)
+            USE_PDL=use_pdl, num_warps=num_warps, num_stages=num_stages, **launch)
     elif M and residual is not None:  # nothing to project, but h is still owed
         h.copy_(x + residual)
     return out, h

@@ -1,5 +1,6 @@
 """Opt-in environment switches of the kernels: "1" turns one on, "0" (or unset) leaves it off, and
-anything else is refused with a message that says what the switch does."""
+anything else is refused with a message that says what the switch does; and whether Triton runs
+interpreted."""
 
 from __future__ import annotations
 
@@ -15,4 +16,10 @@ def opt_in(name: str, what: str) -> bool:
     return value == "1"
 
 
-__all__ = ["opt_in"]
+def interpreted() -> bool:
+    """Whether Triton runs its CPU interpreter (TRITON_INTERPRET=1): programs one after another,
+    and bf16 dot operands misread (kernels upcast them there)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+__all__ = ["interpreted", "opt_in"]

@@ -20,17 +20,8 @@ from tiny import tiny_engine_config, tiny_target  # noqa: E402
 
 
 def stack(L=2, H=80, Hq=4, Hk=2, D=16, I=96, dtype=torch.float32, bias=False, seed=0):
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape, sc=0.2):
-        return (torch.randn(*shape, generator=g) * sc).to(dtype).contiguous()
-
-    return mk.StackWeights(qkv=r(L, (Hq + 2 * Hk) * D, H), qkv_bias=r(L, (Hq + 2 * Hk) * D) if bias else None,
-                           o=r(L, H, Hq * D), gate_up=r(L, 2 * I, H), down=r(L, H, I),
-                           norm1=(1 + r(L, H, sc=0.1)).contiguous(), norm2=(1 + r(L, H, sc=0.1)).contiguous(),
-                           final_norm=(1 + r(H, sc=0.1)).contiguous(),
-                           inv_freq=1.0 / (10000 ** (torch.arange(0, D, 2).float() / D)),
-                           num_heads=Hq, num_kv_heads=Hk, head_dim=D, eps=1e-5)
+    return mk.random_stack_weights(layers=L, hidden=H, heads=Hq, kv_heads=Hk, head_dim=D, intermediate=I, dtype=dtype,
+                                   bias=bias, seed=seed)
 
 
 def case(w, kv_len, page=4, pages=12, slot_page=None, seed=1, dtype=torch.float32):

@@ -603,20 +603,11 @@ class TestDecodeMegakernelCuda:
     phase start early would show), both against the reference; graph replays with new lengths."""
 
     @staticmethod
-    def _stack(dtype, L=30, H=576, Hq=9, Hk=3, D=64, I=1536, bias=False, seed=0):
-        from kernels.decode_megakernel import StackWeights
+    def _stack(dtype, L=30, bias=False, seed=0):  # SmolLM2-135M's shape
+        from kernels.decode_megakernel import random_stack_weights
 
-        g = torch.Generator(device=DEV).manual_seed(seed)
-
-        def r(*shape, sc=0.05):
-            return (torch.randn(*shape, generator=g, device=DEV) * sc).to(dtype).contiguous()
-
-        return StackWeights(qkv=r(L, (Hq + 2 * Hk) * D, H), qkv_bias=r(L, (Hq + 2 * Hk) * D) if bias else None,
-                            o=r(L, H, Hq * D), gate_up=r(L, 2 * I, H), down=r(L, H, I),
-                            norm1=(1 + r(L, H, sc=0.1)).contiguous(), norm2=(1 + r(L, H, sc=0.1)).contiguous(),
-                            final_norm=(1 + r(H, sc=0.1)).contiguous(),
-                            inv_freq=(1.0 / (100000 ** (torch.arange(0, D, 2, device=DEV).float() / D))).contiguous(),
-                            num_heads=Hq, num_kv_heads=Hk, head_dim=D, eps=1e-5)
+        return random_stack_weights(layers=L, hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
+                                    dtype=dtype, device=DEV, bias=bias, seed=seed, scale=0.05, theta=100000.0)
 
     @staticmethod
     def _case(w, kv_len, dtype, page=16, pages=160, seed=1):

@@ -85,24 +85,21 @@ class TargetModel(nn.Module):
             return cached[1]
         attn0 = layers[0].self_attn
         with torch.no_grad():
-            stack = lambda f: torch.stack([f(layer).detach() for layer in layers]).contiguous()  # noqa: E731
-            mlp = lambda layer: layer.mlp  # noqa: E731
+            # Each layer's fused q/k/v, o_proj, fused gate/up and down_proj, as the GEMV path reads them.
+            per_layer = [layer.small_m_weights() for layer in layers]
+            stack = lambda ts: torch.stack(list(ts))  # noqa: E731  (a new contiguous tensor)
             w = StackWeights(
-                qkv=stack(lambda layer: torch.cat([layer.self_attn.q_proj.weight, layer.self_attn.k_proj.weight,
-                                                   layer.self_attn.v_proj.weight])),
+                qkv=stack(m[0] for m in per_layer),
                 qkv_bias=None if attn0.q_proj.bias is None else stack(
-                    lambda layer: torch.cat([layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias,
-                                             layer.self_attn.v_proj.bias])),
-                o=stack(lambda layer: layer.self_attn.o_proj.weight),
-                gate_up=stack(lambda layer: torch.cat([mlp(layer).gate_proj.weight, mlp(layer).up_proj.weight])),
-                down=stack(lambda layer: mlp(layer).down_proj.weight),
-                norm1=stack(lambda layer: layer.input_layernorm.weight),
-                norm2=stack(lambda layer: layer.post_attention_layernorm.weight),
-                final_norm=self.model.norm.weight.detach().contiguous(),
+                    layer.self_attn.qkv_weights()[1] for layer in layers),
+                o=stack(m[1] for m in per_layer), gate_up=stack(m[2] for m in per_layer),
+                down=stack(m[3] for m in per_layer),
+                norm1=stack(layer.input_layernorm.weight for layer in layers),
+                norm2=stack(layer.post_attention_layernorm.weight for layer in layers),
+                final_norm=self.model.norm.weight.detach().clone(),
                 inv_freq=attn0._inv_freq_on(attn0.q_proj.weight.device).contiguous(),
                 num_heads=self.cfg.num_heads, num_kv_heads=self.cfg.num_kv_heads, head_dim=self.cfg.head_dim,
                 eps=float(self.cfg.rms_norm_eps))
-        w.check()
         self.__dict__["_stack_weights"] = (stamp, w)
         return w
 
