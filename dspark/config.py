@@ -160,6 +160,9 @@ class EngineConfig:
     tiers: tuple[int, ...] | None = None  # uniform mode's tier ladder (verify lengths); None: any 1..block
     min_verify_len: int = 1
     min_predicted_gain: float = 0.02
+    # A confidence calibration (temperatures.json, or the folder holding it) that replaces the drafter's
+    # own for this engine, e.g. one fitted on the workload's step traces (runners.calibrate traces=...).
+    confidence_calibration: str | None = None
     skip_mixed_trim: bool = True  # decline to trim on steps that also carry a prefill
     force_verify_len: int | None = None  # profiling/debug override of the decision (must be on the ladder)
     force_trimmed_path: bool = False  # profiling: run a forced verify length (even the full block) as a trimmed step
@@ -194,6 +197,8 @@ class EngineConfig:
         _check(not (self.spec == "off" and self.verify != "full"), "engine.verify",
                f"verify={self.verify!r} schedules drafted tokens but engine.spec=off drafts none; set engine.spec=dspark "
                "or engine.verify=full")
+        _check(self.confidence_calibration is None or self.spec == "dspark", "engine.confidence_calibration",
+               "calibrates the drafter's confidence head, and engine.spec=off has no drafter; set it to null")
         if self.tiers is not None:
             self.tiers = tuple(int(t) for t in self.tiers)
             _check(self.verify == "uniform", "engine.tiers",

@@ -68,6 +68,8 @@ class Engine:
         self.drafter = drafter.to(device=self.cfg.device, dtype=dtype).eval() if drafter is not None else None
         if self.drafter is not None:
             self.drafter.validate_target_layers(target.cfg)
+            if self.cfg.confidence_calibration is not None:
+                self.drafter = self._recalibrated(self.drafter, self.cfg.confidence_calibration)
         G = self.drafter.cfg.block_size if self.drafter is not None else 0
         page = self.cfg.kv_block_size
         # Device-resident steps reserve pages ahead: the host knows lengths up to one step late.
@@ -89,6 +91,7 @@ class Engine:
         self._counts = self._zero_counts()
         self._megakernel_base = self._megakernel_raw()
         self._oracle_steps: list[list[int]] = []
+        self.step_trace = None  # a StepTrace while start_step_trace() is in effect (eager steps only)
         self.stats = EngineStats()
         self.last_step: StepInfo | None = None
         self.cost_table = None
@@ -105,6 +108,25 @@ class Engine:
         self.eager_reasons: Counter[str] = Counter()
         if self.cfg.cuda_graphs:
             self._build_graph_decoder()
+
+    @staticmethod
+    def _recalibrated(drafter, path: str):
+        """The drafter with the calibration in ``path`` (engine.confidence_calibration), its weights shared."""
+        from pathlib import Path
+
+        from dspark.training.calibration import TEMPERATURES_FILE, load_calibration
+
+        where = Path(path)
+        if where.name == TEMPERATURES_FILE:
+            where = where.parent
+        if drafter.confidence_head is None:
+            raise ConfigError("engine.confidence_calibration: this drafter has no confidence head to calibrate "
+                              "(a DFlash-style ablation); set it to null")
+        try:
+            temperatures, biases = load_calibration(where, drafter.block_size)
+        except (FileNotFoundError, ValueError) as e:
+            raise ConfigError(f"engine.confidence_calibration: {e}") from None
+        return drafter.with_calibration(temperatures.tolist(), biases.tolist())
 
     def _build_graph_decoder(self) -> None:
         from dspark.graph_decode import GraphDecoder
@@ -385,6 +407,9 @@ class Engine:
                                        step_ms=step_ms)
                 self._oracle_steps.append(list(uncapped if uncapped is not None else verdict.num_accepted))
                 counts["trimmed_steps"] += int(decision is not None and decision.trimmed)
+                if self.step_trace is not None:
+                    self._trace_step(decodes, drafts, verify_windows,
+                                     uncapped if uncapped is not None else verdict.num_accepted)
             self._count_rows(list(windows), list(verdict.num_accepted))
             for i, req in enumerate(decodes):
                 k = verdict.num_accepted[i]
@@ -396,6 +421,27 @@ class Engine:
                                   num_tokens=result.num_tokens, bucket=result.bucket, windows=tuple(windows),
                                   step_ms=(time.perf_counter() - step_start) * 1e3)
         return finished
+
+    def start_step_trace(self):
+        """Record every later decode step's fresh survival, windows and accepted counts
+        (``dspark.step_trace.StepTrace``; returned, and kept in ``self.step_trace`` until reset()).
+        Eager steps only: refused on the CUDA-graph path, whose steps return the survival of the
+        block they drafted, not of the one they verified."""
+        from dspark.step_trace import StepTrace
+
+        if self.block_size == 0 or self.drafter.confidence_head is None:
+            raise ConfigError("step trace: it records the confidence head's survival, and this engine has "
+                              + ("no drafter (spec=off)" if self.block_size == 0 else "a drafter without one"))
+        if self.graph is not None:
+            raise ConfigError("step trace: recorded by eager steps only; set engine.cuda_graphs=false")
+        self.step_trace = StepTrace(self.block_size)
+        return self.step_trace
+
+    def _trace_step(self, decodes, drafts, windows, accepted) -> None:
+        raw = drafts.confidence_logits.float()
+        self.step_trace.record([r.req_id for r in decodes],
+                               prefix_survival(self.drafter.calibrated_confidence(raw)).cpu().numpy(), windows,
+                               [int(k) for k in accepted], confidence_logits=raw.cpu().numpy())
 
     def _count_rows(self, windows: list[int], accepted: list[int]) -> None:
         """Step counters for the rows committed this step (one update per step, not per row)."""
@@ -728,6 +774,7 @@ class Engine:
         self._counts = self._zero_counts()
         self._megakernel_base = self._megakernel_raw()
         self._oracle_steps = []
+        self.step_trace = None
         self.stats = EngineStats()
         if self.planner is not None:
             self.planner.stats = self.stats

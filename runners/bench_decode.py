@@ -137,8 +137,10 @@ class GcPauses:
 
 
 def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup_steps: int,
-              sets: int = 1, gc_mode: str = "default") -> dict[str, Any]:
+              sets: int = 1, gc_mode: str = "default", step_trace: bool = False) -> dict[str, Any]:
     engine.reset()
+    if step_trace:
+        engine.start_step_trace()  # kept in engine.step_trace for the caller
     sp = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     decode_steps: list[float] = []
     step_waits: list[float] = []
@@ -306,9 +308,17 @@ def run(cfg: DictConfig) -> dict:
     jobs = run_order(list(arms), batches, str(cfg.get("order", "arm_major")), rounds)
     sets = {b: prompt_sets(b, int(cfg.min_requests)) for b in batches}
     wl = build_workload(make_spec(cfg.workload, num_prompts=max(b * n for b, n in sets.items()), seed=0,
-                                  greedy_replica_count=0))
+                                  greedy_replica_count=0, split=str(cfg.get("workload_split", "eval"))))
     prompts = [p.messages if p.messages is not None else p.prompt for p in wl.prompts()]
     need_drafter = any(a.spec == "dspark" for a in arms.values())
+    trace = bool(cfg.get("step_trace", False))
+    if trace:
+        graph_arms = [n for n, a in arms.items() if a.spec == "dspark" and a.cuda_graphs]
+        if graph_arms:
+            raise ConfigError(f"step_trace=true: the trace is recorded by eager steps, and arms {graph_arms} run "
+                              f"CUDA graphs; set engine.cuda_graphs=false (or step_trace=false)")
+        if not need_drafter:
+            raise ConfigError("step_trace=true: no arm is speculative (spec=dspark), so there is nothing to trace")
     # This engine only loads the models (the arms reuse them): no cost table, no graphs.
     first = build_engine(cfg, dataclasses.replace(base, spec="dspark" if need_drafter else "off", verify="full",
                                                   cost_table=None, cuda_graphs=False, overlap=False, tiers=None,
@@ -324,7 +334,11 @@ def run(cfg: DictConfig) -> dict:
             engine.graph.start_timing()
         row = {"arm": name, "round": rnd, "run_position": position,
                **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps), sets[b],
-                           gc_mode=gc_mode)}
+                           gc_mode=gc_mode, step_trace=trace and ecfg.spec == "dspark")}
+        if engine.step_trace is not None:
+            name_ = f"step_trace_{name}_b{b}_r{rnd}.npz"
+            engine.step_trace.save(Path(cfg.output_dir) / name_)
+            row["step_trace"] = name_
         if timing:  # device ms per graph and per step (draft + verify span), warm-up steps left out
             row["device_timing"] = engine.graph.timing_summary(skip_steps=int(cfg.warmup_steps))
         if ecfg.cuda_graphs and engine.graph.use_graphs and row["graph_replays"] == 0:

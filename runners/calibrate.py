@@ -30,6 +30,13 @@ written are the ones fitted on the fit part (documented choice: refitting on all
 leave no unbiased estimate of the temperatures that ship). Without ``fit_fraction`` STS is
 fitted and reported on the same blocks (in-sample only; the older behaviour).
 
+``traces=[...]`` fits on step traces instead (``runners.bench_decode step_trace=true
+engine.cuda_graphs=false`` with ``verify=full``): the blocks the engine itself drafted and
+verified greedily on a workload, with their raw confidence logits, split by request. That
+calibrates the head for the workload it will schedule (a head calibrated on one workload is
+off on another whose acceptance differs); trace prompts the benchmark does not use
+(``workload_split=train``), and calibrate a copy of the checkpoint folder.
+
 ``temperatures.json`` is written into the checkpoint folder, ``calibration.json`` and a
 reliability diagram ``reliability.png`` (of the report part when split) beside it by default.
 """
@@ -46,7 +53,7 @@ import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from dspark.config import ConfigError
+from dspark.config import ConfigError, ModelConfig
 from dspark.model_runner import DTYPES
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.llama import TargetModel
@@ -63,6 +70,9 @@ class CalibrateSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
     checkpoint: Optional[str] = None
     data: Any = None  # a .safetensors file or a list of them (shards), as given to train_drafter
+    # or: step traces of verify=full engine runs (bench_decode step_trace=true), a path or a list; the blocks
+    # the engine drafted and verified on a workload, fitted as they are (no replay, no target model)
+    traces: Any = None
     holdout_fraction: Optional[float] = None  # take the held-out part of a training file instead of all of it
     holdout_seed: int = 0
     max_sequences: Optional[int] = None
@@ -234,7 +244,23 @@ def greedy_replay(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDat
     return replay
 
 
-def calibrate(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset, checkpoint: Path, cfg: Any,
+def trace_replay(cfg: Any) -> dict[str, Any]:
+    """The calibration rows of ``cfg.traces`` (dspark.step_trace.calibration_rows), or a ConfigError that says why not."""
+    from dspark.step_trace import calibration_rows
+
+    paths = [cfg.traces] if isinstance(cfg.traces, str) else [str(p) for p in cfg.traces]
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        raise ConfigError(f"traces: {missing} not found; write traces with `python -m runners.bench_decode "
+                          f"step_trace=true engine.cuda_graphs=false ...` (files step_trace_*.npz)")
+    try:
+        return calibration_rows(paths)
+    except ValueError as e:
+        raise ConfigError(f"traces: {e}") from None
+
+
+def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: TokenDataset | None, checkpoint: Path,
+              cfg: Any,
               previous: list[float] | None = None, previous_biases: list[float] | None = None) -> dict[str, Any]:
     """Fit STS or sts_bias (on the fit part when ``cfg.fit_fraction`` is set), write temperatures.json into
     ``checkpoint``, return the report."""
@@ -243,7 +269,7 @@ def calibrate(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset
                           f"there is nothing to calibrate")
     seed = int(cfg.seed)
     method = cfg.get("method", "sts")
-    replay = greedy_replay(target, drafter, dataset, checkpoint, cfg)
+    replay = trace_replay(cfg) if cfg.get("traces") else greedy_replay(target, drafter, dataset, checkpoint, cfg)
     z, accepted = replay["conf_logits"].double(), replay["accepted"].double()
     seq_index = replay["seq_index"]
     n_bins = int(cfg.n_bins)
@@ -305,26 +331,29 @@ def calibrate(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset
              else f"in sample: {name} fitted and shown on the same blocks")
     reliability_plot(z[rep], accepted[rep], temperatures, plot_path, n_bins=n_bins, title=title, biases=biases)
     n_seq = lambda mask: int(torch.unique(seq_index[mask]).numel())  # noqa: E731
+    num_sequences = len(dataset) if dataset is not None else int(torch.unique(seq_index).numel())
     report.update({
         "checkpoint": str(checkpoint.resolve()),
         "reported_on": part,
         "temperatures_fitted_on": "fit" if fit_fraction is not None else "all",
         "method_option": method,
-        "sequences": len(dataset),
+        "sequences": num_sequences,
         "blocks": int(z.shape[0]),
         "anchors": {"anchors_per_seq": cfg.anchors_per_seq, "anchor_stride": int(cfg.get("anchor_stride", 1)),
                     "max_len": int(cfg.max_len), "seed": seed},
         "greedy_mean_accept_length": float(replay["accept_length"].mean()),
         "reliability_plot": str(plot_path.resolve()),
-        "data_info": {k: dataset.info.get(k) for k in ("split", "seed", "sources", "exclude_prompts",
-                                                          "num_prompts_per_source", "max_tokens") if k in dataset.info},
+        "data_info": ({"traces": [str(p) for p in ([cfg.traces] if isinstance(cfg.traces, str) else cfg.traces)]}
+                      if dataset is None else
+                      {k: dataset.info.get(k) for k in ("split", "seed", "sources", "exclude_prompts",
+                                                         "num_prompts_per_source", "max_tokens") if k in dataset.info}),
     })
     if fit_fraction is not None:
         report["split"] = {
             "by": "sequence", "fit_fraction": float(fit_fraction), "seed": split_seed,
             "sequences": {"fit": n_seq(fit), "report": n_seq(rep)},
             "blocks": {"fit": int(fit.sum()), "report": int(rep.sum())},
-            "sequences_without_blocks": len(dataset) - n_seq(fit) - n_seq(rep),
+            "sequences_without_blocks": num_sequences - n_seq(fit) - n_seq(rep),
         }
         report["in_sample"] = {"part": "fit", "blocks": int(fit.sum()), "sequences": n_seq(fit), **in_sample}
         report["out_of_sample"] = {"part": "report", "blocks": int(rep.sum()), "sequences": n_seq(rep),
@@ -349,14 +378,23 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
         raise ConfigError("checkpoint: give the drafter folder to calibrate, e.g. checkpoint=runs/dspark/final")
     checkpoint = Path(cfg.checkpoint)
     check_options(cfg)
-    dataset = held_out_data(cfg)
-    if target is None:
-        from runners.train_drafter import load_target_and_tokenizer
-
-        target, _ = load_target_and_tokenizer(cfg)
     dtype = DTYPES[cfg.dtype]
-    target = target.to(device=cfg.device, dtype=dtype).eval()
-    drafter = DSparkDrafter.load(checkpoint, target.cfg, device=cfg.device, dtype=dtype).eval()
+    if cfg.get("traces"):  # the engine already drafted and verified: no data, no replay, no target
+        if cfg.get("data"):
+            raise ConfigError("data and traces: give one source of blocks to calibrate on, not both")
+        dataset = None
+        target_cfg = target.cfg if target is not None else ModelConfig.from_dict(
+            json.loads((checkpoint / "config.json").read_text())["target"])
+        target = None
+    else:
+        dataset = held_out_data(cfg)
+        if target is None:
+            from runners.train_drafter import load_target_and_tokenizer
+
+            target, _ = load_target_and_tokenizer(cfg)
+        target = target.to(device=cfg.device, dtype=dtype).eval()
+        target_cfg = target.cfg
+    drafter = DSparkDrafter.load(checkpoint, target_cfg, device=cfg.device, dtype=dtype).eval()
     previous = [float(v) for v in drafter.confidence_temperatures.tolist()]  # what the checkpoint shipped with
     previous_biases = [float(v) for v in drafter.confidence_biases.tolist()]
     drafter.set_confidence_temperatures([1.0] * drafter.block_size)  # fit from the raw head (biases zero)

@@ -53,6 +53,7 @@ class EngineSchema:
     tiers: Optional[List[int]] = None  # set by the tiers group (verify=uniform)
     min_verify_len: int = 1
     min_predicted_gain: float = 0.02
+    confidence_calibration: Optional[str] = None  # temperatures.json (or its folder) replacing the drafter's own
     skip_mixed_trim: bool = True
     force_verify_len: Optional[int] = None
     force_trimmed_path: bool = False
@@ -176,6 +177,7 @@ class BenchDecodeSchema:
     warmup_steps: int = 3
     min_requests: int = 8  # small batches run consecutive sets of distinct prompts up to this many requests
     workload: str = "poetry"
+    workload_split: str = "eval"  # eval (benchmarks) | train (e.g. step traces to calibrate on) | all
     graph_timing: bool = False  # CUDA events around every graph replay: device ms per graph and per step
     # Run order of the (arm, batch) jobs, against machine drift and in-process state (runners.bench_decode.run_order):
     # arm_major (every batch of an arm, then the next arm), batch_major (every arm at a batch, then the next
@@ -186,6 +188,9 @@ class BenchDecodeSchema:
     # gc.freeze(): the objects alive before the run are never scanned again, as servers do after start-up)
     # or disable (no automatic collection during the run). Every row records the collector's pauses.
     gc_mode: str = "default"
+    # Speculative eager arms: write each run's per-step survival, windows and accepted counts
+    # (dspark.step_trace) to step_trace_<arm>_b<batch>_r<round>.npz, for bench/planner_replay.py.
+    step_trace: bool = False
     output_dir: str = "outputs/bench_decode"
     progress: bool = True
 

@@ -301,3 +301,40 @@ def test_calibrate_runner_too_few_sequences_for_a_split(tmp_path, target, data, 
     with pytest.raises(ConfigError, match="each part needs at least 2"):
         calibrate.run(_compose(f"checkpoint={checkpoint}", f"data={path5}", "fit_fraction=0.9",
                                f"output_json={tmp_path / 'x.json'}"), target=target)
+
+
+def test_calibrate_runner_fits_on_step_traces_of_the_engine(tmp_path, target, checkpoint):
+    """traces=: the blocks a verify=full engine run drafted and verified, split by request; no target is loaded."""
+    import shutil
+
+    from dspark.models.drafter import DSparkDrafter
+    from runners import calibrate
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, ckpt)
+    drafter = DSparkDrafter.load(ckpt, target.cfg)
+    engine = Engine(target, None, tiny_engine_config(max_num_seqs=16), drafter)
+    trace = engine.start_step_trace()
+    gen = torch.Generator().manual_seed(9)
+    engine.generate([torch.randint(3, 97, (4,), generator=gen).tolist() for _ in range(16)],
+                    SamplingParams(max_tokens=24, ignore_eos=True))
+    path = trace.save(tmp_path / "trace.npz")
+    report = calibrate.run(_compose(f"checkpoint={ckpt}", f"traces=[{path}]", "method=sts_bias",
+                                    "fit_fraction=0.5", "bootstrap_resamples=20", "n_bias=21", "refine=5"))
+    assert report["blocks"] == trace.rows() and report["sequences"] == 16
+    assert report["split"]["sequences"] == {"fit": 8, "report": 8}
+    assert report["data_info"] == {"traces": [str(path)]}
+    # the traced blocks' acceptance is the run's: accept length = mean accepted + 1
+    accepted = torch.cat([torch.from_numpy(a) for a in trace.accepted]).double()
+    assert report["greedy_mean_accept_length"] == pytest.approx(float(accepted.mean() + 1))
+    saved = json.loads((ckpt / "temperatures.json").read_text())
+    assert saved["temperatures"] == pytest.approx(report["temperatures"]) and len(saved["biases"]) == 4
+    with pytest.raises(ConfigError, match="not both"):
+        calibrate.run(_compose(f"checkpoint={ckpt}", f"traces=[{path}]", f"data={path}"))
+    with pytest.raises(ConfigError, match="not found"):
+        calibrate.run(_compose(f"checkpoint={ckpt}", f"traces=[{tmp_path / 'none.npz'}]"))
+    trimmed = Engine(target, None, tiny_engine_config(verify="ragged", force_budget_frac=0.5), drafter)
+    t2 = trimmed.start_step_trace()
+    trimmed.generate([[5, 6, 7, 8]] * 4, SamplingParams(max_tokens=16, ignore_eos=True))
+    with pytest.raises(ConfigError, match="verify=full"):
+        calibrate.run(_compose(f"checkpoint={ckpt}", f"traces=[{t2.save(tmp_path / 'ragged.npz')}]"))

@@ -147,3 +147,47 @@ def test_sampled_outputs_follow_target_with_planner_active(table_path, verify, e
     for pos, p in ((0, p1), (1, p2)):
         tv, bound = tv_and_bound(toks[:, pos], p)
         assert tv < bound, (pos, tv, bound)
+
+
+def test_an_engine_calibration_replaces_the_drafters_own_for_that_engine_only(models, table_path, tmp_path):
+    """engine.confidence_calibration: the planner reads the given calibration, the shared drafter keeps
+    its own, weights are shared, and outputs stay lossless."""
+    import json
+
+    target, drafter = models
+    before = (drafter.confidence_temperatures.clone(), drafter.confidence_biases.clone())
+    (tmp_path / "temperatures.json").write_text(json.dumps({"method": "sequential_temperature_bias_scaling",
+                                                            "temperatures": [0.5, 2.0, 1.5, 0.7],
+                                                            "biases": [1.0, -1.0, 0.5, 0.0]}))
+    prompts = prompts_for(23, 5)
+    sp = SamplingParams(max_tokens=20, ignore_eos=True)
+    base = run(target, None, prompts, sp)
+    shipped = make_engine(target, drafter, table_path, verify="ragged")
+    out_shipped = shipped.generate(prompts, sp)
+    for where in (tmp_path, tmp_path / "temperatures.json"):  # the folder or the file
+        eng = make_engine(target, drafter, table_path, verify="ragged", confidence_calibration=str(where))
+        assert eng.drafter is not drafter
+        assert eng.drafter.fc.weight.data_ptr() == drafter.fc.weight.data_ptr()  # nothing copied
+        assert eng.drafter.confidence_temperatures.tolist() == pytest.approx([0.5, 2.0, 1.5, 0.7])
+        assert eng.drafter.confidence_biases.tolist() == [1.0, -1.0, 0.5, 0.0]
+        assert torch.equal(drafter.confidence_temperatures, before[0])
+        assert torch.equal(drafter.confidence_biases, before[1])
+        trace = eng.start_step_trace()  # the trace's survival is the engine's calibration
+        out = eng.generate(prompts, sp)
+        z = torch.from_numpy(trace.confidence_logits[0])
+        c = torch.sigmoid(z / torch.tensor([0.5, 2.0, 1.5, 0.7]) + torch.tensor([1.0, -1.0, 0.5, 0.0]))
+        assert torch.allclose(torch.from_numpy(trace.survival[0]), torch.cumprod(c, 1), atol=1e-6)
+        assert [o.token_ids for o in out] == [b.token_ids for b in base]
+    # it is what the planner reads: a calibration sure of every draft keeps every block whole
+    sure = tmp_path / "sure"
+    sure.mkdir()
+    (sure / "temperatures.json").write_text(json.dumps({"method": "sequential_temperature_bias_scaling",
+                                                        "temperatures": [1.0] * 4, "biases": [30.0] * 4}))
+    confident = make_engine(target, drafter, table_path, verify="ragged", confidence_calibration=str(sure))
+    assert [o.token_ids for o in confident.generate(prompts, sp)] == [b.token_ids for b in base]
+    assert shipped.counters()["trimmed_steps"] > 0 and confident.counters()["trimmed_steps"] == 0
+    assert [o.token_ids for o in out_shipped] == [b.token_ids for b in base]
+    with pytest.raises(ConfigError, match="confidence_calibration.*not found"):
+        make_engine(target, drafter, table_path, verify="ragged", confidence_calibration=str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match="spec=off"):
+        tiny_engine_config(spec="off", confidence_calibration=str(tmp_path))

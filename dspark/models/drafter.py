@@ -298,6 +298,19 @@ class DSparkDrafter(nn.Module):
         return calibrated_confidence(flat, self.confidence_temperatures,
                                      self.confidence_biases).reshape(confidence_logits.shape)
 
+    def with_calibration(self, temperatures, biases=None) -> "DSparkDrafter":
+        """A drafter that shares this one's modules and weights (nothing copied) but has its own
+        confidence calibration (:meth:`set_confidence_temperatures`), e.g. one fitted on the
+        workload an engine serves; this drafter's calibration is left as it is."""
+        import copy
+
+        twin = copy.copy(self)
+        twin._buffers = dict(self._buffers)  # its own buffer table; modules and parameters stay shared
+        twin.confidence_temperatures = self.confidence_temperatures.clone()
+        twin.confidence_biases = self.confidence_biases.clone()
+        twin.set_confidence_temperatures(temperatures, biases)
+        return twin
+
     def set_confidence_temperatures(self, temperatures, biases=None) -> None:
         """Set the per-slot calibration: temperatures (finite, > 0) and biases (finite; None: zeros, i.e. STS).
 

@@ -1,0 +1,270 @@
+"""Replay the verify-budget planner offline on step traces of a ``verify=full`` run.
+
+A trace (``runners.bench_decode step_trace=true``, eager arms) holds, for every decode step, each
+request's fresh survival and how many of its drafts the target accepted with the whole block
+verified. This script packs the traced request sequences into B lanes (a lane takes the next
+request when its request ends, like a served batch), plans every step with ``plan_budget`` against
+a cost table, and scores each arm on the same acceptances:
+
+  full     every request verifies the whole block;
+  ragged   the planner (global search, budget sized on survival ``lag`` steps old, windows from
+           fresh survival); emitted tokens min(accepted, window) + 1 per request;
+  uniform  the same planner, one window for the batch;
+  oracle   ``dspark.planner.oracle_bound``: windows equal to the accepted counts.
+
+It reports each arm's gain over full and ragged's share of the oracle's gain, for the traced head
+and for synthetic heads: exactly calibrated heads whose per-position separation is set so that
+their AUC takes chosen values (z = s * (2y - 1) + N(0, 1); c = P(y = 1 | z) at the traced
+per-position base rate). That tells how sharp a confidence head a given share needs.
+
+Trimming changes what a request drafts next; the replay holds each request's later steps as
+traced, which is how the oracle bound is priced as well.
+
+    python bench/planner_replay.py TRACE.npz [...] --table cost_table.json --batches 128 256 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from dspark.cost_table import CostTable
+from dspark.planner import PlannerConfig, oracle_bound, plan_budget
+from dspark.step_trace import StepTrace
+from dspark.survival import neutral_survival_row
+
+
+def sequences(paths: list[str], with_logits: bool = False) -> tuple[int, list[tuple]]:
+    """(block, [(survival [S, G], accepted [S]) per traced request]), with the raw confidence logits
+    [S, G] as a third item when ``with_logits``; every traced window must be the block."""
+    block, out = None, []
+    for p in paths:
+        trace = StepTrace.load(p)
+        if block is not None and trace.block != block:
+            raise SystemExit(f"{p}: block {trace.block}, the other traces have {block}")
+        block = trace.block
+        for rid, seq in sorted(trace.per_request().items()):
+            surv, win, acc = seq["survival"], seq["windows"], seq["accepted"]
+            if (win != block).any():
+                raise SystemExit(f"{p}: request {rid} verified windows {sorted(set(win.tolist()))}, not the whole "
+                                 f"block {block}; trace a verify=full run (the oracle needs uncapped acceptances)")
+            if with_logits and "confidence_logits" not in seq:
+                raise SystemExit(f"{p}: no raw confidence logits in this trace (recorded before they were); a "
+                                 f"--head calibration needs them: trace the run again")
+            out.append((surv.astype(np.float64), acc.astype(np.int64))
+                       + ((seq["confidence_logits"].astype(np.float64),) if with_logits else ()))
+    if not out:
+        raise SystemExit("no traced request")
+    return block, out
+
+
+def conditional(survival: np.ndarray) -> np.ndarray:
+    """Per-position confidence c_k = a_k / a_{k-1} from prefix survival [N, G]."""
+    prev = np.concatenate([np.ones((survival.shape[0], 1)), survival[:, :-1]], axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(prev > 0, survival / np.where(prev > 0, prev, 1.0), 0.0)
+
+
+def observed(accepted: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(mask [N, G] of positions whose conditional outcome is observed, outcome [N, G]): position k (1-based)
+    is observed when every earlier one was accepted (k <= accepted + 1); accepted iff k <= accepted."""
+    k = np.arange(1, block + 1)[None, :]
+    return k <= accepted[:, None] + 1, k <= accepted[:, None]
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Mann-Whitney AUC (ties count one half)."""
+    pos, neg = int(labels.sum()), int((~labels).sum())
+    if pos == 0 or neg == 0:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    s = scores[order]
+    ranks = np.empty(len(s))
+    i = 0
+    while i < len(s):  # average ranks over ties
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[i]:
+            j += 1
+        ranks[i:j + 1] = (i + j) / 2 + 1
+        i = j + 1
+    r = np.empty(len(s))
+    r[order] = ranks
+    return float((r[labels].sum() - pos * (pos + 1) / 2) / (pos * neg))
+
+
+def head_quality(seqs, block: int) -> dict:
+    surv = np.concatenate([s for s, _ in seqs])
+    acc = np.concatenate([a for _, a in seqs])
+    mask, y = observed(acc, block)
+    c = conditional(surv)
+    per_pos = [auc(c[mask[:, k], k], y[mask[:, k], k]) for k in range(block)]
+    return {"rows": int(len(acc)), "accept_length": float(acc.mean() + 1),
+            "auc_conditional_all": auc(c[mask], y[mask]), "auc_conditional_per_position": per_pos,
+            "mean_confidence_observed": float(c[mask].mean()), "acceptance_rate_observed": float(y[mask].mean()),
+            "base_rate_per_position": [float(y[mask[:, k], k].mean()) for k in range(block)]}
+
+
+def synthetic_survival(seqs, block: int, separation: float, base: list[float], rng) -> list[np.ndarray]:
+    """Exactly calibrated heads: z = s (2y - 1) + noise, c = P(y = 1 | z) at the per-position base rate.
+    Positions past the first rejection draw their outcome at the base rate (never observed anyway)."""
+    out = []
+    for surv, acc in seqs:
+        mask, y = observed(acc, block)
+        draw = rng.random(y.shape) < np.asarray(base)[None, :]
+        y = np.where(mask, y, draw)
+        z = separation * (2 * y - 1) + rng.standard_normal(y.shape)
+        b = np.clip(np.asarray(base), 1e-6, 1 - 1e-6)[None, :]
+        log_odds = np.log(b / (1 - b)) + 2 * separation * z  # likelihood ratio of N(+s,1) vs N(-s,1)
+        c = 1 / (1 + np.exp(-np.clip(log_odds, -60, 60)))
+        out.append(np.cumprod(c, axis=1))
+    return out
+
+
+def replay(seqs, survivals, block: int, table: CostTable, batch: int, steps: int, lag: int,
+           config: PlannerConfig, seed: int) -> dict:
+    """Lanes of `batch` requests stepped together; each arm scored on the same acceptances."""
+    rng = np.random.default_rng(seed)
+    queue: list[int] = []
+
+    def next_request() -> int:
+        if not queue:
+            queue.extend(rng.permutation(len(seqs)).tolist())
+        return queue.pop()
+
+    lane_req = [next_request() for _ in range(batch)]
+    # start lanes at random points of their first request, as a batch in steady state would be
+    lane_t = [int(rng.integers(len(seqs[r][1]))) for r in lane_req]
+    neutral = np.asarray(neutral_survival_row(block))
+    tok = {"full": 0.0, "ragged": 0.0, "uniform": 0.0}
+    ms = {"full": 0.0, "ragged": 0.0, "uniform": 0.0}
+    trimmed = {"ragged": 0, "uniform": 0}
+    verified = {"full": 0, "ragged": 0, "uniform": 0}
+    acc_steps = []
+    cfg_uniform = dataclasses.replace(config, mode="uniform", allowed_verify_lens=None)
+    for _ in range(steps):
+        fresh = np.stack([survivals[r][t] for r, t in zip(lane_req, lane_t)])
+        sizing = np.stack([survivals[r][t - lag] if t >= lag else neutral for r, t in zip(lane_req, lane_t)])
+        acc = np.array([seqs[r][1][t] for r, t in zip(lane_req, lane_t)])
+        acc_steps.append(acc.tolist())
+        tok["full"] += float((acc + 1).sum())
+        ms["full"] += table.step_ms(batch * (block + 1), batch)
+        verified["full"] += batch * block
+        for arm, cfg in (("ragged", config), ("uniform", cfg_uniform)):
+            d = plan_budget(ranking_survival=fresh, sizing_survival=sizing, table=table, config=cfg,
+                            temperature_positive=False, batch_size=batch)
+            w = np.asarray(d.windows if d.windows is not None else [block] * batch)
+            tok[arm] += float((np.minimum(acc, w) + 1).sum())
+            ms[arm] += table.step_ms(int(w.sum()) + batch, batch, trimmed=bool((w < block).any()))
+            trimmed[arm] += int(d.trimmed)
+            verified[arm] += int(w.sum())
+        for i in range(batch):  # advance; a finished request hands its lane to the next one
+            lane_t[i] += 1
+            if lane_t[i] >= len(seqs[lane_req[i]][1]):
+                lane_req[i], lane_t[i] = next_request(), 0
+    ob = oracle_bound(acc_steps, [batch] * steps, table, block=block)
+    full_rate = tok["full"] / ms["full"]
+    oracle_gain = ob["oracle_tokens_per_ms"] / full_rate - 1
+    out = {"batch": batch, "steps": steps, "lag": lag, "oracle_gain": oracle_gain}
+    for arm in ("ragged", "uniform"):
+        gain = tok[arm] / ms[arm] / full_rate - 1
+        out[f"{arm}_gain"] = gain
+        out[f"{arm}_share"] = gain / oracle_gain if oracle_gain > 0 else float("nan")
+        out[f"{arm}_trimmed_steps"] = trimmed[arm]
+        out[f"{arm}_verified_ratio"] = verified[arm] / verified["full"]
+        out[f"{arm}_emitted_ratio"] = tok[arm] / tok["full"]
+    return out
+
+
+def recalibrated_survival(logits: list[np.ndarray], folder: str, block: int) -> list[np.ndarray]:
+    """Each request's survival under the calibration in ``folder`` (temperatures.json), from its raw logits."""
+    import torch
+
+    from dspark.survival import calibrated_confidence
+    from dspark.training.calibration import load_calibration
+
+    temps, biases = load_calibration(folder, block)
+    return [torch.cumprod(calibrated_confidence(torch.from_numpy(z), temps, biases), 1).double().numpy()
+            for z in logits]
+
+
+def separation_for_auc(target: float) -> float:
+    """AUC of N(+s,1) against N(-s,1) is Phi(s * sqrt 2): s = Phi^-1(AUC) / sqrt 2."""
+    lo, hi = -10.0, 10.0
+    for _ in range(100):  # invert the normal CDF by bisection
+        mid = (lo + hi) / 2
+        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < target:
+            lo = mid
+        else:
+            hi = mid
+    return lo / math.sqrt(2)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("traces", nargs="+")
+    ap.add_argument("--table", required=True)
+    ap.add_argument("--batches", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--lags", type=int, nargs="+", default=[2, 0])
+    ap.add_argument("--head", action="append", default=[], metavar="NAME=DIR",
+                    help="also replay the traced head under the calibration (temperatures.json) in DIR")
+    ap.add_argument("--aucs", type=float, nargs="*", default=[],
+                    help="synthetic heads of these per-position AUCs (independent noise per cell: they have "
+                         "none of a real head's persistence from step to step, so a lagged budget fares "
+                         "worse with them than with a real head of the same AUC)")
+    ap.add_argument("--min-gain", type=float, default=0.02)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    block, seqs = sequences(args.traces, with_logits=bool(args.head))
+    table = CostTable.load(args.table)
+    config = PlannerConfig(block=block, mode="ragged", algorithm="global", budget_lag=2,
+                           min_predicted_gain=args.min_gain, temperature_positive=False)
+    heads = {"traced": [s[0] for s in seqs]}
+    for spec in args.head:
+        name, _, folder = spec.partition("=")
+        if not folder:
+            raise SystemExit(f"--head {spec!r}: give NAME=DIR (a folder holding temperatures.json)")
+        heads[name] = recalibrated_survival([s[2] for s in seqs], folder, block)
+    seqs = [(s[0], s[1]) for s in seqs]
+    quality = head_quality(seqs, block)
+    rng = np.random.default_rng(0)
+    for a in args.aucs:
+        heads[f"calibrated_auc_{a:g}"] = synthetic_survival(seqs, block, separation_for_auc(a),
+                                                            quality["base_rate_per_position"], rng)
+    rows = []
+    for name, survivals in heads.items():
+        q = head_quality(list(zip(survivals, [a for _, a in seqs])), block)
+        per_pos = [v for v in q["auc_conditional_per_position"] if v == v]
+        for batch in args.batches:
+            for lag in args.lags:
+                runs = [replay(seqs, survivals, block, table, batch, args.steps, lag, config, seed)
+                        for seed in range(args.seeds)]
+                row = {"head": name, **{k: (float(np.median([r[k] for r in runs])) if isinstance(runs[0][k], float)
+                                            else runs[0][k]) for k in runs[0]}}
+                row["head_auc_pooled"] = q["auc_conditional_all"]
+                row["head_auc_per_position_mean"] = float(np.mean(per_pos))
+                rows.append(row)
+                print(f"{name:>22} b{batch:<4} lag {lag}: oracle {row['oracle_gain']:+.2%}  ragged "
+                      f"{row['ragged_gain']:+.2%} (share {row['ragged_share']:.0%}, verified "
+                      f"{row['ragged_verified_ratio']:.2f}, emitted {row['ragged_emitted_ratio']:.3f})  uniform "
+                      f"{row['uniform_gain']:+.2%} (share {row['uniform_share']:.0%})", flush=True)
+    doc = {"traces": args.traces, "table": args.table, "block": block, "head_quality": quality,
+           "settings": {k: v for k, v in vars(args).items() if k not in ("traces", "table", "out")}, "rows": rows}
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "planner_replay.json").write_text(json.dumps(doc, indent=2))
+        lines = ["| head | AUC per position (mean) / pooled | batch | lag | oracle gain | ragged gain | ragged share | ragged verified / "
+                 "emitted | uniform gain | uniform share |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['head']} | {r['head_auc_per_position_mean']:.3f} / {r['head_auc_pooled']:.3f} | {r['batch']} | {r['lag']} | {r['oracle_gain']:+.2%} | "
+                         f"{r['ragged_gain']:+.2%} | {r['ragged_share']:.0%} | {r['ragged_verified_ratio']:.2f} / "
+                         f"{r['ragged_emitted_ratio']:.3f} | {r['uniform_gain']:+.2%} | {r['uniform_share']:.0%} |")
+        (out / "planner_replay.md").write_text("\n".join(lines) + "\n")
+    return doc
