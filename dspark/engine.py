@@ -241,6 +241,23 @@ class Engine:
         """Tokens committed so far (cheap: benchmarks read it around every step)."""
         return self._counts["emitted_tokens"]
 
+    @property
+    def oracle_steps_recorded(self) -> int:
+        """How many committed decode steps the oracle bound holds (full-block acceptances, verify=full
+        or cap_accept); a benchmark notes it around the steps it times (:meth:`oracle_bound_over`)."""
+        return len(self._oracle_steps)
+
+    def oracle_bound_over(self, indices: Sequence[int]) -> dict | None:
+        """The oracle bound (``dspark.planner.oracle_bound``) over the given recorded steps only, e.g. a
+        benchmark's timed steps, so that an arm's gain over the same window compares with it. None
+        without a cost table or steps."""
+        if self.cost_table is None or not indices or self.cfg.verify not in ("full", "cap_accept"):
+            return None
+        from dspark.planner import oracle_bound
+
+        steps = [self._oracle_steps[i] for i in indices]
+        return oracle_bound(steps, [len(s) for s in steps], self.cost_table, block=self.block_size)
+
     def counters(self) -> dict[str, float]:
         """What the engine did since the last reset (feeds the A/B guards and reports)."""
         c: dict = {f"sched/{k}": v for k, v in self.stats.summary().items() if v is not None}

@@ -147,6 +147,7 @@ def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup
     step_tokens: list[int] = []
     outputs: dict[int, list[int]] = {}
     prompt_lens: dict[int, int] = {}
+    timed_oracle: list[int] = []
     tokens_in_timed = 0
     with GcPauses(gc_mode) as pauses:
         t_all = time.perf_counter()
@@ -154,9 +155,13 @@ def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup
             for i in range(batch):
                 engine.add_request(prompts[(s * batch + i) % len(prompts)], sp)
             tokens_in_timed += _run_set(engine, batch, warmup_steps, decode_steps, outputs, step_tokens, prompt_lens,
-                                        step_waits)
+                                        step_waits, timed_oracle)
         wall = time.perf_counter() - t_all
     row = _row(engine, batch, sets, decode_steps, outputs, tokens_in_timed, wall, warmup_steps)
+    # The oracle over the timed steps alone: the window an arm's tokens/s is measured on (the
+    # "oracle" entry covers every step, ramp-up and tail included, whose headroom differs).
+    timed = engine.oracle_bound_over(timed_oracle)
+    row["oracle_timed"] = timed
     # Where the timed steps' wall time went: the host's own work, and its wait for the device (0 on
     # the eager path). A step far above its device time with a short host time points elsewhere
     # (the collector's pauses below, or device idle: graph_timing's step gaps).
@@ -194,6 +199,24 @@ def throughput_interval(step_ms: list[float], step_tokens: list[int], resamples:
     return out
 
 
+def add_oracle_shares(results: list[dict]) -> None:
+    """Each trimming arm's share of the oracle's gain, like for like: its tokens/s over the full-block
+    arm's of the same round and batch, minus 1, over the oracle headroom of that full arm's timed
+    steps. Needs a verify=full arm with a cost table in the same round and batch; else None."""
+    fulls = {(r["round"], r["batch_size"]): r for r in results
+             if r.get("oracle_timed") and r.get("trim_ratio") == 0.0 and r.get("verify") == "full"}
+    for r in results:
+        full = fulls.get((r["round"], r["batch_size"]))
+        r["oracle_share_timed"] = None
+        if full is None or r is full or r.get("verify") not in ("uniform", "ragged"):
+            continue
+        headroom = full["oracle_timed"]["headroom_vs_full_block"]
+        gain = r["output_tokens_per_s"] / full["output_tokens_per_s"] - 1.0
+        r["gain_over_full"] = gain
+        r["oracle_headroom_timed"] = headroom
+        r["oracle_share_timed"] = gain / headroom if headroom > 0 else None
+
+
 def cost_table_context(engine: Engine) -> int | None:
     """The context length the engine's cost table was profiled at (``runners.profile prompt_len``,
     recorded in its fingerprint), or None (no table, or one from before it was recorded)."""
@@ -221,12 +244,15 @@ def context_note(results: list[dict], ratio: float = 1.5) -> str | None:
 
 def _run_set(engine: Engine, batch: int, warmup_steps: int, decode_steps: list[float],
              outputs: dict[int, list[int]], step_tokens: list[int] | None = None,
-             prompt_lens: dict[int, int] | None = None, step_waits: list[float] | None = None) -> int:
+             prompt_lens: dict[int, int] | None = None, step_waits: list[float] | None = None,
+             oracle_steps: list[int] | None = None) -> int:
     """Step until the set's requests finish; append the timed steps' ms (and, into step_waits, the ms
-    each of them waited for the device); return their tokens."""
+    each of them waited for the device; into oracle_steps, the engine's oracle records of the steps
+    committed in the timed calls); return their tokens."""
     tokens_in_timed = 0
     seen = 0
     while engine.has_unfinished():
+        recorded = engine.oracle_steps_recorded
         # The step is timed by the wall clock around engine.step() and nothing else runs in this
         # loop (no engine.counters(): its summaries cost host time that, with the overlap
         # scheduler, would hide the device's work and flatter the step time).
@@ -245,6 +271,8 @@ def _run_set(engine: Engine, batch: int, warmup_steps: int, decode_steps: list[f
         if seen <= warmup_steps:
             continue
         decode_steps.append(step_ms)
+        if oracle_steps is not None:  # the step this call committed (with overlap: the one launched before)
+            oracle_steps.extend(range(recorded, engine.oracle_steps_recorded))
         if step_waits is not None:
             step_waits.append(info.wait_ms)
         if step_tokens is not None:
@@ -332,7 +360,7 @@ def run(cfg: DictConfig) -> dict:
         timing = bool(cfg.get("graph_timing", False)) and ecfg.cuda_graphs and torch.cuda.is_available()
         if timing:
             engine.graph.start_timing()
-        row = {"arm": name, "round": rnd, "run_position": position,
+        row = {"arm": name, "round": rnd, "run_position": position, "verify": ecfg.verify,
                **bench_one(engine, prompts, b, int(cfg.new_tokens), int(cfg.warmup_steps), sets[b],
                            gc_mode=gc_mode, step_trace=trace and ecfg.spec == "dspark")}
         if engine.step_trace is not None:
@@ -356,6 +384,7 @@ def run(cfg: DictConfig) -> dict:
         ref = reference[(r["round"], r["batch_size"])]
         r["requests_differing_from_" + first_arm] = sum(a != b for a, b in zip(r["outputs"], ref))
         r["output_tokens_total"] = sum(len(o) for o in r.pop("outputs"))
+    add_oracle_shares(results)
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = median_over_rounds(results) if rounds > 1 else None
@@ -380,6 +409,15 @@ def run(cfg: DictConfig) -> dict:
                      f"{fmt(r['accept_length'], '.2f')} | "
                      f"{fmt(r['trim_ratio'], '.3f')} | {fmt(r['predicted_gain_mean'], '+.3f')} | "
                      f"{r['graph_replays']} / {r['eager_steps']} | {r['requests_differing_from_' + first_arm]} |")
+    shares = [r for r in results if r.get("oracle_share_timed") is not None]
+    if shares:
+        lines += ["", "Share of the oracle's gain over the timed steps (the arm's tokens/s against the full-block "
+                  "arm's of the same round and batch, over the oracle headroom of that arm's timed steps):", "",
+                  "| arm | batch | round | gain over full | oracle headroom (timed steps) | share |",
+                  "|---|---|---|---|---|---|"]
+        for r in shares:
+            lines.append(f"| {r['arm']} | {r['batch_size']} | {r['round']} | {r['gain_over_full']:+.2%} | "
+                         f"{r['oracle_headroom_timed']:+.2%} | {r['oracle_share_timed']:.0%} |")
     if summary is not None:
         lines += ["", f"Median over the {rounds} rounds (each round's tokens/s in run order of the rounds):", "",
                   "| arm | batch | ms/step (median of rounds) | output tok/s (median of rounds) | tok/s by round | "

@@ -41,7 +41,7 @@ def table_path(models, tmp_path_factory):
 
 @pytest.mark.parametrize("verify,extra", [
     ("uniform", {}), ("uniform", {"tiers": (1, 2, 4)}), ("ragged", {}), ("ragged", {"token_buckets": (16, 32, 64)}),
-    ("cap_accept", {}), ("ragged", {"budget_lag": 0}), ("ragged", {"planner_algorithm": "greedy_stop",
+    ("cap_accept", {}), ("ragged", {"budget_lag": 0}), ("ragged", {"min_verify_len": 0}), ("ragged", {"planner_algorithm": "greedy_stop",
                                                                    "budget_lag": 0, "min_predicted_gain": 0.0}),
 ])
 def test_every_mode_is_greedy_lossless_and_really_trims(models, table_path, verify, extra):
@@ -191,3 +191,30 @@ def test_an_engine_calibration_replaces_the_drafters_own_for_that_engine_only(mo
         make_engine(target, drafter, table_path, verify="ragged", confidence_calibration=str(tmp_path / "none"))
     with pytest.raises(ConfigError, match="spec=off"):
         tiny_engine_config(spec="off", confidence_calibration=str(tmp_path))
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_the_oracle_over_a_benchmarks_timed_steps_is_priced_on_those_steps_alone(models, table_path, graphs):
+    from runners.bench_decode import add_oracle_shares, bench_one
+
+    target, drafter = models
+    extra = dict(cuda_graphs=True, overlap=True, budget_lag=2, allow_foreign_cost_table=True) if graphs else {}
+    eng = make_engine(target, drafter, table_path, **extra)
+    row = bench_one(eng, prompts_for(25, 4), 4, 18, 2)
+    timed = row["oracle_timed"]
+    assert timed is not None and timed["steps"] == row["timed_steps"]  # one committed step per timed call
+    everything = eng.oracle_bound_over(range(eng.oracle_steps_recorded))
+    c = eng.counters()
+    assert everything["oracle_ms"] == pytest.approx(c["oracle/oracle_ms"])
+    assert everything["steps"] > timed["steps"] and timed["tokens"] < everything["tokens"]
+    assert eng.oracle_bound_over([]) is None
+    ragged = make_engine(target, drafter, table_path, verify="ragged", **extra)
+    assert ragged.oracle_bound_over([0]) is None  # a trimming arm holds no full-block acceptances
+    # the share compares each trimming arm with the full arm of its round and batch
+    rows = [{**row, "arm": "full", "round": 0, "verify": "full", "output_tokens_per_s": 100.0},
+            {"arm": "ragged", "round": 0, "batch_size": 4, "verify": "ragged", "output_tokens_per_s": 104.0},
+            {"arm": "ragged", "round": 1, "batch_size": 4, "verify": "ragged", "output_tokens_per_s": 104.0}]
+    add_oracle_shares(rows)
+    headroom = timed["headroom_vs_full_block"]
+    assert rows[1]["oracle_share_timed"] == pytest.approx(0.04 / headroom)
+    assert rows[0]["oracle_share_timed"] is None and rows[2]["oracle_share_timed"] is None  # no full arm in round 1

@@ -95,9 +95,9 @@ def test_graph_configs_refused_with_a_fix():
         Engine(target, None, tiny_engine_config(spec="dspark", cuda_graphs=True, token_buckets=(5, 12)), drafter)
 
 
-@pytest.mark.parametrize("verify", ["uniform", "ragged"])
+@pytest.mark.parametrize("verify,min_len", [("uniform", 1), ("ragged", 1), ("ragged", 0)])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_confidence_scheduled_device_steps_trim_and_stay_lossless(tmp_path, verify, overlap):
+def test_confidence_scheduled_device_steps_trim_and_stay_lossless(tmp_path, verify, min_len, overlap):
     from test_engine_scheduling import steep_table
 
     target = tiny_target(6)
@@ -109,9 +109,11 @@ def test_confidence_scheduled_device_steps_trim_and_stay_lossless(tmp_path, veri
     params = [SamplingParams(max_tokens=14 + 4 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
     base, _ = generate(target, None, prompts, params, max_num_seqs=4)
     fast, eng = generate(target, drafter, prompts, params, max_num_seqs=4, verify=verify, cost_table=table,
-                         budget_lag=lag, cuda_graphs=True, overlap=overlap)
+                         budget_lag=lag, cuda_graphs=True, overlap=overlap, min_verify_len=min_len)
     assert fast == base
     c = eng.counters()
+    if min_len == 0:  # some request verified its anchor alone (window 0) on a device-resident step
+        assert c.get("sched/verify_len_hist.0", 0) > 0, c
     assert c["graph_eager_steps"] > 0
     assert c["trimmed_steps"] > 0 and c["window_tokens"] < c["ceiling_tokens"]  # the feature ran
     # The trims happened on the device-resident steps, not only on eager ones.

@@ -1,5 +1,7 @@
 """Step traces (dspark.step_trace) and the offline planner replay on them (dspark.bench.planner_replay)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -148,3 +150,34 @@ def test_bench_decode_refuses_a_trace_of_graph_arms():
                                                              "output_dir=unused"])
     with pytest.raises(ConfigError, match="cuda_graphs=false"):
         bench_decode.run(cfg)
+
+
+def test_the_replay_plans_as_the_engine_did_and_scores_traces_as_they_ran(models, tmp_path):
+    """On a trace of the engine's own ragged run the replay's planner reproduces every recorded window;
+    replayed as traced, a head that knows the outcome reaches the oracle; a full trace scores itself."""
+    from test_engine_scheduling import steep_table
+
+    target, drafter = models
+    table_path = steep_table(Engine(target, None, tiny_engine_config(), drafter), tmp_path / "table.json")
+    table = CostTable.load(table_path)
+    prompts = [[5 + i, 9, 11 + i, 3] for i in range(6)]
+    sp = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    runs = {}
+    for verify in ("full", "ragged"):
+        eng = Engine(target, None, tiny_engine_config(verify=verify, cost_table=table_path, budget_lag=2), drafter)
+        trace = eng.start_step_trace()
+        eng.generate(prompts, sp)
+        runs[verify] = trace
+    config = PlannerConfig(block=4, budget_lag=2, temperature_positive=False)
+    same, steps = pr.replan_agreement(runs["ragged"], table, config, lag=2)
+    assert steps > 5 and same == steps
+    assert any((w < 4).any() for w in runs["ragged"].windows)  # it did trim
+    full = runs["full"]
+    own = pr.score_trace(full, table, warmup=1)
+    assert own["verified_per_step"] == own["batch"] * 4
+    k = np.arange(1, 5)[None, :]
+    perfect = [(k <= a[:, None]).astype(np.float64) for a in full.accepted]
+    zero_lag = dataclasses.replace(config, budget_lag=0, min_verify_len=0, min_predicted_gain=0.0)
+    r = pr.replay_as_traced(full, perfect, table, 0, zero_lag, warmup=1)
+    assert r["ragged_emitted_ratio"] == 1.0 and r["ragged_share"] == pytest.approx(1.0)
+    assert r["full_tokens_per_step"] == pytest.approx(own["tokens_per_step"])

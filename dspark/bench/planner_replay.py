@@ -39,6 +39,21 @@ from dspark.step_trace import StepTrace
 from dspark.survival import neutral_survival_row
 
 
+def first_requests(trace: StepTrace, n: int | None) -> StepTrace:
+    """The trace of its requests with the n lowest ids (a run of the same prompts at batch n serves
+    those); the whole trace for None."""
+    if n is None:
+        return trace
+    keep = np.sort(np.unique(np.concatenate(trace.request_ids)))[:n]
+    out = StepTrace(trace.block)
+    logits = trace.confidence_logits or [None] * trace.num_steps
+    for ids, surv, win, acc, z in zip(trace.request_ids, trace.survival, trace.windows, trace.accepted, logits):
+        m = np.isin(ids, keep)
+        if m.any():
+            out.record(ids[m], surv[m], win[m], acc[m], None if z is None else z[m])
+    return out
+
+
 def sequences(paths: list[str], with_logits: bool = False) -> tuple[int, list[tuple]]:
     """(block, [(survival [S, G], accepted [S]) per traced request]), with the raw confidence logits
     [S, G] as a third item when ``with_logits``; every traced window must be the block."""
@@ -180,6 +195,109 @@ def replay(seqs, survivals, block: int, table: CostTable, batch: int, steps: int
     return out
 
 
+def replay_as_traced(trace: StepTrace, survival: list[np.ndarray], table: CostTable, lag: int,
+                     config: PlannerConfig, warmup: int = 3) -> dict:
+    """The traced steps as they ran (their rows, their order), each arm planned and scored on them.
+
+    Scored, as ``runners.bench_decode`` times a run: the steps that hold the run's full batch
+    (no request finished yet), after the first ``warmup`` of them; a request's budget row is its
+    survival ``lag`` steps before (neutral before that), as the engine's per-slot lag buffers give.
+    The oracle is priced on the same scored steps, so the share compares like with like.
+    """
+    block = trace.block
+    neutral = np.asarray(neutral_survival_row(block))
+    full_batch = max(len(ids) for ids in trace.request_ids)
+    history: dict[int, list[np.ndarray]] = {}
+    cfg_uniform = dataclasses.replace(config, mode="uniform", allowed_verify_lens=None)
+    tok = {"full": 0.0, "ragged": 0.0, "uniform": 0.0}
+    ms = {"full": 0.0, "ragged": 0.0, "uniform": 0.0}
+    verified = {"full": 0, "ragged": 0, "uniform": 0}
+    trimmed = {"ragged": 0, "uniform": 0}
+    acc_steps, seen_full = [], 0
+    for ids, fresh, acc in zip(trace.request_ids, survival, trace.accepted):
+        fresh = np.asarray(fresh, dtype=np.float64)
+        rows = [history.setdefault(int(r), []) for r in ids]
+        sizing = np.stack([h[-lag] if lag and len(h) >= lag else (fresh[i] if lag == 0 else neutral)
+                           for i, h in enumerate(rows)])
+        for h, row in zip(rows, fresh):
+            h.append(row)
+        R = len(ids)
+        if R < full_batch:
+            continue
+        seen_full += 1
+        if seen_full <= warmup:
+            continue
+        acc_steps.append(acc.tolist())
+        tok["full"] += float((acc + 1).sum())
+        ms["full"] += table.step_ms(R * (block + 1), R)
+        verified["full"] += R * block
+        for arm, cfg in (("ragged", config), ("uniform", cfg_uniform)):
+            d = plan_budget(ranking_survival=fresh, sizing_survival=sizing, table=table, config=cfg,
+                            temperature_positive=False, batch_size=R)
+            w = np.asarray(d.windows if d.windows is not None else [block] * R)
+            tok[arm] += float((np.minimum(acc, w) + 1).sum())
+            ms[arm] += table.step_ms(int(w.sum()) + R, R, trimmed=bool((w < block).any()))
+            verified[arm] += int(w.sum())
+            trimmed[arm] += int(d.trimmed)
+    if not acc_steps:
+        raise SystemExit(f"no step of the trace holds the full batch ({full_batch} rows) after {warmup} warm-up steps")
+    ob = oracle_bound(acc_steps, [full_batch] * len(acc_steps), table, block=block)
+    full_rate = tok["full"] / ms["full"]
+    oracle_gain = ob["oracle_tokens_per_ms"] / full_rate - 1
+    out = {"batch": full_batch, "steps": len(acc_steps), "lag": lag, "oracle_gain": oracle_gain,
+           "full_tokens_per_step": tok["full"] / len(acc_steps)}
+    for arm in ("ragged", "uniform"):
+        gain = tok[arm] / ms[arm] / full_rate - 1
+        out.update({f"{arm}_gain": gain, f"{arm}_share": gain / oracle_gain if oracle_gain > 0 else float("nan"),
+                    f"{arm}_trimmed_steps": trimmed[arm], f"{arm}_verified_ratio": verified[arm] / verified["full"],
+                    f"{arm}_emitted_ratio": tok[arm] / tok["full"]})
+    return out
+
+
+def replan_agreement(trace: StepTrace, table: CostTable, config: PlannerConfig, lag: int) -> tuple[int, int]:
+    """(steps whose recorded windows ``plan_budget`` reproduces from the trace's own survival, steps):
+    on a trace of a trimming run this checks that the replay plans as the engine did."""
+    block = trace.block
+    neutral = np.asarray(neutral_survival_row(block))
+    history: dict[int, list[np.ndarray]] = {}
+    same = 0
+    for ids, fresh, win in zip(trace.request_ids, trace.survival, trace.windows):
+        fresh = np.asarray(fresh, dtype=np.float64)
+        rows = [history.setdefault(int(r), []) for r in ids]
+        sizing = np.stack([h[-lag] if lag and len(h) >= lag else (fresh[i] if lag == 0 else neutral)
+                           for i, h in enumerate(rows)])
+        for h, row in zip(rows, fresh):
+            h.append(row)
+        d = plan_budget(ranking_survival=fresh, sizing_survival=sizing, table=table, config=config,
+                        temperature_positive=False, batch_size=len(ids))
+        planned = np.asarray(d.windows if d.windows is not None else [block] * len(ids))
+        same += int((planned == win).all())
+    return same, trace.num_steps
+
+
+def score_trace(trace: StepTrace, table: CostTable, warmup: int = 3) -> dict:
+    """A trace's own timed window (its full-batch steps after ``warmup``), priced by ``table``:
+    tokens, verified drafts and table ms per step, as they happened (any verify mode)."""
+    full_batch = max(len(ids) for ids in trace.request_ids)
+    tok = verified = ms = 0.0
+    steps = seen = 0
+    for win, acc in zip(trace.windows, trace.accepted):
+        R = len(win)
+        if R < full_batch:
+            continue
+        seen += 1
+        if seen <= warmup:
+            continue
+        steps += 1
+        tok += float((acc + 1).sum())
+        verified += float(win.sum())
+        ms += table.step_ms(int(win.sum()) + R, R, trimmed=bool((win < trace.block).any()))
+    if not steps:
+        raise SystemExit(f"no step of the trace holds the full batch ({full_batch} rows) after {warmup} warm-up steps")
+    return {"batch": full_batch, "steps": steps, "tokens_per_step": tok / steps, "verified_per_step": verified / steps,
+            "table_ms_per_step": ms / steps, "tokens_per_table_ms": tok / ms}
+
+
 def recalibrated_survival(logits: list[np.ndarray], folder: str, block: int) -> list[np.ndarray]:
     """Each request's survival under the calibration in ``folder`` (temperatures.json), from its raw logits."""
     import torch
@@ -204,6 +322,10 @@ def separation_for_auc(target: float) -> float:
     return lo / math.sqrt(2)
 
 
+def _pct(v, spec: str) -> str:
+    return "-" if v is None or v != v else format(v, spec)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("traces", nargs="+")
@@ -217,6 +339,17 @@ def main(argv: list[str] | None = None) -> dict:
                     help="synthetic heads of these per-position AUCs (independent noise per cell: they have "
                          "none of a real head's persistence from step to step, so a lagged budget fares "
                          "worse with them than with a real head of the same AUC)")
+    ap.add_argument("--as-traced", action="store_true",
+                    help="also replay each trace's own steps as they ran (its batch, its order), scored on its "
+                         "full-batch steps after --warmup, as runners.bench_decode times a run")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--first-requests", type=int, nargs="*", default=[None],
+                    help="--as-traced on the requests with the N lowest ids only (what a verify=full run of the "
+                         "same prompts at batch N serves); several values: one replay each")
+    ap.add_argument("--measured", nargs="*", default=[], metavar="TRACE",
+                    help="traces of trimming runs (e.g. an eager ragged run on the same prompts): their own timed "
+                         "window priced by the table, against the first positional trace's (verify=full) — what "
+                         "the planner did in closed loop, beside what the replay predicts")
     ap.add_argument("--min-gain", type=float, default=0.02)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default=None)
@@ -254,17 +387,57 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{row['ragged_gain']:+.2%} (share {row['ragged_share']:.0%}, verified "
                       f"{row['ragged_verified_ratio']:.2f}, emitted {row['ragged_emitted_ratio']:.3f})  uniform "
                       f"{row['uniform_gain']:+.2%} (share {row['uniform_share']:.0%})", flush=True)
+    if args.as_traced:
+        for path, n in ((p, n) for p in args.traces for n in args.first_requests):
+            trace = first_requests(StepTrace.load(path), n)
+            per_step = {"traced": trace.survival}
+            for spec in args.head:
+                name, _, folder = spec.partition("=")
+                per_step[name] = recalibrated_survival(trace.confidence_logits, folder, block)
+            for name, survival in per_step.items():
+                for lag in args.lags:
+                    row = {"head": name, "mode": f"as traced ({Path(path).name})",
+                           **replay_as_traced(trace, survival, table, lag, config, args.warmup)}
+                    rows.append(row)
+                    print(f"{name:>22} as traced b{row['batch']:<4} lag {lag} ({row['steps']} steps, "
+                          f"{row['full_tokens_per_step']:.0f} tokens/step): oracle {row['oracle_gain']:+.2%}  ragged "
+                          f"{row['ragged_gain']:+.2%} (share {row['ragged_share']:.0%}, verified "
+                          f"{row['ragged_verified_ratio']:.2f}, emitted {row['ragged_emitted_ratio']:.3f})", flush=True)
+    if args.measured:
+        for path in args.measured:
+            measured = StepTrace.load(path)
+            own = score_trace(measured, table, args.warmup)
+            # the verify=full trace over the same requests (a trimming run's decisions depend on its batch,
+            # so the measured trace is scored whole)
+            n = len(np.unique(np.concatenate(measured.request_ids)))
+            reference = score_trace(first_requests(StepTrace.load(args.traces[0]), n), table, args.warmup)
+            row = {"head": "measured", "mode": f"closed loop ({Path(path).name})", "lag": None,
+                   "batch": own["batch"], "steps": own["steps"], "oracle_gain": float("nan"),
+                   "ragged_gain": own["tokens_per_table_ms"] / reference["tokens_per_table_ms"] - 1,
+                   "ragged_share": float("nan"),
+                   "ragged_verified_ratio": own["verified_per_step"] / reference["verified_per_step"],
+                   "ragged_emitted_ratio": own["tokens_per_step"] / reference["tokens_per_step"],
+                   "uniform_gain": float("nan"), "uniform_share": float("nan"), "measured": own,
+                   "reference": reference}
+            rows.append(row)
+            print(f"{'measured':>22} closed loop b{own['batch']:<4} ({own['steps']} steps, {Path(path).name}): "
+                  f"table-priced gain {row['ragged_gain']:+.2%} (verified {row['ragged_verified_ratio']:.2f}, "
+                  f"emitted {row['ragged_emitted_ratio']:.3f})", flush=True)
     doc = {"traces": args.traces, "table": args.table, "block": block, "head_quality": quality,
            "settings": {k: v for k, v in vars(args).items() if k not in ("traces", "table", "out")}, "rows": rows}
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "planner_replay.json").write_text(json.dumps(doc, indent=2))
-        lines = ["| head | AUC per position (mean) / pooled | batch | lag | oracle gain | ragged gain | ragged share | ragged verified / "
-                 "emitted | uniform gain | uniform share |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines = ["| head | replay | AUC per position (mean) / pooled | batch | lag | oracle gain | ragged gain | ragged share | ragged verified / "
+                 "emitted | uniform gain | uniform share |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            lines.append(f"| {r['head']} | {r['head_auc_per_position_mean']:.3f} / {r['head_auc_pooled']:.3f} | {r['batch']} | {r['lag']} | {r['oracle_gain']:+.2%} | "
-                         f"{r['ragged_gain']:+.2%} | {r['ragged_share']:.0%} | {r['ragged_verified_ratio']:.2f} / "
-                         f"{r['ragged_emitted_ratio']:.3f} | {r['uniform_gain']:+.2%} | {r['uniform_share']:.0%} |")
+            auc_text = (f"{r['head_auc_per_position_mean']:.3f} / {r['head_auc_pooled']:.3f}"
+                        if "head_auc_pooled" in r else "-")
+            lines.append(f"| {r['head']} | {r.get('mode', 'lanes')} | {auc_text} | {r['batch']} | "
+                         f"{'-' if r['lag'] is None else r['lag']} | {_pct(r['oracle_gain'], '+.2%')} | "
+                         f"{_pct(r['ragged_gain'], '+.2%')} | {_pct(r['ragged_share'], '.0%')} | "
+                         f"{r['ragged_verified_ratio']:.2f} / {r['ragged_emitted_ratio']:.3f} | "
+                         f"{_pct(r['uniform_gain'], '+.2%')} | {_pct(r['uniform_share'], '.0%')} |")
         (out / "planner_replay.md").write_text("\n".join(lines) + "\n")
     return doc
