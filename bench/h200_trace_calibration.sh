@@ -2,13 +2,15 @@
 # Leased-H200 run (issue 6, session 10): does a confidence calibration fitted on the workload's own
 # step traces raise ragged's share of the oracle's gain at batch 128/256?
 #   OUT=/path bash bench/h200_trace_calibration.sh STAGE_DIR    # STAGE_DIR: model.part1..3 + model.sha256
-# PARTS (default "trace cal replay ab"; also ragtrace):
+# PARTS (default "trace cal replay ab"; also ragtrace, std):
 #   trace:  eager verify=full runs at batch 256 on poetry with step traces (runners.bench_decode
 #           step_trace=true): the eval split (the benchmark's own prompts) and the train split
 #           (TRAIN_REQUESTS requests, default 512), NEW_TOKENS new tokens each (default 256)
 #   ragtrace: an eager ragged run (budget lag 2, TABLE) and an eager full run at batch B with step traces:
 #           the ragged trace holds the windows the planner chose and what they accepted, to hold the
 #           offline replay's prediction against
+#   std:    the bench_sched_graphs arms (target / full / uniform / ragged) at STD_BATCHES, ROUNDS rounds, with
+#           each trimming arm's share of the oracle gain over the same timed steps
 #   cal:    runners.calibrate traces=<train traces> method=sts_bias fit_fraction=0.5 into a copy of the
 #           shipped drafter ($WORK/drafter_poetry; the shipped calibration is judged on the same report
 #           part), then the same fit on the eval traces in a throwaway copy, whose "previous" numbers are
@@ -75,6 +77,13 @@ if has ab; then
     batch_sizes="${AB_BATCHES:-[128,256]}" new_tokens="$NEW" order=alternating rounds="${ROUNDS:-2}" progress=false \
     ${AB_ARGS:-} output_dir="$OUT/ab" hydra.run.dir="$WORK/hydra/ab" 2>&1 | grep -v WARNING | grep "Error\|^| " \
     | cut -c1-300
+fi
+if has std; then
+  stamp "bench_sched_graphs arms (target / full / uniform / ragged) with the like-for-like oracle share"
+  timeout "${T_STD:-420}" python3 -m runners.bench_decode --config-name bench_sched_graphs engine="$ENGINE" \
+    engine.cost_table="$TABLE" batch_sizes="${STD_BATCHES:-[1,4,16,128,256]}" new_tokens="$NEW" order=alternating \
+    rounds="${ROUNDS:-2}" progress=false ${AB_ARGS:-} output_dir="$OUT/std" hydra.run.dir="$WORK/hydra/std" 2>&1 \
+    | grep -v WARNING | grep "Error\|^| \|^Share" | cut -c1-300
 fi
 (cd "$OUT" && tar czf "$WORK/results.tar.gz" . && find . -mindepth 1 -delete && mv "$WORK/results.tar.gz" "$OUT/")
 stamp done

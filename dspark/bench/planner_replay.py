@@ -351,13 +351,16 @@ def main(argv: list[str] | None = None) -> dict:
                          "window priced by the table, against the first positional trace's (verify=full) — what "
                          "the planner did in closed loop, beside what the replay predicts")
     ap.add_argument("--min-gain", type=float, default=0.02)
+    ap.add_argument("--min-verify-lens", type=int, nargs="+", default=[1],
+                    help="engine.min_verify_len values to replay (--as-traced); the first also drives the lanes")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     block, seqs = sequences(args.traces, with_logits=bool(args.head))
     table = CostTable.load(args.table)
     config = PlannerConfig(block=block, mode="ragged", algorithm="global", budget_lag=2,
-                           min_predicted_gain=args.min_gain, temperature_positive=False)
+                           min_predicted_gain=args.min_gain, temperature_positive=False,
+                           min_verify_len=args.min_verify_lens[0])
     heads = {"traced": [s[0] for s in seqs]}
     for spec in args.head:
         name, _, folder = spec.partition("=")
@@ -394,15 +397,16 @@ def main(argv: list[str] | None = None) -> dict:
             for spec in args.head:
                 name, _, folder = spec.partition("=")
                 per_step[name] = recalibrated_survival(trace.confidence_logits, folder, block)
-            for name, survival in per_step.items():
-                for lag in args.lags:
-                    row = {"head": name, "mode": f"as traced ({Path(path).name})",
-                           **replay_as_traced(trace, survival, table, lag, config, args.warmup)}
-                    rows.append(row)
-                    print(f"{name:>22} as traced b{row['batch']:<4} lag {lag} ({row['steps']} steps, "
-                          f"{row['full_tokens_per_step']:.0f} tokens/step): oracle {row['oracle_gain']:+.2%}  ragged "
-                          f"{row['ragged_gain']:+.2%} (share {row['ragged_share']:.0%}, verified "
-                          f"{row['ragged_verified_ratio']:.2f}, emitted {row['ragged_emitted_ratio']:.3f})", flush=True)
+            for name, survival, lag, min_len in ((h, sv, lg, m) for h, sv in per_step.items() for lg in args.lags
+                                                 for m in args.min_verify_lens):
+                cfg = dataclasses.replace(config, min_verify_len=min_len)
+                row = {"head": name, "mode": f"as traced ({Path(path).name}), min_verify_len {min_len}",
+                       **replay_as_traced(trace, survival, table, lag, cfg, args.warmup)}
+                rows.append(row)
+                print(f"{name:>22} as traced b{row['batch']:<4} lag {lag} min_len {min_len} ({row['steps']} steps, "
+                      f"{row['full_tokens_per_step']:.0f} tokens/step): oracle {row['oracle_gain']:+.2%}  ragged "
+                      f"{row['ragged_gain']:+.2%} (share {row['ragged_share']:.0%}, verified "
+                      f"{row['ragged_verified_ratio']:.2f}, emitted {row['ragged_emitted_ratio']:.3f})", flush=True)
     if args.measured:
         for path in args.measured:
             measured = StepTrace.load(path)
