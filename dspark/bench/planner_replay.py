@@ -140,6 +140,69 @@ def synthetic_survival(seqs, block: int, separation: float, base: list[float], r
     return out
 
 
+class _ArmTally:
+    """Full, ragged and uniform scored step by step on the same acceptances, and the oracle on them."""
+
+    def __init__(self, table: CostTable, config: PlannerConfig):
+        self.table, self.block = table, config.block
+        self.configs = {"ragged": config, "uniform": dataclasses.replace(config, mode="uniform",
+                                                                          allowed_verify_lens=None)}
+        self.tok = {"full": 0.0, "ragged": 0.0, "uniform": 0.0}
+        self.ms = {"full": 0.0, "ragged": 0.0, "uniform": 0.0}
+        self.verified = {"full": 0, "ragged": 0, "uniform": 0}
+        self.trimmed = {"ragged": 0, "uniform": 0}
+        self.acc_steps: list[list[int]] = []
+
+    def step(self, fresh: np.ndarray, sizing: np.ndarray, acc: np.ndarray) -> None:
+        R, G, table = len(acc), self.block, self.table
+        self.acc_steps.append(acc.tolist())
+        self.tok["full"] += float((acc + 1).sum())
+        self.ms["full"] += table.step_ms(R * (G + 1), R)
+        self.verified["full"] += R * G
+        for arm, cfg in self.configs.items():
+            d = plan_budget(ranking_survival=fresh, sizing_survival=sizing, table=table, config=cfg,
+                            temperature_positive=False, batch_size=R)
+            w = np.asarray(d.windows if d.windows is not None else [G] * R)
+            self.tok[arm] += float((np.minimum(acc, w) + 1).sum())
+            self.ms[arm] += table.step_ms(int(w.sum()) + R, R, trimmed=bool((w < G).any()))
+            self.verified[arm] += int(w.sum())
+            self.trimmed[arm] += int(d.trimmed)
+
+    def result(self, batch: int, lag: int) -> dict:
+        n = len(self.acc_steps)
+        ob = oracle_bound(self.acc_steps, [len(a) for a in self.acc_steps], self.table, block=self.block)
+        full_rate = self.tok["full"] / self.ms["full"]
+        oracle_gain = ob["oracle_tokens_per_ms"] / full_rate - 1
+        out = {"batch": batch, "steps": n, "lag": lag, "oracle_gain": oracle_gain,
+               "full_tokens_per_step": self.tok["full"] / n}
+        for arm in self.configs:
+            gain = self.tok[arm] / self.ms[arm] / full_rate - 1
+            out.update({f"{arm}_gain": gain, f"{arm}_share": gain / oracle_gain if oracle_gain > 0 else float("nan"),
+                        f"{arm}_trimmed_steps": self.trimmed[arm],
+                        f"{arm}_verified_ratio": self.verified[arm] / self.verified["full"],
+                        f"{arm}_emitted_ratio": self.tok[arm] / self.tok["full"]})
+        return out
+
+
+class _LagRows:
+    """Each request's survival rows in step order: the budget row ``lag`` steps back (neutral before
+    that; the fresh row itself at lag 0), as the engine's per-slot lag buffers give it."""
+
+    def __init__(self, block: int, lag: int):
+        self.neutral = np.asarray(neutral_survival_row(block))
+        self.lag = lag
+        self.history: dict[int, list[np.ndarray]] = {}
+
+    def sizing(self, ids, fresh: np.ndarray) -> np.ndarray:
+        rows = [self.history.setdefault(int(r), []) for r in ids]
+        lag = self.lag
+        out = np.stack([fresh[i] if lag == 0 else (h[-lag] if len(h) >= lag else self.neutral)
+                        for i, h in enumerate(rows)])
+        for h, row in zip(rows, fresh):
+            h.append(row)
+        return out
+
+
 def replay(seqs, survivals, block: int, table: CostTable, batch: int, steps: int, lag: int,
            config: PlannerConfig, seed: int) -> dict:
     """Lanes of `batch` requests stepped together; each arm scored on the same acceptances."""
@@ -155,44 +218,16 @@ def replay(seqs, survivals, block: int, table: CostTable, batch: int, steps: int
     # start lanes at random points of their first request, as a batch in steady state would be
     lane_t = [int(rng.integers(len(seqs[r][1]))) for r in lane_req]
     neutral = np.asarray(neutral_survival_row(block))
-    tok = {"full": 0.0, "ragged": 0.0, "uniform": 0.0}
-    ms = {"full": 0.0, "ragged": 0.0, "uniform": 0.0}
-    trimmed = {"ragged": 0, "uniform": 0}
-    verified = {"full": 0, "ragged": 0, "uniform": 0}
-    acc_steps = []
-    cfg_uniform = dataclasses.replace(config, mode="uniform", allowed_verify_lens=None)
+    tally = _ArmTally(table, config)
     for _ in range(steps):
         fresh = np.stack([survivals[r][t] for r, t in zip(lane_req, lane_t)])
         sizing = np.stack([survivals[r][t - lag] if t >= lag else neutral for r, t in zip(lane_req, lane_t)])
-        acc = np.array([seqs[r][1][t] for r, t in zip(lane_req, lane_t)])
-        acc_steps.append(acc.tolist())
-        tok["full"] += float((acc + 1).sum())
-        ms["full"] += table.step_ms(batch * (block + 1), batch)
-        verified["full"] += batch * block
-        for arm, cfg in (("ragged", config), ("uniform", cfg_uniform)):
-            d = plan_budget(ranking_survival=fresh, sizing_survival=sizing, table=table, config=cfg,
-                            temperature_positive=False, batch_size=batch)
-            w = np.asarray(d.windows if d.windows is not None else [block] * batch)
-            tok[arm] += float((np.minimum(acc, w) + 1).sum())
-            ms[arm] += table.step_ms(int(w.sum()) + batch, batch, trimmed=bool((w < block).any()))
-            trimmed[arm] += int(d.trimmed)
-            verified[arm] += int(w.sum())
+        tally.step(fresh, sizing, np.array([seqs[r][1][t] for r, t in zip(lane_req, lane_t)]))
         for i in range(batch):  # advance; a finished request hands its lane to the next one
             lane_t[i] += 1
             if lane_t[i] >= len(seqs[lane_req[i]][1]):
                 lane_req[i], lane_t[i] = next_request(), 0
-    ob = oracle_bound(acc_steps, [batch] * steps, table, block=block)
-    full_rate = tok["full"] / ms["full"]
-    oracle_gain = ob["oracle_tokens_per_ms"] / full_rate - 1
-    out = {"batch": batch, "steps": steps, "lag": lag, "oracle_gain": oracle_gain}
-    for arm in ("ragged", "uniform"):
-        gain = tok[arm] / ms[arm] / full_rate - 1
-        out[f"{arm}_gain"] = gain
-        out[f"{arm}_share"] = gain / oracle_gain if oracle_gain > 0 else float("nan")
-        out[f"{arm}_trimmed_steps"] = trimmed[arm]
-        out[f"{arm}_verified_ratio"] = verified[arm] / verified["full"]
-        out[f"{arm}_emitted_ratio"] = tok[arm] / tok["full"]
-    return out
+    return tally.result(batch, lag)
 
 
 def replay_as_traced(trace: StepTrace, survival: list[np.ndarray], table: CostTable, lag: int,
@@ -204,73 +239,33 @@ def replay_as_traced(trace: StepTrace, survival: list[np.ndarray], table: CostTa
     survival ``lag`` steps before (neutral before that), as the engine's per-slot lag buffers give.
     The oracle is priced on the same scored steps, so the share compares like with like.
     """
-    block = trace.block
-    neutral = np.asarray(neutral_survival_row(block))
     full_batch = max(len(ids) for ids in trace.request_ids)
-    history: dict[int, list[np.ndarray]] = {}
-    cfg_uniform = dataclasses.replace(config, mode="uniform", allowed_verify_lens=None)
-    tok = {"full": 0.0, "ragged": 0.0, "uniform": 0.0}
-    ms = {"full": 0.0, "ragged": 0.0, "uniform": 0.0}
-    verified = {"full": 0, "ragged": 0, "uniform": 0}
-    trimmed = {"ragged": 0, "uniform": 0}
-    acc_steps, seen_full = [], 0
+    rows = _LagRows(trace.block, lag)
+    tally = _ArmTally(table, config)
+    seen_full = 0
     for ids, fresh, acc in zip(trace.request_ids, survival, trace.accepted):
         fresh = np.asarray(fresh, dtype=np.float64)
-        rows = [history.setdefault(int(r), []) for r in ids]
-        sizing = np.stack([h[-lag] if lag and len(h) >= lag else (fresh[i] if lag == 0 else neutral)
-                           for i, h in enumerate(rows)])
-        for h, row in zip(rows, fresh):
-            h.append(row)
-        R = len(ids)
-        if R < full_batch:
+        sizing = rows.sizing(ids, fresh)
+        if len(ids) < full_batch:
             continue
         seen_full += 1
-        if seen_full <= warmup:
-            continue
-        acc_steps.append(acc.tolist())
-        tok["full"] += float((acc + 1).sum())
-        ms["full"] += table.step_ms(R * (block + 1), R)
-        verified["full"] += R * block
-        for arm, cfg in (("ragged", config), ("uniform", cfg_uniform)):
-            d = plan_budget(ranking_survival=fresh, sizing_survival=sizing, table=table, config=cfg,
-                            temperature_positive=False, batch_size=R)
-            w = np.asarray(d.windows if d.windows is not None else [block] * R)
-            tok[arm] += float((np.minimum(acc, w) + 1).sum())
-            ms[arm] += table.step_ms(int(w.sum()) + R, R, trimmed=bool((w < block).any()))
-            verified[arm] += int(w.sum())
-            trimmed[arm] += int(d.trimmed)
-    if not acc_steps:
+        if seen_full > warmup:
+            tally.step(fresh, sizing, acc)
+    if not tally.acc_steps:
         raise SystemExit(f"no step of the trace holds the full batch ({full_batch} rows) after {warmup} warm-up steps")
-    ob = oracle_bound(acc_steps, [full_batch] * len(acc_steps), table, block=block)
-    full_rate = tok["full"] / ms["full"]
-    oracle_gain = ob["oracle_tokens_per_ms"] / full_rate - 1
-    out = {"batch": full_batch, "steps": len(acc_steps), "lag": lag, "oracle_gain": oracle_gain,
-           "full_tokens_per_step": tok["full"] / len(acc_steps)}
-    for arm in ("ragged", "uniform"):
-        gain = tok[arm] / ms[arm] / full_rate - 1
-        out.update({f"{arm}_gain": gain, f"{arm}_share": gain / oracle_gain if oracle_gain > 0 else float("nan"),
-                    f"{arm}_trimmed_steps": trimmed[arm], f"{arm}_verified_ratio": verified[arm] / verified["full"],
-                    f"{arm}_emitted_ratio": tok[arm] / tok["full"]})
-    return out
+    return tally.result(full_batch, lag)
 
 
 def replan_agreement(trace: StepTrace, table: CostTable, config: PlannerConfig, lag: int) -> tuple[int, int]:
     """(steps whose recorded windows ``plan_budget`` reproduces from the trace's own survival, steps):
     on a trace of a trimming run this checks that the replay plans as the engine did."""
-    block = trace.block
-    neutral = np.asarray(neutral_survival_row(block))
-    history: dict[int, list[np.ndarray]] = {}
+    rows = _LagRows(trace.block, lag)
     same = 0
     for ids, fresh, win in zip(trace.request_ids, trace.survival, trace.windows):
         fresh = np.asarray(fresh, dtype=np.float64)
-        rows = [history.setdefault(int(r), []) for r in ids]
-        sizing = np.stack([h[-lag] if lag and len(h) >= lag else (fresh[i] if lag == 0 else neutral)
-                           for i, h in enumerate(rows)])
-        for h, row in zip(rows, fresh):
-            h.append(row)
-        d = plan_budget(ranking_survival=fresh, sizing_survival=sizing, table=table, config=config,
+        d = plan_budget(ranking_survival=fresh, sizing_survival=rows.sizing(ids, fresh), table=table, config=config,
                         temperature_positive=False, batch_size=len(ids))
-        planned = np.asarray(d.windows if d.windows is not None else [block] * len(ids))
+        planned = np.asarray(d.windows if d.windows is not None else [trace.block] * len(ids))
         same += int((planned == win).all())
     return same, trace.num_steps
 
@@ -320,6 +315,11 @@ def separation_for_auc(target: float) -> float:
         else:
             hi = mid
     return lo / math.sqrt(2)
+
+
+def _summary(row: dict) -> str:
+    return (f"oracle {row['oracle_gain']:+.2%}  ragged {row['ragged_gain']:+.2%} (share {row['ragged_share']:.0%}, "
+            f"verified {row['ragged_verified_ratio']:.2f}, emitted {row['ragged_emitted_ratio']:.3f})")
 
 
 def _pct(v, spec: str) -> str:
@@ -386,10 +386,8 @@ def main(argv: list[str] | None = None) -> dict:
                 row["head_auc_pooled"] = q["auc_conditional_all"]
                 row["head_auc_per_position_mean"] = float(np.mean(per_pos))
                 rows.append(row)
-                print(f"{name:>22} b{batch:<4} lag {lag}: oracle {row['oracle_gain']:+.2%}  ragged "
-                      f"{row['ragged_gain']:+.2%} (share {row['ragged_share']:.0%}, verified "
-                      f"{row['ragged_verified_ratio']:.2f}, emitted {row['ragged_emitted_ratio']:.3f})  uniform "
-                      f"{row['uniform_gain']:+.2%} (share {row['uniform_share']:.0%})", flush=True)
+                print(f"{name:>22} b{batch:<4} lag {lag}: {_summary(row)}  uniform {row['uniform_gain']:+.2%} "
+                      f"(share {row['uniform_share']:.0%})", flush=True)
     if args.as_traced:
         for path, n in ((p, n) for p in args.traces for n in args.first_requests):
             trace = first_requests(StepTrace.load(path), n)
@@ -404,9 +402,7 @@ def main(argv: list[str] | None = None) -> dict:
                        **replay_as_traced(trace, survival, table, lag, cfg, args.warmup)}
                 rows.append(row)
                 print(f"{name:>22} as traced b{row['batch']:<4} lag {lag} min_len {min_len} ({row['steps']} steps, "
-                      f"{row['full_tokens_per_step']:.0f} tokens/step): oracle {row['oracle_gain']:+.2%}  ragged "
-                      f"{row['ragged_gain']:+.2%} (share {row['ragged_share']:.0%}, verified "
-                      f"{row['ragged_verified_ratio']:.2f}, emitted {row['ragged_emitted_ratio']:.3f})", flush=True)
+                      f"{row['full_tokens_per_step']:.0f} tokens/step): {_summary(row)}", flush=True)
     if args.measured:
         for path in args.measured:
             measured = StepTrace.load(path)
