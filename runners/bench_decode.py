@@ -160,8 +160,7 @@ def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup
     row = _row(engine, batch, sets, decode_steps, outputs, tokens_in_timed, wall, warmup_steps)
     # The oracle over the timed steps alone: the window an arm's tokens/s is measured on (the
     # "oracle" entry covers every step, ramp-up and tail included, whose headroom differs).
-    timed = engine.oracle_bound_over(timed_oracle)
-    row["oracle_timed"] = timed
+    row["oracle_timed"] = engine.oracle_bound_over(timed_oracle)
     # Where the timed steps' wall time went: the host's own work, and its wait for the device (0 on
     # the eager path). A step far above its device time with a short host time points elsewhere
     # (the collector's pauses below, or device idle: graph_timing's step gaps).
@@ -203,8 +202,7 @@ def add_oracle_shares(results: list[dict]) -> None:
     """Each trimming arm's share of the oracle's gain, like for like: its tokens/s over the full-block
     arm's of the same round and batch, minus 1, over the oracle headroom of that full arm's timed
     steps. Needs a verify=full arm with a cost table in the same round and batch; else None."""
-    fulls = {(r["round"], r["batch_size"]): r for r in results
-             if r.get("oracle_timed") and r.get("trim_ratio") == 0.0 and r.get("verify") == "full"}
+    fulls = {(r["round"], r["batch_size"]): r for r in results if r.get("oracle_timed") and r.get("verify") == "full"}
     for r in results:
         full = fulls.get((r["round"], r["batch_size"]))
         r["oracle_share_timed"] = None
