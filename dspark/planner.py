@@ -67,7 +67,7 @@ class PlannerConfig:
     # 0 is allowed: a request verifying 0 drafts still commits one target token (the paper's
     # Algorithm 1 starts every request at 0). The default 1 keeps every request drafting.
     min_verify_len: int = 1
-    min_predicted_gain: float = 0.02  # relative: trim only if predicted tokens/ms beats the full block by this
+    min_predicted_gain: float = 0.03  # relative: trim only if predicted tokens/ms beats the full block by this
     flat_rel_tol: float = 0.02  # a table whose theta varies less than this is "flat" (trimming looks free)
     skip_mixed_trim: bool = True  # decline on steps that also carry a prefill (their cost is not the table's)
     temperature_positive: bool = True  # may any request sample? (conservative default: yes)

@@ -52,7 +52,7 @@ class EngineSchema:
     budget_lag: int = 1
     tiers: Optional[List[int]] = None  # set by the tiers group (verify=uniform)
     min_verify_len: int = 1
-    min_predicted_gain: float = 0.02
+    min_predicted_gain: float = 0.03
     confidence_calibration: Optional[str] = None  # temperatures.json (or its folder) replacing the drafter's own
     skip_mixed_trim: bool = True
     force_verify_len: Optional[int] = None
