@@ -106,6 +106,32 @@ class StepTrace:
                       for k, v in rows.items() if v} for rid, rows in out.items()}
 
 
+def full_block_requests(paths: Sequence[str | Path], need_logits: bool = False) -> tuple[int, list[dict]]:
+    """(block, each traced request's rows as :meth:`StepTrace.per_request` gives them, in file and id
+    order) from traces of ``verify=full`` runs: the traces must share one block, every window must be
+    the whole block (the acceptances are then uncapped), and with ``need_logits`` the raw confidence
+    logits must be there. ValueError says which file breaks which."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    block, out = None, []
+    for path in paths:
+        trace = StepTrace.load(path)
+        if block is not None and trace.block != block:
+            raise ValueError(f"{path}: block {trace.block}, the traces before it have {block}")
+        block = trace.block
+        if need_logits and not trace.confidence_logits:
+            raise ValueError(f"{path}: the trace holds no raw confidence logits (written before they were "
+                             f"recorded); trace the run again")
+        for rid, seq in sorted(trace.per_request().items()):
+            if (seq["windows"] != block).any():
+                raise ValueError(f"{path}: request {rid} verified windows {sorted(set(seq['windows'].tolist()))}, "
+                                 f"not the whole block {block}; trace a verify=full run (uncapped acceptances)")
+            out.append(seq)
+    if not out:
+        raise ValueError("no traced request in " + ", ".join(str(p) for p in paths))
+    return block, out
+
+
 def calibration_rows(paths: Sequence[str | Path]) -> dict[str, "torch.Tensor"]:
     """The rows a confidence calibration fits on, from traces of ``verify=full`` runs: each traced
     block's raw confidence logits, its greedy acceptance with the whole block verified, and a
@@ -114,29 +140,11 @@ def calibration_rows(paths: Sequence[str | Path]) -> dict[str, "torch.Tensor"]:
     is [M, block]: 1 where the position and every one before it were accepted)."""
     import torch
 
-    if isinstance(paths, (str, Path)):
-        paths = [paths]
-    logits, accepted, seq_index = [], [], []
-    block = None
-    for path in paths:
-        trace = StepTrace.load(path)
-        if block is not None and trace.block != block:
-            raise ValueError(f"{path}: block {trace.block}, the traces before it have {block}")
-        block = trace.block
-        if not trace.confidence_logits:
-            raise ValueError(f"{path}: the trace holds no raw confidence logits (written before they were "
-                             f"recorded); trace the run again")
-        for seq in trace.per_request().values():
-            if (seq["windows"] != trace.block).any():
-                raise ValueError(f"{path}: a request verified windows {sorted(set(seq['windows'].tolist()))}, not "
-                                 f"the whole block {trace.block}; calibrate on a trace of a verify=full run")
-            logits.append(seq["confidence_logits"])
-            accepted.append(seq["accepted"])
-            seq_index.append(np.full(len(seq["accepted"]), len(seq_index), dtype=np.int64))
-    if not logits:
-        raise ValueError("no traced request in " + ", ".join(str(p) for p in paths))
-    counts = torch.from_numpy(np.concatenate(accepted))
+    block, seqs = full_block_requests(paths, need_logits=True)
+    counts = torch.from_numpy(np.concatenate([seq["accepted"] for seq in seqs]))
+    seq_index = np.concatenate([np.full(len(seq["accepted"]), i, dtype=np.int64) for i, seq in enumerate(seqs)])
     # per position: accepted with every earlier one (the prefix survival the calibration fits)
     accepted_matrix = (torch.arange(1, block + 1)[None, :] <= counts[:, None]).float()
-    return {"conf_logits": torch.from_numpy(np.concatenate(logits)).float(), "accepted": accepted_matrix,
-            "seq_index": torch.from_numpy(np.concatenate(seq_index)), "accept_length": counts.float() + 1.0}
+    return {"conf_logits": torch.from_numpy(np.concatenate([seq["confidence_logits"] for seq in seqs])).float(),
+            "accepted": accepted_matrix, "seq_index": torch.from_numpy(seq_index),
+            "accept_length": counts.float() + 1.0}

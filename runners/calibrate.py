@@ -244,11 +244,16 @@ def greedy_replay(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDat
     return replay
 
 
+def _trace_paths(cfg: Any) -> list[str]:
+    """``cfg.traces`` as a list of paths (one path or a list may be given)."""
+    return [cfg.traces] if isinstance(cfg.traces, str) else [str(p) for p in cfg.traces]
+
+
 def trace_replay(cfg: Any) -> dict[str, Any]:
     """The calibration rows of ``cfg.traces`` (dspark.step_trace.calibration_rows), or a ConfigError that says why not."""
     from dspark.step_trace import calibration_rows
 
-    paths = [cfg.traces] if isinstance(cfg.traces, str) else [str(p) for p in cfg.traces]
+    paths = _trace_paths(cfg)
     missing = [p for p in paths if not Path(p).is_file()]
     if missing:
         raise ConfigError(f"traces: {missing} not found; write traces with `python -m runners.bench_decode "
@@ -343,8 +348,7 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
                     "max_len": int(cfg.max_len), "seed": seed},
         "greedy_mean_accept_length": float(replay["accept_length"].mean()),
         "reliability_plot": str(plot_path.resolve()),
-        "data_info": ({"traces": [str(p) for p in ([cfg.traces] if isinstance(cfg.traces, str) else cfg.traces)]}
-                      if dataset is None else
+        "data_info": ({"traces": _trace_paths(cfg)} if dataset is None else
                       {k: dataset.info.get(k) for k in ("split", "seed", "sources", "exclude_prompts",
                                                          "num_prompts_per_source", "max_tokens") if k in dataset.info}),
     })

@@ -35,7 +35,7 @@ import numpy as np
 
 from dspark.cost_table import CostTable
 from dspark.planner import PlannerConfig, oracle_bound, plan_budget
-from dspark.step_trace import StepTrace
+from dspark.step_trace import StepTrace, full_block_requests
 from dspark.survival import neutral_survival_row
 
 
@@ -56,26 +56,14 @@ def first_requests(trace: StepTrace, n: int | None) -> StepTrace:
 
 def sequences(paths: list[str], with_logits: bool = False) -> tuple[int, list[tuple]]:
     """(block, [(survival [S, G], accepted [S]) per traced request]), with the raw confidence logits
-    [S, G] as a third item when ``with_logits``; every traced window must be the block."""
-    block, out = None, []
-    for p in paths:
-        trace = StepTrace.load(p)
-        if block is not None and trace.block != block:
-            raise SystemExit(f"{p}: block {trace.block}, the other traces have {block}")
-        block = trace.block
-        for rid, seq in sorted(trace.per_request().items()):
-            surv, win, acc = seq["survival"], seq["windows"], seq["accepted"]
-            if (win != block).any():
-                raise SystemExit(f"{p}: request {rid} verified windows {sorted(set(win.tolist()))}, not the whole "
-                                 f"block {block}; trace a verify=full run (the oracle needs uncapped acceptances)")
-            if with_logits and "confidence_logits" not in seq:
-                raise SystemExit(f"{p}: no raw confidence logits in this trace (recorded before they were); a "
-                                 f"--head calibration needs them: trace the run again")
-            out.append((surv.astype(np.float64), acc.astype(np.int64))
-                       + ((seq["confidence_logits"].astype(np.float64),) if with_logits else ()))
-    if not out:
-        raise SystemExit("no traced request")
-    return block, out
+    [S, G] as a third item when ``with_logits``; every traced window must be the block
+    (``dspark.step_trace.full_block_requests``)."""
+    try:
+        block, seqs = full_block_requests(paths, need_logits=with_logits)
+    except ValueError as e:
+        raise SystemExit(f"{e}{' (--head recalibrates the raw logits)' if with_logits else ''}") from None
+    return block, [(seq["survival"].astype(np.float64), seq["accepted"].astype(np.int64))
+                   + ((seq["confidence_logits"].astype(np.float64),) if with_logits else ()) for seq in seqs]
 
 
 def conditional(survival: np.ndarray) -> np.ndarray:
