@@ -8,16 +8,16 @@ time the host's share of an overlapped engine step.
 
     python bench/profile_graph_step.py OUT_DIR [VARIANT ...]       # on a CUDA machine
 
-VARIANTs (default: plain fused): environment settings of the layer kernels, each measured on the
+VARIANTs (default: plain fused): ``engine.kernels`` settings of the layer kernels, each measured on the
 same weights in one process (``VARIANTS`` below): ``plain`` (unfused modules), ``cublas`` (fused
-norms, cuBLAS GEMMs), ``fused`` (small-M GEMV kernels, rotary separate), ``rope`` (GEMV with the
-QKV + rotary + K/V-write epilogue), ``rope+pdl`` (and programmatic dependent launch), ``rope+tiles``
-(rope with the GEMV tile table named by ``CENSUS_TILES``, e.g. bench/small_m_sweep.py's
-small_m_tiles.json: split-K, unrolled loops), ``rope-step-kernels`` (rope with the step's argmax and
-packing/commit as PyTorch ops: DSPARK_TRITON_ARGMAX=0, DSPARK_FUSED_STEP_METADATA=0), ``rope+l2`` (rope with
-the next layer's weights read into L2 on a side stream, DSPARK_L2_PREFETCH=1), ``mega`` (rope, and
-one-token target steps as the one-launch decode kernel, kernels/decode_megakernel.py; ``rope`` turns it
-off), ``mega66`` / ``mega32`` (with 66 / 32 programs instead of one per SM). Batch sizes: ``PROFILE_BATCHES`` (default 1,16,64,256).
+norms, cuBLAS GEMMs), ``fused`` (small-M GEMV kernels, rotary separate), ``rope`` (the defaults: GEMV
+with the QKV + rotary + K/V-write epilogue), ``rope+tiles`` (rope with the GEMV tile table named by
+``CENSUS_TILES``, e.g. bench/small_m_sweep.py's small_m_tiles.json: split-K, unrolled loops),
+``rope-step-kernels`` (rope with the step's argmax and packing/commit as PyTorch ops:
+triton_argmax=false, fused_step_metadata=false), ``rope+l2`` (rope with the next layer's weights
+read into L2 on a side stream, l2_prefetch=true), ``mega`` (rope, and one-token target steps as the
+one-launch decode kernel, kernels/decode_megakernel.py), ``mega66`` / ``mega32`` (with 66 / 32
+programs instead of one per SM). Batch sizes: ``PROFILE_BATCHES`` (default 1,16,64,256).
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ SMOLLM2 = ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, intermedi
 DRAFTER = DrafterConfig(block_size=7, num_layers=2, target_layer_ids=(2, 15, 27), markov_rank=32)
 
 
-def engine_for(spec: str, batch: int, target, drafter) -> Engine:
+def engine_for(spec: str, batch: int, target, drafter, kernels: dict | None = None) -> Engine:
     cfg = EngineConfig(device="cuda", dtype="bfloat16", attention_backend="triton", max_num_seqs=batch,
                        kv_cache_tokens=batch * 1400, max_model_len=1200, max_num_batched_tokens=8192, spec=spec,
-                       cuda_graphs=True, overlap=True)
+                       cuda_graphs=True, overlap=True, kernels=kernels or {})
     return Engine(target, None, cfg, drafter if spec == "dspark" else None)
 
 
-def profile(spec: str, batch: int, target, drafter) -> dict:
-    eng = engine_for(spec, batch, target, drafter)
+def profile(spec: str, batch: int, target, drafter, kernels: dict | None = None) -> dict:
+    eng = engine_for(spec, batch, target, drafter, kernels)
     g = torch.Generator().manual_seed(batch)
     sp = SamplingParams(max_tokens=1000, ignore_eos=True)
     for _ in range(batch):
@@ -103,43 +103,34 @@ def profile(spec: str, batch: int, target, drafter) -> dict:
             "host_ms_per_step_median": host_ms, "megakernel_steps": megakernel_steps, "top_kernels": top}
 
 
-VARIANTS = {
-    "plain": {"DSPARK_FUSED_KERNELS": "0"},
-    "cublas": {"DSPARK_SMALL_M_KERNELS": "0"},
-    "fused": {"DSPARK_FUSED_QKV_ROPE": "0", "DSPARK_PDL": "0"},
-    "rope": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_DECODE_MEGAKERNEL": "0"},
-    "mega": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_DECODE_MEGAKERNEL": "1"},
-    "mega66": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_DECODE_MEGAKERNEL": "1",
-               "DSPARK_MEGAKERNEL_PROGRAMS": "66"},
-    "mega32": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_DECODE_MEGAKERNEL": "1",
-               "DSPARK_MEGAKERNEL_PROGRAMS": "32"},
-    "rope+pdl": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "1"},
-    "rope+tiles": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_SMALL_M_TILES": "$CENSUS_TILES"},
-    "rope-step-kernels": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_TRITON_ARGMAX": "0",
-                          "DSPARK_FUSED_STEP_METADATA": "0"},
-    "rope+l2": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_L2_PREFETCH": "1"},
-    "rope+l2x8": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_L2_PREFETCH": "1",
-                  "DSPARK_L2_PREFETCH_PROGRAMS": "8"},
-    "rope+l2x32": {"DSPARK_FUSED_QKV_ROPE": "1", "DSPARK_PDL": "0", "DSPARK_L2_PREFETCH": "1",
-                   "DSPARK_L2_PREFETCH_PROGRAMS": "32"},
+VARIANTS = {  # engine.kernels settings (dspark.config.KernelSwitches) of each variant
+    "plain": {"fused_layers": False},
+    "cublas": {"small_m_kernels": False},
+    "fused": {"fused_qkv_rope": False},
+    "rope": {},
+    "mega": {"decode_megakernel": True},
+    "mega66": {"decode_megakernel": True, "megakernel_programs": 66},
+    "mega32": {"decode_megakernel": True, "megakernel_programs": 32},
+    "rope+tiles": {"small_m_tiles": "$CENSUS_TILES"},
+    "rope-step-kernels": {"triton_argmax": False, "fused_step_metadata": False},
+    "rope+l2": {"l2_prefetch": True},
+    "rope+l2x8": {"l2_prefetch": True, "l2_prefetch_programs": 8},
+    "rope+l2x32": {"l2_prefetch": True, "l2_prefetch_programs": 32},
 }
-SWITCHES = ("DSPARK_FUSED_KERNELS", "DSPARK_SMALL_M_KERNELS", "DSPARK_FUSED_QKV_ROPE", "DSPARK_PDL",
-            "DSPARK_SMALL_M_TILES", "DSPARK_TRITON_ARGMAX", "DSPARK_FUSED_STEP_METADATA", "DSPARK_L2_PREFETCH",
-            "DSPARK_L2_PREFETCH_PROGRAMS", "DSPARK_DECODE_MEGAKERNEL", "DSPARK_MEGAKERNEL_PROGRAMS")
 
 
 def _settings(variant: str) -> dict:
-    """A variant's environment, with ``$NAME`` values read from this process's environment."""
+    """A variant's engine.kernels settings, with ``$NAME`` values read from this process's environment."""
     import os
 
-    env = {}
+    out = {}
     for key, value in VARIANTS[variant].items():
-        if value.startswith("$"):
+        if isinstance(value, str) and value.startswith("$"):
             if not os.environ.get(value[1:]):
                 raise SystemExit(f"variant {variant} needs {value[1:]} (e.g. {value[1:]}=.../small_m_tiles.json)")
             value = os.environ[value[1:]]
-        env[key] = value
-    return env
+        out[key] = value
+    return out
 
 
 def main(out_dir: str, variants: list[str]) -> None:
@@ -155,13 +146,10 @@ def main(out_dir: str, variants: list[str]) -> None:
     drafter = DSparkDrafter(SMOLLM2, DRAFTER)
     rows = []
     for variant in variants:
-        for key in SWITCHES:
-            os.environ.pop(key, None)
-        os.environ.update(settings[variant])
         for spec in ("off", "dspark"):
             for b in batches:
                 try:
-                    measured = profile(spec, b, target, drafter)
+                    measured = profile(spec, b, target, drafter, settings[variant])
                 except Exception as e:  # a variant this machine cannot run is recorded, and the others still run
                     print(f"variant {variant} spec {spec} batch {b} failed: {type(e).__name__}: {e}", flush=True)
                     torch.cuda.empty_cache()

@@ -11,7 +11,7 @@ that each replay streams 150 MB from HBM as a decode step does instead of hittin
 times: microseconds per launch, median of 5 replays. Each setting's output is checked against the reference; the best setting per shape is checked
 for batch invariance (rows at M=8 bitwise equal to the same rows at M=1). Writes small_m_sweep.json and
 small_m_sweep.md to OUT_DIR, and small_m_tiles.json: the tile table the engine reads with
-DSPARK_SMALL_M_TILES=PATH (per weight shape, the best correct and batch-invariant setting, where it beats
+engine.kernels.small_m_tiles=PATH (per weight shape, the best correct and batch-invariant setting, where it beats
 the default setting at every M).
 """
 
@@ -181,7 +181,7 @@ def main(out_dir: str, shapes: list[str] | None = None) -> None:
 
 def write_results(out: Path, rows: list[dict], best: dict[str, dict]) -> None:
     device = torch.cuda.get_device_name()
-    # The tile table the engine reads (DSPARK_SMALL_M_TILES=.../small_m_tiles.json): the best correct,
+    # The tile table the engine reads (engine.kernels.small_m_tiles=.../small_m_tiles.json): the best correct,
     # batch-invariant setting per weight shape, only where it beats the default setting at every M.
     tiles = []
     for name, b in best.items():

@@ -152,7 +152,7 @@ def count(spec: str, mode: str, impl: str, window_impl: str, batch: int = 1) -> 
 def main() -> None:
     cases = [("off", "full"), ("dspark", "full"), ("dspark", "uniform"), ("dspark", "ragged")]
     # (metadata impl, window-allocation impl): the CPU engine's default; a GPU engine on the Triton
-    # backend without the fused metadata (DSPARK_FUSED_STEP_METADATA=0); and with it.
+    # backend without the fused metadata (engine.kernels.fused_step_metadata=false); and with it.
     impls = [("torch", "torch"), ("torch", "triton"), ("triton", "triton")]
     if len(sys.argv) > 1:
         impls = [tuple(a.split("/")) if "/" in a else (a, a) for a in sys.argv[1:]]

@@ -1,7 +1,10 @@
 """The one attention interface of the engine: per-step metadata and the backend call.
 
-Every model (target and drafter) calls :func:`attend` with the metadata of the step;
-the backend (plain PyTorch reference or Triton kernel) is chosen once per engine.
+Every model (target and drafter) calls :func:`attend` with the metadata of the step. The
+metadata also carries the engine's kernel settings (:class:`dspark.config.KernelConfig`:
+attention backend, batch invariance, the ``engine.kernels`` switches), which every layer of the
+step reads from it: there are no process-wide settings, so engines with different settings can
+share a process.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dspark.config import DEFAULT_KERNELS, KernelConfig
 from kernels.paged_attention import paged_attention_reference, write_kv_reference
 
 
@@ -25,6 +29,8 @@ class AttentionMetadata:
     max_q_len:    the longest request's query rows, known on the host when the step is built; kernels
                   size their grid with it, so passing it avoids a device-to-host read (and keeps
                   the call capturable in a CUDA graph).
+    kernels:      the engine's kernel settings (``EngineConfig.kernel_config()``); None (the default)
+                  means ``DEFAULT_KERNELS``: the torch backend with every switch at its default.
     """
 
     qo_indptr: torch.Tensor
@@ -34,10 +40,15 @@ class AttentionMetadata:
     causal: bool = True
     max_q_len: int | None = None
     trash_slot: int | None = None
+    kernels: KernelConfig | None = None
 
     # trash_slot: a cache slot no request owns (ModelRunner allocates one spare page). When
     # set, write_kv sends padding rows (slot -1) there instead of filtering them out with a
     # boolean mask, so the write never syncs and can be captured in a CUDA graph.
+
+    def __post_init__(self) -> None:
+        if self.kernels is None:
+            self.kernels = DEFAULT_KERNELS
 
     @property
     def batch_size(self) -> int:
@@ -46,33 +57,6 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return int(self.slot_mapping.shape[0])
-
-
-_BACKEND = {"name": "torch"}
-
-
-def set_attention_backend(name: str) -> None:
-    if name not in ("torch", "triton"):
-        raise ValueError(f"attention backend {name!r} unknown; allowed: ['torch', 'triton']")
-    _BACKEND["name"] = name
-
-
-_BATCH_INVARIANT = {"on": False}
-
-
-def set_batch_invariant(on: bool) -> None:
-    """Batch-invariant mode (``engine.batch_invariant``): every GEMM of the layers and the LM head
-    runs the fixed-tile Triton kernel (kernels/small_m_linear.py, ``any_m``) and attention runs
-    unsplit, so a row's result does not depend on how many rows share its step."""
-    _BATCH_INVARIANT["on"] = bool(on)
-
-
-def batch_invariant() -> bool:
-    return _BATCH_INVARIANT["on"]
-
-
-def get_attention_backend() -> str:
-    return _BACKEND["name"]
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -88,12 +72,14 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
            scale: float) -> torch.Tensor:
-    """q: [T, Hq, D] -> [T, Hq, D] over the paged cache of one layer."""
-    if _BACKEND["name"] == "triton":
+    """q: [T, Hq, D] -> [T, Hq, D] over the paged cache of one layer, on ``meta.kernels``' backend
+    (the batch-invariant mode runs the Triton kernel unsplit)."""
+    kc = meta.kernels
+    if kc.attention_backend == "triton":
         from kernels.paged_attention import paged_attention
 
         return paged_attention(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
                                block_tables=meta.block_tables, scale=scale, causal=meta.causal,
-                               max_q_len=meta.max_q_len, batch_invariant=batch_invariant())
+                               max_q_len=meta.max_q_len, batch_invariant=kc.batch_invariant)
     return paged_attention_reference(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
                                      block_tables=meta.block_tables, scale=scale, causal=meta.causal)

@@ -6,6 +6,7 @@ whose ``__post_init__`` checks every value and names the key that is wrong.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -133,6 +134,115 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class KernelSwitches:
+    """The ``engine.kernels`` group: which Triton kernels an engine on the Triton attention backend
+    runs. Each switch's default is what the engine runs; turning one off measures what it buys, and
+    the experimental group at the end is off by default. On the torch backend none of them applies."""
+
+    fused_layers: bool = True  # fused norms/projections, rotary + K/V write, SiLU*mul (kernels/rmsnorm.py ...)
+    small_m_kernels: bool = True  # Triton GEMV kernels for steps of at most 16 tokens (else cuBLAS)
+    fused_qkv_rope: bool = True  # the GEMV's QKV projection with the rotary + K/V-write epilogue
+    small_m_tiles: str | None = None  # a device's GEMV tile table (bench/small_m_sweep.py); None: defaults
+    fused_step_metadata: bool = True  # graph steps' row packing and state commit as Triton kernels
+    triton_argmax: bool = True  # graph steps' greedy argmax through kernels/argmax.py (CUDA)
+    # Experimental, off by default.
+    l2_prefetch: bool = False  # decode-sized steps read the next layer's weights into L2 (CUDA)
+    l2_prefetch_programs: int = 16  # programs per weight matrix of that prefetch
+    decode_megakernel: bool = False  # one-token target steps run the whole stack as one kernel
+    megakernel_programs: int | None = None  # programs of that kernel (None: one per SM)
+
+    PREFIX = "engine.kernels"
+
+    def __post_init__(self) -> None:
+        p = self.PREFIX
+        for name in ("fused_layers", "small_m_kernels", "fused_qkv_rope", "fused_step_metadata", "triton_argmax",
+                     "l2_prefetch", "decode_megakernel"):
+            value = getattr(self, name)
+            _check(isinstance(value, bool), f"{p}.{name}", f"must be true or false, got {value!r}")
+        tiles = self.small_m_tiles
+        _check(tiles is None or (isinstance(tiles, str) and tiles.strip() != ""), f"{p}.small_m_tiles",
+               f"must be the path of a tile table (bench/small_m_sweep.py writes one) or null, got {tiles!r}")
+        n = self.l2_prefetch_programs
+        _check(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 64, f"{p}.l2_prefetch_programs",
+               f"must be an integer from 1 to 64, got {n!r}")
+        n = self.megakernel_programs
+        _check(n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1), f"{p}.megakernel_programs",
+               f"must be null (one program per SM) or an integer >= 1 (at most the device's SMs), got {n!r}")
+
+    def switches(self) -> dict[str, Any]:
+        """The ``engine.kernels`` values (without the backend and batch-invariance of a KernelConfig)."""
+        return {f.name: getattr(self, f.name) for f in fields(KernelSwitches)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return _as_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "KernelSwitches":
+        known = {f.name for f in fields(KernelSwitches)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"engine.kernels: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        return KernelSwitches(**dict(d))
+
+
+@dataclass(frozen=True, slots=True)
+class KernelConfig(KernelSwitches):
+    """Everything an engine's kernels depend on: the attention backend, the batch-invariant mode and
+    the ``engine.kernels`` switches. One engine's settings, frozen; the model code reads them from
+    the step's :class:`dspark.attention.AttentionMetadata` (``meta.kernels``), never from globals or
+    the environment, so engines with different settings can share a process (an A/B's two arms).
+    ``EngineConfig.kernel_config()`` builds it; ``KernelConfig()`` is the torch backend with defaults."""
+
+    attention_backend: str = "torch"  # engine.attention_backend: torch | triton
+    batch_invariant: bool = False  # engine.batch_invariant
+
+    BACKENDS = ("torch", "triton")
+
+    def __post_init__(self) -> None:
+        KernelSwitches.__post_init__(self)
+        _check(self.attention_backend in self.BACKENDS, "engine.attention_backend",
+               f"{self.attention_backend!r} not in {list(self.BACKENDS)}")
+        _check(isinstance(self.batch_invariant, bool), "engine.batch_invariant",
+               f"must be true or false, got {self.batch_invariant!r}")
+        triton = self.attention_backend == "triton"
+        _check(not self.batch_invariant or triton, "engine.batch_invariant",
+               "the batch-invariant kernels are Triton kernels: set engine.attention_backend=triton "
+               "(on CPU with TRITON_INTERPRET=1) or engine.batch_invariant=false")
+        for name, what in (("l2_prefetch", "reads weights for the fused small-M (GEMV) layer kernels"),
+                           ("decode_megakernel", "replaces the fused layer kernels of one-token steps")):
+            if getattr(self, name):
+                _check(triton and self.fused_layers, f"{self.PREFIX}.{name}",
+                       f"{what}: it needs engine.attention_backend=triton and engine.kernels.fused_layers=true; "
+                       f"set engine.kernels.{name}=false")
+                _check(not self.batch_invariant, f"{self.PREFIX}.{name}",
+                       f"never runs in the batch-invariant mode (engine.batch_invariant=true); set "
+                       f"engine.kernels.{name}=false")
+        _check(not self.l2_prefetch or self.small_m_kernels, f"{self.PREFIX}.l2_prefetch",
+               "prefetches for the small-M GEMV kernels, which engine.kernels.small_m_kernels=false turns off; "
+               "set engine.kernels.l2_prefetch=false")
+
+    @property
+    def triton(self) -> bool:
+        """Whether this engine runs the Triton attention backend (and with it the switches above)."""
+        return self.attention_backend == "triton"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"attention_backend": self.attention_backend, "batch_invariant": self.batch_invariant,
+                **self.switches()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "KernelConfig":
+        known = {f.name for f in fields(KernelConfig)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"kernel config: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        return KernelConfig(**dict(d))
+
+
+DEFAULT_KERNELS = KernelConfig()  # the torch backend, every switch at its default
+
+
 @dataclass(slots=True)
 class EngineConfig:
     """Engine-wide settings: memory, batching, speculation, verification scheduling."""
@@ -140,8 +250,12 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"  # float32 | bfloat16 | float16
     kv_block_size: int = 16  # tokens per KV page
-    num_kv_blocks: int | None = None  # None: sized from max_num_seqs * max_model_len, capped by kv_cache_tokens
-    kv_cache_tokens: int = 65536  # cap on token slots when num_kv_blocks is not given
+    # The KV pool, when num_kv_blocks is None: room for max_num_seqs requests of max_model_len tokens,
+    # capped by kv_cache_tokens (None: no cap) and, on a GPU, by kv_memory_fraction of the device memory
+    # free when the engine is built.
+    num_kv_blocks: int | None = None
+    kv_cache_tokens: int | None = 65536
+    kv_memory_fraction: float = 0.9
     max_model_len: int = 2048
     max_num_seqs: int = 64  # running requests at most
     max_num_batched_tokens: int = 2048  # token budget per step (prefill chunks + verify tokens)
@@ -175,6 +289,9 @@ class EngineConfig:
     # bucket, on a GPU; on the CPU the same step function runs eagerly (for tests).
     cuda_graphs: bool = False
     overlap: bool = False  # launch step t+1 before reading step t's tokens (needs cuda_graphs)
+    # Kernel switches of the Triton backend (engine.kernels.*); kernel_config() combines them with
+    # attention_backend and batch_invariant into what the model code reads.
+    kernels: KernelSwitches = field(default_factory=KernelSwitches)
 
     DTYPES = ("float32", "bfloat16", "float16")
     SPECS = ("off", "dspark")
@@ -187,15 +304,30 @@ class EngineConfig:
         _check(self.verify in self.VERIFY, "engine.verify", f"{self.verify!r} not in {list(self.VERIFY)}")
         _check(self.attention_backend in self.BACKENDS, "engine.attention_backend",
                f"{self.attention_backend!r} not in {list(self.BACKENDS)}")
-        _check(not self.batch_invariant or self.attention_backend == "triton", "engine.batch_invariant",
-               "the batch-invariant kernels are Triton kernels: set engine.attention_backend=triton "
-               "(on CPU with TRITON_INTERPRET=1) or engine.batch_invariant=false")
+        if isinstance(self.kernels, KernelConfig):  # a whole kernel config: it must agree with this engine's
+            _check(self.kernels.attention_backend == self.attention_backend
+                   and self.kernels.batch_invariant == self.batch_invariant, "engine.kernels",
+                   f"a KernelConfig with attention_backend={self.kernels.attention_backend!r}, batch_invariant="
+                   f"{self.kernels.batch_invariant} given to an engine with attention_backend="
+                   f"{self.attention_backend!r}, batch_invariant={self.batch_invariant}; set those on the engine")
+            self.kernels = KernelSwitches(**self.kernels.switches())
+        elif isinstance(self.kernels, Mapping):  # from YAML / a runner's dict
+            self.kernels = KernelSwitches.from_dict(self.kernels)
+        elif self.kernels is None:
+            self.kernels = KernelSwitches()
+        _check(isinstance(self.kernels, KernelSwitches), "engine.kernels",
+               f"must be a KernelSwitches or a mapping of its keys, got {type(self.kernels).__name__}")
+        self.kernel_config()  # validates the combination (backend, batch invariance, switches)
         _check(self.kv_block_size >= 1, "engine.kv_block_size", "must be >= 1")
         _check(self.max_model_len >= 2, "engine.max_model_len", "must be >= 2")
         _check(self.max_num_seqs >= 1, "engine.max_num_seqs", "must be >= 1")
         _check(self.max_num_batched_tokens >= 64, "engine.max_num_batched_tokens", "must be >= 64")
         if self.num_kv_blocks is not None:
             _check(self.num_kv_blocks >= 2, "engine.num_kv_blocks", "must be >= 2")
+        _check(self.kv_cache_tokens is None or self.kv_cache_tokens >= 1, "engine.kv_cache_tokens",
+               f"must be >= 1 token slot, or null for no cap, got {self.kv_cache_tokens}")
+        _check(0.0 < self.kv_memory_fraction <= 1.0, "engine.kv_memory_fraction",
+               f"must be in (0, 1], got {self.kv_memory_fraction}")
         _check(not (self.spec == "off" and self.verify != "full"), "engine.verify",
                f"verify={self.verify!r} schedules drafted tokens but engine.spec=off drafts none; set engine.spec=dspark "
                "or engine.verify=full")
@@ -239,5 +371,17 @@ class EngineConfig:
             _check(self.verify in ("ragged", "cap_accept"), "engine.force_budget_frac",
                    f"applies to verify=ragged or cap_accept, got verify={self.verify!r}")
 
+    def kernel_config(self) -> KernelConfig:
+        """This engine's frozen kernel settings (attention backend, batch invariance, engine.kernels.*):
+        what the model runner puts into every step's AttentionMetadata."""
+        return KernelConfig(attention_backend=self.attention_backend, batch_invariant=self.batch_invariant,
+                            **self.kernels.switches())
 
-__all__ = ["ConfigError", "ModelConfig", "DrafterConfig", "SamplingParams", "EngineConfig", "field"]
+    def to_dict(self) -> dict[str, Any]:
+        d = _as_dict(self)
+        d["kernels"] = self.kernels.to_dict()
+        return d
+
+
+__all__ = ["ConfigError", "ModelConfig", "DrafterConfig", "SamplingParams", "KernelSwitches", "KernelConfig",
+           "DEFAULT_KERNELS", "EngineConfig", "field"]

@@ -13,7 +13,6 @@ from typing import Iterable, Sequence
 
 import torch
 
-from dspark.attention import set_attention_backend, set_batch_invariant
 from dspark.config import ConfigError, EngineConfig, SamplingParams
 from dspark.kv_cache import BlockManager
 from dspark.model_runner import DTYPES, ModelRunner, Segment
@@ -57,11 +56,10 @@ class Engine:
             raise ConfigError("engine.spec: 'dspark' needs a drafter; pass one or set engine.spec=off")
         if self.cfg.spec == "off":
             drafter = None
-        set_attention_backend(self.cfg.attention_backend)
+        self.kernels = self.cfg.kernel_config()  # this engine's kernel settings, in every step's metadata
         if self.cfg.batch_invariant and target.cfg.qk_norm:
             raise ConfigError("engine.batch_invariant: the batch-invariant layers cover Llama/Qwen2 attention; "
                               f"this {target.cfg.arch} target has q/k norms; set engine.batch_invariant=false")
-        set_batch_invariant(self.cfg.batch_invariant)
         self.tokenizer = tokenizer
         dtype = DTYPES[self.cfg.dtype]
         self.target = target.to(device=self.cfg.device, dtype=dtype).eval()
@@ -77,8 +75,7 @@ class Engine:
         if self.cfg.num_kv_blocks is not None:
             num_pages = self.cfg.num_kv_blocks
         else:
-            tokens = min(self.cfg.max_num_seqs * (self.cfg.max_model_len + self._lookahead), self.cfg.kv_cache_tokens)
-            num_pages = max(2, -(-tokens // page))
+            num_pages = max(2, -(-self._kv_pool_tokens() // page))
         self.blocks = BlockManager(num_pages, page)
         self.runner = ModelRunner(self.target, self.drafter, self.cfg, self.blocks)
         self._eos = frozenset(self.target.cfg.eos_token_ids or ())
@@ -106,8 +103,34 @@ class Engine:
         self._step_call_start: float | None = None  # perf_counter at the start of the step() in progress
         self._eager_reason = "no_cuda_graphs"
         self.eager_reasons: Counter[str] = Counter()
+        self._rows_stale = False  # eager steps ran since the device rows were last loaded
+        self._captured_key = None  # (bucket, sampling) whose graphs ensure_captured last checked
+        self._captures_base = 0  # graphs captured before the current run (reset() / capture_graphs())
+        self._eager_step_ms: list[float] = []
         if self.cfg.cuda_graphs:
             self._build_graph_decoder()
+
+    def _kv_pool_tokens(self) -> int:
+        """Token slots of the KV pool when engine.num_kv_blocks is not given: room for max_num_seqs requests
+        of max_model_len tokens, capped by engine.kv_cache_tokens and, on a GPU, by kv_memory_fraction of
+        the device memory free now (the target cache plus the drafter's, one page spare)."""
+        cfg = self.cfg
+        tokens = cfg.max_num_seqs * (cfg.max_model_len + self._lookahead)
+        if cfg.kv_cache_tokens is not None:
+            tokens = min(tokens, cfg.kv_cache_tokens)
+        device = torch.device(cfg.device)
+        if device.type == "cuda":
+            tc = self.target.cfg
+            layers = tc.num_layers + (self.drafter.cfg.num_layers if self.drafter is not None else 0)
+            per_token = layers * 2 * tc.num_kv_heads * tc.head_dim * DTYPES[cfg.dtype].itemsize
+            free, _ = torch.cuda.mem_get_info(device)
+            fits = int(cfg.kv_memory_fraction * free) // per_token - 2 * cfg.kv_block_size
+            if fits < cfg.max_model_len:
+                raise ConfigError(f"engine.kv_memory_fraction: {cfg.kv_memory_fraction} of the {free / 2**30:.1f} GiB "
+                                  f"free on {device} holds {max(fits, 0)} KV token slots, fewer than one request of "
+                                  f"engine.max_model_len={cfg.max_model_len}; raise it or free device memory")
+            tokens = min(tokens, fits)
+        return tokens
 
     @staticmethod
     def _recalibrated(drafter, path: str):
@@ -146,15 +169,14 @@ class Engine:
         page = self.cfg.kv_block_size
         max_pages = -(-(self.cfg.max_model_len + self._lookahead) // page) + 1
         ragged_buckets = self.cfg.token_buckets if self.cfg.verify != "full" else None
-        from kernels.verify_packing import fused_step_metadata_enabled
-
-        triton_backend = self.cfg.attention_backend == "triton"
+        triton_backend = self.kernels.triton
         # The verify step's packing/metadata and state commit as one Triton kernel each on the Triton backend.
-        fused_metadata = triton_backend and fused_step_metadata_enabled()
+        fused_metadata = triton_backend and self.kernels.fused_step_metadata
         self.graph = GraphDecoder(self.runner, self.cfg.max_num_seqs, max_pages, buckets, use_graphs=True,
                                   token_buckets=ragged_buckets, min_verify_len=self.cfg.min_verify_len,
                                   window_impl="triton" if triton_backend else "torch",
-                                  metadata_impl="triton" if fused_metadata else "torch")
+                                  metadata_impl="triton" if fused_metadata else "torch",
+                                  max_prefill_tokens=self.cfg.max_num_batched_tokens)
         self._graph_table_lens: dict[int, int] = {}
 
     def _build_planner(self) -> None:
@@ -212,7 +234,7 @@ class Engine:
         from dspark.models.layers import kernel_set
 
         fp = {"device_name": device_name, "driver": driver, "torch": torch.__version__, "triton": triton_v,
-              "step_path": step_path, "kernels": kernel_set(self.cfg.attention_backend, self.runner.device),
+              "step_path": step_path, "kernels": kernel_set(self.kernels, self.runner.device),
               "model": f"{tc.arch}-h{tc.hidden_size}-L{tc.num_layers}-V{tc.vocab_size}", "drafter": drafter,
               "dtype": self.cfg.dtype}
         if self.cfg.cuda_graphs:
@@ -234,7 +256,8 @@ class Engine:
                 "drafted_tokens": 0, "verified_tokens": 0, "accepted_tokens": 0, "emitted_tokens": 0,
                 "trimmed_steps": 0, "ceiling_tokens": 0, "window_tokens": 0, "preemptions": 0,
                 "graph_replays": 0, "graph_eager_steps": 0, "eager_steps": 0, "discarded_row_steps": 0,
-                "pipelined_steps": 0}
+                "pipelined_steps": 0, "running_rows": 0, "prefill_graph_replays": 0, "prefill_uncaptured": 0,
+                "prefill_eager_steps": 0}
 
     @property
     def emitted_tokens(self) -> int:
@@ -269,11 +292,27 @@ class Engine:
         # Steps whose target forward ran the decode megakernel (kernels/decode_megakernel.py):
         # graph replays of steps captured with it, plus eager calls (captures' own calls excluded).
         c["megakernel_steps"] = self._megakernel_raw() - self._megakernel_base
+        decode_steps = c["decode_steps"]
+        c["mean_running_batch"] = c["request_steps"] / decode_steps if decode_steps else 0.0
+        c["kv_pool_tokens"] = self.blocks.num_pages * self.blocks.page_size
+        if self._eager_step_ms:
+            e = sorted(self._eager_step_ms)
+            c["eager_step_ms_median"] = e[len(e) // 2]
         if self.graph is not None:
-            c["graphs_captured"] = self.graph.captures
+            # Decode steps on the device-resident path (replayed graphs; on a CPU, the same step uncaptured).
+            resident = c["graph_replays"] + c["graph_eager_steps"]
+            c["device_resident_share"] = resident / decode_steps if decode_steps else 0.0
+            c["graphs_captured"] = self.graph.captures - self._captures_base  # since reset(): 0 in a timed run
+            c["graphs_total"] = self.graph.captures
             if self._host_step_ms:
                 h = sorted(self._host_step_ms)
                 c["host_ms_per_graph_step_median"] = h[len(h) // 2]
+                # Host time per step() call (the device-resident steps': eager steps wait for their device work).
+                c["host_ms_per_step_median"] = c["host_ms_per_graph_step_median"]
+            if self.graph.timing is not None:
+                t = self.graph.timing_summary()
+                if t.get("device_idle_fraction") is not None:
+                    c["device_idle_fraction"] = t["device_idle_fraction"]
         if self.cost_table is not None and self._oracle_steps and self.cfg.verify in ("full", "cap_accept"):
             from dspark.planner import oracle_bound
 
@@ -380,6 +419,7 @@ class Engine:
         counts = self._counts
         counts["steps"] += 1
         counts["eager_steps"] += 1  # this path never replays a graph
+        counts["prefill_eager_steps"] += int(bool(plan.prefills))
         self.eager_reasons[self._eager_reason] += 1
         counts["preemptions"] += len(plan.preempted)
         counts["prefill_tokens"] += sum(c.length for c in plan.prefills)
@@ -437,6 +477,7 @@ class Engine:
         self.last_step = StepInfo(num_decodes=len(decodes), num_prefill_tokens=sum(c.length for c in plan.prefills),
                                   num_tokens=result.num_tokens, bucket=result.bucket, windows=tuple(windows),
                                   step_ms=(time.perf_counter() - step_start) * 1e3)
+        self._eager_step_ms.append(self.last_step.step_ms)
         return finished
 
     def start_step_trace(self):
@@ -480,43 +521,97 @@ class Engine:
         return self._commit(req, new, now)
 
     # ---- device-resident steps (engine.cuda_graphs) ---------------------------------------
-    def _graph_ineligible(self, running: list[Request]) -> str | None:
-        sched = self.scheduler
-        if sched.waiting or not running or any(r.in_prefill for r in running):
-            return "prefill_or_mixed"
-        if self.graph.bucket_for(len(running)) is None:
+    def _pending_rows(self, row_ids) -> list[Request]:
+        """Running requests whose prefill is done but that have no device row yet."""
+        return [r for r in self.scheduler.running if not r.in_prefill and r.req_id not in row_ids]
+
+    def _graph_ineligible(self, rows: list[Request], pending: list[Request]) -> str | None:
+        if self.graph.bucket_for(len(rows) + len(pending)) is None:
             return "over_largest_bucket"
         needed, ahead = self.blocks.pages_needed, self._lookahead
-        pages = sum(needed(r.req_id, r.num_tokens + ahead) for r in running)
+        pages = sum(needed(r.req_id, r.num_tokens + ahead) for r in rows) + sum(
+            needed(r.req_id, r.num_tokens + ahead) for r in pending)
         if pages > self.blocks.num_free:
-            return "kv_pages"
+            return "kv_pages"  # the eager scheduler preempts to make room
         return None
 
     def _graph_step(self) -> list[RequestOutput] | None:
-        """One device-resident step, or None to let the eager path run this step (reason counted)."""
-        running = list(self.scheduler.running)
-        why = self._graph_ineligible(running)
-        ids = tuple(r.req_id for r in running)
-        if why is not None or (self._inflight is not None and self._inflight.req_ids != ids):
+        """One device-resident step, or None to let the eager path run this step (reason counted).
+
+        A call (1) rebuilds the device rows from the host after eager steps; (2) reserves the rows'
+        pages ahead, or hands over to the eager path (after draining the pipeline) when the pool cannot;
+        (3) runs this call's prefill chunks and admissions (``Scheduler.schedule_prefills``) as one
+        captured forward, and requests whose prefill is complete join the rows; (4) plans and launches
+        the decode step over the rows; (5) commits the step launched by the previous call (overlap) or
+        this one, and retires the rows of requests that finished. Joining and retiring rows touch only
+        those rows on the device, queued behind the step in flight, so admissions, retirements and the
+        ramp-down keep the pipeline going.
+        """
+        gd, sched = self.graph, self.scheduler
+        if self._rows_stale:  # eager steps ran: the host's state is exact and the device's is not
+            if self._inflight is not None:
+                return self._drain()
+            gd.load([r for r in sched.running if not r.in_prefill])
+            self._graph_table_lens = {r.req_id: len(self.blocks.table(r.req_id)) for r in gd.rows}
+            self._rows_stale = False
+        row_ids = set(gd.req_ids)
+        why = self._graph_ineligible(gd.rows, self._pending_rows(row_ids))
+        if why is not None:
             if self._inflight is not None:
                 return self._drain()  # finish the pipeline first; the next call re-plans on exact state
-            self._eager_reason = why or "prefill_or_mixed"
+            self._eager_reason = why
+            self._rows_stale = True
             return None
-        gd = self.graph
-        for r in running:
-            self.blocks.reserve(r.req_id, r.num_tokens + self._lookahead)
-        if gd.req_ids != ids:
-            gd.load(running)
-            self._graph_table_lens = {r.req_id: len(self.blocks.table(r.req_id)) for r in running}
-            gd.ensure_captured(len(running), self.cfg.verify if self.planner is not None else "full", self.cfg.tiers)
-        else:
-            self._sync_tables(running)
-        mode, tier, extra, decision = self._graph_decision(running)
-        launched = gd.launch(len(running), mode, tier=tier, extra=extra)
-        launched.decision = decision
+        ahead = self._lookahead
+        for r in gd.rows:
+            self.blocks.reserve(r.req_id, r.num_tokens + ahead)
         counts = self._counts
+        finished: list[RequestOutput] = []
+        plan = sched.schedule_prefills(min(self.cfg.max_num_batched_tokens, gd.prefill_buckets[-1]),
+                                       max_chunks=gd.max_prefill_segments)
+        for req, reason in plan.failed:
+            self._finish(req, "error", error=reason)
+            finished.append(RequestOutput.from_request(req))
+        prefill_tokens = sum(c.length for c in plan.prefills)
+        if plan.prefills:
+            gd.prefill([Segment(c.req, c.start, c.req.all_ids[c.start: c.start + c.length]) for c in plan.prefills])
+            for c in plan.prefills:
+                c.req.num_computed = c.start + c.length
+            counts["prefill_tokens"] += prefill_tokens
+            counts["prefill_graph_replays" if gd.use_graphs else "prefill_uncaptured"] += 1
+        joiners = []
+        for r in self._pending_rows(row_ids):
+            if self.blocks.can_reserve(r.req_id, r.num_tokens + ahead):  # else it joins once pages free up
+                self.blocks.reserve(r.req_id, r.num_tokens + ahead)
+                joiners.append(r)
+        if joiners:
+            gd.join(joiners)
+            for r in joiners:
+                self._graph_table_lens[r.req_id] = len(self.blocks.table(r.req_id))
+        rows = gd.rows
+        if not rows:  # nothing decodes (yet): a prefill-only call
+            if self._inflight is not None:
+                finished += self._drain()
+            if plan.prefills:
+                counts["steps"] += 1
+                self.last_step = StepInfo(num_decodes=0, num_prefill_tokens=prefill_tokens, num_tokens=prefill_tokens,
+                                          bucket=0, windows=(), step_ms=0.0)
+            return finished
+        B = len(rows)
+        mode = self.cfg.verify if self.planner is not None else "full"
+        key = (gd.bucket_for(B), gd.sampling)
+        if key != self._captured_key:  # a new batch bucket: its graphs (captured ahead by capture_graphs)
+            gd.ensure_captured(B, mode, self.cfg.tiers)
+            self._captured_key = key
+        self._sync_tables(rows)
+        mode, tier, extra, decision = self._graph_decision(rows)
+        launched = gd.launch(B, mode, tier=tier, extra=extra)
+        launched.decision = decision
+        launched.num_prefill_tokens = prefill_tokens
         counts["steps"] += 1
         counts["decode_steps"] += 1
+        counts["mixed_steps"] += int(bool(plan.prefills))
+        counts["running_rows"] += B
         if gd.use_graphs:
             counts["graph_replays"] += 1
         else:
@@ -525,12 +620,33 @@ class Engine:
         if self.cfg.overlap:
             previous, self._inflight = self._inflight, launched
             if previous is None:  # the pipeline's first step: nothing to commit yet
-                self.last_step = StepInfo(num_decodes=0, num_prefill_tokens=0, num_tokens=0, bucket=launched.bucket,
-                                          windows=(), step_ms=launched.launch_ms)
-                return []
+                self.last_step = StepInfo(num_decodes=0, num_prefill_tokens=prefill_tokens, num_tokens=0,
+                                          bucket=launched.bucket, windows=(), step_ms=launched.launch_ms)
+                return finished
             counts["pipelined_steps"] += 1
-            return self._commit_launched(previous)
-        return self._commit_launched(launched)
+            return finished + self._commit_launched(previous)
+        return finished + self._commit_launched(launched)
+
+    def capture_graphs(self, sampling: Sequence[SamplingParams] = ()) -> int:
+        """Capture, before any timed work, every graph this engine's runs can replay: decode graphs for
+        every batch bucket up to max_num_seqs (for the sampling signature of ``sampling``, the requests
+        a run will serve; greedy when empty) and every prefill graph. Needs an idle engine (after
+        reset()). Returns the number of graphs captured now (0 without CUDA graphs)."""
+        if self.graph is None or not self.graph.use_graphs:
+            return 0
+        if self.scheduler.has_work() or self._inflight is not None:
+            raise RuntimeError("capture_graphs needs an idle engine: call it after reset()")
+        from dspark.sampling import RowSampling
+
+        signatures = {(True, False, False)}
+        if sampling:
+            flags = RowSampling(list(sampling))
+            signatures = {(flags.all_greedy, flags.needs_k, flags.needs_p)}
+        mode = self.cfg.verify if self.planner is not None else "full"
+        with torch.inference_mode():
+            n = self.graph.capture_all(mode, self.cfg.tiers, sorted(signatures))
+        self._captures_base = self.graph.captures
+        return n
 
     def _slot(self, req: Request) -> int:
         slot = self._slot_of.get(req.req_id)
@@ -642,10 +758,15 @@ class Engine:
                                    eager_reason=None if self.graph.use_graphs else "cpu", step_ms=step_ms)
             if self.cfg.verify == "full":
                 self._oracle_steps.append(list(accepted))
-        self.last_step = StepInfo(num_decodes=len(live_ids), num_prefill_tokens=0,
+        self.last_step = StepInfo(num_decodes=len(live_ids), num_prefill_tokens=launched.num_prefill_tokens,
                                   num_tokens=launched.num_tokens, bucket=launched.bucket,
                                   windows=tuple(windows),
                                   step_ms=step_ms, wait_ms=waited_ms)
+        if finished:  # their rows leave the device batch (queued behind any step in flight)
+            gone = {o.req_id for o in finished}
+            self.graph.retire(gone)
+            for rid in gone:
+                self._graph_table_lens.pop(rid, None)
         return finished
 
     def _plan(self, decodes: list[Request], drafts, plan, rows: RowSampling):
@@ -782,8 +903,15 @@ class Engine:
             self.graph.collect(self._inflight)
             self._inflight = None
         self._host_step_ms = []
+        self._eager_step_ms = []
         if self.graph is not None:
-            self.graph.req_ids = ()
+            self.graph.clear()
+            self._graph_table_lens = {}
+            self._rows_stale = False
+            self._captured_key = None
+            self._captures_base = self.graph.captures
+            if self.graph.timing is not None:
+                self.graph.start_timing()  # a fresh record for the next run
         self.eager_reasons = Counter()
         self._requests.clear()
         self.runner.reset()

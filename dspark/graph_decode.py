@@ -50,6 +50,7 @@ class Launched:
     num_tokens: int  # real tokens the target processed (sum of windows + 1)
     launch_ms: float
     decision: object = None  # the planner's PlanDecision for confidence-scheduled steps
+    num_prefill_tokens: int = 0  # prefill tokens the same step() call ran before this launch
 
 
 class GraphDecoder:
@@ -57,8 +58,9 @@ class GraphDecoder:
 
     def __init__(self, runner, max_num_seqs: int, max_pages: int, buckets: tuple[int, ...], use_graphs: bool,
                  token_buckets: tuple[int, ...] | None = None, min_verify_len: int = 1, window_impl: str = "torch",
-                 metadata_impl: str = "torch"):
+                 metadata_impl: str = "torch", max_prefill_tokens: int = 2048, max_prefill_segments: int = 16):
         self.runner = runner
+        self.kernels = runner.kernels
         self.target = runner.target
         self.drafter = runner.drafter
         self.G = runner.block_size
@@ -117,6 +119,28 @@ class GraphDecoder:
         self.indptr_M = (torch.arange(S + 1, device=dev) * self.M).to(torch.int32)
         self.indptr_G = (torch.arange(S + 1, device=dev) * max(self.G, 1)).to(torch.int32)
         self.req_ids: tuple[int, ...] = ()
+        self.rows: list = []  # the Request of each device row, in row order (rows [:len(rows)] are active)
+        # Prefill chunks: one forward over packed chunks, keyed by (token bucket, segment bucket).
+        top_prefill = max(16, int(max_prefill_tokens))
+        ladder, t = set(), 16
+        while t < top_prefill:
+            ladder.add(t)
+            t *= 2
+        ladder.add(top_prefill)
+        self.prefill_buckets = tuple(sorted(ladder))
+        self.max_prefill_segments = int(max_prefill_segments)
+        segs, p = [], 1
+        while p < self.max_prefill_segments:
+            segs.append(p)
+            p *= 2
+        self.prefill_segment_buckets = tuple(segs + [self.max_prefill_segments])
+        Tp, Pp = self.prefill_buckets[-1], self.max_prefill_segments
+        self.pf_ids = torch.zeros(Tp, dtype=torch.int64, device=dev)
+        self.pf_pos = torch.zeros(Tp, dtype=torch.int64, device=dev)
+        self.pf_slots = torch.full((Tp,), -1, dtype=torch.int64, device=dev)
+        self.pf_indptr = torch.zeros(Pp + 1, dtype=torch.int32, device=dev)
+        self.pf_kv_lens = torch.zeros(Pp, dtype=torch.int32, device=dev)
+        self.pf_tables = torch.zeros((Pp, max_pages), dtype=torch.int32, device=dev)
         self.graphs: dict[tuple, object] = {}  # ("step"|"draft"|"verify", size[, mode], sampling) -> graph
         self.timing: list | None = None  # (mode, [(key, start event, end event)]) per step when timing
         self._step_events: list = []
@@ -134,35 +158,160 @@ class GraphDecoder:
         return _first_at_least(self.token_buckets, num_tokens)
 
     def load(self, requests) -> None:
-        """Upload the rows' state (exact: no step of theirs is in flight)."""
-        n = len(requests)
+        """Upload every row's state from the host (exact: no step of theirs is in flight)."""
+        self.clear()
+        self.join(requests)
+
+    def clear(self) -> None:
+        """No rows: every row inactive (the device keeps its buffers)."""
+        self.active.zero_()
+        self.rows = []
+        self.req_ids = ()
+
+    def join(self, requests) -> None:
+        """Append ``requests`` as rows ``len(rows)..``: their state from the host, which is exact for a
+        request that has not decoded on the device yet (just prefilled) or after a drain. The rows
+        already there are untouched, so a step in flight is not disturbed: the uploads are queued
+        behind it on the stream and take effect from the next launch."""
+        if not requests:
+            return
+        start, n = len(self.rows), len(requests)
+        if start + n > self.S:
+            raise ValueError(f"{start + n} rows exceed the decoder's {self.S}")
         width = self.tables.shape[1]
         tables = torch.zeros((n, width), dtype=torch.int32)
         for i, r in enumerate(requests):
             t = self.runner.blocks.table(r.req_id)
             tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        state = torch.tensor([[r.num_tokens, r.anchor, r.seed, r.params.top_k] for r in requests], dtype=torch.int64)
-        floats = torch.tensor([[r.params.temperature, r.params.top_p] for r in requests], dtype=torch.float32)
-        from dspark.sampling import RowSampling
-
-        flags = RowSampling([r.params for r in requests])
-        self.sampling = (flags.all_greedy, flags.needs_k, flags.needs_p)
-        if not self.sampling[0] and self.G and self.draft_probs is None:
-            V = self.target.cfg.vocab_size
-            self.draft_probs = torch.zeros((self.S, self.G, V), dtype=torch.float32, device=self.device)
+        # One contiguous row per field, so that each upload is one plain pinned copy.
+        state = torch.tensor([[r.num_tokens for r in requests], [r.anchor for r in requests],
+                              [r.seed for r in requests], [r.params.top_k for r in requests]], dtype=torch.int64)
+        floats = torch.tensor([[r.params.temperature for r in requests], [r.params.top_p for r in requests]],
+                              dtype=torch.float32)
         pin = self.device.type == "cuda"
         if pin:
             state, tables, floats = state.pin_memory(), tables.pin_memory(), floats.pin_memory()
-        self.active.zero_()
-        self.active[:n] = True
-        self.seq_len[:n].copy_(state[:, 0], non_blocking=pin)
-        self.anchor[:n].copy_(state[:, 1], non_blocking=pin)
-        self.seed[:n].copy_(state[:, 2], non_blocking=pin)
-        self.top_k[:n].copy_(state[:, 3], non_blocking=pin)
-        self.temperature[:n].copy_(floats[:, 0], non_blocking=pin)
-        self.top_p[:n].copy_(floats[:, 1], non_blocking=pin)
-        self.tables[:n].copy_(tables, non_blocking=pin)
-        self.req_ids = tuple(r.req_id for r in requests)
+        rows = slice(start, start + n)
+        self.seq_len[rows].copy_(state[0], non_blocking=pin)
+        self.anchor[rows].copy_(state[1], non_blocking=pin)
+        self.seed[rows].copy_(state[2], non_blocking=pin)
+        self.top_k[rows].copy_(state[3], non_blocking=pin)
+        self.temperature[rows].copy_(floats[0], non_blocking=pin)
+        self.top_p[rows].copy_(floats[1], non_blocking=pin)
+        self.tables[rows].copy_(tables, non_blocking=pin)
+        self.active[rows] = True
+        self.rows.extend(requests)
+        self._rows_changed()
+
+    def retire(self, gone: set[int]) -> None:
+        """Drop the rows of the requests in ``gone`` (request ids): the last live rows move into
+        the holes on the device (queued behind any step in flight), so rows [:len(rows)] stay
+        dense and a step's bucket follows the live count."""
+        rows = list(self.rows)
+        n = len(rows)
+        if not any(r.req_id in gone for r in rows):
+            return
+        src, dst = [], []
+        i = 0
+        while i < n:
+            if rows[i].req_id in gone:
+                n -= 1
+                while n > i and rows[n].req_id in gone:
+                    n -= 1
+                if n > i:
+                    rows[i] = rows[n]
+                    src.append(n)
+                    dst.append(i)
+            i += 1
+        old = len(self.rows)
+        if src:
+            idx = torch.tensor([src, dst], dtype=torch.int64)
+            pin = self.device.type == "cuda"
+            idx = idx.pin_memory().to(self.device, non_blocking=True) if pin else idx
+            s_idx, d_idx = idx[0], idx[1]
+            for buf in (self.seq_len, self.anchor, self.seed, self.active, self.tables, self.temperature,
+                        self.top_k, self.top_p):
+                buf.index_copy_(0, d_idx, buf.index_select(0, s_idx))
+        self.active[n:old] = False
+        self.rows = rows[:n]
+        self._rows_changed()
+
+    def _rows_changed(self) -> None:
+        from dspark.sampling import RowSampling
+
+        self.req_ids = tuple(r.req_id for r in self.rows)
+        if not self.rows:
+            return
+        flags = RowSampling([r.params for r in self.rows])
+        self.set_sampling((flags.all_greedy, flags.needs_k, flags.needs_p))
+
+    def set_sampling(self, signature: tuple[bool, bool, bool]) -> None:
+        """The batch's sampling signature (all greedy, top-k in use, top-p in use): part of every graph key."""
+        self.sampling = tuple(bool(x) for x in signature)
+        if not self.sampling[0] and self.G and self.draft_probs is None:
+            V = self.target.cfg.vocab_size
+            self.draft_probs = torch.zeros((self.S, self.G, V), dtype=torch.float32, device=self.device)
+
+    # ---- prefill chunks -------------------------------------------------------------------------
+    def prefill_fits(self, num_tokens: int, num_segments: int) -> bool:
+        return num_tokens <= self.prefill_buckets[-1] and num_segments <= self.max_prefill_segments
+
+    def prefill(self, segments) -> int:
+        """Run prefill chunks (``dspark.model_runner.Segment``s: positions start.. of a request) as one
+        target forward that writes their K/V and the drafter's context K/V, no token sampled; replayed
+        from a graph keyed by (token bucket, segment bucket). Returns the token bucket."""
+        n_tok = sum(len(s.tokens) for s in segments)
+        n_seg = len(segments)
+        if not self.prefill_fits(n_tok, n_seg):
+            raise ValueError(f"prefill of {n_tok} tokens in {n_seg} chunks exceeds the largest prefill graph "
+                             f"({self.prefill_buckets[-1]} tokens, {self.max_prefill_segments} chunks)")
+        T = _first_at_least(self.prefill_buckets, n_tok)
+        P = _first_at_least(self.prefill_segment_buckets, n_seg)
+        import numpy as np
+
+        page = self.page
+        width = self.tables.shape[1]
+        ids = np.zeros(T, dtype=np.int64)
+        pos = np.zeros(T, dtype=np.int64)
+        slots = np.full(T, -1, dtype=np.int64)
+        small = np.zeros(2 * P + 1 + P * width, dtype=np.int32)  # indptr [P+1], kv_lens [P], tables [P, width]
+        indptr, kv_lens, tables = small[: P + 1], small[P + 1: 2 * P + 1], small[2 * P + 1:].reshape(P, width)
+        at = 0
+        for i, s in enumerate(segments):
+            n = len(s.tokens)
+            table = np.asarray(self.runner.blocks.table(s.req.req_id), dtype=np.int64)
+            p = np.arange(s.start, s.start + n, dtype=np.int64)
+            ids[at: at + n] = s.tokens
+            pos[at: at + n] = p
+            slots[at: at + n] = table[p // page] * page + p % page
+            tables[i, : len(table)] = table
+            at += n
+            indptr[i + 1] = at
+            kv_lens[i] = s.start + n
+        indptr[n_seg + 1:] = at  # empty segments past the real ones
+        big = torch.from_numpy(np.concatenate([ids, pos, slots]))
+        small_t = torch.from_numpy(small)
+        pin = self.device.type == "cuda"
+        if pin:
+            big, small_t = big.pin_memory(), small_t.pin_memory()
+        self.pf_ids[:T].copy_(big[:T], non_blocking=pin)
+        self.pf_pos[:T].copy_(big[T: 2 * T], non_blocking=pin)
+        self.pf_slots[:T].copy_(big[2 * T:], non_blocking=pin)
+        self.pf_indptr[: P + 1].copy_(small_t[: P + 1], non_blocking=pin)
+        self.pf_kv_lens[:P].copy_(small_t[P + 1: 2 * P + 1], non_blocking=pin)
+        self.pf_tables[:P].copy_(small_t[2 * P + 1:].view(P, width), non_blocking=pin)
+        self._run(("prefill", T, P), lambda: self._prefill_stage(T, P))
+        self._close_step_timing("prefill")
+        return T
+
+    def _prefill_stage(self, T: int, P: int) -> None:
+        meta = AttentionMetadata(qo_indptr=self.pf_indptr[: P + 1], kv_lens=self.pf_kv_lens[:P],
+                                 block_tables=self.pf_tables[:P], slot_mapping=self.pf_slots[:T], causal=True,
+                                 max_q_len=T, trash_slot=self.trash_slot, kernels=self.kernels)
+        hidden, captured = self.target(self.pf_ids[:T], self.pf_pos[:T], self.runner.cache, meta,
+                                       self.runner.capture_layers)
+        if self.G:
+            self.drafter.context_kv(captured, self.pf_pos[:T], self.runner.draft_cache, meta)
 
     # ---- the step (capturable: no host reads, no allocation from host data) -------------------
     def _slots(self, tables: torch.Tensor, pos: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
@@ -196,13 +345,13 @@ class GraphDecoder:
                                    block_tables=tables,
                                    slot_mapping=self._slots(tables[:, None, :].expand(R, G, tables.shape[1]),
                                                             pos_d[..., None], act[:, None, None]).reshape(-1),
-                                   causal=False, max_q_len=G, trash_slot=self.trash_slot)
+                                   causal=False, max_q_len=G, trash_slot=self.trash_slot, kernels=self.kernels)
         hidden = self.drafter.forward_block(anchor, anchor_pos, self.runner.draft_cache, meta_d, self.target.embed)
         if self.sampling[0]:
             from dspark.sampling import greedy_argmax
 
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight,
-                                     lambda logits, k: greedy_argmax(logits), keep_logits=False)
+                                     lambda logits, k: greedy_argmax(logits, self.kernels), keep_logits=False)
         else:
             from dspark.sampling import sample_rows
 
@@ -271,18 +420,18 @@ class GraphDecoder:
         w, ids, pos, rows_at = packed.windows, packed.ids, packed.pos, packed.rows_at  # rows_at [R, M]
         meta = AttentionMetadata(qo_indptr=packed.indptr, kv_lens=packed.kv_lens, block_tables=tables,
                                  slot_mapping=packed.slot_mapping, causal=True, max_q_len=M,
-                                 trash_slot=self.trash_slot)
+                                 trash_slot=self.trash_slot, kernels=self.kernels)
         hidden, captured = self.target(ids, pos, self.runner.cache, meta, self.runner.capture_layers)
         if G:
             self.drafter.context_kv(captured, pos, self.runner.draft_cache, meta)
-        logits = self.target.compute_logits(hidden)  # [T, V]
+        logits = self.target.compute_logits(hidden, kernels=self.kernels)  # [T, V]
         if not self.sampling[0]:
             k, nxt = self._accept_sampled(logits[rows_at.reshape(-1)].view(R, M, -1), w, R)
             self._commit_state(R, k, nxt, anchor, act, w)
             return
         from dspark.sampling import greedy_argmax
 
-        target_tok = greedy_argmax(logits)[rows_at]  # [R, M]
+        target_tok = greedy_argmax(logits, self.kernels)[rows_at]  # [R, M]
         if G:
             match = (self.drafts[:R] == target_tok[:, :G]) & (self.ar_G[None, :G] < w[:, None])
             k = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
@@ -395,6 +544,30 @@ class GraphDecoder:
             if ("verify", T, mode, self.sampling) not in self.graphs:
                 R = min(T, self.S)
                 self.graphs[("verify", T, mode, self.sampling)] = self._capture(lambda T=T, R=R: self._verify_stage(T, R, mode))
+
+    def capture_all(self, mode: str, tiers: tuple[int, ...] | None, signatures) -> int:
+        """Capture every graph a run can replay: the decode graphs of every batch bucket and every prefill
+        graph, for each sampling signature in ``signatures``. Call with no rows loaded (after a reset);
+        returns how many graphs were captured now."""
+        if not self.use_graphs:
+            return 0
+        if self.rows:
+            raise RuntimeError("capture_all needs no rows loaded (call it after Engine.reset())")
+        before = self.captures
+        saved = self.sampling
+        for sig in signatures:
+            self.set_sampling(sig)
+            for b in self.batch_buckets:
+                self.ensure_captured(b, mode, tiers)
+        self.sampling = saved
+        for T in self.prefill_buckets:
+            for P in self.prefill_segment_buckets:
+                if P <= T and ("prefill", T, P) not in self.graphs:
+                    self.pf_slots.fill_(-1)  # the warm-up writes only the trash slot
+                    self.pf_indptr.zero_()
+                    self.pf_kv_lens.zero_()
+                    self.graphs[("prefill", T, P)] = self._capture(lambda T=T, P=P: self._prefill_stage(T, P))
+        return self.captures - before
 
     def _run(self, key, fn) -> None:
         if not self.use_graphs:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from dspark.attention import AttentionMetadata
-from dspark.config import EngineConfig
+from dspark.config import EngineConfig, KernelConfig
 from dspark.kv_cache import BlockManager, KVCache
 from dspark.models.llama import TargetModel
 from dspark.request import Request
@@ -56,6 +56,7 @@ class ModelRunner:
         self.blocks = blocks
         self.device = torch.device(cfg.device)
         self.dtype = DTYPES[cfg.dtype]
+        self.kernels = cfg.kernel_config()  # this engine's kernel settings: every step's metadata carries them
         tc = target.cfg
         # One spare page past the allocator's: padding rows of captured steps write there (trash_slot).
         self.cache = KVCache(tc.num_layers, blocks.num_pages + 1, blocks.page_size, tc.num_kv_heads, tc.head_dim,
@@ -115,6 +116,7 @@ class ModelRunner:
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
             causal=causal,
             max_q_len=max((len(s.tokens) for s in segments), default=0),
+            kernels=self.kernels,
         )
         return (torch.tensor(ids, dtype=torch.int64, device=dev), torch.tensor(positions, dtype=torch.int64, device=dev),
                 meta)
@@ -184,7 +186,7 @@ class ModelRunner:
                 for k in range(windows[i] + 1):
                     idx.append(starts[i] + k)
                     dst.append((i, k))
-            logits = self.target.compute_logits(hidden[torch.tensor(idx, device=self.device)])
+            logits = self.target.compute_logits(hidden[torch.tensor(idx, device=self.device)], kernels=self.kernels)
             bi = torch.tensor([d[0] for d in dst], device=self.device)
             ki = torch.tensor([d[1] for d in dst], device=self.device)
             verify_logits[bi, ki] = logits
@@ -193,7 +195,8 @@ class ModelRunner:
 
 
 @torch.inference_mode()
-def last_position_logits(target: TargetModel, token_ids: list[int], page_size: int = 16) -> torch.Tensor:
+def last_position_logits(target: TargetModel, token_ids: list[int], page_size: int = 16,
+                         kernels: KernelConfig | None = None) -> torch.Tensor:
     """The target's logits after ``token_ids`` (float32 [V]), from a throw-away cache.
 
     Used off the hot path, e.g. by the A/B lossless guard to read the top-2 margin where
@@ -210,6 +213,7 @@ def last_position_logits(target: TargetModel, token_ids: list[int], page_size: i
         qo_indptr=torch.tensor([0, n], dtype=torch.int32, device=p.device),
         kv_lens=torch.tensor([n], dtype=torch.int32, device=p.device),
         block_tables=torch.tensor([blocks.table(0)], dtype=torch.int32, device=p.device),
-        slot_mapping=torch.tensor([blocks.slot(0, i) for i in range(n)], dtype=torch.int64, device=p.device))
+        slot_mapping=torch.tensor([blocks.slot(0, i) for i in range(n)], dtype=torch.int64, device=p.device),
+        kernels=kernels)
     hidden, _ = target(torch.tensor(token_ids, device=p.device), torch.arange(n, device=p.device), cache, meta)
-    return target.compute_logits(hidden[-1:])[0]
+    return target.compute_logits(hidden[-1:], kernels=kernels)[0]

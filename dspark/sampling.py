@@ -6,17 +6,15 @@ argmax: their "distribution" is only ever used through argmax.
 
 :func:`greedy_argmax` is the greedy token choice of the device-resident decode steps: the
 multi-program Triton kernel (kernels/argmax.py, index-identical to ``torch.argmax``) for CUDA
-tensors on the Triton attention backend, ``torch.argmax`` otherwise. ``DSPARK_TRITON_ARGMAX=0``
-switches the kernel off (any other value, or unset, leaves it on).
+tensors of an engine on the Triton attention backend, ``torch.argmax`` otherwise.
+``engine.kernels.triton_argmax=false`` switches the kernel off.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from dspark.config import SamplingParams
+from dspark.config import KernelConfig, SamplingParams
 
 
 class RowSampling:
@@ -93,20 +91,20 @@ def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx.clamp_(max=probs.shape[-1] - 1)
 
 
-def triton_argmax_enabled(device: torch.device | str) -> bool:
-    """Whether :func:`greedy_argmax` runs the Triton kernel for tensors on ``device`` on the Triton
-    attention backend: CUDA only, and not switched off by ``DSPARK_TRITON_ARGMAX=0``."""
-    return torch.device(device).type == "cuda" and os.environ.get("DSPARK_TRITON_ARGMAX", "1") != "0"
+def triton_argmax_enabled(kernels: KernelConfig | None, device: torch.device | str) -> bool:
+    """Whether :func:`greedy_argmax` runs the Triton kernel for an engine with ``kernels`` and tensors
+    on ``device``: the Triton backend, ``engine.kernels.triton_argmax`` on, and CUDA only."""
+    return (kernels is not None and kernels.attention_backend == "triton" and kernels.triton_argmax
+            and torch.device(device).type == "cuda")
 
 
-def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+def greedy_argmax(logits: torch.Tensor, kernels: KernelConfig | None = None) -> torch.Tensor:
     """``torch.argmax(logits, dim=-1)``, through kernels/argmax.py for 2-D float logits on CUDA
-    with the Triton attention backend (same index, ties and NaN included; capture-safe)."""
-    from dspark.attention import get_attention_backend
-
+    where ``kernels`` (the engine's settings) say so (same index, ties and NaN included; capture-safe).
+    Without ``kernels``: ``torch.argmax``."""
     if (logits.dim() == 2 and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and logits.shape[1] > 0 and (logits.shape[1] == 1 or logits.stride(1) == 1)
-            and get_attention_backend() == "triton" and triton_argmax_enabled(logits.device)):
+            and triton_argmax_enabled(kernels, logits.device)):
         from kernels.argmax import argmax_triton
 
         return argmax_triton(logits)

@@ -103,19 +103,36 @@ class Scheduler:
             self.blocks.reserve(req.req_id, need)
             plan.decodes.append(req)
             budget -= self.decode_tokens
-        # 2. Unfinished prefills of running requests.
+        self._schedule_prefills(plan, budget)
+        return plan
+
+    def schedule_prefills(self, budget: int, max_chunks: int | None = None) -> StepPlan:
+        """Prefill work only: continue unfinished prefills, then admit waiting requests, under
+        ``budget`` tokens and at most ``max_chunks`` chunks. Decoding requests are left alone: the
+        device-resident path runs them itself (dspark.engine.Engine._graph_step) and has reserved
+        their pages already."""
+        plan = StepPlan()
+        if budget > 0:
+            self._schedule_prefills(plan, budget, max_chunks)
+        return plan
+
+    def _schedule_prefills(self, plan: StepPlan, budget: int, max_chunks: int | None = None) -> None:
+        room = (lambda: True) if max_chunks is None else (lambda: len(plan.prefills) < max_chunks)  # noqa: E731
+        # Unfinished prefills of running requests.
         for req in list(self.running):
-            if budget <= 0:
+            if budget <= 0 or not room():
                 break
             if req.in_prefill:
                 chunk = self._reserve_chunk(req, budget)
                 if chunk:
                     plan.prefills.append(chunk)
                     budget -= chunk.length
-        # 3. Admission of waiting requests.
+        # Admission of waiting requests.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             if req.in_prefill:
+                if not room():
+                    break
                 chunk = self._reserve_chunk(req, budget)
                 if chunk is None:
                     if not self.running:
@@ -128,7 +145,6 @@ class Scheduler:
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
-        return plan
 
     def _reserve_chunk(self, req: Request, budget: int) -> PrefillChunk | None:
         length = min(req.prefill_target - req.num_computed, budget)

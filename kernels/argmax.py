@@ -30,8 +30,8 @@ cells); one stream, or one graph at a time, is how the engine runs them. A row t
 one chunk skips the workspace and writes its index directly.
 
 The kernel is the engine's greedy token choice on the Triton backend through
-:func:`dspark.sampling.greedy_argmax` (CUDA tensors only). ``DSPARK_TRITON_ARGMAX=0`` switches
-it off there (``torch.argmax`` is used instead); any other value, or unset, leaves it on.
+:func:`dspark.sampling.greedy_argmax` (CUDA tensors only). ``engine.kernels.triton_argmax=false``
+switches it off there (``torch.argmax`` is used instead).
 """
 
 from __future__ import annotations

@@ -44,7 +44,6 @@ can be resident at once (at most one per SM).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -516,17 +515,6 @@ if triton is not None:
                 tl.atomic_xchg(bar_ptr + 1, 0)
 
 
-def megakernel_enabled(device: torch.device | str) -> bool:
-    """DSPARK_DECODE_MEGAKERNEL=1 runs one-token target steps as this kernel (on CPU too, interpreted,
-    one launch per phase: for tests); 0 or unset: never. Off by default: its reduction orders are not
-    those of the layer kernels that verify DSpark's blocks, so in bf16 a target-only run with it can
-    part from a DSpark run at a near-tie (the A/B runs' check against target-only would show it)."""
-    from kernels.switches import opt_in
-
-    return triton is not None and opt_in("DSPARK_DECODE_MEGAKERNEL", "one-token target steps run the whole "
-                                         "decoder stack as one kernel, kernels/decode_megakernel.py")
-
-
 def _pow2_split(K: int) -> tuple[int, int]:
     """K = K1 + (valid part of K2): K1 the largest power of two <= K, K2 the power of two that
     covers the rest (at least 16, masked)."""
@@ -548,19 +536,22 @@ class _Plan:
     splits: int
 
 
-def megakernel_programs(device: torch.device) -> int:
+def megakernel_programs(device: torch.device, requested: int | None = None) -> int:
     """Programs per launch: one per SM (all resident at once, which the grid barrier needs), or
-    DSPARK_MEGAKERNEL_PROGRAMS (1..SMs) to tune. On CPU (the interpreter) 8."""
+    ``requested`` (engine.kernels.megakernel_programs, 1..SMs) to tune. On CPU (the interpreter)
+    ``requested`` or 8."""
+    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested < 1):
+        raise ValueError(f"engine.kernels.megakernel_programs={requested!r}: use an integer >= 1 (at most the SMs)")
     if device.type != "cuda":
-        return 8
+        return requested or 8
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    raw = os.environ.get("DSPARK_MEGAKERNEL_PROGRAMS", "").strip()
-    if not raw:
+    if requested is None:
         return sms
-    if not raw.isdigit() or not 1 <= int(raw) <= sms:
-        raise ValueError(f"DSPARK_MEGAKERNEL_PROGRAMS={raw!r}: use an integer in 1..{sms} (this device's SMs); "
-                         f"more programs than SMs could not all be resident, and the grid barrier would hang")
-    return int(raw)
+    if requested > sms:
+        raise ValueError(f"engine.kernels.megakernel_programs={requested}: use an integer in 1..{sms} (this "
+                         f"device's SMs); more programs than SMs could not all be resident, and the grid barrier "
+                         f"would hang")
+    return requested
 
 
 def _plan(w: StackWeights, programs: int, kv_splits: int) -> _Plan:
@@ -636,7 +627,7 @@ def decode_megakernel(w: StackWeights, x: torch.Tensor, positions: torch.Tensor,
                          "can never pass: use sync=False under TRITON_INTERPRET=1")
     if not 1 <= kv_splits <= 64:
         raise ValueError(f"kv_splits must be in 1..64, got {kv_splits}")
-    P = programs or megakernel_programs(x.device)
+    P = megakernel_programs(x.device, programs or None)
     plan = _plan(w, P, kv_splits)
     ws = _workspace(w, plan, dt, x.device)
     if out is None:
@@ -668,5 +659,5 @@ def decode_megakernel(w: StackWeights, x: torch.Tensor, positions: torch.Tensor,
     return out
 
 
-__all__ = ["StackWeights", "random_stack_weights", "decode_stack_reference", "decode_megakernel", "megakernel_enabled", "megakernel_programs",
+__all__ = ["StackWeights", "random_stack_weights", "decode_stack_reference", "decode_megakernel", "megakernel_programs",
            "PHASES_PER_LAYER"]

@@ -11,8 +11,9 @@ graph captures it as a parallel branch.
 
 ``l2_prefetch_reference`` is the specification of the kernel's only output: per program, the sum of
 the elements it read (float32), which keeps the loads from being compiled away; the engine throws it
-away. ``prefetch_enabled`` is the switch: ``DSPARK_L2_PREFETCH=1`` (default off until measured on
-the device), CUDA only (under the CPU interpreter the kernel runs in tests, never in the engine).
+away. The engine runs it with ``engine.kernels.l2_prefetch=true`` (experimental, off by default;
+``engine.kernels.l2_prefetch_programs`` sets the programs per tensor), on CUDA only
+(``prefetch_runs``: under the CPU interpreter the kernel runs in tests, never in the engine).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 
 import torch
 
-from kernels.switches import opt_in
+from kernels.switches import interpreted
 
 try:
     import triton
@@ -38,14 +39,9 @@ PROGRAMS_PER_TENSOR = 16
 CHUNK = BLOCK * UNROLL  # elements a program reads per iteration
 
 
-def requested() -> bool:
-    """What DSPARK_L2_PREFETCH asks for (values other than 0/1 are refused)."""
-    return opt_in("DSPARK_L2_PREFETCH", "prefetch the next layer's weights")
-
-
-def prefetch_enabled(device: torch.device) -> bool:
-    """True when decode steps on ``device`` prefetch the next layer's weights into L2."""
-    return requested() and device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+def prefetch_runs(device: torch.device) -> bool:
+    """Whether an engine asking for the prefetch runs it on ``device``: CUDA, not interpreted."""
+    return device.type == "cuda" and not interpreted()
 
 
 if triton is not None:
@@ -91,19 +87,11 @@ def _sums_buffer(device: torch.device, programs: int) -> torch.Tensor:
     return torch.empty((MAX_TENSORS, programs), dtype=torch.float32, device=device)
 
 
-def programs_per_tensor() -> int:
-    """Programs per tensor: PROGRAMS_PER_TENSOR, or DSPARK_L2_PREFETCH_PROGRAMS (1..64, for tuning)."""
-    value = os.environ.get("DSPARK_L2_PREFETCH_PROGRAMS")
-    if value is None:
-        return PROGRAMS_PER_TENSOR
-    if not value.isdigit() or not 1 <= int(value) <= 64:
-        raise ValueError(f"DSPARK_L2_PREFETCH_PROGRAMS={value!r}: use an integer from 1 to 64")
-    return int(value)
-
-
-def l2_prefetch(tensors: list[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+def l2_prefetch(tensors: list[torch.Tensor], out: torch.Tensor | None = None,
+                programs: int = PROGRAMS_PER_TENSOR) -> torch.Tensor:
     """Read ``tensors`` (1 to 4 contiguous tensors on one device) with an evict-last hint; returns the
-    per-program sums (into ``out`` or a persistent per-device buffer). Launch it on a side stream."""
+    per-program sums (into ``out`` or a persistent per-device buffer). ``programs`` per tensor: 1..64
+    (engine.kernels.l2_prefetch_programs). Launch it on a side stream."""
     if not 1 <= len(tensors) <= MAX_TENSORS:
         raise ValueError(f"l2_prefetch takes 1 to {MAX_TENSORS} tensors, got {len(tensors)}")
     dev = tensors[0].device
@@ -113,7 +101,9 @@ def l2_prefetch(tensors: list[torch.Tensor], out: torch.Tensor | None = None) ->
                              f"contiguous={x.is_contiguous()}")
     if dev.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(f"l2_prefetch is a Triton kernel: it needs CUDA tensors (got {dev}), or TRITON_INTERPRET=1")
-    progs = programs_per_tensor()
+    if isinstance(programs, bool) or not isinstance(programs, int) or not 1 <= programs <= 64:
+        raise ValueError(f"l2_prefetch programs={programs!r}: use an integer from 1 to 64")
+    progs = programs
     if out is None:
         out = _sums_buffer(dev, progs) if dev.type == "cuda" else torch.empty((MAX_TENSORS, progs),
                                                                               dtype=torch.float32, device=dev)
@@ -132,4 +122,4 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
-__all__ = ["l2_prefetch", "l2_prefetch_reference", "prefetch_enabled", "requested", "side_stream"]
+__all__ = ["PROGRAMS_PER_TENSOR", "l2_prefetch", "l2_prefetch_reference", "prefetch_runs", "side_stream"]

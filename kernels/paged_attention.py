@@ -41,8 +41,6 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import pdl_launch
-
 
 def write_kv_reference(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        slot_mapping: torch.Tensor) -> None:
@@ -133,11 +131,8 @@ def _paged_attention_kernel(
     qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr,
 ):
-    if USE_PDL:  # kernels/pdl.py: wait before any read or early return
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     req = tl.program_id(0)
     kvh = tl.program_id(1)
     tile = tl.program_id(2)
@@ -214,14 +209,11 @@ def _paged_attention_split_kernel(
     qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, PAGE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr = False,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Split-KV pass: like _paged_attention_kernel but program (req, kvh, tile * NUM_SPLITS +
     split) covers only keys [split * chunk, min((split + 1) * chunk, kv_end)) and writes the
     unnormalised partial (acc, m, l) of each of its rows to the workspace instead of an output."""
-    if USE_PDL:  # kernels/pdl.py: wait before any read or early return
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     req = tl.program_id(0)
     kvh = tl.program_id(1)
     pid = tl.program_id(2)
@@ -304,15 +296,11 @@ def _paged_attention_combine_kernel(
     stride_ot, stride_oh,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
     NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_B: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
 ):
     """One program per (token row t, block of BLOCK_H query heads): for each head,
     out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s with M = max_s m_s. Writes zeros
     for padding rows (t >= qo_indptr[B]), rows the split pass's grid did not reach, and rows
     that saw no key (every split has m = -inf, l = 0)."""
-    if USE_PDL:  # kernels/pdl.py: wait before any read or early return
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     offs_s = tl.arange(0, BLOCK_S)
@@ -505,7 +493,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
     # Zero-filled so that padding rows (past qo_indptr[-1]) need no program of their own.
     out = torch.zeros_like(q, memory_format=torch.contiguous_format)
-    use_pdl, launch = pdl_launch(q.device)
     grid = (B, hkv, tiles)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, qo_indptr, kv_lens, block_tables,
@@ -517,8 +504,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         float(scale) * _LOG2E,
         HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, PAGE=page,
         BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=use_pdl,
-        num_warps=num_warps, num_stages=num_stages, **launch,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out
 
@@ -533,7 +520,6 @@ def _paged_attention_split(q, k_cache, v_cache, qo_indptr, kv_lens, block_tables
     # and reads the workspace only where the split kernel wrote it, so neither needs a memset.
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     ws = torch.empty((T, hq, num_splits, d + 2), dtype=torch.float32, device=q.device)
-    use_pdl, launch = pdl_launch(q.device)
     _paged_attention_split_kernel[(B, hkv, tiles * num_splits)](
         q, k_cache, v_cache, ws, qo_indptr, kv_lens, block_tables,
         q.stride(0), q.stride(1),
@@ -544,8 +530,8 @@ def _paged_attention_split(q, k_cache, v_cache, qo_indptr, kv_lens, block_tables
         float(scale) * _LOG2E,
         HEAD_DIM=d, BLOCK_D=block_d, GROUP=group, PAGE=k_cache.shape[1],
         BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=bool(causal), NUM_SPLITS=num_splits,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", USE_PDL=use_pdl,
-        num_warps=num_warps, num_stages=num_stages, **launch,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=num_warps, num_stages=num_stages,
     )
     block_s = triton.next_power_of_2(num_splits)
     # Heads per combine program: as many as keep a program's partials within ~4K fp32 values.
@@ -557,7 +543,7 @@ def _paged_attention_split(q, k_cache, v_cache, qo_indptr, kv_lens, block_tables
         out.stride(0), out.stride(1),
         NUM_HEADS=hq, HEAD_DIM=d, BLOCK_D=block_d, GROUP=group,
         NUM_SPLITS=num_splits, BLOCK_S=block_s, BLOCK_H=block_h,
-        BLOCK_B=min(256, triton.next_power_of_2(B + 1)), USE_PDL=use_pdl,
-        num_warps=4, **launch,
+        BLOCK_B=min(256, triton.next_power_of_2(B + 1)),
+        num_warps=4,
     )
     return out

@@ -36,10 +36,7 @@ if triton is not None:
 
     @triton.jit
     def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, N, eps,
-                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
-        if USE_PDL:  # kernels/pdl.py
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+                        HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         mask = cols < N
@@ -77,11 +74,8 @@ def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
     else:
         r2, h = x2, x2
     if rows:
-        from kernels.pdl import pdl_launch
-
-        use_pdl, launch = pdl_launch(x.device)
         _rmsnorm_kernel[(rows,)](x2, r2, weight, out, h, N, float(eps), HAS_RES=residual is not None,
-                                 BLOCK=triton.next_power_of_2(N), USE_PDL=use_pdl, **launch)
+                                 BLOCK=triton.next_power_of_2(N))
     return out.view(x.shape), h.view(x.shape)
 
 

@@ -72,10 +72,7 @@ if triton is not None:
     def _rotary_kernel(q_ptr, k_ptr, v_ptr, qo_ptr, ko_ptr, vo_ptr, pos_ptr, slot_ptr, freq_ptr,
                        sq_t, sq_h, sk_t, sk_h, sv_t, sv_h,
                        HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr,
-                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr = False):
-        if USE_PDL:  # kernels/pdl.py
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+                       BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         i = tl.arange(0, BLOCK_D)
         p = tl.load(pos_ptr + t).to(tl.float32)
@@ -144,15 +141,12 @@ def rotary_kv_write_triton(q: torch.Tensor | None, k: torch.Tensor, v: torch.Ten
         raise ValueError(f"slot_mapping must be int32/int64 [{T}], got {slot_mapping.dtype} {tuple(slot_mapping.shape)}")
     qo = torch.empty((T, hq, D), dtype=k.dtype, device=k.device)
     if T:
-        from kernels.pdl import pdl_launch
-
-        use_pdl, launch = pdl_launch(k.device)
         _rotary_kernel[(T,)](k if q is None else q, k, v, qo, k_cache, v_cache, positions, slot_mapping,
                              inv_freq.to(torch.float32).contiguous(),
                              0 if q is None else q.stride(0), 0 if q is None else q.stride(1),
                              k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                              HQ=hq, HK=hk, HALF=D // 2, BLOCK_H=triton.next_power_of_2(max(hq, hk)),
-                             BLOCK_D=triton.next_power_of_2(D // 2), USE_PDL=use_pdl, **launch)
+                             BLOCK_D=triton.next_power_of_2(D // 2))
     return None if q is None else qo
 
 

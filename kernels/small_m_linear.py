@@ -158,12 +158,10 @@ if triton is not None:
                                HQ: tl.constexpr, HK: tl.constexpr, HALF: tl.constexpr, RN: tl.constexpr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, UNROLL: tl.constexpr,
-                               UPCAST_DOT: tl.constexpr, USE_PDL: tl.constexpr):
+                               UPCAST_DOT: tl.constexpr):
         # Every shape here is fixed (BLOCK_M is SMALL_M_MAX whatever M is; rows >= M are masked),
         # and so is the split of K (a function of the weight's shape), so the code, and with it
         # each output's reduction order, does not depend on M.
-        if USE_PDL:
-            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         row_tile = tl.program_id(1)
         split = tl.program_id(2)  # this program's share of K: chunks [split * CPS, (split + 1) * CPS)
@@ -195,16 +193,13 @@ if triton is not None:
             wu_rows = w_ptr + cols_u.to(tl.int64)[:, None] * K
         else:
             wu_rows = w_rows  # unused without SILU_MUL
-        # The first chunk of weights loads before the grid dependency wait: no kernel of a step
-        # writes weights, so with PDL this load overlaps the previous kernel's tail.
+        # The first chunk of weights loads before anything the step's earlier kernels wrote is read.
         kk0 = k_first + ks
         km0 = kk0 < K
         wm0 = col_mask[:, None] & km0[None, :]
         w0 = tl.load(w_rows + kk0[None, :], mask=wm0, other=0.0)
         if SILU_MUL:
             wu0 = tl.load(wu_rows + kk0[None, :], mask=wm0, other=0.0)
-        if USE_PDL:
-            tl.extra.cuda.gdc_wait()
 
         if HAS_NORM:  # prologue: each row's 1/rms over all of K (every split needs it)
             ss = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
@@ -345,17 +340,17 @@ def _tile_table(path: str, mtime: float) -> dict:
             table[key] = cfg
         return table
     except (OSError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"DSPARK_SMALL_M_TILES={path}: not a tile table ({e}); bench/small_m_sweep.py writes "
-                         f"one (small_m_tiles.json)") from e
+        raise ValueError(f"engine.kernels.small_m_tiles={path}: not a tile table ({e}); bench/small_m_sweep.py "
+                         f"writes one (small_m_tiles.json)") from e
 
 
-def tile_settings(N: int, K: int, silu_mul: bool, rope: bool = False) -> dict:
-    """Tile settings for a weight of N rows and K columns: the table named by DSPARK_SMALL_M_TILES
-    (written by bench/small_m_sweep.py for one device) where it has this shape, else the defaults.
-    They depend on the weight's shape only, never on M, so rows stay batch-invariant. ``rope``: the
-    fused QKV + rotary epilogue's entry (a table's ``"rope": true`` rows), kept apart from the plain
-    GEMV's entry for the same weight shape."""
-    path = os.environ.get("DSPARK_SMALL_M_TILES")
+def tile_settings(N: int, K: int, silu_mul: bool, rope: bool = False, table: str | None = None) -> dict:
+    """Tile settings for a weight of N rows and K columns: the tile table at path ``table``
+    (engine.kernels.small_m_tiles, written by bench/small_m_sweep.py for one device) where it has
+    this shape, else none (the defaults apply). They depend on the weight's shape only, never on M,
+    so rows stay batch-invariant. ``rope``: the fused QKV + rotary epilogue's entry (a table's
+    ``"rope": true`` rows), kept apart from the plain GEMV's entry for the same weight shape."""
+    path = table
     if not path:
         return {}
     return dict(_tile_table(path, os.path.getmtime(path)).get((N, K, bool(silu_mul), bool(rope)), {}))
@@ -401,17 +396,19 @@ def default_tiles(N: int, K: int, silu_mul: bool, rope: bool = False, norm: bool
 
 
 def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=None, silu_mul=False,
-            rope: dict | None = None, out=None, h_out=None, any_m: bool = False, block_n: int | None = None,
+            rope: dict | None = None, out=None, h_out=None, any_m: bool = False, tiles: str | None = None,
+            block_n: int | None = None,
             block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
             split_k: int | None = None, unroll: bool | None = None):
     # block_n / block_k / num_warps / num_stages / split_k / unroll: explicit tile settings
-    # (bench/small_m_sweep.py); unset ones come from tile_settings(), then the defaults.
+    # (bench/small_m_sweep.py); unset ones come from the tile table at path ``tiles``
+    # (tile_settings(), engine.kernels.small_m_tiles), then the defaults.
     # rope: the fused QKV + rotary + paged K/V write epilogue (norm_qkv_rope_triton checks it);
     # its tile is BLOCK_N wide whatever a table says (a tile holds BLOCK_N / 2 rotary pairs).
     K = x.shape[-1]
     cfg = default_tiles(weight.shape[0], K, silu_mul, rope=rope is not None, norm=norm_weight is not None,
                         any_m=any_m)
-    cfg.update(tile_settings(weight.shape[0], K, silu_mul, rope=rope is not None))
+    cfg.update(tile_settings(weight.shape[0], K, silu_mul, rope=rope is not None, table=tiles))
     given = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages, split_k=split_k,
                  unroll=unroll)
     cfg.update({k: v for k, v in given.items() if v is not None})
@@ -465,9 +462,6 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
             raise ValueError("h_out is only written with a residual (without one h is x itself)")
         r2, h2, h = x2, x2, x
     if M and n_programs:
-        from kernels.pdl import pdl_launch
-
-        use_pdl, launch = pdl_launch(x.device)
         chunks = triton.cdiv(K, block_k)
         if not split_cuts_evenly(chunks, split_k):
             raise ValueError(f"split_k={split_k} does not cut K={K} into {split_k} non-empty shares of "
@@ -492,7 +486,7 @@ def _launch(fn: str, x, weight, bias, *, norm_weight=None, eps=0.0, residual=Non
             HQ=hq, HK=hk, HALF=half, RN=block_n // 2, BLOCK_M=SMALL_M_MAX, BLOCK_N=block_n, BLOCK_K=block_k,
             SPLIT_K=split_k, UNROLL=unroll,
             UPCAST_DOT=interpreted(),  # (the interpreter misreads bf16 dot operands: upcast there)
-            USE_PDL=use_pdl, num_warps=num_warps, num_stages=num_stages, **launch)
+            num_warps=num_warps, num_stages=num_stages)
     elif M and residual is not None:  # nothing to project, but h is still owed
         h.copy_(x + residual)
     return out, h
@@ -527,7 +521,7 @@ def norm_qkv_rope_triton(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                          num_heads: int, num_kv_heads: int, positions: torch.Tensor, inv_freq: torch.Tensor,
                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                          residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                         h_out: torch.Tensor | None = None, any_m: bool = False
+                         h_out: torch.Tensor | None = None, any_m: bool = False, tiles: str | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """One kernel for :func:`norm_qkv_rope_reference`: the GEMV's programs run over rotary pairs
     (columns j and j + D/2 of one head) and rotate in the epilogue, writing q to the output and k
@@ -560,26 +554,28 @@ def norm_qkv_rope_triton(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
     rope = {"hq": H, "hk": Hk, "half": D // 2, "positions": positions, "inv_freq": inv_freq.contiguous(),
             "slot_mapping": slot_mapping, "k_cache": k_cache, "v_cache": v_cache}
     q, h = _launch("norm_qkv_rope_triton", x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual,
-                   rope=rope, h_out=h_out, any_m=any_m)
+                   rope=rope, h_out=h_out, any_m=any_m, tiles=tiles)
     return q, h
 
 
 def norm_linear_triton(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                        residual: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                        silu_mul: bool = False, *, out: torch.Tensor | None = None,
-                       h_out: torch.Tensor | None = None, any_m: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                       h_out: torch.Tensor | None = None, any_m: bool = False, tiles: str | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused (residual add +) RMSNorm + linear (+ silu*mul); see the module docstring.
     ``out`` / ``h_out``: optional preallocated outputs (``h_out`` only with a residual).
-    ``any_m``: lift the M <= SMALL_M_MAX limit (row tiles of the same shape: still batch-invariant)."""
+    ``any_m``: lift the M <= SMALL_M_MAX limit (row tiles of the same shape: still batch-invariant).
+    ``tiles``: the path of a device's tile table (engine.kernels.small_m_tiles), or None."""
     return _launch("norm_linear_triton", x, weight, bias, norm_weight=norm_weight, eps=eps, residual=residual,
-                   silu_mul=silu_mul, out=out, h_out=h_out, any_m=any_m)
+                   silu_mul=silu_mul, out=out, h_out=h_out, any_m=any_m, tiles=tiles)
 
 
 def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  out: torch.Tensor | None = None, any_m: bool = False) -> torch.Tensor:
+                  out: torch.Tensor | None = None, any_m: bool = False, tiles: str | None = None) -> torch.Tensor:
     """y = x @ weight.T (+ bias), fp32 accumulation, one rounding to x's dtype, for M <= SMALL_M_MAX
-    (any M with ``any_m``)."""
-    return _launch("linear_triton", x, weight, bias, out=out, any_m=any_m)[0]
+    (any M with ``any_m``); ``tiles``: a device's tile table (engine.kernels.small_m_tiles), or None."""
+    return _launch("linear_triton", x, weight, bias, out=out, any_m=any_m, tiles=tiles)[0]
 
 
 __all__ = ["SMALL_M_MAX", "MAX_SPLIT_K", "default_tiles", "split_cuts_evenly", "split_k_counters", "norm_linear_reference",

@@ -139,21 +139,15 @@ def commit_state_reference(*, accepted: torch.Tensor, next_token: torch.Tensor, 
     anchor.copy_(torch.where(active, nxt, anchor))
 
 
-def fused_step_metadata_enabled() -> bool:
-    """The engine's switch for these kernels on the Triton backend: on unless DSPARK_FUSED_STEP_METADATA=0
-    (which keeps the torch reference ops, to measure what the kernels buy)."""
-    return os.environ.get("DSPARK_FUSED_STEP_METADATA", "1") != "0"
-
-
 def triton_runnable(device: torch.device | str) -> None:
     """Raise, saying what to change, where the Triton kernels of this module cannot run."""
     if triton is None:
         raise RuntimeError("the fused verify-step kernels need the triton package: install it, or run the torch "
-                           "metadata path (engine.attention_backend=torch, or DSPARK_FUSED_STEP_METADATA=0)")
+                           "metadata path (engine.attention_backend=torch, or engine.kernels.fused_step_metadata=false)")
     if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(f"the fused verify-step kernels need CUDA tensors (got {device}); on the CPU set "
                            "TRITON_INTERPRET=1 before importing triton, or run the torch metadata path "
-                           "(engine.attention_backend=torch, or DSPARK_FUSED_STEP_METADATA=0)")
+                           "(engine.attention_backend=torch, or engine.kernels.fused_step_metadata=false)")
 
 
 if triton is not None:

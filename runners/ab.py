@@ -168,6 +168,8 @@ def arm_engine_configs(cfg: DictConfig) -> dict[str, EngineConfig]:
         if unknown:
             raise ConfigError(f"ab.arms.{arm}.engine: unknown keys {sorted(unknown)}; allowed: {sorted(base)}")
         merged = {**base, **overrides}
+        if isinstance(overrides.get("kernels"), dict):  # engine.kernels.* overrides: on top of the group's
+            merged["kernels"] = {**(base.get("kernels") or {}), **overrides["kernels"]}
         if merged.get("tiers") is not None and merged.get("verify") != "uniform" and "tiers" not in overrides:
             # A tier ladder (the tiers group) describes uniform verification; arms that verify
             # otherwise have no ladder. At least one arm must use it (checked below).
@@ -189,7 +191,7 @@ def arm_engine_configs(cfg: DictConfig) -> dict[str, EngineConfig]:
 def workload_from(cfg: DictConfig):
     if cfg.get("workload") is None:
         raise ConfigError("no workload chosen: add one, e.g. `python -m runners.ab +workload=poetry` "
-                          "(agentic, poetry, arena_hard, custom)")
+                          "(agentic, poetry, arena_hard, mixed_chat, custom)")
     w = OmegaConf.to_container(cfg.workload, resolve=True)
     name = w.pop("name")
     return build_workload(make_spec(name, **w))
@@ -511,6 +513,20 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
                 logger.close()
                 raise ArmFailed(f"arm {arm} failed during warm-up: {type(exc).__name__}: {exc}") from exc
             e.reset()
+    # Every graph a run can replay, captured now: a capture inside a timed block synchronises the device
+    # and compiles, which would be billed to that block (counted per block as counter/graphs_captured).
+    captured_ahead = {}
+    for arm in ARMS:
+        e = engines[arm]
+        if cfg.ab.capture_before_timing:
+            start = time.perf_counter()
+            n = e.capture_graphs(params)
+            captured_ahead[arm] = {"graphs": n, "seconds": round(time.perf_counter() - start, 2)}
+            if n:
+                log.info("arm %s: %d CUDA graphs captured before the timed blocks (%.1f s)", arm, n,
+                         captured_ahead[arm]["seconds"])
+        if cfg.ab.device_timing and e.graph is not None and e.graph.use_graphs:
+            e.graph.start_timing()  # re-armed by every reset(): device idle share per block
 
     records: list[RequestRecord] = []
     block_rows: list[dict] = []
@@ -585,6 +601,7 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
         "fingerprint": node_fingerprint(hashed, ROOT),
         "config_hash": chash,
         "sweep_params": _sweep_params(),
+        "timing_health": timing_health(block_rows, float(cfg.ab.max_first_block_slowdown), captured_ahead),
     }
     if factory is not default_engine_factory:
         summary["engine_factory"] = getattr(factory, "__qualname__", repr(factory))
@@ -604,6 +621,31 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
         render_console_table(summary, Console(width=max(120, Console().width)))
     _raise_on_failed_guards(cfg, summary)
     return summary
+
+
+def timing_health(block_rows: list[dict], max_first_slowdown: float, captured_ahead: dict) -> dict:
+    """Whether the timed blocks measured steady service: graphs captured inside a timed block (each
+    capture synchronises the device and compiles), and each arm's first block against its median
+    block (a warm-up leak). ``flags`` lists what a reader must know before trusting the numbers."""
+    import statistics
+
+    captured = [{"block": r["block"], "arm": r["arm"], "graphs": int(r["counter/graphs_captured"])}
+                for r in block_rows if r.get("counter/graphs_captured")]
+    flags = [f"block {c['block']} arm {c['arm']}: {c['graphs']} CUDA graph(s) captured inside the timed block"
+             for c in captured]
+    first_vs_median = {}
+    for arm in ARMS:
+        rows = sorted((r for r in block_rows if r["arm"] == arm), key=lambda r: r["block"])
+        values = [r.get(HEADLINE) for r in rows]
+        if len(values) < 2 or any(v is None or not math.isfinite(v) or v <= 0 for v in values):
+            continue
+        ratio = values[0] / statistics.median(values)
+        first_vs_median[arm] = round(ratio, 4)
+        if ratio < 1.0 - max_first_slowdown:
+            flags.append(f"arm {arm}: first block at {ratio:.1%} of the median block's {HEADLINE} "
+                         f"(more than {max_first_slowdown:.0%} slower: a warm-up leak)")
+    return {"captured_ahead": captured_ahead, "captured_in_timed_blocks": captured,
+            "first_block_vs_median": first_vs_median, "flags": flags}
 
 
 def _arm_description(cfg: DictConfig, arm: str, ecfg: EngineConfig, engine: Engine) -> dict:
@@ -660,7 +702,8 @@ def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block
 
         p = prompt_ids.get(str(req_id).removesuffix("#greedy"))
         ids = (tok.encode_chat(p.messages) if p.messages else tok.encode(p.prompt)) if p is not None else []
-        top2 = last_position_logits(engines["A"].target, ids + list(prefix)).topk(2).values
+        top2 = last_position_logits(engines["A"].target, ids + list(prefix),
+                                    kernels=engines["A"].runner.kernels).topk(2).values
         return float(top2[0] - top2[1])
 
     greedy_workload = workload.sampling().greedy

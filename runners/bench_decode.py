@@ -1,7 +1,16 @@
 """Decode throughput of the engine: target-only and speculative arms at several batch sizes.
 
-    python -m runners.bench_decode                       # CPU defaults (batch 1, 16, 64)
+    python -m runners.bench_decode                       # CPU defaults (batch 1, 16, 64), poetry eval prompts
     python -m runners.bench_decode engine=h200 batch_sizes=[1,4,16,64,128,256]
+    python -m runners.bench_decode +workload=mixed_chat                          # an A/B's workload group
+    python -m runners.bench_decode +workload=custom workload.path=F.jsonl        # any JSONL of prompts
+
+The prompts come from the same ``workload`` config group as ``runners.ab`` (conf/workload/*.yaml, added
+with ``+workload=NAME``): the group's name, seed, split, path and num_prompts select exactly the
+prompts an A/B run with that group gets, in the same order (see :func:`bench_prompts`). Without a
+group, the old default: ``num_prompts`` poetry prompts of ``workload_split`` (eval), seed 0, as many
+as the largest batch needs. ``workload_split`` also overrides a group's split. Whatever the workload's
+sampling settings, every request here is greedy with ``new_tokens`` tokens and ignore_eos.
 
 Each (arm, batch size) runs `batch_size` requests of workload prompts with ignore_eos and
 a fixed output length, in as many consecutive sets of distinct prompts as it takes to serve
@@ -79,6 +88,46 @@ def median_over_rounds(results: list[dict]) -> list[dict]:
              "output_tokens_per_s_by_round": [x["output_tokens_per_s"] for x in rows],
              "run_positions": [x["run_position"] for x in rows]}
             for (arm, b), rows in groups.items()]
+
+
+DEFAULT_WORKLOAD = "poetry"
+
+
+def bench_prompts(cfg: DictConfig, needed: int) -> tuple[Any, list, dict[str, Any]]:
+    """The workload, its prompts (chat messages or raw text, in order) and a JSON-ready description.
+
+    With a ``workload`` group (``+workload=NAME``): the group's spec as ``runners.ab`` builds it
+    (``workload_split``, when set, replaces its split), so the prompts are exactly an A/B run's. The
+    runs take them in order, ``needed`` of them (``prompts[i % len]``); a selection of fewer than
+    ``needed`` prompts is refused, naming the fixes, unless ``repeat_prompts=true`` (the A/B's exact
+    prompts, repeated within a batch). Without a group: ``needed`` poetry prompts of ``workload_split``
+    (default eval), seed 0 (the old default). Raises ConfigError / WorkloadError before any model loads.
+    """
+    split = cfg.get("workload_split")
+    group = cfg.get("workload")
+    if group is None:
+        spec = make_spec(DEFAULT_WORKLOAD, num_prompts=needed, seed=0, greedy_replica_count=0,
+                         split=str(split or "eval"))
+    else:
+        w = OmegaConf.to_container(group, resolve=True)
+        name = w.pop("name")
+        if split is not None:
+            w["split"] = str(split)
+        w["greedy_replica_count"] = 0  # bench_decode runs no greedy replicas (every request is greedy)
+        spec = make_spec(name, **w)
+    wl = build_workload(spec)
+    chosen = wl.prompts()  # a bad custom file or a too-small split fails here, before any model loads
+    repeat = bool(cfg.get("repeat_prompts", False))
+    if len(chosen) < needed and not repeat:
+        raise ConfigError(
+            f"workload {spec.name!r} selects {len(chosen)} prompt(s) (workload.num_prompts={spec.num_prompts}, split "
+            f"{spec.split!r}) but the largest run needs {needed} distinct prompts (batch x prompt sets for "
+            f"min_requests); set workload.num_prompts={needed} or workload.num_prompts=null (every prompt of the "
+            f"split), or repeat_prompts=true to cycle through these {len(chosen)} prompts")
+    info = {"name": spec.name, "spec": spec.to_dict(), "group": group is not None, "selected": len(chosen),
+            "used": min(len(chosen), needed), "repeated": len(chosen) < needed,
+            "available": len(wl.available()), "first_ids": [p.id for p in chosen[:5]]}
+    return wl, [p.messages if p.messages is not None else p.prompt for p in chosen], info
 
 
 def prompt_sets(batch: int, min_requests: int) -> int:
@@ -283,7 +332,9 @@ def _row(engine: Engine, batch: int, sets: int, decode_steps: list[float], outpu
          tokens_in_timed: int, wall: float, warmup_steps: int) -> dict[str, Any]:
     if not decode_steps:
         raise ConfigError(f"batch {batch}: no steady decode step was timed; raise new_tokens above warmup_steps "
-                          f"({warmup_steps}) times the acceptance length")
+                          f"({warmup_steps}) times the acceptance length, or, with long prompts, make room for all "
+                          f"{batch} requests at once (engine.kv_cache_tokens / engine.num_kv_blocks): only steps "
+                          f"that decode the full batch are timed")
     c = engine.counters()
     total_ms = sum(decode_steps)
     return {
@@ -322,9 +373,16 @@ def run(cfg: DictConfig) -> dict:
     from runners.common import build_engine
 
     base = to_engine_config(cfg.engine)
-    arms = {name: to_engine_config({**OmegaConf.to_container(cfg.engine, resolve=True),
-                                    **OmegaConf.to_container(over, resolve=True)})
-            for name, over in cfg.arms.items()}
+    engine_base = OmegaConf.to_container(cfg.engine, resolve=True)
+
+    def _arm(over):
+        o = OmegaConf.to_container(over, resolve=True)
+        merged = {**engine_base, **o}
+        if isinstance(o.get("kernels"), dict):  # engine.kernels.* overrides: on top of the group's
+            merged["kernels"] = {**(engine_base.get("kernels") or {}), **o["kernels"]}
+        return to_engine_config(merged)
+
+    arms = {name: _arm(over) for name, over in cfg.arms.items()}
     batches = [int(b) for b in cfg.batch_sizes]
     if not batches or min(batches) < 1:
         raise ConfigError(f"batch_sizes: positive integers required, got {batches}")
@@ -333,9 +391,7 @@ def run(cfg: DictConfig) -> dict:
     rounds = int(cfg.get("rounds", 1))
     jobs = run_order(list(arms), batches, str(cfg.get("order", "arm_major")), rounds)
     sets = {b: prompt_sets(b, int(cfg.min_requests)) for b in batches}
-    wl = build_workload(make_spec(cfg.workload, num_prompts=max(b * n for b, n in sets.items()), seed=0,
-                                  greedy_replica_count=0, split=str(cfg.get("workload_split", "eval"))))
-    prompts = [p.messages if p.messages is not None else p.prompt for p in wl.prompts()]
+    _, prompts, workload_info = bench_prompts(cfg, max(b * n for b, n in sets.items()))
     need_drafter = any(a.spec == "dspark" for a in arms.values())
     trace = bool(cfg.get("step_trace", False))
     if trace:
@@ -386,12 +442,17 @@ def run(cfg: DictConfig) -> dict:
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = median_over_rounds(results) if rounds > 1 else None
-    doc = {"results": results, "config": OmegaConf.to_container(cfg, resolve=True),
+    doc = {"results": results, "config": OmegaConf.to_container(cfg, resolve=True), "workload": workload_info,
            "fingerprint": node_fingerprint(None, ROOT)}
     if summary is not None:
         doc["median_over_rounds"] = summary
     (out_dir / "bench_decode.json").write_text(json.dumps(doc, indent=2, default=str))
-    lines = [f"Run order: {cfg.get('order', 'arm_major')}, {rounds} round(s); 'run' is each row's position in it.",
+    wi = workload_info
+    lines = [f"Prompts: workload {wi['name']} ({wi['spec']['split']} split, seed {wi['spec']['seed']}"
+             + ("" if wi["group"] else ", the default") + f"), {wi['used']} distinct prompt(s) of {wi['selected']} "
+             f"selected" + (" (repeated: repeat_prompts=true)" if wi["repeated"] else "")
+             + f"; every request greedy, {int(cfg.new_tokens)} new tokens with ignore_eos.",
+             f"Run order: {cfg.get('order', 'arm_major')}, {rounds} round(s); 'run' is each row's position in it.",
              "", "| arm | batch | run | ms/step (median) | output tok/s | 95% interval | timed steps | tokens/step | "
              f"accept length | trim ratio | predicted gain | graph replays / eager steps | requests differing from "
              f"{first_arm} |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from dspark.config import DrafterConfig, EngineConfig, SamplingParams
+from dspark.config import DrafterConfig, EngineConfig, KernelSwitches, SamplingParams
 
 
 @dataclass
@@ -31,12 +31,30 @@ class DrafterSchema:
 
 
 @dataclass
+class KernelsSchema:
+    """engine.kernels: the Triton backend's kernel switches (dspark.config.KernelSwitches, which
+    checks the values and names the key)."""
+    fused_layers: bool = True
+    small_m_kernels: bool = True
+    fused_qkv_rope: bool = True
+    small_m_tiles: Optional[str] = None  # a device's GEMV tile table (bench/small_m_sweep.py)
+    fused_step_metadata: bool = True
+    triton_argmax: bool = True
+    # Experimental, off by default.
+    l2_prefetch: bool = False
+    l2_prefetch_programs: int = 16
+    decode_megakernel: bool = False
+    megakernel_programs: Optional[int] = None  # null: one program per SM
+
+
+@dataclass
 class EngineSchema:
     device: str = "cpu"
     dtype: str = "float32"
     kv_block_size: int = 16
     num_kv_blocks: Optional[int] = None
-    kv_cache_tokens: int = 65536
+    kv_cache_tokens: Optional[int] = 65536
+    kv_memory_fraction: float = 0.9
     max_model_len: int = 2048
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -62,6 +80,7 @@ class EngineSchema:
     debug_checks: bool = False
     cuda_graphs: bool = False
     overlap: bool = False
+    kernels: KernelsSchema = field(default_factory=KernelsSchema)
 
 
 @dataclass
@@ -121,6 +140,9 @@ class ABSettingsSchema:
     fail_on_guard: bool = True
     greedy_replica_max_tokens: Optional[int] = 256  # output cap of the greedy replicas (lossless check)
     force_rerun: bool = False  # run again even when the output folder holds a finished summary for this config
+    capture_before_timing: bool = True  # capture every CUDA graph of both arms before the first timed block
+    device_timing: bool = True  # CUDA events around device-resident steps: the report's device idle share
+    max_first_block_slowdown: float = 0.05  # flag a first timed block this much slower than the arm's median block
 
 
 @dataclass
@@ -176,8 +198,13 @@ class BenchDecodeSchema:
     new_tokens: int = 64
     warmup_steps: int = 3
     min_requests: int = 8  # small batches run consecutive sets of distinct prompts up to this many requests
-    workload: str = "poetry"
-    workload_split: str = "eval"  # eval (benchmarks) | train (e.g. step traces to calibrate on) | all
+    # The prompts: the A/B's workload config group (`+workload=NAME`, conf/workload/); null = the default,
+    # poetry prompts of workload_split, seed 0, as many as the largest batch needs (runners.bench_decode.bench_prompts).
+    workload: Optional[WorkloadSchema] = None
+    # eval (benchmarks) | train (e.g. step traces to calibrate on) | all; null = the group's split (eval without one).
+    workload_split: Optional[str] = None
+    # A group selecting fewer prompts than the largest run needs is refused; true cycles through them instead.
+    repeat_prompts: bool = False
     graph_timing: bool = False  # CUDA events around every graph replay: device ms per graph and per step
     # Run order of the (arm, batch) jobs, against machine drift and in-process state (runners.bench_decode.run_order):
     # arm_major (every batch of an arm, then the next arm), batch_major (every arm at a batch, then the next
@@ -199,6 +226,8 @@ def to_engine_config(engine: Any, spec: str | None = None) -> EngineConfig:
     d = dict(engine)
     if spec is not None:
         d["spec"] = spec
+    if d.get("kernels") is not None:  # a DictConfig / dict of the engine.kernels group
+        d["kernels"] = KernelSwitches.from_dict({str(k): v for k, v in dict(d["kernels"]).items()})
     return EngineConfig(**d)
 
 

@@ -259,3 +259,18 @@ def test_default_arms_trim_with_a_table_and_guards_pass(tmp_path):
     # The verify-all arm is priced with the same table: its oracle bound is in the counters.
     assert summary["cost_tables"]["A"]["how"] == "shared for the oracle bound"
     assert any(k.startswith("oracle/") for k in summary["counters"]["A"]), sorted(summary["counters"]["A"])
+
+
+def test_timing_health_flags_captures_and_a_slow_first_block():
+    from runners.ab import timing_health
+
+    rows = [{"block": b, "arm": arm, "output_tokens_per_s": v, "counter/graphs_captured": g}
+            for b, arm, v, g in [(0, "A", 80.0, 3), (0, "B", 100.0, 0), (1, "B", 101.0, 0), (1, "A", 100.0, 0),
+                                 (2, "A", 101.0, 0), (2, "B", 99.0, 0)]]
+    h = timing_health(rows, 0.05, {"A": {"graphs": 10, "seconds": 1.0}})
+    assert h["captured_in_timed_blocks"] == [{"block": 0, "arm": "A", "graphs": 3}]
+    assert h["first_block_vs_median"] == {"A": 0.8, "B": 1.0}
+    assert len(h["flags"]) == 2 and "captured inside the timed block" in h["flags"][0]
+    assert "warm-up leak" in h["flags"][1]
+    clean = timing_health([r | {"counter/graphs_captured": 0, "output_tokens_per_s": 100.0} for r in rows], 0.05, {})
+    assert clean["flags"] == []

@@ -16,6 +16,7 @@ interpreter_module()
 
 from kernels import argmax as argmax_mod  # noqa: E402
 from kernels.argmax import argmax_reference, argmax_triton  # noqa: E402
+from dspark.config import DEFAULT_KERNELS, KernelConfig  # noqa: E402
 
 NAN, INF = float("nan"), float("inf")
 
@@ -234,19 +235,11 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
         argmax_triton(torch.randn(2, 10))
 
 
-@pytest.fixture
-def triton_backend():
-    from dspark.attention import get_attention_backend, set_attention_backend
-
-    before = get_attention_backend()
-    set_attention_backend("triton")
-    yield
-    set_attention_backend(before)
+TRITON = KernelConfig(attention_backend="triton")
 
 
-def test_greedy_argmax_dispatch(triton_backend, monkeypatch):
+def test_greedy_argmax_dispatch(monkeypatch):
     import dspark.sampling as sampling
-    from dspark.attention import set_attention_backend
 
     calls = []
 
@@ -257,29 +250,32 @@ def test_greedy_argmax_dispatch(triton_backend, monkeypatch):
     monkeypatch.setattr("kernels.argmax.argmax_triton", spy)
     x = torch.randn(5, 50)
     x[2, [40, 7]] = 9.0
-    # CPU tensors never take the kernel, whatever the backend
-    assert torch.equal(sampling.greedy_argmax(x), torch.argmax(x, -1)) and calls == []
-    # as on CUDA with the Triton backend: the kernel, and the same index
-    monkeypatch.setattr(sampling, "triton_argmax_enabled", lambda device: True)
-    assert torch.equal(sampling.greedy_argmax(x), torch.argmax(x, -1)) and calls == [(5, 50)]
-    assert sampling.greedy_argmax(x)[2].item() == 7
+    # CPU tensors never take the kernel, whatever the engine's settings
+    assert torch.equal(sampling.greedy_argmax(x, TRITON), torch.argmax(x, -1)) and calls == []
+    # as on CUDA: an engine on the Triton backend takes the kernel, and gets the same index
+    real = sampling.triton_argmax_enabled
+    monkeypatch.setattr(sampling, "triton_argmax_enabled", lambda kernels, device: real(kernels, "cuda"))
+    assert torch.equal(sampling.greedy_argmax(x, TRITON), torch.argmax(x, -1)) and calls == [(5, 50)]
+    assert sampling.greedy_argmax(x, TRITON)[2].item() == 7
     # shapes and dtypes the kernel does not take fall back to torch.argmax
     for other in (torch.randn(2, 3, 50), torch.randn(50), x.double(), torch.randn(50, 5).t()):
-        assert torch.equal(sampling.greedy_argmax(other), torch.argmax(other, -1))
+        assert torch.equal(sampling.greedy_argmax(other, TRITON), torch.argmax(other, -1))
     assert len(calls) == 2
-    set_attention_backend("torch")
-    assert torch.equal(sampling.greedy_argmax(x), torch.argmax(x, -1)) and len(calls) == 2
+    # the torch backend, the switch off, or no engine settings at all: torch.argmax
+    for kernels in (DEFAULT_KERNELS, KernelConfig(attention_backend="triton", triton_argmax=False), None):
+        assert torch.equal(sampling.greedy_argmax(x, kernels), torch.argmax(x, -1))
+    assert len(calls) == 2
 
 
-def test_switch_and_kernel_set(triton_backend, monkeypatch):
+def test_switch_and_kernel_set():
     from dspark.models.layers import kernel_set
     from dspark.sampling import triton_argmax_enabled
 
-    monkeypatch.delenv("DSPARK_TRITON_ARGMAX", raising=False)
-    assert triton_argmax_enabled("cuda") and not triton_argmax_enabled("cpu")
-    assert "argmax" in kernel_set("triton", "cuda").split("+")
-    assert "argmax" not in kernel_set("triton", "cpu").split("+")  # CPU steps never run it
-    assert kernel_set("torch", "cuda") == "torch"
-    monkeypatch.setenv("DSPARK_TRITON_ARGMAX", "0")
-    assert not triton_argmax_enabled("cuda")
-    assert "argmax" not in kernel_set("triton", "cuda").split("+")
+    assert triton_argmax_enabled(TRITON, "cuda") and not triton_argmax_enabled(TRITON, "cpu")
+    assert not triton_argmax_enabled(DEFAULT_KERNELS, "cuda") and not triton_argmax_enabled(None, "cuda")
+    assert "argmax" in kernel_set(TRITON, "cuda").split("+")
+    assert "argmax" not in kernel_set(TRITON, "cpu").split("+")  # CPU steps never run it
+    assert kernel_set(DEFAULT_KERNELS, "cuda") == "torch"
+    off = KernelConfig(attention_backend="triton", triton_argmax=False)
+    assert not triton_argmax_enabled(off, "cuda")
+    assert "argmax" not in kernel_set(off, "cuda").split("+")

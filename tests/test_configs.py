@@ -94,6 +94,9 @@ def test_slurm_launcher_settings_override():
     ("load.concurrency=many", ["load.concurrency", "many"]),
     ("engine.max_model_len=1.5", ["engine.max_model_len", "1.5"]),
     ("ab.fail_on_guard=sometimes", ["ab.fail_on_guard", "sometimes"]),
+    ("engine.kernels.fused_layers=sometimes", ["engine.kernels.fused_layers", "sometimes"]),
+    ("engine.kernels.pdl=true", ["engine.kernels.pdl"]),
+    ("engine.kernels.l2_prefetch_programs=many", ["engine.kernels.l2_prefetch_programs", "many"]),
 ])
 def test_unknown_key_or_wrong_type_refused_at_composition(override, names):
     with pytest.raises(ConfigCompositionException) as info:
@@ -117,6 +120,10 @@ def test_unknown_key_or_wrong_type_refused_at_composition(override, names):
     ("ab.n_blocks=0", ["ab.n_blocks", ">= 1"]),
     ("ab.warmup_requests=-1", ["ab.warmup_requests"]),
     ("workload.num_prompts=0", ["workload.num_prompts"]),
+    ("engine.kernels.l2_prefetch_programs=0", ["engine.kernels.l2_prefetch_programs", "1 to 64"]),
+    ("engine.kernels.decode_megakernel=true", ["engine.kernels.decode_megakernel", "attention_backend=triton"]),
+    ("+ab.arms.B.engine.kernels.megakernel_programs=0", ["ab.arms.B", "engine.kernels.megakernel_programs"]),
+    ("+ab.arms.B.engine.kernels.pdl=true", ["ab.arms.B", "engine.kernels", "pdl"]),
 ])
 def test_bad_value_refused_before_any_model_loads(tmp_path, override, names):
     cfg = compose_ab(["+workload=agentic", override], out_dir=tmp_path / "run")
@@ -127,6 +134,21 @@ def test_bad_value_refused_before_any_model_loads(tmp_path, override, names):
         assert name in str(info.value), str(info.value)
     assert not NoModels.called
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_kernel_switches_compose_per_engine_and_per_arm():
+    """engine.kernels.* from the command line reach each arm's EngineConfig; an arm's own
+    engine.kernels.* overrides go on top of the group's (the other switches stay the group's)."""
+    cfg = compose_ab(["+workload=agentic", "engine.attention_backend=triton", "engine.kernels.fused_qkv_rope=false",
+                      "+ab.arms.B.engine.kernels.triton_argmax=false"])
+    arms = ab.arm_engine_configs(cfg)
+    a, b = arms["A"].kernel_config(), arms["B"].kernel_config()
+    assert a.attention_backend == b.attention_backend == "triton"
+    assert not a.fused_qkv_rope and a.triton_argmax
+    assert not b.fused_qkv_rope and not b.triton_argmax
+    assert not a.l2_prefetch and not a.decode_megakernel  # experimental: off by default
+    default = ab.arm_engine_configs(compose_ab(["+workload=agentic"]))["A"].kernel_config()
+    assert default.attention_backend == "torch" and default.fused_layers
 
 
 def test_missing_workload_says_how_to_choose_one(tmp_path):

@@ -118,13 +118,21 @@ def test_refusals(monkeypatch):
     bad = mk.StackWeights(**{**w.__dict__, "o": w.o[:, :, :-1]})
     with pytest.raises(ValueError, match="StackWeights.o"):
         mk.decode_megakernel(bad, x, pos, slot, table, kvl, kc, vc)
-    monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", "yes")
-    with pytest.raises(ValueError, match="DSPARK_DECODE_MEGAKERNEL"):
-        mk.megakernel_enabled("cpu")
-    monkeypatch.delenv("DSPARK_DECODE_MEGAKERNEL")
-    assert not mk.megakernel_enabled("cpu")  # opt-in
-    monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", "1")
-    assert mk.megakernel_enabled("cpu")
+    with pytest.raises(ValueError, match="engine.kernels.megakernel_programs"):
+        mk.megakernel_programs(torch.device("cpu"), 0)
+    assert mk.megakernel_programs(torch.device("cpu")) == 8 and mk.megakernel_programs(torch.device("cpu"), 3) == 3
+
+
+def test_the_switch_is_an_experimental_engine_setting():
+    from dspark.config import ConfigError, DEFAULT_KERNELS, EngineConfig, KernelConfig
+
+    assert not DEFAULT_KERNELS.decode_megakernel and not KernelConfig(attention_backend="triton").decode_megakernel
+    with pytest.raises(ConfigError, match="engine.kernels.decode_megakernel.*attention_backend=triton"):
+        EngineConfig(kernels={"decode_megakernel": True})  # the torch backend
+    with pytest.raises(ConfigError, match="engine.kernels.decode_megakernel"):
+        EngineConfig(attention_backend="triton", kernels={"decode_megakernel": "yes"})
+    with pytest.raises(ConfigError, match="engine.kernels.megakernel_programs"):
+        EngineConfig(attention_backend="triton", kernels={"decode_megakernel": True, "megakernel_programs": 0})
 
 
 def test_stack_weights_follow_the_model():
@@ -140,7 +148,7 @@ def test_stack_weights_follow_the_model():
     assert w2 is not w and torch.equal(w2.down[1], layer.mlp.down_proj.weight)
 
 
-def test_engine_target_only_decode_emits_what_the_layer_kernels_emit(monkeypatch):
+def test_engine_target_only_decode_emits_what_the_layer_kernels_emit():
     from dspark.config import SamplingParams
     from dspark.engine import Engine
 
@@ -149,9 +157,9 @@ def test_engine_target_only_decode_emits_what_the_layer_kernels_emit(monkeypatch
     sp = SamplingParams(max_tokens=5, ignore_eos=True)
     runs = {}
     for switch in ("0", "1"):
-        monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", switch)
         eng = Engine(target, None, tiny_engine_config(spec="off", attention_backend="triton", max_num_seqs=1,
-                                                   kv_block_size=16))
+                                                   kv_block_size=16,
+                                                   kernels={"decode_megakernel": switch == "1"}))
         out = eng.generate(prompt, sp)[0].token_ids
         c = eng.counters()
         runs[switch] = (out, c["megakernel_steps"], c["decode_steps"])
@@ -160,8 +168,9 @@ def test_engine_target_only_decode_emits_what_the_layer_kernels_emit(monkeypatch
     assert runs["1"][1] == runs["1"][2] >= 4  # every decode step (the first token comes from the prefill)
 
 
-def test_applies_only_to_one_token_steps_without_captured_layers(monkeypatch):
-    from dspark.attention import AttentionMetadata, set_attention_backend
+def test_applies_only_to_one_token_steps_without_captured_layers():
+    from dspark.attention import AttentionMetadata
+    from dspark.config import KernelConfig
     from dspark.kv_cache import KVCache
     from dspark.models.llama import decode_megakernel_applies
 
@@ -170,23 +179,19 @@ def test_applies_only_to_one_token_steps_without_captured_layers(monkeypatch):
     cache = KVCache(cfg.num_layers, 4, 8, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
     one = torch.tensor([3])
 
-    def meta(rows):
+    on = KernelConfig(attention_backend="triton", decode_megakernel=True)
+
+    def meta(rows, kernels=on):
         return AttentionMetadata(qo_indptr=torch.arange(rows + 1, dtype=torch.int32),
                                  kv_lens=torch.ones(rows, dtype=torch.int32),
                                  block_tables=torch.zeros(rows, 2, dtype=torch.int32),
-                                 slot_mapping=torch.zeros(rows, dtype=torch.int64))
+                                 slot_mapping=torch.zeros(rows, dtype=torch.int64), kernels=kernels)
 
-    monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", "1")
-    set_attention_backend("triton")
-    try:
-        with torch.inference_mode():
-            assert decode_megakernel_applies(cfg, one, cache, meta(1), ())
-            assert not decode_megakernel_applies(cfg, torch.tensor([3, 4]), cache, meta(2), ())
-            assert not decode_megakernel_applies(cfg, one, cache, meta(1), (0, 2))  # a DSpark target step
-            monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", "0")
-            assert not decode_megakernel_applies(cfg, one, cache, meta(1), ())
-            monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", "1")
-            assert not decode_megakernel_applies(tiny_target(2, arch="qwen3").cfg, one, cache, meta(1), ())
-    finally:
-        set_attention_backend("torch")
-    assert not decode_megakernel_applies(cfg, one, cache, meta(1), ())  # the torch backend: reference path
+    with torch.inference_mode():
+        assert decode_megakernel_applies(cfg, one, cache, meta(1), ())
+        assert not decode_megakernel_applies(cfg, torch.tensor([3, 4]), cache, meta(2), ())
+        assert not decode_megakernel_applies(cfg, one, cache, meta(1), (0, 2))  # a DSpark target step
+        off = KernelConfig(attention_backend="triton")  # the default: off
+        assert not decode_megakernel_applies(cfg, one, cache, meta(1, off), ())
+        assert not decode_megakernel_applies(tiny_target(2, arch="qwen3").cfg, one, cache, meta(1), ())
+        assert not decode_megakernel_applies(cfg, one, cache, meta(1, None), ())  # the torch backend

@@ -81,8 +81,42 @@ def test_cuda_graph_steps_emit_what_eager_steps_emit(dtype, spec):
         assert same == len(prompts) if dtype == "float32" else same >= len(prompts) - 2, (overlap, same)
         c = eng.counters()
         assert c["graph_replays"] > 0 and c["graph_eager_steps"] == 0
-        # One graph per token bucket used, never per (bucket x anything else).
-        assert c["graphs_captured"] == len(eng.graph.graphs) <= len(eng.graph.buckets)
+        # One decode graph per token bucket used, never per (bucket x anything else); the prefills ran
+        # as graphs too (keyed by token and chunk buckets), so no step left the device-resident path.
+        step_graphs = [k for k in eng.graph.graphs if k[0] == "step"]
+        assert c["graphs_captured"] == len(eng.graph.graphs) and len(step_graphs) <= len(eng.graph.buckets)
+        assert c["prefill_graph_replays"] > 0 and c["eager_steps"] == 0 and c["device_resident_share"] == 1.0
+
+
+@pytest.mark.parametrize("spec,verify", [("off", "full"), ("dspark", "full"), ("dspark", "ragged")])
+def test_continuous_batching_stays_device_resident_without_captures_or_syncs(tmp_path, spec, verify):
+    """Service: more requests than rows, so requests are admitted, prefilled (some in several chunks),
+    join the running batch and retire from it while the pipeline runs. With every graph captured ahead
+    (Engine.capture_graphs), no step is eager, nothing is captured during the run, the host never
+    syncs outside the one wait per step, and the outputs are the eager engine's."""
+    target = tiny_target(49)
+    drafter = tiny_drafter(target, 50, block_size=4) if spec == "dspark" else None
+    prompts = prompts_for(49, 24, lo=2, hi=150)  # some longer than the 128-token prefill budget: chunked
+    params = [SamplingParams(max_tokens=20 + 9 * (i % 4), ignore_eos=True) for i in range(len(prompts))]
+    kw = dict(max_num_seqs=8, max_model_len=480, max_num_batched_tokens=128)
+    base = [o.token_ids for o in cuda_engine(target, drafter, spec=spec, **kw).generate(prompts, params)]
+    eng = graph_engine(tmp_path, target, drafter, spec, verify, overlap=True, budget_lag=2, **kw)
+    assert eng.capture_graphs(params) > 0
+    for p, sp in zip(prompts, params):
+        eng.add_request(p, sp)
+    outs = {}
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        while eng.has_unfinished():
+            for o in eng.step():
+                outs[o.req_id] = o.token_ids
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    out = [outs[i] for i in sorted(outs)]
+    assert out == base
+    c = eng.counters()
+    assert c["graphs_captured"] == 0 and c["eager_steps"] == 0 and c["device_resident_share"] == 1.0
+    assert c["prefill_graph_replays"] > 0 and c["mixed_steps"] > 0
 
 
 GRAPH_MODES = [("off", "full"), ("dspark", "full"), ("dspark", "uniform"), ("dspark", "ragged")]
@@ -108,7 +142,8 @@ def graph_engine(tmp_path, target, drafter, spec, verify, **kw):
     table = None
     if verify != "full":
         probe = cuda_engine(target, drafter, cuda_graphs=True, overlap=kw.get("overlap", False),
-                            budget_lag=kw.get("budget_lag", 1), dtype=kw.get("dtype", "float32"))
+                            budget_lag=kw.get("budget_lag", 1), dtype=kw.get("dtype", "float32"),
+                            kernels=kw.get("kernels", {}))  # (the table records the kernels in effect)
         table = steep_table(probe, tmp_path / "t.json")
     return cuda_engine(target, drafter, spec=spec, verify=verify, cost_table=table, cuda_graphs=True, **kw)
 
@@ -191,7 +226,7 @@ def test_graph_timing_reports_device_ms_per_graph_and_per_step(tmp_path):
 
 @pytest.mark.parametrize("spec,verify", [("off", "full"), ("dspark", "full"), ("dspark", "ragged")])
 def test_l2_prefetch_keeps_tokens_and_runs_in_the_captured_steps(tmp_path, monkeypatch, spec, verify):
-    """DSPARK_L2_PREFETCH=1 (kernels/l2_prefetch.py): the side-stream prefetch of the next layer's
+    """engine.kernels.l2_prefetch=true (kernels/l2_prefetch.py): the side-stream prefetch of the next layer's
     weights is captured into the decode graphs (its kernel is launched while they capture) and the
     greedy tokens are those of the same engine without it, with overlap."""
     from kernels import l2_prefetch as pf
@@ -203,40 +238,41 @@ def test_l2_prefetch_keeps_tokens_and_runs_in_the_captured_steps(tmp_path, monke
     kw = dict(overlap=True, budget_lag=2, max_num_seqs=3, dtype="bfloat16")
     if verify == "ragged":
         kw["token_buckets"] = (32, 64, 128)
-    monkeypatch.setenv("DSPARK_L2_PREFETCH", "0")
-    plain = [o.token_ids for o in graph_engine(tmp_path, target, drafter, spec, verify, **kw).generate(prompts, sp)]
-    monkeypatch.setenv("DSPARK_L2_PREFETCH", "1")
+    plain_eng = graph_engine(tmp_path, target, drafter, spec, verify, **kw)
+    assert "l2_prefetch" not in plain_eng.fingerprint()["kernels"]
+    plain = [o.token_ids for o in plain_eng.generate(prompts, sp)]
     launches = []
     real = pf.l2_prefetch
-    monkeypatch.setattr(pf, "l2_prefetch", lambda ts, out=None: launches.append(len(ts)) or real(ts, out))
-    eng = graph_engine(tmp_path, target, drafter, spec, verify, **kw)
+    monkeypatch.setattr(pf, "l2_prefetch", lambda ts, out=None, programs=pf.PROGRAMS_PER_TENSOR:
+                        launches.append((len(ts), programs)) or real(ts, out, programs))
+    eng = graph_engine(tmp_path, target, drafter, spec, verify,
+                       kernels={"l2_prefetch": True, "l2_prefetch_programs": 8}, **kw)
     assert "l2_prefetch" in eng.fingerprint()["kernels"]
     got = [o.token_ids for o in eng.generate(prompts, sp)]
     assert got == plain
-    assert launches and set(launches) == {4}  # qkv, o_proj, gate/up, down of the next layer
+    assert launches and set(launches) == {(4, 8)}  # qkv, o_proj, gate/up, down of the next layer
     assert eng.counters()["graph_replays"] > 0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_decode_megakernel_runs_every_batch1_target_step_and_keeps_tokens(monkeypatch, dtype):
+def test_decode_megakernel_runs_every_batch1_target_step_and_keeps_tokens(dtype):
     """One request decoding target-only (graphs, overlap): every steady step replays a graph whose
     target forward is the decode megakernel (kernels/decode_megakernel.py), the tokens are those of
-    the layer kernels (DSPARK_DECODE_MEGAKERNEL=0), and steady steps never sync the host."""
+    the layer kernels (engine.kernels.decode_megakernel=false, the default), and steady steps never
+    sync the host."""
     target = tiny_target(71)
     prompts = prompts_for(71, 3, lo=2, hi=60)
     sp = SamplingParams(max_tokens=40, ignore_eos=True)
     kw = dict(spec="off", dtype=dtype, max_num_seqs=1, cuda_graphs=True, overlap=True)
     runs = {}
     for switch in ("0", "1"):
-        monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", switch)
-        eng = cuda_engine(target, None, **kw)
+        eng = cuda_engine(target, None, kernels={"decode_megakernel": switch == "1"}, **kw)
         runs[switch] = ([o.token_ids for o in eng.generate(prompts, sp)], eng.counters())
     assert runs["1"][0] == runs["0"][0]
     assert runs["0"][1]["megakernel_steps"] == 0
     c = runs["1"][1]
     assert c["graph_replays"] > 0 and c["megakernel_steps"] >= c["graph_replays"]
-    monkeypatch.setenv("DSPARK_DECODE_MEGAKERNEL", "1")
-    eng = cuda_engine(target, None, **{**kw, "max_model_len": 480})
+    eng = cuda_engine(target, None, kernels={"decode_megakernel": True}, **{**kw, "max_model_len": 480})
     eng.add_request(prompts[0], SamplingParams(max_tokens=400, ignore_eos=True))
     run_steady_steps_without_sync(eng, warm=6, steps=30)
     assert eng.counters()["megakernel_steps"] >= 30

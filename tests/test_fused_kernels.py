@@ -118,15 +118,19 @@ def test_carried_residual_stack_is_the_plain_stack(T, small_m, head_dim, monkeyp
     final hidden and the captured layer streams of the plain layers, on the paged cache; with
     at most SMALL_M_MAX tokens through the small-M GEMV kernels (counted), else through cuBLAS.
     QKV, rotary and the K/V write run as one kernel (norm_qkv_rope_triton); ``rope0`` is
-    DSPARK_FUSED_QKV_ROPE=0, which keeps them apart (norm_linear_triton, then the rotary kernel)."""
+    engine.kernels.fused_qkv_rope=false, which keeps them apart (norm_linear_triton, then the rotary
+    kernel); ``0`` is engine.kernels.small_m_kernels=false."""
+    import dataclasses
+
     import kernels.small_m_linear as small_m_linear
-    from dspark.attention import AttentionMetadata, set_attention_backend
+    from dspark.attention import AttentionMetadata
+    from dspark.config import KernelConfig
     from dspark.kv_cache import KVCache
     from dspark.models.layers import run_decoder_stack
     from tiny import tiny_target
 
-    monkeypatch.setenv("DSPARK_SMALL_M_KERNELS", "0" if small_m == "0" else "1")
-    monkeypatch.setenv("DSPARK_FUSED_QKV_ROPE", "0" if small_m == "rope0" else "1")
+    triton_kernels = KernelConfig(attention_backend="triton", small_m_kernels=small_m != "0",
+                                  fused_qkv_rope=small_m != "rope0")
     calls = []
     real = small_m_linear._launch
     monkeypatch.setattr(small_m_linear, "_launch", lambda fn, *a, **k: calls.append(fn) or real(fn, *a, **k))
@@ -142,13 +146,10 @@ def test_carried_residual_stack_is_the_plain_stack(T, small_m, head_dim, monkeyp
     for backend in ("torch", "triton"):
         cache = KVCache(num_layers=cfg.num_layers, num_pages=2, page_size=16, kv_heads=cfg.num_kv_heads,
                         head_dim=cfg.head_dim, dtype=torch.float32, device=DEV)
-        set_attention_backend(backend)
-        try:
-            with torch.inference_mode():
-                out[backend] = run_decoder_stack(target.model.layers, target.embed(ids), pos, cache, meta,
-                                                 target.model.norm, capture_layers=(0, cfg.num_layers - 1))
-        finally:
-            set_attention_backend("torch")
+        step = dataclasses.replace(meta, kernels=triton_kernels if backend == "triton" else None)
+        with torch.inference_mode():
+            out[backend] = run_decoder_stack(target.model.layers, target.embed(ids), pos, cache, step,
+                                             target.model.norm, capture_layers=(0, cfg.num_layers - 1))
     (h_plain, cap_plain), (h_fused, cap_fused) = out["torch"], out["triton"]
     small = T <= small_m_linear.SMALL_M_MAX and small_m != "0"
     # four GEMV kernels per layer (norm+QKV(+rotary+K/V write), o_proj, norm+gate/up+silu*mul, down) or none
@@ -177,8 +178,7 @@ def test_fused_layers_compute_the_plain_layers_function(arch, head_dim):
     backend (plain modules): same logits to fp32 rounding, same greedy tokens. Llama and qwen2 take
     the fused QKV + rotary + K/V write kernel in decode steps (with q/k/v biases for qwen2;
     qwen3's q/k norms keep them apart)."""
-    from dspark.attention import set_attention_backend
-    from dspark.config import SamplingParams
+    from dspark.config import DEFAULT_KERNELS, KernelConfig, SamplingParams
     from dspark.engine import Engine
     from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
@@ -186,25 +186,21 @@ def test_fused_layers_compute_the_plain_layers_function(arch, head_dim):
     drafter = tiny_drafter(target, 9, block_size=3)
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
     sp = SamplingParams(max_tokens=10, ignore_eos=True)
-    try:
-        plain = Engine(target, None, tiny_engine_config(attention_backend="torch", kv_block_size=16, device=DEV),
-                       drafter).generate(prompts, sp)
-        fused = Engine(target, None, tiny_engine_config(attention_backend="triton", kv_block_size=16, device=DEV),
-                       drafter).generate(prompts, sp)
-    finally:
-        set_attention_backend("torch")
+    plain = Engine(target, None, tiny_engine_config(attention_backend="torch", kv_block_size=16, device=DEV),
+                   drafter).generate(prompts, sp)
+    fused = Engine(target, None, tiny_engine_config(attention_backend="triton", kv_block_size=16, device=DEV),
+                   drafter).generate(prompts, sp)
     assert [o.token_ids for o in fused] == [o.token_ids for o in plain]
     # Training (autograd on) never takes the fused path: it has no backward.
     from dspark.models.layers import use_fused_kernels
 
-    set_attention_backend("triton")
-    try:
-        with torch.enable_grad():
-            assert not use_fused_kernels()
-        with torch.inference_mode():
-            assert use_fused_kernels()
-    finally:
-        set_attention_backend("torch")
+    triton_kernels = KernelConfig(attention_backend="triton")
+    with torch.enable_grad():
+        assert not use_fused_kernels(triton_kernels)
+    with torch.inference_mode():
+        assert use_fused_kernels(triton_kernels)
+        assert not use_fused_kernels(KernelConfig(attention_backend="triton", fused_layers=False))
+        assert not use_fused_kernels(DEFAULT_KERNELS) and not use_fused_kernels(None)
 
 
 def test_fused_weights_follow_in_place_updates():
@@ -226,8 +222,8 @@ def test_batch_invariant_mode_rows_do_not_depend_on_the_step(head_dim, monkeypat
     run alone or packed with other requests' (bf16, the fixed-tile kernels and unsplit attention);
     the plain fused path makes no such promise. Then greedy DSpark output equals target-only
     output in bf16, token for token."""
-    from dspark.attention import AttentionMetadata, batch_invariant, set_attention_backend, set_batch_invariant
-    from dspark.config import ConfigError, EngineConfig, SamplingParams
+    from dspark.attention import AttentionMetadata
+    from dspark.config import ConfigError, EngineConfig, KernelConfig, SamplingParams
     from dspark.engine import Engine
     from dspark.kv_cache import KVCache
     from tiny import tiny_drafter, tiny_engine_config, tiny_target
@@ -236,7 +232,7 @@ def test_batch_invariant_mode_rows_do_not_depend_on_the_step(head_dim, monkeypat
     cfg = target.cfg
     lens = [7, 3, 21, 1]  # request 0 alone, then packed with three others
 
-    def logits(requests):
+    def logits(requests, kernels):
         T = sum(lens[r] for r in requests)
         cache = KVCache(num_layers=cfg.num_layers, num_pages=4 * len(requests), page_size=16,
                         kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, dtype=torch.bfloat16, device=DEV)
@@ -250,35 +246,28 @@ def test_batch_invariant_mode_rows_do_not_depend_on_the_step(head_dim, monkeypat
                                  kv_lens=torch.tensor([lens[r] for r in requests], dtype=torch.int32, device=DEV),
                                  block_tables=torch.tensor([[2 * k, 2 * k + 1] for k in range(len(requests))],
                                                            dtype=torch.int32, device=DEV),
-                                 slot_mapping=slots, causal=True, max_q_len=max(lens[r] for r in requests))
+                                 slot_mapping=slots, causal=True, max_q_len=max(lens[r] for r in requests),
+                                 kernels=kernels)
         with torch.inference_mode():
             hidden, _ = target(ids, pos, cache, meta)
-            return target.compute_logits(hidden)[: lens[requests[0]]]
+            return target.compute_logits(hidden, kernels=kernels)[: lens[requests[0]]]
 
-    set_attention_backend("triton")
-    try:
-        set_batch_invariant(True)
-        alone, packed = logits([0]), logits([0, 1, 2, 3])
-        assert torch.equal(alone, packed)
-        set_batch_invariant(False)
-        torch.testing.assert_close(logits([0]), alone, atol=0.1, rtol=0.05)  # same function, other rounding
-    finally:
-        set_batch_invariant(False)
-        set_attention_backend("torch")
+    invariant = KernelConfig(attention_backend="triton", batch_invariant=True)
+    alone, packed = logits([0], invariant), logits([0, 1, 2, 3], invariant)
+    assert torch.equal(alone, packed)
+    plain = KernelConfig(attention_backend="triton")
+    torch.testing.assert_close(logits([0], plain), alone, atol=0.1, rtol=0.05)  # same function, other rounding
 
     drafter = tiny_drafter(target, 9, block_size=3)
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
     sp = SamplingParams(max_tokens=10, ignore_eos=True)
     outs = {}
-    try:
-        for spec in ("off", "dspark"):
-            ecfg = tiny_engine_config(attention_backend="triton", kv_block_size=16, device=DEV, dtype="bfloat16",
-                                      spec=spec, batch_invariant=True)
-            outs[spec] = Engine(target, None, ecfg, drafter if spec == "dspark" else None).generate(prompts, sp)
-            assert batch_invariant()
-    finally:
-        set_batch_invariant(False)
-        set_attention_backend("torch")
+    for spec in ("off", "dspark"):
+        ecfg = tiny_engine_config(attention_backend="triton", kv_block_size=16, device=DEV, dtype="bfloat16",
+                                  spec=spec, batch_invariant=True)
+        engine = Engine(target, None, ecfg, drafter if spec == "dspark" else None)
+        assert engine.runner.kernels.batch_invariant
+        outs[spec] = engine.generate(prompts, sp)
     assert [o.token_ids for o in outs["dspark"]] == [o.token_ids for o in outs["off"]]
     assert sum(sum(o.accept_lengths) for o in outs["dspark"]) > 0
     with pytest.raises(ConfigError, match="attention_backend=triton"):
@@ -286,5 +275,3 @@ def test_batch_invariant_mode_rows_do_not_depend_on_the_step(head_dim, monkeypat
     with pytest.raises(ConfigError, match="q/k norms"):
         Engine(tiny_target(1, arch="qwen3"), None, tiny_engine_config(attention_backend="triton", spec="off",
                                                                         batch_invariant=True))
-    set_attention_backend("torch")
-    set_batch_invariant(False)

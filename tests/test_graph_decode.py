@@ -31,8 +31,9 @@ def test_device_resident_steps_emit_what_the_eager_engine_emits(spec, overlap):
     target = tiny_target(3)
     drafter = tiny_drafter(target, 7, block_size=4) if spec == "dspark" else None
     prompts = prompts_for(5, 7)
-    # Different lengths: requests finish at different steps, so rows leave the pipeline and
-    # the waiting ones are admitted (max_num_seqs 4 < 7 requests) through eager prefill steps.
+    # Different lengths: requests finish at different steps, so rows leave the device batch while
+    # the waiting ones are admitted (max_num_seqs 4 < 7 requests), prefilled and join it: all of it
+    # on the device-resident path, none of it through an eager step.
     params = [SamplingParams(max_tokens=12 + 5 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
     base, _ = generate(target, drafter, prompts, params, max_num_seqs=4)
     fast, eng = generate(target, drafter, prompts, params, max_num_seqs=4, cuda_graphs=True, overlap=overlap)
@@ -40,7 +41,11 @@ def test_device_resident_steps_emit_what_the_eager_engine_emits(spec, overlap):
     c = eng.counters()
     assert c["graph_eager_steps"] > 0 and c["graph_replays"] == 0  # CPU: the step ran, uncaptured
     assert c["eager_reason/cpu"] == c["graph_eager_steps"]
-    assert c["eager_reason/prefill_or_mixed"] > 0
+    assert c["eager_steps"] == 0 and not any(k.startswith("eager_reason/") and k != "eager_reason/cpu" for k in c)
+    assert c["device_resident_share"] == 1.0
+    assert c["prefill_uncaptured"] > 0 and c["prefill_tokens"] > 0  # prefills on the device path (uncaptured on CPU)
+    assert c["mixed_steps"] > 0  # admissions while others decode
+    assert 1.0 < c["mean_running_batch"] <= 4.0
     if overlap:
         assert c["pipelined_steps"] > 0
         assert c["discarded_row_steps"] > 0  # rows that finished one step before the in-flight one
@@ -280,3 +285,60 @@ def test_a_committed_steps_time_is_its_step_calls_wall_time(monkeypatch, overlap
     assert timed
     for step_ms, wall in timed:
         assert 20.0 <= step_ms <= wall + 0.01  # the 20 ms before the launch are in the step's time
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_chunked_prefills_and_many_admissions_stay_on_the_device_path(overlap):
+    """Prompts longer than the step's prefill budget are prefilled in chunks over several calls while
+    other rows decode, and more requests are admitted at once than one prefill forward packs
+    (max_prefill_segments); rows join and retire in any order. Tokens equal the eager engine's."""
+    target = tiny_target(11)
+    drafter = tiny_drafter(target, 12, block_size=3)
+    prompts = prompts_for(13, 22, lo=3, hi=150)
+    params = [SamplingParams(max_tokens=6 + 4 * (i % 5), ignore_eos=True) for i in range(len(prompts))]
+    kw = dict(max_num_seqs=20, max_num_batched_tokens=64)
+    base, _ = generate(target, drafter, prompts, params, **kw)
+    fast, eng = generate(target, drafter, prompts, params, cuda_graphs=True, overlap=overlap, budget_lag=2, **kw)
+    assert fast == base
+    c = eng.counters()
+    assert c["eager_steps"] == 0 and c["device_resident_share"] == 1.0
+    assert c["prefill_tokens"] == sum(len(p) - 1 for p in prompts)  # every prompt position once, chunked
+    assert c["prefill_uncaptured"] > len(prompts) / eng.graph.max_prefill_segments
+
+
+def test_rows_retire_by_moving_the_last_live_rows_into_the_holes():
+    target = tiny_target(3)
+    eng = Engine(target, None, tiny_engine_config(spec="off", cuda_graphs=True, max_num_seqs=8), None)
+    reqs = []
+    for i, p in enumerate(prompts_for(2, 6)):
+        rid = eng.add_request(p, SamplingParams(max_tokens=4))
+        reqs.append(eng._requests[rid])
+    gd = eng.graph
+    for r in reqs:
+        eng.blocks.reserve(r.req_id, r.num_tokens + 4)
+    gd.join(reqs)
+    state = [(int(gd.seq_len[i]), int(gd.anchor[i])) for i in range(6)]
+    gd.retire({reqs[1].req_id, reqs[4].req_id, reqs[5].req_id})
+    assert [r.req_id for r in gd.rows] == [reqs[0].req_id, reqs[3].req_id, reqs[2].req_id]
+    assert gd.req_ids == tuple(r.req_id for r in gd.rows)
+    assert [(int(gd.seq_len[i]), int(gd.anchor[i])) for i in range(3)] == [state[0], state[3], state[2]]
+    assert gd.active.tolist()[:6] == [True, True, True, False, False, False]
+    assert gd.tables[1].tolist() == gd.tables[1].new_tensor(  # the moved row's page table came with it
+        eng.blocks.table(reqs[3].req_id) + [0] * (gd.tables.shape[1] - len(eng.blocks.table(reqs[3].req_id)))).tolist()
+    gd.retire({r.req_id for r in gd.rows})
+    assert gd.rows == [] and not gd.active.any()
+
+
+def test_kv_pool_is_sized_for_the_batch_and_capped():
+    target = tiny_target(3)
+    cfg = tiny_engine_config(spec="off", max_num_seqs=4, max_model_len=100, kv_cache_tokens=None)
+    eng = Engine(target, None, cfg, None)
+    assert eng.blocks.num_pages * eng.blocks.page_size >= 4 * 100
+    capped = Engine(target, None, tiny_engine_config(spec="off", max_num_seqs=4, max_model_len=100,
+                                                     kv_cache_tokens=64), None)
+    assert capped.blocks.num_pages * capped.blocks.page_size == 64
+    assert eng.counters()["kv_pool_tokens"] == eng.blocks.num_pages * eng.blocks.page_size
+    with pytest.raises(ConfigError, match="engine.kv_memory_fraction"):
+        tiny_engine_config(kv_memory_fraction=0.0)
+    with pytest.raises(ConfigError, match="engine.kv_cache_tokens"):
+        tiny_engine_config(kv_cache_tokens=0)

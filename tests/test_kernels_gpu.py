@@ -650,19 +650,18 @@ class TestDecodeMegakernelCuda:
             assert (k.float() - kr.float()).abs().max().item() < 0.05 * kr.float().abs().max().item()
 
     @pytest.mark.parametrize("programs", [None, 32, 7])
-    def test_graph_replays_follow_new_positions(self, monkeypatch, programs):
+    def test_graph_replays_follow_new_positions(self, programs):
         from kernels.decode_megakernel import decode_megakernel
 
-        if programs:
-            monkeypatch.setenv("DSPARK_MEGAKERNEL_PROGRAMS", str(programs))
         dtype = torch.bfloat16
         w = self._stack(dtype, L=8, seed=3)
         x, pos, slot, table, kvl, kc, vc = self._case(w, 300, dtype, seed=4)
         out = torch.empty_like(x)
-        decode_megakernel(w, x, pos, slot, table, kvl, kc, vc, out=out)  # warm-up: compile, workspace
+        # warm-up: compile, workspace
+        decode_megakernel(w, x, pos, slot, table, kvl, kc, vc, out=out, programs=programs)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):  # (capture runs nothing)
-            decode_megakernel(w, x, pos, slot, table, kvl, kc, vc, out=out)
+            decode_megakernel(w, x, pos, slot, table, kvl, kc, vc, out=out, programs=programs)
         ke, ve = kc.clone(), vc.clone()  # the eager twin's caches, from the same state
         for n in (301, 302, 304, 1):  # (the table holds 19 pages: 304 positions)
             p = n - 1
@@ -672,16 +671,16 @@ class TestDecodeMegakernelCuda:
             kvl.fill_(n)
             x.copy_(torch.randn_like(x))
             graph.replay()
-            want = decode_megakernel(w, x, pos, slot, table, kvl, ke, ve, sync=False)
+            want = decode_megakernel(w, x, pos, slot, table, kvl, ke, ve, sync=False, programs=programs)
             torch.cuda.synchronize()
             assert torch.equal(out, want), n
         assert torch.equal(kc, ke) and torch.equal(vc, ve)
 
-    def test_refuses_more_programs_than_sms(self, monkeypatch):
+    def test_refuses_more_programs_than_sms(self):
         from kernels.decode_megakernel import megakernel_programs
 
         sms = torch.cuda.get_device_properties(0).multi_processor_count
         assert megakernel_programs(torch.device(DEV)) == sms
-        monkeypatch.setenv("DSPARK_MEGAKERNEL_PROGRAMS", str(sms + 1))
+        assert megakernel_programs(torch.device(DEV), 7) == 7
         with pytest.raises(ValueError, match="resident"):
-            megakernel_programs(torch.device(DEV))
+            megakernel_programs(torch.device(DEV), sms + 1)

@@ -46,18 +46,24 @@ def test_refusals_and_the_switch(monkeypatch):
         pf.l2_prefetch([ints(20, 1).reshape(4, 5).t()])
     with pytest.raises(ValueError, match="out must be"):
         pf.l2_prefetch([a], out=torch.zeros(2, 2))
-    monkeypatch.setenv("DSPARK_L2_PREFETCH_PROGRAMS", "0")
-    with pytest.raises(ValueError, match="DSPARK_L2_PREFETCH_PROGRAMS"):
-        pf.l2_prefetch([a])
-    monkeypatch.setenv("DSPARK_L2_PREFETCH_PROGRAMS", "3")  # a tuning value: the sums follow it
-    got = pf.l2_prefetch([ints(40000, 3)], out=torch.zeros(pf.MAX_TENSORS, 3))
+    with pytest.raises(ValueError, match="programs=0"):
+        pf.l2_prefetch([a], programs=0)
+    got = pf.l2_prefetch([ints(40000, 3)], out=torch.zeros(pf.MAX_TENSORS, 3), programs=3)  # the sums follow it
     assert torch.equal(got[:1], pf.l2_prefetch_reference([ints(40000, 3)], programs=3))
-    monkeypatch.delenv("DSPARK_L2_PREFETCH_PROGRAMS")
-    monkeypatch.setenv("DSPARK_L2_PREFETCH", "yes")
-    with pytest.raises(ValueError, match="DSPARK_L2_PREFETCH"):
-        pf.requested()
-    monkeypatch.setenv("DSPARK_L2_PREFETCH", "1")
-    assert pf.requested() and not pf.prefetch_enabled(torch.device("cpu"))  # CUDA only
+    assert not pf.prefetch_runs(torch.device("cpu"))  # CUDA only
+    # The engine's switch: engine.kernels.l2_prefetch (off by default), checked with the others.
+    from dspark.config import ConfigError, EngineConfig, KernelConfig
+    from dspark.models.layers import kernel_set, l2_prefetch_applies
+
+    on = KernelConfig(attention_backend="triton", l2_prefetch=True, l2_prefetch_programs=8)
+    assert not KernelConfig(attention_backend="triton").l2_prefetch
+    assert not l2_prefetch_applies(on, torch.device("cpu")) and "l2_prefetch" not in kernel_set(on, "cpu")
+    with pytest.raises(ConfigError, match="engine.kernels.l2_prefetch_programs"):
+        EngineConfig(attention_backend="triton", kernels={"l2_prefetch": True, "l2_prefetch_programs": 65})
+    with pytest.raises(ConfigError, match="engine.kernels.l2_prefetch"):
+        EngineConfig(attention_backend="triton", kernels={"l2_prefetch": "yes"})
+    with pytest.raises(ConfigError, match="engine.kernels.l2_prefetch.*small_m_kernels"):
+        EngineConfig(attention_backend="triton", kernels={"l2_prefetch": True, "small_m_kernels": False})
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(RuntimeError, match="CUDA"):
         pf.l2_prefetch([a])

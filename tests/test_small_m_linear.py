@@ -302,80 +302,12 @@ def test_norm_qkv_rope_is_batch_invariant_and_refuses_bad_shapes():
         norm_qkv_rope_triton(x, nw, EPS, w, k_cache=kc.float(), v_cache=vc, **kw)
 
 
-def test_pdl_switch_is_refused_when_malformed_and_off_on_cpu(monkeypatch):
-    from kernels import pdl
+def test_tile_table_is_read_per_shape_and_validated(tmp_path):
+    """engine.kernels.small_m_tiles names a per-shape tile table (bench/small_m_sweep.py writes it),
+    which the kernels take as ``tiles``: a listed shape launches with its settings, others with the
+    defaults, and results do not change; a malformed table is refused with the key's name."""
+    from dspark.config import KernelConfig
 
-    monkeypatch.setenv("DSPARK_PDL", "yes")
-    with pytest.raises(ValueError, match="DSPARK_PDL"):
-        pdl.pdl_enabled(torch.device("cpu"))
-    monkeypatch.setenv("DSPARK_PDL", "1")
-    assert pdl.pdl_launch(torch.device("cpu")) == (False, {})  # CPU / the interpreter: never
-
-
-@pytest.mark.gpu
-def test_pdl_chain_matches_plain_launches_in_a_cuda_graph(monkeypatch):
-    """A layer's small-M chain (norm+QKV+rope, o_proj, norm+gate/up+silu, down) launched with
-    programmatic dependent launch inside a CUDA graph gives bitwise the results of plain launches
-    (a missing grid-dependency wait would read the previous kernel's output early)."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("needs a Hopper-class GPU")
-    from kernels.small_m_linear import norm_qkv_rope_triton
-
-    dtype, H, Hk, D, Kh, I = torch.bfloat16, 9, 3, 64, 576, 1536
-    g = torch.Generator().manual_seed(0)
-
-    def rnd(*s, scale=1.0):
-        return (scale * torch.randn(*s, generator=g)).to(DEV, dtype)
-
-    wqkv, wo = rnd((H + 2 * Hk) * D, Kh, scale=Kh ** -0.5), rnd(Kh, H * D, scale=(H * D) ** -0.5)
-    wgu, wd = rnd(2 * I, Kh, scale=Kh ** -0.5), rnd(Kh, I, scale=I ** -0.5)
-    n1, n2 = 1 + rnd(Kh, scale=0.1), 1 + rnd(Kh, scale=0.1)
-    from dspark.models.layers import rotary_inv_freq
-    inv = rotary_inv_freq(D, 10000.0, DEV)
-
-    def run(pdl_on):
-        monkeypatch.setenv("DSPARK_PDL", "1" if pdl_on else "0")
-        x, d = rnd(8, Kh), rnd(8, Kh)
-        kc = torch.zeros(4, 16, Hk, D, device=DEV, dtype=dtype)
-        vc = torch.zeros_like(kc)
-        pos = torch.arange(8, device=DEV) + 100
-        slots = torch.arange(8, device=DEV) + 5
-
-        def layers():
-            xx, dd = x, d
-            for _ in range(6):
-                q, h = norm_qkv_rope_triton(dd, n1, EPS, wqkv, residual=xx, num_heads=H, num_kv_heads=Hk,
-                                            positions=pos, inv_freq=inv, k_cache=kc, v_cache=vc, slot_mapping=slots)
-                a = linear_triton(q.flatten(1), wo)
-                act, xx = norm_linear_triton(a, n2, EPS, wgu, residual=h, silu_mul=True)
-                dd = linear_triton(act, wd)
-            return xx, dd
-
-        layers()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = layers()
-        outs = []
-        for _ in range(3):
-            graph.replay()
-            outs.append([t.clone() for t in (*out, kc, vc)])
-        torch.cuda.synchronize()
-        return outs
-
-    g.manual_seed(1)
-    plain = run(False)
-    g.manual_seed(1)
-    chained = run(True)
-    for a, b in zip(plain, chained):
-        for ta, tb in zip(a, b):
-            assert torch.equal(ta, tb)
-
-
-def test_tile_table_is_read_per_shape_and_validated(tmp_path, monkeypatch):
-    """DSPARK_SMALL_M_TILES names a per-shape tile table (bench/small_m_sweep.py writes it): a listed
-    shape launches with its settings, others with the defaults, and results do not change; a
-    malformed table is refused with the variable's name."""
     import json
 
     import kernels.small_m_linear as sml
@@ -385,16 +317,20 @@ def test_tile_table_is_read_per_shape_and_validated(tmp_path, monkeypatch):
     table = tmp_path / "small_m_tiles.json"
     table.write_text(json.dumps({"tiles": [{"N": 48, "K": 64, "silu_mul": False, "block_n": 32, "block_k": 32,
                                             "num_warps": 2, "num_stages": 2}]}))
-    monkeypatch.setenv("DSPARK_SMALL_M_TILES", str(table))
-    assert sml.tile_settings(48, 64, False) == {"block_n": 32, "block_k": 32, "num_warps": 2, "num_stages": 2}
-    assert sml.tile_settings(48, 64, True) == {}
-    after = norm_linear_triton(x, nw, EPS, w, r)[0]
+    path = str(table)
+    assert sml.tile_settings(48, 64, False, table=path) == {"block_n": 32, "block_k": 32, "num_warps": 2,
+                                                            "num_stages": 2}
+    assert sml.tile_settings(48, 64, True, table=path) == {} and sml.tile_settings(48, 64, False) == {}
+    after = norm_linear_triton(x, nw, EPS, w, r, tiles=path)[0]
     torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)  # another reduction split, same function
     from dspark.models.layers import kernel_set
-    assert "tiles:" in kernel_set("triton", "cpu") and kernel_set("torch", "cpu") == "torch"
+    with_table = KernelConfig(attention_backend="triton", small_m_tiles=path)
+    assert "tiles:" in kernel_set(with_table, "cpu")
+    assert "tiles:" not in kernel_set(KernelConfig(attention_backend="triton"), "cpu")
+    assert kernel_set(KernelConfig(small_m_tiles=path), "cpu") == "torch"
     table.write_text(json.dumps({"tiles": [{"N": 48, "K": 64, "silu_mul": False, "block_n": 8}]}))
-    with pytest.raises(ValueError, match="DSPARK_SMALL_M_TILES"):
-        norm_linear_triton(x, nw, EPS, w, r)
+    with pytest.raises(ValueError, match="engine.kernels.small_m_tiles"):
+        norm_linear_triton(x, nw, EPS, w, r, tiles=path)
 
 
 # Split-K (programs share K; the last split to arrive sums the partials in split order) and the

@@ -194,7 +194,7 @@ def test_refusals_say_what_to_change(monkeypatch):
     with pytest.raises(ValueError, match="tables must be int32"):
         pack_verify_rows_reference(windows=raw, num_tokens=8, **{**state, "tables": state["tables"].long()})
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1.*DSPARK_FUSED_STEP_METADATA=0"):
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1.*engine.kernels.fused_step_metadata=false"):
         triton_runnable("cpu")
     with pytest.raises(RuntimeError, match="CUDA tensors"):
         pack_verify_rows_triton(windows=raw, num_tokens=8, **state)
@@ -242,20 +242,17 @@ def test_graph_decoder_fused_metadata_emits_what_the_eager_engine_emits(tmp_path
             assert c["trimmed_steps"] > 0
 
 
-def test_engine_picks_the_fused_metadata_on_the_triton_backend(monkeypatch):
-    """engine.attention_backend=triton runs the fused kernels; DSPARK_FUSED_STEP_METADATA=0 turns them off."""
-    from dspark.attention import set_attention_backend
+def test_engine_picks_the_fused_metadata_on_the_triton_backend():
+    """engine.attention_backend=triton runs the fused kernels; engine.kernels.fused_step_metadata=false
+    turns them off."""
     from dspark.engine import Engine
     from tiny import tiny_engine_config, tiny_target
 
     target = tiny_target(0)
-    try:
-        for env, backend, want in (("1", "triton", "triton"), ("0", "triton", "torch"), ("1", "torch", "torch")):
-            monkeypatch.setenv("DSPARK_FUSED_STEP_METADATA", env)
-            eng = Engine(target, None, tiny_engine_config(spec="off", cuda_graphs=True, attention_backend=backend))
-            assert eng.graph.metadata_impl == want, (env, backend)
-    finally:
-        set_attention_backend("torch")
+    for on, backend, want in ((True, "triton", "triton"), (False, "triton", "torch"), (True, "torch", "torch")):
+        eng = Engine(target, None, tiny_engine_config(spec="off", cuda_graphs=True, attention_backend=backend,
+                                                      kernels={"fused_step_metadata": on}))
+        assert eng.graph.metadata_impl == want, (on, backend)
 
 
 def test_graph_decoder_refuses_an_unknown_or_unrunnable_metadata_impl(monkeypatch):
@@ -268,5 +265,5 @@ def test_graph_decoder_refuses_an_unknown_or_unrunnable_metadata_impl(monkeypatc
     with pytest.raises(ValueError, match="metadata_impl"):
         GraphDecoder(*args, metadata_impl="cuda")
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(RuntimeError, match="DSPARK_FUSED_STEP_METADATA=0"):
+    with pytest.raises(RuntimeError, match="engine.kernels.fused_step_metadata=false"):
         GraphDecoder(*args, metadata_impl="triton")

@@ -14,13 +14,14 @@ from .arena_hard import ArenaHardWorkload
 from .base import Workload, WorkloadError, WorkloadSpec
 from .custom import CustomWorkload
 from .hard_questions import HardQuestionsWorkload
+from .mixed_chat import MixedChatWorkload
 from .poetry import PoetryWorkload
 from .stdlib_prose import StdlibProseWorkload
 
 WORKLOADS: dict[str, type[Workload]] = {
     cls.NAME: cls
     for cls in (AgenticWorkload, PoetryWorkload, ArenaHardWorkload, CustomWorkload, StdlibProseWorkload,
-                HardQuestionsWorkload)
+                HardQuestionsWorkload, MixedChatWorkload)
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -32,6 +33,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                "split": "eval", "path": None, "greedy_replica_count": 4},
     # Hard questions, greedy, long answers.
     "arena_hard": {"num_prompts": 48, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 512,
+                   "split": "eval", "path": None, "greedy_replica_count": 0},
+    # agentic + arena_hard + poetry interleaved by seed, all greedy with one 256-token cap; every prompt of
+    # the split by default (eval: 304 agentic + 57 arena_hard + 4962 poetry = 5323; see workloads/mixed_chat.py).
+    "mixed_chat": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 256,
                    "split": "eval", "path": None, "greedy_replica_count": 0},
     # A user's file is run whole by default; path must be given.
     "custom": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 256,

@@ -111,21 +111,11 @@ def device_info() -> dict[str, Any]:
     }
 
 
-KERNEL_SWITCHES = ("DSPARK_FUSED_KERNELS", "DSPARK_SMALL_M_KERNELS", "DSPARK_FUSED_QKV_ROPE", "DSPARK_PDL",
-                   "DSPARK_SMALL_M_TILES", "DSPARK_FUSED_STEP_METADATA", "DSPARK_TRITON_ARGMAX",
-                   "DSPARK_L2_PREFETCH", "DSPARK_L2_PREFETCH_PROGRAMS", "DSPARK_DECODE_MEGAKERNEL",
-                   "DSPARK_MEGAKERNEL_PROGRAMS")
-
-
-def kernel_switches() -> dict[str, str]:
-    """The environment switches of the layer kernels as set for this run ("unset" = the default)."""
-    return {name: os.environ.get(name, "unset") for name in KERNEL_SWITCHES}
-
-
 def node_fingerprint(config: dict | None, project_root: Path) -> dict[str, Any]:
-    """Hostname, platform, versions, device, git commit, kernel switches and config hash of this run."""
+    """Hostname, platform, versions, device, git commit and config hash of this run. (Which kernels
+    ran is each engine's configuration, ``engine.attention_backend``, ``engine.batch_invariant`` and
+    ``engine.kernels.*``, recorded with the engine's config and in cost-table fingerprints.)"""
     return {
-        "kernel_switches": kernel_switches(),
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],

@@ -12,12 +12,24 @@ The input is the experiment summary the A/B runner writes as ``summary.json``:
       "counters": {"A": {...}, "B": {...}},   # optional: engine counters per arm
       "sweep_params": {name: value, ...},     # optional: the sweep overrides of this job
       "wandb": {...},                         # optional: WandbLogger.status()
+      "timing_health": {                      # optional (newer runs)
+        "captured_in_timed_blocks": [{"block", "arm", "graphs"}, ...],
+        "first_block_vs_median": {"A": ratio, "B": ratio},
+        "flags": [str, ...],
+      },
     }
 
 ``blocks_df`` has one row per (block, arm) with ``block``, ``arm``, ``first_arm``, the
 metric columns and optionally ``per_position_acceptance`` (a list per row);
 ``requests_df`` is :func:`dspark.bench.metrics.requests_dataframe` output. Sections
 whose data is absent say so in the report instead of disappearing.
+
+"Where the time went" (:func:`time_breakdown`) reads the engine's step-path counters from
+``blocks_df`` (``counter/decode_steps``, ``counter/device_resident_share``,
+``counter/eager_steps``, ``counter/eager_reason/<why>``, ``counter/host_ms_per_step_median``,
+``counter/device_idle_fraction``, ``counter/mean_running_batch``, ``counter/graphs_captured``,
+``counter/prefill_graph_replays``, ``counter/prefill_eager_steps``,
+``counter/kv_pool_tokens``); a counter an older run did not record leaves its cell "-".
 """
 
 from __future__ import annotations
@@ -162,6 +174,178 @@ def _plot_acceptance(blocks_df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+COUNTER = "counter/"
+EAGER_REASON = "counter/eager_reason/"
+BREAKDOWN_HEADERS = ["arm", "decode steps", "device-resident", "eager steps (by reason)", "prefill graph / eager",
+                     "host ms/step", "device idle", "mean batch", "graphs captured (timed)", "first / median block"]
+
+
+def _column(group: pd.DataFrame, name: str) -> pd.Series | None:
+    """The numeric values of ``counter/<name>`` in ``group`` (NaN where absent), or None without the column."""
+    column = COUNTER + name
+    if column not in group:
+        return None
+    return pd.to_numeric(group[column], errors="coerce")
+
+
+def _finite(values: pd.Series | None) -> pd.Series | None:
+    if values is None:
+        return None
+    values = values[np.isfinite(values.to_numpy(dtype=float))]
+    return values if len(values) else None
+
+
+def _weighted_mean(values: pd.Series | None, weights: pd.Series | None) -> float | None:
+    """Mean of ``values`` over the blocks that have them, weighted by ``weights`` (decode steps) when all of
+    those blocks have a positive weight, else plain."""
+    values = _finite(values)
+    if values is None:
+        return None
+    if weights is not None:
+        w = weights.reindex(values.index)
+        if np.isfinite(w.to_numpy(dtype=float)).all() and (w > 0).all():
+            return float((values * w).sum() / w.sum())
+    return float(values.mean())
+
+
+def _sum(values: pd.Series | None) -> float | None:
+    values = _finite(values)
+    return None if values is None else float(values.sum())
+
+
+def _median(values: pd.Series | None) -> float | None:
+    values = _finite(values)
+    return None if values is None else float(values.median())
+
+
+def arm_labels(summary: dict[str, Any], arms: Iterable[str]) -> dict[str, str]:
+    """Arm key -> its label (``summary["arms"][arm]["label"]``), the key where there is none; a label two arms
+    share gets its key appended."""
+    described = summary.get("arms") or {}
+    labels = {}
+    for arm in arms:
+        entry = described.get(arm)
+        label = entry.get("label") if isinstance(entry, dict) else None
+        labels[arm] = str(label) if label else str(arm)
+    counts = pd.Series(list(labels.values())).value_counts()
+    return {arm: (f"{label} ({arm})" if counts[label] > 1 else label) for arm, label in labels.items()}
+
+
+def time_breakdown(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per arm (in ``summary["arms"]`` order, then the blocks' order): where its decode steps ran and what
+    they cost, summed or averaged over its blocks. Values are None where the run recorded no such counter.
+
+    Keys: arm, label, blocks, decode_steps (sum), device_resident_share (weighted by decode steps),
+    eager_steps (sum), eager_reasons ({why: steps}, only reasons that occurred, most first),
+    prefill_graph_replays / prefill_eager_steps (sums), host_ms_per_step (median over blocks),
+    device_idle_fraction (median over the blocks that measured it), mean_running_batch (weighted by
+    decode steps), graphs_captured_timed (sum; else from timing_health), kv_pool_tokens (max),
+    first_block_vs_median (timing_health's, else the headline metric's first block over its median).
+    """
+    if "arm" not in blocks_df:
+        return []
+    health = summary.get("timing_health") or {}
+    headline = summary.get("headline_metric")
+    order = [a for a in (summary.get("arms") or {}) if a in set(blocks_df["arm"])]
+    order += [a for a in dict.fromkeys(blocks_df["arm"]) if a not in order]
+    labels = arm_labels(summary, order)
+    captured_health: dict[str, float] = {}
+    for item in health.get("captured_in_timed_blocks") or []:
+        captured_health[item.get("arm")] = captured_health.get(item.get("arm"), 0) + float(item.get("graphs") or 0)
+    ratios = health.get("first_block_vs_median") or {}
+    rows = []
+    for arm in order:
+        group = blocks_df[blocks_df["arm"] == arm]
+        if "block" in group:
+            group = group.sort_values("block")
+        steps = _column(group, "decode_steps")
+        reasons = {}
+        for column in (c for c in blocks_df.columns if str(c).startswith(EAGER_REASON)):
+            total = _sum(pd.to_numeric(group[column], errors="coerce"))
+            if total:
+                reasons[str(column)[len(EAGER_REASON):]] = total
+        captured = _sum(_column(group, "graphs_captured"))
+        if captured is None and health:
+            captured = captured_health.get(arm, 0.0) if "captured_in_timed_blocks" in health else None
+        ratio = ratios.get(arm)
+        if ratio is None and headline in group and len(group) > 0:
+            values = pd.to_numeric(group[headline], errors="coerce")
+            median = float(values.median())
+            first = float(values.iloc[0])
+            ratio = first / median if np.isfinite(first) and np.isfinite(median) and median > 0 else None
+        kv = _finite(_column(group, "kv_pool_tokens"))
+        rows.append({
+            "arm": arm, "label": labels[arm], "blocks": len(group),
+            "decode_steps": _sum(steps),
+            "device_resident_share": _weighted_mean(_column(group, "device_resident_share"), steps),
+            "eager_steps": _sum(_column(group, "eager_steps")),
+            "eager_reasons": dict(sorted(reasons.items(), key=lambda kv_: (-kv_[1], kv_[0]))),
+            "prefill_graph_replays": _sum(_column(group, "prefill_graph_replays")),
+            "prefill_eager_steps": _sum(_column(group, "prefill_eager_steps")),
+            "host_ms_per_step": _median(_column(group, "host_ms_per_step_median")),
+            "device_idle_fraction": _median(_column(group, "device_idle_fraction")),
+            "mean_running_batch": _weighted_mean(_column(group, "mean_running_batch"), steps),
+            "graphs_captured_timed": captured,
+            "kv_pool_tokens": None if kv is None else float(kv.max()),
+            "first_block_vs_median": None if ratio is None else float(ratio),
+        })
+    return rows
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _share(value: float | None, spec: str = ".0%") -> str:
+    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def _eager_cell(row: dict[str, Any], limit: int = 3) -> str:
+    if row["eager_steps"] is None and not row["eager_reasons"]:
+        return "-"
+    total = row["eager_steps"] if row["eager_steps"] is not None else sum(row["eager_reasons"].values())
+    if not row["eager_reasons"]:
+        return _count(total)
+    items = list(row["eager_reasons"].items())
+    parts = [f"{why} {n:,.0f}" for why, n in items[:limit]]
+    if len(items) > limit:
+        parts.append(f"+{len(items) - limit} more {sum(n for _, n in items[limit:]):,.0f}")
+    return f"{_count(total)}: {', '.join(parts)}"
+
+
+def where_time_went(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[str]:
+    """The report's "Where the time went" section as markdown lines: one row per arm, then the timing flags."""
+    rows = time_breakdown(summary, blocks_df)
+    lines = ["## Where the time went", ""]
+    if not rows:
+        return lines + ["No blocks recorded.", ""]
+    table = []
+    for r in rows:
+        prefill = ("-" if r["prefill_graph_replays"] is None and r["prefill_eager_steps"] is None
+                   else f"{_count(r['prefill_graph_replays'])} / {_count(r['prefill_eager_steps'])}")
+        captured = _count(r["graphs_captured_timed"])
+        if r["graphs_captured_timed"]:
+            captured = f"**{captured}** ⚠"
+        table.append([r["label"], _count(r["decode_steps"]), _share(r["device_resident_share"]), _eager_cell(r),
+                      prefill, "-" if r["host_ms_per_step"] is None else f"{r['host_ms_per_step']:.2f}",
+                      _share(r["device_idle_fraction"], ".1%"),
+                      "-" if r["mean_running_batch"] is None else f"{r['mean_running_batch']:.1f}", captured,
+                      "-" if r["first_block_vs_median"] is None else f"{r['first_block_vs_median']:.2f}x"])
+    lines.append(_md_table(BREAKDOWN_HEADERS, table))
+    lines += ["", "Device-resident: share of decode steps run device-resident (CUDA graph replays, or uncaptured "
+              "on a CPU). Host ms/step: host-side time per step() call without the wait for the device, median over "
+              "blocks. Device idle: median over blocks. Mean batch: decoding requests per decode step. Graphs "
+              "captured (timed): captures during the measured blocks, which should be 0. First / median block: the "
+              f"arm's first block's {summary.get('headline_metric') or 'headline metric'} over its median block's."]
+    kv = [f"{r['label']} {r['kv_pool_tokens']:,.0f}" for r in rows if r["kv_pool_tokens"] is not None]
+    if kv:
+        lines += ["", f"KV pool (tokens): {', '.join(kv)}."]
+    flags = (summary.get("timing_health") or {}).get("flags") or []
+    if flags:
+        lines += ["", *[f"- ⚠ {flag}" for flag in flags]]
+    return lines + [""]
+
+
 def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.DataFrame,
                  requests_df: pd.DataFrame | None) -> dict[str, Path]:
     """Write ``report.md`` and its PNG plots under ``out_dir``; return their paths by name."""
@@ -196,6 +380,9 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.Dat
     lines = [f"# A/B report: {summary.get('experiment', 'experiment')}", "",
              f"**Verdict on {headline}: {hs['verdict']}** -- B vs A {hs['change_pct']:+.2f}% "
              f"({_ci_text(hs)}, {hs['ci_level']:.0%} {hs['ci_method']} CI). {hs['verdict_reason']}.", ""]
+    flags = (summary.get("timing_health") or {}).get("flags") or []
+    if flags:
+        lines += [f"⚠ {len(flags)} timing warning(s): see \"Where the time went\".", ""]
     arms = summary.get("arms")
     if arms:
         lines += ["## Arms", "", _md_table(["arm", "description"],
@@ -213,8 +400,9 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.Dat
                                [[g["name"], "yes" if g["passed"] else "**NO**", g["message"]] for g in guards]))
     else:
         lines.append("No guards recorded: the speed numbers are unchecked.")
+    lines += ["", *where_time_went(summary, blocks_df)]
     counters = summary.get("counters")
-    lines += ["", "## Engine counters", ""]
+    lines += ["## Engine counters", ""]
     if counters:
         names = sorted({k for c in counters.values() for k in c})
         arm_names = list(counters)

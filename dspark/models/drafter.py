@@ -44,7 +44,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dspark.attention import AttentionMetadata
-from dspark.config import ConfigError, DrafterConfig, ModelConfig
+from dspark.config import ConfigError, DrafterConfig, KernelConfig, ModelConfig
 from dspark.kv_cache import KVCache
 from dspark.models.layers import DecoderLayer, RMSNorm, run_decoder_stack
 
@@ -190,13 +190,14 @@ class DSparkDrafter(nn.Module):
         masks = mask.expand(*anchor.shape[:-1], self.block_size - 1, self.hidden_size)
         return torch.cat((anchor.unsqueeze(-2), masks), dim=-2)
 
-    def _context_states(self, target_hidden_cat: torch.Tensor) -> torch.Tensor:
+    def _context_states(self, target_hidden_cat: torch.Tensor, kernels: KernelConfig | None = None) -> torch.Tensor:
+        """fc + RMSNorm of the captured target layers; ``kernels``: the step's settings (``meta.kernels``)."""
         expected = len(self.cfg.target_layer_ids) * self.hidden_size
         if target_hidden_cat.shape[-1] != expected:
             raise ValueError(f"target_hidden_cat has last dim {target_hidden_cat.shape[-1]}, expected {expected} "
                              f"= {len(self.cfg.target_layer_ids)} captured layers x hidden {self.hidden_size}; "
                              f"capture drafter.target_layer_ids {list(self.cfg.target_layer_ids)} from the target")
-        return self.hidden_norm(self.fc(target_hidden_cat.to(self.dtype)))
+        return self.hidden_norm(self.fc(target_hidden_cat.to(self.dtype)), kernels)
 
     def _check_cache(self, cache: KVCache) -> None:
         if cache.k.shape[0] != len(self.layers):
@@ -207,7 +208,7 @@ class DSparkDrafter(nn.Module):
                    meta: AttentionMetadata) -> None:
         """Write every draft layer's context K/V for target_hidden_cat [T, n*d] at positions [T] (meta.slot_mapping)."""
         self._check_cache(cache)
-        ctx = self._context_states(target_hidden_cat)
+        ctx = self._context_states(target_hidden_cat, meta.kernels)
         for i, layer in enumerate(self.layers):
             k_cache, v_cache = cache.layer(i)
             layer.self_attn.write_context_kv(ctx, positions, k_cache, v_cache, meta)

@@ -13,79 +13,89 @@ Attention modules work in two modes:
   K/V and a boolean visibility mask, used by the drafter's training forward.
 
 Both share :meth:`PagedSelfAttention.project_qkv`, so they compute the same function.
+
+Which kernels a paged forward runs comes from the engine's :class:`dspark.config.KernelConfig`
+in the step's metadata (``meta.kernels``); modules called without metadata (an RMSNorm given no
+``kernels``, the dense training forward) run the plain PyTorch code.
 """
 
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark.attention import AttentionMetadata, attend, batch_invariant, get_attention_backend, write_kv
-from dspark.config import ModelConfig
+from dspark.attention import AttentionMetadata, attend, write_kv
+from dspark.config import KernelConfig, ModelConfig
 
 
-def use_fused_kernels() -> bool:
+def use_fused_kernels(kernels: KernelConfig | None) -> bool:
     """Inference on the Triton backend runs the fused layer kernels (kernels/rmsnorm.py,
     rotary.py, silu_mul.py) and fused QKV / gate-up projections; training (autograd on) and
     the torch backend run the plain modules, which are the kernels' references.
-    DSPARK_FUSED_KERNELS=0 turns the fusion off (to measure what it buys)."""
-    return (get_attention_backend() == "triton" and not torch.is_grad_enabled()
-            and os.environ.get("DSPARK_FUSED_KERNELS", "1") != "0")
+    ``engine.kernels.fused_layers=false`` turns the fusion off (to measure what it buys)."""
+    return (kernels is not None and kernels.attention_backend == "triton" and kernels.fused_layers
+            and not torch.is_grad_enabled())
 
 
-def use_small_m_kernels(x: torch.Tensor) -> bool:
+def use_small_m_kernels(x: torch.Tensor, kernels: KernelConfig) -> bool:
     """Decode-sized steps (at most kernels.small_m_linear.SMALL_M_MAX packed tokens) run the layers'
-    GEMMs as Triton GEMV kernels with the norms and SwiGLU fused in (fused kernels on, 2-D input).
-    DSPARK_SMALL_M_KERNELS=0 keeps cuBLAS for them (to measure what the GEMV kernels buy)."""
+    GEMMs as Triton GEMV kernels with the norms and SwiGLU fused in (fused kernels on, 2-D input),
+    and so does every step in the batch-invariant mode (every row count, so that no row's result
+    depends on the step's size). ``engine.kernels.small_m_kernels=false`` keeps cuBLAS for them."""
     from kernels.small_m_linear import SMALL_M_MAX
 
     if x.dim() != 2 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False
-    if batch_invariant():  # every row count, so that no row's result depends on the step's size
+    if kernels.batch_invariant:
         return True
-    return x.shape[0] <= SMALL_M_MAX and os.environ.get("DSPARK_SMALL_M_KERNELS", "1") != "0"
+    return kernels.small_m_kernels and x.shape[0] <= SMALL_M_MAX
 
 
-def kernel_set(backend: str, device: torch.device | str) -> str:
-    """Which layer kernels a step runs on ``backend`` / ``device``, as one string (``torch``, or the
-    Triton switches in effect: fused norms/projections, small-M GEMV, fused QKV + rotary epilogue,
-    programmatic dependent launch). Cost tables record it: a step's cost depends on it."""
-    if backend != "triton":
-        return backend
-    from kernels.l2_prefetch import prefetch_enabled
-    from kernels.pdl import pdl_enabled
+def l2_prefetch_applies(kernels: KernelConfig, device: torch.device) -> bool:
+    """Whether decode-sized steps on ``device`` read the next layer's weights into L2 on a side
+    stream (``engine.kernels.l2_prefetch``, experimental; CUDA only, kernels/l2_prefetch.py)."""
+    if not kernels.l2_prefetch:  # the default path's one check
+        return False
+    from kernels.l2_prefetch import prefetch_runs
 
-    on = lambda name: os.environ.get(name, "1") != "0"  # noqa: E731
+    return (kernels.attention_backend == "triton" and kernels.fused_layers and kernels.small_m_kernels
+            and not kernels.batch_invariant and prefetch_runs(device))
+
+
+def kernel_set(kernels: KernelConfig, device: torch.device | str) -> str:
+    """Which kernels an engine with ``kernels`` runs on ``device``, as one string (``torch``, or the
+    Triton kernels in effect: fused norms/projections, small-M GEMV or the batch-invariant mode, fused
+    QKV + rotary epilogue, a tile table's hash, the graph steps' argmax and metadata kernels, the L2
+    prefetch). Cost tables and benchmark outputs record it: a step's cost depends on it. (The decode
+    megakernel is not in it: DSpark steps never run it, and runs count its steps.)"""
+    if kernels.attention_backend != "triton":
+        return kernels.attention_backend
+    dev = torch.device(device)
     parts = ["triton"]
-    if on("DSPARK_FUSED_KERNELS"):
+    if kernels.fused_layers:
         parts.append("fused")
-        if batch_invariant():
+        if kernels.batch_invariant:
             parts.append("batch_invariant")
-        elif on("DSPARK_SMALL_M_KERNELS"):
+        elif kernels.small_m_kernels:
             parts.append("small_m")
-        if on("DSPARK_FUSED_QKV_ROPE") and (batch_invariant() or on("DSPARK_SMALL_M_KERNELS")):
+        if kernels.fused_qkv_rope and (kernels.batch_invariant or kernels.small_m_kernels):
             parts.append("qkv_rope")
-        if os.environ.get("DSPARK_SMALL_M_TILES"):  # a device's tuned GEMV tiles (bench/small_m_sweep.py)
+        if kernels.small_m_tiles:  # a device's tuned GEMV tiles (bench/small_m_sweep.py)
             import hashlib
             from pathlib import Path
 
-            table = Path(os.environ["DSPARK_SMALL_M_TILES"]).read_bytes()
+            table = Path(kernels.small_m_tiles).read_bytes()
             parts.append("tiles:" + hashlib.sha256(table).hexdigest()[:10])
     from dspark.sampling import triton_argmax_enabled
-    from kernels.verify_packing import fused_step_metadata_enabled
 
-    if triton_argmax_enabled(device):  # dspark.sampling.greedy_argmax
+    if triton_argmax_enabled(kernels, dev):  # dspark.sampling.greedy_argmax
         parts.append("argmax")
-    if torch.device(device).type == "cuda" and fused_step_metadata_enabled():  # the graph steps' packing/commit
+    if dev.type == "cuda" and kernels.fused_step_metadata:  # the graph steps' packing/commit
         parts.append("step_metadata")
-    if pdl_enabled(torch.device(device)):
-        parts.append("pdl")
-    if (prefetch_enabled(torch.device(device)) and on("DSPARK_FUSED_KERNELS") and on("DSPARK_SMALL_M_KERNELS")
-            and not batch_invariant()):
+    if l2_prefetch_applies(kernels, dev):
         parts.append("l2_prefetch")  # decode-sized steps read the next layer's weights into L2 (kernels/l2_prefetch.py)
     return "+".join(parts)
 
@@ -115,8 +125,9 @@ class RMSNorm(nn.Module):
         self.eps = float(eps)
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if use_fused_kernels() and x.shape[-1] == self.weight.shape[0]:
+    def forward(self, x: torch.Tensor, kernels: KernelConfig | None = None) -> torch.Tensor:
+        """``kernels``: the step's settings (``meta.kernels``); without them, the plain computation."""
+        if use_fused_kernels(kernels) and x.shape[-1] == self.weight.shape[0]:
             from kernels.rmsnorm import rmsnorm_triton
 
             return rmsnorm_triton(x, self.weight, self.eps)[0]
@@ -204,19 +215,20 @@ class PagedSelfAttention(nn.Module):
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rotary_cos_sin(positions, self.head_dim, self.rope_theta, torch.float32)
 
-    def project_kv(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def project_kv(self, x: torch.Tensor, positions: torch.Tensor, kernels: KernelConfig | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """K (normed, rotated) and V of x [..., T, hidden] at positions [..., T] -> [..., T, Hkv, D] each."""
         k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         if self.k_norm is not None:
-            k = self.k_norm(k)
+            k = self.k_norm(k, kernels)
         cos, sin = self._rotary(positions)
         return apply_rotary(k, cos, sin), v
 
     def write_context_kv(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, meta: AttentionMetadata) -> None:
         """K/V of x [T, hidden] (no queries) written into the paged cache at meta.slot_mapping."""
-        if use_fused_kernels() and self.k_norm is None and x.dim() == 2:
+        if use_fused_kernels(meta.kernels) and self.k_norm is None and x.dim() == 2:
             from kernels.rotary import rotary_kv_write_triton
 
             Hk, D = self.num_kv_heads, self.head_dim
@@ -224,18 +236,18 @@ class PagedSelfAttention(nn.Module):
             rotary_kv_write_triton(None, kv[:, : Hk * D].unflatten(-1, (Hk, D)), kv[:, Hk * D:].unflatten(-1, (Hk, D)),
                                    positions, self._inv_freq_on(x.device), k_cache, v_cache, meta.slot_mapping)
             return
-        k, v = self.project_kv(x, positions)
+        k, v = self.project_kv(x, positions, meta.kernels)
         write_kv(k_cache, v_cache, k, v, meta)
 
-    def project_qkv(self, x: torch.Tensor, positions: torch.Tensor
+    def project_qkv(self, x: torch.Tensor, positions: torch.Tensor, kernels: KernelConfig | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [..., T, H, D], k and v [..., T, Hkv, D] with norms and rotary applied."""
         q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
         if self.q_norm is not None:
-            q = self.q_norm(q)
+            q = self.q_norm(q, kernels)
         cos, sin = self._rotary(positions)
         q = apply_rotary(q, cos, sin)
-        k, v = self.project_kv(x, positions)
+        k, v = self.project_kv(x, positions, kernels)
         return q, k, v
 
     def _inv_freq_on(self, device: torch.device) -> torch.Tensor:
@@ -276,9 +288,9 @@ class PagedSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         """x [T, hidden] packed tokens -> [T, hidden]; writes this step's K/V at meta.slot_mapping first."""
-        if use_fused_kernels() and self.q_norm is None and x.dim() == 2:
+        if use_fused_kernels(meta.kernels) and self.q_norm is None and x.dim() == 2:
             return self._forward_fused(x, positions, k_cache, v_cache, meta)
-        q, k, v = self.project_qkv(x, positions)
+        q, k, v = self.project_qkv(x, positions, meta.kernels)
         write_kv(k_cache, v_cache, k, v, meta)
         out = attend(q, k_cache, v_cache, meta, self.scale)  # [T, H, D]
         return self.o_proj(out.flatten(-2))
@@ -326,8 +338,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, k_cache, v_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        kc = meta.kernels
+        x = x + self.self_attn(self.input_layernorm(x, kc), positions, k_cache, v_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x, kc))
 
     def forward_carry(self, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
                       k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
@@ -339,7 +352,7 @@ class DecoderLayer(nn.Module):
         from kernels.rmsnorm import rmsnorm_triton
         from kernels.silu_mul import silu_mul_triton
 
-        if use_small_m_kernels(x) and self.self_attn.q_norm is None:
+        if use_small_m_kernels(x, meta.kernels) and self.self_attn.q_norm is None:
             return self._forward_carry_small_m(x, delta, positions, k_cache, v_cache, meta)
         norm1, norm2, mlp = self.input_layernorm, self.post_attention_layernorm, self.mlp
         n1, x = rmsnorm_triton(delta if delta is not None else x, norm1.weight, norm1.eps,
@@ -363,28 +376,32 @@ class DecoderLayer(nn.Module):
         """:meth:`forward_carry` for at most SMALL_M_MAX tokens in four kernels besides attention's
         (kernels/small_m_linear.py): residual add + norm + QKV + rotary + paged K/V write, o_proj,
         residual add + norm + gate/up + silu*mul, down_proj. (Five where the head size does not fit
-        the fused rotary epilogue, or with DSPARK_FUSED_QKV_ROPE=0: rotary + K/V write separately.)"""
+        the fused rotary epilogue, or with engine.kernels.fused_qkv_rope=false: rotary + K/V write
+        separately.) The batch-invariant mode runs them over row tiles (``any_m``), at any row count."""
         from kernels.small_m_linear import linear_triton, norm_linear_triton, norm_qkv_rope_triton, rope_fusable
 
         attn, norm1, norm2, mlp = self.self_attn, self.input_layernorm, self.post_attention_layernorm, self.mlp
-        any_m = batch_invariant()
+        kc = meta.kernels
+        any_m, tiles = kc.batch_invariant, kc.small_m_tiles
         w_qkv, b_qkv = attn.qkv_weights()
         src, res = (delta, x) if delta is not None else (x, None)
-        if rope_fusable(attn.head_dim) and os.environ.get("DSPARK_FUSED_QKV_ROPE", "1") != "0":
+        if kc.fused_qkv_rope and rope_fusable(attn.head_dim):
             q, x = norm_qkv_rope_triton(src, norm1.weight, norm1.eps, w_qkv, residual=res, bias=b_qkv,
                                         num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads,
                                         positions=positions, inv_freq=attn._inv_freq_on(x.device),
                                         k_cache=k_cache, v_cache=v_cache, slot_mapping=meta.slot_mapping,
-                                        any_m=any_m)
+                                        any_m=any_m, tiles=tiles)
             heads = attend(q, k_cache, v_cache, meta, attn.scale).flatten(-2)
         else:
-            qkv, x = norm_linear_triton(src, norm1.weight, norm1.eps, w_qkv, residual=res, bias=b_qkv, any_m=any_m)
+            qkv, x = norm_linear_triton(src, norm1.weight, norm1.eps, w_qkv, residual=res, bias=b_qkv, any_m=any_m,
+                                        tiles=tiles)
             heads = attn.attend_projected(qkv, positions, k_cache, v_cache, meta)
         o = attn.o_proj
-        a = linear_triton(heads, o.weight, o.bias, any_m=any_m)
+        a = linear_triton(heads, o.weight, o.bias, any_m=any_m, tiles=tiles)
         w_gu = _fused_weight(mlp, "_fused_gate_up_w", [mlp.gate_proj.weight, mlp.up_proj.weight])
-        act, x = norm_linear_triton(a, norm2.weight, norm2.eps, w_gu, residual=x, silu_mul=True, any_m=any_m)
-        return x, linear_triton(act, mlp.down_proj.weight, any_m=any_m)
+        act, x = norm_linear_triton(a, norm2.weight, norm2.eps, w_gu, residual=x, silu_mul=True, any_m=any_m,
+                                    tiles=tiles)
+        return x, linear_triton(act, mlp.down_proj.weight, any_m=any_m, tiles=tiles)
 
     def forward_dense(self, x: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor | None,
                       prefix_v: torch.Tensor | None, visible: torch.Tensor) -> torch.Tensor:
@@ -400,17 +417,18 @@ def run_decoder_stack(layers, x: torch.Tensor, positions: torch.Tensor, cache, m
     Returns (final_norm of the last stream, [stream after layer i for i in capture_layers]).
     With the fused kernels on (and 2-D inputs) the layers run in their carried-residual form
     (:meth:`DecoderLayer.forward_carry`); otherwise in the plain form. Both compute the same function.
+    Which kernels run is ``meta.kernels``' choice.
     """
+    kc = meta.kernels
     wanted = {layer: slot for slot, layer in enumerate(capture_layers)}
     captured: list[torch.Tensor | None] = [None] * len(capture_layers)
-    fused = use_fused_kernels() and x.dim() == 2
+    fused = use_fused_kernels(kc) and x.dim() == 2
     delta = None
-    from kernels.l2_prefetch import prefetch_enabled
-
-    # Decode-sized steps on the GEMV kernels: layer i+1's weights are read into L2 on a side stream
-    # while layer i runs (kernels/l2_prefetch.py); the side stream joins before the final norm.
-    prefetch = (fused and use_small_m_kernels(x) and not batch_invariant() and prefetch_enabled(x.device)
-                and len(layers) > 1)
+    # Experimental (engine.kernels.l2_prefetch): on decode-sized steps on the GEMV kernels, layer i+1's
+    # weights are read into L2 on a side stream while layer i runs (kernels/l2_prefetch.py); the side
+    # stream joins before the final norm.
+    prefetch = (kc.l2_prefetch and fused and len(layers) > 1 and use_small_m_kernels(x, kc)
+                and l2_prefetch_applies(kc, x.device))
     if prefetch:
         from kernels.l2_prefetch import l2_prefetch, side_stream
 
@@ -420,7 +438,7 @@ def run_decoder_stack(layers, x: torch.Tensor, positions: torch.Tensor, cache, m
             weights = layers[i + 1].small_m_weights()  # (any first-time concatenation stays on the step's stream)
             side.wait_stream(main)  # not before layer i starts: keeps at most two layers' weights in flight
             with torch.cuda.stream(side):
-                l2_prefetch(weights)
+                l2_prefetch(weights, programs=kc.l2_prefetch_programs)
         k_cache, v_cache = cache.layer(i)
         if fused:
             x, delta = layer.forward_carry(x, delta, positions, k_cache, v_cache, meta)
@@ -436,7 +454,8 @@ def run_decoder_stack(layers, x: torch.Tensor, positions: torch.Tensor, cache, m
         from kernels.rmsnorm import rmsnorm_triton
 
         return rmsnorm_triton(delta, final_norm.weight, final_norm.eps, residual=x)[0], captured  # type: ignore[return-value]
-    return final_norm(x), captured  # type: ignore[return-value]
+    return final_norm(x, kc), captured  # type: ignore[return-value]
 
 
-__all__ = ["kernel_set", "run_decoder_stack", "RMSNorm", "rotary_cos_sin", "apply_rotary", "SwiGLUMLP", "PagedSelfAttention", "DecoderLayer"]
+__all__ = ["kernel_set", "l2_prefetch_applies", "use_fused_kernels", "use_small_m_kernels", "run_decoder_stack",
+           "RMSNorm", "rotary_cos_sin", "apply_rotary", "SwiGLUMLP", "PagedSelfAttention", "DecoderLayer"]

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dspark.attention import AttentionMetadata, batch_invariant
-from dspark.config import ModelConfig
+from dspark.attention import AttentionMetadata
+from dspark.config import KernelConfig, ModelConfig
 from dspark.kv_cache import KVCache
 from dspark.models.layers import DecoderLayer, RMSNorm, run_decoder_stack, use_fused_kernels
 
@@ -28,15 +28,18 @@ class Backbone(nn.Module):
 def decode_megakernel_applies(cfg: ModelConfig, input_ids: torch.Tensor, cache, meta: AttentionMetadata,
                               capture_layers: tuple[int, ...]) -> bool:
     """Whether a target step runs as the one-launch decode kernel (kernels/decode_megakernel.py):
-    DSPARK_DECODE_MEGAKERNEL=1 (opt-in: see kernels.decode_megakernel.megakernel_enabled), the fused
-    Triton kernels in use, not the batch-invariant mode, one token of one request, no layer
-    outputs wanted (target-only decode: DSpark steps capture layers for the drafter), and a model
-    the kernel covers (no q/k norms, power-of-two head size, unsplit paged cache)."""
-    from kernels.decode_megakernel import megakernel_enabled
-
+    ``engine.kernels.decode_megakernel=true`` (experimental, off by default: its reductions are not
+    those of the layer kernels that verify DSpark's blocks, so in bf16 a target-only run with it can
+    part from a DSpark run at a near-tie), the fused Triton kernels in use, not the batch-invariant
+    mode, one token of one request, no layer outputs wanted (target-only decode: DSpark steps capture
+    layers for the drafter), and a model the kernel covers (no q/k norms, power-of-two head size,
+    unsplit paged cache)."""
+    kc = meta.kernels
+    if not kc.decode_megakernel:  # the default path's one check
+        return False
     if input_ids.dim() != 1 or input_ids.shape[0] != 1 or capture_layers or meta.block_tables.shape[0] != 1:
         return False
-    if not megakernel_enabled(input_ids.device) or not use_fused_kernels() or batch_invariant():
+    if not use_fused_kernels(kc) or kc.batch_invariant:
         return False
     D = cfg.head_dim
     return (not cfg.qk_norm and D >= 16 and D & (D - 1) == 0 and isinstance(cache, KVCache)
@@ -109,13 +112,18 @@ class TargetModel(nn.Module):
 
         self.megakernel_launches += 1
         return decode_megakernel(self.stack_weights(), self.embed(input_ids), positions, meta.slot_mapping,
-                                 meta.block_tables[0], meta.kv_lens, cache.k, cache.v)
+                                 meta.block_tables[0], meta.kv_lens, cache.k, cache.v,
+                                 programs=meta.kernels.megakernel_programs)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if batch_invariant() and use_fused_kernels() and hidden.dim() == 2:
+    def compute_logits(self, hidden: torch.Tensor, kernels: KernelConfig | None = None) -> torch.Tensor:
+        """hidden [N, d] -> float32 logits [N, V]. ``kernels``: the engine's settings (the step's
+        ``meta.kernels``); in the batch-invariant mode the LM head runs the fixed-tile Triton GEMM, so
+        a row's logits do not depend on the step's row count. Without them: ``F.linear``."""
+        if kernels is not None and kernels.batch_invariant and use_fused_kernels(kernels) and hidden.dim() == 2:
             from kernels.small_m_linear import linear_triton
 
-            return linear_triton(hidden, self.lm_head_weight.contiguous(), any_m=True).float()
+            return linear_triton(hidden, self.lm_head_weight.contiguous(), any_m=True,
+                                 tiles=kernels.small_m_tiles).float()
         return F.linear(hidden, self.lm_head_weight).float()
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Leased-H200 run: the A/B users run (runners.ab, continuous batching) against the same engine's
+# steady-state decode (runners.bench_decode) on the same prompts, and the transformers peer.
+#   OUT=/path bash bench/h200_service.sh STAGE_DIR    # STAGE_DIR: model.part1..N + model.sha256
+# PARTS (default "ab"; also ab128, steady, peer):
+#   ab:     python -m runners.ab ab=spec_off_vs_dspark engine=h200_graphs on the mixed_chat workload, greedy,
+#           256 new tokens, at concurrency CONCS (default "1 16 256") with max(16, 4 x concurrency) requests per
+#           block (workload.num_prompts), N_BLOCKS ABBA blocks (default 4)
+#   ab128:  the same at concurrency 128 (512 requests): target-only in service against the peer
+#   steady: runners.bench_decode engine=h200_graphs, target-only and DSpark verify-all, batch 1/16/256, on the
+#           same workload prompts (workload.num_prompts=1024), 256 new tokens
+#   peer:   bench/transformers_peer.py, static cache + torch.compile(reduce-overhead) in a hand-written greedy
+#           loop, batch 1 and 128, 256 new tokens
+# Each run's folder is packed into $OUT/<part>.tar.gz (results come back as at most 8 files).
+set -uo pipefail
+PARTS=" ${PARTS:-ab} "; has() { [[ "$PARTS" == *" $1 "* ]]; }
+OUT=${OUT:?set OUT}; WORK=${WORK:-/tmp/dspark-service}
+source "$(dirname "$0")/stage_model.sh" "${1:?stage dir}"
+NEW=${NEW_TOKENS:-256}; NB=${N_BLOCKS:-4}
+ab() {  # ab CONCURRENCY TIMEOUT
+  local c=$1 n=$(( $1 * 4 > 16 ? $1 * 4 : 16 ))
+  stamp "runners.ab spec_off_vs_dspark, concurrency $c, $n mixed_chat requests per block, $NB blocks"
+  timeout "$2" python3 -m runners.ab ab=spec_off_vs_dspark engine=h200_graphs +workload=mixed_chat \
+    workload.num_prompts="$n" workload.max_tokens="$NEW" load.concurrency="$c" ab.n_blocks="$NB" \
+    ab.fail_on_guard=false wandb.mode=disabled progress=false hydra.run.dir="$WORK/ab_c$c" 2>&1 \
+    | grep -v "WARNING\|warn(" | tail -25
+  python3 - "$WORK/ab_c$c" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1] + "/summary.json"))
+for arm, c in s["counters"].items():
+    keys = ("decode_steps", "device_resident_share", "eager_steps", "mean_running_batch", "host_ms_per_graph_step_median",
+            "device_idle_fraction", "graphs_captured", "prefill_graph_replays", "kv_pool_tokens")
+    print(arm, s["arms"][arm]["label"], {k: round(c[k], 4) if isinstance(c.get(k), float) else c.get(k) for k in keys})
+print("timing_health", json.dumps(s.get("timing_health")))
+EOF
+}
+if has ab; then
+  for c in ${CONCS:-1 16 256}; do ab "$c" "${T_AB:-240}"; done
+  tar czf "$OUT/ab.tar.gz" -C "$WORK" $(cd "$WORK" && ls -d ab_c* | grep -v "ab_c128")
+fi
+if has ab128; then
+  ab 128 "${T_AB:-240}"
+  tar czf "$OUT/ab128.tar.gz" -C "$WORK" ab_c128
+fi
+if has steady; then
+  stamp "runners.bench_decode, graphs + overlap, target-only and DSpark verify-all, same prompts"
+  timeout "${T_STEADY:-300}" python3 -m runners.bench_decode engine=h200_graphs +workload=mixed_chat \
+    workload.num_prompts=1024 batch_sizes="${STEADY_BATCHES:-[1,16,256]}" new_tokens="$NEW" min_requests=16 \
+    progress=false output_dir="$WORK/steady" hydra.run.dir="$WORK/hydra/steady" 2>&1 | grep -v WARNING \
+    | grep "Error\|^| " | cut -c1-250
+  tar czf "$OUT/steady.tar.gz" -C "$WORK" steady
+fi
+if has peer; then
+  stamp "transformers peer: static cache + torch.compile(reduce-overhead), hand-written loop"
+  timeout "${T_PEER:-300}" python3 bench/transformers_peer.py "$WORK/peer" --batches "${PEER_BATCHES:-1,128}" \
+    --new-tokens "$NEW" --modes static_compiled_loop 2>&1 | grep -v "WARNING\|warn(" | tail -20
+  tar czf "$OUT/peer.tar.gz" -C "$WORK" peer
+fi
+stamp done
