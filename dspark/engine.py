@@ -104,6 +104,7 @@ class Engine:
         self._eager_reason = "no_cuda_graphs"
         self.eager_reasons: Counter[str] = Counter()
         self._rows_stale = False  # eager steps ran since the device rows were last loaded
+        self._unjoined: list[Request] = []  # prefilled requests waiting for pages to join the device rows
         self._captured_key = None  # (bucket, sampling) whose graphs ensure_captured last checked
         self._captures_base = 0  # graphs captured before the current run (reset() / capture_graphs())
         self._eager_step_ms: list[float] = []
@@ -521,18 +522,27 @@ class Engine:
         return self._commit(req, new, now)
 
     # ---- device-resident steps (engine.cuda_graphs) ---------------------------------------
-    def _pending_rows(self, row_ids) -> list[Request]:
-        """Running requests whose prefill is done but that have no device row yet."""
-        return [r for r in self.scheduler.running if not r.in_prefill and r.req_id not in row_ids]
-
-    def _graph_ineligible(self, rows: list[Request], pending: list[Request]) -> str | None:
-        if self.graph.bucket_for(len(rows) + len(pending)) is None:
+    def _reserve_rows_ahead(self, rows: list[Request], pending: list[Request]) -> str | None:
+        """Reserve pages for every row's next steps (``num_tokens`` + the lookahead) and send the device
+        the page-table entries that adds; or, touching nothing, say why the device path cannot run."""
+        gd = self.graph
+        if gd.bucket_for(len(rows) + len(pending)) is None:
             return "over_largest_bucket"
         needed, ahead = self.blocks.pages_needed, self._lookahead
-        pages = sum(needed(r.req_id, r.num_tokens + ahead) for r in rows) + sum(
-            needed(r.req_id, r.num_tokens + ahead) for r in pending)
+        grow = [(i, r, n) for i, r in enumerate(rows) if (n := needed(r.req_id, r.num_tokens + ahead))]
+        pages = sum(n for _, _, n in grow) + sum(needed(r.req_id, r.num_tokens + ahead) for r in pending)
         if pages > self.blocks.num_free:
             return "kv_pages"  # the eager scheduler preempts to make room
+        if grow:  # most steps add no page to most rows: only the rows that grow are touched
+            updates = []
+            lens, table_of, reserve = self._graph_table_lens, self.blocks.table, self.blocks.reserve
+            for i, r, _ in grow:
+                reserve(r.req_id, r.num_tokens + ahead)
+                table = table_of(r.req_id)
+                known = lens.get(r.req_id, 0)
+                updates.extend((i, c, table[c]) for c in range(known, len(table)))
+                lens[r.req_id] = len(table)
+            gd.set_table_entries(updates)
         return None
 
     def _graph_step(self) -> list[RequestOutput] | None:
@@ -553,9 +563,9 @@ class Engine:
                 return self._drain()
             gd.load([r for r in sched.running if not r.in_prefill])
             self._graph_table_lens = {r.req_id: len(self.blocks.table(r.req_id)) for r in gd.rows}
+            self._unjoined = []
             self._rows_stale = False
-        row_ids = set(gd.req_ids)
-        why = self._graph_ineligible(gd.rows, self._pending_rows(row_ids))
+        why = self._reserve_rows_ahead(gd.rows, self._unjoined)
         if why is not None:
             if self._inflight is not None:
                 return self._drain()  # finish the pipeline first; the next call re-plans on exact state
@@ -563,8 +573,6 @@ class Engine:
             self._rows_stale = True
             return None
         ahead = self._lookahead
-        for r in gd.rows:
-            self.blocks.reserve(r.req_id, r.num_tokens + ahead)
         counts = self._counts
         finished: list[RequestOutput] = []
         plan = sched.schedule_prefills(min(self.cfg.max_num_batched_tokens, gd.prefill_buckets[-1]),
@@ -579,11 +587,17 @@ class Engine:
                 c.req.num_computed = c.start + c.length
             counts["prefill_tokens"] += prefill_tokens
             counts["prefill_graph_replays" if gd.use_graphs else "prefill_uncaptured"] += 1
-        joiners = []
-        for r in self._pending_rows(row_ids):
-            if self.blocks.can_reserve(r.req_id, r.num_tokens + ahead):  # else it joins once pages free up
+        # Requests whose prefill is complete join the rows: those that waited for pages, this call's
+        # completed prefills, and requests with nothing to prefill (a one-token prompt).
+        candidates = self._unjoined + [c.req for c in plan.prefills if not c.req.in_prefill]
+        candidates += [r for r in plan.admitted_ready]
+        joiners, self._unjoined = [], []
+        for r in candidates:
+            if self.blocks.can_reserve(r.req_id, r.num_tokens + ahead):
                 self.blocks.reserve(r.req_id, r.num_tokens + ahead)
                 joiners.append(r)
+            else:  # it joins once pages free up (until then the pool check above counts it)
+                self._unjoined.append(r)
         if joiners:
             gd.join(joiners)
             for r in joiners:
@@ -603,7 +617,6 @@ class Engine:
         if key != self._captured_key:  # a new batch bucket: its graphs (captured ahead by capture_graphs)
             gd.ensure_captured(B, mode, self.cfg.tiers)
             self._captured_key = key
-        self._sync_tables(rows)
         mode, tier, extra, decision = self._graph_decision(rows)
         launched = gd.launch(B, mode, tier=tier, extra=extra)
         launched.decision = decision
@@ -673,19 +686,6 @@ class Engine:
         if self.cfg.verify == "uniform":
             return "uniform", decision.windows[0], None, decision
         return "ragged", None, decision.extra_cells, decision
-
-    def _sync_tables(self, running: list[Request]) -> None:
-        """Send the device only the page-table entries added since the last step (a few ints)."""
-        updates = []
-        lens, table_of = self._graph_table_lens, self.blocks.table
-        for i, r in enumerate(running):
-            table = table_of(r.req_id)
-            known = lens.get(r.req_id, 0)
-            if len(table) != known:  # most steps add no page to most requests
-                updates.extend((i, c, table[c]) for c in range(known, len(table)))
-                lens[r.req_id] = len(table)
-        if updates:
-            self.graph.set_table_entries(updates)
 
     def _drain(self) -> list[RequestOutput]:
         launched, self._inflight = self._inflight, None
@@ -907,6 +907,7 @@ class Engine:
         if self.graph is not None:
             self.graph.clear()
             self._graph_table_lens = {}
+            self._unjoined = []
             self._rows_stale = False
             self._captured_key = None
             self._captures_base = self.graph.captures

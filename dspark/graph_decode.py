@@ -120,6 +120,7 @@ class GraphDecoder:
         self.indptr_G = (torch.arange(S + 1, device=dev) * max(self.G, 1)).to(torch.int32)
         self.req_ids: tuple[int, ...] = ()
         self.rows: list = []  # the Request of each device row, in row order (rows [:len(rows)] are active)
+        self._sampling_counts = [0, 0, 0]  # rows sampled (temperature > 0), of them with top-k, with top-p
         # Prefill chunks: one forward over packed chunks, keyed by (token bucket, segment bucket).
         top_prefill = max(16, int(max_prefill_tokens))
         ladder, t = set(), 16
@@ -167,6 +168,7 @@ class GraphDecoder:
         self.active.zero_()
         self.rows = []
         self.req_ids = ()
+        self._sampling_counts = [0, 0, 0]
 
     def join(self, requests) -> None:
         """Append ``requests`` as rows ``len(rows)..``: their state from the host, which is exact for a
@@ -201,6 +203,7 @@ class GraphDecoder:
         self.tables[rows].copy_(tables, non_blocking=pin)
         self.active[rows] = True
         self.rows.extend(requests)
+        self._count_sampling(requests, +1)
         self._rows_changed()
 
     def retire(self, gone: set[int]) -> None:
@@ -224,6 +227,7 @@ class GraphDecoder:
                     dst.append(i)
             i += 1
         old = len(self.rows)
+        self._count_sampling([r for r in self.rows if r.req_id in gone], -1)
         if src:
             idx = torch.tensor([src, dst], dtype=torch.int64)
             pin = self.device.type == "cuda"
@@ -236,14 +240,21 @@ class GraphDecoder:
         self.rows = rows[:n]
         self._rows_changed()
 
-    def _rows_changed(self) -> None:
-        from dspark.sampling import RowSampling
+    def _count_sampling(self, requests, sign: int) -> None:
+        counts = self._sampling_counts
+        for r in requests:
+            p = r.params
+            if p.temperature > 0:
+                counts[0] += sign
+                counts[1] += sign * (p.top_k > 0)
+                counts[2] += sign * (p.top_p < 1.0)
 
+    def _rows_changed(self) -> None:
+        """The rows' ids and sampling signature (as dspark.sampling.RowSampling decides it), kept by counts."""
         self.req_ids = tuple(r.req_id for r in self.rows)
-        if not self.rows:
-            return
-        flags = RowSampling([r.params for r in self.rows])
-        self.set_sampling((flags.all_greedy, flags.needs_k, flags.needs_p))
+        if self.rows:
+            sampled, top_k, top_p = self._sampling_counts
+            self.set_sampling((sampled == 0, top_k > 0, top_p > 0))
 
     def set_sampling(self, signature: tuple[bool, bool, bool]) -> None:
         """The batch's sampling signature (all greedy, top-k in use, top-p in use): part of every graph key."""

@@ -17,7 +17,7 @@ class Status(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: list membership and removal by identity, not by comparing every field
 class Request:
     req_id: int
     prompt_ids: list[int]

@@ -29,6 +29,7 @@ class StepPlan:
     decodes: list[Request] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     failed: list[tuple[Request, str]] = field(default_factory=list)
+    admitted_ready: list[Request] = field(default_factory=list)  # admitted with nothing to prefill (one-token prompts)
 
     @property
     def empty(self) -> bool:
@@ -142,6 +143,8 @@ class Scheduler:
                     break
                 plan.prefills.append(chunk)
                 budget -= chunk.length
+            else:
+                plan.admitted_ready.append(req)
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
