@@ -18,7 +18,7 @@ start=$(date +%s); stamp() { echo "=== [$(( $(date +%s) - start ))s] $*"; }
 GPU_TESTS=${GPU_TESTS:-tests/test_small_m_linear.py tests/test_kernels_gpu.py tests/test_fused_kernels.py}
 if has tests; then
   stamp "GPU tests: $GPU_TESTS"
-  DSPARK_PDL=0 timeout ${T_TESTS:-240} python3 -m pytest -q -p no:cacheprovider $GPU_TESTS > "$OUT/gpu_tests.txt" 2>&1
+  timeout ${T_TESTS:-240} python3 -m pytest -q -p no:cacheprovider $GPU_TESTS > "$OUT/gpu_tests.txt" 2>&1
   tail -25 "$OUT/gpu_tests.txt"
 fi
 if has sweep; then

@@ -3,14 +3,10 @@
 # uniform / ragged on captured steps at batch 1..256 with SmolLM2 and the shipped drafter.
 #   OUT=/path bash bench/h200_sched_graphs.sh STAGE_DIR     # STAGE_DIR holds model.part1..3 + model.sha256
 # DRAFTER=DIR benchmarks (and profiles) that drafter instead of the shipped one.
-# PHASES picks what runs (default: tests census graphs nan profile bench; also: pdltests, decide, sweep,
-# exact), in this order: tests pdltests census decide sweep exact graphs nan profile bench.
-#   pdltests: the kernel and engine GPU tests again with DSPARK_PDL=1 (programmatic dependent launch)
-#   census:   bench/profile_graph_step.py over CENSUS_VARIANTS (default: fused rope rope+pdl) at
+# PHASES picks what runs (default: tests census graphs nan profile bench; also: sweep, exact), in this
+# order: tests census sweep exact graphs nan profile bench.
+#   census:   bench/profile_graph_step.py over CENSUS_VARIANTS (default: fused rope) at
 #             PROFILE_BATCHES (default 1,16,64,256): kernels per step, kernel time, graph replay time
-#   decide:   turn DSPARK_PDL=1 on for the phases after it if pdltests passed and the census shows
-#             rope+pdl replaying the batch-1 steps (target-only and DSpark) faster than rope; the
-#             decision and its numbers go to $OUT/decision.txt
 #   sweep:  bench/small_m_sweep.py (GEMV tile settings vs the cuBLAS path)
 #   exact:  every arm with engine.batch_invariant=true (bf16), outputs compared with target-only,
 #           and what the fixed-tile kernels cost against the bench phase
@@ -29,46 +25,18 @@ DRAFT=${DRAFTER:+drafter.path=$DRAFTER}  # DRAFTER=DIR: a drafter other than the
 GPU_TESTS="tests/test_engine_gpu.py tests/test_kernels_gpu.py tests/test_fused_kernels.py tests/test_paged_attention.py tests/test_small_m_linear.py"
 if has tests; then
 stamp "GPU tests"
-DSPARK_PDL=0 timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider $GPU_TESTS > "$OUT/gpu_tests.txt" 2>&1
+timeout ${T_TESTS:-200} python3 -m pytest -q -p no:cacheprovider $GPU_TESTS > "$OUT/gpu_tests.txt" 2>&1
 tail -30 "$OUT/gpu_tests.txt"
 fi
-PDL_OK=0
-if has pdltests; then
-stamp "GPU tests with programmatic dependent launch (DSPARK_PDL=1)"
-DSPARK_PDL=1 timeout ${T_PDLTESTS:-200} python3 -m pytest -q -p no:cacheprovider tests/test_engine_gpu.py \
-  tests/test_small_m_linear.py tests/test_fused_kernels.py tests/test_kernels_gpu.py > "$OUT/gpu_tests_pdl.txt" 2>&1 && PDL_OK=1
-tail -15 "$OUT/gpu_tests_pdl.txt"
-fi
 if has census; then
-stamp "kernel census: layer-kernel variants ${CENSUS_VARIANTS:-fused rope rope+pdl} (random SmolLM2-shaped weights)"
-timeout ${T_CENSUS:-240} python3 bench/profile_graph_step.py "$OUT/census" ${CENSUS_VARIANTS:-fused rope rope+pdl} \
+stamp "kernel census: layer-kernel variants ${CENSUS_VARIANTS:-fused rope} (random SmolLM2-shaped weights)"
+timeout ${T_CENSUS:-240} python3 bench/profile_graph_step.py "$OUT/census" ${CENSUS_VARIANTS:-fused rope} \
   2>&1 | grep -v Warning | grep -v '^{' | tail -60
-fi
-if has decide; then
-stamp "decide: programmatic dependent launch for the phases that follow?"
-PDL_OK=$PDL_OK python3 - "$OUT" <<'PY' | tee "$OUT/decision.txt"
-import json, os, sys
-out = sys.argv[1]
-try:
-    rows = json.load(open(f"{out}/census/profile_graph_step.json"))["rows"]
-except (OSError, KeyError, ValueError) as e:
-    print(f"DSPARK_PDL=0  # no census to decide from ({e})"); sys.exit()
-def replay(variant, spec):
-    r = [x for x in rows if x["variant"] == variant and x["spec"] == spec and x["batch"] == 1]
-    return r[0]["graph_replay_ms"] if r else None
-pairs = {spec: (replay("rope", spec), replay("rope+pdl", spec)) for spec in ("off", "dspark")}
-faster = all(a is not None and b is not None and b < a for a, b in pairs.values())
-ok = os.environ.get("PDL_OK") == "1"
-print(f"DSPARK_PDL={int(ok and faster)}  # PDL tests passed: {ok}; batch-1 replay ms rope -> rope+pdl: {pairs}")
-PY
-export $(head -1 "$OUT/decision.txt" | cut -d' ' -f1)
-cp "$OUT/decision.txt" "$WORK/decision.txt"  # outlives this call's $OUT, for a later call on the same machine
-echo "phases below run with DSPARK_PDL=${DSPARK_PDL:-0}"
 fi
 if has sweep; then
 stamp "small-M GEMV tile sweep (SmolLM2 layer shapes, M = 1, 8, 16) against the cuBLAS path"
 timeout ${T_SWEEP:-420} python3 bench/small_m_sweep.py "$OUT/small_m_sweep" ${SWEEP_SHAPES:-} 2>&1 | grep -v Warning | tail -12
-cp "$OUT/small_m_sweep/small_m_tiles.json" "$WORK/small_m_tiles.json" 2>/dev/null  # for DSPARK_SMALL_M_TILES later
+cp "$OUT/small_m_sweep/small_m_tiles.json" "$WORK/small_m_tiles.json" 2>/dev/null  # for engine.kernels.small_m_tiles later
 fi
 if has exact; then
 stamp "exactness: all arms in bf16 with engine.batch_invariant=true, outputs compared with target-only (expect 0)"

@@ -30,7 +30,7 @@ def _from_dict(cls: type, d: dict[str, Any], what: str) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = set(d) - known
     if unknown:
-        raise ConfigError(f"{what} config: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        raise ConfigError(f"{what}: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
     return cls(**d)
 
 
@@ -71,7 +71,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
-        return _from_dict(cls, d, "model")
+        return _from_dict(cls, d, "model config")
 
 
 @dataclass(slots=True)
@@ -104,7 +104,7 @@ class DrafterConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DrafterConfig":
-        return _from_dict(cls, d, "drafter")
+        return _from_dict(cls, d, "drafter config")
 
 
 @dataclass(slots=True)
@@ -179,11 +179,7 @@ class KernelSwitches:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "KernelSwitches":
-        known = {f.name for f in fields(KernelSwitches)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"engine.kernels: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
-        return KernelSwitches(**dict(d))
+        return _from_dict(KernelSwitches, dict(d), "engine.kernels")
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,11 +229,7 @@ class KernelConfig(KernelSwitches):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "KernelConfig":
-        known = {f.name for f in fields(KernelConfig)}
-        unknown = set(d) - known
-        if unknown:
-            raise ConfigError(f"kernel config: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
-        return KernelConfig(**dict(d))
+        return _from_dict(KernelConfig, dict(d), "kernel config")
 
 
 DEFAULT_KERNELS = KernelConfig()  # the torch backend, every switch at its default

@@ -45,6 +45,31 @@ class StepInfo:
     wait_ms: float = 0.0
 
 
+# Environment switches the kernels used to read; each is an engine setting now (engine.kernels.*, or gone).
+RETIRED_ENV_SWITCHES = {
+    "DSPARK_FUSED_KERNELS": "engine.kernels.fused_layers", "DSPARK_SMALL_M_KERNELS": "engine.kernels.small_m_kernels",
+    "DSPARK_FUSED_QKV_ROPE": "engine.kernels.fused_qkv_rope", "DSPARK_SMALL_M_TILES": "engine.kernels.small_m_tiles",
+    "DSPARK_FUSED_STEP_METADATA": "engine.kernels.fused_step_metadata",
+    "DSPARK_TRITON_ARGMAX": "engine.kernels.triton_argmax", "DSPARK_L2_PREFETCH": "engine.kernels.l2_prefetch",
+    "DSPARK_L2_PREFETCH_PROGRAMS": "engine.kernels.l2_prefetch_programs",
+    "DSPARK_DECODE_MEGAKERNEL": "engine.kernels.decode_megakernel",
+    "DSPARK_MEGAKERNEL_PROGRAMS": "engine.kernels.megakernel_programs",
+    "DSPARK_PDL": None,
+}
+
+
+def refuse_retired_env_switches() -> None:
+    """A retired kernel switch left in the environment would silently do nothing: refuse it, naming its key."""
+    import os
+
+    found = sorted(k for k in RETIRED_ENV_SWITCHES if k in os.environ)
+    if found:
+        says = [f"{k} -> {RETIRED_ENV_SWITCHES[k]}" if RETIRED_ENV_SWITCHES[k] else f"{k} (removed: it measured no gain)"
+                for k in found]
+        raise ConfigError("kernel switches are engine settings now, not environment variables; unset "
+                          + ", ".join(says))
+
+
 class RequestError(ValueError):
     """A request was refused; the engine keeps serving the others."""
 
@@ -52,6 +77,7 @@ class RequestError(ValueError):
 class Engine:
     def __init__(self, target: TargetModel, tokenizer=None, config: EngineConfig | None = None, drafter=None):
         self.cfg = config or EngineConfig()
+        refuse_retired_env_switches()
         if self.cfg.spec == "dspark" and drafter is None:
             raise ConfigError("engine.spec: 'dspark' needs a drafter; pass one or set engine.spec=off")
         if self.cfg.spec == "off":
@@ -257,7 +283,7 @@ class Engine:
                 "drafted_tokens": 0, "verified_tokens": 0, "accepted_tokens": 0, "emitted_tokens": 0,
                 "trimmed_steps": 0, "ceiling_tokens": 0, "window_tokens": 0, "preemptions": 0,
                 "graph_replays": 0, "graph_eager_steps": 0, "eager_steps": 0, "discarded_row_steps": 0,
-                "pipelined_steps": 0, "running_rows": 0, "prefill_graph_replays": 0, "prefill_uncaptured": 0,
+                "pipelined_steps": 0, "prefill_graph_replays": 0, "prefill_uncaptured": 0,
                 "prefill_eager_steps": 0}
 
     @property
@@ -624,7 +650,6 @@ class Engine:
         counts["steps"] += 1
         counts["decode_steps"] += 1
         counts["mixed_steps"] += int(bool(plan.prefills))
-        counts["running_rows"] += B
         if gd.use_graphs:
             counts["graph_replays"] += 1
         else:

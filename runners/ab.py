@@ -51,6 +51,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from dspark.bench.fingerprint import config_hash, device_telemetry, node_fingerprint
+from dspark.bench.gc_pauses import GC_MODES, GcPauses
 from dspark.bench.guards import (ABGuardError, GuardResult, did_nothing_guard, errors_guard, lossless_guard,
                                  trim_expected)
 from dspark.bench.metrics import RequestRecord, aggregate_block, requests_dataframe
@@ -228,6 +229,8 @@ def check_config(cfg: DictConfig):
         raise ConfigError(f"ab.n_boot: must be >= 100 bootstrap resamples, got {cfg.ab.n_boot}")
     if cfg.wandb.mode not in WANDB_MODES:
         raise ConfigError(f"wandb.mode: {cfg.wandb.mode!r} not in {list(WANDB_MODES)}")
+    if cfg.ab.gc_mode not in GC_MODES:
+        raise ConfigError(f"ab.gc_mode: {cfg.ab.gc_mode!r} not in {list(GC_MODES)}")
     if cfg.ab.get("force_rerun", False) not in (True, False):
         raise ConfigError(f"ab.force_rerun: must be true or false, got {cfg.ab.force_rerun!r}")
     workload = workload_from(cfg)
@@ -548,29 +551,12 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
     from tqdm.auto import tqdm
 
     bar = tqdm(schedule, desc=f"A/B {cfg.experiment}", unit="arm-block", disable=not cfg.progress)
-    for block, arm in bar:
-        e = engines[arm]
-        e.reset()
-        try:
-            outs, wall = drive(e, inputs, params, ids, cfg.load, seed=int(cfg.ab.seed) + block)
-        except Exception as exc:  # keep what finished, then fail loudly
-            logger.close()
-            raise ArmFailed(f"arm {arm} failed in block {block}: {type(exc).__name__}: {exc}; the "
-                            f"{len(block_rows)} finished arm-blocks are in {blocks_csv}") from exc
-        recs = to_records(outs, arm, block)
-        records += recs
-        outputs[arm][block] = {str(o.user_id): list(o.token_ids) for o in outs}
-        counters = e.counters()
-        row = {"block": block, "arm": arm, "first_arm": first_arm[block],
-               **aggregate_block(recs, wall, counters), "wall_s": wall}
-        tel = device_telemetry()
-        row.update({f"telemetry/{k}": v for k, v in tel.items() if isinstance(v, (int, float, str, bool))})
-        block_rows.append(row)
-        write_blocks_csv(block_rows, blocks_csv)
-        logger.log_block(arm, block, {k: v for k, v in row.items() if isinstance(v, (int, float))})
-        bar.set_postfix({"arm": arm, "tok/s": f"{row.get(HEADLINE, float('nan')):.1f}"})
-        if cfg.ab.cooldown_s:
-            time.sleep(float(cfg.ab.cooldown_s))
+    # The collector over the timed blocks (ab.gc_mode, default freeze: what is alive after the warm-up and
+    # the captures is never scanned again, as serving engines do after start-up); its pauses per block
+    # go to blocks.csv (gc/...), so a full collection inside a block is seen, not guessed.
+    with GcPauses(str(cfg.ab.gc_mode)) as gc_pauses:
+        _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
+                    blocks_csv, gc_pauses)
 
     # Greedy replicas: sampled workloads cannot be compared token by token, their greedy copies can.
     replica_outputs: dict[str, dict[str, list[int]]] = {}
@@ -635,6 +621,39 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
     return summary
 
 
+def _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
+                blocks_csv, gc_pauses) -> None:
+    """The timed arm-blocks of the schedule (``bar`` iterates it); each block's row is appended to
+    ``block_rows`` and blocks.csv is rewritten at once, so a crash keeps the finished blocks."""
+    for block, arm in bar:
+        e = engines[arm]
+        e.reset()
+        gc_pauses.take()  # count this block's pauses only
+        try:
+            outs, wall = drive(e, inputs, params, ids, cfg.load, seed=int(cfg.ab.seed) + block)
+        except Exception as exc:  # keep what finished, then fail loudly
+            logger.close()
+            raise ArmFailed(f"arm {arm} failed in block {block}: {type(exc).__name__}: {exc}; the "
+                            f"{len(block_rows)} finished arm-blocks are in {blocks_csv}") from exc
+        recs = to_records(outs, arm, block)
+        records += recs
+        outputs[arm][block] = {str(o.user_id): list(o.token_ids) for o in outs}
+        counters = e.counters()
+        row = {"block": block, "arm": arm, "first_arm": first_arm[block],
+               **aggregate_block(recs, wall, counters), "wall_s": wall}
+        gcs = gc_pauses.take()
+        row.update({"gc/collections_gen2": gcs["gc_collections"][2], "gc/collections": sum(gcs["gc_collections"]),
+                    "gc/pause_ms_total": gcs["gc_pause_ms_total"], "gc/pause_ms_max": gcs["gc_pause_ms_max"]})
+        tel = device_telemetry()
+        row.update({f"telemetry/{k}": v for k, v in tel.items() if isinstance(v, (int, float, str, bool))})
+        block_rows.append(row)
+        write_blocks_csv(block_rows, blocks_csv)
+        logger.log_block(arm, block, {k: v for k, v in row.items() if isinstance(v, (int, float))})
+        bar.set_postfix({"arm": arm, "tok/s": f"{row.get(HEADLINE, float('nan')):.1f}"})
+        if cfg.ab.cooldown_s:
+            time.sleep(float(cfg.ab.cooldown_s))
+
+
 def timing_health(block_rows: list[dict], max_first_slowdown: float, captured_ahead: dict) -> dict:
     """Whether the timed blocks measured steady service: graphs captured inside a timed block (each
     capture synchronises the device and compiles), and each arm's first block against its median
@@ -654,8 +673,11 @@ def timing_health(block_rows: list[dict], max_first_slowdown: float, captured_ah
         ratio = values[0] / statistics.median(values)
         first_vs_median[arm] = round(ratio, 4)
         if ratio < 1.0 - max_first_slowdown:
+            gc_ms = rows[0].get("gc/pause_ms_total")
+            gc_note = (f"; the garbage collector paused {gc_ms:.0f} ms in it"
+                       if isinstance(gc_ms, (int, float)) and math.isfinite(gc_ms) and gc_ms >= 1 else "")
             flags.append(f"arm {arm}: first block at {ratio:.1%} of the median block's {HEADLINE} "
-                         f"(more than {max_first_slowdown:.0%} slower: a warm-up leak)")
+                         f"(more than {max_first_slowdown:.0%} slower: a warm-up leak){gc_note}")
     return {"captured_ahead": captured_ahead, "captured_in_timed_blocks": captured,
             "first_block_vs_median": first_vs_median, "flags": flags}
 

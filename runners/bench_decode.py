@@ -38,6 +38,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from dspark.bench.fingerprint import node_fingerprint
+from dspark.bench.gc_pauses import GC_MODES, GcPauses  # noqa: F401  (GC_MODES: the allowed gc_mode values)
 from dspark.config import ConfigError, SamplingParams
 from dspark.engine import Engine
 from runners.schema import to_engine_config
@@ -135,54 +136,6 @@ def prompt_sets(batch: int, min_requests: int) -> int:
     if batch < 1 or min_requests < 1:
         raise ConfigError(f"batch ({batch}) and min_requests ({min_requests}) must be >= 1")
     return -(-min_requests // batch)
-
-
-GC_MODES = ("default", "freeze", "disable")
-
-
-class GcPauses:
-    """The garbage collector's pauses while active (``gc.callbacks``), and the gc_mode around them:
-    ``freeze`` collects, then moves every object alive to the permanent generation (never scanned
-    again) and thaws it on exit; ``disable`` turns automatic collection off until exit."""
-
-    def __init__(self, mode: str = "default"):
-        if mode not in GC_MODES:
-            raise ConfigError(f"gc_mode: {mode!r}; use one of {list(GC_MODES)}")
-        self.mode = mode
-        self.count = [0, 0, 0]  # collections per generation
-        self.ms = 0.0
-        self.max_ms = 0.0
-        self._t0 = 0.0
-
-    def _callback(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-            return
-        ms = (time.perf_counter() - self._t0) * 1e3
-        self.count[min(int(info.get("generation", 0)), 2)] += 1
-        self.ms += ms
-        self.max_ms = max(self.max_ms, ms)
-
-    def __enter__(self) -> "GcPauses":
-        self._was_enabled = gc.isenabled()
-        if self.mode == "freeze":
-            gc.collect()
-            gc.freeze()
-        elif self.mode == "disable":
-            gc.disable()
-        gc.callbacks.append(self._callback)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        gc.callbacks.remove(self._callback)
-        if self.mode == "freeze":
-            gc.unfreeze()
-        elif self.mode == "disable" and self._was_enabled:
-            gc.enable()
-
-    def summary(self) -> dict[str, Any]:
-        return {"gc_mode": self.mode, "gc_collections": list(self.count), "gc_pause_ms_total": round(self.ms, 3),
-                "gc_pause_ms_max": round(self.max_ms, 3)}
 
 
 def bench_one(engine: Engine, prompts: list, batch: int, new_tokens: int, warmup_steps: int,

@@ -143,6 +143,7 @@ class ABSettingsSchema:
     capture_before_timing: bool = True  # capture every CUDA graph of both arms before the first timed block
     device_timing: bool = True  # CUDA events around device-resident steps: the report's device idle share
     max_first_block_slowdown: float = 0.05  # flag a first timed block this much slower than the arm's median block
+    gc_mode: str = "freeze"  # the garbage collector over the timed blocks: freeze | disable | default
 
 
 @dataclass

@@ -49,7 +49,7 @@ def test_small_batches_run_several_prompt_sets_and_arms_are_compared(tmp_path):
 def test_gc_pauses_count_collections_and_apply_the_mode():
     import gc
 
-    from runners.bench_decode import GcPauses
+    from dspark.bench.gc_pauses import GcPauses
 
     with pytest.raises(Exception, match="gc_mode"):
         GcPauses("sometimes")

@@ -170,3 +170,13 @@ def test_kernel_config_alone_checks_its_values():
         KernelConfig(attention_backend="triton", l2_prefetch_programs=65)
     with pytest.raises(ConfigError, match="engine.kernels: unknown keys"):
         KernelSwitches.from_dict({"fused_kernels": False})
+
+
+def test_a_retired_environment_switch_is_refused_naming_its_engine_key(monkeypatch):
+    from dspark.engine import Engine
+    from tiny import tiny_engine_config, tiny_target
+
+    monkeypatch.setenv("DSPARK_FUSED_KERNELS", "0")
+    monkeypatch.setenv("DSPARK_PDL", "1")
+    with pytest.raises(ConfigError, match=r"DSPARK_FUSED_KERNELS -> engine.kernels.fused_layers.*DSPARK_PDL \(removed"):
+        Engine(tiny_target(1), None, tiny_engine_config(spec="off"), None)

@@ -176,7 +176,7 @@ def _plot_acceptance(blocks_df: pd.DataFrame, path: Path) -> None:
 
 COUNTER = "counter/"
 EAGER_REASON = "counter/eager_reason/"
-BREAKDOWN_HEADERS = ["arm", "decode steps", "device-resident", "eager steps (by reason)", "prefill graph / eager",
+BREAKDOWN_HEADERS = ["arm", "decode steps", "device-resident", "eager steps (by reason)", "prefill device / eager",
                      "host ms/step", "device idle", "mean batch", "graphs captured (timed)", "first / median block"]
 
 
@@ -211,6 +211,10 @@ def _weighted_mean(values: pd.Series | None, weights: pd.Series | None) -> float
 def _sum(values: pd.Series | None) -> float | None:
     values = _finite(values)
     return None if values is None else float(values.sum())
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    return None if a is None and b is None else (a or 0.0) + (b or 0.0)
 
 
 def _median(values: pd.Series | None) -> float | None:
@@ -280,7 +284,9 @@ def time_breakdown(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[dic
             "device_resident_share": _weighted_mean(_column(group, "device_resident_share"), steps),
             "eager_steps": _sum(_column(group, "eager_steps")),
             "eager_reasons": dict(sorted(reasons.items(), key=lambda kv_: (-kv_[1], kv_[0]))),
-            "prefill_graph_replays": _sum(_column(group, "prefill_graph_replays")),
+            # Prefill forwards on the device-resident path: graph replays, or (CPU) the same forward uncaptured.
+            "prefill_graph_replays": _add(_sum(_column(group, "prefill_graph_replays")),
+                                          _sum(_column(group, "prefill_uncaptured"))),
             "prefill_eager_steps": _sum(_column(group, "prefill_eager_steps")),
             "host_ms_per_step": _median(_column(group, "host_ms_per_step_median")),
             "device_idle_fraction": _median(_column(group, "device_idle_fraction")),
