@@ -51,6 +51,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from dspark.bench.fingerprint import config_hash, device_telemetry, node_fingerprint
+from dspark.bench.compiles import TritonCompiles
 from dspark.bench.gc_pauses import GC_MODES, GcPauses
 from dspark.bench.guards import (ABGuardError, GuardResult, did_nothing_guard, errors_guard, lossless_guard,
                                  trim_expected)
@@ -554,9 +555,9 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
     # The collector over the timed blocks (ab.gc_mode, default freeze: what is alive after the warm-up and
     # the captures is never scanned again, as serving engines do after start-up); its pauses per block
     # go to blocks.csv (gc/...), so a full collection inside a block is seen, not guessed.
-    with GcPauses(str(cfg.ab.gc_mode)) as gc_pauses:
+    with GcPauses(str(cfg.ab.gc_mode)) as gc_pauses, TritonCompiles() as compiles:
         _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
-                    blocks_csv, gc_pauses)
+                    blocks_csv, gc_pauses, compiles)
 
     # Greedy replicas: sampled workloads cannot be compared token by token, their greedy copies can.
     replica_outputs: dict[str, dict[str, list[int]]] = {}
@@ -622,13 +623,14 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
 
 
 def _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
-                blocks_csv, gc_pauses) -> None:
+                blocks_csv, gc_pauses, compiles) -> None:
     """The timed arm-blocks of the schedule (``bar`` iterates it); each block's row is appended to
     ``block_rows`` and blocks.csv is rewritten at once, so a crash keeps the finished blocks."""
     for block, arm in bar:
         e = engines[arm]
         e.reset()
-        gc_pauses.take()  # count this block's pauses only
+        gc_pauses.take()  # count this block's pauses and compilations only
+        compiles.take()
         try:
             outs, wall = drive(e, inputs, params, ids, cfg.load, seed=int(cfg.ab.seed) + block)
         except Exception as exc:  # keep what finished, then fail loudly
@@ -641,6 +643,11 @@ def _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block
         counters = e.counters()
         row = {"block": block, "arm": arm, "first_arm": first_arm[block],
                **aggregate_block(recs, wall, counters), "wall_s": wall}
+        compiled = compiles.take()
+        if compiled["compiled"] is not None:
+            row["compile/triton_kernels"] = compiled["compiled"]
+            if compiled["compiled"]:
+                row["compile/kernel_names"] = ", ".join(compiled["kernels"])[:500]
         gcs = gc_pauses.take()
         row.update({"gc/collections_gen2": gcs["gc_collections"][2], "gc/collections": sum(gcs["gc_collections"]),
                     "gc/pause_ms_total": gcs["gc_pause_ms_total"], "gc/pause_ms_max": gcs["gc_pause_ms_max"]})
@@ -664,6 +671,11 @@ def timing_health(block_rows: list[dict], max_first_slowdown: float, captured_ah
                 for r in block_rows if r.get("counter/graphs_captured")]
     flags = [f"block {c['block']} arm {c['arm']}: {c['graphs']} CUDA graph(s) captured inside the timed block"
              for c in captured]
+    compiled = [{"block": r["block"], "arm": r["arm"], "kernels": int(r["compile/triton_kernels"]),
+                 "names": r.get("compile/kernel_names", "")}
+                for r in block_rows if r.get("compile/triton_kernels")]
+    flags += [f"block {c['block']} arm {c['arm']}: {c['kernels']} Triton kernel(s) compiled inside the timed block "
+              f"({c['names']})" for c in compiled]
     first_vs_median = {}
     for arm in ARMS:
         rows = sorted((r for r in block_rows if r["arm"] == arm), key=lambda r: r["block"])
@@ -678,7 +690,7 @@ def timing_health(block_rows: list[dict], max_first_slowdown: float, captured_ah
                        if isinstance(gc_ms, (int, float)) and math.isfinite(gc_ms) and gc_ms >= 1 else "")
             flags.append(f"arm {arm}: first block at {ratio:.1%} of the median block's {HEADLINE} "
                          f"(more than {max_first_slowdown:.0%} slower: a warm-up leak){gc_note}")
-    return {"captured_ahead": captured_ahead, "captured_in_timed_blocks": captured,
+    return {"captured_ahead": captured_ahead, "captured_in_timed_blocks": captured, "compiled_in_timed_blocks": compiled,
             "first_block_vs_median": first_vs_median, "flags": flags}
 
 

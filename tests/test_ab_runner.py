@@ -274,3 +274,36 @@ def test_timing_health_flags_captures_and_a_slow_first_block():
     assert "warm-up leak" in h["flags"][1]
     clean = timing_health([r | {"counter/graphs_captured": 0, "output_tokens_per_s": 100.0} for r in rows], 0.05, {})
     assert clean["flags"] == []
+
+
+def test_timing_health_flags_a_block_that_compiled_kernels():
+    from runners.ab import timing_health
+
+    rows = [{"block": 0, "arm": "A", "output_tokens_per_s": 100.0, "compile/triton_kernels": 2,
+             "compile/kernel_names": "_paged_attention_kernel"},
+            {"block": 0, "arm": "B", "output_tokens_per_s": 100.0, "compile/triton_kernels": 0}]
+    h = timing_health(rows, 0.05, {})
+    assert h["compiled_in_timed_blocks"] == [{"block": 0, "arm": "A", "kernels": 2, "names": "_paged_attention_kernel"}]
+    assert h["flags"] == ["block 0 arm A: 2 Triton kernel(s) compiled inside the timed block (_paged_attention_kernel)"]
+
+
+def test_triton_compiles_are_counted_while_entered_and_the_old_hook_comes_back(monkeypatch):
+    """Triton calls its post-compile hook once per kernel it compiles (no compiler on this CPU: the
+    hook is called as Triton calls it)."""
+    from triton import knobs
+
+    from dspark.bench.compiles import TritonCompiles
+
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda *a, **kw: seen.append(kw["repr"]))
+    with TritonCompiles() as c:
+        assert c.available
+        for name in ("k1", "k2", "k1"):
+            knobs.runtime.jit_post_compile_hook(key=None, repr=name, fn=None, compile={}, is_manual_warmup=False,
+                                                already_compiled=False)
+        assert c.take() == {"compiled": 3, "kernels": ["k1", "k2"]}
+        assert c.take() == {"compiled": 0, "kernels": []}
+    assert seen == ["k1", "k2", "k1"]  # the hook that was there before still ran, and is back
+    knobs.runtime.jit_post_compile_hook(key=None, repr="k3", fn=None, compile={}, is_manual_warmup=False,
+                                        already_compiled=False)
+    assert seen[-1] == "k3" and c.take()["compiled"] == 0
