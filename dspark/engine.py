@@ -394,6 +394,11 @@ class Engine:
         if len(ids) >= self.cfg.max_model_len:
             raise RequestError(f"prompt has {len(ids)} tokens, the context holds {self.cfg.max_model_len} "
                                f"(engine.max_model_len) including at least one generated token")
+        pool = self.blocks.num_pages * self.blocks.page_size
+        if len(ids) + self._lookahead > pool:  # it could never be prefilled: refuse it instead of waiting forever
+            raise RequestError(f"prompt has {len(ids)} tokens and its first step needs {self._lookahead} more slots, "
+                               f"but the whole KV pool holds {pool} (engine.num_kv_blocks x engine.kv_block_size, or "
+                               f"engine.kv_cache_tokens); raise it or shorten the prompt")
 
     def add_request(self, prompt: PromptLike, params: SamplingParams | None = None, user_id: str | None = None) -> int:
         """Queue a request; raises RequestError (nothing queued) when the input is invalid."""
@@ -841,6 +846,13 @@ class Engine:
                     new = new[: j + 1]
                     reason = "stop"
                     break
+        if reason is None and p.stop and self.tokenizer is not None and new:
+            # Token by token, as a one-token-per-step decode would stop: the accepted block is cut
+            # after the token that completes a stop string, so every arm emits the same token ids.
+            cut = self._stop_cut(out, new, p.stop)
+            if cut is not None:
+                new = new[:cut]
+                reason = "stop"
         out.extend(new)
         n_out += len(new)
         if new:
@@ -848,18 +860,24 @@ class Engine:
                 req.first_token_time = now
             req.chunk_times.append(now)
             req.chunk_sizes.append(len(new))
-        if reason is None and p.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(req.output_ids)
-            for s in p.stop:
-                if s in text:
-                    reason = "stop"
-                    break
         if reason is None and (n_out >= p.max_tokens or n_prompt + n_out >= max_len):
             reason = "length"
         if reason is not None:
             self._finish(req, reason)
             return True
         return False
+
+    def _stop_cut(self, out: list[int], new: list[int], stops: tuple[str, ...]) -> int | None:
+        """How many of ``new`` to keep so that the text ends at the first token that completes a stop
+        string (None when the whole block completes none). One decode when no stop string appears."""
+        decode = self.tokenizer.decode
+        if not any(s in decode(out + new) for s in stops):
+            return None
+        for j in range(1, len(new) + 1):
+            text = decode(out + new[:j])
+            if any(s in text for s in stops):
+                return j
+        return len(new)
 
     def _finish(self, req: Request, reason: str, error: str | None = None) -> None:
         req.finish_reason = reason

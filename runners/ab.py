@@ -162,10 +162,19 @@ def _schema_at(path: str) -> type | None:
 def arm_engine_configs(cfg: DictConfig) -> dict[str, EngineConfig]:
     """Engine config of each arm: the engine group plus the arm's overrides, validated now."""
     base = OmegaConf.to_container(cfg.engine, resolve=True)
+    # The group's own values are checked too, though the arms override some of them: a bad value must
+    # not pass silently because no arm happened to use it (the tier ladder is checked per arm below).
+    to_engine_config({**base, "tiers": None})
+    arm_overrides = {arm: OmegaConf.to_container(cfg.ab.arms[arm].engine, resolve=True) or {} for arm in ARMS}
+    for key, value in base.items():
+        if key != "kernels" and all(key in o for o in arm_overrides.values()) and all(
+                o[key] != value for o in arm_overrides.values()):
+            per_arm = ", ".join(f"{arm}: {arm_overrides[arm][key]!r}" for arm in ARMS)
+            raise ConfigError(f"engine.{key}={value!r} has no effect: every arm sets its own ({per_arm}); "
+                              f"set it per arm, e.g. ab.arms.B.engine.{key}={value}")
     out = {}
     for arm in ARMS:
-        spec = cfg.ab.arms[arm]
-        overrides = OmegaConf.to_container(spec.engine, resolve=True) or {}
+        overrides = arm_overrides[arm]
         unknown = set(overrides) - set(base)
         if unknown:
             raise ConfigError(f"ab.arms.{arm}.engine: unknown keys {sorted(unknown)}; allowed: {sorted(base)}")
@@ -230,6 +239,9 @@ def check_config(cfg: DictConfig):
         raise ConfigError(f"ab.n_boot: must be >= 100 bootstrap resamples, got {cfg.ab.n_boot}")
     if cfg.wandb.mode not in WANDB_MODES:
         raise ConfigError(f"wandb.mode: {cfg.wandb.mode!r} not in {list(WANDB_MODES)}")
+    cap = cfg.ab.get("greedy_replica_max_tokens")
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise ConfigError(f"ab.greedy_replica_max_tokens: must be null (no cap) or an integer >= 1, got {cap!r}")
     if cfg.ab.gc_mode not in GC_MODES:
         raise ConfigError(f"ab.gc_mode: {cfg.ab.gc_mode!r} not in {list(GC_MODES)}")
     if cfg.ab.get("force_rerun", False) not in (True, False):
@@ -436,6 +448,17 @@ def drive(engine: Engine, inputs: list, params: list, ids: list[str], load: Dict
     return [outs[i] for i in range(len(inputs))], time.perf_counter() - t0
 
 
+def check_prompt_lengths(token_ids: Mapping[str, list[int]], arm_cfgs: Mapping[str, EngineConfig]) -> None:
+    """Refuse, before any block runs, prompts the context cannot hold with one generated token (the engine
+    would refuse each of them at every block, and the run would end on the errors guard)."""
+    max_len = min(c.max_model_len for c in arm_cfgs.values())
+    long = sorted(((len(ids), pid) for pid, ids in token_ids.items() if len(ids) >= max_len), reverse=True)
+    if long:
+        shown = ", ".join(f"{pid!r} ({n} tokens)" for n, pid in long[:5])
+        raise ConfigError(f"{len(long)} prompt(s) do not fit engine.max_model_len={max_len} with one generated "
+                          f"token: {shown}; raise engine.max_model_len or drop them from the workload")
+
+
 def tokenize_prompt(tok, prompt) -> list[int]:
     """A workload prompt's token ids, as the engine would make them (chat template for messages)."""
     return tok.encode_chat(prompt.messages) if prompt.messages is not None else tok.encode(prompt.prompt)
@@ -506,6 +529,7 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
     start = time.perf_counter()
     token_ids = {p.id: tokenize_prompt(tok, p) for p in prompts}
     tokenize_s = time.perf_counter() - start
+    check_prompt_lengths(token_ids, arm_cfgs)
     inputs = [token_ids[p.id] for p in prompts]
     params = [workload.sampling_for(p) for p in prompts]
     ids = [p.id for p in prompts]

@@ -307,3 +307,40 @@ def test_triton_compiles_are_counted_while_entered_and_the_old_hook_comes_back(m
     knobs.runtime.jit_post_compile_hook(key=None, repr="k3", fn=None, compile={}, is_manual_warmup=False,
                                         already_compiled=False)
     assert seen[-1] == "k3" and c.take()["compiled"] == 0
+
+
+@pytest.mark.parametrize("override,words", [
+    ("engine.verify=bogus", ["engine.verify", "'bogus'"]),
+    ("engine.spec=bogus", ["engine.spec", "'bogus'"]),
+    ("engine.verify=uniform", ["engine.verify='uniform' has no effect", "ab.arms.B.engine.verify=uniform"]),
+])
+def test_arm_settings_silently_ignored_are_refused(tmp_path, override, words):
+    """A base engine value that every arm overrides, or that is invalid, is refused before any model
+    loads instead of running with the arms' values (full_vs_ragged: both arms set verify)."""
+    from dspark.config import ConfigError
+    from runners.ab import check_config
+
+    args = ["ab=full_vs_ragged" if a.startswith("ab=") else a for a in TINY]
+    cfg = compose_ab([*args, override], out_dir=tmp_path)
+    with pytest.raises(ConfigError) as info:
+        check_config(cfg)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_late_validation_loses_no_run(tmp_path):
+    """A bad greedy-replica cap is refused by the config check, and a prompt the context cannot hold is
+    refused before any block runs (not by the errors guard after the whole A/B)."""
+    from dspark.config import ConfigError
+    from runners.ab import check_config, run
+
+    with pytest.raises(ConfigError, match="ab.greedy_replica_max_tokens"):
+        check_config(compose_ab([*TINY, "ab.greedy_replica_max_tokens=0"], out_dir=tmp_path))
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "short", "id": "ok"}\n{"prompt": "' + "x" * 5000 + '", "id": "huge"}\n')
+    args = [a for a in TINY if not a.startswith(("+workload", "workload."))]
+    cfg = compose_ab([*args, "+workload=custom", f"workload.path={path}", "workload.max_tokens=4",
+                      "engine.max_model_len=64"], out_dir=tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"1 prompt\(s\) do not fit engine.max_model_len=64.*huge"):
+        run(cfg)
+    assert not (tmp_path / "run" / "blocks.csv").exists()

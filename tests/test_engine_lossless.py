@@ -174,3 +174,48 @@ def test_stop_strings_and_eos_end_requests():
         target.cfg.eos_token_ids = (2,)
     first = free[0].token_ids.index(eos)
     assert out.finish_reason == "stop" and out.token_ids == free[0].token_ids[: first + 1]
+
+
+class LetterTokenizer:
+    """Token id -> one letter: enough for stop strings (the engine only decodes outputs)."""
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(97 + i % 26) for i in ids)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_stop_strings_break_no_token_identity(graphs):
+    """A stop string completed inside an accepted block cuts the block after the token that completes
+    it, as one-token-per-step decoding stops: speculative token ids equal target-only's."""
+    target = tiny_target(4)
+    drafter = tiny_drafter(target, 14, block_size=5)
+    prompts = prompts_for(4, 6)
+    tok = LetterTokenizer()
+    plain = SamplingParams(max_tokens=30, ignore_eos=True)
+    free = Engine(target, tok, tiny_engine_config(spec="off"), None).generate(prompts, plain)
+    texts = [tok.decode(o.token_ids) for o in free]
+    stops = (texts[0][9:11], texts[3][14:16])  # two-letter strings each completed mid-output
+    sp = SamplingParams(max_tokens=30, ignore_eos=True, stop=stops)
+    kw = dict(cuda_graphs=True, overlap=True) if graphs else {}
+    base = Engine(target, tok, tiny_engine_config(spec="off", **kw), None).generate(prompts, sp)
+    spec = Engine(target, tok, tiny_engine_config(**kw), drafter).generate(prompts, sp)
+    assert [o.token_ids for o in spec] == [o.token_ids for o in base]
+    assert [o.finish_reason for o in spec] == [o.finish_reason for o in base]
+    stopped = [o for o in base if o.finish_reason == "stop"]
+    assert len(stopped) >= 2 and all(len(o.token_ids) < 30 for o in stopped)
+    for o in stopped:  # the text ends where the first stop string completes, and no token later
+        full = tok.decode(o.token_ids)
+        assert any(full.endswith(s) for s in stops) and not any(s in full[:-1] for s in stops)
+
+
+def test_a_prompt_longer_than_the_kv_pool_is_refused_not_waited_on():
+    """It used to be admitted as a partial prefill chunk that nothing ever failed: the engine spun."""
+    from dspark.engine import RequestError
+
+    target = tiny_target(5)
+    eng = Engine(target, None, tiny_engine_config(spec="off", num_kv_blocks=2, kv_block_size=8), None)
+    with pytest.raises(RequestError, match="whole KV pool holds 16"):
+        eng.add_request(list(range(3, 33)), SamplingParams(max_tokens=4))
+    out = eng.generate([list(range(3, 33)), [5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert out[0].finish_reason == "error" and "KV pool" in out[0].error
+    assert out[1].error is None and len(out[1].token_ids) == 4
