@@ -263,7 +263,9 @@ class CostTable:
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json() + "\n")
+        from dspark.atomic import atomic_write_text
+
+        atomic_write_text(path, self.to_json() + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> "CostTable":

@@ -900,9 +900,12 @@ class Engine:
 
     # ---- batch API ------------------------------------------------------------------------
     def generate(self, prompts: Sequence[PromptLike], sampling: SamplingParams | Sequence[SamplingParams] | None = None,
-                 ids: Sequence[str] | None = None, progress: bool = False) -> list[RequestOutput]:
+                 ids: Sequence[str] | None = None, progress: bool = False,
+                 on_finish=None) -> list[RequestOutput]:
         """Run all prompts to completion; outputs in input order. An invalid prompt yields an
-        output with `error` set and finish_reason 'error'; the others are served normally."""
+        output with `error` set and finish_reason 'error'; the others are served normally.
+        ``on_finish(index, output)``, when given, is called as each request finishes (refused ones first),
+        so a caller can keep what finished if the run is cut short."""
         n = len(prompts)
         params = list(sampling) if isinstance(sampling, (list, tuple)) else [sampling or SamplingParams()] * n
         if len(params) != n:
@@ -921,6 +924,10 @@ class Engine:
                                            arrival_time=time.perf_counter(), first_token_time=None,
                                            finish_time=time.perf_counter(), chunk_times=[], chunk_sizes=[],
                                            num_preemptions=0)
+        if on_finish is not None:
+            for i, out in enumerate(outputs):
+                if out is not None:
+                    on_finish(i, out)
         bar = None
         if progress:
             from tqdm.auto import tqdm
@@ -929,6 +936,8 @@ class Engine:
         while self.has_unfinished():
             for out in self.step():
                 outputs[order[out.req_id]] = out
+                if on_finish is not None:
+                    on_finish(order[out.req_id], out)
                 if bar is not None:
                     bar.update(1)
         if bar is not None:

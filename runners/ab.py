@@ -51,6 +51,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from dspark.bench.fingerprint import config_hash, device_telemetry, node_fingerprint
+from dspark.atomic import atomic_write, atomic_write_text
 from dspark.bench.compiles import TritonCompiles
 from dspark.bench.gc_pauses import GC_MODES, GcPauses
 from dspark.bench.guards import (ABGuardError, GuardResult, did_nothing_guard, errors_guard, lossless_guard,
@@ -482,7 +483,7 @@ def write_blocks_csv(rows: list[dict], path: Path) -> None:
     for col in frame.columns:
         if frame[col].map(lambda v: isinstance(v, (list, tuple))).any():
             frame[col] = frame[col].map(json.dumps)
-    frame.to_csv(path, index=False)
+    atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
 
 
 def _raise_on_failed_guards(cfg: DictConfig, summary: dict) -> None:
@@ -604,7 +605,7 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
 
     blocks_df = pd.DataFrame(block_rows)
     requests_df = requests_dataframe(records)
-    requests_df.to_parquet(out_dir / "requests.parquet", index=False)
+    atomic_write(out_dir / "requests.parquet", lambda tmp: requests_df.to_parquet(tmp, index=False))
     stats = compare_blocks(blocks_df, {HEADLINE: "higher", "requests_per_s": "higher"},
                            n_boot=int(cfg.ab.n_boot), seed=int(cfg.ab.seed))
     guards = run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records, prompts)
@@ -636,7 +637,7 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
                                 **{f"counter/{k}": v for k, v in counters[arm].items()}})
     logger.close()
     summary["wandb"] = logger.status()
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     write_report(out_dir, summary, blocks_df, requests_df)
     if cfg.progress:
         from rich.console import Console

@@ -6,6 +6,11 @@
 Each input line holds "prompt" (raw text) or "messages" (chat, rendered with the model's
 own template), optional "id" and "max_tokens". Output: one JSON line per prompt, in input
 order, with id, text, prompt_token_ids, token_ids, num_steps and accept_lengths.
+
+``output`` is checked before the model loads (not a folder, not the prompts file, writable).
+Each generation is appended to ``<output>.partial`` as it finishes (with its input index), so a
+crash or Ctrl-C keeps what finished; the ordered file then replaces ``output`` in one rename and
+the partial file goes. The command exits 1 when any request errored (after writing everything).
 """
 
 from __future__ import annotations
@@ -18,29 +23,56 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from dspark.atomic import atomic_write_text
 from dspark.config import ConfigError
 from runners.common import build_engine
 from runners.schema import to_sampling
 from workloads.custom import load_custom_prompts
 
 
+class RequestsErrored(RuntimeError):
+    """Some requests errored; every output (theirs included, with the error) was written."""
+
+
+def checked_output(output: str, prompts_file: str) -> Path:
+    """The output path, refused before any model loads when it cannot take the results."""
+    if not output:
+        raise ConfigError("output: give a file for the generations, e.g. output=generations.jsonl")
+    path = Path(output)
+    if path.is_dir():
+        raise ConfigError(f"output: {output} is a folder; give a file, e.g. output={path / 'generations.jsonl'}")
+    if path.resolve() == Path(prompts_file).resolve():
+        raise ConfigError(f"output: {output} is the prompts file itself; writing there would overwrite the prompts")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        probe = path.with_name(path.name + ".partial")
+        probe.touch()
+    except OSError as e:
+        raise ConfigError(f"output: cannot write next to {output} ({e.strerror}); choose another path") from None
+    return path
+
+
 def run(cfg: DictConfig) -> dict:
     if not cfg.prompts_file:
         raise ConfigError("prompts_file: give a JSONL file of prompts, e.g. prompts_file=prompts.jsonl")
+    out_path = checked_output(cfg.output, cfg.prompts_file)
     prompts = load_custom_prompts(cfg.prompts_file)
     sampling = to_sampling(cfg.sampling)
     engine = build_engine(cfg)
     inputs = [p.messages if p.messages is not None else p.prompt for p in prompts]
     params = [replace(sampling, max_tokens=p.max_tokens) if p.max_tokens else sampling for p in prompts]
     ids = [p.id.removeprefix("custom/") for p in prompts]
+    partial = out_path.with_name(out_path.name + ".partial")
     t0 = time.perf_counter()
-    outputs = engine.generate(inputs, params, ids=ids, progress=bool(cfg.progress))
+    with partial.open("w") as stream:
+        def keep(index: int, out) -> None:  # each generation on disk as it finishes
+            stream.write(json.dumps({"index": index, **out.to_dict()}) + "\n")
+            stream.flush()
+
+        outputs = engine.generate(inputs, params, ids=ids, progress=bool(cfg.progress), on_finish=keep)
     wall = time.perf_counter() - t0
-    out_path = Path(cfg.output)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with out_path.open("w") as f:
-        for o in outputs:
-            f.write(json.dumps(o.to_dict()) + "\n")
+    atomic_write_text(out_path, "".join(json.dumps(o.to_dict()) + "\n" for o in outputs))
+    partial.unlink()
     ok = [o for o in outputs if o.error is None]
     steps = sum(o.num_steps for o in ok)
     tokens = sum(len(o.token_ids) for o in ok)
@@ -63,6 +95,14 @@ def run(cfg: DictConfig) -> dict:
 def main(cfg: DictConfig) -> None:
     summary = run(cfg)
     print(json.dumps(summary, indent=2))
+    refuse_errors(summary)
+
+
+def refuse_errors(summary: dict) -> None:
+    """Exit non-zero (RequestsErrored) when any request errored; the outputs are written by then."""
+    if summary["errors"]:
+        raise RequestsErrored(f"{summary['errors']} of {summary['requests']} requests errored (their errors are in "
+                              f"{summary['output']})")
 
 
 if __name__ == "__main__":
