@@ -69,6 +69,24 @@ from workloads.registry import build_workload, make_spec
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def safe_dirname(overrides: str, limit: int = 80) -> str:
+    """A sweep job's folder name from its overrides (hydra.job.override_dirname) that stays one folder
+    inside the sweep: path separators and '..' become '_' (``workload.path=../../x.jsonl`` would
+    otherwise write outside the sweep), and a name over ``limit`` characters is cut and given a
+    short hash of the whole, so two jobs never share a folder."""
+    import hashlib
+    import re
+
+    name = re.sub(r"[^A-Za-z0-9=,._+-]", "_", overrides).replace("..", "_")
+    if len(name) > limit:
+        name = name[: limit - 9] + "-" + hashlib.sha1(overrides.encode()).hexdigest()[:8]
+    return name or "job"
+
+
+if not OmegaConf.has_resolver("safe_dirname"):  # conf/ab.yaml's sweep subdir
+    OmegaConf.register_new_resolver("safe_dirname", lambda s: safe_dirname(str(s)))
 HEADLINE = "output_tokens_per_s"
 ARMS = ("A", "B")
 LOAD_MODES = ("closed", "poisson")

@@ -344,3 +344,14 @@ def test_late_validation_loses_no_run(tmp_path):
     with pytest.raises(ConfigError, match=r"1 prompt\(s\) do not fit engine.max_model_len=64.*huge"):
         run(cfg)
     assert not (tmp_path / "run" / "blocks.csv").exists()
+
+
+def test_a_sweep_writes_outside_its_folder_no_longer():
+    from runners.ab import safe_dirname
+
+    assert safe_dirname("+workload=custom,workload.path=../../x.jsonl") == "+workload=custom,workload.path=____x.jsonl"
+    assert "/" not in safe_dirname("engine.cost_table=/abs/t.json") and ".." not in safe_dirname("a=../..")
+    long = ",".join(f"ab.arms.B.engine.key{i}=value{i}" for i in range(12))
+    short = safe_dirname(long)
+    assert len(short) == 80 and short != safe_dirname(long + "x")
+    assert "safe_dirname:${hydra.job.override_dirname}" in (Path(ab.ROOT) / "conf" / "ab.yaml").read_text()
