@@ -523,6 +523,47 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
     arm_cfgs, workload, schedule = check_config(cfg)  # every config error surfaces before any model loads
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    with output_folder_lock(out_dir):
+        return _run_in(cfg, engine_factory, arm_cfgs, workload, schedule, out_dir)
+
+
+class output_folder_lock:
+    """An exclusive lock on ``out_dir/.lock`` for as long as a run writes there: a second run in the same
+    folder (the same ``hydra.run.dir``, or two started in the same second under the default name) is
+    refused with a ConfigError instead of both writing the same files. The OS drops the lock when the
+    process ends, however it ends."""
+
+    def __init__(self, out_dir: Path):
+        self.path = out_dir / ".lock"
+        self._file = None
+
+    def __enter__(self) -> "output_folder_lock":
+        import fcntl
+
+        self._file = self.path.open("a+")
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "another process"
+            self._file.close()
+            raise ConfigError(f"{self.path.parent} is in use by another run ({holder}); give this run its own "
+                              f"folder (hydra.run.dir=...) or wait for that one to finish") from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"pid {os.getpid()}")
+        self._file.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import fcntl
+
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        self._file.close()
+
+
+def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_dir: Path) -> dict:
+    """run()'s work once its output folder is locked."""
     hashed = hashed_config(cfg)
     chash = config_hash(hashed)
     if not cfg.ab.get("force_rerun", False):

@@ -355,3 +355,15 @@ def test_a_sweep_writes_outside_its_folder_no_longer():
     short = safe_dirname(long)
     assert len(short) == 80 and short != safe_dirname(long + "x")
     assert "safe_dirname:${hydra.job.override_dirname}" in (Path(ab.ROOT) / "conf" / "ab.yaml").read_text()
+
+
+def test_two_runs_in_one_output_folder_are_refused_not_lost(tmp_path):
+    from dspark.config import ConfigError
+    from runners.ab import output_folder_lock, run
+
+    with output_folder_lock(tmp_path):  # a run in progress holds the folder
+        with pytest.raises(ConfigError, match=r"is in use by another run \(pid \d+\)"):
+            run(compose_ab(TINY, out_dir=tmp_path))
+        assert not (tmp_path / "blocks.csv").exists()
+    with output_folder_lock(tmp_path):  # released: the folder can be used again
+        pass
