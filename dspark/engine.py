@@ -334,8 +334,6 @@ class Engine:
             if self._host_step_ms:
                 h = sorted(self._host_step_ms)
                 c["host_ms_per_graph_step_median"] = h[len(h) // 2]
-                # Host time per step() call (the device-resident steps': eager steps wait for their device work).
-                c["host_ms_per_step_median"] = c["host_ms_per_graph_step_median"]
             if self.graph.timing is not None:
                 t = self.graph.timing_summary()
                 if t.get("device_idle_fraction") is not None:
@@ -643,10 +641,9 @@ class Engine:
                                           bucket=0, windows=(), step_ms=0.0)
             return finished
         B = len(rows)
-        mode = self.cfg.verify if self.planner is not None else "full"
         key = (gd.bucket_for(B), gd.sampling)
         if key != self._captured_key:  # a new batch bucket: its graphs (captured ahead by capture_graphs)
-            gd.ensure_captured(B, mode, self.cfg.tiers)
+            gd.ensure_captured(B, self._graph_mode, self.cfg.tiers)
             self._captured_key = key
         mode, tier, extra, decision = self._graph_decision(rows)
         launched = gd.launch(B, mode, tier=tier, extra=extra)
@@ -670,6 +667,11 @@ class Engine:
             return finished + self._commit_launched(previous)
         return finished + self._commit_launched(launched)
 
+    @property
+    def _graph_mode(self) -> str:
+        """The verify mode the device-resident steps capture graphs for (full without a planner)."""
+        return self.cfg.verify if self.planner is not None else "full"
+
     def capture_graphs(self, sampling: Sequence[SamplingParams] = ()) -> int:
         """Capture, before any timed work, every graph this engine's runs can replay: decode graphs for
         every batch bucket up to max_num_seqs (for the sampling signature of ``sampling``, the requests
@@ -685,9 +687,8 @@ class Engine:
         if sampling:
             flags = RowSampling(list(sampling))
             signatures = {(flags.all_greedy, flags.needs_k, flags.needs_p)}
-        mode = self.cfg.verify if self.planner is not None else "full"
         with torch.inference_mode():
-            n = self.graph.capture_all(mode, self.cfg.tiers, sorted(signatures))
+            n = self.graph.capture_all(self._graph_mode, self.cfg.tiers, sorted(signatures))
         self._captures_base = self.graph.captures
         return n
 

@@ -34,6 +34,15 @@ import torch
 from dspark.attention import AttentionMetadata
 
 
+def _doubling_ladder(first: int, top: int) -> tuple[int, ...]:
+    """first, 2*first, 4*first, ... below top, then top itself."""
+    out, b = [], first
+    while b < top:
+        out.append(b)
+        b *= 2
+    return tuple(out + [top])
+
+
 def _first_at_least(ladder: tuple[int, ...], n: int) -> int | None:
     return next((b for b in ladder if b >= n), None)
 
@@ -122,19 +131,9 @@ class GraphDecoder:
         self.rows: list = []  # the Request of each device row, in row order (rows [:len(rows)] are active)
         self._sampling_counts = [0, 0, 0]  # rows sampled (temperature > 0), of them with top-k, with top-p
         # Prefill chunks: one forward over packed chunks, keyed by (token bucket, segment bucket).
-        top_prefill = max(16, int(max_prefill_tokens))
-        ladder, t = set(), 16
-        while t < top_prefill:
-            ladder.add(t)
-            t *= 2
-        ladder.add(top_prefill)
-        self.prefill_buckets = tuple(sorted(ladder))
+        self.prefill_buckets = _doubling_ladder(16, max(16, int(max_prefill_tokens)))
         self.max_prefill_segments = int(max_prefill_segments)
-        segs, p = [], 1
-        while p < self.max_prefill_segments:
-            segs.append(p)
-            p *= 2
-        self.prefill_segment_buckets = tuple(segs + [self.max_prefill_segments])
+        self.prefill_segment_buckets = _doubling_ladder(1, self.max_prefill_segments)
         Tp, Pp = self.prefill_buckets[-1], self.max_prefill_segments
         self.pf_ids = torch.zeros(Tp, dtype=torch.int64, device=dev)
         self.pf_pos = torch.zeros(Tp, dtype=torch.int64, device=dev)

@@ -593,7 +593,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     inputs = [token_ids[p.id] for p in prompts]
     params = [workload.sampling_for(p) for p in prompts]
     ids = [p.id for p in prompts]
-    length_stats = workload.length_stats(lambda p: len(token_ids[p.id]) if p.id in token_ids else len(tokenize_prompt(tok, p)))
+    length_stats = workload.length_stats(lambda p: len(token_ids[p.id]))  # the same prompts, tokenized above
 
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     for arm in ARMS:

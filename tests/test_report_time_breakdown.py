@@ -34,7 +34,7 @@ def with_step_counters(blocks: pd.DataFrame) -> pd.DataFrame:
     blocks["counter/device_resident_share"] = np.where(is_b, 0.9, 1.0)
     blocks["counter/prefill_graph_replays"] = 4
     blocks["counter/prefill_eager_steps"] = 1
-    blocks["counter/host_ms_per_step_median"] = np.where(is_b, 0.75, 0.5) + 0.01 * blocks["block"]
+    blocks["counter/host_ms_per_graph_step_median"] = np.where(is_b, 0.75, 0.5) + 0.01 * blocks["block"]
     blocks["counter/device_idle_fraction"] = np.where(is_b, np.nan, 0.125)  # B never measured it
     blocks["counter/graphs_captured"] = np.where(is_b & (blocks["block"] == 0), 3, 0)
     blocks["counter/mean_running_batch"] = np.where(is_b, 15.5, 16.0)
@@ -75,7 +75,7 @@ def test_section_with_the_new_counters_and_timing_health(tmp_path):
     assert rows["B"]["device_idle_fraction"] is None and rows["A"]["device_idle_fraction"] == pytest.approx(0.125)
     assert rows["B"]["graphs_captured_timed"] == 3 and rows["A"]["graphs_captured_timed"] == 0
     assert rows["A"]["first_block_vs_median"] == 0.8  # timing_health's own ratio wins
-    host_b = blocks.loc[blocks["arm"] == "B", "counter/host_ms_per_step_median"]
+    host_b = blocks.loc[blocks["arm"] == "B", "counter/host_ms_per_graph_step_median"]
     assert rows["B"]["host_ms_per_step"] == pytest.approx(host_b.median())
 
     text = write_report(tmp_path, summary, blocks, requests)["report"].read_text()

@@ -26,7 +26,7 @@ whose data is absent say so in the report instead of disappearing.
 
 "Where the time went" (:func:`time_breakdown`) reads the engine's step-path counters from
 ``blocks_df`` (``counter/decode_steps``, ``counter/device_resident_share``,
-``counter/eager_steps``, ``counter/eager_reason/<why>``, ``counter/host_ms_per_step_median``,
+``counter/eager_steps``, ``counter/eager_reason/<why>``, ``counter/host_ms_per_graph_step_median``,
 ``counter/device_idle_fraction``, ``counter/mean_running_batch``, ``counter/graphs_captured``,
 ``counter/prefill_graph_replays``, ``counter/prefill_eager_steps``,
 ``counter/kv_pool_tokens``); a counter an older run did not record leaves its cell "-".
@@ -288,7 +288,7 @@ def time_breakdown(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[dic
             "prefill_graph_replays": _add(_sum(_column(group, "prefill_graph_replays")),
                                           _sum(_column(group, "prefill_uncaptured"))),
             "prefill_eager_steps": _sum(_column(group, "prefill_eager_steps")),
-            "host_ms_per_step": _median(_column(group, "host_ms_per_step_median")),
+            "host_ms_per_step": _median(_column(group, "host_ms_per_graph_step_median")),
             "device_idle_fraction": _median(_column(group, "device_idle_fraction")),
             "mean_running_batch": _weighted_mean(_column(group, "mean_running_batch"), steps),
             "graphs_captured_timed": captured,
