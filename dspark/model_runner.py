@@ -195,25 +195,53 @@ class ModelRunner:
 
 
 @torch.inference_mode()
+def packed_hidden(target: TargetModel, sequences: list[list[int]], page_size: int = 16,
+                  kernels: KernelConfig | None = None) -> tuple[torch.Tensor, list[int]]:
+    """One teacher-forced forward of the target over ``sequences`` packed on the token axis, from a
+    throw-away cache: (final hidden states [sum of lengths, H], each sequence's offset in it). Off the hot
+    path: the A/B lossless guard re-scores arms' outputs with it (dspark/bench/reference.py)."""
+    p = next(target.parameters())
+    if not sequences or any(not s for s in sequences):
+        raise ValueError("packed_hidden: need at least one non-empty sequence")
+    lens = [len(s) for s in sequences]
+    pages = [-(-n // page_size) for n in lens]
+    blocks = BlockManager(sum(pages), page_size)
+    for i, n in enumerate(lens):
+        blocks.reserve(i, n)
+    tc = target.cfg
+    cache = KVCache(tc.num_layers, sum(pages), page_size, tc.num_kv_heads, tc.head_dim, p.dtype, p.device)
+    width = max(pages)
+    tables = [blocks.table(i) + [0] * (width - len(blocks.table(i))) for i in range(len(lens))]
+    offsets = [0]
+    for n in lens:
+        offsets.append(offsets[-1] + n)
+    dev = p.device
+    meta = AttentionMetadata(
+        qo_indptr=torch.tensor(offsets, dtype=torch.int32, device=dev),
+        kv_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+        block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
+        slot_mapping=torch.tensor([blocks.slot(i, j) for i, n in enumerate(lens) for j in range(n)],
+                                  dtype=torch.int64, device=dev),
+        max_q_len=max(lens), kernels=kernels)
+    ids = torch.tensor([t for s in sequences for t in s], dtype=torch.int64, device=dev)
+    positions = torch.cat([torch.arange(n, device=dev) for n in lens])
+    hidden, _ = target(ids, positions, cache, meta)
+    return hidden, offsets[:-1]
+
+
+def sequence_logits(target: TargetModel, token_ids: list[int], start: int = 0, page_size: int = 16,
+                    kernels: KernelConfig | None = None) -> torch.Tensor:
+    """The target's float32 logits after each of ``token_ids[start:]`` ([len - start, V]): row i predicts
+    the token at position start + i + 1."""
+    n = len(token_ids)
+    if not 0 <= start < n:
+        raise ValueError(f"sequence_logits: start {start} outside the {n} tokens")
+    hidden, _ = packed_hidden(target, [list(token_ids)], page_size, kernels)
+    with torch.inference_mode():
+        return target.compute_logits(hidden[start:], kernels=kernels).float()
+
+
 def last_position_logits(target: TargetModel, token_ids: list[int], page_size: int = 16,
                          kernels: KernelConfig | None = None) -> torch.Tensor:
-    """The target's logits after ``token_ids`` (float32 [V]), from a throw-away cache.
-
-    Used off the hot path, e.g. by the A/B lossless guard to read the top-2 margin where
-    two arms' greedy outputs first differ.
-    """
-    p = next(target.parameters())
-    pages = -(-len(token_ids) // page_size)
-    blocks = BlockManager(pages, page_size)
-    blocks.reserve(0, len(token_ids))
-    tc = target.cfg
-    cache = KVCache(tc.num_layers, pages, page_size, tc.num_kv_heads, tc.head_dim, p.dtype, p.device)
-    n = len(token_ids)
-    meta = AttentionMetadata(
-        qo_indptr=torch.tensor([0, n], dtype=torch.int32, device=p.device),
-        kv_lens=torch.tensor([n], dtype=torch.int32, device=p.device),
-        block_tables=torch.tensor([blocks.table(0)], dtype=torch.int32, device=p.device),
-        slot_mapping=torch.tensor([blocks.slot(0, i) for i in range(n)], dtype=torch.int64, device=p.device),
-        kernels=kernels)
-    hidden, _ = target(torch.tensor(token_ids, device=p.device), torch.arange(n, device=p.device), cache, meta)
-    return target.compute_logits(hidden[-1:], kernels=kernels)[0]
+    """The target's logits after ``token_ids`` (float32 [V]), from a throw-away cache."""
+    return sequence_logits(target, token_ids, len(token_ids) - 1, page_size, kernels)[0]

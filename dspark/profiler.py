@@ -62,8 +62,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from dspark.config import SamplingParams
-from dspark.cost_table import (CHECKED_FINGERPRINT_FIELDS, CostTable, CostTableError, derive_tier_ladder,
-                               fit_cost_table)
+from dspark.cost_table import (CHECKED_FINGERPRINT_FIELDS, CostTable, CostTableError, CostTableFileError,
+                               CostTableMismatchError, derive_tier_ladder, fit_cost_table)
 from dspark.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 DEFAULT_FLAT_REL_TOL = 0.02
 # A fitted theta may dip a little at larger M (tile shapes), but not by this fraction of the cheapest step.
 DEFAULT_MAX_DROP_REL = 0.25
+# A step may cost this many times linear growth in its tokens over a smaller step before the sweep counts as
+# disturbed (a 2-core CPU shared with another job measured 10x; timing jitter of tiny models stays below 2x).
+DEFAULT_SUPERLINEAR_SLACK = 3.0
 # Decode-only steps a profile may wait for beyond what it needs before it gives up.
 _STEP_SLACK = 8
 
@@ -321,6 +324,30 @@ def check_not_flat(measurements: Sequence[tuple[int, int, float]], table: CostTa
             list(samples))
 
 
+def check_not_superlinear(measurements: Sequence[tuple[int, int, float]], samples: Sequence[tuple[int, int, float]] = (),
+                          slack: float = DEFAULT_SUPERLINEAR_SLACK) -> None:
+    """Raise ProfileFitError when a step of more tokens costs more than ``slack`` times linear in its tokens
+    over a step of fewer (any two measured cells, M2 > M1: median(M2) > slack * median(M1) * M2 / M1).
+    A forward's cost per token only falls as M grows (its fixed work is shared), so a cell that far above
+    the line was slowed by something else: another process on the machine during that part of the sweep.
+    Without this check such a sweep fits a table that is wrong in shape, and it would be reused."""
+    cells = sorted(measurements, key=lambda r: r[1])
+    worst = None
+    for i, (b1, m1, ms1) in enumerate(cells):
+        for b2, m2, ms2 in cells[i + 1:]:
+            if m2 > m1 and ms1 > 0:
+                ratio = ms2 / (ms1 * m2 / m1)
+                if ratio > slack and (worst is None or ratio > worst[0]):
+                    worst = (ratio, b1, m1, ms1, b2, m2, ms2)
+    if worst is not None:
+        ratio, b1, m1, ms1, b2, m2, ms2 = worst
+        raise ProfileFitError(f"a step of M={m2} tokens (batch {b2}) took {ms2:.1f} ms, {ratio:.1f}x what linear growth "
+                              f"from M={m1} (batch {b1}, {ms1:.1f} ms) allows: more tokens never cost that much more "
+                              "per token, so something else was using the CPU or device during the sweep. Re-run the "
+                              "profile on an otherwise idle machine (delete the cached table if one was written)",
+                              list(measurements), None, list(samples))
+
+
 def check_monotone(table: CostTable, measurements: Sequence[tuple[int, int, float]],
                    samples: Sequence[tuple[int, int, float]] = (), max_drop_rel: float = DEFAULT_MAX_DROP_REL) -> None:
     """Raise ProfileFitError when theta at some M exceeds theta at a larger M by more than
@@ -383,6 +410,7 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: S
     measurements = medians_of(samples)
     trim_overhead = trim_overheads(samples, trim_samples, G) if two_paths else {b: 0.0 for b in bs}
     check_not_flat(measurements, None, flat_rel_tol, samples)
+    check_not_superlinear(measurements, samples)
     # The context the steps attended over is recorded with the table (not a checked field): the
     # table does not model context length, and runners.bench_decode warns when a run's is much longer.
     fingerprint = {**engine.fingerprint(), "profile_context_tokens": str(prompt_len)}
@@ -552,7 +580,8 @@ def find_or_profile(engine_factory: Engine | Callable[[], Engine], root: str | P
     keyword arguments of :func:`profile_engine` (batch_sizes, verify_lens, warmup_steps,
     measure_steps, prompt_len, seed, progress, flat_rel_tol). ``log`` receives one line
     saying which of the two happened. An existing file that does not load, or whose
-    fingerprint does not match, raises: it is never silently replaced.
+    fingerprint does not match, raises naming the file and saying that deleting it makes the
+    next run profile again: it is never silently replaced.
     """
     engine = engine_factory if isinstance(engine_factory, Engine) else engine_factory()
     if not isinstance(engine, Engine):
@@ -560,7 +589,16 @@ def find_or_profile(engine_factory: Engine | Callable[[], Engine], root: str | P
     fingerprint = engine.fingerprint()
     path = cost_table_path_for(fingerprint, root)
     if path.exists():
-        CostTable.load(path).check_fingerprint(fingerprint)
+        delete = (f"This is the table cached for this setup: delete {path} and the next run profiles this node "
+                  f"again")
+        try:
+            table = CostTable.load(path)
+        except CostTableFileError as e:
+            raise CostTableFileError(path, e.problem, delete) from None
+        foreign = table.check_fingerprint(fingerprint, override=True)
+        if foreign:  # copied or edited by hand: its name says this setup, its fingerprint another
+            raise CostTableMismatchError(f"cost table {path} was measured on a different setup ("
+                                         + "; ".join(foreign) + f") than its name says. {delete}")
         log(f"cost table: using {path} (profiled earlier on this setup: {fingerprint['device_name']}, "
             f"{fingerprint['model']}, {fingerprint['dtype']})")
         return path
@@ -576,6 +614,6 @@ def find_or_profile(engine_factory: Engine | Callable[[], Engine], root: str | P
 
 
 __all__ = ["ProfileError", "ProfileRefusedError", "ProfileFlatError", "ProfileFitError", "ProfileResult",
-           "collect_measurements", "medians_of", "trim_overheads", "check_not_flat", "check_monotone", "profile_engine", "batch_size_ladder",
+           "collect_measurements", "medians_of", "trim_overheads", "check_not_flat", "check_not_superlinear", "check_monotone", "profile_engine", "batch_size_ladder",
            "recommend_tier_ladder", "plot_cost_curve", "cost_table_path_for", "find_or_profile", "DEFAULT_FLAT_REL_TOL",
            "DEFAULT_MAX_DROP_REL"]

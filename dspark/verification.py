@@ -40,31 +40,55 @@ def draw_uniforms(decodes: list[Request], block_size: int, device: torch.device 
 def verify(*, decodes: list[Request], rows: RowSampling, verify_logits: torch.Tensor, draft_tokens: torch.Tensor | None,
            draft_probs: torch.Tensor | None, windows: list[int], block_size: int, impl: str = "torch",
            uniforms: torch.Tensor | None = None) -> Verdict:
-    """Accepted drafts and the target's next token per request. ``windows[i]`` drafts of request i
-    are tested (the rest are never read); pass ``uniforms`` to replay the same random draws."""
+    """Accepted drafts and the target's next token per request of an eager step. ``windows[i]`` drafts
+    of request i are tested (the rest are never read); pass ``uniforms`` to replay the same random draws.
+    The rules are :func:`accept_greedy` and :func:`accept_sampled`, the device-resident steps' own."""
+    B, G = len(decodes), block_size
+    dev = verify_logits.device
+    win = torch.tensor(windows, dtype=torch.int64, device=dev)
+    if rows.all_greedy:
+        drafts = draft_tokens if G else torch.zeros((B, 0), dtype=torch.int64, device=dev)
+        k, nxt = accept_greedy(drafts, torch.argmax(verify_logits, dim=-1), win)
+    else:
+        uni = uniforms if uniforms is not None else draw_uniforms(decodes, G, dev)  # [B, G+1]
+        k, nxt = accept_sampled(verify_logits, rows, draft_tokens, draft_probs, win, uni[:, :G], uni[:, G], impl)
+    return Verdict(num_accepted=k.tolist(), next_tokens=nxt.tolist())
+
+
+def accept_sampled(verify_logits: torch.Tensor, rows: RowSampling, drafts: torch.Tensor | None,
+                   draft_probs: torch.Tensor | None, windows: torch.Tensor, accept_uniforms: torch.Tensor,
+                   sample_uniforms: torch.Tensor, impl: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """The lossless acceptance rule of both step paths for a batch with sampled rows (greedy rows in it
+    keep the argmax rule): the target's logits [R, G+1, V] processed like the drafter's (temperature,
+    top-k, top-p), then kernels/acceptance.py (rejection sampling; ``impl`` "torch" or "triton"), or a
+    plain draw when G == 0. Returns (accepted int64 [R], next int64 [R]). Capture-safe."""
+    from dspark.sampling import sample_inverse_cdf
     from kernels.acceptance import accept
 
-    B = len(decodes)
-    G = block_size
-    V = verify_logits.shape[-1]
-    dev = verify_logits.device
-    target_probs = processed_probs(verify_logits.view(B * (G + 1), V), rows.repeat(G + 1)).view(B, G + 1, V)
-    uni = uniforms if uniforms is not None else draw_uniforms(decodes, G, dev)  # [B, G+1]
-    if G == 0:  # target-only: nothing to verify, the target's own token is the whole step
-        from dspark.sampling import sample_inverse_cdf
+    R, M, V = verify_logits.shape
+    G = M - 1
+    target_probs = processed_probs(verify_logits.reshape(R * M, V), rows.repeat(M)).view(R, M, V)
+    greedy = rows.greedy.to(verify_logits.device)
+    if not G:  # target-only: the target's own token is the whole step
+        drawn = sample_inverse_cdf(target_probs[:, 0], sample_uniforms)
+        return (torch.zeros(R, dtype=torch.int64, device=verify_logits.device),
+                torch.where(greedy, torch.argmax(verify_logits[:, 0], dim=-1), drawn))
+    res = accept(draft_tokens=drafts, windows=windows.to(torch.int32), target_probs=target_probs,
+                 draft_probs=draft_probs, greedy=greedy, accept_uniforms=accept_uniforms,
+                 sample_uniforms=sample_uniforms, impl=impl)
+    return res.num_accepted.long(), res.next_token.long()
 
-        probs = target_probs[:, 0]
-        tokens = torch.where(rows.greedy.to(dev), torch.argmax(verify_logits[:, 0], dim=-1),
-                             sample_inverse_cdf(probs, uni[:, 0]))
-        return Verdict(num_accepted=[0] * B, next_tokens=tokens.tolist())
-    res = accept(
-        draft_tokens=draft_tokens,
-        windows=torch.tensor(windows, dtype=torch.int32, device=dev),
-        target_probs=target_probs,
-        draft_probs=None if rows.all_greedy else draft_probs,
-        greedy=rows.greedy.to(dev),
-        accept_uniforms=uni[:, :G],
-        sample_uniforms=uni[:, G],
-        impl=impl,
-    )
-    return Verdict(num_accepted=res.num_accepted.tolist(), next_tokens=res.next_token.tolist())
+
+def accept_greedy(drafts: torch.Tensor, target_tokens: torch.Tensor, windows: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The greedy acceptance rule of both step paths: drafts [R, G] against the target's argmax tokens
+    [R, G+1] (row r's token after its anchor and each draft), the first ``windows[r]`` drafts tested.
+    Returns (accepted int64 [R]: the longest prefix of tested drafts equal to the target's tokens, next
+    int64 [R]: the target's token after them). Capture-safe: no host read."""
+    R, G = drafts.shape[0], drafts.shape[1]
+    if G:
+        tested = torch.arange(G, device=drafts.device)[None, :] < windows.to(torch.int64)[:, None]
+        k = ((drafts == target_tokens[:, :G]) & tested).to(torch.int64).cumprod(dim=1).sum(dim=1)
+    else:
+        k = torch.zeros(R, dtype=torch.int64, device=target_tokens.device)
+    return k, target_tokens.gather(1, k[:, None]).squeeze(1)

@@ -47,17 +47,20 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import hydra
+import numpy as np
 import pandas as pd
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from dspark.bench.fingerprint import config_hash, device_telemetry, node_fingerprint
 from dspark.atomic import atomic_write, atomic_write_text
 from dspark.bench.compiles import TritonCompiles
 from dspark.bench.gc_pauses import GC_MODES, GcPauses
-from dspark.bench.guards import (ABGuardError, GuardResult, did_nothing_guard, errors_guard, lossless_guard,
-                                 trim_expected)
-from dspark.bench.metrics import RequestRecord, aggregate_block, requests_dataframe
-from dspark.bench.report import render_console_table, write_report
+from dspark.bench.guards import (FULL_PRECISION_DTYPES, ABGuardError, GuardResult, did_nothing_guard, errors_guard,
+                                 lossless_guard, trim_expected)
+from dspark.bench.metrics import (RequestRecord, aggregate_block, finish_reason_counts, requests_dataframe,
+                                  truncation_counts)
+from dspark.bench.report import render_console_table, verdict_note, write_report
 from dspark.bench.schedule import SCHEDULE_KINDS, build_schedule, first_arm_by_block
 from dspark.bench.statistics import compare_blocks
 from dspark.bench.wandb_log import WANDB_MODES, WandbLogger
@@ -252,8 +255,12 @@ def check_config(cfg: DictConfig):
         raise ConfigError(f"ab.warmup_requests: must be >= 0, got {cfg.ab.warmup_requests}")
     if cfg.ab.cooldown_s < 0:
         raise ConfigError(f"ab.cooldown_s: must be >= 0 seconds, got {cfg.ab.cooldown_s}")
-    if cfg.ab.near_tie_margin < 0:
-        raise ConfigError(f"ab.near_tie_margin: must be >= 0 (a logit margin), got {cfg.ab.near_tie_margin}")
+    if cfg.ab.distribution_min_tokens < 1 or not 0 < cfg.ab.distribution_alpha < 1:
+        raise ConfigError(f"ab.distribution_min_tokens must be >= 1 and ab.distribution_alpha in (0, 1), got "
+                          f"{cfg.ab.distribution_min_tokens} and {cfg.ab.distribution_alpha}")
+    if not 0 < cfg.ab.lossless_alpha < 1:
+        raise ConfigError(f"ab.lossless_alpha: must be in (0, 1) (the rate test's significance level), got "
+                          f"{cfg.ab.lossless_alpha}")
     if cfg.ab.n_boot < 100:
         raise ConfigError(f"ab.n_boot: must be >= 100 bootstrap resamples, got {cfg.ab.n_boot}")
     if cfg.wandb.mode not in WANDB_MODES:
@@ -295,11 +302,32 @@ def finished_summary(out_dir: Path, chash: str) -> dict | None:
     if missing:
         log.warning("%s lacks %s (an unfinished or older run): running the experiment again", path, missing)
         return None
+    if summary.get("interrupted"):
+        return None
     if summary["config_hash"] != chash:
         log.warning("%s holds a run of another config (hash %s, this one %s): running again and overwriting it",
                     path, summary["config_hash"][:12], chash[:12])
         return None
     return summary
+
+
+def partial_run(out_dir: Path) -> str | None:
+    """Why ``out_dir`` holds measurements of a run that did not finish (None when it does not): blocks or
+    per-block records without a finished summary, or a summary marked interrupted."""
+    path = out_dir / "summary.json"
+    summary = None
+    if path.exists():
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            summary = None
+    if isinstance(summary, dict) and summary.get("interrupted"):
+        i = summary["interrupted"]
+        return f"interrupted by {i.get('signal')} after {i.get('completed_arm_blocks')} arm-blocks"
+    finished = isinstance(summary, dict) and all(k in summary for k in COMPLETE_SUMMARY_KEYS)
+    if not finished and ((out_dir / "blocks.csv").exists() or any((out_dir / "requests").glob("*.parquet"))):
+        return "blocks.csv or requests/ without a finished summary.json"
+    return None
 
 
 # ---- engines -------------------------------------------------------------------------------
@@ -491,7 +519,8 @@ def to_records(outs, arm: str, block: int) -> list[RequestRecord]:
             output_token_ids=list(o.token_ids), arrival_s=o.arrival_time, first_token_s=o.first_token_time,
             finish_s=o.finish_time, chunk_times_s=list(o.chunk_times), accept_lengths=list(o.accept_lengths),
             verify_lengths=list(o.verify_lens), per_position_accepts=list(o.pos_accepted),
-            per_position_reached=list(o.pos_reached), error=o.error))
+            per_position_reached=list(o.pos_reached), error=o.error,
+            finish_reason=o.finish_reason))
     return recs
 
 
@@ -573,6 +602,15 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
                      "set ab.force_rerun=true to measure again", out_dir / "summary.json", chash[:12])
             _raise_on_failed_guards(cfg, done)
             return done
+    partial = partial_run(out_dir)
+    if partial and not cfg.ab.get("force_rerun", False):
+        raise ConfigError(f"{out_dir} holds an unfinished run ({partial}); its measurements would be overwritten: "
+                          "set ab.force_rerun=true to start over there, or give this run its own folder "
+                          "(hydra.run.dir=...)")
+    if partial:
+        import shutil
+
+        shutil.rmtree(out_dir / "requests", ignore_errors=True)  # the old run's per-block records go with it
     prompts = workload.prompts()  # a bad custom file fails here, still before any model loads
     replicas = workload.greedy_replicas()
     logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, group=cfg.experiment,
@@ -601,6 +639,8 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
 
     # Warm-up per arm (first requests of the workload), then measured blocks.
     warm = int(cfg.ab.warmup_requests)
+    if warm and cfg.ab.warmup_full_batch:  # the first timed block must not be the first at full batch depth
+        warm = max(warm, min(int(cfg.load.concurrency), len(inputs)))
     for arm in ARMS:
         if warm:
             e = engines[arm]
@@ -639,19 +679,25 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     # The collector over the timed blocks (ab.gc_mode, default freeze: what is alive after the warm-up and
     # the captures is never scanned again, as serving engines do after start-up); its pauses per block
     # go to blocks.csv (gc/...), so a full collection inside a block is seen, not guessed.
-    with GcPauses(str(cfg.ab.gc_mode)) as gc_pauses, TritonCompiles() as compiles:
-        _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
-                    blocks_csv, gc_pauses, compiles)
+    interrupted: dict | None = None
+    with GcPauses(str(cfg.ab.gc_mode)) as gc_pauses, TritonCompiles() as compiles, interrupts_raise():
+        try:
+            _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
+                        blocks_csv, gc_pauses, compiles)
+        except (KeyboardInterrupt, RunInterrupted) as exc:
+            name = exc.signal_name if isinstance(exc, RunInterrupted) else "SIGINT"
+            interrupted = {"signal": name, "completed_arm_blocks": len(block_rows),
+                           "scheduled_arm_blocks": len(schedule)}
+            log.warning("%s after %d of %d arm-blocks: writing the summary of the completed blocks (marked "
+                        "interrupted); rerun with ab.force_rerun=true to measure again", name, len(block_rows),
+                        len(schedule))
 
     # Greedy replicas: sampled workloads cannot be compared token by token, their greedy copies can.
     replica_outputs: dict[str, dict[str, list[int]]] = {}
-    if replicas:
-        r_inputs = [tokenize_prompt(tok, p) for p in replicas]
-        cap = cfg.ab.get("greedy_replica_max_tokens")
-        r_params = [workload.sampling_for(p, greedy=True) for p in replicas]
-        if cap is not None:  # the token-exact comparison needs a prefix, not whole poems
-            r_params = [dataclasses.replace(p, max_tokens=min(p.max_tokens, int(cap))) for p in r_params]
-        r_ids = [p.id for p in replicas]
+    prompt_ids = {p.id: token_ids[p.id] for p in prompts}  # what the lossless guard re-scores outputs after
+    if replicas and interrupted is None:
+        r_inputs, r_params, r_ids = _replica_requests(cfg, workload, replicas, tok)
+        prompt_ids.update(zip(r_ids, r_inputs))
         for arm in ARMS:
             engines[arm].reset()
             try:
@@ -662,18 +708,30 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
                                 f"{len(block_rows)} arm-blocks are in {blocks_csv}") from exc
             replica_outputs[arm] = {str(o.user_id): list(o.token_ids) for o in outs}
 
+    control = None
+    if interrupted is None:
+        control = run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, replicas, tok, logger,
+                                       blocks_csv, len(block_rows))
+
     blocks_df = pd.DataFrame(block_rows)
     requests_df = requests_dataframe(records)
     atomic_write(out_dir / "requests.parquet", lambda tmp: requests_df.to_parquet(tmp, index=False))
-    stats = compare_blocks(blocks_df, {HEADLINE: "higher", "requests_per_s": "higher"},
-                           n_boot=int(cfg.ab.n_boot), seed=int(cfg.ab.seed))
-    guards = run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records, prompts)
+    paired = _paired_blocks(blocks_df)
+    stats = (compare_blocks(paired, {HEADLINE: "higher", "requests_per_s": "higher"}, n_boot=int(cfg.ab.n_boot),
+                            seed=int(cfg.ab.seed)) if len(paired) else {})
+    guards = run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records, prompt_ids,
+                        control, dict(zip(ids, params)))
+    if interrupted is not None:
+        guards.append(GuardResult("interrupted", False,
+                                  f"{interrupted['signal']} after {interrupted['completed_arm_blocks']} of "
+                                  f"{interrupted['scheduled_arm_blocks']} arm-blocks: statistics and guards cover the "
+                                  "completed blocks only (no greedy replicas, no lossless control)", interrupted))
     counters = {arm: _sum_counters([r for r in block_rows if r["arm"] == arm]) for arm in ARMS}
     summary = {
         "experiment": cfg.experiment,
         "headline_metric": HEADLINE,
         "statistics": {k: v.to_dict() for k, v in stats.items()},
-        "verdict": stats[HEADLINE].verdict,
+        "verdict": stats[HEADLINE].verdict if stats else "interrupted before a block ran in both arms",
         "guards": [g.to_dict() for g in guards],
         "guards_passed": all(g.passed for g in guards),
         "arms": {arm: _arm_description(cfg, arm, arm_cfgs[arm], engines[arm]) for arm in ARMS},
@@ -686,24 +744,77 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
         "sweep_params": _sweep_params(),
         "timing_health": timing_health(block_rows, float(cfg.ab.max_first_block_slowdown), captured_ahead),
     }
+    if interrupted is not None:
+        summary["interrupted"] = interrupted
     if factory is not default_engine_factory:
         summary["engine_factory"] = getattr(factory, "__qualname__", repr(factory))
     elif _tiny_models_requested():
         summary["engine_factory"] = f"tiny_engine_factory ({TINY_MODELS_ENV} test hook)"
+    # An arm whose planner declined every step ran the same work as verify-all: the verdict must say so.
+    summary["verdict_note"] = verdict_note(summary)
+    summary["finish_reasons"] = finish_reason_counts(requests_df)
+    summary["truncated"] = truncation_counts(requests_df, {arm: arm_cfgs[arm].max_model_len for arm in ARMS})
     for arm in ARMS:
         logger.log_requests(arm, [r for r in records if r.arm == arm])
         logger.finish_arm(arm, {"verdict": summary["verdict"], "guards_passed": summary["guards_passed"],
+                                **{f"truncated/{k}": v for k, v in summary["truncated"].get(arm, {}).items()},
                                 **{f"counter/{k}": v for k, v in counters[arm].items()}})
     logger.close()
     summary["wandb"] = logger.status()
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
-    write_report(out_dir, summary, blocks_df, requests_df)
-    if cfg.progress:
-        from rich.console import Console
+    if stats:
+        write_report(out_dir, summary, blocks_df, requests_df)
+        if cfg.progress:
+            from rich.console import Console
 
-        render_console_table(summary, Console(width=max(120, Console().width)))
+            render_console_table(summary, Console(width=max(120, Console().width)))
+    if interrupted is not None:
+        log.error("interrupted (%s): the %d completed arm-blocks are in %s (summary.json marked interrupted, "
+                  "blocks.csv, requests.parquet, requests/)", interrupted["signal"],
+                  interrupted["completed_arm_blocks"], out_dir)
+        raise SystemExit(130 if interrupted["signal"] == "SIGINT" else 143)
     _raise_on_failed_guards(cfg, summary)
     return summary
+
+
+def _paired_blocks(blocks_df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of blocks that ran in both arms (an interrupted run may end between a block's arms)."""
+    if blocks_df.empty:
+        return blocks_df
+    both = blocks_df.groupby("block")["arm"].nunique()
+    return blocks_df[blocks_df["block"].isin(both[both == len(ARMS)].index)]
+
+
+class RunInterrupted(BaseException):
+    """SIGTERM arrived while the timed blocks ran (a BaseException, like KeyboardInterrupt, so no
+    ``except Exception`` on the way up mistakes it for an arm failing)."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+class interrupts_raise:
+    """While the timed blocks run, SIGTERM raises :class:`RunInterrupted` in the main thread (SIGINT already
+    raises KeyboardInterrupt), so the run can write the summary of its completed blocks before it exits."""
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            def handler(signum, frame):
+                raise RunInterrupted(signal.Signals(signum).name)
+
+            self._previous = signal.signal(signal.SIGTERM, handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
 
 
 def _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
@@ -723,6 +834,11 @@ def _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block
                             f"{len(block_rows)} finished arm-blocks are in {blocks_csv}") from exc
         recs = to_records(outs, arm, block)
         records += recs
+        # This arm-block's requests on disk at once (one file each: appending never rewrites a finished one).
+        block_file = blocks_csv.parent / "requests" / f"block{block}_{arm}.parquet"
+        block_file.parent.mkdir(exist_ok=True)
+        block_df = requests_dataframe(recs)
+        atomic_write(block_file, lambda tmp: block_df.to_parquet(tmp, index=False))
         outputs[arm][block] = {str(o.user_id): list(o.token_ids) for o in outs}
         counters = e.counters()
         row = {"block": block, "arm": arm, "first_arm": first_arm[block],
@@ -820,42 +936,167 @@ def _sweep_params() -> dict:
     return {o.split("=", 1)[0]: o.split("=", 1)[1] for o in HydraConfig.get().overrides.task if "=" in o}
 
 
-def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records, prompts
-               ) -> list[GuardResult]:
+def run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, replicas, tok, logger, blocks_csv,
+                         n_finished) -> dict | None:
+    """The lossless guard's control in reduced precision: arm A's engine again, untimed, on the greedy
+    requests the guard compares (the workload, or its greedy replicas) under another batch composition:
+    half the running limit and the arrival order reversed. Its outputs part from A's only where rounding
+    flips an argmax. None in float32 (exact identity is required there) or with ab.lossless_control off."""
+    if arm_cfgs["A"].dtype in FULL_PRECISION_DTYPES or not cfg.ab.lossless_control:
+        return None
+    if workload.sampling().greedy:
+        c_inputs, c_params, c_ids = inputs, params, ids
+    elif replicas:
+        c_inputs, c_params, c_ids = _replica_requests(cfg, workload, replicas, tok)
+    else:
+        return None
+    e = engines["A"]
+    limit = max(1, int(cfg.load.concurrency) // 2)
+    e.reset()
+    start = time.perf_counter()
+    try:
+        with e.running_limit(limit):
+            outs = e.generate(c_inputs[::-1], c_params[::-1], ids=c_ids[::-1])
+    except Exception as exc:
+        logger.close()
+        raise ArmFailed(f"arm A failed in the lossless control run: {type(exc).__name__}: {exc}; all "
+                        f"{n_finished} arm-blocks are in {blocks_csv}") from exc
+    log.info("lossless control: arm A on %d greedy requests at running limit %d, reversed order (%.1f s)",
+             len(c_ids), limit, time.perf_counter() - start)
+    return {"outputs": {str(o.user_id): list(o.token_ids) for o in outs}, "running_limit": limit,
+            "order": "reversed", "requests": len(c_ids)}
+
+
+def _replica_requests(cfg, workload, replicas, tok):
+    """The greedy replicas of a sampled workload as (token ids, params, ids), capped at
+    ab.greedy_replica_max_tokens (the token-exact comparison needs a prefix, not whole poems)."""
+    r_inputs = [tokenize_prompt(tok, p) for p in replicas]
+    cap = cfg.ab.get("greedy_replica_max_tokens")
+    r_params = [workload.sampling_for(p, greedy=True) for p in replicas]
+    if cap is not None:
+        r_params = [dataclasses.replace(p, max_tokens=min(p.max_tokens, int(cap))) for p in r_params]
+    return r_inputs, r_params, [p.id for p in replicas]
+
+
+def _evidence_guard(cfg, engines, outputs, replica_outputs, prompt_ids, control, dtype) -> GuardResult:
+    """Reduced precision: every greedy output of both arms (each block, or the greedy replicas) and of the
+    control, re-scored by a float32 reference of arm A's target (dspark/bench/lossless.py)."""
+    from dspark.bench.lossless import RunOutputs, evidence_lossless_guard
+    from dspark.bench.reference import ReferenceScorer
+
+    runs: list[RunOutputs] = []
+    pairs: list[tuple[str, str]] = []
+    if replica_outputs:
+        runs += [RunOutputs(f"{arm}/greedy_replicas", arm, replica_outputs[arm]) for arm in ARMS]
+        pairs.append(("A/greedy_replicas", "B/greedy_replicas"))
+    else:
+        for block in sorted(set(outputs["A"]) & set(outputs["B"])):
+            runs += [RunOutputs(f"{arm}/block{block}", arm, outputs[arm][block]) for arm in ARMS]
+            pairs.append((f"A/block{block}", f"B/block{block}"))
+    control_pair = None
+    if control is not None:
+        runs.append(RunOutputs("control", "control", control["outputs"]))
+        control_pair = (pairs[0][0], "control")
+    tok = engines["A"].tokenizer
+    from tqdm.auto import tqdm
+
+    def progress(total):  # the bar's update(n), called with the outputs each packed forward scored
+        return tqdm(total=total, desc="lossless: fp32 re-scoring", unit="output", disable=not cfg.progress).update
+
+    g = evidence_lossless_guard(runs, pairs, prompt_ids, ReferenceScorer(engines["A"].target),
+                                control_pair=control_pair, alpha=float(cfg.ab.lossless_alpha), dtype=dtype,
+                                decode=lambda ids: tok.decode(ids, skip_special_tokens=False), progress=progress)
+    if control is not None:
+        g.details["control"] = {k: v for k, v in control.items() if k != "outputs"}
+    return g
+
+
+def _distribution_guards(cfg, engines, outputs, sampling_by_id, prompt_ids) -> list[GuardResult]:
+    """Sampled requests: every token of each arm's timed blocks goes through the randomized PIT under
+    the target's own processed distribution, teacher-forced on the arm's prefix in the engine's
+    precision (dspark/bench/distribution.py); a KS test per arm once it has ab.distribution_min_tokens.
+    A token the engine-precision forward gives probability 0 but the float32 reference does not is a
+    rounding flip at the top-k / top-p boundary (left out of the test, counted); one impossible under
+    both fails the arm."""
+    from dspark.bench.distribution import distribution_check, request_pits
+    from dspark.bench.reference import ReferenceScorer
+    from dspark.sampling import RowSampling, processed_probs
+
+    min_tokens, alpha = int(cfg.ab.distribution_min_tokens), float(cfg.ab.distribution_alpha)
+    todo = {arm: [(rid, toks) for block in sorted(outputs[arm]) for rid, toks in outputs[arm][block].items()
+                  if toks and sampling_by_id.get(rid) is not None and sampling_by_id[rid].temperature > 0]
+            for arm in ARMS}
+    counts = {arm: sum(len(t) for _, t in items) for arm, items in todo.items()}
+    if all(n < min_tokens for n in counts.values()):  # too few for a verdict: skip the forwards altogether
+        return [GuardResult(f"distribution[{arm}]", True,
+                            f"arm {arm}: not enough sampled tokens ({n:,} < ab.distribution_min_tokens={min_tokens:,}): "
+                            "no distribution verdict", {"state": "insufficient", "n": n}) for arm, n in counts.items()]
+    scorer = ReferenceScorer(engines["A"].target)
+    gen = torch.Generator(device=next(engines["A"].target.parameters()).device).manual_seed(int(cfg.ab.seed))
+    pits: dict[str, np.ndarray] = {}
+    impossible: dict[str, int] = {}
+    boundary: dict[str, int] = {}
+    from tqdm.auto import tqdm
+
+    for arm in ARMS:
+        values, bad, edge = [], 0, 0
+        for rid, toks in tqdm(todo[arm], desc=f"distribution: arm {arm}", unit="output", disable=not cfg.progress):
+            params = sampling_by_id[rid]
+            logits = scorer.logits(prompt_ids[rid], toks, reference=False)
+            u = request_pits(logits, torch.tensor(toks, device=logits.device), params, gen)
+            nan = torch.isnan(u)
+            if bool(nan.any()):
+                ref = scorer.logits(prompt_ids[rid], toks, reference=True)[nan]
+                probs = processed_probs(ref, RowSampling([params] * int(nan.sum()), ref.device))
+                tok_nan = torch.tensor(toks, device=ref.device)[nan]
+                possible = probs.gather(1, tok_nan[:, None])[:, 0] > 0
+                edge += int(possible.sum())
+                bad += int((~possible).sum())
+            values.append(u[~nan].double().cpu().numpy())
+        pits[arm] = np.concatenate(values) if values else np.zeros(0)
+        impossible[arm], boundary[arm] = bad, edge
+    guards = []
+    for arm in ARMS:
+        other = "B" if arm == "A" else "A"
+        res = distribution_check(pits[arm], alpha=alpha, min_tokens=min_tokens, impossible=impossible[arm], arm=arm,
+                                 other=pits[other], other_arm=other)
+        details = {**res.to_dict(), "state": res.state, "boundary_flips": boundary[arm]}
+        message = res.message + (f"; {boundary[arm]} token(s) at the top-k/top-p boundary possible only under the "
+                                 "float32 reference (rounding, left out)" if boundary[arm] else "")
+        guards.append(GuardResult(f"distribution[{arm}]", res.passed is not False, message, details))
+    return guards
+
+
+def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records, prompt_ids,
+               control=None, sampling_by_id=None) -> list[GuardResult]:
     guards: list[GuardResult] = [errors_guard(records)]
     dtype = arm_cfgs["A"].dtype
-    prompt_ids = {p.id: p for p in prompts}
-    tok = engines["A"].tokenizer
-
-    def margin_fn(req_id, prefix):
-        from dspark.model_runner import last_position_logits
-
-        p = prompt_ids.get(str(req_id).removesuffix("#greedy"))
-        ids = (tok.encode_chat(p.messages) if p.messages else tok.encode(p.prompt)) if p is not None else []
-        top2 = last_position_logits(engines["A"].target, ids + list(prefix),
-                                    kernels=engines["A"].runner.kernels).topk(2).values
-        return float(top2[0] - top2[1])
-
     greedy_workload = workload.sampling().greedy
-    if greedy_workload:
-        for block in sorted(set(outputs["A"]) & set(outputs["B"])):
-            g = lossless_guard(outputs["A"][block], outputs["B"][block], dtype=dtype, margin_fn=margin_fn,
-                               near_tie_margin=float(cfg.ab.near_tie_margin))
-            g.name = f"lossless/block{block}"
+    if dtype in FULL_PRECISION_DTYPES:  # float32: the arms' greedy outputs must be identical, token for token
+        if greedy_workload:
+            for block in sorted(set(outputs["A"]) & set(outputs["B"])):
+                g = lossless_guard(outputs["A"][block], outputs["B"][block], dtype=dtype)
+                g.name = f"lossless/block{block}"
+                guards.append(g)
+        if replica_outputs:
+            g = lossless_guard(replica_outputs["A"], replica_outputs["B"], dtype=dtype)
+            g.name = "lossless/greedy_replicas"
             guards.append(g)
-    if replica_outputs:
-        g = lossless_guard(replica_outputs["A"], replica_outputs["B"], dtype=dtype, margin_fn=margin_fn,
-                           near_tie_margin=float(cfg.ab.near_tie_margin))
-        g.name = "lossless/greedy_replicas"
-        guards.append(g)
+    elif greedy_workload or replica_outputs:
+        guards.append(_evidence_guard(cfg, engines, outputs, replica_outputs, prompt_ids, control, dtype))
     if not greedy_workload and not replica_outputs:
         guards.append(GuardResult("lossless", False, "sampled workload without greedy replicas: nothing compared; "
                                   "set workload.greedy_replica_count > 0", {}))
+    if not greedy_workload:
+        guards += _distribution_guards(cfg, engines, outputs, sampling_by_id, prompt_ids)
     for arm in ("A", "B"):
         ecfg = arm_cfgs[arm]
         counters = _sum_counters([r for r in block_rows if r["arm"] == arm])
+        # engine.force_verify_len / force_budget_frac replace the planner: such an arm must trim as forced.
+        forced = ecfg.force_verify_len is not None or ecfg.force_budget_frac is not None
         guards.append(did_nothing_guard(arm, vars_of(ecfg), counters,
-                                        expects_trim=trim_expected(ecfg.verify, False),
+                                        expects_trim=trim_expected(ecfg.verify, forced),
+                                        forces_trim=forced and trim_expected(ecfg.verify, False),
                                         # CUDA graphs can only replay on a GPU; on a CPU the same
                                         # device-resident steps run uncaptured (eager_reason/cpu).
                                         expects_graphs=ecfg.cuda_graphs and ecfg.device.startswith("cuda"),

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
-from dspark.config import DrafterConfig, EngineConfig, KernelSwitches, SamplingParams
+from dspark.config import ConfigError, DrafterConfig, EngineConfig, KernelSwitches, SamplingParams
 
 
 @dataclass
@@ -133,9 +133,13 @@ class ABSettingsSchema:
     schedule: str = "ABBA"  # ABBA | ABAB | random
     n_blocks: int = 4
     warmup_requests: int = 2
+    warmup_full_batch: bool = True  # the warm-up also runs a full batch: load.concurrency requests (capped at the workload)
     cooldown_s: float = 0.0
     seed: int = 0
-    near_tie_margin: float = 0.05  # bf16: first-divergence flips whose top-2 logit margin is below this are near-ties
+    lossless_alpha: float = 0.001  # bf16: an arm leaving the fp32 reference's argmax more often than the control fails
+    lossless_control: bool = True  # bf16: arm A again under another batch composition measures the rounding noise
+    distribution_min_tokens: int = 2000  # sampled workloads: the KS test of an arm's tokens needs at least this many
+    distribution_alpha: float = 0.001  # sampled workloads: an arm whose token PITs reject U(0,1) at p < this fails
     n_boot: int = 4000
     fail_on_guard: bool = True
     greedy_replica_max_tokens: Optional[int] = 256  # output cap of the greedy replicas (lossless check)
@@ -229,7 +233,27 @@ def to_engine_config(engine: Any, spec: str | None = None) -> EngineConfig:
         d["spec"] = spec
     if d.get("kernels") is not None:  # a DictConfig / dict of the engine.kernels group
         d["kernels"] = KernelSwitches.from_dict({str(k): v for k, v in dict(d["kernels"]).items()})
-    return EngineConfig(**d)
+    ecfg = EngineConfig(**d)
+    check_pool_holds_a_request(ecfg)
+    return ecfg
+
+
+def check_pool_holds_a_request(ecfg: EngineConfig) -> None:
+    """Refuse a KV pool that cannot hold one request of engine.max_model_len tokens: every request that
+    long would be refused at admission. (The engine itself accepts smaller pools, e.g. the profiler's
+    throw-away ones; this check is for configs a user runs.)"""
+    if ecfg.num_kv_blocks is not None:
+        tokens, how = ecfg.num_kv_blocks * ecfg.kv_block_size, (
+            f"engine.num_kv_blocks={ecfg.num_kv_blocks} x engine.kv_block_size={ecfg.kv_block_size}")
+    elif ecfg.kv_cache_tokens is not None:
+        tokens, how = ecfg.kv_cache_tokens, f"engine.kv_cache_tokens={ecfg.kv_cache_tokens}"
+    else:
+        return
+    if tokens < ecfg.max_model_len:
+        raise ConfigError(f"the KV pool holds {tokens} token slots ({how}), fewer than one request of "
+                          f"engine.max_model_len={ecfg.max_model_len} tokens: raise it (or set "
+                          "engine.num_kv_blocks / engine.kv_cache_tokens to null to size it from max_num_seqs x "
+                          "max_model_len), or lower engine.max_model_len")
 
 
 def to_sampling(sampling: Any) -> SamplingParams:

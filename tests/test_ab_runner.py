@@ -87,8 +87,18 @@ def test_end_to_end_writes_every_output_and_guards_pass(tiny_run):
     outputs = [json.loads(t) for t in requests["output_token_ids"]]
     assert len({t for out_ids in outputs for t in out_ids}) > 3  # real outputs, not one repeated token
     assert set(requests["arm"]) == {"A", "B"} and requests["error"].isna().all()
+    # Every request's finish reason; at most 6 new tokens (workload.max_tokens=6), cut requests say "length".
+    assert set(requests["finish_reason"]) <= {"stop", "length"}
+    cut = requests[requests["finish_reason"] == "length"]
+    assert (cut["output_tokens"] == 6).all()
+    assert summary["finish_reasons"] == {arm: requests[requests["arm"] == arm]["finish_reason"].value_counts().to_dict()
+                                         for arm in ("A", "B")}
+    assert summary["truncated"] == {arm: {"max_tokens": int((cut["arm"] == arm).sum()), "max_model_len": 0}
+                                    for arm in ("A", "B")}
+    assert summary["verdict_note"] is None  # spec off vs DSpark: no trimming arm
     report = (out / "report.md").read_text()
     assert "Verdict on output_tokens_per_s" in report and "lossless/block1" in report
+    assert f"Truncated outputs (finish_reason length): A {summary['truncated']['A']['max_tokens']}/4" in report
     # W&B offline: one run folder per arm; its run log (what `wandb sync` uploads) holds the final summary.
     assert summary["wandb"]["mode"] == "offline" and sorted(summary["wandb"]["run_dirs"]) == ["A", "B"]
     assert not summary["wandb"]["failures"]
@@ -98,8 +108,12 @@ def test_end_to_end_writes_every_output_and_guards_pass(tiny_run):
         (log_file,) = run_dir.glob("*.wandb")
         data = log_file.read_bytes()
         for needle in ("verdict", json.dumps(summary["verdict"]), "guards_passed", "counter/drafted_tokens",
+                       "truncated/max_tokens",
                        "output_tokens_per_s", summary["arms"][arm]["label"]):
             assert needle.encode() in data, (arm, needle)
+        # The per-request table (requests.parquet's columns, finish_reason included) is logged beside it.
+        tables = list(run_dir.rglob("*.table.json"))
+        assert tables and all('"finish_reason"' in t.read_text() for t in tables), tables
 
 
 def test_blocks_csv_order_is_the_abba_schedule_that_ran(tiny_run):
@@ -259,6 +273,48 @@ def test_default_arms_trim_with_a_table_and_guards_pass(tmp_path):
     # The verify-all arm is priced with the same table: its oracle bound is in the counters.
     assert summary["cost_tables"]["A"]["how"] == "shared for the oracle bound"
     assert any(k.startswith("oracle/") for k in summary["counters"]["A"]), sorted(summary["counters"]["A"])
+
+
+def test_b_declining_every_step_passes_and_the_verdict_says_it_was_the_same_work(tmp_path):
+    """The default A/B where trimming is predicted not to pay (engine.min_predicted_gain out of reach): B's
+    planner prices every step and declines it, did_nothing[B] passes saying so, and the verdict, the report
+    and the console say A and B ran the same work; the statistics stay."""
+    import io
+
+    from rich.console import Console
+    from test_engine_scheduling import steep_table
+
+    from dspark.bench.report import render_console_table
+
+    target = tiny_target(seed=0, scale=TARGET_SCALE)
+    drafter = tiny_drafter(target, seed=1)
+    probe = Engine(target, FakeTokenizer(), replace(ab.arm_engine_configs(compose_ab(
+        [o for o in TINY if not o.startswith("ab=")], out_dir=tmp_path))["B"], cost_table=None), drafter)
+    table = steep_table(probe, tmp_path / "steep.json")
+    overrides = [o for o in TINY if not o.startswith("ab=")] + [f"+ab.arms.B.engine.cost_table={table}",
+                                                                "+ab.arms.B.engine.min_predicted_gain=1000"]
+    summary = ab.run(compose_ab(overrides, out_dir=tmp_path / "run"), engine_factory=tiny_factory())
+    assert summary["counters"]["B"]["trimmed_steps"] == 0
+    guard = next(g for g in summary["guards"] if g["name"] == "did_nothing[B]")
+    assert summary["guards_passed"] and guard["passed"], guard["message"]
+    reasons = guard["details"]["plan_reasons"]
+    assert guard["details"]["declined_all"] is True and reasons.get("declined_below_min_gain", 0) > 0
+    assert set(reasons) <= {"declined_below_min_gain", "declined_mixed_step"}
+    assert guard["message"].startswith(f"B declined all {sum(reasons.values())} steps: predicted gain below "
+                                       "engine.min_predicted_gain at this batch depth on this node")
+    note = ("B declined every step (planner predicted no gain): A and B ran the same work; the measured "
+            "difference is noise, not an effect of trimming")
+    assert summary["verdict_note"] == note
+    assert summary["verdict"] == summary["statistics"]["output_tokens_per_s"]["verdict"]  # the statistics stay
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert f"**{note}.**" in report and "## Planner" in report and "(cost_table.png)" in report
+    assert (tmp_path / "run" / "cost_table.png").is_file()
+    console = Console(file=io.StringIO(), width=200, record=True)
+    render_console_table(summary, console=console)
+    out = console.export_text()
+    assert f"Verdict: {note}." in out
+    assert "Planner B (ragged): " in out and "declined_below_min_gain" in out and "trimmed steps 0" in out
+    assert "Truncated outputs (finish_reason length): A " in out
 
 
 def test_timing_health_flags_captures_and_a_slow_first_block():

@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from dspark.bench.metrics import RequestRecord, aggregate_block, request_metrics, requests_dataframe
+from dspark.bench.metrics import (RequestRecord, aggregate_block, finish_reason_counts, request_metrics,
+                                  requests_dataframe, truncation_counts)
 
 
 def long_request():
@@ -64,6 +65,26 @@ def test_errored_requests_are_counted_but_not_measured():
     assert agg["ttft_s_p50"] == pytest.approx(0.5)
     frame = requests_dataframe([long_request(), failed])
     assert frame["error"].isna().tolist() == [True, False]
+
+
+def test_finish_reasons_and_truncation_per_arm():
+    def rec(rid, arm, prompt, n_out, reason):
+        return RequestRecord(rid, arm, 0, prompt, list(range(n_out)), 0.0, 0.1, 0.2, finish_reason=reason)
+
+    records = [rec("a0", "A", 10, 8, "length"), rec("a1", "A", 10, 3, "stop"), rec("a2", "A", 90, 10, "length"),
+               rec("b0", "B", 10, 8, "length"), rec("b1", "B", 10, 8, "length"),
+               RequestRecord("b2", "B", 0, 5, [], 0.0, None, None, error="boom", finish_reason="error"),
+               rec("b3", "B", 10, 2, None)]
+    frame = requests_dataframe(records)
+    assert frame["finish_reason"].fillna("-").tolist() == ["length", "stop", "length", "length", "length", "error", "-"]
+    assert finish_reason_counts(frame) == {"A": {"length": 2, "stop": 1}, "B": {"length": 2, "error": 1, "unknown": 1}}
+    # The engine says "length" for both limits: prompt + output at max_model_len (100) is the context's cut.
+    assert truncation_counts(frame, {"A": 100, "B": 100}) == {"A": {"max_tokens": 1, "max_model_len": 1},
+                                                               "B": {"max_tokens": 2, "max_model_len": 0}}
+    assert truncation_counts(frame) == {"A": {"max_tokens": 2, "max_model_len": 0},
+                                        "B": {"max_tokens": 2, "max_model_len": 0}}
+    older = frame.drop(columns="finish_reason")  # a run from before the column
+    assert finish_reason_counts(older) == {} and truncation_counts(older) == {}
 
 
 def test_inconsistent_records_are_rejected():

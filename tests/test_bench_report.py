@@ -95,6 +95,73 @@ def test_console_table_lists_every_metric():
     assert "output_tokens_per_s" in out and "faster" in out and "guards: 2/2 passed" in out
 
 
+def declined_experiment(tmp_path):
+    """build_experiment's summary where B (ragged) declined every step as predicted no gain, with its cost table
+    and the finish reasons the A/B runner records."""
+    from dspark.bench.guards import did_nothing_guard
+    from dspark.cost_table import CostTable
+
+    summary, blocks, requests = build_experiment(gain=0.0)
+    counters_b = {"drafted_tokens": 384, "trimmed_steps": 0, "trim_ratio": 0.0,
+                  "sched/plan_reason.declined_below_min_gain": 690, "sched/plan_reason.declined_mixed_step": 12}
+    guard = did_nothing_guard("B", {"verify": "ragged"}, counters_b, expects_trim=True, expects_graphs=False,
+                              expects_speculation=True)
+    counts = tuple(range(1, 65))
+    CostTable(token_counts=counts, theta_ms=tuple(0.05 * m for m in counts), fixed_overhead_ms=90.0,
+              batch_sizes=(1, 2), batch_overhead_ms=(0.0, 1.0)).save(tmp_path / "table.json")
+    summary = {**summary, "guards": [*summary["guards"], guard.to_dict()],
+               "arms": {"A": {"label": "verify_all", "engine": {"spec": "dspark", "verify": "full"}},
+                        "B": {"label": "ragged", "engine": {"spec": "dspark", "verify": "ragged"}}},
+               "counters": {"A": {"drafted_tokens": 384}, "B": counters_b},
+               "cost_tables": {"A": {"path": str(tmp_path / "table.json"), "how": "shared for the oracle bound"},
+                               "B": {"path": str(tmp_path / "table.json"), "how": "reused"}},
+               "finish_reasons": {"A": {"length": 12, "stop": 52}, "B": {"stop": 52, "length": 12}},
+               "truncated": {"A": {"max_tokens": 12, "max_model_len": 0}, "B": {"max_tokens": 11, "max_model_len": 1}}}
+    return summary, blocks, requests
+
+
+NOTE = ("B declined every step (planner predicted no gain): A and B ran the same work; the measured difference is "
+        "noise, not an effect of trimming")
+
+
+def test_declined_everything_is_said_next_to_the_verdict_with_the_planner_and_the_cost_table(tmp_path):
+    from dspark.bench.report import verdict_note
+
+    summary, blocks, requests = declined_experiment(tmp_path)
+    assert verdict_note(summary) == NOTE
+    paths = write_report(tmp_path / "report", summary, blocks, requests)
+    assert paths["cost_table_plot"].read_bytes()[:8] == PNG_MAGIC
+    text = paths["report"].read_text()
+    verdict_at = text.index("**Verdict on output_tokens_per_s:")
+    assert text.index(f"**{NOTE}.**") > verdict_at  # right below the verdict, which stays
+    assert "Truncated outputs (finish_reason length): A 12/64 (max_tokens 12), B 12/64 (max_tokens 11, max_model_len 1)" in text
+    assert ("- Planner B (ragged): 702 decisions: declined_below_min_gain 690, declined_mixed_step 12; trimmed steps 0, "
+            "trim_ratio 0.000") in text
+    assert "- `declined_below_min_gain`: the planner predicted less than engine.min_predicted_gain" in text
+    assert "(cost_table.png)" in text
+    console = Console(file=io.StringIO(), width=200, record=True)
+    render_console_table(summary, console=console)
+    out = console.export_text()
+    assert f"Verdict: {NOTE}." in out
+    assert "Planner B (ragged): 702 decisions: declined_below_min_gain 690, declined_mixed_step 12" in out
+    assert "  declined_mixed_step: steps carried a prefill and engine.skip_mixed_trim declines those" in out
+    assert "Truncated outputs (finish_reason length): A 12/64" in out
+    # A verify-all arm that ran target-only is not the same work: the note says only what B did.
+    other = {**summary, "arms": {**summary["arms"], "A": {"label": "target", "engine": {"spec": "off", "verify": "full"}}}}
+    assert verdict_note(other) == ("B declined every step (planner predicted no gain): B verified the whole drafted "
+                                   "block on every step; the measured difference is not an effect of trimming")
+    # A table that cannot be read is named, not fatal; a run whose B trimmed has no note.
+    missing = {**summary, "cost_tables": {"B": {"path": str(tmp_path / "gone.json")}}}
+    text = write_report(tmp_path / "missing", missing, blocks, requests)["report"].read_text()
+    assert "not drawn: cost table: " in text and "gone.json" in text
+    assert verdict_note(build_experiment()[0]) is None
+    # A sweep names the jobs whose B declined every step next to their verdict.
+    (tmp_path / "sweep" / "0").mkdir(parents=True)
+    (tmp_path / "sweep" / "0" / "summary.json").write_text(json.dumps(summary))
+    assert set(compare_runs([tmp_path / "sweep" / "0" / "summary.json"])["declined_all"]) == {"B"}
+    assert "(B declined every step: no trimming measured)" in write_sweep_report(tmp_path / "sweep")["markdown"].read_text()
+
+
 def test_sweep_report_collects_jobs(tmp_path):
     for job, gain in enumerate((0.0, 0.10, 0.20)):
         summary, _, _ = build_experiment(gain=gain, seed=job)

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from dspark.cost_table import (CostTable, CostTableError, CostTableMismatchError, derive_tier_ladder,
-                               fit_cost_table)
+from dspark.cost_table import (CostTable, CostTableError, CostTableFileError, CostTableMismatchError,
+                               derive_tier_ladder, fit_cost_table)
 
 FP = {"device_name": "NVIDIA H200", "driver": "550.54", "torch": "2.13.0", "triton": "3.9.0",
       "model": "smollm2-135m", "drafter": "dspark-b7-abc123", "dtype": "bfloat16", "hostname": "node1"}
@@ -158,3 +158,36 @@ def test_trim_overhead_staircase_round_trip_and_validation():
     with pytest.raises(CostTableError, match="finite and >= 0"):
         CostTable(token_counts=(8,), theta_ms=(1.0,), batch_sizes=(1,), batch_overhead_ms=(0.0,),
                   trim_overhead_ms=(-0.1,))
+
+
+def test_foreign_cost_table_message_names_the_setting(tmp_path):
+    path = tmp_path / "h200.json"
+    staircase().save(path)
+    table = CostTable.load(path)
+    with pytest.raises(CostTableMismatchError, match=rf"cost table {path} was measured on a different setup "
+                                                     r"\(device_name: .*set engine\.allow_foreign_cost_table=true"):
+        table.check_fingerprint({**FP, "device_name": "NVIDIA A100"})
+    assert table == staircase()  # where it came from is not part of the table
+
+
+def test_foreign_cost_table_setting_exists():
+    """The setting the message names is the engine config key runners.* accept (schema and EngineConfig)."""
+    from dspark.config import EngineConfig
+    from runners.schema import EngineSchema
+
+    assert EngineSchema().allow_foreign_cost_table is False and EngineConfig().allow_foreign_cost_table is False
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"format_version": 1, "token_co', r"not valid JSON \(Unterminated string"),
+    (json.dumps({"format_version": 1, "token_counts_include_bonus": True, "token_counts": [1, 2]}),
+     "missing required key 'theta_ms'"),
+    (json.dumps({**staircase().to_dict(), "theta_ms": None}), "a value has the wrong type"),
+    ("\udcff", "not text"),
+])
+def test_corrupt_cost_table_says_delete(tmp_path, text, problem):
+    path = tmp_path / "cached.json"
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(CostTableFileError, match=rf"cost table {path}: {problem}.*Delete it and re-profile: a table "
+                                                 r"cached under paths\.cost_tables is re-profiled by the next A/B run"):
+        CostTable.load(path)

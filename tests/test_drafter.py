@@ -4,6 +4,7 @@ Markov / confidence heads, checkpoints."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -414,3 +415,57 @@ def test_draft_without_logits_draws_the_same_block():
     assert lean.logits is None and full.logits.shape == (3, GAMMA, cfg.vocab_size)
     assert torch.equal(lean.tokens, full.tokens)
     assert torch.equal(lean.confidence_logits, full.confidence_logits)
+
+
+def _shipped_target_cfg(folder) -> ModelConfig:
+    return ModelConfig(**json.loads((folder / "config.json").read_text())["target"])
+
+
+def test_truncated_drafter_shard_names_file(tmp_path, monkeypatch):
+    import shutil
+
+    from dspark.models import drafter as drafter_module
+    from dspark.models.loading import DamagedFileError
+
+    shipped = drafter_module.ASSETS_DIR / "dspark-smollm2"
+    index = json.loads((shipped / "model.safetensors.index.json").read_text())
+    recorded = index["metadata"]["files"]  # the shipped index vouches for every shard it lists
+    assert sorted(recorded) == sorted(set(index["weight_map"].values()))
+    for fname, want in recorded.items():
+        assert (shipped / fname).stat().st_size == want["size"], fname
+    # A copy of the shipped drafter inside a stand-in repository: its restore hint is a git checkout.
+    repo = tmp_path / "repo"
+    (repo / ".git").mkdir(parents=True)
+    folder = repo / "dspark" / "assets" / "dspark-smollm2"
+    shutil.copytree(shipped, folder)
+    monkeypatch.setattr(drafter_module, "ASSETS_DIR", repo / "dspark" / "assets")
+    shard = folder / "model-00002-of-00002.safetensors"
+    size = shard.stat().st_size
+    os.truncate(shard, 1_000_000)
+    want = recorded["model-00002-of-00002.safetensors"]
+    with pytest.raises(DamagedFileError, match=rf"shard .*model-00002-of-00002\.safetensors is 1000000 bytes but its "
+                                               rf"index records {size} bytes \(sha256 {want['sha256']}\): it is "
+                                               rf"truncated.*restore it with `git -C .*repo checkout -- "
+                                               rf"dspark/assets/dspark-smollm2/model-00002-of-00002\.safetensors`"):
+        DSparkDrafter.load(folder, _shipped_target_cfg(folder))
+    # Same size, other bytes: the sha256 finds it.
+    shutil.copy(shipped / shard.name, shard)
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DamagedFileError, match=r"model-00002-of-00002\.safetensors: its sha256 differs .*git -C"):
+        DSparkDrafter.load(folder, _shipped_target_cfg(folder))
+    # A checkpoint of one's own (no recorded sizes): still named, with where to restore it from.
+    cfg = _target_cfg()
+    _make(cfg).save(tmp_path / "mine")
+    os.truncate(tmp_path / "mine" / "model.safetensors", 100)
+    with pytest.raises(DamagedFileError, match=r"mine/model\.safetensors: not a readable safetensors file .*"
+                                               r"truncated or corrupt\. Restore it from where this checkpoint came"):
+        DSparkDrafter.load(tmp_path / "mine", cfg)
+    # The real shipped folder's hint, in a git checkout, names the command for this repository.
+    monkeypatch.undo()
+    root = shipped.parents[2]
+    if (root / ".git").exists():
+        hint = drafter_module.restore_hint(shipped / "model-00001-of-00002.safetensors")
+        shard = "dspark/assets/dspark-smollm2/model-00001-of-00002.safetensors"
+        assert hint.endswith(f"`git -C {root} checkout -- {shard}`")

@@ -219,3 +219,18 @@ def test_a_prompt_longer_than_the_kv_pool_is_refused_not_waited_on():
     out = eng.generate([list(range(3, 33)), [5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
     assert out[0].finish_reason == "error" and "KV pool" in out[0].error
     assert out[1].error is None and len(out[1].token_ids) == 4
+
+
+@pytest.mark.parametrize("override,message", [
+    ("engine.num_kv_blocks=2", r"KV pool holds 32 token slots \(engine.num_kv_blocks=2 .*engine.max_model_len=2048"),
+    ("engine.kv_cache_tokens=1000", r"KV pool holds 1000 .*engine.kv_cache_tokens=1000.*engine.max_model_len=2048"),
+    ("engine.kv_cache_tokens=0", r"engine.kv_cache_tokens: must be >= 1")])
+def test_kv_pool_smaller_than_one_max_model_len_refused_by_the_config_check(tmp_path, override, message):
+    """`runners.ab engine.kv_cache_tokens=0` (or a 2-page pool) used to pass the config check; now it is refused
+    before any model loads, naming the setting (max_model_len is 2048 in conf/ab.yaml)."""
+    from dspark.config import ConfigError
+    from runners.ab import check_config
+    from test_configs import compose_ab
+
+    with pytest.raises(ConfigError, match=message):
+        check_config(compose_ab(["+workload=agentic", override], out_dir=tmp_path))

@@ -74,3 +74,12 @@ def test_runners_generate_streams_and_exits_nonzero_when_requests_errored(tmp_pa
     assert summary["errors"] == 1
     with pytest.raises(generate.RequestsErrored, match="1 of 3 requests errored"):
         generate.refuse_errors(summary)
+
+
+def test_runners_generate_non_utf8_prompts_file_names_file_and_line(tmp_path, tiny_engine):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b'{"prompt": "hello"}\n{"prompt": "na\xefve"}\n')  # latin-1 i-diaeresis on line 2
+    with pytest.raises(ConfigError, match=r"prompts\.jsonl:2: .*not UTF-8 \(bytes ef at byte offset 34 in the file, "
+                                          r"column 15 of line 2\).*iconv"):
+        generate.run(cfg_for(prompts, tmp_path / "out.jsonl"))
+    assert tiny_engine == []  # refused before any model loaded

@@ -171,6 +171,98 @@ def test_truncated_real_gguf_gives_a_clear_error(tmp_path):
     assert not (tmp_path / "cache").exists() or list((tmp_path / "cache").iterdir()) == []
 
 
+def counting_hashes(monkeypatch) -> list[str]:
+    """Names of the files loading.file_sha256 hashes from now on."""
+    hashed: list[str] = []
+    real = loading.file_sha256
+
+    def counting(path, *args, **kwargs):
+        hashed.append(os.path.basename(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(loading, "file_sha256", counting)
+    return hashed
+
+
+def test_truncated_cached_model_is_rebuilt(tiny_gguf, tmp_path, monkeypatch, caplog):
+    path, _, state = tiny_gguf
+    calls = count_conversions(monkeypatch)
+    folder = loading.prepare_smollm2(tmp_path, gguf_path=path)
+    weights = folder / "model.safetensors"
+    files = json.loads((folder / loading.MANIFEST_NAME).read_text())["files"]
+    assert files["model.safetensors"]["size"] == weights.stat().st_size
+    assert files["model.safetensors"]["sha256"] == loading.file_sha256(weights)
+    assert sorted(files) == sorted(n for n in loading.CONVERTED_FILES if n != loading.MANIFEST_NAME)
+    # An untouched cache is checked by size and mtime only: no file of the folder is hashed.
+    hashed = counting_hashes(monkeypatch)
+    assert loading.prepare_smollm2(tmp_path, gguf_path=path) == folder and len(calls) == 1
+    assert hashed == [path.name]  # the GGUF source only
+    # Truncated (a full disk, a killed copy): rebuilt, and the log says why.
+    size = weights.stat().st_size
+    os.truncate(weights, size // 2)
+    with caplog.at_level("WARNING", logger="dspark.models.loading"):
+        assert loading.prepare_smollm2(tmp_path, gguf_path=path) == folder
+    assert len(calls) == 2 and weights.stat().st_size == size
+    assert f"model.safetensors is {size // 2} bytes, its manifest says {size}" in caplog.text
+    assert "converting tiny-model.gguf again to rebuild it" in caplog.text
+    assert torch.equal(loading.load_hf_folder(folder)[1]["model.norm.weight"], state["model.norm.weight"])
+    # Same size, different bytes (the mtime moves): found by the hash, rebuilt.
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dspark.models.loading"):
+        loading.prepare_smollm2(tmp_path, gguf_path=path)
+    assert len(calls) == 3 and "model.safetensors's sha256 differs from its manifest" in caplog.text
+    # A cache copied elsewhere (new mtimes, same bytes) is hashed once, then trusted by its stat again.
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path, copy / "inner", ignore=shutil.ignore_patterns("copy"), copy_function=shutil.copy)
+    hashed.clear()
+    assert loading.prepare_smollm2(copy / "inner", gguf_path=path) == copy / "inner" / folder.name
+    assert "model.safetensors" in hashed and len(calls) == 3
+    hashed.clear()
+    loading.prepare_smollm2(copy / "inner", gguf_path=path)
+    assert hashed == [path.name] and len(calls) == 3
+
+
+def test_damaged_weights_of_a_folder_name_the_file(tiny_gguf, tmp_path):
+    path, _, _ = tiny_gguf
+    folder = loading.prepare_smollm2(tmp_path, gguf_path=path)
+    os.truncate(folder / "model.safetensors", 1000)
+    with pytest.raises(loading.DamagedFileError, match=r"model\.safetensors: not a readable safetensors file "
+                                                       r"\(SafetensorError: .*1000 bytes\): it is truncated or "
+                                                       r"corrupt\. Delete the folder .* and the next run converts"):
+        loading.load_hf_folder(folder)
+
+
+def test_unwritable_dspark_cache_refused_before_conversion(tiny_gguf, tmp_path, monkeypatch):
+    path, _, _ = tiny_gguf
+    calls = count_conversions(monkeypatch)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")  # a folder under a file cannot be made, even by root
+    monkeypatch.setenv("DSPARK_CACHE", str(blocker / "cache"))
+    with pytest.raises(ConfigError, match=r"the model cache folder .*a-file/cache is not writable \(Not a directory\); "
+                                          r"it comes from DSPARK_CACHE=.*a-file/cache\..*set DSPARK_CACHE to a "
+                                          r"writable folder"):
+        loading.prepare_smollm2(gguf_path=path)
+    with pytest.raises(ConfigError, match=r"given as model.cache_dir.*or set model.cache_dir"):
+        loading.prepare_smollm2(blocker / "cache", gguf_path=path)
+    assert calls == []  # refused before the (slow) conversion
+    # A complete cache in a folder that cannot be written is still reused.
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
+    folder = loading.prepare_smollm2(gguf_path=path)
+
+    def no_writes(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(loading.tempfile, "mkstemp", no_writes)
+    assert loading.prepare_smollm2(gguf_path=path) == folder and len(calls) == 1
+    os.truncate(folder / "model.safetensors", 10)  # ...a damaged one there cannot be rebuilt: said before converting
+    with pytest.raises(ConfigError, match=r"cache folder .*cache is not writable \(Permission denied\)"):
+        loading.prepare_smollm2(gguf_path=path)
+    assert len(calls) == 1
+
+
 # ------------------------------------------------------------------------------------------------
 # Hugging Face folders
 

@@ -13,7 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import dspark.profiler as profiler
-from dspark.cost_table import CostTable
+from dspark.cost_table import CostTable, CostTableFileError, CostTableMismatchError
 from dspark.engine import Engine
 from dspark.profiler import (ProfileError, ProfileFitError, ProfileFlatError, collect_measurements, cost_table_path_for,
                              find_or_profile, plot_cost_curve, profile_engine, recommend_tier_ladder)
@@ -189,6 +189,28 @@ def test_table_is_found_again_by_fingerprint_without_reprofiling(models, monkeyp
     assert planned.cost_table == CostTable.load(first)
 
 
+def test_corrupt_cached_cost_table_says_delete(models, monkeypatch, tmp_path):
+    synthetic_clock(monkeypatch, staircase)
+    engine = make_engine(models)
+    path = cost_table_path_for(engine.fingerprint(), tmp_path)
+    kwargs = dict(SWEEP)
+    path.write_text('{"format_version": 1, "token_counts_include_bonus": true, "token_co')  # torn by a crash
+    with pytest.raises(CostTableFileError, match=rf"cost table {path}: not valid JSON .*This is the table cached for "
+                                                 rf"this setup: delete {path} and the next run profiles this node"):
+        find_or_profile(engine, tmp_path, kwargs, lambda line: None)
+    # Copied from another node under this node's name: refused the same way.
+    foreign = CostTable(token_counts=(1, 2), theta_ms=(1.0, 2.0), fingerprint={"device_name": "NVIDIA H200"})
+    foreign.save(path)
+    with pytest.raises(CostTableMismatchError, match=rf"cost table {path} was measured on a different setup "
+                                                     r"\(device_name: table='NVIDIA H200'.*delete .* and the next run"):
+        find_or_profile(engine, tmp_path, kwargs, lambda line: None)
+    # ...and deleting it is enough: the next run profiles again.
+    path.unlink()
+    lines: list[str] = []
+    assert find_or_profile(engine, tmp_path, kwargs, lines.append) == path and path.exists()
+    assert any("profiling now" in line for line in lines)
+
+
 def test_plot_is_written(models, monkeypatch, tmp_path):
     synthetic_clock(monkeypatch, staircase)
     result = profile_engine(make_engine(models), **SWEEP)
@@ -332,3 +354,15 @@ def test_trim_overhead_ignores_noise():
     assert trim_overheads(full, [(1, 5, 9.0)] * 3, 4) == {1: 0.0}  # cheaper is never a negative overhead
     with pytest.raises(ProfileError, match="lack a full-block step"):
         trim_overheads(full, [(2, 10, 9.0)], 4)
+
+
+def test_a_sweep_disturbed_by_another_job_is_refused_not_saved():
+    """A 2-core CPU shared with another job measured batch-4 steps at 1.6 s against 150 ms at batch 1 and the
+    profile saved that table; a cell far above linear growth in its tokens is now refused, naming both cells."""
+    from dspark.profiler import ProfileFitError, check_not_superlinear
+
+    clean = [(1, 2, 150.0), (1, 8, 160.0), (2, 4, 155.0), (2, 16, 175.0), (4, 8, 162.0), (4, 32, 210.0)]
+    check_not_superlinear(clean)
+    disturbed = [*clean[:4], (4, 8, 1650.0), (4, 32, 1700.0)]
+    with pytest.raises(ProfileFitError, match=r"M=8 tokens \(batch 4\) took 1650.0 ms, 5.3x .*M=4 \(batch 2, 155.0 ms\)"):
+        check_not_superlinear(disturbed)

@@ -1,9 +1,5 @@
 """Window allocation: torch reference and Triton kernel against a brute-force Python ranking."""
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU interpreter
-
 import random
 
 import pytest

@@ -318,6 +318,33 @@ def test_custom_needs_a_path():
         build_workload(make_spec("custom", path="/nonexistent/prompts.jsonl")).prompts()
 
 
+def test_non_utf8_jsonl_names_file_and_line(tmp_path):
+    import gzip
+
+    latin1 = tmp_path / "prompts.jsonl"
+    latin1.write_bytes(b'{"prompt": "ok"}\n\n{"prompt": "caf\xe9 au lait"}\n')  # a latin-1 e-acute on line 3
+    with pytest.raises(WorkloadError, match=r"prompts\.jsonl:3: the custom prompt file is not UTF-8 \(bytes e9 at "
+                                            r"byte offset 33 in the file, column 16 of line 3\).*must be UTF-8.*"
+                                            r"iconv -f <encoding> -t utf-8 .*prompts\.jsonl"):
+        build_workload(make_spec("custom", path=str(latin1))).prompts()
+    utf16 = tmp_path / "windows.jsonl"
+    utf16.write_bytes('{"prompt": "x"}\n'.encode("utf-16"))
+    with pytest.raises(WorkloadError, match=r"windows\.jsonl:1: .*UTF-16 byte-order mark.*iconv -f utf-16 -t utf-8"):
+        build_workload(make_spec("custom", path=str(utf16))).prompts()
+    packed = tmp_path / "prompts.jsonl.gz"
+    packed.write_bytes(gzip.compress(latin1.read_bytes()))
+    with pytest.raises(WorkloadError, match=r"prompts\.jsonl\.gz:3: .*byte offset 33 of the decompressed text"):
+        build_workload(make_spec("custom", path=str(packed))).prompts()
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(packed.read_bytes()[:20])
+    with pytest.raises(WorkloadError, match=r"cut\.jsonl\.gz: the gzip file is truncated or corrupt"):
+        build_workload(make_spec("custom", path=str(cut))).prompts()
+    # A UTF-8 byte-order mark (Notepad's "UTF-8 with BOM") is fine.
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b'\xef\xbb\xbf{"prompt": "caf\xc3\xa9"}\n')
+    assert [p.prompt for p in build_workload(make_spec("custom", path=str(bom))).prompts()] == ["café"]
+
+
 # --- registry -------------------------------------------------------------------------
 
 def test_registry_unknown_name_lists_allowed():

@@ -5,8 +5,11 @@ number, and the number is wrong because outputs changed (one "+64%" result was o
 corruption) or because the feature never ran (a planner that declines every step scores
 exactly like a working one). These checks turn those cases into loud failures:
 
-- :func:`lossless_guard`: at temperature 0 both arms must emit the same tokens.
-- :func:`did_nothing_guard`: an arm configured to trim, replay graphs or speculate did.
+- :func:`lossless_guard`: at temperature 0 both float32 arms must emit the same tokens (reduced
+  precision: :func:`dspark.bench.lossless.evidence_lossless_guard`, which tells rounding flips from
+  errors by re-scoring with a float32 reference).
+- :func:`did_nothing_guard`: an arm configured to trim, replay graphs or speculate could run it
+  (a planner that priced every step and declined them all as "no predicted gain" passes, and says so).
 - :func:`errors_guard`: no request errored.
 
 Each returns a :class:`GuardResult`; :func:`raise_on_failure` raises one
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 FULL_PRECISION_DTYPES = {"float32": "float32", "fp32": "float32"}
 REDUCED_PRECISION_DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
@@ -48,9 +51,6 @@ def raise_on_failure(results: Iterable[GuardResult]) -> None:
         raise ABGuardError(f"{len(failed)} guard(s) failed; the A/B speed numbers are not trustworthy:\n{lines}")
 
 
-MarginFn = Callable[[Hashable, list[int]], float]
-
-
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -59,33 +59,24 @@ def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def lossless_guard(outputs_a: Mapping[Hashable, Sequence[int]], outputs_b: Mapping[Hashable, Sequence[int]], *,
-                   dtype: str, margin_fn: MarginFn | None = None, near_tie_margin: float = 0.0) -> GuardResult:
-    """Check that greedy (temperature 0) outputs of both arms are token-for-token identical.
+                   dtype: str) -> GuardResult:
+    """Check that greedy (temperature 0) float32 outputs of both arms are token-for-token identical.
 
-    In float32 any difference fails. In bfloat16/float16 a different batch shape may
-    legitimately flip an argmax whose top-2 logits are within rounding of each other,
-    so at the first differing token ``margin_fn(request_id, prefix_token_ids)`` must
-    return the target's top-1 minus top-2 logit at that position (``prefix_token_ids``
-    = the output tokens both arms agree on; the caller prepends the prompt). A margin
-    below ``near_tie_margin`` counts as a near-tie flip (reported, not a failure);
-    anything else is a real divergence and fails. A length mismatch is a difference at
-    the shorter length (the shorter arm stopped there), with token None. A request
-    present in only one arm fails.
+    Any difference fails, listed with its request, first differing index and both tokens; a length
+    mismatch is a difference at the shorter length (token None); a request present in one arm only
+    fails. Reduced precision is judged on evidence instead, by
+    :func:`dspark.bench.lossless.evidence_lossless_guard` (a rounding flip is not an error there).
     """
-    if dtype in FULL_PRECISION_DTYPES:
-        precision, reduced = FULL_PRECISION_DTYPES[dtype], False
-    elif dtype in REDUCED_PRECISION_DTYPES:
-        precision, reduced = REDUCED_PRECISION_DTYPES[dtype], True
-    else:
+    if dtype in REDUCED_PRECISION_DTYPES:
+        raise ValueError(f"lossless_guard: {dtype} outputs may differ by rounding; judge them with "
+                         "dspark.bench.lossless.evidence_lossless_guard")
+    if dtype not in FULL_PRECISION_DTYPES:
         raise ValueError(f"lossless_guard: unknown dtype {dtype!r}; use one of "
                          f"{sorted(FULL_PRECISION_DTYPES) + sorted(REDUCED_PRECISION_DTYPES)}")
-    if not (isinstance(near_tie_margin, (int, float)) and near_tie_margin >= 0):
-        raise ValueError(f"near_tie_margin must be a number >= 0, got {near_tie_margin!r}")
-
     missing_in_a = sorted(map(str, set(outputs_b) - set(outputs_a)))
     missing_in_b = sorted(map(str, set(outputs_a) - set(outputs_b)))
     differences: list[dict[str, Any]] = []
-    near_ties = divergences = identical = 0
+    identical = 0
     for req_id in outputs_a:
         if req_id not in outputs_b:
             continue
@@ -94,52 +85,33 @@ def lossless_guard(outputs_a: Mapping[Hashable, Sequence[int]], outputs_b: Mappi
         if idx is None:
             identical += 1
             continue
-        entry: dict[str, Any] = {"request_id": str(req_id), "first_diff_index": idx,
-                                 "token_a": a[idx] if idx < len(a) else None,
-                                 "token_b": b[idx] if idx < len(b) else None,
-                                 "len_a": len(a), "len_b": len(b), "margin": None}
-        if reduced and margin_fn is not None:
-            margin = float(margin_fn(req_id, a[:idx]))
-            if not (math.isfinite(margin) and margin >= 0):
-                raise ValueError(f"margin_fn returned {margin!r} for request {req_id!r} at index {idx}; "
-                                 "it must be the finite top-1 minus top-2 logit (>= 0)")
-            entry["margin"] = margin
-            entry["kind"] = "near_tie" if margin < near_tie_margin else "divergence"
-        else:
-            entry["kind"] = "divergence"
-            if reduced:
-                entry["note"] = "no margin_fn given: a near-tie cannot be told apart from a real divergence"
-        if entry["kind"] == "near_tie":
-            near_ties += 1
-        else:
-            divergences += 1
-        differences.append(entry)
-
-    passed = divergences == 0 and not missing_in_a and not missing_in_b
-    parts = [f"{identical}/{len(set(outputs_a) | set(outputs_b))} requests identical ({precision})"]
-    if near_ties:
-        parts.append(f"{near_ties} near-tie flip(s) with margin < {near_tie_margin}")
-    if divergences:
-        worst = [d for d in differences if d["kind"] == "divergence"][:5]
-        shown = ", ".join(f"{d['request_id']}@{d['first_diff_index']} ({d['token_a']} vs {d['token_b']}"
-                          + (f", margin {d['margin']:.3g})" if d["margin"] is not None else ")") for d in worst)
-        parts.append(f"{divergences} real divergence(s): {shown}")
+        differences.append({"request_id": str(req_id), "first_diff_index": idx,
+                            "token_a": a[idx] if idx < len(a) else None, "token_b": b[idx] if idx < len(b) else None,
+                            "len_a": len(a), "len_b": len(b)})
+    passed = not differences and not missing_in_a and not missing_in_b
+    parts = [f"{identical}/{len(set(outputs_a) | set(outputs_b))} requests identical (float32)"]
+    if differences:
+        shown = ", ".join(f"{d['request_id']}@{d['first_diff_index']} ({d['token_a']} vs {d['token_b']})"
+                          for d in differences[:5])
+        parts.append(f"{len(differences)} divergence(s): {shown}")
     if missing_in_a or missing_in_b:
         parts.append(f"missing in A: {missing_in_a[:10]}, missing in B: {missing_in_b[:10]}")
     return GuardResult(
         name="lossless", passed=passed, message="; ".join(parts),
-        details={"dtype": precision, "near_tie_margin": near_tie_margin, "identical": identical,
-                 "near_tie_flips": near_ties, "divergences": divergences, "missing_in_a": missing_in_a,
-                 "missing_in_b": missing_in_b, "differences": differences},
+        details={"dtype": "float32", "method": "exact", "identical": identical, "divergences": len(differences),
+                 "missing_in_a": missing_in_a, "missing_in_b": missing_in_b, "differences": differences},
     )
 
 
 def trim_expected(verify_mode: str, force_override: bool) -> bool:
-    """Whether an arm with this verify mode should trim verify windows on its own."""
+    """Whether an arm with this verify mode should trim verify windows on its own (its planner decides;
+    with ``force_override``, engine.force_verify_len / force_budget_frac decide instead: see
+    ``did_nothing_guard(forces_trim=...)``)."""
     return verify_mode in TRIMMING_VERIFY_MODES and not force_override
 
 
-# What each of the planner's decline reasons (counters sched/plan_reason.<reason>) means for a user.
+# What each of the planner's decline reasons (counters sched/plan_reason.<reason>, the names of
+# dspark.planner.REASONS) means for a user.
 DECLINE_HINTS = {
     "declined_no_table": "the planner has no profiled cost table for this node: profile one (runners.profile) "
                          "or point engine.cost_table at it",
@@ -150,14 +122,34 @@ DECLINE_HINTS = {
                           "no time on this node",
     "declined_mixed_step": "steps carried a prefill and engine.skip_mixed_trim declines those",
     "declined_snapshot_not_ready": "the survival snapshot that sizes the budget was not ready (engine.budget_lag)",
+    "forced": "engine.force_verify_len / engine.force_budget_frac replaced every decision, and the forced windows "
+              "never cut the block",
 }
+# Declines where the planner ran, priced the step and chose the full block ("predicted no gain"), or
+# where the configuration asks it to (engine.skip_mixed_trim): an arm whose every step declined for one
+# of these is a correct answer ("trimming does not pay here"), not a feature that failed to run.
+NO_GAIN_REASONS = ("declined_below_min_gain", "declined_flat_cost", "declined_mixed_step")
+# The same declines in words, for the message of an arm that declined every step.
+NO_GAIN_WORDS = {
+    "declined_below_min_gain": "predicted gain below engine.min_predicted_gain at this batch depth on this node",
+    "declined_flat_cost": "the cost table prices every verify length alike at this batch size (flat cost)",
+    "declined_mixed_step": "steps carrying a prefill, which engine.skip_mixed_trim declines",
+}
+PLAN_REASON_PREFIX = "sched/plan_reason."
+
+
+def plan_reasons(counters: Mapping[str, Any]) -> dict[str, int]:
+    """The planner's decisions from an arm's counters (``sched/plan_reason.<reason>``): {reason: steps},
+    reasons that occurred only, most frequent first."""
+    reasons = {k[len(PLAN_REASON_PREFIX):]: float(v) for k, v in counters.items()
+               if k.startswith(PLAN_REASON_PREFIX) and isinstance(v, (int, float)) and math.isfinite(float(v))
+               and float(v)}
+    return {k: int(round(v)) for k, v in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))}
 
 
 def _why_no_trim(counters: Mapping[str, Any]) -> str:
     """The planner's decline reasons from the counters, most frequent first, each with its meaning."""
-    prefix = "sched/plan_reason."
-    reasons = sorted(((k[len(prefix):], float(v)) for k, v in counters.items() if k.startswith(prefix) and float(v)),
-                     key=lambda kv: -kv[1])
+    reasons = [(name, float(n)) for name, n in plan_reasons(counters).items()]
     if not reasons:
         return ("the engine reported no planner decisions (sched/plan_reason.*): was the arm's planner built? "
                 "check engine.verify and engine.cost_table")
@@ -168,16 +160,30 @@ def _why_no_trim(counters: Mapping[str, Any]) -> str:
 
 
 def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Mapping[str, Any], *,
-                      expects_trim: bool, expects_graphs: bool, expects_speculation: bool) -> GuardResult:
-    """Fail when an arm's feature never engaged, according to the engine's counters.
+                      expects_trim: bool, expects_graphs: bool, expects_speculation: bool,
+                      forces_trim: bool = False) -> GuardResult:
+    """Fail when an arm's configured feature could not run, according to the engine's counters.
 
-    Counters read: ``trimmed_steps`` and ``trim_ratio`` (when ``expects_trim``),
-    ``graph_replays`` (when ``expects_graphs``), ``drafted_tokens`` (when
+    Counters read: ``trimmed_steps``, ``trim_ratio`` and the planner's decisions
+    ``sched/plan_reason.<reason>`` (when ``expects_trim``: the planner decides),
+    ``trimmed_steps`` (when ``forces_trim``: engine.force_verify_len / force_budget_frac
+    decide), ``graph_replays`` (when ``expects_graphs``), ``drafted_tokens`` (when
     ``expects_speculation``), and ``decode_steps`` if reported. A counter the check
     needs but the engine did not report is itself a failure: absence of evidence is
     not evidence that the feature ran.
+
+    An arm that never trimmed passes when the planner ran and declined every step because
+    it predicted no gain (:data:`NO_GAIN_REASONS`: below engine.min_predicted_gain, a flat
+    cost table, or a mixed step engine.skip_mixed_trim declines): "trimming does not pay
+    here" is an answer, and the arm did the same work as a verify-all arm. Then
+    ``details["declined_all"]`` is True and ``details["plan_reasons"]`` holds the counts.
+    It fails when any step declined because the planner could not decide (no cost table,
+    no survival snapshot, an override), when it reported no decision at all, and when a
+    forced trim never trimmed.
     """
     problems: list[str] = []
+    declined_all = False
+    declined_note = ""
 
     def need(key: str) -> float | None:
         if key not in counters:
@@ -186,13 +192,36 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
             return None
         return float(counters[key])
 
+    reasons = plan_reasons(counters)
     if "decode_steps" in counters and float(counters["decode_steps"]) == 0:
         problems.append("decode_steps == 0: the engine never ran a decode step in this arm")
     if expects_trim:
         trimmed, ratio = need("trimmed_steps"), need("trim_ratio")
-        if trimmed == 0 or ratio == 0:
-            problems.append(f"configured to trim but never did (trimmed_steps={trimmed}, trim_ratio={ratio}); "
-                            + _why_no_trim(counters))
+        if trimmed is not None and ratio is not None and not (trimmed > 0 and ratio > 0):
+            could_not = {k: n for k, n in reasons.items() if k not in NO_GAIN_REASONS and k != "trimmed"}
+            head = f"configured to trim but never did (trimmed_steps={trimmed:g}, trim_ratio={ratio:g}); "
+            if trimmed > 0:  # trimmed steps that verified as many tokens as the full block
+                problems.append(head + "the steps marked trimmed verified the whole block; " + _why_no_trim(counters))
+            elif not reasons:
+                problems.append(head + _why_no_trim(counters))
+            elif could_not:
+                total = sum(reasons.values())
+                named = ", ".join(f"{k} in {n} of {total} steps" for k, n in could_not.items())
+                problems.append(head + f"the planner could not decide ({named}); " + _why_no_trim(counters))
+            else:
+                declined_all = True
+                total = sum(reasons.values())
+                words = "; ".join(f"{NO_GAIN_WORDS.get(k, k)} ({k}, {n} steps)" if len(reasons) > 1
+                                  else f"{NO_GAIN_WORDS.get(k, k)} ({k})" for k, n in reasons.items())
+                declined_note = (f"declined all {total} steps: {words}; it verified the whole drafted block every "
+                                 "step, the same work as a verify-all arm (trimming was not predicted to pay: an "
+                                 "answer, not a failure)")
+    if forces_trim:
+        trimmed = need("trimmed_steps")
+        if trimmed == 0:
+            problems.append("a forced trim (engine.force_verify_len / engine.force_budget_frac) never trimmed "
+                            "(trimmed_steps=0): the forced windows never cut the block (a forced length equal to "
+                            "the block needs engine.force_trimmed_path=true); " + _why_no_trim(counters))
     if expects_graphs:
         replays = need("graph_replays")
         if replays == 0:
@@ -203,17 +232,22 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
             problems.append("speculation enabled but drafted_tokens == 0: the drafter never proposed a token")
 
     expectations = {"expects_trim": expects_trim, "expects_graphs": expects_graphs,
-                    "expects_speculation": expects_speculation}
-    expected = [k.removeprefix("expects_") for k, v in expectations.items() if v]
+                    "expects_speculation": expects_speculation, "forces_trim": forces_trim}
+    expected = [k.removeprefix("expects_") for k, v in expectations.items() if v and k.startswith("expects_")]
+    if forces_trim:
+        expected.append("forced trim")
     if problems:
         message = f"arm {arm_name}: " + "; ".join(problems)
+    elif declined_all:
+        others = [e for e in expected if e != "trim"]
+        message = f"{arm_name} {declined_note}" + (f"; engaged: {', '.join(others)}" if others else "")
     elif expected:
         message = f"arm {arm_name}: every configured feature engaged ({', '.join(expected)})"
     else:
         message = f"arm {arm_name}: no feature expected to engage (baseline arm)"
     return GuardResult(name=f"did_nothing[{arm_name}]", passed=not problems, message=message,
                        details={"arm_config": dict(arm_config), "counters": dict(counters), **expectations,
-                                "problems": problems})
+                                "declined_all": declined_all, "plan_reasons": reasons, "problems": problems})
 
 
 def errors_guard(records: Iterable[Any]) -> GuardResult:

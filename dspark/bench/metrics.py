@@ -59,6 +59,9 @@ class RequestRecord:
     per_position_accepts: list[int] = field(default_factory=list)
     per_position_reached: list[int] = field(default_factory=list)
     error: str | None = None
+    # The engine's finish reason (dspark.request.RequestOutput.finish_reason): "stop" (eos or a stop
+    # string), "length" (max_tokens or the context length engine.max_model_len), "error"; None: unknown.
+    finish_reason: str | None = None
 
     def __post_init__(self) -> None:
         if self.error is not None:
@@ -86,6 +89,7 @@ def request_metrics(rec: RequestRecord) -> dict[str, Any]:
     row: dict[str, Any] = {
         "request_id": rec.request_id, "arm": rec.arm, "block": rec.block,
         "prompt_tokens": rec.prompt_tokens, "output_tokens": n_out, "error": rec.error,
+        "finish_reason": rec.finish_reason,
     }
     nan = float("nan")
     if rec.error is not None:
@@ -196,3 +200,34 @@ def requests_dataframe(records: Iterable[RequestRecord]) -> pd.DataFrame:
             row[list_field] = json.dumps(getattr(rec, list_field))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def finish_reason_counts(requests_df: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """{arm: {finish_reason: requests}} of a :func:`requests_dataframe` ("unknown" where none was
+    recorded); {} when the frame has no finish_reason column (an older run)."""
+    if requests_df is None or not {"arm", "finish_reason"} <= set(requests_df.columns):
+        return {}
+    reasons = requests_df["finish_reason"].where(requests_df["finish_reason"].notna(), "unknown")
+    out: dict[str, dict[str, int]] = {}
+    for (arm, reason), n in reasons.groupby(requests_df["arm"]).value_counts().items():
+        out.setdefault(str(arm), {})[str(reason)] = int(n)
+    return {arm: dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))) for arm, c in sorted(out.items())}
+
+
+def truncation_counts(requests_df: pd.DataFrame,
+                      max_model_len: Mapping[str, int | None] | None = None) -> dict[str, dict[str, int]]:
+    """{arm: {"max_tokens": n, "max_model_len": m}}: requests of each arm cut by a length limit
+    (finish_reason "length"). The engine reports both limits as "length"; a request whose prompt plus
+    output reached the arm's ``max_model_len`` counts as cut by the context length, the others by
+    max_tokens (all of them without ``max_model_len``). {} without a finish_reason column."""
+    if requests_df is None or not {"arm", "finish_reason"} <= set(requests_df.columns):
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    for arm, group in requests_df.groupby("arm", sort=True):
+        cut = group[group["finish_reason"] == "length"]
+        limit = (max_model_len or {}).get(str(arm))
+        by_context = 0
+        if limit and {"prompt_tokens", "output_tokens"} <= set(cut.columns):
+            by_context = int(((cut["prompt_tokens"] + cut["output_tokens"]) >= int(limit)).sum())
+        out[str(arm)] = {"max_tokens": len(cut) - by_context, "max_model_len": by_context}
+    return out

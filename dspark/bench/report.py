@@ -95,8 +95,95 @@ def _statistics_rows(summary: dict[str, Any]) -> list[list[str]]:
 STAT_HEADERS = ["metric", "better", "B vs A", "CI", "Wilcoxon p", "MDE", "blocks", "verdict"]
 
 
+def declined_arms(summary: dict[str, Any]) -> list[str]:
+    """Arms whose planner declined every step as "predicted no gain" (their did_nothing guard's
+    ``details["declined_all"]``): they verified the whole drafted block on every step."""
+    arms = []
+    for g in summary.get("guards") or []:
+        name = str(g.get("name", ""))
+        if name.startswith("did_nothing[") and name.endswith("]") and (g.get("details") or {}).get("declined_all"):
+            arms.append(name[len("did_nothing["):-1])
+    return arms
+
+
+def verdict_note(summary: dict[str, Any]) -> str | None:
+    """What the verdict means when a trimming arm declined every step (None otherwise): the statistics
+    stand, but they compare the same work, so they say nothing about trimming."""
+    declined = declined_arms(summary)
+    if not declined:
+        return None
+    engines = {a: (d.get("engine") or {}) for a, d in (summary.get("arms") or {}).items() if isinstance(d, dict)}
+    spec = engines.get(declined[0], {}).get("spec")
+    others = [a for a in engines if a not in declined]
+    who = " and ".join(declined)
+    head = f"{who} declined every step (planner predicted no gain)"
+    if engines and all(engines[o].get("verify") == "full" and engines[o].get("spec") == spec for o in others):
+        both = " and ".join(engines)
+        return f"{head}: {both} ran the same work; the measured difference is noise, not an effect of trimming"
+    return (f"{head}: {who} verified the whole drafted block on every step; the measured difference is not an "
+            "effect of trimming")
+
+
+def planner_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per arm whose engine reported planner decisions (counters ``sched/plan_reason.<reason>``): arm, label,
+    reasons ({reason: steps}, most first), decisions (their sum), trimmed_steps, trim_ratio."""
+    from dspark.bench.guards import plan_reasons
+
+    counters = summary.get("counters") or {}
+    labels = arm_labels(summary, counters)
+    rows = []
+    for arm, c in counters.items():
+        reasons = plan_reasons(c or {})
+        if reasons:
+            rows.append({"arm": arm, "label": labels[arm], "reasons": reasons, "decisions": sum(reasons.values()),
+                         "trimmed_steps": c.get("trimmed_steps"), "trim_ratio": c.get("trim_ratio")})
+    return rows
+
+
+def planner_lines(summary: dict[str, Any], hints: bool = True) -> list[str]:
+    """What each arm's planner decided and why, as plain lines ("Planner B (ragged): ..."), then (``hints``)
+    what each reason means. Empty when no arm reported planner decisions."""
+    from dspark.bench.guards import DECLINE_HINTS
+
+    rows = planner_rows(summary)
+    lines = []
+    for r in rows:
+        decided = ", ".join(f"{k} {n:,}" for k, n in r["reasons"].items())
+        name = r["arm"] if r["label"] == r["arm"] else f"{r['arm']} ({r['label']})"
+        lines.append(f"Planner {name}: {r['decisions']:,} decisions: {decided}; trimmed steps "
+                     f"{_fmt(r['trimmed_steps'], ',.0f')}, trim_ratio {_fmt(r['trim_ratio'], '.3f')}")
+    if hints:
+        seen = dict.fromkeys(k for r in rows for k in r["reasons"] if k in DECLINE_HINTS)
+        lines += [f"  {k}: {DECLINE_HINTS[k]}" for k in seen]
+    return lines
+
+
+def truncation_line(summary: dict[str, Any], requests_df: pd.DataFrame | None = None) -> str | None:
+    """"Truncated outputs: A 12/64 (max_tokens 12), B ..." from ``summary["truncated"]`` and
+    ``summary["finish_reasons"]`` (else from ``requests_df``'s finish_reason column); None when the run
+    recorded no finish reasons."""
+    from dspark.bench.metrics import finish_reason_counts, truncation_counts
+
+    reasons, truncated = summary.get("finish_reasons"), summary.get("truncated")
+    if not reasons or truncated is None:
+        if requests_df is None:
+            return None
+        engines = {a: (d.get("engine") or {}) for a, d in (summary.get("arms") or {}).items() if isinstance(d, dict)}
+        reasons = finish_reason_counts(requests_df)
+        truncated = truncation_counts(requests_df, {a: e.get("max_model_len") for a, e in engines.items()})
+        if not reasons:
+            return None
+    parts = []
+    for arm in reasons:
+        cut = {k: int(v) for k, v in (truncated.get(arm) or {}).items() if v}
+        why = ", ".join(f"{k} {n}" for k, n in cut.items())
+        parts.append(f"{arm} {sum(cut.values())}/{sum(reasons[arm].values())}" + (f" ({why})" if why else ""))
+    return "Truncated outputs (finish_reason length): " + ", ".join(parts)
+
+
 def render_console_table(summary: dict[str, Any], console: Console | None = None) -> Table:
-    """Print the verdict table of one experiment with rich and return it."""
+    """Print the verdict table of one experiment with rich and return it; below it, what the verdict
+    means when an arm declined every step, what each planner decided and why, and truncated outputs."""
     table = Table(title=f"A/B {summary.get('experiment', '')}: B vs A".strip())
     for header in STAT_HEADERS:
         table.add_column(header, justify="left" if header in ("metric", "verdict") else "right",
@@ -109,7 +196,16 @@ def render_console_table(summary: dict[str, Any], console: Console | None = None
     failed = [g["name"] for g in guards if not g["passed"]]
     table.caption = (f"guards: {len(guards) - len(failed)}/{len(guards)} passed"
                      + (f" -- FAILED: {', '.join(failed)}" if failed else ""))
-    (console or Console()).print(table)
+    console = console or Console()
+    console.print(table)
+    note = summary.get("verdict_note") or verdict_note(summary)
+    if note:
+        console.print(f"[bold]Verdict: {note}.[/bold]", highlight=False)
+    for line in planner_lines(summary):
+        console.print(line, highlight=False, markup=False)
+    truncated = truncation_line(summary)
+    if truncated:
+        console.print(truncated, highlight=False, markup=False)
     return table
 
 
@@ -172,6 +268,45 @@ def _plot_acceptance(blocks_df: pd.DataFrame, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_cost_tables(summary: dict[str, Any], path: Path) -> tuple[Path | None, str]:
+    """Plot the cost table(s) of ``summary["cost_tables"]`` (predicted step ms against M, one line per batch
+    size) to ``path``; (path, "") or (None, why not)."""
+    from dspark.cost_table import CostTable
+
+    used = {}
+    for arm, entry in (summary.get("cost_tables") or {}).items():
+        table_path = entry.get("path") if isinstance(entry, dict) else None
+        if table_path:
+            used.setdefault(str(table_path), []).append(str(arm))
+    if not used:
+        return None, "no arm used a cost table"
+    tables = {}
+    for table_path, arms in used.items():
+        try:
+            tables[table_path] = (arms, CostTable.load(table_path))
+        except (OSError, ValueError) as exc:
+            return None, f"{table_path} could not be read ({type(exc).__name__}: {exc})"
+    fig, axes = plt.subplots(1, len(tables), figsize=(7 * len(tables), 4.5), squeeze=False)
+    for ax, (table_path, (arms, table)) in zip(axes[0], tables.items()):
+        for b in table.batch_sizes or (1,):
+            ms = [m for m in table.token_counts if m >= b]
+            if not ms:
+                continue
+            (line,) = ax.plot(ms, [table.step_ms(m, b) for m in ms], marker="o", markersize=3, label=f"batch {b}")
+            if table.trim_overhead(b):
+                ax.plot(ms, [table.step_ms(m, b, trimmed=True) for m in ms], linestyle="--", color=line.get_color(),
+                        label=f"batch {b}, trimmed step")
+        ax.set(xlabel="tokens sent to the target per step (M, bonus included)", ylabel="predicted step ms",
+               title=f"cost table of arm {', '.join(sorted(arms))}: {Path(table_path).name}"[:90])
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path, ""
 
 
 COUNTER = "counter/"
@@ -381,11 +516,22 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.Dat
         _plot_acceptance(blocks_df, paths["acceptance_plot"])
     else:
         skipped.append("per-position acceptance: no acceptance recorded (target-only arms?)")
+    cost_plot, cost_why = _plot_cost_tables(summary, out / "cost_table.png")
+    if cost_plot is not None:
+        paths["cost_table_plot"] = cost_plot
+    else:
+        skipped.append(f"cost table: {cost_why}")
 
     hs = statistics[headline]
     lines = [f"# A/B report: {summary.get('experiment', 'experiment')}", "",
              f"**Verdict on {headline}: {hs['verdict']}** -- B vs A {hs['change_pct']:+.2f}% "
              f"({_ci_text(hs)}, {hs['ci_level']:.0%} {hs['ci_method']} CI). {hs['verdict_reason']}.", ""]
+    note = summary.get("verdict_note") or verdict_note(summary)
+    if note:
+        lines += [f"**{note}.**", ""]
+    truncated = truncation_line(summary, requests_df)
+    if truncated:
+        lines += [f"{truncated}.", ""]
     flags = (summary.get("timing_health") or {}).get("flags") or []
     if flags:
         lines += [f"⚠ {len(flags)} timing warning(s): see \"Where the time went\".", ""]
@@ -406,6 +552,18 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.Dat
                                [[g["name"], "yes" if g["passed"] else "**NO**", g["message"]] for g in guards]))
     else:
         lines.append("No guards recorded: the speed numbers are unchecked.")
+    lines += ["", "## Planner", ""]
+    planned = planner_lines(summary, hints=False)
+    lines += [f"- {line}" for line in planned] or ["No arm reported planner decisions (no trimming arm)."]
+    from dspark.bench.guards import DECLINE_HINTS
+
+    meanings = dict.fromkeys(k for r in planner_rows(summary) for k in r["reasons"] if k in DECLINE_HINTS)
+    if meanings:
+        lines += ["", *[f"- `{k}`: {DECLINE_HINTS[k]}" for k in meanings]]
+    if "cost_table_plot" in paths:
+        lines += ["", "The cost table the planner priced each step with (predicted step time against the tokens "
+                  "a step sends to the target, per batch size): trimming pays only where the curve rises.", "",
+                  f"![cost table]({paths['cost_table_plot'].name})"]
     lines += ["", *where_time_went(summary, blocks_df)]
     counters = summary.get("counters")
     lines += ["## Engine counters", ""]
@@ -417,7 +575,7 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.Dat
     else:
         lines.append("No engine counters recorded.")
     lines += ["", "## Plots", ""]
-    lines += [f"![{name}]({p.name})" for name, p in paths.items()]
+    lines += [f"![{name}]({p.name})" for name, p in paths.items() if name != "cost_table_plot"]
     lines += [f"- not drawn: {s}" for s in skipped]
     fingerprint = summary.get("fingerprint")
     lines += ["", "## Node fingerprint", ""]
@@ -453,7 +611,8 @@ def compare_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
         for metric, s in _require(summary, "statistics").items():
             row = {"job": _job_label(summary, p), "experiment": summary.get("experiment"), "summary_path": str(p),
                    "metric": metric, "is_headline": metric == summary.get("headline_metric"),
-                   "guards_passed": all(g["passed"] for g in guards) if guards else None}
+                   "guards_passed": all(g["passed"] for g in guards) if guards else None,
+                   "declined_all": ",".join(declined_arms(summary))}  # arms that declined every step
             for key in ("direction", "n_blocks", "change_pct", "ci_low_pct", "ci_high_pct", "wilcoxon_p", "mde_pct",
                         "order_effect_flagged", "verdict"):
                 row[key] = s.get(key)
@@ -491,7 +650,8 @@ def write_sweep_report(sweep_dir: str | Path) -> dict[str, Path]:
     plt.close(fig)
 
     md_rows = [[r["job"], r["metric"], f"{r['change_pct']:+.2f}%", _ci_text(r), _fmt(r["wilcoxon_p"]),
-                _fmt(r["mde_pct"], ".2f") + "%", r["n_blocks"], r["verdict"],
+                _fmt(r["mde_pct"], ".2f") + "%", r["n_blocks"],
+                r["verdict"] + (f" ({r['declined_all']} declined every step: no trimming measured)" if r["declined_all"] else ""),
                 {True: "pass", False: "**FAIL**", None: "none recorded"}[r["guards_passed"]]]
                for r in headline.to_dict("records")]
     text = [f"# Sweep summary: {root}", "", f"{len(summaries)} job(s); headline metric per job.", "",

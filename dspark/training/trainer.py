@@ -42,10 +42,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from dspark.config import ConfigError
 from dspark.models.drafter import DSparkDrafter
+from dspark.models.loading import read_safetensors
 from dspark.models.llama import TargetModel
 from dspark.training.data import TokenDataset, batch_indices, make_batch
 from dspark.training.loss import dspark_loss
@@ -331,7 +332,8 @@ def load_tensor_shards(directory: Path, stem: str) -> dict[str, torch.Tensor]:
         parts = []
         for fname, key in entry["parts"]:
             if fname not in files:
-                files[fname] = load_file(str(directory / fname), device="cpu")
+                files[fname] = read_safetensors(directory / fname, "The training checkpoint is damaged; "
+                                                "resume from another one")
             parts.append(files[fname][key].reshape(-1))
         flat = torch.cat(parts) if len(parts) > 1 else parts[0]
         out[name] = flat.reshape(entry["shape"])

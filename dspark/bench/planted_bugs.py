@@ -1,0 +1,140 @@
+"""Deliberately wrong engines: proof that the A/B guards can fail.
+
+A guard is only worth its "passed" if the same guard, on the same run, says "failed" when the
+engine is wrong. :func:`plant_bug` makes one engine (one arm; the other arm and the engine
+code stay correct) commit wrong tokens in one of the ways speculative decoders have gone wrong:
+
+- ``accept_rejected``: each verify step accepts one draft past the first mismatch (the first
+  rejected draft is committed as if the target agreed) whenever one was tested.
+- ``shifted_bonus``: the target's own token after the accepted drafts is read one position too
+  late (the prediction after a token that was never committed).
+- ``stale_kv``: a verify step does not write its anchor's K/V: the cache keeps what that slot held,
+  the rejected draft of the step before (or nothing), and attention reads it from then on.
+
+Each bug is planted on both step paths of the engine instance (eager ``Engine._verify`` and
+``ModelRunner._meta``; device-resident ``GraphDecoder._accept_greedy`` and ``_pack_rows``, so
+before its graphs are captured) and never touches module state, so two engines in one process
+stay independent. Greedy requests only: sampled steps keep the correct rule.
+
+``bench/guard_planted_bugs.py`` runs ``runners.ab`` with each bug in arm B and records whether the
+guards caught it; tests/test_planted_bugs.py does the same on CPU.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Callable
+
+import torch
+
+PLANTED_BUGS = ("accept_rejected", "shifted_bonus", "stale_kv")
+
+
+def plant_bug(engine, bug: str) -> None:
+    """Make ``engine`` (a dspark.engine.Engine, before any graph is captured) commit wrong tokens."""
+    if bug not in PLANTED_BUGS:
+        raise ValueError(f"planted bug {bug!r} unknown; one of {PLANTED_BUGS}")
+    if engine.block_size == 0:
+        raise ValueError("planted bugs live in speculative verification: plant them in a DSpark arm (spec=dspark)")
+    if engine.graph is not None and getattr(engine.graph, "graphs", None):
+        raise RuntimeError("plant the bug before the engine captures its CUDA graphs")
+    {"accept_rejected": _accept_rejected, "shifted_bonus": _shifted_bonus, "stale_kv": _stale_kv}[bug](engine)
+    engine.planted_bug = bug
+
+
+def _wrong_greedy(rule: Callable) -> Callable:
+    """A greedy acceptance ``(drafts, target_tokens, windows) -> (k, next)`` bent by ``rule(k, windows, M)``
+    (the wrong accepted count, the position of the wrong next token)."""
+
+    def accept(drafts: torch.Tensor, target_tokens: torch.Tensor, windows: torch.Tensor):
+        from dspark.verification import accept_greedy
+
+        k, _ = accept_greedy(drafts, target_tokens, windows)
+        k_bad, at = rule(k, windows.to(torch.int64), target_tokens.shape[1])
+        return k_bad, target_tokens.gather(1, at[:, None]).squeeze(1)
+
+    return accept
+
+
+def _plant_acceptance(engine, rule: Callable) -> None:
+    wrong = _wrong_greedy(rule)
+    if engine.graph is not None:
+        engine.graph._accept_greedy = wrong
+    correct = engine._verify
+
+    def verify(**kw):
+        verdict = correct(**kw)
+        if not kw["rows"].all_greedy:
+            return verdict
+        logits = kw["verify_logits"]
+        target_tokens = torch.argmax(logits, dim=-1)
+        windows = torch.tensor(kw["windows"], dtype=torch.int64, device=logits.device)
+        k, nxt = wrong(kw["draft_tokens"], target_tokens, windows)
+        return types.SimpleNamespace(num_accepted=k.tolist(), next_tokens=nxt.tolist())
+
+    engine._verify = verify
+
+
+def _accept_rejected(engine) -> None:
+    def rule(k, windows, M):
+        k = torch.where(k < windows, k + 1, k)
+        return k, k
+
+    _plant_acceptance(engine, rule)
+
+
+def _shifted_bonus(engine) -> None:
+    def rule(k, windows, M):
+        return k, (k + 1).clamp(max=M - 1)
+
+    _plant_acceptance(engine, rule)
+
+
+def _stale_kv(engine) -> None:
+    if engine.graph is not None:
+        graph = engine.graph
+        pack = graph._pack_rows
+
+        def pack_rows(R, mode, rows_in):
+            packed = pack(R, mode, rows_in)
+            slots = packed.slot_mapping.clone()
+            first = packed.indptr[:-1].long().clamp(max=slots.shape[0] - 1)
+            slots.index_fill_(0, first, graph.trash_slot)  # each row's anchor: its K/V never reaches the cache
+            return packed._replace(slot_mapping=slots)
+
+        graph._pack_rows = pack_rows
+    runner = engine.runner
+    meta = runner._meta
+
+    def stale_meta(segments, **kw):
+        ids, positions, m = meta(segments, **kw)
+        if not kw.get("causal", True):  # the drafter's block: its own cache, not the target's
+            return ids, positions, m
+        offset, drop = 0, []
+        for s in segments:
+            if s.start == s.req.num_tokens - 1 and len(s.tokens) > 1:  # a verify window starting at its anchor
+                drop.append(offset)
+            offset += len(s.tokens)
+        if drop:
+            m.slot_mapping = m.slot_mapping.clone()
+            m.slot_mapping[torch.tensor(drop, device=m.slot_mapping.device)] = -1
+        return ids, positions, m
+
+    runner._meta = stale_meta
+
+
+def planted_engine_factory(bug: str, arm: str = "B", base: Callable | None = None) -> Callable:
+    """An A/B engine factory (runners.ab.run's ``engine_factory``): ``base``'s engines, with ``bug``
+    planted in ``arm``."""
+    if bug not in PLANTED_BUGS:
+        raise ValueError(f"planted bug {bug!r} unknown; one of {PLANTED_BUGS}")
+
+    def factory(cfg, arm_cfgs):
+        from runners.ab import default_engine_factory
+
+        engines = (base or default_engine_factory)(cfg, arm_cfgs)
+        plant_bug(engines[arm], bug)
+        return engines
+
+    factory.__qualname__ = f"planted_engine_factory({bug!r}, arm={arm!r})"
+    return factory
