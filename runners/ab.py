@@ -8,8 +8,10 @@
 
 Both arms run in this process over the same requests and seeds, in an order schedule
 (ABBA by default), each block preceded by an engine reset. Results land in the Hydra run
-folder: requests.parquet, blocks.csv (rewritten after every block, so a crash keeps the
-finished blocks), summary.json, report.md with plots, and offline W&B runs. A multirun
+folder: requests.parquet, blocks.csv and requests/block<N>_<arm>.parquet (written after every
+arm-block, so a crash keeps the finished blocks), summary.json, report.md with plots, and offline
+W&B runs. SIGINT or SIGTERM during the timed blocks ends the run with the summary and report of the
+completed blocks, marked ``interrupted`` (exit 130 / 143). A multirun
 also gets sweep_summary.{md,csv} + sweep_gain.png in the sweep folder
 (:class:`runners.callbacks.SweepSummaryCallback`); ``python -m runners.report FOLDER``
 re-renders either kind of report later.
@@ -21,7 +23,9 @@ Reruns: when the output folder already holds a complete summary.json of the same
 configuration (same config hash; ``ab.force_rerun``, ``ab.fail_on_guard`` and ``progress``
 excluded), run() logs that and returns it without measuring again (still raising
 ABGuardError when its guards failed and ab.fail_on_guard is set); ``ab.force_rerun=true``
-measures anew.
+measures anew. An unfinished run in the folder (interrupted, or blocks without a finished summary)
+is measured again from the start after its files move to ``unfinished-<n>/`` there: nothing it
+measured is overwritten.
 A rerun of a sweep with the same ``hydra.sweep.dir`` therefore only runs the jobs that
 did not finish.
 
@@ -58,8 +62,8 @@ from dspark.bench.compiles import TritonCompiles
 from dspark.bench.gc_pauses import GC_MODES, GcPauses
 from dspark.bench.guards import (FULL_PRECISION_DTYPES, ABGuardError, GuardResult, did_nothing_guard, errors_guard,
                                  lossless_guard, trim_expected)
-from dspark.bench.metrics import (RequestRecord, aggregate_block, finish_reason_counts, requests_dataframe,
-                                  truncation_counts)
+from dspark.bench.metrics import (RequestRecord, aggregate_block, finish_reason_counts, prediction_health,
+                                  requests_dataframe, truncation_counts)
 from dspark.bench.report import render_console_table, verdict_note, write_report
 from dspark.bench.schedule import SCHEDULE_KINDS, build_schedule, first_arm_by_block
 from dspark.bench.statistics import compare_blocks
@@ -258,6 +262,8 @@ def check_config(cfg: DictConfig):
     if cfg.ab.distribution_min_tokens < 1 or not 0 < cfg.ab.distribution_alpha < 1:
         raise ConfigError(f"ab.distribution_min_tokens must be >= 1 and ab.distribution_alpha in (0, 1), got "
                           f"{cfg.ab.distribution_min_tokens} and {cfg.ab.distribution_alpha}")
+    if not cfg.ab.max_prediction_error >= 0:
+        raise ConfigError(f"ab.max_prediction_error: must be >= 0 (a relative error), got {cfg.ab.max_prediction_error}")
     if not 0 < cfg.ab.lossless_alpha < 1:
         raise ConfigError(f"ab.lossless_alpha: must be in (0, 1) (the rate test's significance level), got "
                           f"{cfg.ab.lossless_alpha}")
@@ -328,6 +334,24 @@ def partial_run(out_dir: Path) -> str | None:
     if not finished and ((out_dir / "blocks.csv").exists() or any((out_dir / "requests").glob("*.parquet"))):
         return "blocks.csv or requests/ without a finished summary.json"
     return None
+
+
+RESULT_FILES = ("summary.json", "blocks.csv", "requests.parquet", "requests", "report.md", "wandb")
+
+
+def keep_unfinished_run(out_dir: Path) -> Path:
+    """Move an unfinished run's results (summary, blocks, per-block requests, report, plots, W&B runs) into
+    ``out_dir/unfinished-<n>/`` before a new run writes there: a rerun of an interrupted run, or of a
+    sweep whose job crashed, measures again without losing what the first attempt measured."""
+    n = 1
+    while (out_dir / f"unfinished-{n}").exists():
+        n += 1
+    dest = out_dir / f"unfinished-{n}"
+    dest.mkdir()
+    for p in [*(out_dir / name for name in RESULT_FILES), *out_dir.glob("*.png")]:
+        if p.exists():
+            p.rename(dest / p.name)
+    return dest
 
 
 # ---- engines -------------------------------------------------------------------------------
@@ -603,14 +627,10 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
             _raise_on_failed_guards(cfg, done)
             return done
     partial = partial_run(out_dir)
-    if partial and not cfg.ab.get("force_rerun", False):
-        raise ConfigError(f"{out_dir} holds an unfinished run ({partial}); its measurements would be overwritten: "
-                          "set ab.force_rerun=true to start over there, or give this run its own folder "
-                          "(hydra.run.dir=...)")
     if partial:
-        import shutil
-
-        shutil.rmtree(out_dir / "requests", ignore_errors=True)  # the old run's per-block records go with it
+        kept = keep_unfinished_run(out_dir)
+        log.warning("%s held an unfinished run (%s): its files moved to %s; measuring from the start", out_dir,
+                    partial, kept)
     prompts = workload.prompts()  # a bad custom file fails here, still before any model loads
     replicas = workload.greedy_replicas()
     logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, group=cfg.experiment,
@@ -689,8 +709,8 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
             interrupted = {"signal": name, "completed_arm_blocks": len(block_rows),
                            "scheduled_arm_blocks": len(schedule)}
             log.warning("%s after %d of %d arm-blocks: writing the summary of the completed blocks (marked "
-                        "interrupted); rerun with ab.force_rerun=true to measure again", name, len(block_rows),
-                        len(schedule))
+                        "interrupted); the same command measures again, keeping these files in unfinished-<n>/",
+                        name, len(block_rows), len(schedule))
 
     # Greedy replicas: sampled workloads cannot be compared token by token, their greedy copies can.
     replica_outputs: dict[str, dict[str, list[int]]] = {}
@@ -752,6 +772,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
         summary["engine_factory"] = f"tiny_engine_factory ({TINY_MODELS_ENV} test hook)"
     # An arm whose planner declined every step ran the same work as verify-all: the verdict must say so.
     summary["verdict_note"] = verdict_note(summary)
+    summary["prediction_health"] = prediction_health(counters, float(cfg.ab.max_prediction_error))
     summary["finish_reasons"] = finish_reason_counts(requests_df)
     summary["truncated"] = truncation_counts(requests_df, {arm: arm_cfgs[arm].max_model_len for arm in ARMS})
     for arm in ARMS:

@@ -146,6 +146,7 @@ class ABSettingsSchema:
     force_rerun: bool = False  # run again even when the output folder holds a finished summary for this config
     capture_before_timing: bool = True  # capture every CUDA graph of both arms before the first timed block
     device_timing: bool = True  # CUDA events around device-resident steps: the report's device idle share
+    max_prediction_error: float = 0.15  # flag a planner whose cost table mispredicts its steps' tokens or time by more
     max_first_block_slowdown: float = 0.05  # flag a first timed block this much slower than the arm's median block
     gc_mode: str = "freeze"  # the garbage collector over the timed blocks: freeze | disable | default
 

@@ -1,5 +1,5 @@
 """runners.ab interrupted (SIGTERM, SIGINT) after the first arm-block: nothing measured is lost, the
-summary says it is partial, and a rerun in the same folder is refused without ab.force_rerun."""
+summary says it is partial, and a rerun in the same folder keeps the partial files in unfinished-<n>/."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 
 import runners.ab as ab
-from dspark.config import ConfigError
 from test_ab_runner import TINY, tiny_factory
 from test_configs import compose_ab
 
@@ -52,15 +51,17 @@ def test_interrupt_after_block0_keeps_every_finished_block(tmp_path, monkeypatch
     assert signal.getsignal(signal.SIGTERM) is not None  # the run's handler is gone again
     monkeypatch.undo()
 
-    # The same folder again: refused, naming the setting; with it, a full run replaces the partial one.
-    with pytest.raises(ConfigError, match=r"unfinished run \(interrupted by .*ab.force_rerun=true"):
-        ab.run(compose_ab(TINY, out_dir=tmp_path), engine_factory=tiny_factory())
-    done = ab.run(compose_ab([*TINY, "ab.force_rerun=true"], out_dir=tmp_path), engine_factory=tiny_factory())
+    # The same command again measures from the start; the interrupted run's files move to unfinished-1/.
+    done = ab.run(compose_ab(TINY, out_dir=tmp_path), engine_factory=tiny_factory())
     assert "interrupted" not in done and done["guards_passed"]
     assert len(list((tmp_path / "requests").iterdir())) == 4
+    kept = tmp_path / "unfinished-1"
+    assert json.loads((kept / "summary.json").read_text())["interrupted"]["signal"] == how
+    assert len(pd.read_csv(kept / "blocks.csv")) == 1 and (kept / "requests" / "block0_A.parquet").is_file()
 
 
-def test_crashed_run_is_not_silently_overwritten(tmp_path):
+def test_a_crashed_runs_blocks_are_kept_when_the_folder_is_reused(tmp_path):
     (tmp_path / "blocks.csv").write_text("block,arm\n0,A\n")
-    with pytest.raises(ConfigError, match="without a finished summary.json"):
-        ab.run(compose_ab(TINY, out_dir=tmp_path), engine_factory=tiny_factory())
+    ab.run(compose_ab(TINY, out_dir=tmp_path), engine_factory=tiny_factory())
+    assert (tmp_path / "unfinished-1" / "blocks.csv").read_text() == "block,arm\n0,A\n"
+    assert len(pd.read_csv(tmp_path / "blocks.csv")) == 4

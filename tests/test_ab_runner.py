@@ -309,6 +309,11 @@ def test_b_declining_every_step_passes_and_the_verdict_says_it_was_the_same_work
     report = (tmp_path / "run" / "report.md").read_text()
     assert f"**{note}.**" in report and "## Planner" in report and "(cost_table.png)" in report
     assert (tmp_path / "run" / "cost_table.png").is_file()
+    # The table's predictions against the steps B's planner priced (the engine's sched/ counters), in the report.
+    health = summary["prediction_health"]
+    assert set(health) == {"B"} and health["B"]["tokens_realised_over_predicted"] > 0
+    assert health["B"]["step_ms_measured_over_predicted"] > 0
+    assert "arm B, the cost table's predictions against its planned steps: tokens per step" in report
     console = Console(file=io.StringIO(), width=200, record=True)
     render_console_table(summary, console=console)
     out = console.export_text()

@@ -94,3 +94,17 @@ def test_inconsistent_records_are_rejected():
         RequestRecord("bad", "A", 0, 1, [1], 0.0, 1.0, 2.0, per_position_accepts=[1], per_position_reached=[])
     with pytest.raises(ValueError, match="wall_time_s"):
         aggregate_block([long_request()], wall_time_s=0.0)
+
+
+def test_prediction_health_flags_a_cost_table_that_mispredicts_the_planned_steps():
+    from dspark.bench.metrics import prediction_health
+
+    counters = {"A": {"decode_steps": 10},
+                "B": {"sched/predicted_tokens_total": 400.0, "sched/realised_tokens_on_predicted": 392,
+                      "sched/predicted_ms_total": 100.0, "sched/measured_ms_on_predicted": 131.0}}
+    h = prediction_health(counters, 0.15)
+    assert set(h) == {"B"}  # A priced no step
+    assert h["B"]["tokens_realised_over_predicted"] == pytest.approx(0.98)
+    assert h["B"]["step_ms_measured_over_predicted"] == pytest.approx(1.31)
+    assert h["B"]["flags"] == ["arm B: step time 1.31x the cost table's prediction (beyond +/-15%)"]
+    assert prediction_health(counters, 0.5)["B"]["flags"] == []

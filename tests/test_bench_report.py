@@ -230,3 +230,12 @@ def test_wandb_online_without_key_is_refused(tmp_path, monkeypatch):
     disabled.start_arm("A", "A", {})
     disabled.log_block("A", 0, {"x": 1})
     assert disabled.status()["failures"] == []
+
+
+def test_report_shows_the_cost_tables_predictions_against_the_planned_steps(tmp_path):
+    summary, blocks, requests = build_experiment()
+    summary["prediction_health"] = {"B": {"tokens_realised_over_predicted": 0.98, "step_ms_measured_over_predicted": 1.31,
+                                          "tolerance": 0.15, "flags": ["arm B: step time 1.31x ..."]}}
+    text = write_report(tmp_path / "report", summary, blocks, requests)["report"].read_text()
+    assert ("arm B, the cost table's predictions against its planned steps: tokens per step 0.98x predicted, "
+            "step time 1.31x predicted **FLAGGED** (beyond +/-15%)") in text

@@ -231,3 +231,31 @@ def truncation_counts(requests_df: pd.DataFrame,
             by_context = int(((cut["prompt_tokens"] + cut["output_tokens"]) >= int(limit)).sum())
         out[str(arm)] = {"max_tokens": len(cut) - by_context, "max_model_len": by_context}
     return out
+
+
+def prediction_health(counters: Mapping[str, Mapping[str, Any]], tolerance: float) -> dict[str, dict[str, Any]]:
+    """Per arm, how the planner's cost-table predictions compare with what its planned steps did:
+    realised / predicted tokens and measured / predicted step time over the steps it priced (engine
+    counters ``sched/predicted_tokens_total``, ``sched/realised_tokens_on_predicted``,
+    ``sched/predicted_ms_total``, ``sched/measured_ms_on_predicted``). A ratio off 1 by more than ``tolerance`` is flagged: a table that
+    mispredicts the step the device runs in service steers the planner wrong. Arms without priced
+    steps are left out."""
+    out: dict[str, dict[str, Any]] = {}
+    for arm, c in counters.items():
+        pt, rt = c.get("sched/predicted_tokens_total"), c.get("sched/realised_tokens_on_predicted")
+        pm, mm = c.get("sched/predicted_ms_total"), c.get("sched/measured_ms_on_predicted")
+        if not pt or rt is None:
+            continue
+        entry: dict[str, Any] = {"tokens_realised_over_predicted": float(rt) / float(pt),
+                                 "step_ms_measured_over_predicted": (float(mm) / float(pm)
+                                                                     if pm and mm else None),
+                                 "tolerance": tolerance}
+        flags = []
+        for key, what in (("tokens_realised_over_predicted", "tokens per step"),
+                          ("step_ms_measured_over_predicted", "step time")):
+            r = entry[key]
+            if r is not None and abs(r - 1.0) > tolerance:
+                flags.append(f"arm {arm}: {what} {r:.2f}x the cost table's prediction (beyond +/-{tolerance:.0%})")
+        entry["flags"] = flags
+        out[arm] = entry
+    return out

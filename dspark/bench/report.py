@@ -560,6 +560,13 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.Dat
     meanings = dict.fromkeys(k for r in planner_rows(summary) for k in r["reasons"] if k in DECLINE_HINTS)
     if meanings:
         lines += ["", *[f"- `{k}`: {DECLINE_HINTS[k]}" for k in meanings]]
+    for arm, h in (summary.get("prediction_health") or {}).items():
+        ms = h.get("step_ms_measured_over_predicted")
+        lines += ["", f"- arm {arm}, the cost table's predictions against its planned steps: tokens per step "
+                  f"{h['tokens_realised_over_predicted']:.2f}x predicted, step time "
+                  + (f"{ms:.2f}x predicted" if ms is not None else "not measured")
+                  + (" **FLAGGED** (beyond +/-{:.0%})".format(h["tolerance"]) if h.get("flags") else
+                     " (within +/-{:.0%})".format(h["tolerance"]))]
     if "cost_table_plot" in paths:
         lines += ["", "The cost table the planner priced each step with (predicted step time against the tokens "
                   "a step sends to the target, per batch size): trimming pays only where the curve rises.", "",
