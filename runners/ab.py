@@ -1061,9 +1061,12 @@ def _distribution_guards(cfg, engines, outputs, sampling_by_id, prompt_ids) -> l
 
     for arm in ARMS:
         values, bad, edge = [], 0, 0
-        for rid, toks in tqdm(todo[arm], desc=f"distribution: arm {arm}", unit="output", disable=not cfg.progress):
+        items = [(prompt_ids[rid], toks) for rid, toks in todo[arm]]
+        packed = scorer.iter_logits(items, reference=False)  # the engine's precision, packed forwards
+        for i, logits in tqdm(packed, total=len(items), desc=f"distribution: arm {arm}", unit="output",
+                              disable=not cfg.progress):
+            rid, toks = todo[arm][i]
             params = sampling_by_id[rid]
-            logits = scorer.logits(prompt_ids[rid], toks, reference=False)
             u = request_pits(logits, torch.tensor(toks, device=logits.device), params, gen)
             nan = torch.isnan(u)
             if bool(nan.any()):

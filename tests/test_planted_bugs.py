@@ -124,3 +124,15 @@ def test_sampled_workload_gets_a_distribution_verdict_per_arm(tmp_path):
                                 out_dir=tmp_path / "few"), engine_factory=tiny_factory())
     states = {g["name"]: g["details"]["state"] for g in too_few["guards"] if g["name"].startswith("distribution")}
     assert states == {"distribution[A]": "insufficient", "distribution[B]": "insufficient"}
+
+
+def test_packed_logits_match_one_forward_per_output(models):
+    from dspark.bench.reference import ReferenceScorer
+
+    target, _ = models
+    items = [([1, 5 + i, 9], [20 + i, 31, 7, 40 + i]) for i in range(4)]
+    scorer = ReferenceScorer(target, max_batch_tokens=12)  # two outputs per forward
+    got = dict(scorer.iter_logits(items, reference=False))
+    assert sorted(got) == [0, 1, 2, 3]
+    for i, (p, o) in enumerate(items):
+        assert torch.allclose(got[i], scorer.logits(p, o, reference=False), atol=1e-4)

@@ -82,6 +82,33 @@ class ReferenceScorer:
         seq = list(prompt_ids) + list(output_ids[:-1])
         return sequence_logits(model, seq, len(prompt_ids) - 1)
 
+    def iter_logits(self, items: list[tuple[list[int], list[int]]], *, reference: bool = True):
+        """:meth:`logits` of each (prompt, output) in order, computed in packed forwards of at most
+        ``max_batch_tokens`` tokens: yields (index, float32 logits [len(output), V])."""
+        model = self.reference if reference else self.engine_model
+        batch: list[int] = []
+        size = 0
+
+        def flush():
+            seqs = [list(items[i][0]) + list(items[i][1][:-1]) for i in batch]
+            with torch.inference_mode():
+                hidden, offsets = packed_hidden(model, seqs)
+                for i, off in zip(batch, offsets):
+                    p, o = items[i]
+                    yield i, model.compute_logits(hidden[off + len(p) - 1: off + len(p) - 1 + len(o)]).float()
+
+        for i, (p, o) in enumerate(items):
+            if not p or not o:
+                raise ValueError("ReferenceScorer: need a non-empty prompt and output")
+            n = len(p) + len(o) - 1
+            if batch and size + n > self.max_batch_tokens:
+                yield from flush()
+                batch, size = [], 0
+            batch.append(i)
+            size += n
+        if batch:
+            yield from flush()
+
     def score(self, prompt_ids: list[int], output_ids: list[int]) -> ScoredOutput:
         return self.score_many([(prompt_ids, output_ids)])[0]
 
