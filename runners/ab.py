@@ -294,18 +294,34 @@ def hashed_config(cfg: DictConfig) -> dict:
     return d
 
 
-def finished_summary(out_dir: Path, chash: str) -> dict | None:
-    """The summary.json in ``out_dir`` when it is complete and of the config with hash ``chash``."""
+def _read_summary(out_dir: Path) -> tuple[dict | None, str | None]:
+    """(the parsed summary.json of ``out_dir``, None) or (None, why there is none that can be read)."""
     path = out_dir / "summary.json"
     if not path.exists():
-        return None
+        return None, "no summary.json"
     try:
         summary = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        log.warning("%s is unreadable (%s): running the experiment again", path, exc)
+        return None, f"{path} is unreadable ({exc})"
+    if not isinstance(summary, dict):
+        return None, f"{path} is not a JSON object"
+    return summary, None
+
+
+def _is_complete(summary: dict | None) -> bool:
+    return summary is not None and all(k in summary for k in COMPLETE_SUMMARY_KEYS)
+
+
+def finished_summary(out_dir: Path, chash: str) -> dict | None:
+    """The summary.json in ``out_dir`` when it is complete and of the config with hash ``chash``."""
+    path = out_dir / "summary.json"
+    summary, problem = _read_summary(out_dir)
+    if summary is None:
+        if path.exists():
+            log.warning("%s: running the experiment again", problem)
         return None
-    missing = [k for k in COMPLETE_SUMMARY_KEYS if k not in summary]
-    if missing:
+    if not _is_complete(summary):
+        missing = [k for k in COMPLETE_SUMMARY_KEYS if k not in summary]
         log.warning("%s lacks %s (an unfinished or older run): running the experiment again", path, missing)
         return None
     if summary.get("interrupted"):
@@ -320,18 +336,12 @@ def finished_summary(out_dir: Path, chash: str) -> dict | None:
 def partial_run(out_dir: Path) -> str | None:
     """Why ``out_dir`` holds measurements of a run that did not finish (None when it does not): blocks or
     per-block records without a finished summary, or a summary marked interrupted."""
-    path = out_dir / "summary.json"
-    summary = None
-    if path.exists():
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            summary = None
-    if isinstance(summary, dict) and summary.get("interrupted"):
+    summary, _ = _read_summary(out_dir)
+    if summary is not None and summary.get("interrupted"):
         i = summary["interrupted"]
         return f"interrupted by {i.get('signal')} after {i.get('completed_arm_blocks')} arm-blocks"
-    finished = isinstance(summary, dict) and all(k in summary for k in COMPLETE_SUMMARY_KEYS)
-    if not finished and ((out_dir / "blocks.csv").exists() or any((out_dir / "requests").glob("*.parquet"))):
+    if not _is_complete(summary) and ((out_dir / "blocks.csv").exists()
+                                      or any((out_dir / "requests").glob("*.parquet"))):
         return "blocks.csv or requests/ without a finished summary.json"
     return None
 
@@ -714,7 +724,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
 
     # Greedy replicas: sampled workloads cannot be compared token by token, their greedy copies can.
     replica_outputs: dict[str, dict[str, list[int]]] = {}
-    prompt_ids = {p.id: token_ids[p.id] for p in prompts}  # what the lossless guard re-scores outputs after
+    prompt_ids = dict(token_ids)  # what the lossless guard re-scores outputs after (the replicas' join below)
     if replicas and interrupted is None:
         r_inputs, r_params, r_ids = _replica_requests(cfg, workload, replicas, tok)
         prompt_ids.update(zip(r_ids, r_inputs))
@@ -999,11 +1009,10 @@ def _replica_requests(cfg, workload, replicas, tok):
     return r_inputs, r_params, [p.id for p in replicas]
 
 
-def _evidence_guard(cfg, engines, outputs, replica_outputs, prompt_ids, control, dtype) -> GuardResult:
+def _evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype) -> GuardResult:
     """Reduced precision: every greedy output of both arms (each block, or the greedy replicas) and of the
     control, re-scored by a float32 reference of arm A's target (dspark/bench/lossless.py)."""
     from dspark.bench.lossless import RunOutputs, evidence_lossless_guard
-    from dspark.bench.reference import ReferenceScorer
 
     runs: list[RunOutputs] = []
     pairs: list[tuple[str, str]] = []
@@ -1024,7 +1033,7 @@ def _evidence_guard(cfg, engines, outputs, replica_outputs, prompt_ids, control,
     def progress(total):  # the bar's update(n), called with the outputs each packed forward scored
         return tqdm(total=total, desc="lossless: fp32 re-scoring", unit="output", disable=not cfg.progress).update
 
-    g = evidence_lossless_guard(runs, pairs, prompt_ids, ReferenceScorer(engines["A"].target),
+    g = evidence_lossless_guard(runs, pairs, prompt_ids, scorer,
                                 control_pair=control_pair, alpha=float(cfg.ab.lossless_alpha), dtype=dtype,
                                 decode=lambda ids: tok.decode(ids, skip_special_tokens=False), progress=progress)
     if control is not None:
@@ -1032,7 +1041,7 @@ def _evidence_guard(cfg, engines, outputs, replica_outputs, prompt_ids, control,
     return g
 
 
-def _distribution_guards(cfg, engines, outputs, sampling_by_id, prompt_ids) -> list[GuardResult]:
+def _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_ids) -> list[GuardResult]:
     """Sampled requests: every token of each arm's timed blocks goes through the randomized PIT under
     the target's own processed distribution, teacher-forced on the arm's prefix in the engine's
     precision (dspark/bench/distribution.py); a KS test per arm once it has ab.distribution_min_tokens.
@@ -1040,7 +1049,6 @@ def _distribution_guards(cfg, engines, outputs, sampling_by_id, prompt_ids) -> l
     rounding flip at the top-k / top-p boundary (left out of the test, counted); one impossible under
     both fails the arm."""
     from dspark.bench.distribution import distribution_check, request_pits
-    from dspark.bench.reference import ReferenceScorer
     from dspark.sampling import RowSampling, processed_probs
 
     min_tokens, alpha = int(cfg.ab.distribution_min_tokens), float(cfg.ab.distribution_alpha)
@@ -1052,7 +1060,6 @@ def _distribution_guards(cfg, engines, outputs, sampling_by_id, prompt_ids) -> l
         return [GuardResult(f"distribution[{arm}]", True,
                             f"arm {arm}: not enough sampled tokens ({n:,} < ab.distribution_min_tokens={min_tokens:,}): "
                             "no distribution verdict", {"state": "insufficient", "n": n}) for arm, n in counts.items()]
-    scorer = ReferenceScorer(engines["A"].target)
     gen = torch.Generator(device=next(engines["A"].target.parameters()).device).manual_seed(int(cfg.ab.seed))
     pits: dict[str, np.ndarray] = {}
     impossible: dict[str, int] = {}
@@ -1093,9 +1100,13 @@ def _distribution_guards(cfg, engines, outputs, sampling_by_id, prompt_ids) -> l
 
 def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records, prompt_ids,
                control=None, sampling_by_id=None) -> list[GuardResult]:
+    from dspark.bench.reference import ReferenceScorer
+
     guards: list[GuardResult] = [errors_guard(records)]
     dtype = arm_cfgs["A"].dtype
     greedy_workload = workload.sampling().greedy
+    # One scorer for both reference checks: its float32 copy of A's target is made once, when first needed.
+    scorer = ReferenceScorer(engines["A"].target)
     if dtype in FULL_PRECISION_DTYPES:  # float32: the arms' greedy outputs must be identical, token for token
         if greedy_workload:
             for block in sorted(set(outputs["A"]) & set(outputs["B"])):
@@ -1107,12 +1118,12 @@ def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block
             g.name = "lossless/greedy_replicas"
             guards.append(g)
     elif greedy_workload or replica_outputs:
-        guards.append(_evidence_guard(cfg, engines, outputs, replica_outputs, prompt_ids, control, dtype))
+        guards.append(_evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype))
     if not greedy_workload and not replica_outputs:
         guards.append(GuardResult("lossless", False, "sampled workload without greedy replicas: nothing compared; "
                                   "set workload.greedy_replica_count > 0", {}))
     if not greedy_workload:
-        guards += _distribution_guards(cfg, engines, outputs, sampling_by_id, prompt_ids)
+        guards += _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_ids)
     for arm in ("A", "B"):
         ecfg = arm_cfgs[arm]
         counters = _sum_counters([r for r in block_rows if r["arm"] == arm])

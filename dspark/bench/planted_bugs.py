@@ -63,9 +63,8 @@ def _plant_acceptance(engine, rule: Callable) -> None:
     correct = engine._verify
 
     def verify(**kw):
-        verdict = correct(**kw)
         if not kw["rows"].all_greedy:
-            return verdict
+            return correct(**kw)
         logits = kw["verify_logits"]
         target_tokens = torch.argmax(logits, dim=-1)
         windows = torch.tensor(kw["windows"], dtype=torch.int64, device=logits.device)

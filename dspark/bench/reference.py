@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
-from dspark.model_runner import packed_hidden, sequence_logits
+from dspark.model_runner import packed_hidden
 
 
 @dataclass
@@ -65,7 +65,7 @@ class ReferenceScorer:
                  chunk_rows: int = 4096):
         self.engine_model = target
         self.dtype = next(target.parameters()).dtype
-        self.reference = target if self.dtype == torch.float32 else copy.deepcopy(target).float()
+        self._reference = target if self.dtype == torch.float32 else None
         self.top_k, self.noise_k = top_k, noise_k
         self.max_batch_tokens, self.chunk_rows = max_batch_tokens, chunk_rows
         self._cache: dict[tuple[tuple[int, ...], tuple[int, ...]], ScoredOutput] = {}
@@ -74,40 +74,52 @@ class ReferenceScorer:
     def reduced_precision(self) -> bool:
         return self.dtype != torch.float32
 
+    @property
+    def reference(self) -> torch.nn.Module:
+        """The float32 copy of the target, made on first use (the engine's own model in float32)."""
+        if self._reference is None:
+            self._reference = copy.deepcopy(self.engine_model).float()
+        return self._reference
+
     def logits(self, prompt_ids: list[int], output_ids: list[int], *, reference: bool = True) -> torch.Tensor:
         """Float32 logits [len(output), V] at each output position (row i after prompt + output[:i])."""
-        if not prompt_ids or not output_ids:
-            raise ValueError("ReferenceScorer: need a non-empty prompt and output")
-        model = self.reference if reference else self.engine_model
-        seq = list(prompt_ids) + list(output_ids[:-1])
-        return sequence_logits(model, seq, len(prompt_ids) - 1)
+        return next(self.iter_logits([(prompt_ids, output_ids)], reference=reference))[1]
 
-    def iter_logits(self, items: list[tuple[list[int], list[int]]], *, reference: bool = True):
-        """:meth:`logits` of each (prompt, output) in order, computed in packed forwards of at most
-        ``max_batch_tokens`` tokens: yields (index, float32 logits [len(output), V])."""
-        model = self.reference if reference else self.engine_model
+    def _batches(self, items: list[tuple]) -> Iterator[list[int]]:
+        """Indices of ``items`` ((prompt, output) pairs) in order, grouped into packed forwards of at most
+        ``max_batch_tokens`` tokens (one item alone when it is longer)."""
         batch: list[int] = []
         size = 0
-
-        def flush():
-            seqs = [list(items[i][0]) + list(items[i][1][:-1]) for i in batch]
-            with torch.inference_mode():
-                hidden, offsets = packed_hidden(model, seqs)
-                for i, off in zip(batch, offsets):
-                    p, o = items[i]
-                    yield i, model.compute_logits(hidden[off + len(p) - 1: off + len(p) - 1 + len(o)]).float()
-
         for i, (p, o) in enumerate(items):
             if not p or not o:
                 raise ValueError("ReferenceScorer: need a non-empty prompt and output")
             n = len(p) + len(o) - 1
             if batch and size + n > self.max_batch_tokens:
-                yield from flush()
+                yield batch
                 batch, size = [], 0
             batch.append(i)
             size += n
         if batch:
-            yield from flush()
+            yield batch
+
+    @staticmethod
+    def _output_rows(model: torch.nn.Module, batch: list[tuple]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One packed teacher-forced forward of ``model`` over ``batch``'s (prompt, output[:-1]) sequences:
+        (final hidden states, each item's rows at its output positions)."""
+        hidden, offsets = packed_hidden(model, [list(p) + list(o[:-1]) for p, o in batch])
+        rows = [off + len(p) - 1 + torch.arange(len(o), device=hidden.device) for (p, o), off in zip(batch, offsets)]
+        return hidden, rows
+
+    def iter_logits(self, items: list[tuple[list[int], list[int]]], *, reference: bool = True
+                    ) -> Iterator[tuple[int, torch.Tensor]]:
+        """:meth:`logits` of each (prompt, output) in order, computed in packed forwards of at most
+        ``max_batch_tokens`` tokens: yields (index, float32 logits [len(output), V])."""
+        model = self.reference if reference else self.engine_model
+        for batch in self._batches(items):
+            with torch.inference_mode():
+                hidden, rows = self._output_rows(model, [items[i] for i in batch])
+                for i, r in zip(batch, rows):
+                    yield i, model.compute_logits(hidden[r]).float()
 
     def score(self, prompt_ids: list[int], output_ids: list[int]) -> ScoredOutput:
         return self.score_many([(prompt_ids, output_ids)])[0]
@@ -117,33 +129,18 @@ class ReferenceScorer:
         """:meth:`score` of every (prompt, output), packed into forwards of at most ``max_batch_tokens``
         tokens each; ``progress(n)`` is called with the number of outputs each forward scored."""
         keys = [(tuple(p), tuple(o)) for p, o in items]
-        for p, o in keys:
-            if not p or not o:
-                raise ValueError("ReferenceScorer: need a non-empty prompt and output")
         todo = list(dict.fromkeys(k for k in keys if k not in self._cache))
-        batch: list[tuple] = []
-        size = 0
-        for key in todo:
-            n = len(key[0]) + len(key[1]) - 1
-            if batch and size + n > self.max_batch_tokens:
-                self._score_batch(batch)
-                if progress is not None:
-                    progress(len(batch))
-                batch, size = [], 0
-            batch.append(key)
-            size += n
-        if batch:
-            self._score_batch(batch)
+        for batch in self._batches(todo):
+            self._score_batch([todo[i] for i in batch])
             if progress is not None:
                 progress(len(batch))
         return [self._cache[k] for k in keys]
 
     @torch.inference_mode()
     def _score_batch(self, batch: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> None:
-        seqs = [list(p) + list(o[:-1]) for p, o in batch]
-        hidden, offsets = packed_hidden(self.reference, seqs)
+        hidden, item_rows = self._output_rows(self.reference, batch)
         dev = hidden.device
-        rows = torch.cat([off + len(p) - 1 + torch.arange(len(o), device=dev) for (p, o), off in zip(batch, offsets)])
+        rows = torch.cat(item_rows)
         toks = torch.tensor([t for _, o in batch for t in o], dtype=torch.int64, device=dev)
         k = min(self.top_k, self.reference.cfg.vocab_size)
         top_v, top_i, tok_l = [], [], []
@@ -156,7 +153,7 @@ class ReferenceScorer:
         top_v, top_i, tok_l = torch.cat(top_v), torch.cat(top_i), torch.cat(tok_l)
         noise = None
         if self.reduced_precision:
-            low_hidden, _ = packed_hidden(self.engine_model, seqs)
+            low_hidden, _ = self._output_rows(self.engine_model, batch)
             nk = min(self.noise_k, k)
             parts = []
             for h, idx, v in zip(low_hidden[rows].split(self.chunk_rows), top_i[:, :nk].split(self.chunk_rows),

@@ -106,13 +106,18 @@ def declined_arms(summary: dict[str, Any]) -> list[str]:
     return arms
 
 
+def _arm_engines(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each arm's engine config as the summary records it ({} where it records none)."""
+    return {a: (d.get("engine") or {}) for a, d in (summary.get("arms") or {}).items() if isinstance(d, dict)}
+
+
 def verdict_note(summary: dict[str, Any]) -> str | None:
     """What the verdict means when a trimming arm declined every step (None otherwise): the statistics
     stand, but they compare the same work, so they say nothing about trimming."""
     declined = declined_arms(summary)
     if not declined:
         return None
-    engines = {a: (d.get("engine") or {}) for a, d in (summary.get("arms") or {}).items() if isinstance(d, dict)}
+    engines = _arm_engines(summary)
     spec = engines.get(declined[0], {}).get("spec")
     others = [a for a in engines if a not in declined]
     who = " and ".join(declined)
@@ -168,7 +173,7 @@ def truncation_line(summary: dict[str, Any], requests_df: pd.DataFrame | None = 
     if not reasons or truncated is None:
         if requests_df is None:
             return None
-        engines = {a: (d.get("engine") or {}) for a, d in (summary.get("arms") or {}).items() if isinstance(d, dict)}
+        engines = _arm_engines(summary)
         reasons = finish_reason_counts(requests_df)
         truncated = truncation_counts(requests_df, {a: e.get("max_model_len") for a, e in engines.items()})
         if not reasons:
