@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Leased-H200 re-calibration of a DSpark drafter's confidence head (issue 4), out of sample:
+# Leased-H200 re-calibration of a DSpark drafter's confidence head, out of sample:
 #  1. calibration data: prompts the drafter never trained on, answered by the target at T=0.7 /
 #     top-p 0.8 / top-k 20 (as training data is made), bf16, engine=h200. The shipped drafter
 #     trained on the whole train split, so by default they are the EVAL split of the training-only

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Leased-H200 run for issue 6's batch-1 GEMVs (kernels/small_m_linear.py: split-K, unrolled loops).
+# Leased-H200 run for the batch-1 GEMVs (kernels/small_m_linear.py: split-K, unrolled loops).
 # Random SmolLM2-shaped weights only: no model to stage.
 #   OUT=/path PHASES="tests sweep census" bash bench/h200_gemv.sh
 #   tests:  the GPU kernel tests (GPU_TESTS) -> $OUT/gpu_tests.txt

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Leased-H200 check of the device-resident decode path (issue 6): GPU tests, then eager vs
+# Leased-H200 check of the device-resident decode path: GPU tests, then eager vs
 # CUDA-graph vs graph+overlap decode throughput with SmolLM2 and the shipped drafter.
 #   OUT=/path bash bench/h200_graphs.sh STAGE_DIR      # STAGE_DIR holds model.part1..3 + model.sha256
 set -uo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Leased-H200 run for issue 6's comparison points: the paged-attention kernel's bandwidth
+# Leased-H200 run for the comparison points: the paged-attention kernel's bandwidth
 # against the copy bandwidth, padded SDPA and flex attention; transformers' generate
 # (eager and static cache + torch.compile) on SmolLM2. Needs the model staged like
 # bench/h200_sched_graphs.sh (STAGE_DIR with model.part1..3 + model.sha256).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Leased-H200 run for issue 6's batch-128/256 aim (session 8): a cost table profiled at the
+# Leased-H200 run for ragged against full at batch 128/256: a cost table profiled at the
 # benchmark's decode context, the paired benchmark against it (with device gaps, host and GC
 # diagnostics), the same with the garbage collector frozen, batch 1, and a same-state device
 # comparison of full / uniform / ragged steps at equal token counts (random weights).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Leased-H200 run for issue 6: GPU tests, a graph+overlap cost table, then target-only / full /
+# Leased-H200 run: GPU tests, a graph+overlap cost table, then target-only / full /
 # uniform / ragged on captured steps at batch 1..256 with SmolLM2 and the shipped drafter.
 #   OUT=/path bash bench/h200_sched_graphs.sh STAGE_DIR     # STAGE_DIR holds model.part1..3 + model.sha256
 # DRAFTER=DIR benchmarks (and profiles) that drafter instead of the shipped one.
@@ -70,7 +70,7 @@ if has bench; then
 # All arms in one process, so that every arm's greedy outputs are compared with the target-only
 # arm's (runners.bench_decode), in ORDER (default alternating: the arm order reverses at every
 # other batch and round, so a drifting host is not charged to the last arm) for ROUNDS rounds. SEPARATE=1 runs one process per arm instead (each then compares
-# only with itself), as the 2026-11-30 runs did while the capture warm-up bug was open.
+# only with itself).
 if [[ "${SEPARATE:-0}" == 1 ]]; then
 stamp "bench: target / full / uniform / ragged on captured steps (one process per arm)"
 for arm in target full uniform ragged; do

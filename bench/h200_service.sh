@@ -10,7 +10,8 @@
 #   steady: runners.bench_decode engine=h200_graphs, target-only and DSpark verify-all, batch 1/16/256, on the
 #           same workload prompts (workload.num_prompts=1024), 256 new tokens
 #   peer:   bench/transformers_peer.py, static cache + torch.compile(reduce-overhead) in a hand-written greedy
-#           loop, batch 1 and 128, 256 new tokens
+#           loop, batch PEER_BATCHES (default 1,128), 256 new tokens, on each of PEER_WORKLOADS (default mixed_chat:
+#           the A/B's prompts)
 #   bugs:   bench/guard_planted_bugs.py: the A/B at concurrency 16 (64 mixed_chat requests, 128 new tokens, one
 #           block) with the correct engines and with each planted bug in arm B: the guards must pass, then fail
 # Each run's folder is packed into $OUT/<run>.tar.gz as soon as it ends (results come back as at most 8 files).
@@ -64,9 +65,11 @@ if has steady; then
   tar czf "$OUT/steady.tar.gz" -C "$WORK" steady
 fi
 if has peer; then
-  stamp "transformers peer: static cache + torch.compile(reduce-overhead), hand-written loop"
-  timeout "${T_PEER:-300}" python3 bench/transformers_peer.py "$WORK/peer" --batches "${PEER_BATCHES:-1,128}" \
-    --new-tokens "$NEW" --modes static_compiled_loop 2>&1 | grep -v "WARNING\|warn(" | tail -20
+  for w in ${PEER_WORKLOADS:-mixed_chat}; do
+    stamp "transformers peer on $w: static cache + torch.compile(reduce-overhead), hand-written loop"
+    timeout "${T_PEER:-300}" python3 bench/transformers_peer.py "$WORK/peer/$w" --batches "${PEER_BATCHES:-1,128}" \
+      --new-tokens "$NEW" --modes static_compiled_loop --workload "$w" 2>&1 | grep -v "WARNING\|warn(" | tail -8
+  done
   tar czf "$OUT/peer.tar.gz" -C "$WORK" peer
 fi
 stamp done

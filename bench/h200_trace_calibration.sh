@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Leased-H200 run (issue 6, session 10): does a confidence calibration fitted on the workload's own
+# Leased-H200 run: does a confidence calibration fitted on the workload's own
 # step traces raise ragged's share of the oracle's gain at batch 128/256?
 #   OUT=/path bash bench/h200_trace_calibration.sh STAGE_DIR    # STAGE_DIR: model.part1..3 + model.sha256
 # PARTS (default "trace cal replay ab"; also ragtrace, std):

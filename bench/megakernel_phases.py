@@ -1,4 +1,4 @@
-"""Where the one-launch decode kernel's time goes (kernels/decode_megakernel.py; issue 6: profile, not guess).
+"""Where the one-launch decode kernel's time goes (kernels/decode_megakernel.py), measured per phase.
 
 Random SmolLM2-135M-shaped bf16 weights, one token over a KV cache of ``KV_LENS`` tokens. For each
 setting (programs, KV splits, warps):

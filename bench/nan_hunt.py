@@ -1,5 +1,5 @@
 """Hunt the NaN that appeared in the KV caches of uniform/ragged captured steps at batch 128
-(issue 6; bench/results/h200-2026-11-30-sched/README.md) on a CUDA machine.
+(bench/results/h200-2026-11-30-sched/README.md) on a CUDA machine.
 
 Hypothesis under test: a read of memory no step wrote (its value depends on what earlier
 engines left in recycled device memory). Three phases, SmolLM2 + the shipped drafter:

@@ -1,4 +1,4 @@
-"""One figure and one table from an H200 results folder (issue 6): output tokens/s against
+"""One figure and one table from an H200 results folder: output tokens/s against
 batch size for transformers' compiled peer, this engine's target-only, DSpark full, uniform and
 ragged, and the oracle bound priced on the full arm's accepted lengths.
 

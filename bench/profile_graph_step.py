@@ -9,7 +9,7 @@ time the host's share of an overlapped engine step.
     python bench/profile_graph_step.py OUT_DIR [VARIANT ...]       # on a CUDA machine
 
 VARIANTs (default: plain fused): ``engine.kernels`` settings of the layer kernels, each measured on the
-same weights in one process (``VARIANTS`` below): ``plain`` (unfused modules), ``cublas`` (fused
+same weights in one process (``VARIANTS`` below; ``rope+splitsN``: attention with N KV splits): ``plain`` (unfused modules), ``cublas`` (fused
 norms, cuBLAS GEMMs), ``fused`` (small-M GEMV kernels, rotary separate), ``rope`` (the defaults: GEMV
 with the QKV + rotary + K/V-write epilogue), ``rope+tiles`` (rope with the GEMV tile table named by
 ``CENSUS_TILES``, e.g. bench/small_m_sweep.py's small_m_tiles.json: split-K, unrolled loops),
@@ -17,7 +17,10 @@ with the QKV + rotary + K/V-write epilogue), ``rope+tiles`` (rope with the GEMV 
 triton_argmax=false, fused_step_metadata=false), ``rope+l2`` (rope with the next layer's weights
 read into L2 on a side stream, l2_prefetch=true), ``mega`` (rope, and one-token target steps as the
 one-launch decode kernel, kernels/decode_megakernel.py), ``mega66`` / ``mega32`` (with 66 / 32
-programs instead of one per SM). Batch sizes: ``PROFILE_BATCHES`` (default 1,16,64,256).
+programs instead of one per SM). Batch sizes: ``PROFILE_BATCHES`` (default 1,16,64,256); arms:
+``PROFILE_SPECS`` (default off,dspark); prompt lengths: ``PROFILE_PROMPT_LENS``, a JSON file whose
+``prompt_tokens`` list is cycled over the requests (bench/prompt_lengths_mixed_chat.json: the mixed_chat
+workload's), default 512 tokens each.
 """
 
 from __future__ import annotations
@@ -42,20 +45,38 @@ SMOLLM2 = ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, intermedi
 DRAFTER = DrafterConfig(block_size=7, num_layers=2, target_layer_ids=(2, 15, 27), markov_rank=32)
 
 
-def engine_for(spec: str, batch: int, target, drafter, kernels: dict | None = None) -> Engine:
-    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention_backend="triton", max_num_seqs=batch,
-                       kv_cache_tokens=batch * 1400, max_model_len=1200, max_num_batched_tokens=8192, spec=spec,
-                       cuda_graphs=True, overlap=True, kernels=kernels or {})
+NEW_TOKENS = 400  # per request: more than the steps a profile runs
+
+
+def prompt_lengths(batch: int) -> list[int]:
+    """The batch's prompt lengths: PROFILE_PROMPT_LENS's list cycled, or 512 each."""
+    import os
+
+    path = os.environ.get("PROFILE_PROMPT_LENS")
+    if not path:
+        return [512] * batch
+    lens = json.loads(Path(path).read_text())["prompt_tokens"]
+    return [int(lens[i % len(lens)]) for i in range(batch)]
+
+
+def engine_for(spec: str, lens: list[int], target, drafter, kernels: dict | None = None) -> Engine:
+    longest = max(lens) + NEW_TOKENS + 16
+    cfg = EngineConfig(device="cuda", dtype="bfloat16", attention_backend="triton", max_num_seqs=len(lens),
+                       kv_cache_tokens=sum(lens) + len(lens) * (NEW_TOKENS + 16) + longest, max_model_len=longest,
+                       max_num_batched_tokens=8192, spec=spec, cuda_graphs=True, overlap=True, kernels=kernels or {})
     return Engine(target, None, cfg, drafter if spec == "dspark" else None)
 
 
 def profile(spec: str, batch: int, target, drafter, kernels: dict | None = None) -> dict:
-    eng = engine_for(spec, batch, target, drafter, kernels)
+    lens = prompt_lengths(batch)
+    eng = engine_for(spec, lens, target, drafter, kernels)
     g = torch.Generator().manual_seed(batch)
-    sp = SamplingParams(max_tokens=1000, ignore_eos=True)
-    for _ in range(batch):
-        eng.add_request(torch.randint(3, 49000, (512,), generator=g).tolist(), sp)
-    while eng.counters()["graph_replays"] < 5:
+    sp = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    for n in lens:
+        eng.add_request(torch.randint(3, 49000, (n,), generator=g).tolist(), sp)
+    sched = eng.scheduler
+    while (eng.counters()["graph_replays"] < 5 or sched.waiting
+           or any(r.in_prefill for r in sched.running)):  # every prompt prefilled: the steps below decode only
         eng.step()
     gd = eng.graph
     R = gd.bucket_for(batch) // gd.M
@@ -98,7 +119,8 @@ def profile(spec: str, batch: int, target, drafter, kernels: dict | None = None)
     top = [{"kernel": k, "calls": count[k], "us": round(v, 1)} for k, v in by_name.most_common(12)]
     del eng
     torch.cuda.empty_cache()
-    return {"spec": spec, "batch": batch, "tokens_per_step": R * gd.M, "kernels_per_step": len(kernels),
+    return {"spec": spec, "batch": batch, "mean_prompt_tokens": sum(lens) / len(lens), "longest_prompt": max(lens),
+            "tokens_per_step": R * gd.M, "kernels_per_step": len(kernels),
             "kernel_time_ms": total_us / 1e3, "graph_replay_ms": replay_ms, "overlapped_step_period_ms": period_ms,
             "host_ms_per_step_median": host_ms, "megakernel_steps": megakernel_steps, "top_kernels": top}
 
@@ -113,6 +135,11 @@ VARIANTS = {  # engine.kernels settings (dspark.config.KernelSwitches) of each v
     "mega32": {"decode_megakernel": True, "megakernel_programs": 32},
     "rope+tiles": {"small_m_tiles": "$CENSUS_TILES"},
     "rope-step-kernels": {"triton_argmax": False, "fused_step_metadata": False},
+    "rope+splits1": {"attention_splits": 1},
+    "rope+splits2": {"attention_splits": 2},
+    "rope+splits4": {"attention_splits": 4},
+    "rope+splits8": {"attention_splits": 8},
+    "rope+splits16": {"attention_splits": 16},
     "rope+l2": {"l2_prefetch": True},
     "rope+l2x8": {"l2_prefetch": True, "l2_prefetch_programs": 8},
     "rope+l2x32": {"l2_prefetch": True, "l2_prefetch_programs": 32},
@@ -146,7 +173,7 @@ def main(out_dir: str, variants: list[str]) -> None:
     drafter = DSparkDrafter(SMOLLM2, DRAFTER)
     rows = []
     for variant in variants:
-        for spec in ("off", "dspark"):
+        for spec in os.environ.get("PROFILE_SPECS", "off,dspark").split(","):
             for b in batches:
                 try:
                     measured = profile(spec, b, target, drafter, settings[variant])
@@ -168,7 +195,7 @@ def main(out_dir: str, variants: list[str]) -> None:
                      f"{r['kernel_time_ms']:.2f} | {r['graph_replay_ms']:.2f} | {r['overlapped_step_period_ms']:.2f} | "
                      f"{r['host_ms_per_step_median']:.2f} |")
     for r in rows:
-        if r["batch"] == min(batches):
+        if r["batch"] == min(batches) or os.environ.get("PROFILE_TOP_ALL"):
             lines += ["", f"Top kernels, {r['variant']}, spec={r['spec']}, batch {r['batch']}:", ""]
             lines += [f"- {t['kernel']}: {t['calls']} calls, {t['us']} us" for t in r["top_kernels"]]
     (out / "profile_graph_step.md").write_text("\n".join(lines) + "\n")

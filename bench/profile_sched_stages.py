@@ -1,5 +1,5 @@
-"""Where the time of a confidence-scheduled captured step goes (issue 6: why ragged lost to full
-at batch 128/256 on the H200 while uniform won). Random SmolLM2-shaped weights (as
+"""Where the time of a confidence-scheduled captured step goes (what separates ragged from
+full and uniform at batch 128/256). Random SmolLM2-shaped weights (as
 bench/profile_graph_step.py), bf16, graphs + overlap, a steep synthetic cost table so the
 planner trims. For each verify mode and batch size:
 

@@ -80,6 +80,7 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
 
         return paged_attention(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
                                block_tables=meta.block_tables, scale=scale, causal=meta.causal,
-                               max_q_len=meta.max_q_len, batch_invariant=kc.batch_invariant)
+                               max_q_len=meta.max_q_len, batch_invariant=kc.batch_invariant,
+                               num_splits=None if kc.batch_invariant else kc.attention_splits)
     return paged_attention_reference(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
                                      block_tables=meta.block_tables, scale=scale, causal=meta.causal)

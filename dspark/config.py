@@ -146,6 +146,9 @@ class KernelSwitches:
     small_m_tiles: str | None = None  # a device's GEMV tile table (bench/small_m_sweep.py); None: defaults
     fused_step_metadata: bool = True  # graph steps' row packing and state commit as Triton kernels
     triton_argmax: bool = True  # graph steps' greedy argmax through kernels/argmax.py (CUDA)
+    # KV chunks per (request, kv head, query tile) in paged attention; None: from the grid size alone
+    # (kernels.paged_attention.default_num_splits). More splits spread a long request's keys over more SMs.
+    attention_splits: int | None = None
     # Experimental, off by default.
     l2_prefetch: bool = False  # decode-sized steps read the next layer's weights into L2 (CUDA)
     l2_prefetch_programs: int = 16  # programs per weight matrix of that prefetch
@@ -166,6 +169,9 @@ class KernelSwitches:
         n = self.l2_prefetch_programs
         _check(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 64, f"{p}.l2_prefetch_programs",
                f"must be an integer from 1 to 64, got {n!r}")
+        n = self.attention_splits
+        _check(n is None or (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 32), f"{p}.attention_splits",
+               f"must be null (from the grid size) or an integer from 1 to 32 (the kernel's most), got {n!r}")
         n = self.megakernel_programs
         _check(n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 1), f"{p}.megakernel_programs",
                f"must be null (one program per SM) or an integer >= 1 (at most the device's SMs), got {n!r}")
@@ -272,6 +278,10 @@ class EngineConfig:
     # own for this engine, e.g. one fitted on the workload's step traces (runners.calibrate traces=...).
     confidence_calibration: str | None = None
     skip_mixed_trim: bool = True  # decline to trim on steps that also carry a prefill
+    # What the planner reads as each drafted slot's acceptance: the drafter's confidence head ("head"), or the
+    # drafter's top-token probability calibrated online against observed acceptance ("draft_max_prob",
+    # dspark/acceptance_estimate.py; works for a drafter without a head).
+    acceptance_estimate: str = "head"
     force_verify_len: int | None = None  # profiling/debug override of the decision (must be on the ladder)
     force_trimmed_path: bool = False  # profiling: run a forced verify length (even the full block) as a trimmed step
     force_budget_frac: float | None = None  # profiling/debug override (ragged): budget = frac * R * G cells
@@ -288,12 +298,15 @@ class EngineConfig:
     DTYPES = ("float32", "bfloat16", "float16")
     SPECS = ("off", "dspark")
     VERIFY = ("full", "uniform", "ragged", "cap_accept")
+    ESTIMATES = ("head", "draft_max_prob")
     BACKENDS = ("torch", "triton")
 
     def __post_init__(self) -> None:
         _check(self.dtype in self.DTYPES, "engine.dtype", f"{self.dtype!r} not in {list(self.DTYPES)}")
         _check(self.spec in self.SPECS, "engine.spec", f"{self.spec!r} not in {list(self.SPECS)}")
         _check(self.verify in self.VERIFY, "engine.verify", f"{self.verify!r} not in {list(self.VERIFY)}")
+        _check(self.acceptance_estimate in self.ESTIMATES, "engine.acceptance_estimate",
+               f"{self.acceptance_estimate!r} not in {list(self.ESTIMATES)}")
         _check(self.attention_backend in self.BACKENDS, "engine.attention_backend",
                f"{self.attention_backend!r} not in {list(self.BACKENDS)}")
         if isinstance(self.kernels, KernelConfig):  # a whole kernel config: it must agree with this engine's

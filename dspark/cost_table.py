@@ -18,10 +18,21 @@ Lookups:
 
 The table carries a fingerprint of where it was measured; ``check_fingerprint`` refuses
 a table from another device, driver, software stack, model, drafter or dtype.
+:func:`fingerprint_digest` hashes the checked fields (the name a cached table is filed under).
+
+Fit. :func:`fit_cost_table` fits the form to the medians of the measurements by least squares.
+When the unconstrained solution prices some (batch size, M) pair below zero (a negative fixed
+overhead once the constants are moved into it; medians of different batch sizes that disagree
+do this, often at pairs no step can reach, such as M below the batch size), the table is the
+bounded least-squares fit instead (fixed, every alpha and every theta >= 0;
+``scipy.optimize.lsq_linear``). Either way the table carries a :class:`FitQuality`: R^2, the
+residuals, whether the bound was active, and, once a profiler has checked it against its
+thresholds, whether it passed. ``profile_settings`` records the settings it was measured with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -34,10 +45,10 @@ from typing import Any, Iterable, Mapping, Sequence
 FORMAT_VERSION = 1
 # Fingerprint fields that must agree for a table to describe this run's step cost.
 # step_path: eager, graphs or graphs+overlap steps cost differently (a graph replay has no host work).
-# step_timing: how a device-resident step's time was taken. "step-call" (2026-11-30, session 8): the
-# wall time of the step() call that committed it, the pipeline's period. Graph-path tables without it
-# timed only the launch and the commit, leaving out the host's work between them, and priced steps
-# 0.8-1.1 ms low at batch 256 on the H200 (trimmed ones most): they are refused here, re-profile.
+# step_timing: how a device-resident step's time was taken. "step-call": the wall time of the step()
+# call that committed it, the pipeline's period. A graph-path table without it timed only the launch
+# and the commit, which leaves out the host's work between them (on the H200 such tables price
+# batch-256 steps 0.8-1.1 ms low, trimmed ones most): it is refused here and must be re-profiled.
 CHECKED_FINGERPRINT_FIELDS = ("device_name", "driver", "torch", "triton", "model", "drafter", "dtype", "step_path",
                               "kernels", "step_timing")
 OPTIONAL_FINGERPRINT_FIELDS = ("hostname",)
@@ -74,6 +85,87 @@ def _finite(x: Any) -> bool:
 
 
 @dataclass(frozen=True)
+class FitQuality:
+    """How well the additive form fits the per-(batch size, M) medians it was fitted to.
+
+    Residuals are measured minus fitted, in ms, over the fitted cells. ``bounded``: the
+    unconstrained least squares priced some pair below zero (its fixed overhead is
+    ``unbounded_fixed_overhead_ms`` < 0) and the table is the bounded fit. ``passed`` is None
+    until a profiler checks the fit (:meth:`checked`), then records the outcome together with
+    the thresholds it was checked against.
+    """
+
+    cells: int  # (batch size, M) medians fitted
+    parameters: int  # free parameters of the additive form (fixed, alphas, thetas less the gauge)
+    r2: float  # 1 - residual sum of squares / total sum of squares of the medians
+    rms_residual_ms: float
+    max_abs_residual_ms: float
+    max_rel_residual: float  # the largest |residual| / median over the cells
+    worst_cell: tuple[int, int]  # (batch size, M) of max_rel_residual
+    bounded: bool
+    unbounded_fixed_overhead_ms: float
+    passed: bool | None = None
+    min_r2: float | None = None  # the thresholds ``passed`` was decided with
+    max_rel_residual_allowed: float | None = None
+
+    def __post_init__(self) -> None:
+        if not (_is_int(self.cells) and _is_int(self.parameters) and self.cells >= 1 and self.parameters >= 1):
+            raise CostTableError(f"fit: cells and parameters must be integers >= 1, got {self.cells!r}, "
+                                 f"{self.parameters!r}")
+        for name in ("r2", "rms_residual_ms", "max_abs_residual_ms", "max_rel_residual",
+                     "unbounded_fixed_overhead_ms"):
+            if not _finite(getattr(self, name)):
+                raise CostTableError(f"fit: {name} must be a finite number, got {getattr(self, name)!r}")
+        cell = tuple(self.worst_cell)
+        if len(cell) != 2 or not all(_is_int(x) for x in cell):
+            raise CostTableError(f"fit: worst_cell must be (batch size, M), got {self.worst_cell!r}")
+        object.__setattr__(self, "worst_cell", cell)
+
+    def problems(self, min_r2: float, max_rel_residual: float) -> list[str]:
+        """What fails the thresholds, one phrase each (empty: the fit passes)."""
+        out = []
+        if self.r2 < min_r2:
+            out.append(f"R^2 = {self.r2:.3f} is below min_r2 = {min_r2}")
+        if self.max_rel_residual > max_rel_residual:
+            b, m = self.worst_cell
+            out.append(f"the median at batch {b}, M={m} is {self.max_rel_residual:.0%} off the fitted cost, above "
+                       f"max_rel_residual = {max_rel_residual:.0%}")
+        return out
+
+    def checked(self, min_r2: float, max_rel_residual: float) -> "FitQuality":
+        """A copy recording whether the fit passes these thresholds, and the thresholds."""
+        return dataclasses.replace(self, passed=not self.problems(min_r2, max_rel_residual), min_r2=float(min_r2),
+                                   max_rel_residual_allowed=float(max_rel_residual))
+
+    def describe(self) -> str:
+        """One line: R^2, the worst relative residual and where, whether the bound was active."""
+        b, m = self.worst_cell
+        text = (f"R^2 {self.r2:.4f}, largest residual {self.max_rel_residual:.1%} (batch {b}, M={m}), "
+                f"rms {self.rms_residual_ms:.3g} ms over {self.cells} cells")
+        if self.bounded:
+            text += f", bounded fit (unconstrained fixed overhead {self.unbounded_fixed_overhead_ms:.3f} ms)"
+        if self.passed is not None:
+            text += ", quality check " + ("passed" if self.passed else "FAILED")
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "worst_cell": list(self.worst_cell)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FitQuality":
+        if not isinstance(d, Mapping):
+            raise CostTableError(f"fit must be an object, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise CostTableError(f"fit: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
+        try:
+            return cls(**{**d, "worst_cell": tuple(d.get("worst_cell", ()))})
+        except TypeError as e:
+            raise CostTableError(f"fit: {e}") from None
+
+
+@dataclass(frozen=True)
 class CostTable:
     """Immutable step-cost table; the constructor checks every invariant."""
 
@@ -84,6 +176,8 @@ class CostTable:
     batch_overhead_ms: tuple[float, ...] | None = None
     fingerprint: Mapping[str, str] = field(default_factory=dict)
     trim_overhead_ms: tuple[float, ...] | None = None  # per batch_sizes entry (None: no extra cost measured)
+    fit: FitQuality | None = None  # how well the form fits the medians (None: not fitted, e.g. written by hand)
+    profile_settings: Mapping[str, Any] | None = None  # the settings it was measured with (JSON values)
     source: str | None = field(default=None, compare=False, repr=False)  # the file it was loaded from, if any
 
     def __post_init__(self) -> None:
@@ -102,9 +196,6 @@ class CostTable:
             raise CostTableError(f"theta_ms must be finite and >= 0 (no NaN), got {list(th)}")
         if not (_finite(self.fixed_overhead_ms) and self.fixed_overhead_ms >= 0.0):
             raise CostTableError(f"fixed_overhead_ms must be finite and >= 0, got {self.fixed_overhead_ms!r}")
-        if self.fixed_overhead_ms + min(th) <= 0.0:
-            raise CostTableError(f"a step cannot be free: fixed_overhead_ms ({self.fixed_overhead_ms}) + min(theta_ms) "
-                                 f"({min(th)}) must be > 0")
         bs, bo = self.batch_sizes, self.batch_overhead_ms
         if (bs is None) != (bo is None):
             raise CostTableError(f"batch_sizes and batch_overhead_ms come together; got batch_sizes={bs!r}, "
@@ -131,6 +222,16 @@ class CostTable:
         fp = dict(self.fingerprint)
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in fp.items()):
             raise CostTableError(f"fingerprint must map str -> str, got {fp!r}")
+        if self.fit is not None and not isinstance(self.fit, FitQuality):
+            raise CostTableError(f"fit must be a FitQuality or None, got {type(self.fit).__name__}")
+        settings = self.profile_settings
+        if settings is not None:
+            if not isinstance(settings, Mapping):
+                raise CostTableError(f"profile_settings must be a mapping or None, got {type(settings).__name__}")
+            try:  # stored as their JSON values, so a table equals itself read back from its file
+                settings = MappingProxyType(json.loads(json.dumps(dict(settings), sort_keys=True)))
+            except (TypeError, ValueError) as e:
+                raise CostTableError(f"profile_settings must hold JSON values ({e})") from None
         object.__setattr__(self, "token_counts", tc)
         object.__setattr__(self, "theta_ms", tuple(float(t) for t in th))
         object.__setattr__(self, "fixed_overhead_ms", float(self.fixed_overhead_ms))
@@ -138,12 +239,34 @@ class CostTable:
         object.__setattr__(self, "batch_overhead_ms", None if bo is None else tuple(float(o) for o in bo))
         object.__setattr__(self, "trim_overhead_ms", None if to is None else tuple(float(o) for o in to))
         object.__setattr__(self, "fingerprint", MappingProxyType(fp))
+        object.__setattr__(self, "profile_settings", settings)
+        cheapest = self.cheapest_step_ms
+        if cheapest <= 0.0:
+            raise CostTableError(f"a step cannot be free: the cheapest step the table prices (fixed_overhead_ms "
+                                 f"{self.fixed_overhead_ms} + batch overhead + theta at a token count a batch of that "
+                                 f"size can send) is {cheapest} ms; it must be > 0")
 
     # ---- lookups -------------------------------------------------------------------------
 
     @property
     def max_tokens(self) -> int:
         return self.token_counts[-1]
+
+    @property
+    def cheapest_step_ms(self) -> float:
+        """The cheapest step the table can price: over batch sizes b, fixed + batch overhead(b) + theta at
+        the cheapest measured count M >= b (a batch of b requests sends at least b tokens). A pair with
+        M < b is not a step, so its price does not count."""
+        tc, th = self.token_counts, self.theta_ms
+
+        def cheapest_theta(min_tokens: int) -> float:
+            return min([t for m, t in zip(tc, th) if m >= min_tokens] or [th[-1]])
+
+        if self.batch_sizes is None:
+            return self.fixed_overhead_ms + min(th)
+        # Listed size i prices the batch sizes above the previous listed one (the first: from 1).
+        lowest = (1, *(b + 1 for b in self.batch_sizes[:-1]))
+        return min(self.fixed_overhead_ms + o + cheapest_theta(lo) for lo, o in zip(lowest, self.batch_overhead_ms))
 
     def theta_at(self, num_tokens: int, *, extrapolate: bool = False) -> float:
         """theta at M tokens, stepping up to the next measured count (see module docstring)."""
@@ -218,13 +341,13 @@ class CostTable:
     def is_flat(self, rel_tol: float = 0.02) -> bool:
         """True when theta varies by at most rel_tol of the cheapest step: trimming would look free.
 
-        Measured relative to the smallest step time (fixed + min theta) rather than to
+        Measured relative to the cheapest step (:attr:`cheapest_step_ms`) rather than to
         theta alone, because a fitted theta may be 0 at the smallest count.
         """
         if rel_tol < 0:
             raise CostTableError(f"rel_tol must be >= 0, got {rel_tol}")
         lo, hi = min(self.theta_ms), max(self.theta_ms)
-        return (hi - lo) <= rel_tol * (self.fixed_overhead_ms + lo)
+        return (hi - lo) <= rel_tol * self.cheapest_step_ms
 
     # ---- serialisation --------------------------------------------------------------------
 
@@ -239,6 +362,8 @@ class CostTable:
             "batch_overhead_ms": None if self.batch_overhead_ms is None else list(self.batch_overhead_ms),
             "trim_overhead_ms": None if self.trim_overhead_ms is None else list(self.trim_overhead_ms),
             "fingerprint": dict(self.fingerprint),
+            **({} if self.fit is None else {"fit": self.fit.to_dict()}),
+            **({} if self.profile_settings is None else {"profile_settings": dict(self.profile_settings)}),
         }
 
     @classmethod
@@ -246,7 +371,7 @@ class CostTable:
         if not isinstance(d, Mapping):
             raise CostTableError(f"cost table JSON must be an object, got {type(d).__name__}")
         known = {"format_version", "token_counts_include_bonus", "token_counts", "theta_ms", "fixed_overhead_ms",
-                 "batch_sizes", "batch_overhead_ms", "trim_overhead_ms", "fingerprint"}
+                 "batch_sizes", "batch_overhead_ms", "trim_overhead_ms", "fingerprint", "fit", "profile_settings"}
         unknown = set(d) - known
         if unknown:
             raise CostTableError(f"cost table: unknown keys {sorted(unknown)}; allowed: {sorted(known)}")
@@ -266,7 +391,9 @@ class CostTable:
                        batch_sizes=None if bs is None else tuple(bs),
                        batch_overhead_ms=None if bo is None else tuple(bo),
                        fingerprint=dict(d.get("fingerprint") or {}),
-                       trim_overhead_ms=None if d.get("trim_overhead_ms") is None else tuple(d["trim_overhead_ms"]))
+                       trim_overhead_ms=None if d.get("trim_overhead_ms") is None else tuple(d["trim_overhead_ms"]),
+                       fit=None if d.get("fit") is None else FitQuality.from_dict(d["fit"]),
+                       profile_settings=d.get("profile_settings"))
         except (TypeError, ValueError) as e:
             if isinstance(e, CostTableError):
                 raise
@@ -292,8 +419,6 @@ class CostTable:
     def load(cls, path: str | Path) -> "CostTable":
         """The table in ``path``; a :class:`CostTableFileError` naming the file (and saying to delete it and
         re-profile) when it is not a valid cost table."""
-        import dataclasses
-
         p = Path(path)
         if not p.is_file():
             raise CostTableError(f"cost table file {str(p)!r} does not exist; run the profiler to create it")
@@ -359,17 +484,29 @@ def derive_tier_ladder(table: CostTable, block: int, *, batch_size: int, rel_tol
     return sorted(tiers)
 
 
+def fingerprint_digest(fingerprint: Mapping[str, Any]) -> str:
+    """12 hex digits of SHA-256 over the checked fingerprint fields: equal for two setups that
+    :meth:`CostTable.check_fingerprint` accepts for each other, different otherwise."""
+    import hashlib
+
+    checked = {k: fingerprint.get(k) for k in CHECKED_FINGERPRINT_FIELDS}
+    return hashlib.sha256(json.dumps(checked, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def fit_cost_table(measurements: Iterable[Sequence[float]], *, fingerprint: Mapping[str, str] | None = None) -> CostTable:
     """Fit T(bs, M) = fixed + alpha(bs) + theta(M) to (batch_size, M, ms) measurements.
 
     Repeats of one (bs, M) key are reduced to their median (warm-up steps must already be
-    dropped by the caller). The additive model is fitted by least squares on the medians,
-    then put in a canonical gauge: min theta = 0 and min alpha = 0, the removed constants
-    going into fixed_overhead_ms, so predictions are unchanged. The design must connect
-    every batch size to every token count through shared keys (e.g. one M measured at two
-    batch sizes); otherwise alpha and theta are not separable and this raises.
+    dropped by the caller). The additive form is fitted by least squares on the medians, then
+    put in a canonical gauge: min theta = 0 and min alpha = 0, the removed constants going into
+    fixed_overhead_ms, so predictions are unchanged. When that leaves the fixed overhead below
+    zero, the fit is the bounded least squares one instead (see the module docstring). The
+    table's ``fit`` records R^2, the residuals and whether the bound was active. The design must
+    connect every batch size to every token count through shared keys (e.g. one M measured at
+    two batch sizes); otherwise alpha and theta are not separable and this raises.
     """
     import numpy as np  # local: the table itself stays dependency-free
+    from scipy.optimize import lsq_linear
 
     groups: dict[tuple[int, int], list[float]] = {}
     for row in measurements:
@@ -384,39 +521,65 @@ def fit_cost_table(measurements: Iterable[Sequence[float]], *, fingerprint: Mapp
     if not groups:
         raise CostTableError("no measurements to fit")
     keys = sorted(groups)
-    med = [statistics.median(groups[k]) for k in keys]
+    med = np.array([statistics.median(groups[k]) for k in keys])
     bss = sorted({k[0] for k in keys})
     ms_ = sorted({k[1] for k in keys})
-    # Unknowns: intercept, alpha(bs) for bs != bss[0], theta(M) for M != ms_[0].
-    n_unk = 1 + (len(bss) - 1) + (len(ms_) - 1)
-    A = np.zeros((len(keys), n_unk))
-    for row, (bs, m) in enumerate(keys):
-        A[row, 0] = 1.0
-        bi, mi = bss.index(bs), ms_.index(m)
-        if bi > 0:
-            A[row, bi] = 1.0
-        if mi > 0:
-            A[row, len(bss) - 1 + mi] = 1.0
-    if np.linalg.matrix_rank(A) < n_unk:
+    rows = np.arange(len(keys))
+    b_of = np.array([bss.index(b) for b, _ in keys])
+    m_of = np.array([ms_.index(m) for _, m in keys])
+    # One column per component: fixed, alpha(bs) for every bs, theta(M) for every M. Two of them
+    # are redundant (a constant moves freely between fixed, alpha and theta); the unconstrained
+    # fit drops alpha(bss[0]) and theta(ms_[0]) to be identifiable.
+    full = np.zeros((len(keys), 1 + len(bss) + len(ms_)))
+    full[:, 0] = 1.0
+    full[rows, 1 + b_of] = 1.0
+    full[rows, 1 + len(bss) + m_of] = 1.0
+    free = np.ones(full.shape[1], dtype=bool)
+    free[[1, 1 + len(bss)]] = False
+    reduced = full[:, free]
+    if np.linalg.matrix_rank(reduced) < reduced.shape[1]:
         raise CostTableError(
             f"measurements at batch sizes {bss} and token counts {ms_} do not separate the batch overhead from "
             "theta; measure some token count at more than one batch size (e.g. sweep verify lengths at each batch size)")
-    coef, *_ = np.linalg.lstsq(A, np.asarray(med), rcond=None)
-    alpha = [0.0] + [float(c) for c in coef[1:len(bss)]]
-    theta = [0.0] + [float(c) for c in coef[len(bss):]]
-    fixed = float(coef[0]) + min(alpha) + min(theta)
-    alpha = [a - min(alpha) for a in alpha]
-    theta = [t - min(theta) for t in theta]
-    if fixed < 0.0:
-        if fixed > -1e-9 * max(med):
-            fixed = 0.0  # rounding residue of the gauge shift
-        else:
-            raise CostTableError(f"fit gives a negative fixed overhead ({fixed:.4f} ms); the measurements are not "
-                                 f"additive in (batch size, tokens): medians {dict(zip(keys, med))}")
-    return CostTable(token_counts=tuple(ms_), theta_ms=tuple(theta), fixed_overhead_ms=fixed,
-                     batch_sizes=tuple(bss), batch_overhead_ms=tuple(alpha), fingerprint=dict(fingerprint or {}))
+    coef = np.zeros(full.shape[1])
+    coef[free] = np.linalg.lstsq(reduced, med, rcond=None)[0]
+
+    def canonical(x: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        alpha, theta = x[1:1 + len(bss)], x[1 + len(bss):]
+        return float(x[0] + alpha.min() + theta.min()), alpha - alpha.min(), theta - theta.min()
+
+    unbounded_fixed, alpha, theta = canonical(coef)
+    bounded = unbounded_fixed < -1e-9 * float(med.max())  # below the rounding residue of the gauge shift
+    if bounded:
+        # Every component >= 0 is exactly "no (bs, M) pair priced below zero" (fixed + min alpha + min theta >= 0).
+        solution = lsq_linear(full, med, bounds=(0.0, np.inf), method="bvls")
+        if not solution.success:
+            raise CostTableError(f"the bounded least-squares fit did not converge ({solution.message}); medians "
+                                 f"{dict(zip(keys, med.tolist()))}")
+        fixed, alpha, theta = canonical(solution.x)
+    else:
+        fixed = unbounded_fixed
+    fixed = max(fixed, 0.0)
+    predicted = fixed + alpha[b_of] + theta[m_of]
+    residual = med - predicted
+    total = float(((med - med.mean()) ** 2).sum())
+    rss = float((residual ** 2).sum())
+    rel = np.abs(residual) / med
+    worst = int(rel.argmax())
+    quality = FitQuality(cells=len(keys), parameters=int(reduced.shape[1]),
+                         r2=(1.0 - rss / total) if total > 0 else (1.0 if rss == 0 else 0.0),
+                         rms_residual_ms=float(np.sqrt(rss / len(keys))),
+                         max_abs_residual_ms=float(np.abs(residual).max()), max_rel_residual=float(rel[worst]),
+                         worst_cell=keys[worst], bounded=bool(bounded), unbounded_fixed_overhead_ms=unbounded_fixed)
+    try:
+        return CostTable(token_counts=tuple(ms_), theta_ms=tuple(theta.tolist()), fixed_overhead_ms=fixed,
+                         batch_sizes=tuple(bss), batch_overhead_ms=tuple(alpha.tolist()),
+                         fingerprint=dict(fingerprint or {}), fit=quality)
+    except CostTableError as e:
+        raise CostTableError(f"the measurements are not additive in (batch size, tokens): the closest fit prices "
+                             f"a step at no cost ({e}); medians {dict(zip(keys, med.tolist()))}") from None
 
 
 __all__ = ["FORMAT_VERSION", "CHECKED_FINGERPRINT_FIELDS", "CostTableError", "CostTableMismatchError",
-           "CostTableFileError", "CostTable",
-           "derive_tier_ladder", "fit_cost_table"]
+           "CostTableFileError", "CostTable", "FitQuality", "derive_tier_ladder", "fingerprint_digest",
+           "fit_cost_table"]

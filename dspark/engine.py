@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import time
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 
@@ -18,12 +18,10 @@ from dspark.config import ConfigError, EngineConfig, SamplingParams
 from dspark.kv_cache import BlockManager
 from dspark.model_runner import DTYPES, ModelRunner, Segment
 from dspark.models.llama import TargetModel
-from dspark.request import Request, RequestOutput, Status
-from dspark.sampling import RowSampling
+from dspark.request import Request, RequestOutput
 from dspark.scheduler import Scheduler
 from dspark.stats import EngineStats, check_step_consistency
 from dspark.survival import prefix_survival
-from dspark.verification import step_uniforms_for, verify
 
 PromptLike = str | list[int] | list[dict]
 
@@ -135,8 +133,7 @@ class Engine:
         self._captured_key = None  # (bucket, sampling) whose graphs ensure_captured last checked
         self._captures_base = 0  # graphs captured before the current run (reset() / capture_graphs())
         self._eager_step_ms: list[float] = []
-        if self.cfg.cuda_graphs:
-            self._build_graph_decoder()
+        self._build_steps()
 
     def _kv_pool_tokens(self) -> int:
         """Token slots of the KV pool when engine.num_kv_blocks is not given: room for max_num_seqs requests
@@ -179,7 +176,11 @@ class Engine:
             raise ConfigError(f"engine.confidence_calibration: {e}") from None
         return drafter.with_calibration(temperatures.tolist(), biases.tolist())
 
-    def _build_graph_decoder(self) -> None:
+    def _build_steps(self) -> None:
+        """The step pipeline (dspark.graph_decode.GraphDecoder): draft, pack, verify, accept and commit over
+        device rows, for every step of this engine. With engine.cuda_graphs its steps are captured and
+        replayed (``self.graph``); otherwise, and for the steps the device-resident path hands over, the
+        host drives the same stages uncaptured (``_host_step``)."""
         from dspark.graph_decode import GraphDecoder
 
         from dspark.profiler import batch_size_ladder
@@ -200,11 +201,20 @@ class Engine:
         triton_backend = self.kernels.triton
         # The verify step's packing/metadata and state commit as one Triton kernel each on the Triton backend.
         fused_metadata = triton_backend and self.kernels.fused_step_metadata
-        self.graph = GraphDecoder(self.runner, self.cfg.max_num_seqs, max_pages, buckets, use_graphs=True,
+        self.steps = GraphDecoder(self.runner, self.cfg.max_num_seqs, max_pages, buckets, use_graphs=self.cfg.cuda_graphs,
                                   token_buckets=ragged_buckets, min_verify_len=self.cfg.min_verify_len,
                                   window_impl="triton" if triton_backend else "torch",
                                   metadata_impl="triton" if fused_metadata else "torch",
-                                  max_prefill_tokens=self.cfg.max_num_batched_tokens)
+                                  max_prefill_tokens=self.cfg.max_num_batched_tokens,
+                                  acceptance_estimate=self.cfg.acceptance_estimate)
+        self.graph = self.steps if self.cfg.cuda_graphs else None  # the device-resident path
+        # engine.acceptance_estimate=draft_max_prob: the online calibration of the drafter's top probabilities. It is
+        # calibration, not request state: reset() keeps it, so a run's warm-up trains it for the timed blocks.
+        self.acceptance_estimate = None
+        if self.block_size and self.cfg.acceptance_estimate == "draft_max_prob":
+            from dspark.acceptance_estimate import OnlineAcceptanceEstimate
+
+            self.acceptance_estimate = OnlineAcceptanceEstimate(self.block_size)
         self._graph_table_lens: dict[int, int] = {}
 
     def _build_planner(self) -> None:
@@ -225,9 +235,10 @@ class Engine:
             return
         from dspark.planner import Planner, PlannerConfig
 
-        if self.drafter.confidence_head is None:
+        if self.drafter.confidence_head is None and cfg.acceptance_estimate == "head":
             raise ConfigError(f"engine.verify={cfg.verify!r} schedules by confidence, but this drafter has no "
-                              "confidence head (a DFlash-style ablation); use engine.verify=full")
+                              "confidence head (a DFlash-style ablation); use engine.verify=full, or "
+                              "engine.acceptance_estimate=draft_max_prob")
         fresh_global = cfg.planner_algorithm == "global" and cfg.budget_lag == 0
         self.planner_config = PlannerConfig(
             block=self.block_size, mode="uniform" if cfg.verify == "uniform" else "ragged",
@@ -417,6 +428,27 @@ class Engine:
         self.scheduler.add(req)
         return req.req_id
 
+    def output_ids(self, req_id: int) -> list[int] | None:
+        """The tokens a live request has committed so far (a copy), or None once it finished or was
+        never queued: a streaming server sends the part it has not sent yet after each step."""
+        req = self._requests.get(req_id)
+        return None if req is None else list(req.output_ids)
+
+    def abort(self, req_id: int) -> RequestOutput | None:
+        """Stop a live request now (a client went away): it finishes with reason ``abort``, its pages and
+        device row are freed, and a step in flight drops its tokens. Returns its output, or None when it
+        already finished or was never queued."""
+        req = self._requests.get(req_id)
+        if req is None:
+            return None
+        self._finish(req, "abort")
+        if self.graph is not None:
+            if any(r is req for r in self.graph.rows):
+                self.graph.retire({req_id})  # queued behind any step in flight, like a finished row
+            self._graph_table_lens.pop(req_id, None)
+            self._unjoined = [r for r in self._unjoined if r is not req]
+        return RequestOutput.from_request(req)
+
     def has_unfinished(self) -> bool:
         if not self.scheduler.has_work() and self._inflight is not None:
             self._drain()  # every row of the step in flight has finished: its tokens are discarded
@@ -458,63 +490,78 @@ class Engine:
         if decodes:
             counts["decode_steps"] += 1
             counts["mixed_steps"] += int(plan.is_mixed)
-        rows = RowSampling([r.params for r in decodes], self.runner.device)
         G = self.block_size
-        drafts = None
-        uni = step_uniforms_for(decodes, G, self.runner.device) if decodes else None  # [B, 2G+1]
-        if decodes and G:
-            drafts = self.runner.draft(decodes, rows, uniforms=uni[:, :G])
-        decision = self._plan(decodes, drafts, plan, rows)
-        windows = list(decision.windows) if decision is not None else [G] * len(decodes)
-        # cap_accept verifies the whole block and caps acceptance at the planned window afterwards.
-        verify_windows = [G] * len(decodes) if self.cfg.verify == "cap_accept" else windows
-        prefill_segs = [Segment(c.req, c.start, c.req.all_ids[c.start: c.start + c.length]) for c in plan.prefills]
-        result = self.runner.run_target(prefill_segs, decodes, drafts.tokens if drafts else None, verify_windows,
-                                        buckets=self.cfg.token_buckets)
-        if self.cfg.debug_checks and decodes:
-            self._check_layout(result, len(plan.prefills), verify_windows)
-        for c in plan.prefills:
-            c.req.num_computed = c.start + c.length
+        steps = self.steps
+        prefill_tokens = sum(c.length for c in plan.prefills)
+        if plan.prefills:
+            self._prefill(plan.prefills)
+        windows: list[int] = []
+        num_tokens, bucket = prefill_tokens, prefill_tokens
         if decodes:
-            common = dict(decodes=decodes, rows=rows, verify_logits=result.verify_logits,
-                          draft_tokens=drafts.tokens if drafts else None, draft_probs=drafts.probs if drafts else None,
-                          block_size=G, uniforms=uni[:, G:])
-            verdict = self._verify(windows=windows, **common)
-            uncapped = None
-            if self.cfg.verify == "cap_accept":
-                uncapped = self._verify(windows=verify_windows, **common).num_accepted
+            if self.graph is not None:
+                self._rows_stale = True  # the host-driven step reloads the rows: the device path reloads after it
+            steps.load(decodes)
+            steps.draft_rows(len(decodes))
+            decision = self._plan(decodes, plan, all_greedy=steps.sampling[0])
+            windows = list(decision.windows) if decision is not None else [G] * len(decodes)
+            cap = self.cfg.verify == "cap_accept" and G > 0  # verify the whole block, cap acceptance at the plan
+            step_tokens = sum(w + 1 for w in ([G] * len(decodes) if cap else windows))
+            buckets = self.cfg.token_buckets
+            step_bucket = next((b for b in buckets if b >= step_tokens), step_tokens) if buckets else step_tokens
+            results = steps.verify_rows(windows, step_bucket, cap_accept=cap)
+            num_tokens, bucket = prefill_tokens + step_tokens, prefill_tokens + step_bucket
+            if self.cfg.debug_checks:
+                check_step_consistency([G] * len(decodes) if cap else windows, steps.last_indptr.cpu().to(torch.int32),
+                                       step_tokens, step_bucket, G)
+            accepted = [k for k, _, _ in results]
+            uncapped = steps.uncapped[: len(decodes)].tolist() if cap else None
             # The step so far (drafting and planning included), as the profiler times a step: the cost table's
             # prediction for this step is compared with it (stats: measured_ms_on_predicted).
             step_ms = (time.perf_counter() - step_start) * 1e3
             now = time.perf_counter()
-            draft_rows = drafts.tokens.tolist() if drafts else [[] for _ in decodes]
             if G:
                 self.stats.record_step(request_ids=[r.req_id for r in decodes], windows=windows,
-                                       accepted=verdict.num_accepted, block=G, mode=self.cfg.verify,
-                                       uncapped_accepted=uncapped, num_tokens=result.num_tokens,
-                                       bucket=result.bucket, graph_replay=False, eager_reason=self._eager_reason,
+                                       accepted=accepted, block=G, mode=self.cfg.verify,
+                                       uncapped_accepted=uncapped, num_tokens=num_tokens,
+                                       bucket=bucket, graph_replay=False, eager_reason=self._eager_reason,
                                        step_ms=step_ms)
-                self._oracle_steps.append(list(uncapped if uncapped is not None else verdict.num_accepted))
+                self._oracle_steps.append(list(uncapped if uncapped is not None else accepted))
                 counts["trimmed_steps"] += int(decision is not None and decision.trimmed)
                 if self.step_trace is not None:
-                    self._trace_step(decodes, drafts, verify_windows,
-                                     uncapped if uncapped is not None else verdict.num_accepted)
-            self._count_rows(list(windows), list(verdict.num_accepted))
-            for i, req in enumerate(decodes):
-                k = verdict.num_accepted[i]
-                if self._commit_row(req, windows[i], k, draft_rows[i][:k] + [verdict.next_tokens[i]], now):
+                    self._trace_step(decodes, windows if not cap else [G] * len(decodes),
+                                     uncapped if uncapped is not None else accepted)
+            if self.acceptance_estimate is not None:
+                self._learn_acceptance(steps.max_prob[: len(decodes)].cpu().numpy(),
+                                       [G] * len(decodes) if cap else windows, uncapped if cap else accepted)
+            self._count_rows(windows, accepted)
+            for req, w, (k, _, new) in zip(decodes, windows, results):
+                if self._commit_row(req, w, k, new, now):
                     finished.append(RequestOutput.from_request(req))
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)  # step timing below must include the device work
-        self.last_step = StepInfo(num_decodes=len(decodes), num_prefill_tokens=sum(c.length for c in plan.prefills),
-                                  num_tokens=result.num_tokens, bucket=result.bucket, windows=tuple(windows),
+        self.last_step = StepInfo(num_decodes=len(decodes), num_prefill_tokens=prefill_tokens,
+                                  num_tokens=num_tokens, bucket=bucket, windows=tuple(windows),
                                   step_ms=(time.perf_counter() - step_start) * 1e3)
         self._eager_step_ms.append(self.last_step.step_ms)
         return finished
 
-    def _verify(self, **kw):
-        """An eager step's acceptance (dspark.verification.verify)."""
-        return verify(**kw)
+    def _prefill(self, chunks) -> None:
+        """Prefill chunks through the step pipeline's prefill stage, in forwards that fit its largest
+        prefill shape (tokens and chunks)."""
+        steps = self.steps
+        group: list[Segment] = []
+        tokens = 0
+        for c in chunks:
+            seg = Segment(c.req, c.start, c.req.all_ids[c.start: c.start + c.length])
+            if group and not steps.prefill_fits(tokens + c.length, len(group) + 1):
+                steps.prefill(group)
+                group, tokens = [], 0
+            group.append(seg)
+            tokens += c.length
+        if group:
+            steps.prefill(group)
+        for c in chunks:
+            c.req.num_computed = c.start + c.length
 
     def start_step_trace(self):
         """Record every later decode step's fresh survival, windows and accepted counts
@@ -531,8 +578,8 @@ class Engine:
         self.step_trace = StepTrace(self.block_size)
         return self.step_trace
 
-    def _trace_step(self, decodes, drafts, windows, accepted) -> None:
-        raw = drafts.confidence_logits.float()
+    def _trace_step(self, decodes, windows, accepted) -> None:
+        raw = self.steps.confidence_logits[: len(decodes)].clone()  # the buffer is the next step's too
         self.step_trace.record([r.req_id for r in decodes],
                                prefix_survival(self.drafter.calibrated_confidence(raw)).cpu().numpy(), windows,
                                [int(k) for k in accepted], confidence_logits=raw.cpu().numpy())
@@ -617,9 +664,7 @@ class Engine:
             finished.append(RequestOutput.from_request(req))
         prefill_tokens = sum(c.length for c in plan.prefills)
         if plan.prefills:
-            gd.prefill([Segment(c.req, c.start, c.req.all_ids[c.start: c.start + c.length]) for c in plan.prefills])
-            for c in plan.prefills:
-                c.req.num_computed = c.start + c.length
+            self._prefill(plan.prefills)
             counts["prefill_tokens"] += prefill_tokens
             counts["prefill_graph_replays" if gd.use_graphs else "prefill_uncaptured"] += 1
         # Requests whose prefill is complete join the rows: those that waited for pages, this call's
@@ -747,7 +792,7 @@ class Engine:
         G = self.block_size
         finished = []
         track = launched.survival is not None and self.planner is not None
-        live_ids, accepted, windows, slots, live_rows = [], [], [], [], []
+        live_ids, accepted, windows, slots, live_rows, live_at = [], [], [], [], [], []
         requests = self._requests
         for i, (rid, (k, w, new)) in enumerate(zip(launched.req_ids, results)):
             req = requests.get(rid)
@@ -755,6 +800,7 @@ class Engine:
                 self._counts["discarded_row_steps"] += 1  # it finished in the step before: tokens dropped
                 continue
             live_ids.append(rid)
+            live_at.append(i)
             accepted.append(k)
             windows.append(w)
             if track:
@@ -763,6 +809,8 @@ class Engine:
             if self._commit_row(req, w, k, new, now):
                 finished.append(RequestOutput.from_request(req))
         self._count_rows(windows, accepted)
+        if launched.max_prob is not None and live_at and self.acceptance_estimate is not None:
+            self._learn_acceptance(launched.max_prob.numpy()[live_at], windows, accepted)
         if live_rows:
             # The live rows' survival, as one host array (the pinned copy the launch made).
             snapshot = launched.survival.numpy()[live_rows]
@@ -806,16 +854,21 @@ class Engine:
                 self._graph_table_lens.pop(rid, None)
         return finished
 
-    def _plan(self, decodes: list[Request], drafts, plan, rows: RowSampling):
-        """The planner's decision for this step (None in verify=full or without decodes)."""
+    def _learn_acceptance(self, max_prob, windows: list[int], accepted: list[int]) -> None:
+        """Count a committed step's rows in the online acceptance estimate and send the device the new table."""
+        self.acceptance_estimate.update(max_prob, windows, accepted)
+        self.steps.set_estimate_table(self.acceptance_estimate.table())
+
+    def _plan(self, decodes: list[Request], plan, all_greedy: bool):
+        """The planner's decision for this host-driven step, on the survival its draft stage just computed
+        (None in verify=full or without decodes)."""
         if self.planner is None or not decodes:
             return None
         for r in decodes:
             self._slot(r)
-        conf = self.drafter.calibrated_confidence(drafts.confidence_logits.float())
-        survival = prefix_survival(conf).tolist()
+        survival = self.steps.survival[: len(decodes)].tolist()
         decision = self.planner.plan(survival, [self._slot_of[r.req_id] for r in decodes],
-                                     temperature_positive=not rows.all_greedy, is_mixed_step=plan.is_mixed)
+                                     temperature_positive=not all_greedy, is_mixed_step=plan.is_mixed)
         if decision.windows is None:  # the planner left the allocation to the device kernel
             from kernels.window_allocation import allocate_windows
 
@@ -823,12 +876,6 @@ class Engine:
                                  min_verify_len=self.planner_config.min_verify_len, block=self.block_size)
             decision = dataclasses.replace(decision, windows=tuple(int(x) for x in w.tolist()))
         return decision
-
-    def _check_layout(self, result, n_prefills: int, verify_windows: list[int]) -> None:
-        indptr = result.qo_indptr[n_prefills:] - result.qo_indptr[n_prefills]
-        prefill_tokens = int(result.qo_indptr[n_prefills])
-        check_step_consistency(verify_windows, indptr.to(torch.int32), result.num_tokens - prefill_tokens,
-                               result.bucket - prefill_tokens, self.block_size)
 
     def _record(self, req: Request, window: int, accepted: int) -> None:
         req.accept_lengths.append(accepted + 1)

@@ -1,4 +1,6 @@
-"""Device-resident decode steps over persistent buffers, captured as CUDA graphs keyed by token bucket.
+"""The step pipeline (prefill, draft, pack, verify, accept, commit) over persistent device rows, captured
+as CUDA graphs keyed by token bucket on the device-resident path and run uncaptured by host-driven steps
+(``draft_rows`` / ``verify_rows``, with the host's windows): one implementation of every stage.
 
 A steady decode step (every running request decoding, nothing to prefill) does not need
 the host to build anything: the committed length and the anchor of each request live on
@@ -61,6 +63,7 @@ class Launched:
     launch_ms: float
     decision: object = None  # the planner's PlanDecision for confidence-scheduled steps
     num_prefill_tokens: int = 0  # prefill tokens the same step() call ran before this launch
+    max_prob: torch.Tensor | None = None  # pinned float32 [R_real, G]: the drafter's top probabilities (draft_max_prob)
 
 
 class GraphDecoder:
@@ -68,7 +71,8 @@ class GraphDecoder:
 
     def __init__(self, runner, max_num_seqs: int, max_pages: int, buckets: tuple[int, ...], use_graphs: bool,
                  token_buckets: tuple[int, ...] | None = None, min_verify_len: int = 1, window_impl: str = "torch",
-                 metadata_impl: str = "torch", max_prefill_tokens: int = 2048, max_prefill_segments: int = 16):
+                 metadata_impl: str = "torch", max_prefill_tokens: int = 2048, max_prefill_segments: int = 16,
+                 acceptance_estimate: str = "head", estimate_bins: int = 10):
         self.runner = runner
         self.kernels = runner.kernels
         self.target = runner.target
@@ -100,6 +104,16 @@ class GraphDecoder:
         G1 = max(self.G, 1)
         self.drafts = torch.zeros((S, G1), dtype=torch.int64, device=dev)
         self.survival = torch.zeros((S, G1), dtype=torch.float32, device=dev)
+        self.confidence_logits = torch.zeros((S, G1), dtype=torch.float32, device=dev)  # raw, for step traces
+        # engine.acceptance_estimate=draft_max_prob: the drafter's top-token probability per slot, and the table
+        # (block slot x probability bin) of acceptance estimates the host calibrates online (set_estimate_table).
+        self.estimate = acceptance_estimate
+        self.max_prob = torch.zeros((S, G1), dtype=torch.float32, device=dev)
+        centres = (torch.arange(estimate_bins, dtype=torch.float32) + 0.5) / estimate_bins
+        self.estimate_table = centres.repeat(G1, 1).to(dev)
+        self.windows_in = torch.zeros(S, dtype=torch.int64, device=dev)  # explicit/cap_accept: the host's windows
+        self.uncapped = torch.zeros(S, dtype=torch.int64, device=dev)  # cap_accept: acceptance over the whole block
+        self.last_indptr: torch.Tensor | None = None  # the last host-driven verify step's packed rows (debug checks)
         self.tier = torch.zeros(1, dtype=torch.int64, device=dev)  # uniform: this step's verify length
         self.extra = torch.zeros(1, dtype=torch.int64, device=dev)  # ragged: cells past min_verify_len
         self.min_verify_len = int(min_verify_len)
@@ -358,26 +372,45 @@ class GraphDecoder:
                                                             pos_d[..., None], act[:, None, None]).reshape(-1),
                                    causal=False, max_q_len=G, trash_slot=self.trash_slot, kernels=self.kernels)
         hidden = self.drafter.forward_block(anchor, anchor_pos, self.runner.draft_cache, meta_d, self.target.embed)
+        by_max_prob = self.estimate == "draft_max_prob"
+        top: list[torch.Tensor] = []  # per slot: the drafter's top-token probability (draft_max_prob)
         if self.sampling[0]:
             from dspark.sampling import greedy_argmax
 
-            out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight,
-                                     lambda logits, k: greedy_argmax(logits, self.kernels), keep_logits=False)
+            def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
+                if by_max_prob:
+                    top.append(torch.exp(logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)))
+                return greedy_argmax(logits, self.kernels)
+
+            out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
+                                     confidence=not by_max_prob)
         else:
             from dspark.sampling import sample_rows
 
             rows, uni, probs = self._rows(R), self._uniforms(R), []
 
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
+                if by_max_prob:
+                    top.append(torch.exp(logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)))
                 tokens, p = sample_rows(logits, rows, uni[:, k])
                 probs.append(p)
                 return tokens
 
-            out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False)
+            out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
+                                     confidence=not by_max_prob)
             self.draft_probs[:R].copy_(torch.stack(probs, dim=1))
         self.drafts[:R].copy_(out.tokens)
-        if out.confidence_logits is not None:
+        if by_max_prob:
+            from dspark.acceptance_estimate import estimated_confidence
             from dspark.survival import prefix_survival
+
+            self.max_prob[:R].copy_(torch.stack(top, dim=1))
+            surv = prefix_survival(estimated_confidence(self.max_prob[:R], self.estimate_table))
+            self.survival[:R].copy_(torch.where(act[:, None], surv, 0.0))
+        elif out.confidence_logits is not None:
+            from dspark.survival import prefix_survival
+
+            self.confidence_logits[:R].copy_(out.confidence_logits.float())
 
             surv = prefix_survival(self.drafter.calibrated_confidence(out.confidence_logits.float()))
             self.survival[:R].copy_(torch.where(act[:, None], surv, 0.0))
@@ -387,8 +420,10 @@ class GraphDecoder:
         every row, 0) or (a tensor [R], an offset to add to it): the fused packing kernel reads
         them as they are, the torch path materialises them (:meth:`_windows`)."""
         G = self.G
-        if mode == "full" or G == 0:
+        if mode in ("full", "cap_accept") or G == 0:  # cap_accept verifies the whole block
             return G, 0
+        if mode == "explicit":
+            return self.windows_in[:R], 0
         if mode == "uniform":
             return self.tier.expand(R), 0
         # ragged: min_len per row, then the top-`extra` cells past it by fresh survival
@@ -428,14 +463,24 @@ class GraphDecoder:
         if G:
             self.drafter.context_kv(captured, pos, self.runner.draft_cache, meta)
         logits = self.target.compute_logits(hidden, kernels=self.kernels)  # [T, V]
+        if mode == "cap_accept":  # acceptance capped at the host's windows; the whole block's kept for the oracle
+            self.last_indptr = packed.indptr[: R + 1]
+            w_full, w = w, torch.where(act, self.windows_in[:R], 0)
+        elif mode == "explicit":
+            self.last_indptr = packed.indptr[: R + 1]
         if not self.sampling[0]:
-            k, nxt = self._accept_sampled(logits[rows_at.reshape(-1)].view(R, M, -1), w, R)
+            rows_logits = logits[rows_at.reshape(-1)].view(R, M, -1)
+            k, nxt = self._accept_sampled(rows_logits, w, R)
+            if mode == "cap_accept":
+                self.uncapped[:R].copy_(self._accept_sampled(rows_logits, w_full, R)[0])
             self._commit_state(R, k, nxt, anchor, act, w)
             return
         from dspark.sampling import greedy_argmax
 
         target_tok = greedy_argmax(logits, self.kernels)[rows_at]  # [R, M]
         k, nxt = self._accept_greedy(self.drafts[:R, :G], target_tok, w)
+        if mode == "cap_accept":
+            self.uncapped[:R].copy_(self._accept_greedy(self.drafts[:R, :G], target_tok, w_full)[0])
         self._commit_state(R, k, nxt, anchor, act, w)
 
     def _pack_rows(self, R: int, mode: str, rows_in: dict):
@@ -512,15 +557,40 @@ class GraphDecoder:
         self._close_step_timing(mode)
         host = torch.empty((B, 2 + self.M), dtype=torch.int64, pin_memory=pin)
         host.copy_(self.out[:B], non_blocking=pin)
-        surv = None
-        if self.G and self.drafter.confidence_head is not None:
+        surv = top = None
+        if self.G and (self.drafter.confidence_head is not None or self.estimate == "draft_max_prob"):
             surv = torch.empty((B, self.G), dtype=torch.float32, pin_memory=pin)
             surv.copy_(self.survival[:B], non_blocking=pin)
+        if self.G and self.estimate == "draft_max_prob":
+            top = torch.empty((B, self.G), dtype=torch.float32, pin_memory=pin)
+            top.copy_(self.max_prob[:B], non_blocking=pin)
         event = None
         if pin:
             event = torch.cuda.Event()
             event.record()
-        return Launched(self.req_ids[:B], host, surv, event, bucket, num_tokens, (time.perf_counter() - start) * 1e3)
+        return Launched(self.req_ids[:B], host, surv, event, bucket, num_tokens, (time.perf_counter() - start) * 1e3,
+                        max_prob=top)
+
+    def draft_rows(self, num_rows: int) -> None:
+        """The draft stage over rows [:num_rows], uncaptured (a host-driven step: the host plans on this
+        step's survival before it verifies)."""
+        if self.G:
+            self._draft_stage(num_rows)
+
+    def verify_rows(self, windows: list[int], num_tokens: int, cap_accept: bool = False
+                    ) -> list[tuple[int, int, list[int]]]:
+        """The verify stage over rows [:len(windows)] with the host's windows, uncaptured: ``num_tokens``
+        packed token rows (the step's tokens, or a bucket above them); with ``cap_accept`` the whole block
+        is verified and acceptance capped at ``windows`` (``uncapped`` holds the whole block's). Returns
+        (accepted count, window, committed tokens) per row, as :meth:`collect` does."""
+        R = len(windows)
+        if R > self.S:
+            raise ValueError(f"{R} rows exceed the decoder's {self.S}")
+        src = torch.tensor(windows, dtype=torch.int64)
+        self.windows_in[:R].copy_(src.to(self.device))
+        self._verify_stage(int(num_tokens), R, "cap_accept" if cap_accept else "explicit")
+        rows = self.out[:R].tolist()
+        return [(row[0], row[1], row[2: row[0] + 3]) for row in rows]
 
     def ensure_captured(self, num_requests: int, mode: str, tiers: tuple[int, ...] | None = None) -> None:
         """Capture, up front, every graph a steady batch of ``num_requests`` rows can replay, so
@@ -673,6 +743,12 @@ class GraphDecoder:
         self.capture_megakernel_calls += calls
         self.captures += 1
         return graph
+
+    def set_estimate_table(self, table) -> None:
+        """The acceptance estimates (block slot x probability bin) the next steps read (draft_max_prob); queued
+        behind any step in flight."""
+        src = torch.as_tensor(table, dtype=torch.float32)
+        self.estimate_table[: src.shape[0]].copy_(src.to(self.device))
 
     def set_table_entries(self, updates: list[tuple[int, int, int]]) -> None:
         """tables[row, col] = page for each (row, col, page): new pages of running requests."""

@@ -1,9 +1,10 @@
 """Profile the step-cost table T(batch_size, M) that the verify-budget planner optimises against.
 
-    from dspark.profiler import profile_engine, recommend_tier_ladder, plot_cost_curve
-    result = profile_engine(engine, batch_sizes=[1, 4, 16], verify_lens=None, warmup_steps=2,
-                            measure_steps=6, prompt_len=32, seed=0, progress=True)
+    from dspark.profiler import ProfileSettings, find_or_profile, plot_cost_curve, profile_engine
+    settings = ProfileSettings(batch_sizes=(1, 4, 16), measure_steps=6, time_budget_s=600)
+    result = profile_engine(engine, **settings.profile_kwargs(), progress=True)
     result.table.save("cost_tables/x.json")
+    obtained = find_or_profile(engine, "cost_tables", settings)  # the cached table, or a new profile
 
 Method. For every forced verify length v (default 0..block) an engine sharing the given
 engine's target, drafter and tokenizer is built with ``verify="uniform"`` and
@@ -16,11 +17,8 @@ of them decode together; the first ``warmup_steps`` decode-only steps are droppe
 next ``measure_steps`` decode-only steps (no prefill in the step, all B requests decoding)
 are recorded as (B, M = B * (v + 1), step_ms). The medians per (B, M) are fitted with
 :func:`dspark.cost_table.fit_cost_table`. On device-resident steps ``step_ms`` is the wall time of
-the ``step()`` call that committed the step (``StepInfo.step_ms``), which with the overlap scheduler
-is the pipeline's steady period; until 2026-11-30 (session 8) it was the step's launch plus its
-commit, which left out the host's planning and page-table work between them and priced a batch-256
-step about 0.8 ms (and a trimmed one about 1.1 ms) under its real period
-(bench/results/h200-2026-11-30-ragged-context/).
+the ``step()`` call that committed the step (``StepInfo.step_ms``): with the overlap scheduler that
+is the pipeline's steady period, the host's planning and page-table work included.
 
 The trim overhead. On captured steps (``engine.cuda_graphs``) a step that verifies the full
 block runs one fused draft+verify graph; a trimmed step (v < block) runs a draft graph and a
@@ -33,13 +31,31 @@ Without it, a table fitted across both paths (and its monotone envelope) makes a
 trim look cheaper than the full block when it costs more. Eager steps run the same code trimmed
 or not: there nothing is measured and the table carries no trim overhead.
 
-A table that could mislead the planner is refused (:class:`ProfileFlatError`): a flat
-theta makes every trim look free, and step times that do not grow with M at all mean the
-measurement is dominated by noise or fixed overhead.
+Refusals. A table that could mislead the planner is refused with a :class:`ProfileRefusedError`
+that says what to change, and nothing is saved:
 
-Tables are found again by where they were measured: :func:`cost_table_path_for` names the
-file after a hash of the engine fingerprint's checked fields, and :func:`find_or_profile`
-returns that file when it exists, or profiles first (and logs that it does).
+- :class:`ProfileFlatError`: step times that do not grow with M, or a flat theta (every trim
+  would look free);
+- :class:`ProfileFitError`: a cell far above linear growth in its tokens (another job on the
+  machine), theta at some M above a larger M's by more than ``max_drop_rel`` (with
+  ``monotone="refuse"``), medians the additive form cannot separate, or a fit that fails the
+  quality check: R^2 below ``min_r2`` or a median further than ``max_rel_residual`` from the
+  fitted cost. A fit that passes is recorded in the table (``CostTable.fit``, ``passed=True``).
+
+A sweep that runs, or is projected to run, past ``time_budget_s`` stops with a
+:class:`ProfileBudgetError` (the projection is checked after every verify length, once all
+batch sizes at it are measured). ``progress=True`` shows one bar over the sweep's
+(verify length, batch size) configurations.
+
+Settings and cache. :class:`ProfileSettings` holds every setting that decides a table; runners
+read it from one config schema (``runners.schema.CostProfileSchema``: top level in
+runners.profile, ``ab.profile`` in runners.ab) and the table records it (``profile_settings``).
+:func:`cost_table_path_for` names the file after the model, the dtype, the digest of the
+fingerprint's checked fields and a digest of the settings. :func:`find_or_profile` reuses that
+file when its fingerprint matches, its fit passed the quality check and it was measured with
+these settings; otherwise it profiles, saves the table and the PNG of the measured curve beside
+it (``<name>.png``), and returns an :class:`ObtainedTable` saying which happened. A refused
+profile leaves its curve beside where the table would have been (``<name>.refused.png``).
 
 The profiling engines get a KV pool sized for the profile (``num_kv_blocks``), not the
 configured one: the pool size does not change the step cost, only the memory held. The
@@ -55,6 +71,7 @@ import logging
 import math
 import re
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -62,8 +79,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from dspark.config import SamplingParams
-from dspark.cost_table import (CHECKED_FINGERPRINT_FIELDS, CostTable, CostTableError, CostTableFileError,
-                               CostTableMismatchError, derive_tier_ladder, fit_cost_table)
+from dspark.cost_table import (CostTable, CostTableError, CostTableFileError, CostTableMismatchError,
+                               derive_tier_ladder, fingerprint_digest, fit_cost_table)
 from dspark.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -74,8 +91,16 @@ DEFAULT_MAX_DROP_REL = 0.25
 # A step may cost this many times linear growth in its tokens over a smaller step before the sweep counts as
 # disturbed (a 2-core CPU shared with another job measured 10x; timing jitter of tiny models stays below 2x).
 DEFAULT_SUPERLINEAR_SLACK = 3.0
+# The fit's quality thresholds. The H200 profiles in bench/results/h200-*/profile.json fit with R^2 >= 0.988
+# and every median within 24% of its fitted cost; a sweep disturbed by another job misses one of them.
+DEFAULT_MIN_R2 = 0.95
+DEFAULT_MAX_REL_RESIDUAL = 0.35
+MONOTONE_MODES = ("refuse", "envelope")
 # Decode-only steps a profile may wait for beyond what it needs before it gives up.
 _STEP_SLACK = 8
+# What to change when a sweep is too noisy to fit, appended to the refusals.
+_NOISE_ADVICE = ("re-run on a quieter machine (no other job on the CPU or device), with more repeats "
+                 "(measure_steps, and warmup_steps) or fewer batch sizes (batch_sizes)")
 
 
 class ProfileError(RuntimeError):
@@ -107,6 +132,10 @@ class ProfileFitError(ProfileRefusedError):
     """The medians do not fit the additive cost model (typically: a busy machine made some configurations slow)."""
 
 
+class ProfileBudgetError(ProfileError):
+    """The sweep ran, or was projected to run, longer than its time budget (``time_budget_s``)."""
+
+
 @dataclass(frozen=True)
 class ProfileResult:
     """What a profile measured and the table fitted to it."""
@@ -133,6 +162,7 @@ class ProfileResult:
             "theta_ms_max": round(max(t.theta_ms), 4),
             "trim_overhead_ms": None if t.trim_overhead_ms is None else [round(o, 4) for o in t.trim_overhead_ms],
             "num_samples": len(self.samples),
+            "fit": None if t.fit is None else t.fit.to_dict(),
             "settings": dict(self.settings),
         }
 
@@ -140,6 +170,85 @@ class ProfileResult:
         return {**self.summary(), "fingerprint": dict(self.fingerprint),
                 "measurements": [list(m) for m in self.measurements], "samples": [list(s) for s in self.samples],
                 "trim_samples": [list(s) for s in self.trim_samples], "table": self.table.to_dict()}
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    """Every setting that decides a profiled table (the keyword arguments of :func:`profile_engine`
+    besides ``progress``). Config form: ``runners.schema.CostProfileSchema``.
+
+    ``batch_sizes`` None: powers of two up to the engine's max_num_seqs (:func:`batch_size_ladder`);
+    ``verify_lens`` None: every length 0..block. ``measure_steps`` is the number of repeats per
+    (batch size, verify length); their median is fitted. ``time_budget_s`` None: no limit.
+    """
+
+    batch_sizes: tuple[int, ...] | None = None
+    verify_lens: tuple[int, ...] | None = None
+    warmup_steps: int = 2
+    measure_steps: int = 6
+    prompt_len: int = 32
+    seed: int = 0
+    flat_rel_tol: float = DEFAULT_FLAT_REL_TOL
+    max_drop_rel: float = DEFAULT_MAX_DROP_REL
+    monotone: str = "refuse"
+    min_r2: float = DEFAULT_MIN_R2
+    max_rel_residual: float = DEFAULT_MAX_REL_RESIDUAL
+    time_budget_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch_sizes", "verify_lens"):
+            value = getattr(self, name)
+            if isinstance(value, Sequence) and not isinstance(value, str):
+                object.__setattr__(self, name, tuple(value))
+        for name in ("flat_rel_tol", "max_drop_rel", "min_r2", "max_rel_residual", "time_budget_s"):
+            value = getattr(self, name)
+            if value is None and name == "time_budget_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ProfileError(f"{name} must be a number, got {value!r}")
+            object.__setattr__(self, name, float(value))  # 1 and 1.0 name the same table
+        if self.monotone not in MONOTONE_MODES:
+            raise ProfileError(f"monotone={self.monotone!r}: allowed {' or '.join(map(repr, MONOTONE_MODES))}")
+        if not 0.0 <= self.min_r2 <= 1.0:
+            raise ProfileError(f"min_r2 must be in [0, 1] (the fit's R^2 threshold), got {self.min_r2!r}")
+        if not self.max_rel_residual > 0:
+            raise ProfileError(f"max_rel_residual must be > 0 (a median's largest allowed distance from its fitted "
+                               f"cost, as a fraction of it), got {self.max_rel_residual!r}")
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            raise ProfileError(f"time_budget_s must be > 0 seconds, or null for no limit; got {self.time_budget_s!r}")
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any]) -> "ProfileSettings":
+        """From :func:`profile_engine` keyword arguments (``progress`` is not a setting and is left out)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(kwargs) - known - {"progress"}
+        if unknown:
+            raise ProfileError(f"unknown profile settings {sorted(unknown)}; allowed: {sorted(known)}")
+        return cls(**{k: v for k, v in kwargs.items() if k in known})
+
+    def resolved(self, engine: Engine) -> "ProfileSettings":
+        """The same settings with the defaults of batch_sizes and verify_lens filled in for this engine."""
+        return dataclasses.replace(
+            self, batch_sizes=self.batch_sizes if self.batch_sizes is not None
+            else tuple(batch_size_ladder(engine.cfg.max_num_seqs)),
+            verify_lens=self.verify_lens if self.verify_lens is not None else tuple(range(engine.block_size + 1)))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+    def table_settings(self) -> dict[str, Any]:
+        """The settings a table is measured and accepted with: all but the time budget, which only decides
+        whether the sweep finishes."""
+        return {k: v for k, v in self.to_dict().items() if k != "time_budget_s"}
+
+    def digest(self) -> str:
+        """8 hex digits of SHA-256 over :meth:`table_settings` (part of a cached table's file name)."""
+        return hashlib.sha256(json.dumps(self.table_settings(), sort_keys=True).encode()).hexdigest()[:8]
+
+    def profile_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`profile_engine` (without ``progress``)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 # ---- settings ------------------------------------------------------------------------------
@@ -203,18 +312,67 @@ def _profiling_config(engine: Engine, v: int, *, max_tokens: int, batch_size: in
 
 
 # ---- measurement ---------------------------------------------------------------------------
+class SweepClock:
+    """The sweep's elapsed time against its budget (``time_budget_s``; None: no limit).
+
+    :meth:`config_done` is called after every (verify length, batch size) configuration; past
+    the budget, or projected past it once a verify length's row of batch sizes is complete
+    (elapsed / configurations done x configurations in all), it raises ProfileBudgetError.
+    """
+
+    def __init__(self, budget_s: float | None, total_configs: int):
+        self.budget_s, self.total = budget_s, int(total_configs)
+        self.start = time.perf_counter()
+        self.done = 0
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.start
+
+    def config_done(self, *, row_complete: bool) -> None:
+        self.done += 1
+        if self.budget_s is None:
+            return
+        elapsed = self.elapsed_s
+        projected = elapsed / self.done * self.total if row_complete and self.done < self.total else None
+        if elapsed <= self.budget_s and (projected is None or projected <= self.budget_s):
+            return
+        raise ProfileBudgetError(
+            f"the cost-table profile ran {elapsed:.0f} s for {self.done} of {self.total} (verify length, batch size) "
+            "configurations" + (f" and is projected to take about {projected:.0f} s in all" if projected else "")
+            + f", past time_budget_s={self.budget_s:g}. Measure fewer batch sizes (batch_sizes) or verify lengths "
+            "(verify_lens), fewer repeats (measure_steps, warmup_steps) or a shorter prompt_len, run on a quieter "
+            "machine, or raise time_budget_s (null: no limit)")
+
+
+def _progress_bar(total: int, progress: bool):
+    """One bar over the sweep's configurations, or None when progress is off."""
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="cost-table profile", unit="config")
+
+
 def collect_measurements(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: Sequence[int] | None,
                          warmup_steps: int, measure_steps: int, prompt_len: int, seed: int,
-                         progress: bool = False, trimmed_path: bool = False) -> list[tuple[int, int, float]]:
+                         progress: bool = False, trimmed_path: bool = False,
+                         time_budget_s: float | None = None) -> list[tuple[int, int, float]]:
     """Every recorded (batch_size, M, step ms) of the sweep, warm-up steps dropped (see module docstring).
     ``trimmed_path``: run every forced length on the trimmed-step path (``engine.force_trimmed_path``)."""
     bs, vl = _check_settings(engine, batch_sizes, verify_lens, warmup_steps, measure_steps, prompt_len)
-    return _collect(engine, bs, vl, warmup_steps=warmup_steps, measure_steps=measure_steps, prompt_len=prompt_len,
-                    seed=seed, progress=progress, trimmed_path=trimmed_path)
+    bar = _progress_bar(len(vl) * len(bs), progress)
+    try:
+        return _collect(engine, bs, vl, warmup_steps=warmup_steps, measure_steps=measure_steps,
+                        prompt_len=prompt_len, seed=seed, trimmed_path=trimmed_path, bar=bar,
+                        clock=SweepClock(time_budget_s, len(vl) * len(bs)))
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _collect(engine: Engine, bs: Sequence[int], vl: Sequence[int], *, warmup_steps: int, measure_steps: int,
-             prompt_len: int, seed: int, progress: bool, trimmed_path: bool) -> list[tuple[int, int, float]]:
+             prompt_len: int, seed: int, trimmed_path: bool, bar, clock: SweepClock) -> list[tuple[int, int, float]]:
     G = engine.block_size
     budget = engine.cfg.max_num_batched_tokens
     steps_cap = _max_steps(max(bs), prompt_len, budget, warmup_steps, measure_steps)
@@ -224,29 +382,20 @@ def _collect(engine: Engine, bs: Sequence[int], vl: Sequence[int], *, warmup_ste
     prompts = {b: torch.randint(0, V, (b, prompt_len), generator=gen).tolist() for b in bs}
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     samples: list[tuple[int, int, float]] = []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(vl) * len(bs), desc="profile (trimmed path)" if trimmed_path else "profile",
-                   unit="config")
-    try:
-        for v in vl:
-            cfg_v = _profiling_config(engine, v, max_tokens=max_tokens, batch_size=max(bs), prompt_len=prompt_len)
-            cfg_v = dataclasses.replace(cfg_v, force_trimmed_path=bool(trimmed_path))
-            eng = Engine(engine.target, engine.tokenizer, cfg_v, engine.drafter)
-            for b in bs:
-                if bar is not None:
-                    bar.set_postfix(batch=b, verify_len=v)
-                samples += _measure_one(eng, prompts[b], params, b, v, warmup_steps, measure_steps,
-                                        _max_steps(b, prompt_len, budget, warmup_steps, measure_steps))
-                eng.reset()
-                if bar is not None:
-                    bar.update(1)
-            del eng
-    finally:
-        if bar is not None:
-            bar.close()
+    for v in vl:
+        cfg_v = _profiling_config(engine, v, max_tokens=max_tokens, batch_size=max(bs), prompt_len=prompt_len)
+        cfg_v = dataclasses.replace(cfg_v, force_trimmed_path=bool(trimmed_path))
+        eng = Engine(engine.target, engine.tokenizer, cfg_v, engine.drafter)
+        for b in bs:
+            if bar is not None:
+                bar.set_postfix(batch=b, verify_len=v, **({"path": "trimmed"} if trimmed_path else {}))
+            samples += _measure_one(eng, prompts[b], params, b, v, warmup_steps, measure_steps,
+                                    _max_steps(b, prompt_len, budget, warmup_steps, measure_steps))
+            eng.reset()
+            if bar is not None:
+                bar.update(1)
+            clock.config_done(row_complete=b == bs[-1])
+        del eng
     return samples
 
 
@@ -356,7 +505,7 @@ def check_monotone(table: CostTable, measurements: Sequence[tuple[int, int, floa
     if max_drop_rel < 0:
         raise ProfileError(f"max_drop_rel must be >= 0, got {max_drop_rel}")
     tc, th = table.token_counts, table.theta_ms
-    floor = table.fixed_overhead_ms + min(th)
+    floor = table.cheapest_step_ms
     worst = (0.0, 0, 0)
     running_min_after = [0.0] * len(th)
     for i in range(len(th) - 1, -1, -1):
@@ -373,40 +522,71 @@ def check_monotone(table: CostTable, measurements: Sequence[tuple[int, int, floa
                               "with more measure_steps", list(measurements), table, list(samples))
 
 
-def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: Sequence[int] | None = None,
+def check_fit_quality(table: CostTable, measurements: Sequence[tuple[int, int, float]],
+                      samples: Sequence[tuple[int, int, float]] = (), *, min_r2: float = DEFAULT_MIN_R2,
+                      max_rel_residual: float = DEFAULT_MAX_REL_RESIDUAL) -> CostTable:
+    """The table with its fit marked as checked against these thresholds; ProfileFitError (naming what
+    fails and what to change) when it does not pass. A table without a fit record is refused too."""
+    if table.fit is None:
+        raise ProfileFitError("the table carries no fit record to check (it was not made by fit_cost_table)",
+                              list(measurements), table, list(samples))
+    problems = table.fit.problems(min_r2, max_rel_residual)
+    if problems:
+        raise ProfileFitError(
+            "the additive cost model does not fit the measured medians: " + "; ".join(problems)
+            + f" ({table.fit.describe()}). Step times this inconsistent were disturbed: {_NOISE_ADVICE}. The "
+            "thresholds are min_r2 and max_rel_residual", list(measurements), table, list(samples))
+    return dataclasses.replace(table, fit=table.fit.checked(min_r2, max_rel_residual))
+
+
+def profile_engine(engine: Engine, *, batch_sizes: Sequence[int] | None, verify_lens: Sequence[int] | None = None,
                    warmup_steps: int = 2, measure_steps: int = 6, prompt_len: int = 32, seed: int = 0,
                    progress: bool = False, flat_rel_tol: float = DEFAULT_FLAT_REL_TOL,
-                   max_drop_rel: float = DEFAULT_MAX_DROP_REL, monotone: str = "refuse") -> ProfileResult:
-    """Sweep (batch size, forced verify length), fit the cost table, refuse a flat one.
+                   max_drop_rel: float = DEFAULT_MAX_DROP_REL, monotone: str = "refuse",
+                   min_r2: float = DEFAULT_MIN_R2, max_rel_residual: float = DEFAULT_MAX_REL_RESIDUAL,
+                   time_budget_s: float | None = None) -> ProfileResult:
+    """Sweep (batch size, forced verify length), fit the cost table, refuse one that could mislead the planner.
 
-    Raises ProfileError on settings the engine cannot run, ProfileFlatError when the
-    table would make trimming look free, ProfileFitError when the medians do not fit the
-    additive model (its message carries fit_cost_table's reason, e.g. no token count
-    shared by two batch sizes, so the batch overhead cannot be told apart from theta).
+    The settings are :class:`ProfileSettings`'s (``batch_sizes`` None: powers of two up to
+    engine.max_num_seqs). Raises ProfileError on settings the engine cannot run,
+    ProfileBudgetError past ``time_budget_s``, ProfileFlatError when the table would make
+    trimming look free, ProfileFitError when the medians do not fit the additive model (a
+    disturbed cell, medians the fit cannot separate, or a fit below the quality thresholds
+    ``min_r2`` / ``max_rel_residual``). The returned table records its fit (checked and passed)
+    and the settings it was measured with.
 
     ``monotone``: what to do when the fitted theta(M) costs more at some M than at a larger
     one. "refuse" (default) raises ProfileFitError beyond ``max_drop_rel``; "envelope"
     replaces theta(M) by the cheapest cost at any M' >= M (a step can always be padded up to
     M'), records how many points changed in ``settings["monotone_repaired"]``, and never
-    refuses for this reason. The A/B runner's automatic profile uses "envelope" on CPUs,
-    whose cost curves have real shape-dependent bumps.
+    refuses for this reason. runners.ab's profile defaults to "envelope": CPU cost curves have
+    real shape-dependent bumps.
     """
-    if monotone not in ("refuse", "envelope"):
-        raise ProfileError(f"monotone={monotone!r}: allowed 'refuse' or 'envelope'")
-    bs, vl = _check_settings(engine, batch_sizes, verify_lens, warmup_steps, measure_steps, prompt_len)
+    settings = ProfileSettings(
+        batch_sizes=batch_sizes, verify_lens=verify_lens, warmup_steps=warmup_steps, measure_steps=measure_steps,
+        prompt_len=prompt_len, seed=seed, flat_rel_tol=flat_rel_tol, max_drop_rel=max_drop_rel, monotone=monotone,
+        min_r2=min_r2, max_rel_residual=max_rel_residual, time_budget_s=time_budget_s).resolved(engine)
+    bs, vl = _check_settings(engine, settings.batch_sizes, settings.verify_lens, warmup_steps, measure_steps,
+                             prompt_len)
     G = engine.block_size
     if G not in vl:
         raise ProfileError(f"verify_lens={list(vl)} leaves out the full block {G}: the planner compares every trim "
                            f"with the full block's cost, and an engine refuses a table that does not cover it; add {G}")
-    samples = collect_measurements(engine, batch_sizes=bs, verify_lens=vl, warmup_steps=warmup_steps,
-                                   measure_steps=measure_steps, prompt_len=prompt_len, seed=seed, progress=progress)
     # Only captured steps have two paths (one fused graph vs draft + verify graphs); an eager step
     # runs the same code trimmed or not, so there the overhead is 0 by construction and measuring
     # it would only turn timing noise into a tax on every trim.
     two_paths = bool(engine.cfg.cuda_graphs)
-    trim_samples = _collect(engine, bs, [G], warmup_steps=warmup_steps, measure_steps=measure_steps,
-                            prompt_len=prompt_len, seed=seed, progress=progress,
-                            trimmed_path=True) if two_paths else []
+    total = len(vl) * len(bs) + (len(bs) if two_paths else 0)
+    clock = SweepClock(time_budget_s, total)
+    bar = _progress_bar(total, progress)
+    sweep = dict(warmup_steps=warmup_steps, measure_steps=measure_steps, prompt_len=prompt_len, seed=seed, bar=bar,
+                 clock=clock)
+    try:
+        samples = _collect(engine, bs, vl, trimmed_path=False, **sweep)
+        trim_samples = _collect(engine, bs, [G], trimmed_path=True, **sweep) if two_paths else []
+    finally:
+        if bar is not None:
+            bar.close()
     measurements = medians_of(samples)
     trim_overhead = trim_overheads(samples, trim_samples, G) if two_paths else {b: 0.0 for b in bs}
     check_not_flat(measurements, None, flat_rel_tol, samples)
@@ -421,8 +601,13 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: S
                                     if two_paths and table.batch_sizes is not None else None)
     except CostTableError as e:
         raise ProfileFitError(f"fitting the cost table failed: {e}. When medians of neighbouring token counts jump "
-                              "by large factors, something else was using the device or CPU during the sweep: re-run "
-                              "on an idle machine, with more measure_steps", measurements, None, samples) from e
+                              f"by large factors, something else was using the device or CPU during the sweep: "
+                              f"{_NOISE_ADVICE}", measurements, None, samples) from e
+    if table.fit.bounded:
+        log.info("profile: the unconstrained fit priced some (batch size, M) pair below zero (fixed overhead "
+                 "%.3f ms); the table is the bounded least-squares fit (%s)", table.fit.unbounded_fixed_overhead_ms,
+                 table.fit.describe())
+    table = check_fit_quality(table, measurements, samples, min_r2=min_r2, max_rel_residual=max_rel_residual)
     check_not_flat(measurements, table, flat_rel_tol, samples)
     repaired = 0
     if monotone == "envelope":
@@ -433,13 +618,15 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int], verify_lens: S
                      "cheaper padded cost (monotone envelope)", repaired)
     else:
         check_monotone(table, measurements, samples, max_drop_rel)
-    settings = {"warmup_steps": warmup_steps, "measure_steps": measure_steps, "prompt_len": prompt_len, "seed": seed,
-                "flat_rel_tol": flat_rel_tol,
-                "max_drop_rel": max_drop_rel, "monotone": monotone, "monotone_repaired": repaired,
-                "trim_overhead": "measured (captured steps)" if two_paths else
-                "not measured: eager steps run the same code trimmed or not"}
+    table = dataclasses.replace(table, profile_settings=settings.table_settings())
+    record = {"warmup_steps": warmup_steps, "measure_steps": measure_steps, "prompt_len": prompt_len, "seed": seed,
+              "flat_rel_tol": flat_rel_tol, "max_drop_rel": max_drop_rel, "monotone": monotone,
+              "monotone_repaired": repaired, "min_r2": min_r2, "max_rel_residual": max_rel_residual,
+              "time_budget_s": time_budget_s, "profile_s": round(clock.elapsed_s, 3),
+              "trim_overhead": "measured (captured steps)" if two_paths else
+              "not measured: eager steps run the same code trimmed or not"}
     return ProfileResult(measurements=measurements, samples=samples, table=table, block=engine.block_size,
-                         batch_sizes=bs, verify_lens=vl, fingerprint=fingerprint, settings=settings,
+                         batch_sizes=bs, verify_lens=vl, fingerprint=fingerprint, settings=record,
                          trim_samples=trim_samples)
 
 
@@ -551,43 +738,115 @@ def plot_cost_curve(result: ProfileResult | ProfileRefusedError, table: CostTabl
     return path
 
 
-# ---- lookup by fingerprint -----------------------------------------------------------------
+# ---- cache: found again by fingerprint and settings ----------------------------------------
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._]+", "_", text).strip("_") or "unknown"
 
 
-def cost_table_path_for(fingerprint: Mapping[str, Any], root: str | Path) -> Path:
-    """root/<model>-<dtype>-<hash>.json, the hash over the fingerprint's checked fields.
+def cost_table_path_for(fingerprint: Mapping[str, Any], root: str | Path,
+                        settings: ProfileSettings | None = None) -> Path:
+    """root/<model>-<dtype>-<fingerprint digest>[-p<settings digest>].json.
 
     Two setups that CostTable.check_fingerprint would accept for each other get the same
-    file; any difference in device, driver, torch, triton, model, drafter or dtype gets
-    another one.
+    digest; any difference in device, driver, torch, triton, model, drafter, dtype or step path
+    gets another one. With ``settings`` (resolved for the engine) the name also carries
+    :meth:`ProfileSettings.digest`, so tables measured with other settings are other files.
     """
     missing = [k for k in ("model", "dtype") if not fingerprint.get(k)]
     if missing:
         raise ProfileError(f"fingerprint lacks {missing}: pass engine.fingerprint(), got keys {sorted(fingerprint)}")
-    checked = {k: fingerprint.get(k) for k in CHECKED_FINGERPRINT_FIELDS}
-    digest = hashlib.sha256(json.dumps(checked, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(root) / f"{_slug(str(fingerprint['model']))}-{_slug(str(fingerprint['dtype']))}-{digest}.json"
+    tail = "" if settings is None else f"-p{settings.digest()}"
+    return Path(root) / (f"{_slug(str(fingerprint['model']))}-{_slug(str(fingerprint['dtype']))}-"
+                         f"{fingerprint_digest(fingerprint)}{tail}.json")
+
+
+def refused_plot_path(table_path: str | Path) -> Path:
+    """Where a refused profile's curve goes: beside where its table would have been."""
+    p = Path(table_path)
+    return p.with_name(p.stem + ".refused.png")
+
+
+def describe_table(path: str | Path | None, table: CostTable | None, how: str, *,
+                   plot: str | Path | None = None, **extra: Any) -> dict[str, Any]:
+    """What a run reports about the table it used: its path, how it was obtained, its fingerprint digest,
+    its fit quality (None when the table records none; ``fit_summary`` in words), the settings it was
+    measured with, and its PNG (the one beside the table when ``plot`` is not given)."""
+    if plot is None and path is not None and Path(path).with_suffix(".png").is_file():
+        plot = Path(path).with_suffix(".png")
+    fit = None if table is None else table.fit
+    return {"path": None if path is None else str(path), "how": how,
+            "fingerprint": None if table is None else fingerprint_digest(table.fingerprint),
+            "fit": None if fit is None else fit.to_dict(), "fit_summary": None if fit is None else fit.describe(),
+            "settings": None if table is None or table.profile_settings is None else dict(table.profile_settings),
+            "plot": None if plot is None else str(plot), **extra}
+
+
+@dataclass(frozen=True)
+class ObtainedTable:
+    """The table :func:`find_or_profile` settled on and how: ``how`` is "reused from cache" or "profiled now";
+    ``replaced`` says why a cached file at ``path`` was not reused (empty when none was there)."""
+
+    path: Path
+    table: CostTable
+    how: str
+    plot: Path | None = None
+    replaced: str = ""
+    profile_s: float | None = None
+
+    def describe(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}
+        if self.profile_s is not None:
+            extra["profile_s"] = round(self.profile_s, 3)
+        if self.replaced:
+            extra["replaced"] = self.replaced
+        return describe_table(self.path, self.table, self.how, plot=self.plot, **extra)
+
+
+def _reuse_problem(table: CostTable, settings: ProfileSettings) -> str:
+    """Why a cached table (its fingerprint already matched) is not reused; empty when it is."""
+    if table.fit is None or table.fit.passed is None:
+        return "it records no checked fit quality (it was not saved by the profiler's quality check)"
+    if not table.fit.passed:
+        return f"its fit failed the quality check ({table.fit.describe()})"
+    wanted = settings.table_settings()
+    recorded = dict(table.profile_settings or {})
+    if recorded != wanted:
+        differ = sorted(k for k in set(wanted) | set(recorded) if wanted.get(k) != recorded.get(k))
+        return "it was measured with other settings (" + ", ".join(
+            f"{k}: table {recorded.get(k)!r}, now {wanted.get(k)!r}" for k in differ) + ")"
+    return ""
 
 
 def find_or_profile(engine_factory: Engine | Callable[[], Engine], root: str | Path,
-                    profile_kwargs: Mapping[str, Any], log: Callable[[str], Any] = log.info) -> Path:
-    """The cost table for this engine's fingerprint under root; profiles and saves one first if none exists.
+                    settings: ProfileSettings | Mapping[str, Any], log: Callable[[str], Any] = log.info, *,
+                    progress: bool | None = None) -> ObtainedTable:
+    """The cost table for this engine's fingerprint and these settings under root; profiles and saves one
+    (with its PNG beside it) when none is cached or the cached one may not be reused.
 
     ``engine_factory``: an Engine, or a zero-argument callable returning one (called once;
-    the engine is needed for its fingerprint even when the table exists). ``profile_kwargs``:
-    keyword arguments of :func:`profile_engine` (batch_sizes, verify_lens, warmup_steps,
-    measure_steps, prompt_len, seed, progress, flat_rel_tol). ``log`` receives one line
-    saying which of the two happened. An existing file that does not load, or whose
-    fingerprint does not match, raises naming the file and saying that deleting it makes the
-    next run profile again: it is never silently replaced.
+    the engine is needed for its fingerprint even when the table exists). ``settings``: a
+    :class:`ProfileSettings`, or :func:`profile_engine` keyword arguments (a ``progress`` among
+    them is used when the ``progress`` argument is None). ``log`` receives the lines saying what
+    happened. A cached table is reused only when its fingerprint matches, its fit passed the
+    quality check and it was measured with these settings; one that fails the last two is
+    profiled again and replaced (logged). A file that does not load, or whose fingerprint
+    does not match its name, raises naming the file and saying that deleting it makes the next
+    run profile again: it is never silently replaced. A refused profile saves nothing and
+    leaves its curve in :func:`refused_plot_path`.
     """
+    if not isinstance(settings, ProfileSettings):
+        if progress is None:
+            progress = bool(settings.get("progress", False))
+        settings = ProfileSettings.from_kwargs(settings)
     engine = engine_factory if isinstance(engine_factory, Engine) else engine_factory()
     if not isinstance(engine, Engine):
         raise ProfileError(f"engine_factory must be an Engine or return one, got {type(engine).__name__}")
+    settings = settings.resolved(engine)
     fingerprint = engine.fingerprint()
-    path = cost_table_path_for(fingerprint, root)
+    path = cost_table_path_for(fingerprint, root, settings)
+    setup = (f"{fingerprint['device_name']}, {fingerprint['model']}, drafter {fingerprint.get('drafter')}, "
+             f"{fingerprint['dtype']}")
+    replaced = ""
     if path.exists():
         delete = (f"This is the table cached for this setup: delete {path} and the next run profiles this node "
                   f"again")
@@ -599,21 +858,37 @@ def find_or_profile(engine_factory: Engine | Callable[[], Engine], root: str | P
         if foreign:  # copied or edited by hand: its name says this setup, its fingerprint another
             raise CostTableMismatchError(f"cost table {path} was measured on a different setup ("
                                          + "; ".join(foreign) + f") than its name says. {delete}")
-        log(f"cost table: using {path} (profiled earlier on this setup: {fingerprint['device_name']}, "
-            f"{fingerprint['model']}, {fingerprint['dtype']})")
-        return path
-    log(f"cost table: none under {Path(root)} for this setup ({fingerprint['device_name']}, {fingerprint['model']}, "
-        f"drafter {fingerprint.get('drafter')}, {fingerprint['dtype']}); profiling now, the table will be saved "
-        f"to {path}")
-    result = profile_engine(engine, **dict(profile_kwargs))
+        replaced = _reuse_problem(table, settings)
+        if not replaced:
+            plot = path.with_suffix(".png")
+            log(f"cost table: reusing {path} from the cache (profiled earlier on this setup: {setup}; "
+                f"fingerprint {fingerprint_digest(fingerprint)}; fit {table.fit.describe()})")
+            return ObtainedTable(path, table, "reused from cache", plot if plot.is_file() else None)
+        log(f"cost table: not reusing the cached {path}: {replaced}; profiling again, the new table replaces it")
+    else:
+        log(f"cost table: none under {Path(root)} for this setup ({setup}) and these profile settings; "
+            f"profiling now, the table will be saved to {path}")
+    try:
+        result = profile_engine(engine, **settings.profile_kwargs(), progress=bool(progress))
+    except ProfileRefusedError as e:
+        png = plot_cost_curve(e, e.table, refused_plot_path(path)) if e.measurements else None
+        where = f" The measured curve is in {png}." if png else ""
+        raise type(e)(f"{str(e).rstrip('.')}.{where} Nothing was cached.", e.measurements, e.table,
+                      e.samples) from e
     path.parent.mkdir(parents=True, exist_ok=True)
     result.table.save(path)
-    log(f"cost table: profiled and saved {path} (token counts {result.table.token_counts[0]}.."
-        f"{result.table.token_counts[-1]}, batch sizes {list(result.batch_sizes)})")
-    return path
+    plot = plot_cost_curve(result, result.table, path.with_suffix(".png"))
+    refused_plot_path(path).unlink(missing_ok=True)  # an earlier refusal's curve no longer describes this file
+    seconds = float(result.settings.get("profile_s", 0.0))
+    log(f"cost table: profiled in {seconds:.1f} s and saved {path} with its curve {plot} (token counts "
+        f"{result.table.token_counts[0]}..{result.table.token_counts[-1]}, batch sizes {list(result.batch_sizes)}; "
+        f"fit {result.table.fit.describe()})")
+    return ObtainedTable(path, result.table, "profiled now", plot, replaced, seconds)
 
 
-__all__ = ["ProfileError", "ProfileRefusedError", "ProfileFlatError", "ProfileFitError", "ProfileResult",
-           "collect_measurements", "medians_of", "trim_overheads", "check_not_flat", "check_not_superlinear", "check_monotone", "profile_engine", "batch_size_ladder",
-           "recommend_tier_ladder", "plot_cost_curve", "cost_table_path_for", "find_or_profile", "DEFAULT_FLAT_REL_TOL",
-           "DEFAULT_MAX_DROP_REL"]
+__all__ = ["ProfileError", "ProfileRefusedError", "ProfileFlatError", "ProfileFitError", "ProfileBudgetError",
+           "ProfileResult", "ProfileSettings", "ObtainedTable", "SweepClock", "collect_measurements", "medians_of",
+           "trim_overheads", "check_not_flat", "check_not_superlinear", "check_monotone", "check_fit_quality",
+           "profile_engine", "batch_size_ladder", "recommend_tier_ladder", "plot_cost_curve", "cost_table_path_for",
+           "refused_plot_path", "describe_table", "find_or_profile", "DEFAULT_FLAT_REL_TOL", "DEFAULT_MAX_DROP_REL",
+           "DEFAULT_MIN_R2", "DEFAULT_MAX_REL_RESIDUAL"]

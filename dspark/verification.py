@@ -1,58 +1,16 @@
-"""Verification of drafted tokens against the target: inputs for the acceptance rule.
+"""Verification of drafted tokens against the target: the acceptance rules of the step pipeline.
 
-The rule itself (greedy exact match; rejection sampling with residual resampling) lives
-in :mod:`kernels.acceptance` as a reference and a Triton kernel. This module turns the
-target's verify logits and the drafter's distributions into that rule's inputs, with
-counter-based uniforms keyed by (request seed, anchor position) (:mod:`dspark.uniforms`), so
-a request's samples do not depend on what else is in the batch, nor on the device.
+Greedy: the longest prefix of tested drafts equal to the target's argmax. Sampled: rejection
+sampling with residual resampling (:mod:`kernels.acceptance`, a reference and a Triton kernel), with
+counter-based uniforms keyed by (request seed, anchor position) (:mod:`dspark.uniforms`), so a
+request's samples do not depend on what else is in the batch, nor on the device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from dspark.request import Request
 from dspark.sampling import RowSampling, processed_probs
-
-
-@dataclass
-class Verdict:
-    num_accepted: list[int]
-    next_tokens: list[int]
-
-
-def step_uniforms_for(decodes: list[Request], block_size: int, device: torch.device | str) -> torch.Tensor:
-    """[B, 2G+1] uniforms of this step: G draft slots, G acceptance tests, one resample."""
-    from dspark.uniforms import step_uniforms
-
-    seeds = torch.tensor([r.seed for r in decodes], dtype=torch.int64)
-    anchors = torch.tensor([r.anchor_position for r in decodes], dtype=torch.int64)
-    return step_uniforms(seeds, anchors, block_size).to(device)
-
-
-def draw_uniforms(decodes: list[Request], block_size: int, device: torch.device | str) -> torch.Tensor:
-    """[B, G+1] uniforms of this step's verification: G acceptance tests and one resample."""
-    return step_uniforms_for(decodes, block_size, device)[:, block_size:]
-
-
-def verify(*, decodes: list[Request], rows: RowSampling, verify_logits: torch.Tensor, draft_tokens: torch.Tensor | None,
-           draft_probs: torch.Tensor | None, windows: list[int], block_size: int, impl: str = "torch",
-           uniforms: torch.Tensor | None = None) -> Verdict:
-    """Accepted drafts and the target's next token per request of an eager step. ``windows[i]`` drafts
-    of request i are tested (the rest are never read); pass ``uniforms`` to replay the same random draws.
-    The rules are :func:`accept_greedy` and :func:`accept_sampled`, the device-resident steps' own."""
-    B, G = len(decodes), block_size
-    dev = verify_logits.device
-    win = torch.tensor(windows, dtype=torch.int64, device=dev)
-    if rows.all_greedy:
-        drafts = draft_tokens if G else torch.zeros((B, 0), dtype=torch.int64, device=dev)
-        k, nxt = accept_greedy(drafts, torch.argmax(verify_logits, dim=-1), win)
-    else:
-        uni = uniforms if uniforms is not None else draw_uniforms(decodes, G, dev)  # [B, G+1]
-        k, nxt = accept_sampled(verify_logits, rows, draft_tokens, draft_probs, win, uni[:, :G], uni[:, G], impl)
-    return Verdict(num_accepted=k.tolist(), next_tokens=nxt.tolist())
 
 
 def accept_sampled(verify_logits: torch.Tensor, rows: RowSampling, drafts: torch.Tensor | None,

@@ -378,8 +378,14 @@ def _tiles(rows: int, block_d: int) -> tuple[int, int, int, int]:
 DEFAULT_NUM_SMS = 132
 MAX_NUM_SPLITS = 32
 # The split path's fp32 workspace ([T, Hq, splits, D + 2]) is kept under this many bytes by
-# halving the default split count (a forced num_splits is not capped).
+# halving the split count (a requested num_splits too).
 _WORKSPACE_BUDGET_BYTES = 64 << 20
+# Keys of the longest possible request per split (default_num_splits). On the H200, a batch of 128
+# one-token rows with the mixed_chat workload's prompt lengths (longest 1,573; bench/profile_graph_step.py
+# with PROFILE_PROMPT_LENS=bench/prompt_lengths_mixed_chat.json) spends 1.40 ms per step in unsplit
+# attention and 0.63 ms in four splits.
+KEYS_PER_SPLIT = 512
+_LENGTH_SPLIT_WORKSPACE_BYTES = 12 << 20
 _MAX_GRID_Z = 65535  # CUDA's limit on a grid's third dimension (query tiles x splits)
 
 
@@ -394,16 +400,21 @@ def _num_sms(device: torch.device) -> int:
     return DEFAULT_NUM_SMS
 
 
-def default_num_splits(base_programs: int, num_sms: int = DEFAULT_NUM_SMS) -> int:
+def default_num_splits(base_programs: int, num_sms: int = DEFAULT_NUM_SMS, max_kv_len: int | None = None) -> int:
     """KV splits for a base grid of `base_programs` (request x kv head x query tile) programs.
 
-    Shapes only, never device values (so it is capture-safe): aim for about two programs
-    per SM, ``next_pow2(ceil(2 * num_sms / base_programs))`` clamped to [1, MAX_NUM_SPLITS];
-    1 (the single kernel) once the base grid alone reaches 2 * num_sms programs.
+    Shapes only, never device values (so it is capture-safe). Two aims, the larger wins:
+    about two programs per SM, ``ceil(2 * num_sms / base_programs)``; and, when the block
+    table's reach ``max_kv_len`` is given, at most ``KEYS_PER_SPLIT`` keys per split of the
+    longest request the table can hold. A batch of mixed lengths waits for its longest
+    request, whose keys one program reads serially: splitting bounds that wait. The count is
+    rounded up to a power of two and clamped to [1, MAX_NUM_SPLITS].
     """
     if base_programs <= 0:
         return 1
     want = -(-2 * num_sms // base_programs)
+    if max_kv_len:
+        want = max(want, -(-int(max_kv_len) // KEYS_PER_SPLIT))
     return max(1, min(MAX_NUM_SPLITS, triton.next_power_of_2(want)))
 
 
@@ -481,12 +492,21 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         block_m, block_n, num_warps, num_stages = _tiles(rows, block_d)
     tiles = triton.cdiv(rows, block_m)
     if num_splits is None:
-        num_splits = default_num_splits(B * hkv * tiles, _num_sms(q.device))
+        sms = _num_sms(q.device)
+        grid_splits = default_num_splits(B * hkv * tiles, sms)
+        num_splits = default_num_splits(B * hkv * tiles, sms, block_tables.shape[1] * page)
+        # Splits beyond the grid's aim (for a long request) pay a workspace round trip and a combine pass
+        # over every row: they stop at a smaller workspace (a 256-row verify step keeps two, a decode four).
+        while num_splits > grid_splits and T * hq * num_splits * (d + 2) * 4 > _LENGTH_SPLIT_WORKSPACE_BYTES:
+            num_splits //= 2
         while num_splits > 1 and (T * hq * num_splits * (d + 2) * 4 > _WORKSPACE_BUDGET_BYTES
                                   or tiles * num_splits > _MAX_GRID_Z):
             num_splits //= 2
     elif num_splits > 1 and tiles * num_splits > _MAX_GRID_Z:
         raise ValueError(f"num_splits={num_splits} x {tiles} query tiles exceeds the grid limit {_MAX_GRID_Z}")
+    else:  # a requested split count is an upper bound: a long prefill's workspace stays within the budget
+        while num_splits > 1 and T * hq * num_splits * (d + 2) * 4 > _WORKSPACE_BUDGET_BYTES:
+            num_splits //= 2
     if num_splits > 1:
         return _paged_attention_split(q, k_cache, v_cache, qo_indptr, kv_lens, block_tables, scale, causal,
                                       group, block_d, block_m, block_n, num_warps, num_stages, tiles, num_splits)

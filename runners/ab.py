@@ -14,7 +14,10 @@ W&B runs. SIGINT or SIGTERM during the timed blocks ends the run with the summar
 completed blocks, marked ``interrupted`` (exit 130 / 143). A multirun
 also gets sweep_summary.{md,csv} + sweep_gain.png in the sweep folder
 (:class:`runners.callbacks.SweepSummaryCallback`); ``python -m runners.report FOLDER``
-re-renders either kind of report later.
+re-renders either kind of report later. In a multirun a job whose guards fail does not stop the
+sweep: it is marked failed in its job_status.json (:func:`main`), and the multirun exits 1 after
+the sweep summary. Each job's folder is named after what the sweep varies in it
+(:mod:`runners.sweep_dirs`); ``--help`` lists every config key with its description.
 
 Every configuration mistake (unknown key, wrong type, bad value, in any arm) is refused
 before a model loads (:func:`check_config`).
@@ -50,27 +53,31 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import hydra
 import numpy as np
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationValidationError
 
 from dspark.bench.fingerprint import config_hash, device_telemetry, node_fingerprint
 from dspark.atomic import atomic_write, atomic_write_text
 from dspark.bench.compiles import TritonCompiles
-from dspark.bench.gc_pauses import GC_MODES, GcPauses
+from dspark.bench.gc_pauses import GcPauses
 from dspark.bench.guards import (FULL_PRECISION_DTYPES, ABGuardError, GuardResult, did_nothing_guard, errors_guard,
                                  lossless_guard, trim_expected)
 from dspark.bench.metrics import (RequestRecord, aggregate_block, finish_reason_counts, prediction_health,
                                   requests_dataframe, truncation_counts)
 from dspark.bench.report import render_console_table, verdict_note, write_report
-from dspark.bench.schedule import SCHEDULE_KINDS, build_schedule, first_arm_by_block
+from dspark.bench.schedule import build_schedule, first_arm_by_block
 from dspark.bench.statistics import compare_blocks
-from dspark.bench.wandb_log import WANDB_MODES, WandbLogger
+from dspark.bench.wandb_log import WandbLogger
+from dspark.bench.wandb_names import ab_run_names
 from dspark.config import ConfigError, EngineConfig
 from dspark.engine import Engine
-from runners.schema import ABSchema, EngineSchema, to_engine_config
+from runners.config_keys import allowed_keys, close_keys, nested_schema
+from runners.hydra_main import runner_main
+from runners.job_status import in_multirun, write_job_status
+from runners.schema import ABSchema, EngineSchema, LoadMode, to_engine_config, to_profile_settings
 from workloads.registry import build_workload, make_spec
 
 log = logging.getLogger(__name__)
@@ -78,28 +85,10 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def safe_dirname(overrides: str, limit: int = 80) -> str:
-    """A sweep job's folder name from its overrides (hydra.job.override_dirname) that stays one folder
-    inside the sweep: path separators and '..' become '_' (``workload.path=../../x.jsonl`` would
-    otherwise write outside the sweep), and a name over ``limit`` characters is cut and given a
-    short hash of the whole, so two jobs never share a folder."""
-    import hashlib
-    import re
-
-    name = re.sub(r"[^A-Za-z0-9=,._+-]", "_", overrides).replace("..", "_")
-    if len(name) > limit:
-        name = name[: limit - 9] + "-" + hashlib.sha1(overrides.encode()).hexdigest()[:8]
-    return name or "job"
-
-
-if not OmegaConf.has_resolver("safe_dirname"):  # conf/ab.yaml's sweep subdir
-    OmegaConf.register_new_resolver("safe_dirname", lambda s: safe_dirname(str(s)))
 HEADLINE = "output_tokens_per_s"
 ARMS = ("A", "B")
-LOAD_MODES = ("closed", "poisson")
+LOAD_MODES = tuple(m.value for m in LoadMode)
 TINY_MODELS_ENV = "DSPARK_TEST_TINY_MODELS"
-# Keys the runner reads that the typed schema may not declare yet (added with `+key=value`).
-EXTRA_KEYS = {"ab.force_rerun"}
 # Keys that do not change what is measured: left out of the config hash that decides reruns.
 UNHASHED_KEYS = (("ab", "force_rerun"), ("ab", "fail_on_guard"), ("progress",))
 # A summary.json holding all of these was written by a run that finished.
@@ -114,63 +103,50 @@ class ArmFailed(RuntimeError):
 
 
 # ---- configuration -------------------------------------------------------------------------
-def _schema_fields(schema: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(schema)
-    return {f.name: hints[f.name] for f in dataclasses.fields(schema)}
-
-
-def _dataclass_of(tp: Any) -> type | None:
-    """The dataclass inside ``tp`` (``X`` or ``Optional[X]``), else None."""
-    if dataclasses.is_dataclass(tp):
-        return tp
-    for arg in typing.get_args(tp):
-        if dataclasses.is_dataclass(arg):
-            return arg
-    return None
-
-
 def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
     """Keys of ``node`` (a config mapping) that ``schema`` (a dataclass) does not declare, recursively.
 
-    Hydra refuses ``ab.n_blokcs=3`` by itself, but ``+engine.foo=1`` adds a key even to a typed
-    group; this catches those, and the per-arm engine overrides, which are a free-form dict.
+    Hydra refuses ``ab.n_blokcs=3`` by itself (naming the closest keys: :mod:`runners.hydra_main`), but
+    ``+engine.foo=1`` adds a key even to a typed group; this catches those, and the per-arm engine
+    overrides, which are a free-form dict.
     """
-    fields = _schema_fields(schema)
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    hints = typing.get_type_hints(schema)
     bad = []
     for key in node:
         path = f"{prefix}{key}"
         if key not in fields:
-            if path not in EXTRA_KEYS:
-                bad.append(path)
+            bad.append(path)
             continue
-        sub = _dataclass_of(fields[key])
+        sub = nested_schema(hints[key])
         value = node[key]
         if sub is not None and isinstance(value, Mapping | DictConfig):
             bad += unknown_keys(value, sub, prefix=f"{path}.")
     return bad
 
 
-def _allowed(schema: type, prefix: str) -> list[str]:
-    return sorted(f"{prefix}{k}" for k in _schema_fields(schema)) + sorted(
-        k for k in EXTRA_KEYS if k.startswith(prefix) and k.count(".") == prefix.count("."))
-
-
 def check_keys(cfg: DictConfig) -> None:
-    """Refuse keys no schema declares, naming each one and the keys allowed next to it."""
+    """Refuse keys no schema declares, naming each one, the closest declared keys and those allowed next to it."""
     bad = unknown_keys(cfg, ABSchema)
+    engine_keys = {f.name for f in dataclasses.fields(EngineSchema)}
     for arm in ARMS:
         arms = cfg.get("ab", {}).get("arms", {})
         engine = arms.get(arm, {}).get("engine") if arm in arms else None
         for key in (engine or {}):
-            if key not in _schema_fields(EngineSchema):
+            if key not in engine_keys:
                 bad.append(f"ab.arms.{arm}.engine.{key}")
     if bad:
         lines = []
         for path in bad:
             parent = path.rsplit(".", 1)[0] if "." in path else ""
+            prefix = f"{parent}." if parent else ""
             schema = _schema_at(parent)
-            allowed = _allowed(schema, f"{parent}." if parent else "") if schema is not None else []
-            lines.append(f"{path} (allowed here: {', '.join(allowed)})")
+            if schema is None:
+                lines.append(path)
+                continue
+            close = close_keys(path, schema, prefix)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            lines.append(f"{path} ({hint}allowed here: {', '.join(sorted(allowed_keys(schema, prefix)))})")
         raise ConfigError("unknown config key(s): " + "; ".join(lines))
 
 
@@ -181,7 +157,7 @@ def _schema_at(path: str) -> type | None:
     for part in [p for p in path.split(".") if p]:
         if schema is None:
             return None
-        schema = _dataclass_of(_schema_fields(schema).get(part))
+        schema = nested_schema(typing.get_type_hints(schema).get(part))
     return schema
 
 
@@ -239,20 +215,19 @@ def check_config(cfg: DictConfig):
 
     Raises ConfigError naming the bad key and what is allowed. Called first by run(), so a
     mistake costs no model load; `python -m runners.ab ... --cfg job` prints the config
-    without running anything.
+    without running anything. Types and the allowed values of string choices (load.mode,
+    ab.schedule, ab.gc_mode, wandb.mode) are the typed schema's, checked at composition; the
+    checks here are ranges and what spans several keys.
     """
+    check_interpolations(cfg)
     check_keys(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"required config value(s) not set (??? in the YAML): {', '.join(missing)}; give them on "
                           f"the command line, e.g. `{missing[0]}=...`")
     arm_cfgs = arm_engine_configs(cfg)
-    if cfg.load.mode not in LOAD_MODES:
-        raise ConfigError(f"load.mode: {cfg.load.mode!r} not in {list(LOAD_MODES)}")
     if cfg.load.mode == "poisson" and not cfg.load.request_rate > 0:
         raise ConfigError(f"load.request_rate: must be > 0 requests/s for load.mode=poisson, got {cfg.load.request_rate}")
-    if cfg.ab.schedule not in SCHEDULE_KINDS:
-        raise ConfigError(f"ab.schedule: {cfg.ab.schedule!r} not in {list(SCHEDULE_KINDS)}")
     if cfg.ab.n_blocks < 1:
         raise ConfigError(f"ab.n_blocks: must be >= 1 (each block runs both arms once), got {cfg.ab.n_blocks}")
     if cfg.ab.warmup_requests < 0:
@@ -269,18 +244,38 @@ def check_config(cfg: DictConfig):
                           f"{cfg.ab.lossless_alpha}")
     if cfg.ab.n_boot < 100:
         raise ConfigError(f"ab.n_boot: must be >= 100 bootstrap resamples, got {cfg.ab.n_boot}")
-    if cfg.wandb.mode not in WANDB_MODES:
-        raise ConfigError(f"wandb.mode: {cfg.wandb.mode!r} not in {list(WANDB_MODES)}")
-    cap = cfg.ab.get("greedy_replica_max_tokens")
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+    cap = cfg.ab.greedy_replica_max_tokens
+    if cap is not None and cap < 1:
         raise ConfigError(f"ab.greedy_replica_max_tokens: must be null (no cap) or an integer >= 1, got {cap!r}")
-    if cfg.ab.gc_mode not in GC_MODES:
-        raise ConfigError(f"ab.gc_mode: {cfg.ab.gc_mode!r} not in {list(GC_MODES)}")
-    if cfg.ab.get("force_rerun", False) not in (True, False):
-        raise ConfigError(f"ab.force_rerun: must be true or false, got {cfg.ab.force_rerun!r}")
+    try:
+        to_profile_settings(cfg.ab.profile)
+    except ConfigError as e:
+        raise ConfigError(f"ab.profile.{e}") from e
     workload = workload_from(cfg)
     schedule = build_schedule(cfg.ab.schedule, int(cfg.ab.n_blocks), seed=int(cfg.ab.seed))
     return arm_cfgs, workload, schedule
+
+
+def check_interpolations(cfg: DictConfig) -> None:
+    """Resolve every interpolation now: a value its key's type refuses (wandb.mode from the environment,
+    ``${oc.env:WANDB_MODE,offline}``, outside the allowed modes) fails here, naming the key, the value, the
+    allowed ones and the environment variable it came from, and not where the value is first read."""
+    import re
+
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except InterpolationValidationError as exc:
+        key = str(exc.full_key)
+        reason = str(exc.msg).splitlines()[0].split("': ", 1)[-1]  # after "While dereferencing interpolation '...'"
+        parent, _, name = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        raw = str(OmegaConf.to_container(node, resolve=False).get(name, ""))
+        env = re.search(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)", raw)
+        if env is None:
+            raise ConfigError(f"{key}: {raw} is refused: {reason}") from exc
+        value = os.environ.get(env.group(1))
+        raise ConfigError(f"{key}: {value!r} is refused: {reason}; {key} follows the {env.group(1)} environment "
+                          f"variable, here {value!r}, unless set on the command line") from exc
 
 
 def hashed_config(cfg: DictConfig) -> dict:
@@ -346,7 +341,8 @@ def partial_run(out_dir: Path) -> str | None:
     return None
 
 
-RESULT_FILES = ("summary.json", "blocks.csv", "requests.parquet", "requests", "report.md", "wandb")
+RESULT_FILES = ("summary.json", "blocks.csv", "blocks.parquet", "requests.parquet", "requests", "report.md",
+                "report_appendix.md", "wandb")
 
 
 def keep_unfinished_run(out_dir: Path) -> Path:
@@ -424,45 +420,43 @@ def default_engine_factory(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig]
 
 
 def attach_cost_tables(cfg: DictConfig, arm_cfgs: dict[str, EngineConfig], engines: dict[str, Engine]) -> dict:
-    """Give every scheduling arm without a cost table the one profiled for this node.
+    """Give every trimming arm without a cost table the one profiled for this node; describe each arm's table.
 
-    "Profile this node once, reuse the table": the table is looked up by the engine's
-    fingerprint under paths.cost_tables; when none exists the node is profiled first (and
-    the log says so). The arm's engine is rebuilt around the same model weights.
+    "Profile this node once, reuse the table": the table is looked up under paths.cost_tables
+    by the engine's fingerprint and the ab.profile settings, reused when its fit passed the
+    quality check, and otherwise profiled first with those settings (the PNG of its measured
+    curve is saved beside it). The arm's engine is rebuilt around the same model weights.
+    Returns, per arm with a table, :func:`dspark.profiler.describe_table`'s record: path, how
+    it was obtained (configured / reused from cache / profiled now / shared for the oracle
+    bound), fingerprint digest, fit quality, settings and plot.
     """
     import dataclasses
 
-    from dspark.profiler import batch_size_ladder, find_or_profile
+    from dspark.cost_table import CostTable, CostTableError
+    from dspark.profiler import ProfileError, ProfileRefusedError, describe_table, find_or_profile
 
+    settings = to_profile_settings(cfg.ab.profile)
     used: dict[str, dict] = {}
     for arm in ARMS:
         ecfg = arm_cfgs[arm]
         if ecfg.verify == "full" or ecfg.cost_table is not None:
             if ecfg.cost_table is not None:
-                used[arm] = {"path": ecfg.cost_table, "how": "configured"}
+                try:
+                    table = CostTable.load(ecfg.cost_table)
+                except (OSError, CostTableError):  # the engine loaded it; the record only describes it
+                    table = None
+                used[arm] = describe_table(ecfg.cost_table, table, "configured")
             continue
-        lines: list[str] = []
-
-        def note(line: str) -> None:
-            lines.append(line)
-            log.info(line)
-
         e = engines[arm]
-        kwargs = dict(batch_sizes=batch_size_ladder(int(cfg.load.concurrency)), verify_lens=None,
-                      warmup_steps=2, measure_steps=6, prompt_len=32, seed=int(cfg.ab.seed),
-                      progress=bool(cfg.progress),
-                      # CPU step costs have real shape-dependent bumps (BLAS blocking): a step can
-                      # always be padded to a larger token count, so the table takes the cheaper
-                      # padded cost there (logged and recorded) instead of refusing the node.
-                      monotone="envelope")
-        # Tables are kept per batch depth: a table must cover every step the arm can take
-        # (concurrency x (block + 1) tokens), and the engine refuses one that does not.
-        root = Path(cfg.paths.cost_tables) / f"max_batch_{int(cfg.load.concurrency)}"
-        path = find_or_profile(e, root, kwargs, note)
-        arm_cfgs[arm] = dataclasses.replace(ecfg, cost_table=str(path))
+        try:
+            obtained = find_or_profile(e, cfg.paths.cost_tables, settings, log.info, progress=bool(cfg.progress))
+        except ProfileError as exc:  # the same error, naming the settings as this runner's keys
+            message = f"the cost-table profile of arm {arm} (its settings are ab.profile.*): {exc}"
+            raise (type(exc)(message, exc.measurements, exc.table, exc.samples)
+                   if isinstance(exc, ProfileRefusedError) else type(exc)(message)) from exc
+        arm_cfgs[arm] = dataclasses.replace(ecfg, cost_table=str(obtained.path))
         engines[arm] = Engine(e.target, e.tokenizer, arm_cfgs[arm], e.drafter)
-        used[arm] = {"path": str(path), "how": "profiled now" if any("profiling now" in x for x in lines)
-                     else "reused"}
+        used[arm] = obtained.describe()
     # A verify-all arm on the same node gets the table too: it prices that arm's oracle bound
     # (what an all-knowing scheduler would have delivered on the same acceptances).
     for arm in ARMS:
@@ -473,10 +467,15 @@ def attach_cost_tables(cfg: DictConfig, arm_cfgs: dict[str, EngineConfig], engin
             try:
                 arm_cfgs[arm] = dataclasses.replace(ecfg, cost_table=other["path"])
                 engines[arm] = Engine(e.target, e.tokenizer, arm_cfgs[arm], e.drafter)
-                used[arm] = {"path": other["path"], "how": "shared for the oracle bound"}
+                shared = {k: v for k, v in other.items() if k not in ("profile_s", "replaced")}  # this arm's own
+                used[arm] = {**shared, "how": "shared for the oracle bound"}
             except ValueError as exc:  # another drafter or dtype (a foreign table): no oracle, and say why
                 arm_cfgs[arm] = ecfg
                 used[arm] = {"path": None, "how": f"no oracle bound: {exc}"}
+    for arm, record in used.items():
+        if record.get("path"):
+            log.info("cost table of arm %s: %s (%s; fingerprint %s; fit: %s)", arm, record["path"], record["how"],
+                     record.get("fingerprint"), record.get("fit_summary") or "not recorded")
     return used
 
 
@@ -499,34 +498,51 @@ def _checked_engines(engines: Any) -> dict[str, Engine]:
 
 
 # ---- running one arm over one block ----------------------------------------------------------
-def drive(engine: Engine, inputs: list, params: list, ids: list[str], load: DictConfig, seed: int):
-    """Closed loop (all requests queued, at most load.concurrency running) or Poisson arrivals."""
-    if load.mode == "closed":
-        t0 = time.perf_counter()
-        outs = engine.generate(inputs, params, ids=ids)
-        return outs, time.perf_counter() - t0
-    if load.mode != "poisson":
+def drive(engine: Engine, inputs: list, params: list, ids: list[str], load: DictConfig, seed: int,
+          on_finished: Callable[[int], Any] | None = None):
+    """Closed loop (at most load.concurrency requests in the engine; the next is submitted as one finishes, as
+    `vllm bench serve --max-concurrency` sends it) or Poisson arrivals. Returns the outputs in input order, the
+    wall seconds, and each request's scheduled arrival on the perf_counter clock (closed loop: the block's start;
+    Poisson: its arrival), from which its queue wait is measured apart from its TTFT. ``on_finished(n)`` is
+    told of the requests as they finish (or are refused), n at a time: a progress bar's update."""
+    if load.mode not in LOAD_MODES:
         raise ConfigError(f"load.mode: {load.mode!r} not in {list(LOAD_MODES)}")
     import random
 
-    rng = random.Random(seed)
-    gaps = [rng.expovariate(load.request_rate) for _ in inputs]
-    arrivals = [sum(gaps[: i + 1]) for i in range(len(gaps))]
+    from dspark.engine import RequestError
+    from dspark.request import RequestOutput
+
+    n = len(inputs)
+    if load.mode == "closed":
+        offsets, limit = np.zeros(n), int(load.concurrency)
+    else:
+        rng = random.Random(seed)
+        offsets, limit = np.cumsum([rng.expovariate(load.request_rate) for _ in inputs]), n
     t0 = time.perf_counter()
-    outs: dict[int, Any] = {}
-    pending = list(range(len(inputs)))
+    outs: list[Any] = [None] * n
     order: dict[int, int] = {}
-    while pending or engine.has_unfinished():
+    sent = 0
+    while sent < n or engine.has_unfinished():
         now = time.perf_counter() - t0
-        while pending and arrivals[pending[0]] <= now:
-            i = pending.pop(0)
-            order[engine.add_request(inputs[i], params[i], user_id=ids[i])] = i
+        while sent < n and len(order) < limit and offsets[sent] <= now:
+            try:
+                order[engine.add_request(inputs[sent], params[sent], user_id=ids[sent])] = sent
+            except (RequestError, ConfigError) as exc:  # refused: an errored output, as Engine.generate gives
+                at = time.perf_counter()
+                outs[sent] = RequestOutput(-1, ids[sent], [], [], "", "error", str(exc), 0, [], [], [], [], at, None,
+                                           at, [], [], 0)
+                if on_finished is not None:
+                    on_finished(1)
+            sent += 1
         if engine.has_unfinished():
-            for o in engine.step():
-                outs[order[o.req_id]] = o
-        elif pending:
-            time.sleep(min(0.01, max(0.0, arrivals[pending[0]] - now)))
-    return [outs[i] for i in range(len(inputs))], time.perf_counter() - t0
+            finished = engine.step()
+            for o in finished:
+                outs[order.pop(o.req_id)] = o
+            if finished and on_finished is not None:
+                on_finished(len(finished))
+        elif sent < n:
+            time.sleep(min(0.01, max(0.0, offsets[sent] - now)))
+    return outs, time.perf_counter() - t0, (t0 + offsets).tolist()
 
 
 def check_prompt_lengths(token_ids: Mapping[str, list[int]], arm_cfgs: Mapping[str, EngineConfig]) -> None:
@@ -545,26 +561,26 @@ def tokenize_prompt(tok, prompt) -> list[int]:
     return tok.encode_chat(prompt.messages) if prompt.messages is not None else tok.encode(prompt.prompt)
 
 
-def to_records(outs, arm: str, block: int) -> list[RequestRecord]:
+def to_records(outs, arm: str, block: int, scheduled_arrivals=None) -> list[RequestRecord]:
     recs = []
-    for o in outs:
+    for o, scheduled in zip(outs, scheduled_arrivals or [None] * len(outs)):
         recs.append(RequestRecord(
             request_id=str(o.user_id), arm=arm, block=block, prompt_tokens=len(o.prompt_token_ids),
             output_token_ids=list(o.token_ids), arrival_s=o.arrival_time, first_token_s=o.first_token_time,
             finish_s=o.finish_time, chunk_times_s=list(o.chunk_times), accept_lengths=list(o.accept_lengths),
             verify_lengths=list(o.verify_lens), per_position_accepts=list(o.pos_accepted),
             per_position_reached=list(o.pos_reached), error=o.error,
-            finish_reason=o.finish_reason))
+            finish_reason=o.finish_reason, scheduled_arrival_s=scheduled))
     return recs
 
 
 def write_blocks_csv(rows: list[dict], path: Path) -> None:
-    """blocks.csv with list-valued cells (per-position acceptance) as JSON, which runners.report reads back."""
+    """blocks.csv (the scalar columns) and blocks.parquet beside it (every column, the list-valued ones such as
+    per-position acceptance as list columns), which runners.report reads back."""
     frame = pd.DataFrame(rows)
-    for col in frame.columns:
-        if frame[col].map(lambda v: isinstance(v, (list, tuple))).any():
-            frame[col] = frame[col].map(json.dumps)
-    atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False))
+    lists = [c for c in frame.columns if frame[c].map(lambda v: isinstance(v, (list, tuple))).any()]
+    atomic_write(path, lambda tmp: frame.drop(columns=lists).to_csv(tmp, index=False))
+    atomic_write(path.with_suffix(".parquet"), lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 def _raise_on_failed_guards(cfg: DictConfig, summary: dict) -> None:
@@ -643,8 +659,10 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
                     partial, kept)
     prompts = workload.prompts()  # a bad custom file fails here, still before any model loads
     replicas = workload.greedy_replicas()
-    logger = WandbLogger(mode=cfg.wandb.mode, project=cfg.wandb.project, group=cfg.experiment,
-                         dir=out_dir / "wandb")  # refuses online mode without an API key, before loading
+    names = ab_run_names(cfg.experiment, out_dir,
+                         {arm: (cfg.ab.arms[arm].label, vars_of(arm_cfgs[arm])) for arm in ARMS}, **_hydra_job())
+    logger = WandbLogger(**OmegaConf.to_container(cfg.wandb, resolve=True), names=names,
+                         dir=out_dir)  # refuses online mode without an API key, before loading
 
     factory = engine_factory or default_engine_factory
     engines = _checked_engines(factory(cfg, arm_cfgs))
@@ -665,7 +683,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
 
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     for arm in ARMS:
-        logger.start_arm(arm, job_type=cfg.ab.arms[arm].label, config={**config_dict, "arm": arm})
+        logger.start_arm(arm, config=config_dict)
 
     # Warm-up per arm (first requests of the workload), then measured blocks.
     warm = int(cfg.ab.warmup_requests)
@@ -787,10 +805,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     summary["truncated"] = truncation_counts(requests_df, {arm: arm_cfgs[arm].max_model_len for arm in ARMS})
     for arm in ARMS:
         logger.log_requests(arm, [r for r in records if r.arm == arm])
-        logger.finish_arm(arm, {"verdict": summary["verdict"], "guards_passed": summary["guards_passed"],
-                                **{f"truncated/{k}": v for k, v in summary["truncated"].get(arm, {}).items()},
-                                **{f"counter/{k}": v for k, v in counters[arm].items()}})
-    logger.close()
+    logger.log_statistics(summary["statistics"], summary["verdict"], HEADLINE)
     summary["wandb"] = logger.status()
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     if stats:
@@ -799,6 +814,15 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
             from rich.console import Console
 
             render_console_table(summary, Console(width=max(120, Console().width)))
+    logger.log_results(out_dir)  # summary.json, report.md, blocks.csv and the plots, as an artifact
+    for arm in ARMS:
+        logger.finish_arm(arm, {"verdict": summary["verdict"], "guards_passed": summary["guards_passed"],
+                                **{f"truncated/{k}": v for k, v in summary["truncated"].get(arm, {}).items()},
+                                **{f"counter/{k}": v for k, v in counters[arm].items()}})
+    logger.close()
+    if logger.status() != summary["wandb"]:  # what W&B did after summary.json was written (failures, the report)
+        summary["wandb"] = logger.status()
+        atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     if interrupted is not None:
         log.error("interrupted (%s): the %d completed arm-blocks are in %s (summary.json marked interrupted, "
                   "blocks.csv, requests.parquet, requests/)", interrupted["signal"],
@@ -851,19 +875,28 @@ class interrupts_raise:
 def _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
                 blocks_csv, gc_pauses, compiles) -> None:
     """The timed arm-blocks of the schedule (``bar`` iterates it); each block's row is appended to
-    ``block_rows`` and blocks.csv is rewritten at once, so a crash keeps the finished blocks."""
+    ``block_rows`` and blocks.csv is rewritten at once, so a crash keeps the finished blocks. With
+    ``progress``, a second bar below counts the requests finished within the arm-block running."""
+    from tqdm.auto import tqdm
+
     for block, arm in bar:
         e = engines[arm]
         e.reset()
+        gc_pauses.settle()  # untimed: earlier blocks' objects frozen, not rescanned by this block's collections
         gc_pauses.take()  # count this block's pauses and compilations only
         compiles.take()
+        requests_bar = tqdm(total=len(inputs), desc=f"block {block} arm {arm}", unit="request", leave=False,
+                            position=1, disable=not cfg.progress)
         try:
-            outs, wall = drive(e, inputs, params, ids, cfg.load, seed=int(cfg.ab.seed) + block)
+            outs, wall, scheduled = drive(e, inputs, params, ids, cfg.load, seed=int(cfg.ab.seed) + block,
+                                          on_finished=requests_bar.update)
         except Exception as exc:  # keep what finished, then fail loudly
             logger.close()
             raise ArmFailed(f"arm {arm} failed in block {block}: {type(exc).__name__}: {exc}; the "
                             f"{len(block_rows)} finished arm-blocks are in {blocks_csv}") from exc
-        recs = to_records(outs, arm, block)
+        finally:
+            requests_bar.close()
+        recs = to_records(outs, arm, block, scheduled)
         records += recs
         # This arm-block's requests on disk at once (one file each: appending never rewrites a finished one).
         block_file = blocks_csv.parent / "requests" / f"block{block}_{arm}.parquet"
@@ -957,6 +990,16 @@ def _sum_counters(rows: list[dict]) -> dict:
     if out.get("verified_tokens"):
         out["accept_rate"] = out.get("accepted_tokens", 0) / out["verified_tokens"]
     return out
+
+
+def _hydra_job() -> dict:
+    """``sweep_dir`` and ``job_num`` of a Hydra multirun job (its W&B group); {} for a single run or a direct call."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return {}
+    return {"sweep_dir": HydraConfig.get().sweep.dir, "job_num": int(HydraConfig.get().job.num)}
 
 
 def _sweep_params() -> dict:
@@ -1139,9 +1182,23 @@ def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block
     return guards
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="ab")
+@runner_main("ab")
 def main(cfg: DictConfig) -> dict:
-    return run(cfg)
+    """``python -m runners.ab``: :func:`run`. A job of a multirun whose guards fail (ab.fail_on_guard) records
+    exit code 1 in its job_status.json and returns instead of raising, so the remaining jobs run and the
+    sweep summary is written; the multirun then exits 1 (:class:`runners.callbacks.SweepSummaryCallback`)."""
+    if not in_multirun():
+        return run(cfg)
+    out_dir = Path(cfg.paths.output_dir)
+    try:
+        summary = run(cfg)
+    except ABGuardError as exc:
+        write_job_status(out_dir, 1, f"guards failed: {exc}")
+        log.error("guards failed: %s; this job is marked failed (%s), the sweep goes on and exits 1 at its end",
+                  exc, out_dir / "job_status.json")
+        return json.loads((out_dir / "summary.json").read_text())
+    write_job_status(out_dir, 0)
+    return summary
 
 
 if __name__ == "__main__":

@@ -34,20 +34,20 @@ from typing import Any
 import numpy as np
 import torch
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from dspark.bench.fingerprint import node_fingerprint
 from dspark.bench.gc_pauses import GC_MODES, GcPauses  # noqa: F401  (GC_MODES: the allowed gc_mode values)
 from dspark.config import ConfigError, SamplingParams
 from dspark.engine import Engine
-from runners.schema import to_engine_config
+from runners.hydra_main import runner_main
+from runners.schema import RunOrder, to_engine_config
 from workloads.registry import build_workload, make_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-RUN_ORDERS = ("arm_major", "batch_major", "alternating")
+RUN_ORDERS = tuple(o.value for o in RunOrder)
 
 
 def run_order(arms: list[str], batches: list[int], order: str = "arm_major", rounds: int = 1
@@ -486,7 +486,7 @@ def plot_results(results: list[dict], path: Path) -> Path:
     return Path(path)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="bench_decode")
+@runner_main("bench_decode")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

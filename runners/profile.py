@@ -4,13 +4,16 @@
     python -m runners.profile engine=h200 batch_sizes=[1,2,4,8,16,32,64,128,256] measure_steps=20 warmup_steps=5
     python -m runners.profile out=cost_tables/mine.json plot=cost_curve.png verify_lens=[0,1,3,5,7]
 
-Writes the cost-table JSON (default: the fingerprint path under ``paths.cost_tables``, the
-file :func:`dspark.profiler.find_or_profile` looks for), a PNG of step ms against M per
-batch size, and ``profile.json`` (medians, samples, summary) in the run folder; prints the
-recommended tier ladder for every profiled batch size and a summary. A flat table
-(ProfileFlatError) or medians the additive model cannot fit (ProfileFitError) are refused
-after ``refused_cost_curve.png`` and ``profile.json`` are written to the run folder.
-See :mod:`dspark.profiler` for the method.
+The settings are runners.schema.CostProfileSchema's, the schema runners.ab reads as ``ab.profile``.
+Writes the cost-table JSON (default: the path under ``paths.cost_tables`` named after the
+engine's fingerprint and these settings, the file :func:`dspark.profiler.find_or_profile`
+looks for, so runners.ab reuses it when its ``ab.profile`` settings resolve to the same
+values), a PNG of step ms against M per batch size (default: beside the table), and
+``profile.json`` (medians, samples, summary) in the run folder; prints the recommended tier
+ladder for every profiled batch size, the fit's quality and a summary. A refused profile
+(ProfileFlatError; ProfileFitError, e.g. a fit below min_r2 / max_rel_residual) writes
+``refused_cost_curve.png`` and ``profile.json`` to the run folder and no table. See
+:mod:`dspark.profiler` for the method.
 """
 
 from __future__ import annotations
@@ -19,39 +22,33 @@ import json
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from dspark.config import ConfigError
+from dspark.cost_table import fingerprint_digest
 from dspark.engine import Engine
 from dspark.profiler import (ProfileRefusedError, cost_table_path_for, plot_cost_curve, profile_engine,
                              recommend_tier_ladder)
-from runners.schema import DrafterSchema, EngineSchema, ModelSchema, PathsSchema, to_engine_config
+from runners.schema import (CostProfileSchema, DrafterSchema, EngineSchema, ModelSchema, PathsSchema,
+                            to_engine_config, to_profile_settings)
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class ProfileSchema:
+class ProfileSchema(CostProfileSchema):
+    """The profile settings (CostProfileSchema, at the top level) and what this runner profiles and writes."""
     model: ModelSchema = field(default_factory=ModelSchema)
     drafter: DrafterSchema = field(default_factory=DrafterSchema)
     engine: EngineSchema = field(default_factory=EngineSchema)
     paths: PathsSchema = field(default_factory=PathsSchema)
-    batch_sizes: List[int] = field(default_factory=lambda: [1, 4, 16])
-    verify_lens: Optional[List[int]] = None
-    warmup_steps: int = 2
-    measure_steps: int = 6
-    prompt_len: int = 32
-    seed: int = 0
-    flat_rel_tol: float = 0.02
-    max_drop_rel: float = 0.25
-    monotone: str = "refuse"  # refuse | envelope (theta(M) -> cheapest cost at any M' >= M, logged)
-    out: Optional[str] = None
-    plot: Optional[str] = None
-    progress: bool = True
+    out: Optional[str] = None  # table path; null: the fingerprint-and-settings path under paths.cost_tables
+    plot: Optional[str] = None  # PNG path; null: the table path with .png
+    progress: bool = True  # a progress bar over the sweep's (verify length, batch size) configurations
 
 
 ConfigStore.instance().store(name="profile_schema", node=ProfileSchema)
@@ -72,19 +69,16 @@ def _engine_from_cfg(cfg: DictConfig) -> Engine:
 
 def run(cfg: DictConfig, engine: Engine | None = None) -> dict:
     """Profile, write the table + plot + profile.json, return the summary. ``engine``: test hook."""
+    settings = to_profile_settings(cfg)  # refuses a bad value before any model loads
     engine = engine if engine is not None else _engine_from_cfg(cfg)
+    settings = settings.resolved(engine)
     fingerprint = engine.fingerprint()
-    out = Path(cfg.out) if cfg.out else cost_table_path_for(fingerprint, cfg.paths.cost_tables)
+    out = Path(cfg.out) if cfg.out else cost_table_path_for(fingerprint, cfg.paths.cost_tables, settings)
     plot = Path(cfg.plot) if cfg.plot else out.with_suffix(".png")
     run_dir = Path(cfg.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    verify_lens = None if cfg.verify_lens is None else [int(v) for v in cfg.verify_lens]
     try:
-        result = profile_engine(engine, batch_sizes=[int(b) for b in cfg.batch_sizes], verify_lens=verify_lens,
-                                warmup_steps=int(cfg.warmup_steps), measure_steps=int(cfg.measure_steps),
-                                prompt_len=int(cfg.prompt_len), seed=int(cfg.seed), progress=bool(cfg.progress),
-                                flat_rel_tol=float(cfg.flat_rel_tol), max_drop_rel=float(cfg.max_drop_rel),
-                                monotone=str(cfg.monotone))
+        result = profile_engine(engine, **settings.profile_kwargs(), progress=bool(cfg.progress))
     except ProfileRefusedError as e:
         refused = run_dir / "refused_cost_curve.png"
         plot_cost_curve(e, e.table, refused)
@@ -98,13 +92,16 @@ def run(cfg: DictConfig, engine: Engine | None = None) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     result.table.save(out)
     plot_cost_curve(result, result.table, plot)
-    ladders = {int(b): recommend_tier_ladder(result.table, result.block, int(b), float(cfg.flat_rel_tol))
+    ladders = {int(b): recommend_tier_ladder(result.table, result.block, int(b), settings.flat_rel_tol)
                for b in result.batch_sizes}
     summary = {
         "cost_table": str(out.resolve()),
         "plot": str(plot.resolve()),
         **result.summary(),
+        "fit_summary": result.table.fit.describe(),
         "recommended_tiers": {str(b): t for b, t in ladders.items()},
+        "fingerprint_digest": fingerprint_digest(fingerprint),
+        "settings_digest": settings.digest(),
         "fingerprint": dict(fingerprint),
         "use_with": f"engine.cost_table={out.resolve()}",
     }
@@ -117,6 +114,7 @@ def _print_summary(summary: dict) -> None:
     print(f"plot:       {summary['plot']}")
     print(f"token counts M: {summary['token_counts']}  fixed overhead {summary['fixed_overhead_ms']} ms, "
           f"theta {summary['theta_ms_min']}..{summary['theta_ms_max']} ms")
+    print(f"fit: {summary['fit_summary']}")
     print(f"recommended tier ladders (engine.verify=uniform, block {summary['block']}):")
     for b, tiers in summary["recommended_tiers"].items():
         print(f"  batch {b:>4}: engine.tiers=[{','.join(str(t) for t in tiers)}]")

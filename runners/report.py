@@ -4,11 +4,12 @@
     python -m runners.report multirun/ab/2026-01-01_12-00-00       # a sweep folder
     python -m runners.report FOLDER --no-wandb-report
 
-A run folder (it holds ``summary.json``) gets ``report.md`` and its plots rewritten from
-``summary.json`` + ``blocks.csv`` + ``requests.parquet`` (the last is optional: without it
-the latency plots are skipped, and the report says so). A sweep folder (``*/summary.json``
-below it) gets ``sweep_summary.md``, ``sweep_summary.csv`` and ``sweep_gain.png``, and a
-table on the console.
+A run folder (it holds ``summary.json``) gets ``report.md``, ``report_appendix.md`` and the
+plots rewritten from ``summary.json`` + ``blocks.parquet`` (runs that wrote none: ``blocks.csv``)
++ ``requests.parquet`` (optional: without it the latency CDFs are skipped, and the report says
+so). List columns are read as lists, whether stored as parquet lists or, by older runs, as JSON
+text. A sweep folder (``*/summary.json`` below it) gets ``sweep_summary.md``,
+``sweep_summary.csv`` and ``sweep_gain.png``, and a table on the console.
 
 A W&B report (wandb-workspaces) is made only when the runs were logged online, an API key
 is configured and ``wandb_workspaces`` is installed; otherwise the command says which of
@@ -29,9 +30,10 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from dspark.bench.report import compare_runs, render_console_table, write_report, write_sweep_report
+from dspark.bench.metrics import REQUEST_LIST_COLUMNS
+from dspark.bench.report import compare_runs, render_console_table, verdict_line, write_report, write_sweep_report
 
-LIST_COLUMNS = ("per_position_acceptance",)
+BLOCK_LIST_COLUMNS = ("per_position_acceptance",)
 
 
 class ReportError(ValueError):
@@ -53,36 +55,53 @@ def folder_kind(folder: Path) -> str:
                       "an interrupted run leaves just blocks.csv")
 
 
-def _decode_list(value: Any) -> Any:
-    if isinstance(value, str) and value.startswith("["):
-        return json.loads(value)
+def _as_list(value: Any) -> list:
+    """A list cell as a list: parquet gives arrays, older runs stored JSON text; missing is empty."""
+    if isinstance(value, str):
+        return json.loads(value) if value.startswith("[") else []
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return []
-    return value
+    return list(value)
 
 
-def read_blocks(path: Path) -> pd.DataFrame:
-    """blocks.csv as the runner held it in memory (list cells decoded from JSON)."""
-    if not path.is_file():
-        raise ReportError(f"{path} is missing: the run folder has summary.json but no per-block table; the report "
-                          "cannot be drawn without it")
-    frame = pd.read_csv(path)
-    for col in LIST_COLUMNS:
+def _lists_decoded(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    for col in columns:
         if col in frame:
-            frame[col] = frame[col].map(_decode_list)
+            frame[col] = frame[col].map(_as_list)
     return frame
+
+
+def read_blocks(folder: Path) -> pd.DataFrame:
+    """The per-block table as the runner held it in memory: blocks.parquet, or blocks.csv (whose list cells
+    older runs wrote as JSON text) where a run wrote no parquet."""
+    parquet, csv = folder / "blocks.parquet", folder / "blocks.csv"
+    if parquet.is_file():
+        frame = pd.read_parquet(parquet)
+    elif csv.is_file():
+        frame = pd.read_csv(csv)
+    else:
+        raise ReportError(f"{csv} is missing (and {parquet.name} too): the run folder has summary.json but no "
+                          "per-block table; the report cannot be drawn without it")
+    return _lists_decoded(frame, BLOCK_LIST_COLUMNS)
+
+
+def read_requests(path: Path) -> pd.DataFrame | None:
+    """requests.parquet with its list columns as lists (None when the file is missing)."""
+    if not path.is_file():
+        return None
+    return _lists_decoded(pd.read_parquet(path), REQUEST_LIST_COLUMNS)
 
 
 def render_run(folder: Path, console: Console) -> dict[str, Path]:
     summary = json.loads((folder / "summary.json").read_text())
-    blocks = read_blocks(folder / "blocks.csv")
+    blocks = read_blocks(folder)
     requests_path = folder / "requests.parquet"
-    requests = pd.read_parquet(requests_path) if requests_path.is_file() else None
+    requests = read_requests(requests_path)
     if requests is None:
         console.print(f"[yellow]{requests_path} is missing: per-request plots are skipped[/yellow]")
     paths = write_report(folder, summary, blocks, requests)
     render_console_table(summary, console=console)
-    console.print(f"report: {paths['report']}")
+    console.print(f"report: {paths['report']} (appendix: {paths['appendix'].name})")
     return paths
 
 
@@ -99,6 +118,8 @@ def render_sweep(folder: Path, console: Console) -> dict[str, Path]:
         guards = {True: "pass", False: "[red]FAIL[/red]"}.get(r["guards_passed"], "none recorded")
         out.add_row(str(r["job"]), str(r["metric"]), f"{r['change_pct']:+.2f}%", ci, str(r["verdict"]), guards)
     console.print(out)
+    for r in headline.to_dict("records"):
+        console.print(f"{r['job']}: {r['verdict_sentence']}", highlight=False, markup=False)
     console.print(f"sweep summary: {paths['markdown']} (all metrics: {paths['csv'].name}, plot: {paths['plot'].name})")
     return paths
 
@@ -128,9 +149,8 @@ def make_wandb_report(folder: Path, summaries: Sequence[dict]) -> str:
     headline = summaries[0]["headline_metric"]
     lines = []
     for s in summaries:
-        stat = s["statistics"][s["headline_metric"]]
-        lines.append(f"- {s['experiment']} {s.get('sweep_params') or ''}: B vs A {stat['change_pct']:+.2f}% "
-                     f"({stat['verdict']}), guards {'passed' if s.get('guards_passed') else 'FAILED'}")
+        lines.append(f"- {s['experiment']} {s.get('sweep_params') or ''}: {verdict_line(s)}; guards "
+                     f"{'passed' if s.get('guards_passed') else 'FAILED'}")
     groups = sorted({s["wandb"].get("group") for s in summaries if s["wandb"].get("group")})
     report = wr.Report(entity=entity, project=project, title=f"DSpark A/B: {folder.name}",
                        description=f"{len(summaries)} A/B experiment(s) from {folder}")

@@ -1,104 +1,161 @@
 """Typed schemas of the Hydra configs, registered in Hydra's ConfigStore.
 
-Each YAML group validates against one of these dataclasses: an unknown key or a value of
-the wrong type fails at composition, before any model loads. Value checks (ranges, allowed
-names) run when the runner converts a schema into the engine's own dataclasses in
-:mod:`dspark.config`, whose errors name the key and the allowed values.
+Each YAML group validates against one of these dataclasses: an unknown key, a value of the
+wrong type or a string setting outside its :class:`Choice` fails at composition, before any
+model loads, naming the key (and the allowed values). Range checks, and checks that span
+several keys, run when the runner converts a schema into the engine's own dataclasses in
+:mod:`dspark.config` (and in the runners' own config checks), whose errors name the key and
+the allowed values.
+
+A field's description is its comment: the comment lines directly above it and the comment at
+the end of its line (``--help`` lists them, :mod:`runners.config_keys`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 
 from dspark.config import ConfigError, DrafterConfig, EngineConfig, KernelSwitches, SamplingParams
+from dspark.serving.config import ServerConfig
+
+
+class Choice(str, Enum):
+    """A string setting with a fixed set of values: OmegaConf refuses any other at composition, naming the
+    key and the values allowed. A member compares equal to, prints as and serializes (JSON) as its value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class LoadMode(Choice):
+    closed = "closed"
+    poisson = "poisson"
+
+
+class ScheduleKind(Choice):  # the values of dspark.bench.schedule.SCHEDULE_KINDS
+    ABBA = "ABBA"
+    ABAB = "ABAB"
+    random = "random"
+
+
+class GcMode(Choice):  # the values of dspark.bench.gc_pauses.GC_MODES
+    default = "default"
+    freeze = "freeze"
+    disable = "disable"
+
+
+class WandbMode(Choice):  # the values of dspark.bench.wandb_log.WANDB_MODES
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+class RunOrder(Choice):
+    arm_major = "arm_major"
+    batch_major = "batch_major"
+    alternating = "alternating"
 
 
 @dataclass
 class ModelSchema:
-    name: str = "smollm2"
+    """model: the target model."""
+    name: str = "smollm2"  # the model's name in results and reports
     source: str = "smollm2"  # "smollm2" (packaged GGUF) or a path to a local Hugging Face folder
-    cache_dir: Optional[str] = None  # None: $DSPARK_CACHE or ~/.cache/dspark-bench
+    cache_dir: Optional[str] = None  # null: $DSPARK_CACHE or ~/.cache/dspark-bench
 
 
 @dataclass
 class DrafterSchema:
-    name: str = "dspark_smollm2"
-    path: Optional[str] = None  # checkpoint folder (config.json + safetensors); None = no drafter
-    description: str = ""
+    """drafter: the DSpark block drafter of speculative engines (engine.spec=dspark)."""
+    name: str = "dspark_smollm2"  # the drafter's name in results and reports
+    # builtin:NAME (shipped in dspark/assets), a checkpoint folder (config.json + safetensors), random (lossless
+    # checks only) or null (no drafter)
+    path: Optional[str] = None
+    description: str = ""  # free text recorded with the results
 
 
 @dataclass
 class KernelsSchema:
     """engine.kernels: the Triton backend's kernel switches (dspark.config.KernelSwitches, which
     checks the values and names the key)."""
-    fused_layers: bool = True
-    small_m_kernels: bool = True
-    fused_qkv_rope: bool = True
-    small_m_tiles: Optional[str] = None  # a device's GEMV tile table (bench/small_m_sweep.py)
-    fused_step_metadata: bool = True
-    triton_argmax: bool = True
-    # Experimental, off by default.
-    l2_prefetch: bool = False
-    l2_prefetch_programs: int = 16
-    decode_megakernel: bool = False
-    megakernel_programs: Optional[int] = None  # null: one program per SM
+    fused_layers: bool = True  # fused layer kernels; false: plain PyTorch modules
+    small_m_kernels: bool = True  # Triton GEMV kernels for steps of at most 16 tokens; false: cuBLAS
+    fused_qkv_rope: bool = True  # the QKV GEMV with the rotary + K/V-write epilogue as one kernel
+    small_m_tiles: Optional[str] = None  # a device's GEMV tile table (bench/small_m_sweep.py); null: the defaults
+    fused_step_metadata: bool = True  # graph steps' row packing and state commit as Triton kernels
+    triton_argmax: bool = True  # graph steps' greedy argmax as a Triton kernel (CUDA); false: torch.argmax
+    attention_splits: Optional[int] = None  # KV splits in paged attention (1 to 32); null: from the grid and max_model_len
+    l2_prefetch: bool = False  # experimental: decode-sized steps read the next layer's weights into L2 (CUDA)
+    l2_prefetch_programs: int = 16  # programs per weight matrix of that prefetch (1 to 64)
+    decode_megakernel: bool = False  # experimental: one-token target steps run the whole stack as one kernel
+    megakernel_programs: Optional[int] = None  # programs of that kernel; null: one per SM
 
 
 @dataclass
 class EngineSchema:
-    device: str = "cpu"
-    dtype: str = "float32"
-    kv_block_size: int = 16
+    """engine: the engine's settings (dspark.config.EngineConfig, which checks the values and names the key)."""
+    device: str = "cpu"  # cpu, cuda or cuda:N
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    kv_block_size: int = 16  # tokens per KV page
+    # KV pages; null: room for max_num_seqs x max_model_len, capped by kv_cache_tokens
     num_kv_blocks: Optional[int] = None
-    kv_cache_tokens: Optional[int] = 65536
-    kv_memory_fraction: float = 0.9
-    max_model_len: int = 2048
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    spec: str = "dspark"
-    verify: str = "full"
-    seed: int = 0
-    attention_backend: str = "torch"
+    kv_cache_tokens: Optional[int] = 65536  # cap of the KV pool in token slots; null: no cap
+    kv_memory_fraction: float = 0.9  # a GPU pool takes at most this share of the device memory free when it is built
+    max_model_len: int = 2048  # prompt plus output tokens of one request, at most
+    max_num_seqs: int = 64  # running requests at most
+    max_num_batched_tokens: int = 2048  # tokens per step: prefill chunks + verified blocks
+    spec: str = "dspark"  # off (target only) | dspark (draft with the drafter)
+    verify: str = "full"  # full (the whole drafted block) | uniform | ragged | cap_accept
+    seed: int = 0  # seeds sampling
+    attention_backend: str = "torch"  # torch | triton
     batch_invariant: bool = False  # fixed-tile GEMMs + unsplit attention (needs attention_backend=triton)
-    # Confidence-scheduled verification (engine.verify != full); see dspark.config.EngineConfig.
-    cost_table: Optional[str] = None  # null: looked up (or profiled) by the A/B runner; the engine alone declines
-    allow_foreign_cost_table: bool = False
+    # The confidence-scheduled verification (engine.verify != full) prices its steps with these profiled step
+    # costs; null: runners.ab looks the node's table up (or profiles it), elsewhere the planner never trims.
+    cost_table: Optional[str] = None
+    allow_foreign_cost_table: bool = False  # use a table profiled on another node, model or dtype anyway
     planner_algorithm: str = "global"  # global | greedy_stop
-    budget_lag: int = 1
-    tiers: Optional[List[int]] = None  # set by the tiers group (verify=uniform)
-    min_verify_len: int = 1
-    min_predicted_gain: float = 0.03
+    budget_lag: int = 1  # steps (0, 1 or 2) between the confidence that sizes the budget and the step it sizes
+    tiers: Optional[List[int]] = None  # uniform verification's ladder of verify lengths (the tiers group); null: any
+    min_verify_len: int = 1  # the shortest verify window the planner chooses
+    min_predicted_gain: float = 0.03  # the planner trims only where the cost table predicts at least this gain
     confidence_calibration: Optional[str] = None  # temperatures.json (or its folder) replacing the drafter's own
-    skip_mixed_trim: bool = True
-    force_verify_len: Optional[int] = None
-    force_trimmed_path: bool = False
-    force_budget_frac: Optional[float] = None
-    token_buckets: Optional[List[int]] = None
-    debug_checks: bool = False
-    cuda_graphs: bool = False
-    overlap: bool = False
+    skip_mixed_trim: bool = True  # decline to trim steps that also carry a prefill
+    acceptance_estimate: str = "head"  # head: the confidence head; draft_max_prob: drafter top probability, calibrated online
+    force_verify_len: Optional[int] = None  # profiling/debug: every step verifies this many tokens
+    force_trimmed_path: bool = False  # profiling: run a forced verify length as a trimmed step
+    force_budget_frac: Optional[float] = None  # profiling/debug (ragged): budget = frac x the drafted cells
+    token_buckets: Optional[List[int]] = None  # pad each step's tokens up to the next bucket (the graph keys)
+    debug_checks: bool = False  # assert that every description of a step's verify tokens agrees
+    cuda_graphs: bool = False  # device-resident decode steps, captured as CUDA graphs on a GPU
+    overlap: bool = False  # launch step t+1 before reading step t's tokens (needs cuda_graphs)
     kernels: KernelsSchema = field(default_factory=KernelsSchema)
 
 
 @dataclass
 class SamplingSchema:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int = 128
-    ignore_eos: bool = False
-    stop: List[str] = field(default_factory=list)
-    seed: Optional[int] = None
+    """sampling: every request's sampling settings (dspark.config.SamplingParams)."""
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0  # nucleus sampling; 1: off
+    top_k: int = 0  # 0: off
+    max_tokens: int = 128  # output tokens at most
+    ignore_eos: bool = False  # run on past the end-of-sequence token
+    stop: List[str] = field(default_factory=list)  # stop strings
+    seed: Optional[int] = None  # a request's own sampling seed; null: the engine's
 
 
 @dataclass
 class PathsSchema:
-    root: str = "."
-    output_dir: str = "outputs"
-    cost_tables: str = "cost_tables"
+    """paths: where things are read and written."""
+    root: str = "."  # the working folder the command started in
+    output_dir: str = "outputs"  # this run's output folder (Hydra's run or sweep-job folder)
+    cost_tables: str = "cost_tables"  # the cache of profiled cost tables
 
 
 @dataclass
@@ -109,38 +166,83 @@ class GenerateSchema:
     sampling: SamplingSchema = field(default_factory=SamplingSchema)
     paths: PathsSchema = field(default_factory=PathsSchema)
     spec: str = "dspark"  # off | dspark (shortcut for engine.spec)
-    prompts_file: Optional[str] = None
-    output: str = "generations.jsonl"
-    progress: bool = True
+    prompts_file: Optional[str] = None  # JSONL: {"prompt": text} or {"messages": [...]}, optional "id"
+    output: str = "generations.jsonl"  # the generations, one JSON line each
+    progress: bool = True  # a progress bar
+
+
+@dataclass
+class ServeSchema:
+    model: ModelSchema = field(default_factory=ModelSchema)
+    drafter: DrafterSchema = field(default_factory=DrafterSchema)
+    engine: EngineSchema = field(default_factory=EngineSchema)
+    paths: PathsSchema = field(default_factory=PathsSchema)
+    spec: str = "dspark"  # off | dspark (shortcut for engine.spec)
+    host: str = "127.0.0.1"  # the address to listen on
+    port: int = 8000  # 0: any free port
+    served_model_name: Optional[str] = None  # the name requests give as `model`; null: model.name
+    log_level: str = "info"  # the server's log level
+    graceful_shutdown_s: float = 30.0  # on SIGINT/SIGTERM, how long requests in flight may take to finish
+
+
+class MonotoneMode(Choice):  # the values of dspark.profiler.MONOTONE_MODES
+    refuse = "refuse"
+    envelope = "envelope"
+
+
+@dataclass
+class CostProfileSchema:
+    """The cost-table profile's settings (dspark.profiler.ProfileSettings, which checks the values): the top
+    level of runners.profile, and ab.profile in runners.ab (the profile it runs when a trimming arm has no
+    engine.cost_table and no table for this setup and these settings is cached under paths.cost_tables)."""
+    # Requests decoding together; null: powers of two up to engine.max_num_seqs (runners.ab: load.concurrency).
+    batch_sizes: Optional[List[int]] = None
+    verify_lens: Optional[List[int]] = None  # forced verify lengths; null: every length 0..block
+    warmup_steps: int = 2  # decode-only steps dropped per (batch size, verify length)
+    measure_steps: int = 6  # repeats: decode-only steps recorded per (batch size, verify length); the median is fitted
+    prompt_len: int = 32  # random prompt tokens per request (the context the steps run at)
+    seed: int = 0  # seeds the random prompts
+    flat_rel_tol: float = 0.02  # refuse a table whose theta varies by less than this fraction of the cheapest step
+    max_drop_rel: float = 0.25  # monotone=refuse: refuse a cost at some M this fraction above a larger M's
+    # a theta(M) above a larger M's: refuse the table (beyond max_drop_rel), or envelope: replace it by the
+    # cheapest cost at any M' >= M (a step can be padded up to M'; counted in the profile)
+    monotone: MonotoneMode = MonotoneMode.refuse
+    min_r2: float = 0.95  # refuse a fit whose R^2 over the medians is below this
+    max_rel_residual: float = 0.35  # refuse a fit with a median further than this fraction from its fitted cost
+    time_budget_s: Optional[float] = None  # stop a sweep that runs or is projected to run longer; null: no limit
 
 
 @dataclass
 class ArmSchema:
-    label: str = "arm"
+    label: str = "arm"  # the arm's name in results, reports and W&B
     engine: Dict[str, Any] = field(default_factory=dict)  # overrides of the engine group for this arm
 
 
 @dataclass
 class ArmsSchema:
+    # the control arm
     A: ArmSchema = field(default_factory=lambda: ArmSchema(label="verify_all", engine={"spec": "dspark", "verify": "full"}))
+    # the treatment arm
     B: ArmSchema = field(default_factory=lambda: ArmSchema(label="ragged", engine={"spec": "dspark", "verify": "ragged"}))
 
 
 @dataclass
 class ABSettingsSchema:
-    name: str = "dspark_full_vs_ragged"
+    """ab: the experiment (the ab group: conf/ab/)."""
+    name: str = "dspark_full_vs_ragged"  # the experiment's name (experiment, W&B group)
     arms: ArmsSchema = field(default_factory=ArmsSchema)
-    schedule: str = "ABBA"  # ABBA | ABAB | random
-    n_blocks: int = 4
-    warmup_requests: int = 2
+    schedule: ScheduleKind = ScheduleKind.ABBA  # the order of the arms in each block (dspark.bench.schedule)
+    n_blocks: int = 4  # timed blocks, each running both arms once over the workload (>= 1; a verdict needs >= 6)
+    warmup_requests: int = 2  # untimed requests per arm before the first block (outputs capped at 64 tokens)
     warmup_full_batch: bool = True  # the warm-up also runs a full batch: load.concurrency requests (capped at the workload)
-    cooldown_s: float = 0.0
-    seed: int = 0
+    cooldown_s: float = 0.0  # pause after every arm-block, seconds
+    seed: int = 0  # seeds the schedule (random), the Poisson arrivals and the bootstrap
     lossless_alpha: float = 0.001  # bf16: an arm leaving the fp32 reference's argmax more often than the control fails
     lossless_control: bool = True  # bf16: arm A again under another batch composition measures the rounding noise
     distribution_min_tokens: int = 2000  # sampled workloads: the KS test of an arm's tokens needs at least this many
     distribution_alpha: float = 0.001  # sampled workloads: an arm whose token PITs reject U(0,1) at p < this fails
-    n_boot: int = 4000
+    n_boot: int = 4000  # bootstrap resamples of the confidence intervals (>= 100)
+    # a failed guard fails the job (exit 1; in a multirun at the sweep's end), after every result is written
     fail_on_guard: bool = True
     greedy_replica_max_tokens: Optional[int] = 256  # output cap of the greedy replicas (lossless check)
     force_rerun: bool = False  # run again even when the output folder holds a finished summary for this config
@@ -148,34 +250,46 @@ class ABSettingsSchema:
     device_timing: bool = True  # CUDA events around device-resident steps: the report's device idle share
     max_prediction_error: float = 0.15  # flag a planner whose cost table mispredicts its steps' tokens or time by more
     max_first_block_slowdown: float = 0.05  # flag a first timed block this much slower than the arm's median block
-    gc_mode: str = "freeze"  # the garbage collector over the timed blocks: freeze | disable | default
+    gc_mode: GcMode = GcMode.freeze  # the garbage collector over the timed blocks (dspark.bench.gc_pauses)
+    # The cost-table profile of a trimming arm without engine.cost_table. CPU cost curves have real
+    # shape-dependent bumps, so here the table takes the cheaper padded cost there (monotone=envelope).
+    profile: CostProfileSchema = field(default_factory=lambda: CostProfileSchema(monotone=MonotoneMode.envelope))
 
 
 @dataclass
 class LoadSchema:
-    mode: str = "closed"  # closed: all requests queued, at most `concurrency` running | poisson
+    # closed: all requests queued, at most `concurrency` running; poisson: arrivals at request_rate
+    mode: LoadMode = LoadMode.closed
     concurrency: int = 8  # batch depth (engine.max_num_seqs)
     request_rate: float = 4.0  # requests per second (poisson)
 
 
 @dataclass
 class WandbSchema:
-    mode: str = "offline"  # offline | online | disabled
-    project: str = "dspark-bench"
+    """wandb: how runners.ab logs to W&B; the keyword arguments of dspark.bench.wandb_log.WandbLogger."""
+    # offline | online | disabled. conf/wandb sets ${oc.env:WANDB_MODE,offline}: wandb.mode given on the
+    # command line wins, else the WANDB_MODE environment variable, else offline.
+    mode: WandbMode = WandbMode.offline
+    project: str = "dspark-bench"  # the W&B project of the runs
+    entity: Optional[str] = None  # W&B user or team; null: the default entity of the API key
+    tags: List[str] = field(default_factory=list)  # besides the experiment's name and, in a multirun, sweep:<folder>
+    notes: Optional[str] = None  # the runs' description in the W&B UI
+    report: bool = False  # a W&B report of the job: made at the end of online runs; offline, the command for later
 
 
 @dataclass
 class WorkloadSchema:
-    name: str = "poetry"
-    num_prompts: Optional[int] = 8
-    seed: int = 0
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int = 256
-    split: str = "eval"
-    path: Optional[str] = None
-    greedy_replica_count: int = 0
+    """workload: the requests (the workload group, +workload=NAME: conf/workload/)."""
+    name: str = "poetry"  # agentic | poetry | arena_hard | mixed_chat | custom
+    num_prompts: Optional[int] = 8  # prompts per block; null: every prompt of the split
+    seed: int = 0  # seeds which prompts are chosen
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0  # nucleus sampling; 1: off
+    top_k: int = 0  # 0: off
+    max_tokens: int = 256  # output tokens per request at most
+    split: str = "eval"  # eval | train | all
+    path: Optional[str] = None  # custom: the JSONL of {"prompt": ...} or {"messages": [...]}
+    greedy_replica_count: int = 0  # sampled workloads: greedy copies of the first prompts, for the lossless check
 
 
 @dataclass
@@ -187,10 +301,10 @@ class ABSchema:
     ab: ABSettingsSchema = field(default_factory=ABSettingsSchema)
     load: LoadSchema = field(default_factory=LoadSchema)
     wandb: WandbSchema = field(default_factory=WandbSchema)
-    workload: Optional[WorkloadSchema] = None
-    experiment: str = "ab"
-    spec: Optional[str] = None
-    progress: bool = True
+    workload: Optional[WorkloadSchema] = None  # none until chosen: +workload=NAME
+    experiment: str = "ab"  # the experiment's name in results and W&B (default: ab.name)
+    spec: Optional[str] = None  # unused here: each arm sets its own engine.spec (ab.arms.A.engine.spec)
+    progress: bool = True  # progress bars (blocks, requests in a block, the profile) and the verdict table
 
 
 @dataclass
@@ -200,9 +314,9 @@ class BenchDecodeSchema:
     engine: EngineSchema = field(default_factory=EngineSchema)
     paths: PathsSchema = field(default_factory=PathsSchema)
     arms: Dict[str, Any] = field(default_factory=dict)  # arm name -> engine overrides
-    batch_sizes: List[int] = field(default_factory=lambda: [1, 16, 64])
-    new_tokens: int = 64
-    warmup_steps: int = 3
+    batch_sizes: List[int] = field(default_factory=lambda: [1, 16, 64])  # requests decoding together, one run each
+    new_tokens: int = 64  # output tokens per request (ignore_eos)
+    warmup_steps: int = 3  # steady decode steps discarded per run
     min_requests: int = 8  # small batches run consecutive sets of distinct prompts up to this many requests
     # The prompts: the A/B's workload config group (`+workload=NAME`, conf/workload/); null = the default,
     # poetry prompts of workload_split, seed 0, as many as the largest batch needs (runners.bench_decode.bench_prompts).
@@ -215,17 +329,17 @@ class BenchDecodeSchema:
     # Run order of the (arm, batch) jobs, against machine drift and in-process state (runners.bench_decode.run_order):
     # arm_major (every batch of an arm, then the next arm), batch_major (every arm at a batch, then the next
     # batch) or alternating (batch-major with the arm order reversed at every other batch and round).
-    order: str = "arm_major"
+    order: RunOrder = RunOrder.arm_major
     rounds: int = 1  # repeat the whole schedule; rows carry their round, and a median-over-rounds table is added
     # Python's garbage collector during each (arm, batch) run: default (as is), freeze (collect, then
     # gc.freeze(): the objects alive before the run are never scanned again, as servers do after start-up)
     # or disable (no automatic collection during the run). Every row records the collector's pauses.
-    gc_mode: str = "default"
+    gc_mode: GcMode = GcMode.default
     # Speculative eager arms: write each run's per-step survival, windows and accepted counts
     # (dspark.step_trace) to step_trace_<arm>_b<batch>_r<round>.npz, for bench/planner_replay.py.
     step_trace: bool = False
-    output_dir: str = "outputs/bench_decode"
-    progress: bool = True
+    output_dir: str = "outputs/bench_decode"  # where bench_decode.{json,md,png} are written
+    progress: bool = True  # a progress bar over the runs
 
 
 def to_engine_config(engine: Any, spec: str | None = None) -> EngineConfig:
@@ -263,8 +377,33 @@ def to_sampling(sampling: Any) -> SamplingParams:
     return SamplingParams(**d)
 
 
+def to_server_config(cfg: Any) -> ServerConfig:
+    """The serve config's server settings (ServerConfig checks them)."""
+    return ServerConfig(host=cfg.host, port=cfg.port, served_model_name=cfg.served_model_name or cfg.model.name,
+                        log_level=cfg.log_level, graceful_shutdown_s=cfg.graceful_shutdown_s)
+
+
 def to_drafter_config(d: Any) -> DrafterConfig:
     return DrafterConfig.from_dict(dict(d))
+
+
+def to_profile_settings(node: Any):
+    """dspark.profiler.ProfileSettings from a config node holding CostProfileSchema's keys (other keys
+    of the node, such as runners.profile's model or out, are ignored). A bad value raises ConfigError
+    starting with its key."""
+    from dataclasses import fields
+
+    from dspark.profiler import ProfileError, ProfileSettings
+
+    values = {f.name: node[f.name] for f in fields(CostProfileSchema)}
+    for key in ("batch_sizes", "verify_lens"):
+        if values[key] is not None:  # a ListConfig: plain integers
+            values[key] = [int(x) for x in values[key]]
+    values["monotone"] = str(values["monotone"])  # a MonotoneMode: its value
+    try:
+        return ProfileSettings(**values)
+    except ProfileError as e:
+        raise ConfigError(str(e)) from None
 
 
 def register() -> None:
@@ -272,6 +411,7 @@ def register() -> None:
     cs.store(name="generate_schema", node=GenerateSchema)
     cs.store(name="ab_schema", node=ABSchema)
     cs.store(name="bench_decode_schema", node=BenchDecodeSchema)
+    cs.store(name="serve_schema", node=ServeSchema)
 
 
 register()

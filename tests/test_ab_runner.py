@@ -73,8 +73,8 @@ def tiny_run(tmp_path_factory):
 
 def test_end_to_end_writes_every_output_and_guards_pass(tiny_run):
     out, summary = tiny_run
-    for name in ("requests.parquet", "blocks.csv", "summary.json", "report.md", "per_block.png", "distributions.png",
-                 "acceptance.png"):
+    for name in ("requests.parquet", "blocks.csv", "blocks.parquet", "summary.json", "report.md", "report_appendix.md",
+                 "per_block.png", "latency_cdf.png", "acceptance.png"):
         assert (out / name).is_file(), name
     on_disk = json.loads((out / "summary.json").read_text())
     assert on_disk["verdict"] == summary["verdict"] and on_disk["config_hash"] == summary["config_hash"]
@@ -84,7 +84,7 @@ def test_end_to_end_writes_every_output_and_guards_pass(tiny_run):
     assert summary["counters"]["B"]["drafted_tokens"] > 0 and summary["counters"]["A"]["drafted_tokens"] == 0
     requests = pd.read_parquet(out / "requests.parquet")
     assert len(requests) == 2 * 2 * 2  # prompts x arms x blocks
-    outputs = [json.loads(t) for t in requests["output_token_ids"]]
+    outputs = [list(t) for t in requests["output_token_ids"]]  # a list column
     assert len({t for out_ids in outputs for t in out_ids}) > 3  # real outputs, not one repeated token
     assert set(requests["arm"]) == {"A", "B"} and requests["error"].isna().all()
     # Every request's finish reason; at most 6 new tokens (workload.max_tokens=6), cut requests say "length".
@@ -112,7 +112,7 @@ def test_end_to_end_writes_every_output_and_guards_pass(tiny_run):
                        "output_tokens_per_s", summary["arms"][arm]["label"]):
             assert needle.encode() in data, (arm, needle)
         # The per-request table (requests.parquet's columns, finish_reason included) is logged beside it.
-        tables = list(run_dir.rglob("*.table.json"))
+        tables = list(run_dir.rglob("requests_*.table.json"))
         assert tables and all('"finish_reason"' in t.read_text() for t in tables), tables
 
 
@@ -123,7 +123,10 @@ def test_blocks_csv_order_is_the_abba_schedule_that_ran(tiny_run):
     assert ran == [(0, "A"), (0, "B"), (1, "B"), (1, "A")]
     assert [tuple(x) for x in summary["schedule"]] == ran
     assert list(blocks["first_arm"]) == ["A", "A", "B", "B"]
-    acceptance = json.loads(blocks.loc[blocks["arm"] == "B", "per_position_acceptance"].iloc[0])
+    assert "per_position_acceptance" not in blocks  # list columns live in blocks.parquet
+    with_lists = pd.read_parquet(out / "blocks.parquet")
+    assert list(zip(with_lists["block"], with_lists["arm"])) == ran
+    acceptance = with_lists.loc[with_lists["arm"] == "B", "per_position_acceptance"].iloc[0]
     assert len(acceptance) == 4  # the tiny drafter's block size
 
 
@@ -178,16 +181,16 @@ def test_did_nothing_guard_fires_when_b_never_drafted(tmp_path):
 
 
 def test_arm_crash_keeps_finished_blocks_and_raises_arm_failed(tmp_path, monkeypatch):
-    real_generate = Engine.generate
+    real_drive = ab.drive
     count = {"n": 0}
 
-    def flaky(self, *args, **kwargs):
+    def flaky(*args, **kwargs):  # the third arm-block's load generator raises, as a device fault would
         count["n"] += 1
         if count["n"] == 3:
             raise RuntimeError("simulated device fault")
-        return real_generate(self, *args, **kwargs)
+        return real_drive(*args, **kwargs)
 
-    monkeypatch.setattr(Engine, "generate", flaky)
+    monkeypatch.setattr(ab, "drive", flaky)
     cfg = compose_ab([*TINY, "workload.num_prompts=1", "ab.warmup_requests=0"], out_dir=tmp_path)
     with pytest.raises(ab.ArmFailed) as info:
         ab.run(cfg, engine_factory=tiny_factory())
@@ -270,6 +273,12 @@ def test_default_arms_trim_with_a_table_and_guards_pass(tmp_path):
     assert summary["counters"]["B"]["trimmed_steps"] > 0
     assert summary["guards_passed"], summary["guards"]
     assert summary["cost_tables"]["B"]["how"] == "configured"
+    # The summary names the table: its path, its fingerprint digest and its fit (none: a hand-made table).
+    from dspark.cost_table import CostTable, fingerprint_digest
+
+    named = json.loads((tmp_path / "run" / "summary.json").read_text())["cost_tables"]["B"]
+    assert named["path"] == str(table) and named["fit"] is None
+    assert named["fingerprint"] == fingerprint_digest(CostTable.load(table).fingerprint)
     # The verify-all arm is priced with the same table: its oracle bound is in the counters.
     assert summary["cost_tables"]["A"]["how"] == "shared for the oracle bound"
     assert any(k.startswith("oracle/") for k in summary["counters"]["A"]), sorted(summary["counters"]["A"])
@@ -408,14 +417,15 @@ def test_late_validation_loses_no_run(tmp_path):
 
 
 def test_a_sweep_writes_outside_its_folder_no_longer():
-    from runners.ab import safe_dirname
+    from runners.sweep_dirs import job_name, safe_dirname
 
     assert safe_dirname("+workload=custom,workload.path=../../x.jsonl") == "+workload=custom,workload.path=____x.jsonl"
     assert "/" not in safe_dirname("engine.cost_table=/abs/t.json") and ".." not in safe_dirname("a=../..")
     long = ",".join(f"ab.arms.B.engine.key{i}=value{i}" for i in range(12))
     short = safe_dirname(long)
     assert len(short) == 80 and short != safe_dirname(long + "x")
-    assert "safe_dirname:${hydra.job.override_dirname}" in (Path(ab.ROOT) / "conf" / "ab.yaml").read_text()
+    assert job_name(["workload.path=../../x.jsonl"]) == "path=____x.jsonl"
+    assert "subdir: ${hydra.job.num}_${sweep_job_name:}" in (Path(ab.ROOT) / "conf" / "ab.yaml").read_text()
 
 
 def test_two_runs_in_one_output_folder_are_refused_not_lost(tmp_path):
@@ -428,3 +438,116 @@ def test_two_runs_in_one_output_folder_are_refused_not_lost(tmp_path):
         assert not (tmp_path / "blocks.csv").exists()
     with output_folder_lock(tmp_path):  # released: the folder can be used again
         pass
+
+
+def _tiny_engines(tmp_path, concurrency: int):
+    cfg = compose_ab([*TINY, f"load.concurrency={concurrency}", "engine.max_model_len=64"], out_dir=tmp_path)
+    return tiny_factory()(cfg, ab.arm_engine_configs(cfg))
+
+
+def test_closed_loop_ttft_starts_when_the_request_is_sent_and_queue_wait_is_apart(tmp_path):
+    from omegaconf import OmegaConf
+
+    from dspark.bench.metrics import request_metrics
+    from dspark.config import SamplingParams
+
+    engine = _tiny_engines(tmp_path, concurrency=1)["A"]
+    tok = FakeTokenizer()
+    inputs = [tok.encode(f"prompt number {i}") for i in range(3)]
+    params = [SamplingParams(max_tokens=5, temperature=0.0) for _ in inputs]
+    outs, wall, scheduled = ab.drive(engine, inputs, params, ["r0", "r1", "r2"],
+                                     OmegaConf.create({"mode": "closed", "concurrency": 1}), seed=0)
+    assert len(set(scheduled)) == 1  # a closed loop: every request is due at the block's start
+    assert [o.user_id for o in outs] == ["r0", "r1", "r2"] and wall > 0
+    # One request in the engine at a time (concurrency 1): each is sent once the one before has finished.
+    for before, after in zip(outs, outs[1:]):
+        assert after.arrival_time >= before.finish_time
+    metrics = [request_metrics(r) for r in ab.to_records(outs, "A", 0, scheduled)]
+    assert metrics[0]["queue_wait_s"] < metrics[2]["queue_wait_s"]
+    # r2 waited for r0 and r1 to finish; that wait is its queue wait, not part of its TTFT.
+    assert metrics[2]["queue_wait_s"] == pytest.approx(outs[2].arrival_time - scheduled[2])
+    assert metrics[2]["queue_wait_s"] >= outs[1].finish_time - scheduled[2] > 0
+    assert metrics[2]["ttft_s"] == pytest.approx(outs[2].first_token_time - outs[2].arrival_time)
+    assert metrics[2]["ttft_s"] <= outs[2].first_token_time - outs[1].finish_time  # none of the wait for r0, r1
+
+
+def test_poisson_arrivals_and_refused_requests(tmp_path):
+    import random
+
+    from omegaconf import OmegaConf
+
+    from dspark.config import SamplingParams
+
+    engine = _tiny_engines(tmp_path, concurrency=2)["B"]
+    tok = FakeTokenizer()
+    inputs = [tok.encode(f"p{i}") for i in range(4)] + [[1] + [5] * 80]  # the last cannot fit max_model_len=64
+    params = [SamplingParams(max_tokens=3, temperature=0.0) for _ in inputs]
+    outs, _, scheduled = ab.drive(engine, inputs, params, [f"r{i}" for i in range(5)],
+                                  OmegaConf.create({"mode": "poisson", "request_rate": 200.0}), seed=7)
+    rng = random.Random(7)
+    gaps = [rng.expovariate(200.0) for _ in inputs]
+    offsets = [s - scheduled[0] + gaps[0] for s in scheduled]
+    assert offsets == pytest.approx([sum(gaps[: i + 1]) for i in range(len(gaps))])  # the same arrival times
+    assert all(o.arrival_time >= s for o, s in zip(outs, scheduled))  # never sent before it is due
+    assert outs[-1].finish_reason == "error" and "max_model_len" in outs[-1].error  # refused, not a crash
+    assert all(o.error is None for o in outs[:-1])
+
+
+def test_ab_profile_settings_reach_the_profiler_and_the_summary_names_the_table(tmp_path, monkeypatch):
+    """A trimming arm without engine.cost_table: runners.ab profiles this node with the ab.profile settings,
+    saves the table with the PNG of its curve beside it, and the summary names the table, how it was
+    obtained (profiled now; reused from cache by the next run), its fingerprint and its fit quality."""
+    import dspark.profiler as profiler
+    from dspark.config import ConfigError
+    from dspark.cost_table import fingerprint_digest
+    from test_profiler import staircase, synthetic_clock
+
+    synthetic_clock(monkeypatch, staircase)
+    seen = []
+    real_profile = profiler.profile_engine
+
+    def recording_profile(engine, **kw):
+        seen.append(kw)
+        return real_profile(engine, **kw)
+
+    monkeypatch.setattr(profiler, "profile_engine", recording_profile)
+    overrides = [o for o in TINY if not o.startswith("ab=")] + [
+        "ab.profile.warmup_steps=1", "ab.profile.measure_steps=3", "ab.profile.prompt_len=6",
+        "ab.profile.verify_lens=[0,1,2,3,4]", "ab.profile.min_r2=0.9", "ab.profile.time_budget_s=600",
+        "ab.fail_on_guard=false"]
+    cfg = compose_ab(overrides, out_dir=tmp_path)
+    arm_cfgs = ab.arm_engine_configs(cfg)
+    engines = tiny_factory()(cfg, arm_cfgs)
+    used = ab.attach_cost_tables(cfg, arm_cfgs, engines)
+    assert seen == [dict(batch_sizes=(1, 2), verify_lens=(0, 1, 2, 3, 4), warmup_steps=1, measure_steps=3,
+                         prompt_len=6, seed=0, flat_rel_tol=0.02, max_drop_rel=0.25, monotone="envelope", min_r2=0.9,
+                         max_rel_residual=0.35, time_budget_s=600.0, progress=False)]
+    table = used["B"]
+    assert table["how"] == "profiled now" and Path(table["path"]).parent == tmp_path / "cost_tables"
+    assert arm_cfgs["B"].cost_table == table["path"] and engines["B"].cfg.cost_table == table["path"]
+    assert Path(table["plot"]) == Path(table["path"]).with_suffix(".png") and Path(table["plot"]).is_file()
+    assert table["fingerprint"] == fingerprint_digest(engines["B"].fingerprint())
+    assert table["fit"]["passed"] is True and table["fit"]["min_r2"] == 0.9 and "R^2" in table["fit_summary"]
+    assert table["settings"]["measure_steps"] == 3
+    assert used["A"] == {**{k: v for k, v in table.items() if k != "profile_s"}, "how": "shared for the oracle bound"}
+    # The next run on this node with these settings reuses the table, and says so.
+    cfg = compose_ab(overrides, out_dir=tmp_path)
+    arm_cfgs = ab.arm_engine_configs(cfg)
+    reused = ab.attach_cost_tables(cfg, arm_cfgs, tiny_factory()(cfg, arm_cfgs))["B"]
+    assert len(seen) == 1
+    assert "profile_s" not in reused  # nothing was profiled by this run
+    assert reused == {**{k: v for k, v in table.items() if k != "profile_s"}, "how": "reused from cache"}
+    # A profile past its time budget stops, naming the settings as runners.ab's keys.
+    from dspark.profiler import ProfileBudgetError
+
+    cfg = compose_ab([*overrides, "ab.profile.time_budget_s=1e-6", "ab.profile.measure_steps=4"], out_dir=tmp_path)
+    arm_cfgs = ab.arm_engine_configs(cfg)
+    with pytest.raises(ProfileBudgetError, match=r"the cost-table profile of arm B \(its settings are "
+                                                 r"ab\.profile\.\*\): the cost-table profile ran \d+ s for 1 of 10 "
+                                                 r".*raise time_budget_s"):
+        ab.attach_cost_tables(cfg, arm_cfgs, tiny_factory()(cfg, arm_cfgs))
+    # A bad profile setting is refused with the config, before any model loads.
+    with pytest.raises(Exception, match=r"(?s)monotone.*sometimes"):  # not a MonotoneMode: refused at composition
+        compose_ab([*overrides, "ab.profile.monotone=sometimes"], out_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"ab\.profile\.min_r2 must be in \[0, 1\]"):
+        ab.check_config(compose_ab([*overrides, "ab.profile.min_r2=1.5"], out_dir=tmp_path))

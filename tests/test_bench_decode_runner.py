@@ -64,7 +64,14 @@ def test_gc_pauses_count_collections_and_apply_the_mode():
     assert gc.isenabled() == was
     with GcPauses("freeze") as p:
         assert gc.get_freeze_count() > 0
+        frozen = gc.get_freeze_count()
+        kept = [[i] for i in range(1000)]  # what a timed block leaves alive
+        p.settle()  # joins the permanent generation: later collections do not rescan it
+        assert gc.get_freeze_count() >= frozen + len(kept)
     assert gc.get_freeze_count() == 0 and p.summary()["gc_mode"] == "freeze"
+    with GcPauses("default") as p:
+        p.settle()
+        assert gc.get_freeze_count() == 0  # only the freeze mode freezes
 
 
 def test_context_note_warns_when_the_cost_table_saw_much_shorter_contexts():

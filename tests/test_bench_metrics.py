@@ -38,6 +38,38 @@ def test_request_metrics_by_hand():
     assert m["accept_rate"] == pytest.approx((2 + 1 + 2 + 0) / 12)
 
 
+def test_ttft_counts_from_submission_and_queue_wait_is_its_own_metric():
+    # Scheduled to arrive at 10.0 (a closed loop's block start), sent to the engine at 10.0 + 265 s when a
+    # concurrency slot freed, first token 0.5 s later.
+    waited = RequestRecord("late", "A", 0, 20, list(range(9)), arrival_s=275.0, first_token_s=275.5, finish_s=277.1,
+                           chunk_times_s=[275.5, 275.9, 276.5, 277.1], scheduled_arrival_s=10.0)
+    m = request_metrics(waited)
+    assert m["ttft_s"] == pytest.approx(0.5) and m["e2e_s"] == pytest.approx(2.1)
+    assert m["queue_wait_s"] == pytest.approx(265.0)
+    assert math.isnan(request_metrics(long_request())["queue_wait_s"])  # no scheduled arrival recorded
+    agg = aggregate_block([waited, RequestRecord(**{**long_request().to_dict(), "scheduled_arrival_s": 10.0})],
+                          wall_time_s=267.1)
+    assert agg["ttft_s_p99"] == pytest.approx(0.5)
+    assert agg["queue_wait_s_p50"] == pytest.approx(132.5) and agg["queue_wait_s_mean"] == pytest.approx(132.5)
+    assert math.isnan(aggregate_block([long_request()], wall_time_s=2.2)["queue_wait_s_p50"])
+
+
+def test_requests_dataframe_keeps_list_columns_as_lists(tmp_path):
+    import pandas as pd
+
+    from dspark.bench.metrics import REQUEST_LIST_COLUMNS, pooled_itls
+
+    failed = RequestRecord("x", "B", 0, 5, [], 10.0, None, None, error="timeout")
+    frame = requests_dataframe([long_request(), failed])
+    assert frame.loc[0, "output_token_ids"] == list(range(9)) and frame.loc[1, "chunk_times_s"] == []
+    frame.to_parquet(tmp_path / "requests.parquet", index=False)
+    back = pd.read_parquet(tmp_path / "requests.parquet")
+    for column in REQUEST_LIST_COLUMNS:
+        assert [list(v) for v in back[column]] == [list(v) for v in frame[column]], column
+    assert pooled_itls(back["chunk_times_s"]) == pytest.approx([0.4, 0.6, 0.6])
+    assert pooled_itls([]).size == 0
+
+
 def test_single_token_request_has_nan_tpot():
     one = RequestRecord("one", "A", 0, 3, [42], 0.0, 0.3, 0.3, chunk_times_s=[0.3])
     assert math.isnan(request_metrics(one)["tpot_s"])

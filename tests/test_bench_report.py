@@ -21,16 +21,18 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def make_records(arm, block, speed, rng):
+    """Four requests; request i waited 0.05 * i s for a concurrency slot before it was submitted at 0.05 * i."""
     records = []
     for i in range(4):
         n = 8
         step = 0.02 / speed
-        chunks = list(np.cumsum(np.full(4, step * 2)) + 0.1)
+        submitted = 0.05 * i
+        chunks = list(np.cumsum(np.full(4, step * 2)) + 0.1 + submitted)
         records.append(RequestRecord(
             request_id=f"r{i}", arm=arm, block=block, prompt_tokens=16, output_token_ids=list(range(n)),
-            arrival_s=0.0, first_token_s=chunks[0], finish_s=chunks[-1] + rng.uniform(0, 0.01),
+            arrival_s=submitted, first_token_s=chunks[0], finish_s=chunks[-1] + rng.uniform(0, 0.01),
             chunk_times_s=chunks, accept_lengths=[2, 2, 2, 2], verify_lengths=[3, 3, 3, 3],
-            per_position_accepts=[4, 0, 0], per_position_reached=[4, 4, 0]))
+            per_position_accepts=[4, 0, 0], per_position_reached=[4, 4, 0], scheduled_arrival_s=0.0))
     return records
 
 
@@ -62,25 +64,42 @@ def build_experiment(gain=0.10, n_blocks=8, seed=0):
     return summary, blocks, requests_dataframe(all_records)
 
 
-def test_write_report_writes_markdown_and_plots(tmp_path):
+def table_rows(text: str, heading: str) -> list[list[str]]:
+    """The cells of the first markdown table under ``heading`` (header row first, separator left out)."""
+    part = text[text.index(heading):]
+    lines = []
+    for line in part.splitlines()[1:]:
+        if line.startswith("|"):
+            lines.append([c.strip() for c in line.strip("|").split("|")])
+        elif lines:
+            break
+    return [lines[0], *lines[2:]]
+
+
+def test_write_report_writes_markdown_appendix_and_plots(tmp_path):
     summary, blocks, requests = build_experiment()
     paths = write_report(tmp_path / "report", summary, blocks, requests)
-    assert set(paths) == {"report", "per_block_plot", "distributions_plot", "acceptance_plot"}
+    assert set(paths) == {"report", "appendix", "per_block_plot", "latency_cdf_plot", "acceptance_plot"}
     for name, path in paths.items():
-        if name != "report":
+        if name.endswith("_plot"):
             assert path.read_bytes()[:8] == PNG_MAGIC
     text = paths["report"].read_text()
-    assert "Verdict on output_tokens_per_s: faster" in text
-    assert "| lossless | yes |" in text
+    assert text.startswith("# A/B report: gain0.1\n\n**Verdict on output_tokens_per_s: B faster than A by ")
+    assert table_rows(text, "## Guards")[1][:2] == ["lossless", "yes"]
     assert "trimmed_steps" in text and "test-node" in text
-    assert "(per_block.png)" in text
+    assert "(per_block.png)" in text and "(latency_cdf.png)" in text
+    assert "[report_appendix.md](report_appendix.md)" in text
+    # The order a reader meets: verdict, results per arm, differing settings, CDFs, then the rest.
+    order = [text.index(h) for h in ("**Verdict on", "## Results per arm", "## Settings that differ between arms",
+                                     "## Latency CDFs", "## Statistics", "## Guards", "## Engine counters")]
+    assert order == sorted(order)
 
 
 def test_report_says_what_it_could_not_draw(tmp_path):
     summary, blocks, _ = build_experiment()
     paths = write_report(tmp_path, {**summary, "guards": []}, blocks.drop(columns="per_position_acceptance"), None)
     text = paths["report"].read_text()
-    assert "not drawn: latency distributions" in text and "not drawn: per-position acceptance" in text
+    assert "not drawn: latency CDFs" in text and "not drawn: per-position acceptance" in text
     assert "unchecked" in text
     with pytest.raises(KeyError, match="headline_metric"):
         write_report(tmp_path, {"statistics": {}}, blocks, None)
@@ -93,6 +112,7 @@ def test_console_table_lists_every_metric():
     assert table.row_count == 2
     out = console.export_text()
     assert "output_tokens_per_s" in out and "faster" in out and "guards: 2/2 passed" in out
+    assert "Verdict on output_tokens_per_s: B faster than A by" in out
 
 
 def declined_experiment(tmp_path):
@@ -133,6 +153,7 @@ def test_declined_everything_is_said_next_to_the_verdict_with_the_planner_and_th
     assert paths["cost_table_plot"].read_bytes()[:8] == PNG_MAGIC
     text = paths["report"].read_text()
     verdict_at = text.index("**Verdict on output_tokens_per_s:")
+    assert "ragged (B)" in text[verdict_at:text.index("\n", verdict_at)]  # the arms by their labels
     assert text.index(f"**{NOTE}.**") > verdict_at  # right below the verdict, which stays
     assert "Truncated outputs (finish_reason length): A 12/64 (max_tokens 12), B 12/64 (max_tokens 11, max_model_len 1)" in text
     assert ("- Planner B (ragged): 702 decisions: declined_below_min_gain 690, declined_mixed_step 12; trimmed steps 0, "
@@ -194,11 +215,11 @@ def test_node_fingerprint_and_telemetry_never_raise(tmp_path):
 
 def test_wandb_offline_run_per_arm_keeps_going_after_a_failure(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    logger = WandbLogger(mode=None, project="dspark-bench-test", group="exp-test", dir=tmp_path)
+    logger = WandbLogger(mode=None, project="dspark-bench-test", dir=tmp_path)
     assert logger.mode == "offline"
     summary, blocks, requests = build_experiment(n_blocks=2)
     for arm in ("A", "B"):
-        logger.start_arm(arm, job_type=arm, config={"arm": arm, "verify": summary["arms"][arm]["verify"]})
+        logger.start_arm(arm, config={"verify": summary["arms"][arm]["verify"]})
     for row in blocks.to_dict("records"):
         logger.log_block(row["arm"], row["block"], {"output_tokens_per_s": row["output_tokens_per_s"],
                                                     "per_position_acceptance": row["per_position_acceptance"]})
@@ -212,7 +233,7 @@ def test_wandb_offline_run_per_arm_keeps_going_after_a_failure(tmp_path, monkeyp
     assert [f["call"] for f in status["failures"]] == ["log_block"]
     for arm in ("A", "B"):
         run_dir = Path(status["run_dirs"][arm])
-        assert run_dir.is_dir() and run_dir.name.startswith("offline-run-")
+        assert run_dir.is_dir() and run_dir.name.startswith("offline-run-") and run_dir.parent == tmp_path / "wandb"
         (log_file,) = run_dir.glob("*.wandb")
         data = log_file.read_bytes()  # the offline run log; `wandb sync` uploads it later
         assert b"gain_sentinel_pct" in data and b"output_tokens_per_s" in data
@@ -223,11 +244,11 @@ def test_wandb_online_without_key_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(RuntimeError, match="WANDB_API_KEY"):
-        WandbLogger(mode="online", group="g", dir=tmp_path)
+        WandbLogger(mode="online", dir=tmp_path)
     with pytest.raises(ValueError, match="'cloud'"):
         WandbLogger(mode="cloud")
     disabled = WandbLogger(mode="disabled")
-    disabled.start_arm("A", "A", {})
+    disabled.start_arm("A", {})
     disabled.log_block("A", 0, {"x": 1})
     assert disabled.status()["failures"] == []
 
@@ -239,3 +260,130 @@ def test_report_shows_the_cost_tables_predictions_against_the_planned_steps(tmp_
     text = write_report(tmp_path / "report", summary, blocks, requests)["report"].read_text()
     assert ("arm B, the cost table's predictions against its planned steps: tokens per step 0.98x predicted, "
             "step time 1.31x predicted **FLAGGED** (beyond +/-15%)") in text
+    summary["cost_tables"] = {"B": {"path": "/t/smollm2.json", "how": "reused from cache", "fingerprint": "ab12",
+                                    "fit_summary": "R² 0.997, largest residual 4.1%"}}
+    text = write_report(tmp_path / "report2", summary, blocks, requests)["report"].read_text()
+    assert ("arm B priced its steps with `/t/smollm2.json` (reused from cache, fingerprint ab12; fit R² 0.997, "
+            "largest residual 4.1%)") in text
+
+
+LABELLED_ARMS = {
+    "A": {"label": "verify_all", "engine": {"spec": "dspark", "verify": "full", "max_num_seqs": 4,
+                                            "kernels": {"fused_layers": True, "l2_prefetch": False}}},
+    "B": {"label": "ragged", "engine": {"spec": "dspark", "verify": "ragged", "max_num_seqs": 4,
+                                        "kernels": {"fused_layers": False, "l2_prefetch": False}},
+          "engine_ran": {"dtype": "bfloat16"}},
+}
+
+
+def test_results_table_gives_each_arms_throughput_and_latency_percentiles_with_block_intervals(tmp_path):
+    from scipy import stats as sps
+
+    summary, blocks, requests = build_experiment()
+    summary = {**summary, "arms": LABELLED_ARMS}
+    text = write_report(tmp_path, summary, blocks, requests)["report"].read_text()
+    rows = table_rows(text, "## Results per arm")
+    assert rows[0] == ["metric", "verify_all (A)", "ragged (B)", "B vs A"]
+    names = [r[0] for r in rows[1:]]
+    assert names[:2] == ["output tokens/s", "requests/s"]
+    for latency in ("TTFT", "TPOT", "ITL", "E2E", "queue wait"):
+        assert [f"{latency} p{q}" for q in (50, 90, 99)] == [n for n in names if n.startswith(latency + " ")]
+    by_name = {r[0]: r for r in rows[1:]}
+    # output tokens/s of A: the geometric mean over A's blocks, its 95% t-interval (on the logs) in brackets.
+    a = np.log(blocks.loc[blocks["arm"] == "A", "output_tokens_per_s"].to_numpy())
+    low, high = np.exp(sps.t.interval(0.95, a.size - 1, loc=a.mean(), scale=sps.sem(a)))
+    assert by_name["output tokens/s"][1] == f"{np.exp(a.mean()):.3g} ({low:.3g} .. {high:.3g})"
+    stat = summary["statistics"]["output_tokens_per_s"]
+    assert by_name["output tokens/s"][3] == f"{stat['change_pct']:+.1f}%"  # the statistics' own estimator
+    assert by_name["TTFT p50"][1].endswith(")") and " ms (" in by_name["TTFT p50"][1]
+    # Request i waited 0.05 * i s for a slot: the queue wait is its own row, and TTFT does not contain it.
+    assert by_name["queue wait p99"][1].startswith("149 ms")  # p99 of 0, 50, 100, 150 ms
+    ttft_p50_a, ttft_p99_a = (float(by_name[f"TTFT p{q}"][1].split()[0]) for q in (50, 99))
+    assert 130 < ttft_p50_a <= ttft_p99_a < 150  # ms: 0.1 s + the first chunk, without the wait of up to 150 ms
+    # An older run without queue-wait columns has no queue-wait rows.
+    older = blocks.drop(columns=[c for c in blocks.columns if c.startswith("queue_wait_s")])
+    text = write_report(tmp_path / "older", summary, older, requests)["report"].read_text()
+    assert not any(r[0].startswith("queue wait") for r in table_rows(text, "## Results per arm"))
+
+
+def test_settings_table_shows_only_what_differs_and_the_appendix_everything(tmp_path):
+    summary, blocks, requests = build_experiment()
+    summary = {**summary, "arms": LABELLED_ARMS}
+    paths = write_report(tmp_path, summary, blocks, requests)
+    rows = table_rows(paths["report"].read_text(), "## Settings that differ between arms")
+    assert rows == [["setting", "verify_all (A)", "ragged (B)"],
+                    ["engine.kernels.fused_layers", "true", "false"],
+                    ["engine.verify", "full", "ragged"],
+                    ["engine_ran.dtype", "-", "bfloat16"]]
+    appendix = paths["appendix"].read_text()
+    settings = {r[0]: r[1:] for r in table_rows(appendix, "## Arm settings")[1:]}
+    assert settings["engine.max_num_seqs"] == ["4", "4"] and settings["engine.spec"] == ["dspark", "dspark"]
+    assert "engine.kernels.l2_prefetch" in settings and "label" not in settings
+    same = {**summary, "arms": {"A": {"label": "x", "engine": {"verify": "full"}},
+                                "B": {"label": "y", "engine": {"verify": "full"}}}}
+    text = write_report(tmp_path / "same", same, blocks, requests)["report"].read_text()
+    assert "None: the arms ran the same settings (their labels aside)." in text
+    assert "## Arms\n" not in text and "allow_foreign" not in text  # no JSON dump of every field
+
+
+def test_latency_cdfs_are_drawn_per_arm_for_ttft_itl_tpot_e2e_and_queue_wait(tmp_path):
+    from dspark.bench.report_plots import latency_samples
+
+    summary, blocks, requests = build_experiment(n_blocks=2)
+    requests.to_parquet(tmp_path / "requests.parquet", index=False)
+    from_disk = pd.read_parquet(tmp_path / "requests.parquet")  # list columns come back as arrays
+    samples = latency_samples(from_disk)
+    assert list(samples) == ["ttft_s", "itl", "tpot_s", "e2e_s", "queue_wait_s"]
+    assert set(samples["itl"]) == {"A", "B"}
+    assert samples["itl"]["A"].size == 2 * 4 * 3  # blocks x requests x gaps between 4 chunks
+    assert sorted(set(np.round(samples["queue_wait_s"]["B"], 6))) == [0.0, 0.05, 0.1, 0.15]
+    paths = write_report(tmp_path / "report", summary, blocks, from_disk)
+    assert paths["latency_cdf_plot"] == tmp_path / "report" / "latency_cdf.png"
+    assert paths["latency_cdf_plot"].read_bytes()[:8] == PNG_MAGIC
+    assert "![latency CDFs](latency_cdf.png)" in paths["report"].read_text()
+
+
+def test_counters_and_the_bucket_histogram_live_in_the_appendix(tmp_path):
+    summary, blocks, requests = build_experiment()
+    many = {f"sched/token_bucket_hist.{b}": 10 * b for b in (8, 16, 32, 64, 128, 256, 512)}
+    many |= {f"sched/verify_len_hist.{v}": v for v in range(1, 8)}
+    many |= {f"counter_{i}": i for i in range(60)}
+    summary = {**summary, "counters": {"A": {"decode_steps": 100, **many},
+                                       "B": {"decode_steps": 90, "trimmed_steps": 17}}}
+    paths = write_report(tmp_path, summary, blocks, requests)
+    text = paths["report"].read_text()
+    assert "token_bucket_hist" not in text and "counter_59" not in text
+    counters = table_rows(text, "## Engine counters")
+    assert [r[0] for r in counters[1:]] == ["decode_steps", "trimmed_steps"]
+    assert "All 75 counters per arm" in text and "(report_appendix.md#engine-counters)" in text
+    appendix = paths["appendix"].read_text()
+    buckets = table_rows(appendix, "## Token buckets histogram")
+    assert [r[0] for r in buckets[1:]] == ["8", "16", "32", "64", "128", "256", "512"]  # numeric order
+    assert buckets[-1] == ["512", "5,120", "0"]
+    assert [r[0] for r in table_rows(appendix, "## Verify lengths histogram")[1:]] == [str(v) for v in range(1, 8)]
+    all_counters = {r[0] for r in table_rows(appendix, "## Engine counters")[1:]}
+    assert {"decode_steps", "trimmed_steps", "counter_59"} <= all_counters
+    assert not any("hist." in c for c in all_counters)
+    assert '"hostname": "test-node"' in appendix  # the whole fingerprint
+
+
+def test_sweep_plot_wraps_long_job_labels_inside_the_image(tmp_path):
+    from dspark.bench.report_plots import _tick_label
+
+    label = "ab.arms.B.engine.verify=uniform,load.concurrency=16,+workload=agentic"
+    assert _tick_label(label).splitlines() == ["ab.arms.B.engine.verify=uniform,", "load.concurrency=16,",
+                                               "+workload=agentic"]  # overrides kept whole, one or more a line
+    assert _tick_label("a=1,b=2,c=3") == "a=1, b=2, c=3"
+    for job, gain in enumerate((0.0, 0.10)):
+        summary, _, _ = build_experiment(gain=gain, seed=job)
+        summary["sweep_params"] = {"ab.arms.B.engine.verify": "uniform", "load.concurrency": 16 * (job + 1),
+                                   "+workload": "agentic"}
+        (tmp_path / str(job)).mkdir()
+        (tmp_path / str(job) / "summary.json").write_text(json.dumps(summary))
+    paths = write_sweep_report(tmp_path)
+    from matplotlib.image import imread
+
+    height = imread(paths["plot"]).shape[0]
+    assert height > 4.5 * 110  # the tight bounding box grew to hold the turned, wrapped labels
+    markdown = paths["markdown"].read_text()
+    assert "- +workload=agentic,ab.arms.B.engine.verify=uniform,load.concurrency=32: B faster than A by" in markdown

@@ -97,6 +97,11 @@ def test_slurm_launcher_settings_override():
     ("engine.kernels.fused_layers=sometimes", ["engine.kernels.fused_layers", "sometimes"]),
     ("engine.kernels.pdl=true", ["engine.kernels.pdl"]),
     ("engine.kernels.l2_prefetch_programs=many", ["engine.kernels.l2_prefetch_programs", "many"]),
+    # String choices are enums of the typed schema: any other value fails at composition, listing the allowed ones.
+    ("ab.schedule=XYZ", ["ab.schedule", "XYZ", "ABBA", "ABAB", "random"]),
+    ("load.mode=burst", ["load.mode", "burst", "closed", "poisson"]),
+    ("wandb.mode=cloud", ["wandb.mode", "cloud", "offline", "online", "disabled"]),
+    ("ab.gc_mode=sometimes", ["ab.gc_mode", "sometimes", "freeze", "disable", "default"]),
 ])
 def test_unknown_key_or_wrong_type_refused_at_composition(override, names):
     with pytest.raises(ConfigCompositionException) as info:
@@ -112,11 +117,8 @@ def test_unknown_key_or_wrong_type_refused_at_composition(override, names):
     ("+ab.arms.B.engine.bar=1", ["ab.arms.B.engine.bar"]),
     ("+ab.nblocks=3", ["ab.nblocks", "ab.n_blocks"]),
     ("engine.dtype=float8", ["engine.dtype", "float8", "float32", "bfloat16", "float16"]),
-    ("ab.schedule=XYZ", ["ab.schedule", "XYZ", "ABBA", "ABAB", "random"]),
     ("load.concurrency=0", ["load.concurrency", ">= 1"]),
     ("ab.arms.B.engine.spec=maybe", ["ab.arms.B", "engine.spec", "maybe", "off", "dspark"]),
-    ("load.mode=burst", ["load.mode", "closed", "poisson"]),
-    ("wandb.mode=cloud", ["wandb.mode", "offline", "online", "disabled"]),
     ("ab.n_blocks=0", ["ab.n_blocks", ">= 1"]),
     ("ab.warmup_requests=-1", ["ab.warmup_requests"]),
     ("workload.num_prompts=0", ["workload.num_prompts"]),

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from dspark.cost_table import (CostTable, CostTableError, CostTableFileError, CostTableMismatchError,
-                               derive_tier_ladder, fit_cost_table)
+from dspark.cost_table import (CostTable, CostTableError, CostTableFileError, CostTableMismatchError, FitQuality,
+                               derive_tier_ladder, fingerprint_digest, fit_cost_table)
 
 FP = {"device_name": "NVIDIA H200", "driver": "550.54", "torch": "2.13.0", "triton": "3.9.0",
       "model": "smollm2-135m", "drafter": "dspark-b7-abc123", "dtype": "bfloat16", "hostname": "node1"}
@@ -191,3 +191,82 @@ def test_corrupt_cost_table_says_delete(tmp_path, text, problem):
     with pytest.raises(CostTableFileError, match=rf"cost table {path}: {problem}.*Delete it and re-profile: a table "
                                                  r"cached under paths\.cost_tables is re-profiled by the next A/B run"):
         CostTable.load(path)
+
+
+def test_fit_records_its_quality_and_round_trips(tmp_path):
+    meas = [(b, m, 4.0 + 0.5 * b + 0.1 * m) for b in (1, 2, 4) for m in (b, 2 * b, 4 * b)]
+    t = fit_cost_table(meas, fingerprint=FP)
+    fit = t.fit
+    assert isinstance(fit, FitQuality) and fit.cells == 9 and fit.parameters == 1 + 2 + 4  # fixed, alpha(2), alpha(4), theta at 4 of the 5 counts
+    assert fit.r2 == pytest.approx(1.0) and fit.max_rel_residual == pytest.approx(0.0, abs=1e-9)
+    assert fit.bounded is False and fit.unbounded_fixed_overhead_ms == pytest.approx(t.fixed_overhead_ms)
+    assert fit.passed is None  # nothing checked it yet
+    checked = fit.checked(min_r2=0.95, max_rel_residual=0.35)
+    assert checked.passed is True and checked.min_r2 == 0.95 and checked.max_rel_residual_allowed == 0.35
+    import dataclasses
+
+    t = dataclasses.replace(t, fit=checked, profile_settings={"batch_sizes": (1, 2, 4), "measure_steps": 6})
+    path = tmp_path / "t.json"
+    t.save(path)
+    loaded = CostTable.load(path)
+    assert loaded == t and loaded.fit == checked and dict(loaded.profile_settings)["batch_sizes"] == [1, 2, 4]
+    assert json.loads(path.read_text())["fit"]["passed"] is True
+    # A table without a fit record (written by hand) still loads; its fit is None.
+    assert CostTable.from_json(staircase().to_json()).fit is None
+    with pytest.raises(CostTableError, match="fit: unknown keys"):
+        CostTable.from_dict({**t.to_dict(), "fit": {**checked.to_dict(), "p_value": 0.1}})
+
+
+def test_noisy_medians_fail_the_quality_thresholds():
+    """A synthetic sweep whose batch-2 cell at M=4 ran 3x slow (another job on the machine): the
+    additive form cannot fit the four cells two batch sizes share, and the fit's quality says so."""
+    clean = {(b, m): 5.0 + 0.5 * b + 0.25 * m for b in (1, 2) for m in (b, 2 * b, 3 * b, 4 * b, 5 * b)}
+    t = fit_cost_table([(b, m, ms) for (b, m), ms in clean.items()])
+    assert t.fit.max_rel_residual == pytest.approx(0.0, abs=1e-9) and not t.fit.problems(0.95, 0.35)
+    noisy = {**clean, (2, 4): 3 * clean[(2, 4)]}
+    t = fit_cost_table([(b, m, ms) for (b, m), ms in noisy.items()])
+    assert t.fit.max_rel_residual > 0.35 and t.fit.worst_cell in {(1, 2), (1, 4), (2, 2), (2, 4)}
+    problems = t.fit.problems(min_r2=0.95, max_rel_residual=0.35)
+    assert any("max_rel_residual = 35%" in p for p in problems), problems
+    assert t.fit.checked(0.95, 0.35).passed is False
+    assert "quality check FAILED" in t.fit.checked(0.95, 0.35).describe()
+
+
+def test_bounded_fit_replaces_a_negative_fixed_overhead():
+    """Batch 8 measured cheaper than batch 1 at the same M: the unconstrained fit prices batch 8 at M=1 (a
+    pair no step reaches) below zero, which left a negative fixed overhead and no table. The bounded
+    least-squares fit (every component >= 0) is the table now, and the fit records that and its residuals."""
+    meas = [(1, 1, 10.0), (1, 2, 10.5), (1, 8, 14.0), (8, 8, 3.0), (8, 16, 6.0), (8, 64, 20.0)]
+    t = fit_cost_table(meas, fingerprint=FP)
+    assert t.fit.bounded and t.fit.unbounded_fixed_overhead_ms == pytest.approx(-1.0)
+    assert t.fixed_overhead_ms >= 0 and min(t.theta_ms) == 0.0 and min(t.batch_overhead_ms) == 0.0
+    assert t.cheapest_step_ms > 0
+    residuals = [ms - t.step_ms(m, b) for b, m, ms in meas]
+    assert t.fit.max_abs_residual_ms == pytest.approx(max(abs(r) for r in residuals))
+    assert t.fit.rms_residual_ms == pytest.approx(math.sqrt(sum(r * r for r in residuals) / len(meas)))
+    # It is the least-squares fit under the bound: no other additive table with components >= 0 fits closer.
+    import numpy as np
+    from scipy.optimize import lsq_linear
+
+    bss, ms_ = [1, 8], [1, 2, 8, 16, 64]
+    design = np.zeros((len(meas), 1 + len(bss) + len(ms_)))
+    for row, (b, m, _) in enumerate(meas):
+        design[row, [0, 1 + bss.index(b), 1 + len(bss) + ms_.index(m)]] = 1.0
+    best = lsq_linear(design, np.array([ms for *_, ms in meas]), bounds=(0, np.inf), method="trf", tol=1e-12)
+    assert sum(r * r for r in residuals) == pytest.approx(2 * best.cost, rel=1e-6)
+
+
+def test_cheapest_step_counts_only_pairs_a_step_can_reach():
+    # Batch 8 is the cheapest batch overhead, theta(1) the cheapest theta, but a batch of 8 sends >= 8 tokens.
+    t = CostTable(token_counts=(1, 8, 16), theta_ms=(0.0, 2.0, 3.0), fixed_overhead_ms=0.0, batch_sizes=(1, 8),
+                  batch_overhead_ms=(1.0, 0.0))
+    assert t.cheapest_step_ms == pytest.approx(1.0)  # batch 1 at M=1 (batch 2..8 at M >= 2 costs >= 2.0)
+    with pytest.raises(CostTableError, match="cannot be free"):
+        CostTable(token_counts=(1, 8), theta_ms=(0.0, 2.0), fixed_overhead_ms=0.0, batch_sizes=(1, 8),
+                  batch_overhead_ms=(0.0, 1.0))
+
+
+def test_fingerprint_digest_covers_the_checked_fields_only():
+    assert fingerprint_digest(FP) == fingerprint_digest({**FP, "hostname": "node2"})
+    assert fingerprint_digest(FP) != fingerprint_digest({**FP, "dtype": "float32"})
+    assert len(fingerprint_digest(FP)) == 12

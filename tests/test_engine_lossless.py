@@ -234,3 +234,29 @@ def test_kv_pool_smaller_than_one_max_model_len_refused_by_the_config_check(tmp_
 
     with pytest.raises(ConfigError, match=message):
         check_config(compose_ab(["+workload=agentic", override], out_dir=tmp_path))
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_abort_frees_the_request_and_leaves_the_others_unchanged(graphs):
+    """A request stopped mid-decode (a client went away) finishes with reason 'abort', frees its pages
+    and device row, and every other request's tokens equal a run without it."""
+    target = tiny_target(6)
+    drafter = tiny_drafter(target, 16, block_size=4)
+    prompts = prompts_for(5, 6)
+    sp = SamplingParams(max_tokens=24, ignore_eos=True)
+    kw = dict(cuda_graphs=True, overlap=True) if graphs else {}
+    alone = Engine(target, None, tiny_engine_config(**kw), drafter).generate(prompts[1:], sp)
+    eng = Engine(target, None, tiny_engine_config(**kw), drafter)
+    ids = [eng.add_request(p, sp) for p in prompts]
+    outs = {}
+    while eng.has_unfinished():
+        for o in eng.step():
+            outs[o.req_id] = o
+        so_far = eng.output_ids(ids[0])
+        if so_far is not None and len(so_far) >= 3:
+            stopped = eng.abort(ids[0])
+            assert stopped.finish_reason == "abort" and stopped.token_ids == so_far
+            assert eng.abort(ids[0]) is None and eng.output_ids(ids[0]) is None
+    assert ids[0] not in outs
+    assert [outs[i].token_ids for i in ids[1:]] == [o.token_ids for o in alone]
+    assert eng.blocks.num_free == eng.blocks.num_pages  # every page back in the pool

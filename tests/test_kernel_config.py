@@ -142,6 +142,8 @@ def test_kernel_config_is_frozen_and_combines_the_engine_settings():
     (dict(kernels={"fused_layers": "no"}), "engine.kernels.fused_layers", ["true or false", "'no'"]),
     (dict(kernels={"triton_argmax": 1}), "engine.kernels.triton_argmax", ["true or false"]),
     (dict(kernels={"small_m_tiles": ""}), "engine.kernels.small_m_tiles", ["tile table"]),
+    (dict(kernels={"attention_splits": 0}), "engine.kernels.attention_splits", ["1 to 32"]),
+    (dict(kernels={"attention_splits": 64}), "engine.kernels.attention_splits", ["1 to 32"]),
     (dict(attention_backend="triton", kernels={"l2_prefetch": True, "l2_prefetch_programs": 0}),
      "engine.kernels.l2_prefetch_programs", ["1 to 64"]),
     (dict(attention_backend="triton", kernels={"decode_megakernel": True, "megakernel_programs": -3}),
@@ -180,3 +182,25 @@ def test_a_retired_environment_switch_is_refused_naming_its_engine_key(monkeypat
     monkeypatch.setenv("DSPARK_PDL", "1")
     with pytest.raises(ConfigError, match=r"DSPARK_FUSED_KERNELS -> engine.kernels.fused_layers.*DSPARK_PDL \(removed"):
         Engine(tiny_target(1), None, tiny_engine_config(spec="off"), None)
+
+
+def test_attention_splits_reach_the_kernel_and_the_fingerprint(monkeypatch):
+    """engine.kernels.attention_splits is the engine's (in its kernel config and fingerprint) and reaches
+    paged attention as num_splits; the batch-invariant mode keeps attention unsplit."""
+    import kernels.paged_attention as pa
+    from dspark.attention import AttentionMetadata, attend
+
+    seen = []
+    monkeypatch.setattr(pa, "paged_attention", lambda *a, **kw: seen.append(kw["num_splits"]))
+    meta = dict(qo_indptr=torch.tensor([0, 1], dtype=torch.int32), kv_lens=torch.tensor([1], dtype=torch.int32),
+                block_tables=torch.zeros((1, 1), dtype=torch.int32), slot_mapping=torch.zeros(1, dtype=torch.int64))
+    for cfg, want in ((EngineConfig(attention_backend="triton", kernels={"attention_splits": 4}), 4),
+                      (EngineConfig(attention_backend="triton"), None),
+                      (EngineConfig(attention_backend="triton", batch_invariant=True, kernels={"attention_splits": 4}),
+                       None)):
+        kc = cfg.kernel_config()
+        attend(torch.zeros(1, 2, 16), torch.zeros(1, 16, 1, 16), torch.zeros(1, 16, 1, 16),
+               AttentionMetadata(**meta, kernels=kc), 1.0)
+        assert seen[-1] == want
+    assert EngineConfig(attention_backend="triton", kernels={"attention_splits": 4}).kernel_config().to_dict()[
+        "attention_splits"] == 4

@@ -1,7 +1,7 @@
 """GPU checks of the Triton kernels (paged attention, acceptance) on realistic shapes in bf16.
 
-Run on the H200: ``pytest tests/test_kernels_gpu.py -s`` (``-s`` shows the bandwidth report).
-Every test is marked ``gpu`` and skipped without CUDA.
+Run on the H200: ``pytest tests/test_kernels_gpu.py``. Every test is marked ``gpu`` and skipped without
+CUDA. The kernels' device times are a benchmark, not a test: bench/kernel_timings.py writes them to a file.
 """
 
 from __future__ import annotations
@@ -285,67 +285,6 @@ def test_accept_triton_sampled_rule_is_lossless():
         assert stat < chi2.ppf(1 - 1e-6, V - 1), f"chi2 = {stat:.1f}"
 
 
-# --------------------------------------------------------------------------------------
-# Bandwidth report (prints, asserts nothing about speed)
-# --------------------------------------------------------------------------------------
-
-def _bench_ms(fn):
-    import triton.testing
-
-    return triton.testing.do_bench(fn, warmup=25, rep=100)
-
-
-def _graph_ms(fn, replays: int = 20) -> float:
-    """Milliseconds per replay of a CUDA graph of ``fn`` (run once eagerly first, to compile):
-    median of 3 blocks of ``replays`` replays (dspark.bench.cuda_timing)."""
-    from dspark.bench.cuda_timing import graph_us
-
-    return graph_us(lambda i: fn(), replays=replays, repeats=3, warmup=1) / 1e3
-
-
-def test_decode_bandwidth_report():
-    B, hq, hkv, d, page = 64, 32, 8, 128, 16
-    print()
-    for L in (1024, 4096):
-        case = _paged_case([1] * B, [L] * B, page=page, hq=hq, hkv=hkv, d=d, dtype=torch.bfloat16, seed=L)
-        scale = d ** -0.5
-        kv_bytes = 2 * B * L * hkv * d * 2  # K and V, bf16
-        ms = _bench_ms(lambda: _run(case, scale, True, max_q_len=1))
-        # Dense baseline: the same KV already gathered into a padded [B, Hkv, L, D] layout.
-        k = torch.randn(B, hkv, L, d, device=DEV, dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        qd = torch.randn(B, hq, 1, d, device=DEV, dtype=torch.bfloat16)
-        try:
-            F.scaled_dot_product_attention(qd, k, v, enable_gqa=True)
-            sdpa = lambda: F.scaled_dot_product_attention(qd, k, v, enable_gqa=True)  # noqa: E731
-            note = "enable_gqa"
-        except (TypeError, RuntimeError):
-            ke, ve = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
-            sdpa = lambda: F.scaled_dot_product_attention(qd, ke, ve)  # noqa: E731
-            note = "kv expanded to Hq"
-        ms_sdpa = _bench_ms(sdpa)
-        print(f"decode B={B} L={L} Hq={hq} Hkv={hkv} D={d} page={page}: triton paged {ms * 1e3:.1f} us "
-              f"({kv_bytes / ms / 1e6:.0f} GB/s) | torch SDPA dense ({note}) {ms_sdpa * 1e3:.1f} us "
-              f"({kv_bytes / ms_sdpa / 1e6:.0f} GB/s of unique KV)")
-
-
-def test_batch1_decode_split_kv_report():
-    """SmolLM2 batch-1 decode (9 query heads, 3 kv heads, D 64, page 16): single kernel against
-    the split-KV path, each timed as 30 calls replayed from one CUDA graph (no launch overhead)."""
-    hq, hkv, d, page, calls = 9, 3, 64, 16, 30
-    print()
-    for L in (256, 512, 1024, 4096):
-        case = _paged_case([1], [L], page=page, hq=hq, hkv=hkv, d=d, dtype=torch.bfloat16, seed=L, pad_rows=0)
-        scale = d ** -0.5
-        res = {}
-        for num_splits in (1, 4, 8, 16, 32, None):
-            def fn():
-                for _ in range(calls):
-                    _run(case, scale, True, max_q_len=1, num_splits=num_splits)
-            res[num_splits] = _graph_ms(fn) / calls * 1e3
-        print(f"b1 decode L={L}: " + " | ".join(f"splits={k}: {v:.1f} us" for k, v in res.items()))
-
-
 class TestVerifyPackingCuda:
     """kernels/verify_packing.py on CUDA: the verify step's row packing and state commit kernels give
     the torch reference's integers exactly, and replay from a CUDA graph on new device state."""
@@ -453,32 +392,6 @@ class TestVerifyPackingCuda:
             for key in ("seq_len", "anchor"):
                 assert torch.equal(bufs[key], ref_state[key]), (key, seed)
 
-    def test_step_metadata_graph_time_report(self):
-        """Device time of the verify step's packing + commit captured in a graph: the torch reference
-        ops against the two kernels (batch 1 and 64, G = 7), 50 replays each."""
-        from kernels.verify_packing import (commit_state_reference, commit_state_triton, pack_verify_rows_reference,
-                                            pack_verify_rows_triton)
-
-        print()
-        for R, G in ((1, 7), (1, 0), (64, 7)):
-            state, w = self._state(R, G, 16, seed=R)
-            T = R * (G + 1)
-            k = torch.zeros(R, dtype=torch.int64, device=DEV)
-            ms = {}
-            for impl, pack, commit in (("torch", pack_verify_rows_reference, commit_state_reference),
-                                       ("triton", pack_verify_rows_triton, commit_state_triton)):
-                bufs = {key: v.clone() for key, v in state.items()}
-                out = torch.zeros((R, G + 3), dtype=torch.int64, device=DEV)
-
-                def step():
-                    p = pack(windows=w, num_tokens=T, page_size=16, **bufs)
-                    commit(accepted=k, next_token=p.ids[:R], windows=p.windows, active=bufs["active"],
-                           drafts=bufs["drafts"], anchor=bufs["anchor"], seq_len=bufs["seq_len"], out=out)
-
-                ms[impl] = _graph_ms(step, replays=50)
-            print(f"verify packing + commit R={R} G={G}: torch ops {ms['torch'] * 1e3:.1f} us | "
-                  f"two Triton kernels {ms['triton'] * 1e3:.1f} us per replay")
-
 
 # --------------------------------------------------------------------------------------
 # Greedy argmax (kernels/argmax.py): index-exact against torch.argmax on CUDA
@@ -565,21 +478,6 @@ class TestArgmaxTriton:
         with pytest.raises(RuntimeError, match="before capturing"):
             with torch.cuda.graph(graph):
                 argmax_mod.argmax_triton(x)
-
-    def test_speed_report(self):
-        """Prints per-call time under graph replay (7 calls per graph), torch.argmax vs the kernel."""
-        from kernels.argmax import argmax_triton
-
-        print()
-        for T in (1, 16, 300, 2048):
-            x = self._logits(T, self.V, torch.bfloat16, seed=T)
-            res = {}
-            for name, fn in (("torch", lambda: torch.argmax(x, dim=-1)), ("triton", lambda: argmax_triton(x))):
-                def seven(fn=fn):
-                    for _ in range(7):
-                        fn()
-                res[name] = _graph_ms(seven, replays=50) / 7 * 1e3
-            print(f"argmax T={T} V={self.V} bf16: torch {res['torch']:.1f} us | triton {res['triton']:.1f} us per call")
 
 
 # --------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import math  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from kernels.paged_attention import (  # noqa: E402
-    DEFAULT_NUM_SMS, MAX_NUM_SPLITS, default_num_splits, paged_attention, paged_attention_reference,
+    DEFAULT_NUM_SMS, KEYS_PER_SPLIT, MAX_NUM_SPLITS, default_num_splits, paged_attention, paged_attention_reference,
     write_kv_reference,
 )
 
@@ -226,6 +226,12 @@ def test_default_num_splits_heuristic():
     assert default_num_splits(64 * 8 * 1) == 1 and default_num_splits(2 * DEFAULT_NUM_SMS) == 1
     assert default_num_splits(256 * 3 * 1, num_sms=132) == 1
     assert default_num_splits(0) == 1
+    # A block table that reaches far: the longest possible request gets a split per KEYS_PER_SPLIT keys,
+    # even where the grid alone fills the GPU (a mixed batch waits for its longest request).
+    assert default_num_splits(128 * 3, max_kv_len=2048) == 4 == default_num_splits(128 * 3, max_kv_len=1600)
+    assert default_num_splits(128 * 3, max_kv_len=KEYS_PER_SPLIT) == 1
+    assert default_num_splits(1 * 3, max_kv_len=2048) == MAX_NUM_SPLITS  # the grid's aim, when larger
+    assert default_num_splits(128 * 3, max_kv_len=10 ** 6) == MAX_NUM_SPLITS
     prev = MAX_NUM_SPLITS
     for base in range(1, 600):
         n = default_num_splits(base)
@@ -260,6 +266,13 @@ def test_default_path_splits_batch_one_and_not_large_batches(monkeypatch):
     big = make_case([1] * 132, [3] * 132, hq=4, hkv=2, seed=23)
     run_kernel(big, 0.3, True)
     assert calls == [MAX_NUM_SPLITS] and launches == [(132, 2, 1)]
+    # The same batch with block tables that reach 2,048 keys (a graph step's width, max_model_len): four
+    # splits, so a long request in a batch of short ones is not read by one program.
+    monkeypatch.setattr(pa, "_paged_attention_split", lambda *args: calls.append(args[-1]))
+    wide = torch.full((132, 2048 // 16), -1, dtype=torch.int32)
+    wide[:, : big["block_tables"].shape[1]] = big["block_tables"]
+    run_kernel({**big, "block_tables": wide}, 0.3, True)
+    assert calls == [MAX_NUM_SPLITS, 4] and launches == [(132, 2, 1)]
 
 
 def test_write_then_attend_roundtrip():

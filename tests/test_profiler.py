@@ -1,6 +1,7 @@
-"""Cost-table profiler: forced verify lengths give M = B * (v + 1), a flat measurement is
-refused, tables are found again by fingerprint, the plot is written, and the Hydra configs
-(runners.profile, conf/tiers) compose."""
+"""Cost-table profiler: forced verify lengths give M = B * (v + 1), a flat or noisy measurement
+is refused (the fit's quality check), the time budget and the progress bar, tables are found
+again by fingerprint and settings and reused only with a passed fit, the plot is written beside
+the table, and the Hydra configs (runners.profile, conf/tiers) compose and reach the profiler."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import dspark.profiler as profiler
-from dspark.cost_table import CostTable, CostTableFileError, CostTableMismatchError
+from dspark.config import ConfigError
+from dspark.cost_table import CostTable, CostTableFileError, CostTableMismatchError, fingerprint_digest
 from dspark.engine import Engine
-from dspark.profiler import (ProfileError, ProfileFitError, ProfileFlatError, collect_measurements, cost_table_path_for,
-                             find_or_profile, plot_cost_curve, profile_engine, recommend_tier_ladder)
+from dspark.profiler import (ProfileBudgetError, ProfileError, ProfileFitError, ProfileFlatError, ProfileSettings,
+                             collect_measurements, cost_table_path_for, find_or_profile, plot_cost_curve,
+                             profile_engine, recommend_tier_ladder, refused_plot_path)
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,16 +108,16 @@ def test_profile_writes_a_table_that_round_trips(models, monkeypatch, tmp_path):
 
 def test_drafted_block_stays_full_while_the_verify_length_is_forced(models, monkeypatch):
     drafted = []
-    from dspark.model_runner import ModelRunner
+    from dspark.models.drafter import DSparkDrafter
 
-    real_draft = ModelRunner.draft
+    real_draft = DSparkDrafter.draft
 
-    def draft(self, decodes, rows, uniforms=None):
-        out = real_draft(self, decodes, rows, uniforms=uniforms)
+    def draft(self, *args, **kwargs):
+        out = real_draft(self, *args, **kwargs)
         drafted.append(out.tokens.shape[1])
         return out
 
-    monkeypatch.setattr(ModelRunner, "draft", draft)
+    monkeypatch.setattr(DSparkDrafter, "draft", draft)
     collect_measurements(make_engine(models), **{**SWEEP, "batch_sizes": [1], "verify_lens": [0, 1]})
     assert drafted and set(drafted) == {BLOCK}
 
@@ -172,28 +175,35 @@ def test_table_is_found_again_by_fingerprint_without_reprofiling(models, monkeyp
     lines: list[str] = []
     engine = make_engine(models)
     kwargs = {k: v for k, v in SWEEP.items()}
+    settings = ProfileSettings.from_kwargs(kwargs).resolved(engine)
     first = find_or_profile(lambda: engine, tmp_path, kwargs, lines.append)
-    assert len(calls) == 1 and first.exists()
-    assert first == cost_table_path_for(engine.fingerprint(), tmp_path)
+    assert len(calls) == 1 and first.path.exists() and first.how == "profiled now"
+    assert first.path == cost_table_path_for(engine.fingerprint(), tmp_path, settings)
     assert any("profiling now" in line for line in lines)
     lines.clear()
     second = find_or_profile(engine, tmp_path, kwargs, lines.append)
-    assert second == first and len(calls) == 1
-    assert any("using" in line and str(first) in line for line in lines)
-    # Another dtype (or device, model, drafter...) is another file.
+    assert second.path == first.path and len(calls) == 1 and second.how == "reused from cache"
+    assert second.table == first.table and second.plot == first.plot
+    assert any("reusing" in line and str(first.path) in line for line in lines)
+    # Another dtype (or device, model, drafter...) is another file; so are other settings.
     other = dict(engine.fingerprint(), dtype="bfloat16")
-    assert cost_table_path_for(other, tmp_path) != first
-    assert cost_table_path_for(dict(engine.fingerprint(), hostname="elsewhere"), tmp_path) == first
+    assert cost_table_path_for(other, tmp_path, settings) != first.path
+    assert cost_table_path_for(dict(engine.fingerprint(), hostname="elsewhere"), tmp_path, settings) == first.path
+    more_repeats = dataclasses.replace(settings, measure_steps=settings.measure_steps + 1)
+    assert cost_table_path_for(engine.fingerprint(), tmp_path, more_repeats) != first.path
+    # The time budget decides whether a sweep finishes, not the table: the same file.
+    assert cost_table_path_for(engine.fingerprint(), tmp_path,
+                               dataclasses.replace(settings, time_budget_s=5.0)) == first.path
     # The table it returns is accepted by an engine that loads it.
-    planned = make_engine(models, verify="uniform", cost_table=str(first), max_num_seqs=max(SWEEP["batch_sizes"]))
-    assert planned.cost_table == CostTable.load(first)
+    planned = make_engine(models, verify="uniform", cost_table=str(first.path), max_num_seqs=max(SWEEP["batch_sizes"]))
+    assert planned.cost_table == CostTable.load(first.path)
 
 
 def test_corrupt_cached_cost_table_says_delete(models, monkeypatch, tmp_path):
     synthetic_clock(monkeypatch, staircase)
     engine = make_engine(models)
-    path = cost_table_path_for(engine.fingerprint(), tmp_path)
     kwargs = dict(SWEEP)
+    path = cost_table_path_for(engine.fingerprint(), tmp_path, ProfileSettings.from_kwargs(kwargs).resolved(engine))
     path.write_text('{"format_version": 1, "token_counts_include_bonus": true, "token_co')  # torn by a crash
     with pytest.raises(CostTableFileError, match=rf"cost table {path}: not valid JSON .*This is the table cached for "
                                                  rf"this setup: delete {path} and the next run profiles this node"):
@@ -207,7 +217,7 @@ def test_corrupt_cached_cost_table_says_delete(models, monkeypatch, tmp_path):
     # ...and deleting it is enough: the next run profiles again.
     path.unlink()
     lines: list[str] = []
-    assert find_or_profile(engine, tmp_path, kwargs, lines.append) == path and path.exists()
+    assert find_or_profile(engine, tmp_path, kwargs, lines.append).path == path and path.exists()
     assert any("profiling now" in line for line in lines)
 
 
@@ -216,6 +226,108 @@ def test_plot_is_written(models, monkeypatch, tmp_path):
     result = profile_engine(make_engine(models), **SWEEP)
     png = plot_cost_curve(result, result.table, tmp_path / "sub" / "curve.png")
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+
+
+# A sweep of two batch sizes that share token counts 2 and 4, so the fit has residuals to judge.
+SHARED = {**SWEEP, "verify_lens": [0, 1, 2, 3, 4]}
+
+
+def test_png_is_written_beside_the_table_and_a_refused_profile_caches_nothing(models, monkeypatch, tmp_path):
+    synthetic_clock(monkeypatch, lambda m, b: 3.0)  # flat: refused
+    engine = make_engine(models)
+    path = cost_table_path_for(engine.fingerprint(), tmp_path, ProfileSettings.from_kwargs(SWEEP).resolved(engine))
+    with pytest.raises(ProfileFlatError, match=rf"The measured curve is in {refused_plot_path(path)}\. Nothing was "
+                                               "cached"):
+        find_or_profile(engine, tmp_path, SWEEP, lambda line: None)
+    assert not path.exists() and refused_plot_path(path).is_file()
+    synthetic_clock(monkeypatch, staircase)
+    obtained = find_or_profile(engine, tmp_path, SWEEP, lambda line: None)
+    assert obtained.path == path and obtained.plot == path.with_suffix(".png")
+    assert obtained.plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not refused_plot_path(path).exists()  # the refusal's curve no longer describes this file
+    record = obtained.describe()
+    assert record["how"] == "profiled now" and record["plot"] == str(path.with_suffix(".png"))
+    assert record["fingerprint"] == fingerprint_digest(engine.fingerprint()) and record["fit"]["passed"] is True
+    assert record["settings"]["measure_steps"] == SWEEP["measure_steps"] and record["profile_s"] >= 0
+
+
+def test_a_noisy_sweep_fails_the_quality_check_and_says_what_to_change(models, monkeypatch, tmp_path):
+    """Batch 2 at verify length 1 (M=4) ran 3x slow: the two batch sizes disagree where they share token
+    counts, the fit misses a median by more than max_rel_residual, and the profile is refused, not cached."""
+    synthetic_clock(monkeypatch, lambda m, b: staircase(m, b) * (3.0 if (b, m) == (2, 4) else 1.0))
+    with pytest.raises(ProfileFitError, match=r"does not fit the measured medians: R\^2 = 0\.\d+ is below min_r2 = "
+                                              r"0\.95; the median at batch \d, M=\d is \d+% off the fitted cost, above "
+                                              r"max_rel_residual = 35%") as err:
+        profile_engine(make_engine(models), **SHARED)
+    message = str(err.value)
+    assert "quieter machine" in message and "measure_steps" in message and "batch_sizes" in message
+    assert err.value.table is not None and err.value.table.fit.max_rel_residual > 0.35  # the refused fit, to plot
+    # Looser thresholds accept the same sweep, and the table records the thresholds it passed.
+    result = profile_engine(make_engine(models), **SHARED, max_rel_residual=0.9, min_r2=0.5, monotone="envelope")
+    assert result.table.fit.passed and result.table.fit.max_rel_residual_allowed == 0.9
+    assert dict(result.table.profile_settings)["max_rel_residual"] == 0.9
+    # find_or_profile caches nothing for the refused sweep.
+    with pytest.raises(ProfileFitError):
+        find_or_profile(make_engine(models), tmp_path, SHARED, lambda line: None)
+    assert not list(tmp_path.glob("*.json")) and len(list(tmp_path.glob("*.refused.png"))) == 1
+
+
+def test_a_cached_table_without_a_passed_quality_check_is_profiled_again(models, monkeypatch, tmp_path):
+    synthetic_clock(monkeypatch, staircase)
+    engine = make_engine(models)
+    obtained = find_or_profile(engine, tmp_path, SWEEP, lambda line: None)
+    failed = dataclasses.replace(obtained.table, fit=dataclasses.replace(obtained.table.fit, passed=False))
+    for stale, why in ((dataclasses.replace(obtained.table, fit=None), "records no checked fit quality"),
+                       (failed, "its fit failed the quality check"),
+                       (dataclasses.replace(obtained.table, profile_settings={**obtained.table.profile_settings,
+                                                                              "measure_steps": 99}),
+                        "measured with other settings (measure_steps: table 99, now 2)")):
+        stale.save(obtained.path)
+        lines: list[str] = []
+        again = find_or_profile(engine, tmp_path, SWEEP, lines.append)
+        assert again.how == "profiled now" and why in again.replaced and again.describe()["replaced"] == again.replaced
+        assert any("not reusing" in line and why in line for line in lines), lines
+        assert CostTable.load(obtained.path).fit.passed is True  # replaced by the new profile
+
+
+def test_time_budget_stops_a_sweep_that_would_overrun(models, monkeypatch):
+    from dspark.profiler import SweepClock
+
+    now = [100.0]
+    monkeypatch.setattr(profiler.time, "perf_counter", lambda: now[0])
+    clock = SweepClock(budget_s=9.0, total_configs=10)
+    now[0] += 1.0
+    clock.config_done(row_complete=False)  # 1 s: within the budget, and no projection from half a row
+    now[0] += 1.0
+    with pytest.raises(ProfileBudgetError, match=r"ran 2 s for 2 of 10 .* projected to take about 10 s in all, past "
+                                                 r"time_budget_s=9"):
+        clock.config_done(row_complete=True)  # a row of 2 configurations in 2 s: about 10 s for all 10
+    unlimited = SweepClock(budget_s=None, total_configs=2)
+    now[0] += 1e6
+    unlimited.config_done(row_complete=True)  # no budget: never stops
+    monkeypatch.undo()
+    # In a real sweep the error says what to change, and nothing is measured past it.
+    with pytest.raises(ProfileBudgetError, match="fewer batch sizes .*raise time_budget_s"):
+        profile_engine(make_engine(models), **SWEEP, time_budget_s=1e-6)
+
+
+def test_progress_bar_counts_the_configurations(models, monkeypatch, capsys):
+    synthetic_clock(monkeypatch, staircase)
+    profile_engine(make_engine(models), **{**SWEEP, "progress": True})
+    configs = len(SWEEP["batch_sizes"]) * len(SWEEP["verify_lens"])
+    err = capsys.readouterr().err
+    assert "cost-table profile" in err and f"{configs}/{configs}" in err
+    profile_engine(make_engine(models), **SWEEP)  # progress=False
+    assert "cost-table profile" not in capsys.readouterr().err
+
+
+def test_profile_settings_refuse_bad_values():
+    with pytest.raises(ProfileError, match="min_r2 must be in"):
+        ProfileSettings(min_r2=1.5)
+    with pytest.raises(ProfileError, match="time_budget_s must be > 0"):
+        ProfileSettings(time_budget_s=0)
+    with pytest.raises(ProfileError, match="unknown profile settings \\['repeats'\\]"):
+        ProfileSettings.from_kwargs({"repeats": 3})
 
 
 # ---- Hydra -----------------------------------------------------------------------------------
@@ -242,12 +354,46 @@ def test_profile_config_composes_and_runs(models, monkeypatch, tmp_path):
     engine = make_engine(models)
     summary = runner.run(cfg, engine=engine)
     table_path = Path(summary["cost_table"])
-    assert table_path == cost_table_path_for(engine.fingerprint(), tmp_path / "tables").resolve()
+    settings = ProfileSettings(batch_sizes=(1, 2), verify_lens=(0, 1, 2, 4), warmup_steps=1, measure_steps=2,
+                               prompt_len=6)
+    assert table_path == cost_table_path_for(engine.fingerprint(), tmp_path / "tables", settings).resolve()
+    assert summary["settings_digest"] == settings.digest() and summary["fit"]["passed"] is True
     assert CostTable.load(table_path).token_counts == (1, 2, 3, 4, 5, 6, 10)
     assert Path(summary["plot"]).exists() and Path(summary["plot"]).suffix == ".png"
     assert summary["recommended_tiers"]["2"] == [1, 2, 4]
     saved = json.loads((tmp_path / "run" / "profile.json").read_text())
     assert saved["table"]["token_counts"] == [1, 2, 3, 4, 5, 6, 10]
+
+
+def test_profile_runner_settings_reach_the_profiler(models, monkeypatch, tmp_path):
+    """Every key of the shared profile schema (runners.schema.CostProfileSchema) given to runners.profile
+    reaches profile_engine, and the bar follows progress."""
+    import runners.profile as runner
+
+    seen = []
+    real_profile = runner.profile_engine
+
+    def recording_profile(engine, **kw):
+        seen.append(kw)
+        return real_profile(engine, **kw)
+
+    monkeypatch.setattr(runner, "profile_engine", recording_profile)
+    synthetic_clock(monkeypatch, staircase)
+    cfg = compose_profile([f"paths.root={ROOT}", f"paths.output_dir={tmp_path / 'run'}",
+                           f"paths.cost_tables={tmp_path / 'tables'}", "progress=false", "batch_sizes=[1,2]",
+                           "verify_lens=[0,1,2,4]", "warmup_steps=1", "measure_steps=3", "prompt_len=6", "seed=5",
+                           "flat_rel_tol=0.01", "max_drop_rel=0.5", "monotone=envelope", "min_r2=0.9",
+                           "max_rel_residual=0.2", "time_budget_s=300"])
+    summary = runner.run(cfg, engine=make_engine(models))
+    assert seen == [dict(batch_sizes=(1, 2), verify_lens=(0, 1, 2, 4), warmup_steps=1, measure_steps=3,
+                         prompt_len=6, seed=5, flat_rel_tol=0.01, max_drop_rel=0.5, monotone="envelope", min_r2=0.9,
+                         max_rel_residual=0.2, time_budget_s=300.0, progress=False)]
+    assert summary["fit"]["min_r2"] == 0.9 and summary["settings"]["time_budget_s"] == 300.0
+    assert Path(summary["plot"]) == Path(summary["cost_table"]).with_suffix(".png")
+    with pytest.raises(Exception, match=r"(?s)monotone.*sometimes"):  # not a MonotoneMode: refused at composition
+        compose_profile(["monotone=sometimes"])
+    with pytest.raises(ConfigError, match=r"max_rel_residual must be > 0"):  # refused before any model loads
+        runner.run(compose_profile(["max_rel_residual=0"]))
 
 
 def test_profile_runner_writes_the_refused_curve(models, monkeypatch, tmp_path):

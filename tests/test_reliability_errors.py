@@ -35,7 +35,7 @@ class FakeWandb:
         self.folder = folder
 
     def init(self, **kwargs):
-        self.calls.append(("init", kwargs["job_type"]))
+        self.calls.append(("init", kwargs["name"]))
         return FakeRun(self.calls, self.folder)
 
     def Table(self, dataframe):  # noqa: N802 (wandb's name)
@@ -51,12 +51,12 @@ def wandb_warnings(caplog) -> list[str]:
 
 def test_full_wandb_folder_warns_once(tmp_path, caplog):
     folder = tmp_path / "wandb"
-    logger = WandbLogger(mode="offline", project="p", group="g", dir=folder)
+    logger = WandbLogger(mode="offline", project="p", dir=tmp_path)
     fake = logger._wandb = FakeWandb(folder)
     with caplog.at_level(logging.WARNING, logger=LOGGER), warnings.catch_warnings():
         warnings.simplefilter("error")  # no RuntimeWarning per call either
         for arm in ("A", "B"):
-            logger.start_arm(arm, job_type=arm, config={"arm": arm})
+            logger.start_arm(arm, config={})
         for block in range(350):  # an A/B run's worth of blocks: one line in all, not one per call
             for arm in ("A", "B"):
                 logger.log_block(arm, block, {"output_tokens_per_s": 1.0})
@@ -83,7 +83,7 @@ def test_wandb_log_file_failure_stops_without_a_flood(tmp_path, caplog, capsys, 
     """W&B's own debug.log handler on a full disk: each failed write printed a '--- Logging error ---'
     traceback, which W&B's console capture fed back into the same handler (~700 per run)."""
     folder = tmp_path / "wandb"
-    logger = WandbLogger(mode="offline", project="p", group="g", dir=folder)
+    logger = WandbLogger(mode="offline", project="p", dir=tmp_path)
     wandb_logger = logging.getLogger("wandb")
     monkeypatch.setattr(wandb_logger, "handlers", [])  # restored after the test
 
@@ -112,9 +112,9 @@ def test_unwritable_wandb_folder_stops_before_start(tmp_path, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        logger = WandbLogger(mode="offline", project="p", group="g", dir=blocker / "wandb")  # no raise
+        logger = WandbLogger(mode="offline", project="p", dir=blocker)  # no raise
     fake = logger._wandb = FakeWandb(tmp_path)
-    logger.start_arm("A", job_type="A", config={})
+    logger.start_arm("A", config={})
     logger.log_block("A", 0, {"x": 1.0})
     logger.finish_arm("A", {})
     logger.close()
@@ -126,5 +126,5 @@ def test_unwritable_wandb_folder_stops_before_start(tmp_path, caplog):
 
 def test_disabled_wandb_touches_no_folder(tmp_path):
     logger = WandbLogger(mode="disabled", dir=tmp_path / "a" / "b")
-    logger.start_arm("A", "A", {})
+    logger.start_arm("A", {})
     assert logger.status()["stopped"] is None and not (tmp_path / "a").exists()

@@ -17,7 +17,7 @@ import runners.report as report
 from test_ab_runner import TINY, tiny_factory
 from test_configs import ROOT, compose_ab
 
-RENDERED = ("report.md", "per_block.png", "distributions.png", "acceptance.png")
+RENDERED = ("report.md", "report_appendix.md", "per_block.png", "latency_cdf.png", "acceptance.png")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_run_folder_report_is_rerendered_identically(run_folder, tmp_path, capsy
     assert report.main([str(folder)]) == 0
     for name in RENDERED:
         assert (folder / name).is_file(), name
-    # Same text: the blocks.csv round trip (per-position acceptance lists included) loses nothing.
+    # Same text: the blocks.parquet round trip (per-position acceptance lists included) loses nothing.
     assert (folder / "report.md").read_text() == original
     out = capsys.readouterr().out
     assert "output_tokens_per_s" in out and "guards: 5/5 passed" in out
@@ -47,12 +47,33 @@ def test_run_folder_without_requests_table_still_reports(run_folder, tmp_path, c
     folder = tmp_path / "run"
     shutil.copytree(run_folder, folder)
     (folder / "requests.parquet").unlink()
-    (folder / "distributions.png").unlink()
+    (folder / "latency_cdf.png").unlink()
     assert report.main([str(folder), "--no-wandb-report"]) == 0
     out = capsys.readouterr().out
     assert "requests.parquet is missing" in out and "--no-wandb-report" in out
-    assert not (folder / "distributions.png").exists()
-    assert "not drawn: latency distributions" in (folder / "report.md").read_text()
+    assert not (folder / "latency_cdf.png").exists()
+    assert "not drawn: latency CDFs" in (folder / "report.md").read_text()
+
+
+def test_run_folder_of_an_older_run_with_json_list_cells_renders_the_same_report(run_folder, tmp_path):
+    """Runs before list columns went to parquet wrote blocks.csv with per-position acceptance as JSON text and
+    requests.parquet with JSON-text lists; their report reads them back as lists."""
+    folder = tmp_path / "run"
+    shutil.copytree(run_folder, folder)
+    original = (folder / "report.md").read_text()
+    blocks = pd.read_parquet(folder / "blocks.parquet")
+    blocks["per_position_acceptance"] = blocks["per_position_acceptance"].map(lambda v: json.dumps(list(v)))
+    blocks.to_csv(folder / "blocks.csv", index=False)
+    (folder / "blocks.parquet").unlink()
+    requests = pd.read_parquet(folder / "requests.parquet")
+    for column in ("output_token_ids", "chunk_times_s", "accept_lengths", "verify_lengths", "per_position_accepts",
+                   "per_position_reached"):
+        requests[column] = requests[column].map(lambda v: json.dumps([x.item() for x in v]))
+    requests.to_parquet(folder / "requests.parquet", index=False)
+    assert report.main([str(folder), "--no-wandb-report"]) == 0
+    assert (folder / "report.md").read_text() == original
+    read = report.read_requests(folder / "requests.parquet")
+    assert isinstance(read.loc[0, "chunk_times_s"], list) and len(read.loc[0, "chunk_times_s"]) > 0
 
 
 def test_sweep_folder_gets_summary_files_and_table(run_folder, tmp_path, capsys):
@@ -89,9 +110,11 @@ def test_run_folder_without_blocks_is_refused(run_folder, tmp_path, capsys):
     folder = tmp_path / "run"
     shutil.copytree(run_folder, folder)
     (folder / "blocks.csv").unlink()
+    assert report.main([str(folder), "--no-wandb-report"]) == 0  # blocks.parquet is enough
+    (folder / "blocks.parquet").unlink()
     with pytest.raises(SystemExit):
         report.main([str(folder)])
-    assert "blocks.csv is missing" in capsys.readouterr().err
+    assert "blocks.csv is missing (and blocks.parquet too)" in capsys.readouterr().err
 
 
 def test_wandb_report_needs_online_runs_the_package_and_a_key(monkeypatch):

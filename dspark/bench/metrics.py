@@ -1,7 +1,13 @@
 """Per-request and per-block metrics of a benchmark arm, computed from timestamps.
 
-Definitions (the same as the serving benchmarks of SGLang and vLLM):
+Definitions (the same as the serving benchmarks of SGLang and vLLM, whose clocks start when a
+request is sent):
 
+- arrival_s is when the load generator submitted the request to the engine; scheduled_arrival_s is
+  when the load was due to send it (a closed loop: the block's start, every request is due at once and
+  waits for a free concurrency slot; Poisson load: its arrival time).
+- queue wait = arrival_s - scheduled_arrival_s: the time a request waited before it could be sent,
+  reported as its own metric and never inside TTFT (NaN when no scheduled arrival was recorded).
 - TTFT = first_token_s - arrival_s.
 - E2E = finish_s - arrival_s.
 - TPOT = (E2E - TTFT) / (n - 1) with n output tokens. A one-token request has no
@@ -22,24 +28,27 @@ acceptance statistic; the errors guard is what fails the run on them.
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 PERCENTILES = (50, 90, 99)
-LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_wait_s")
+# The list-valued fields of a RequestRecord: list columns of requests_dataframe (parquet keeps them as lists).
+REQUEST_LIST_COLUMNS = ("output_token_ids", "chunk_times_s", "accept_lengths", "verify_lengths",
+                        "per_position_accepts", "per_position_reached")
 
 
 @dataclass(slots=True)
 class RequestRecord:
     """Everything measured about one request in one arm of one block.
 
-    Times are seconds on one monotonic clock. ``chunk_times_s`` holds the time of
-    every chunk the request emitted (the first one is the first token).
+    Times are seconds on one monotonic clock. ``arrival_s`` is when the request was submitted to
+    the engine, ``scheduled_arrival_s`` when the load generator was due to submit it (None: not
+    recorded). ``chunk_times_s`` holds the time of every chunk the request emitted (the first one
+    is the first token).
     ``accept_lengths`` and ``verify_lengths`` have one entry per verify step
     (tokens committed incl. bonus; drafts sent to the target). ``per_position_accepts[i]``
     / ``per_position_reached[i]`` count draft position i (0-based) over the request.
@@ -62,6 +71,7 @@ class RequestRecord:
     # The engine's finish reason (dspark.request.RequestOutput.finish_reason): "stop" (eos or a stop
     # string), "length" (max_tokens or the context length engine.max_model_len), "error"; None: unknown.
     finish_reason: str | None = None
+    scheduled_arrival_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.error is not None:
@@ -92,6 +102,7 @@ def request_metrics(rec: RequestRecord) -> dict[str, Any]:
         "finish_reason": rec.finish_reason,
     }
     nan = float("nan")
+    row["queue_wait_s"] = nan if rec.scheduled_arrival_s is None else rec.arrival_s - rec.scheduled_arrival_s
     if rec.error is not None:
         row.update(ttft_s=nan, e2e_s=nan, tpot_s=nan, mean_itl_s=nan, n_chunks=len(rec.chunk_times_s),
                    accept_length=nan, accept_rate=nan)
@@ -103,7 +114,7 @@ def request_metrics(rec: RequestRecord) -> dict[str, Any]:
         ttft_s=ttft,
         e2e_s=e2e,
         tpot_s=(e2e - ttft) / (n_out - 1) if n_out >= 2 else nan,
-        mean_itl_s=float(np.mean(itls)) if itls else nan,
+        mean_itl_s=float(itls.mean()) if itls.size else nan,
         n_chunks=len(rec.chunk_times_s),
         accept_length=float(np.mean(rec.accept_lengths)) if rec.accept_lengths else nan,
         accept_rate=_request_accept_rate(rec),
@@ -111,38 +122,39 @@ def request_metrics(rec: RequestRecord) -> dict[str, Any]:
     return row
 
 
-def request_itls(rec: RequestRecord) -> list[float]:
+def request_itls(rec: RequestRecord) -> np.ndarray:
     """Gaps between consecutive chunks of one request, in seconds."""
-    return [float(b - a) for a, b in zip(rec.chunk_times_s, rec.chunk_times_s[1:])]
+    return np.diff(np.asarray(rec.chunk_times_s, dtype=float))
+
+
+def pooled_itls(chunk_times: Iterable[Sequence[float]]) -> np.ndarray:
+    """The gaps between consecutive chunks of every request (one sequence of chunk times each), pooled."""
+    gaps = [np.diff(np.asarray(c, dtype=float)) for c in chunk_times]
+    return np.concatenate(gaps) if gaps else np.zeros(0)
 
 
 def _request_accept_rate(rec: RequestRecord) -> float:
     proposed = sum(rec.verify_lengths)
     if proposed == 0:
         return float("nan")
-    accepted = sum(a - 1 for a in rec.accept_lengths)  # the bonus/correction token is not a draft
+    accepted = sum(rec.accept_lengths) - len(rec.accept_lengths)  # the bonus/correction token is not a draft
     return accepted / proposed
 
 
 def per_position_acceptance(records: Iterable[RequestRecord]) -> list[float]:
     """Acceptance per draft position, averaged over the requests that reached it."""
-    per_request: list[list[float]] = []
-    for rec in records:
-        if rec.error is None:
-            per_request.append([a / r if r > 0 else float("nan")
-                                for a, r in zip(rec.per_position_accepts, rec.per_position_reached)])
-    depth = max((len(p) for p in per_request), default=0)
-    out = []
-    for i in range(depth):
-        vals = [p[i] for p in per_request if i < len(p) and not math.isnan(p[i])]
-        out.append(float(np.mean(vals)) if vals else float("nan"))
-    return out
+    per_request = [pd.Series(rec.per_position_accepts, dtype=float)
+                   / pd.Series(rec.per_position_reached, dtype=float).where(lambda r: r > 0)
+                   for rec in records if rec.error is None]
+    if not per_request:
+        return []
+    return pd.concat(per_request, axis=1).mean(axis=1, skipna=True).tolist()  # positions as rows, NaN skipped
 
 
 def _percentiles(values: Iterable[float], name: str) -> dict[str, float]:
-    arr = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
-    return {f"{name}_p{q}": (float(np.percentile(arr, q)) if arr.size else float("nan")) for q in PERCENTILES} | {
-        f"{name}_mean": float(arr.mean()) if arr.size else float("nan")}
+    series = pd.Series(list(values), dtype=float).dropna()
+    quantiles = series.quantile([q / 100 for q in PERCENTILES]).to_numpy()  # NaN when there are no values
+    return {f"{name}_p{q}": float(v) for q, v in zip(PERCENTILES, quantiles)} | {f"{name}_mean": float(series.mean())}
 
 
 def aggregate_block(records: list[RequestRecord], wall_time_s: float,
@@ -167,37 +179,32 @@ def aggregate_block(records: list[RequestRecord], wall_time_s: float,
         "output_tokens_per_s": output_tokens / wall_time_s,
         "requests_per_s": len(ok) / wall_time_s,
     }
-    out |= _percentiles((r["ttft_s"] for r in rows), "ttft_s")
-    out |= _percentiles((r["tpot_s"] for r in rows), "tpot_s")
-    out |= _percentiles((x for r in ok for x in request_itls(r)), "itl_s")
-    out |= _percentiles((r["e2e_s"] for r in rows), "e2e_s")
-    out["accept_length"] = _nanmean(r["accept_length"] for r in rows)
-    out["accept_rate"] = _nanmean(r["accept_rate"] for r in rows)
+    frame = pd.DataFrame(rows, columns=["ttft_s", "tpot_s", "e2e_s", "queue_wait_s", "accept_length", "accept_rate"])
+    out |= _percentiles(frame["ttft_s"], "ttft_s")
+    out |= _percentiles(frame["tpot_s"], "tpot_s")
+    out |= _percentiles(pooled_itls(r.chunk_times_s for r in ok), "itl_s")
+    out |= _percentiles(frame["e2e_s"], "e2e_s")
+    out |= _percentiles(frame["queue_wait_s"], "queue_wait_s")
+    out["accept_length"] = float(frame["accept_length"].mean())  # NaN skipped; NaN when every value is
+    out["accept_rate"] = float(frame["accept_rate"].mean())
     out["per_position_acceptance"] = per_position_acceptance(ok)
     for name, value in (counters or {}).items():
         out[f"counter/{name}"] = value
     return out
 
 
-def _nanmean(values: Iterable[float]) -> float:
-    arr = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
-    return float(arr.mean()) if arr.size else float("nan")
-
-
 def requests_dataframe(records: Iterable[RequestRecord]) -> pd.DataFrame:
-    """One row per request: the scalar metrics plus the raw lists as JSON strings.
-
-    JSON strings keep the frame writable to CSV, parquet and a W&B table alike.
-    """
+    """One row per request: the scalar metrics, the timestamps and the raw lists
+    (:data:`REQUEST_LIST_COLUMNS`) as list cells, which parquet stores as list columns."""
     rows = []
     for rec in records:
         row = request_metrics(rec)
+        row["scheduled_arrival_s"] = rec.scheduled_arrival_s
         row["arrival_s"] = rec.arrival_s
         row["first_token_s"] = rec.first_token_s
         row["finish_s"] = rec.finish_s
-        for list_field in ("output_token_ids", "chunk_times_s", "accept_lengths", "verify_lengths",
-                           "per_position_accepts", "per_position_reached"):
-            row[list_field] = json.dumps(getattr(rec, list_field))
+        for list_field in REQUEST_LIST_COLUMNS:
+            row[list_field] = list(getattr(rec, list_field))
         rows.append(row)
     return pd.DataFrame(rows)
 

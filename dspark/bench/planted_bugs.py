@@ -11,10 +11,9 @@ code stay correct) commit wrong tokens in one of the ways speculative decoders h
 - ``stale_kv``: a verify step does not write its anchor's K/V: the cache keeps what that slot held,
   the rejected draft of the step before (or nothing), and attention reads it from then on.
 
-Each bug is planted on both step paths of the engine instance (eager ``Engine._verify`` and
-``ModelRunner._meta``; device-resident ``GraphDecoder._accept_greedy`` and ``_pack_rows``, so
-before its graphs are captured) and never touches module state, so two engines in one process
-stay independent. Greedy requests only: sampled steps keep the correct rule.
+Each bug is planted in the engine instance's step pipeline (``GraphDecoder._accept_greedy`` or
+``_pack_rows``, which host-driven and captured steps share; before any graph is captured) and never
+touches module state, so two engines in one process stay independent. Greedy requests only: sampled steps keep the correct rule.
 
 ``bench/guard_planted_bugs.py`` runs ``runners.ab`` with each bug in arm B and records whether the
 guards caught it; tests/test_planted_bugs.py does the same on CPU.
@@ -22,7 +21,6 @@ guards caught it; tests/test_planted_bugs.py does the same on CPU.
 
 from __future__ import annotations
 
-import types
 from typing import Callable
 
 import torch
@@ -57,21 +55,7 @@ def _wrong_greedy(rule: Callable) -> Callable:
 
 
 def _plant_acceptance(engine, rule: Callable) -> None:
-    wrong = _wrong_greedy(rule)
-    if engine.graph is not None:
-        engine.graph._accept_greedy = wrong
-    correct = engine._verify
-
-    def verify(**kw):
-        if not kw["rows"].all_greedy:
-            return correct(**kw)
-        logits = kw["verify_logits"]
-        target_tokens = torch.argmax(logits, dim=-1)
-        windows = torch.tensor(kw["windows"], dtype=torch.int64, device=logits.device)
-        k, nxt = wrong(kw["draft_tokens"], target_tokens, windows)
-        return types.SimpleNamespace(num_accepted=k.tolist(), next_tokens=nxt.tolist())
-
-    engine._verify = verify
+    engine.steps._accept_greedy = _wrong_greedy(rule)
 
 
 def _accept_rejected(engine) -> None:
@@ -90,36 +74,17 @@ def _shifted_bonus(engine) -> None:
 
 
 def _stale_kv(engine) -> None:
-    if engine.graph is not None:
-        graph = engine.graph
-        pack = graph._pack_rows
+    steps = engine.steps
+    pack = steps._pack_rows
 
-        def pack_rows(R, mode, rows_in):
-            packed = pack(R, mode, rows_in)
-            slots = packed.slot_mapping.clone()
-            first = packed.indptr[:-1].long().clamp(max=slots.shape[0] - 1)
-            slots.index_fill_(0, first, graph.trash_slot)  # each row's anchor: its K/V never reaches the cache
-            return packed._replace(slot_mapping=slots)
+    def pack_rows(R, mode, rows_in):
+        packed = pack(R, mode, rows_in)
+        slots = packed.slot_mapping.clone()
+        first = packed.indptr[:-1].long().clamp(max=slots.shape[0] - 1)
+        slots.index_fill_(0, first, steps.trash_slot)  # each row's anchor: its K/V never reaches the cache
+        return packed._replace(slot_mapping=slots)
 
-        graph._pack_rows = pack_rows
-    runner = engine.runner
-    meta = runner._meta
-
-    def stale_meta(segments, **kw):
-        ids, positions, m = meta(segments, **kw)
-        if not kw.get("causal", True):  # the drafter's block: its own cache, not the target's
-            return ids, positions, m
-        offset, drop = 0, []
-        for s in segments:
-            if s.start == s.req.num_tokens - 1 and len(s.tokens) > 1:  # a verify window starting at its anchor
-                drop.append(offset)
-            offset += len(s.tokens)
-        if drop:
-            m.slot_mapping = m.slot_mapping.clone()
-            m.slot_mapping[torch.tensor(drop, device=m.slot_mapping.device)] = -1
-        return ids, positions, m
-
-    runner._meta = stale_meta
+    steps._pack_rows = pack_rows
 
 
 def planted_engine_factory(bug: str, arm: str = "B", base: Callable | None = None) -> Callable:

@@ -1,4 +1,5 @@
-"""Reports of A/B experiments: one experiment's markdown + plots, a console table, sweeps.
+"""Reports of A/B experiments: one experiment's markdown report, its appendix and plots, a console
+table, sweeps.
 
 The input is the experiment summary the A/B runner writes as ``summary.json``:
 
@@ -7,7 +8,7 @@ The input is the experiment summary the A/B runner writes as ``summary.json``:
       "headline_metric": str,                 # a key of "statistics"
       "statistics": {metric: ABStatistics.to_dict(), ...},
       "guards": [GuardResult.to_dict(), ...],
-      "arms": {"A": {...}, "B": {...}},       # optional: arm descriptions / configs
+      "arms": {"A": {...}, "B": {...}},       # optional: arm descriptions ("label", "engine", ...)
       "fingerprint": {...},                   # optional: node_fingerprint()
       "counters": {"A": {...}, "B": {...}},   # optional: engine counters per arm
       "sweep_params": {name: value, ...},     # optional: the sweep overrides of this job
@@ -20,9 +21,19 @@ The input is the experiment summary the A/B runner writes as ``summary.json``:
     }
 
 ``blocks_df`` has one row per (block, arm) with ``block``, ``arm``, ``first_arm``, the
-metric columns and optionally ``per_position_acceptance`` (a list per row);
-``requests_df`` is :func:`dspark.bench.metrics.requests_dataframe` output. Sections
-whose data is absent say so in the report instead of disappearing.
+metric columns (:func:`dspark.bench.metrics.aggregate_block`) and optionally
+``per_position_acceptance`` (a list per row); ``requests_df`` is
+:func:`dspark.bench.metrics.requests_dataframe` output. Sections whose data is absent say so
+in the report instead of disappearing.
+
+``report.md`` opens with the verdict as a sentence, then the arms' throughput and latency
+percentiles with their intervals over blocks, the settings in which the arms differ and the
+latency CDFs; statistics, guards, planner, "Where the time went", a few key counters and the
+other plots follow. ``report_appendix.md`` beside it holds what is long: every arm setting, every
+engine counter, the token-bucket and verify-length histograms and the node fingerprint. Arms are
+named by their labels (``summary["arms"][arm]["label"]``) with their key. Verdicts are worded from
+the stored statistics by :func:`dspark.bench.statistics.reassess`, so a run recorded under older
+rules is worded by the current ones when its report is rendered again.
 
 "Where the time went" (:func:`time_breakdown`) reads the engine's step-path counters from
 ``blocks_df`` (``counter/decode_steps``, ``counter/device_resident_share``,
@@ -36,21 +47,31 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-import matplotlib
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+from scipy import stats as sps
 
-matplotlib.use("Agg")  # reports are written on headless nodes
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from dspark.bench import report_plots
+from dspark.bench.statistics import reassess, verdict_sentence
 
-ARM_COLORS = {"A": "tab:blue", "B": "tab:orange"}
-VERDICT_COLORS = {"faster": "tab:green", "slower": "tab:red", "no detectable difference": "tab:gray"}
+APPENDIX = "report_appendix.md"
+# Counters shown in the report itself; all of them are in the appendix.
+KEY_COUNTERS = ("decode_steps", "drafted_tokens", "accepted_tokens", "accept_rate", "trimmed_steps", "trim_ratio",
+                "mean_running_batch", "preemptions", "eager_steps")
+# Counter families drawn as histograms in the appendix: counter name prefix -> (title, what a bucket is).
+HISTOGRAMS = {"sched/token_bucket_hist.": ("Token buckets", "tokens per step, padded to the bucket"),
+              "sched/verify_len_hist.": ("Verify lengths", "drafted tokens verified per request and step")}
+# Rows of the per-arm results table: (blocks_df column prefix or column, name, kind).
+THROUGHPUT_ROWS = (("output_tokens_per_s", "output tokens/s"), ("requests_per_s", "requests/s"))
+LATENCY_ROWS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                ("queue_wait_s", "queue wait"))
+PERCENTILES = (50, 90, 99)
+INTERVAL_LEVEL = 0.95
 
 
 def _fmt(value: Any, spec: str = ".3g") -> str:
@@ -61,31 +82,64 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
     return str(value)
 
 
-def _md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
+def _markdown(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A markdown (pipe) table; cells are written as given (no number parsing), pipes and newlines escaped."""
+    cells = [[str(v).replace("|", "\\|").replace("\n", " ") for v in row] for row in rows]
+    return pd.DataFrame(cells, columns=list(headers)).to_markdown(index=False, tablefmt="pipe",
+                                                                   disable_numparse=True)
 
 
-def _ci_text(stat: dict[str, Any]) -> str:
+def _ci_text(stat: Mapping[str, Any]) -> str:
     low, high = stat.get("ci_low_pct"), stat.get("ci_high_pct")
     if low is None or high is None or pd.isna(low) or pd.isna(high):
         return "n/a"
     return f"{low:+.2f} .. {high:+.2f}%"
 
 
-def _require(summary: dict[str, Any], key: str) -> Any:
+def _require(summary: Mapping[str, Any], key: str) -> Any:
     if key not in summary:
-        raise KeyError(f"summary lacks {key!r} (has {sorted(summary)}); it must come from the A/B runner's summary.json")
+        raise KeyError(f"summary lacks {key!r} (has {sorted(summary)}); it must come from the A/B runner's "
+                       "summary.json")
     return summary[key]
 
 
-def _statistics_rows(summary: dict[str, Any]) -> list[list[str]]:
+def statistics_of(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``summary["statistics"]`` with every verdict worded by the current rules (:func:`reassess`)."""
+    return {metric: reassess(s) for metric, s in _require(summary, "statistics").items()}
+
+
+def arm_labels(summary: Mapping[str, Any], arms: Iterable[str]) -> dict[str, str]:
+    """Arm key -> its label (``summary["arms"][arm]["label"]``), the key where there is none; a label two arms
+    share gets its key appended."""
+    described = summary.get("arms") or {}
+    labels = {}
+    for arm in arms:
+        entry = described.get(arm)
+        label = entry.get("label") if isinstance(entry, dict) else None
+        labels[arm] = str(label) if label else str(arm)
+    counts = pd.Series(list(labels.values()), dtype=object).value_counts()
+    return {arm: (f"{label} ({arm})" if counts[label] > 1 else label) for arm, label in labels.items()}
+
+
+def arm_names(summary: Mapping[str, Any], arms: Iterable[str] = ("A", "B")) -> dict[str, str]:
+    """Arm key -> how the report names it in sentences and column headers: "label (A)", or the key alone
+    where the arm has no label."""
+    labels = arm_labels(summary, arms)
+    return {arm: label if label == arm or label.endswith(f"({arm})") else f"{label} ({arm})"
+            for arm, label in labels.items()}
+
+
+def verdict_line(summary: Mapping[str, Any]) -> str:
+    """"Verdict on <headline metric>: <sentence>" with the arms named by their labels."""
+    headline = _require(summary, "headline_metric")
+    names = arm_names(summary)
+    return f"Verdict on {headline}: {verdict_sentence(statistics_of(summary)[headline], names['A'], names['B'])}"
+
+
+def _statistics_rows(summary: Mapping[str, Any]) -> list[list[str]]:
     rows = []
     headline = summary.get("headline_metric")
-    for metric, s in _require(summary, "statistics").items():
+    for metric, s in statistics_of(summary).items():
         rows.append([f"**{metric}**" if metric == headline else metric, s["direction"], f"{s['change_pct']:+.2f}%",
                      _ci_text(s), _fmt(s.get("wilcoxon_p")), _fmt(s.get("mde_pct"), ".2f") + "%", str(s["n_blocks"]),
                      s["verdict"]])
@@ -95,7 +149,7 @@ def _statistics_rows(summary: dict[str, Any]) -> list[list[str]]:
 STAT_HEADERS = ["metric", "better", "B vs A", "CI", "Wilcoxon p", "MDE", "blocks", "verdict"]
 
 
-def declined_arms(summary: dict[str, Any]) -> list[str]:
+def declined_arms(summary: Mapping[str, Any]) -> list[str]:
     """Arms whose planner declined every step as "predicted no gain" (their did_nothing guard's
     ``details["declined_all"]``): they verified the whole drafted block on every step."""
     arms = []
@@ -106,7 +160,7 @@ def declined_arms(summary: dict[str, Any]) -> list[str]:
     return arms
 
 
-def _arm_engines(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _arm_engines(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm's engine config as the summary records it ({} where it records none)."""
     return {a: (d.get("engine") or {}) for a, d in (summary.get("arms") or {}).items() if isinstance(d, dict)}
 
@@ -187,15 +241,16 @@ def truncation_line(summary: dict[str, Any], requests_df: pd.DataFrame | None = 
 
 
 def render_console_table(summary: dict[str, Any], console: Console | None = None) -> Table:
-    """Print the verdict table of one experiment with rich and return it; below it, what the verdict
-    means when an arm declined every step, what each planner decided and why, and truncated outputs."""
-    table = Table(title=f"A/B {summary.get('experiment', '')}: B vs A".strip())
+    """Print the verdict table of one experiment with rich and return it; below it, the verdict as a sentence,
+    what it means when an arm declined every step, what each planner decided and why, and truncated outputs."""
+    names = arm_names(summary)
+    table = Table(title=f"A/B {summary.get('experiment', '')}: {names['B']} vs {names['A']}".strip())
     for header in STAT_HEADERS:
         table.add_column(header, justify="left" if header in ("metric", "verdict") else "right",
                          no_wrap=header in ("metric", "CI"))
     for row in _statistics_rows(summary):
         verdict = row[-1]
-        style = {"faster": "green", "slower": "red"}.get(verdict, "")
+        style = {"faster": "green", "slower": "red", "inconclusive": "yellow"}.get(verdict, "")
         table.add_row(*[c.replace("**", "") for c in row[:-1]], f"[{style}]{verdict}[/{style}]" if style else verdict)
     guards = summary.get("guards", [])
     failed = [g["name"] for g in guards if not g["passed"]]
@@ -203,6 +258,7 @@ def render_console_table(summary: dict[str, Any], console: Console | None = None
                      + (f" -- FAILED: {', '.join(failed)}" if failed else ""))
     console = console or Console()
     console.print(table)
+    console.print(f"{verdict_line(summary)}.", highlight=False, markup=False)
     note = summary.get("verdict_note") or verdict_note(summary)
     if note:
         console.print(f"[bold]Verdict: {note}.[/bold]", highlight=False)
@@ -214,106 +270,213 @@ def render_console_table(summary: dict[str, Any], console: Console | None = None
     return table
 
 
-def _plot_per_block(blocks_df: pd.DataFrame, metric: str, path: Path) -> None:
-    fig, (ax_val, ax_ratio) = plt.subplots(1, 2, figsize=(11, 4))
-    for arm, group in blocks_df.groupby("arm"):
-        ran_first = group["first_arm"] == arm
-        color = ARM_COLORS.get(arm, None)
-        ax_val.plot(group["block"], group[metric], color=color, alpha=0.4)
-        ax_val.scatter(group.loc[ran_first, "block"], group.loc[ran_first, metric], color=color, marker="o",
-                       label=f"{arm} (ran first)")
-        ax_val.scatter(group.loc[~ran_first, "block"], group.loc[~ran_first, metric], color=color, marker="^",
-                       label=f"{arm} (ran second)")
-    ax_val.set(xlabel="block", ylabel=metric, title=f"{metric} per block")
-    ax_val.legend(fontsize=8)
-    wide = blocks_df.pivot(index="block", columns="arm", values=metric).sort_index()
-    first = blocks_df.drop_duplicates("block").set_index("block")["first_arm"].reindex(wide.index)
-    ratio_pct = 100 * (wide["B"] / wide["A"] - 1)
-    for order, marker in (("A", "o"), ("B", "^")):
-        sel = first == order
-        ax_ratio.scatter(wide.index[sel], ratio_pct[sel], marker=marker, label=f"{order} ran first")
-    ax_ratio.axhline(0, color="black", linewidth=0.8)
-    ax_ratio.set(xlabel="block", ylabel="B / A - 1 (%)", title="paired change per block")
-    ax_ratio.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+# ---- the arms side by side -------------------------------------------------------------------
+def block_interval(values: Sequence[float], level: float = INTERVAL_LEVEL) -> tuple[float, float | None, float | None]:
+    """(centre, low, high) of per-block values: where every value is positive, the geometric mean over blocks
+    and its ``level`` t-interval computed on the logs (n - 1 degrees of freedom; the same multiplicative view
+    as the B vs A statistics, and never below 0); otherwise the mean and its t-interval, cut at 0. No
+    interval from one block; NaN values are left out."""
+    x = pd.Series(values, dtype=float).dropna().to_numpy()
+    if x.size == 0:
+        return float("nan"), None, None
+    positive = bool((x > 0).all())
+    y = np.log(x) if positive else x
+    centre = float(y.mean())
+    if x.size < 2 or float(np.ptp(y)) == 0:
+        low = high = None if x.size < 2 else centre
+    else:
+        low, high = (float(v) for v in sps.t.interval(level, y.size - 1, loc=centre, scale=float(sps.sem(y))))
+    if positive:
+        return math.exp(centre), *(None if v is None else math.exp(v) for v in (low, high))
+    return centre, None if low is None else max(low, 0.0), high
 
 
-def _plot_distributions(requests_df: pd.DataFrame, columns: list[str], path: Path) -> None:
-    fig, axes = plt.subplots(1, len(columns), figsize=(5 * len(columns), 4), squeeze=False)
-    for ax, column in zip(axes[0], columns):
-        arms = sorted(requests_df["arm"].unique())
-        data = [requests_df.loc[requests_df["arm"] == arm, column].dropna().to_numpy() for arm in arms]
-        ax.boxplot(data, tick_labels=arms, showfliers=True)
-        ax.set(title=f"{column} by arm", ylabel=column)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def paired_change_pct(blocks_df: pd.DataFrame, column: str) -> float | None:
+    """B vs A on ``column`` as a % change: the geometric mean of B/A over the blocks where both arms have a
+    positive value (the statistics' estimator); None without such a block."""
+    if not {"block", "arm", column} <= set(blocks_df.columns):
+        return None
+    wide = blocks_df.pivot_table(index="block", columns="arm", values=column, aggfunc="first")
+    if not {"A", "B"} <= set(wide.columns):
+        return None
+    pairs = wide[["A", "B"]].apply(pd.to_numeric, errors="coerce")
+    pairs = pairs[(pairs > 0).all(axis=1)]
+    if pairs.empty:
+        return None
+    return 100.0 * math.expm1(float(np.log(pairs["B"] / pairs["A"]).mean()))
 
 
-def _plot_acceptance(blocks_df: pd.DataFrame, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for arm, group in blocks_df.groupby("arm"):
-        curves = [np.asarray(c, dtype=float) for c in group["per_position_acceptance"] if len(c)]
-        if not curves:  # an arm that never drafted (target-only) has no acceptance curve
+def _duration_unit(seconds: float) -> tuple[float, str]:
+    return (1.0, "s") if abs(seconds) >= 1 else (1e3, "ms")
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _cell(centre: float, low: float | None, high: float | None, kind: str) -> str:
+    if not math.isfinite(centre):
+        return "n/a"
+    scale, unit = _duration_unit(centre) if kind == "duration" else (1.0, "")
+    text = _number(centre * scale) + (f" {unit}" if unit else "")
+    if low is None or high is None:
+        return text
+    return f"{text} ({_number(low * scale)} .. {_number(high * scale)})"
+
+
+def arm_results(summary: Mapping[str, Any], blocks_df: pd.DataFrame) -> list[dict[str, Any]]:
+    """The rows of the per-arm results table: throughput, then TTFT, TPOT, ITL, E2E and queue wait at p50 / p90 /
+    p99, each with {arm: (mean over blocks, low, high)} and B vs A (:func:`paired_change_pct`). Rows the blocks
+    have no value for are left out (queue wait: runs that did not record scheduled arrivals)."""
+    if "arm" not in blocks_df:
+        return []
+    arms = [a for a in ("A", "B") if a in set(blocks_df["arm"])]
+    specs = [(column, name, "rate") for column, name in THROUGHPUT_ROWS]
+    specs += [(f"{prefix}_p{q}", f"{name} p{q}", "duration") for prefix, name in LATENCY_ROWS for q in PERCENTILES]
+    rows = []
+    for column, name, kind in specs:
+        if column not in blocks_df:
             continue
-        depth = max(len(c) for c in curves)
-        padded = np.full((len(curves), depth), np.nan)
-        for i, c in enumerate(curves):
-            padded[i, : len(c)] = c
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a position no draft reached stays NaN (a gap)
-            mean_curve = np.nanmean(padded, axis=0)
-        ax.plot(np.arange(1, depth + 1), mean_curve, marker="o", color=ARM_COLORS.get(arm),
-                label=arm)
-    ax.set(xlabel="draft position", ylabel="acceptance (accepted / reached)", ylim=(0, 1.05),
-           title="per-position acceptance (mean over blocks)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        values = {arm: block_interval(pd.to_numeric(blocks_df.loc[blocks_df["arm"] == arm, column], errors="coerce"))
+                  for arm in arms}
+        if not any(math.isfinite(v[0]) for v in values.values()):
+            continue
+        rows.append({"column": column, "name": name, "kind": kind, "arms": values,
+                     "change_pct": paired_change_pct(blocks_df, column)})
+    return rows
 
 
-def _plot_cost_tables(summary: dict[str, Any], path: Path) -> tuple[Path | None, str]:
-    """Plot the cost table(s) of ``summary["cost_tables"]`` (predicted step ms against M, one line per batch
-    size) to ``path``; (path, "") or (None, why not)."""
-    from dspark.cost_table import CostTable
-
-    used = {}
-    for arm, entry in (summary.get("cost_tables") or {}).items():
-        table_path = entry.get("path") if isinstance(entry, dict) else None
-        if table_path:
-            used.setdefault(str(table_path), []).append(str(arm))
-    if not used:
-        return None, "no arm used a cost table"
-    tables = {}
-    for table_path, arms in used.items():
-        try:
-            tables[table_path] = (arms, CostTable.load(table_path))
-        except (OSError, ValueError) as exc:
-            return None, f"{table_path} could not be read ({type(exc).__name__}: {exc})"
-    fig, axes = plt.subplots(1, len(tables), figsize=(7 * len(tables), 4.5), squeeze=False)
-    for ax, (table_path, (arms, table)) in zip(axes[0], tables.items()):
-        for b in table.batch_sizes or (1,):
-            ms = [m for m in table.token_counts if m >= b]
-            if not ms:
-                continue
-            (line,) = ax.plot(ms, [table.step_ms(m, b) for m in ms], marker="o", markersize=3, label=f"batch {b}")
-            if table.trim_overhead(b):
-                ax.plot(ms, [table.step_ms(m, b, trimmed=True) for m in ms], linestyle="--", color=line.get_color(),
-                        label=f"batch {b}, trimmed step")
-        ax.set(xlabel="tokens sent to the target per step (M, bonus included)", ylabel="predicted step ms",
-               title=f"cost table of arm {', '.join(sorted(arms))}: {Path(table_path).name}"[:90])
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path, ""
+def results_section(summary: Mapping[str, Any], blocks_df: pd.DataFrame) -> list[str]:
+    """"Results per arm" as markdown lines."""
+    rows = arm_results(summary, blocks_df)
+    lines = ["## Results per arm", ""]
+    if not rows:
+        return lines + ["No blocks recorded.", ""]
+    arms = list(rows[0]["arms"])
+    names = arm_names(summary, arms)
+    table = [[r["name"], *[_cell(*r["arms"][a], r["kind"]) for a in arms],
+              "n/a" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%"] for r in rows]
+    n_blocks = blocks_df.groupby("arm")["block"].nunique() if "block" in blocks_df else None
+    counts = ", ".join(f"{names[a]} {int(n_blocks[a])}" for a in arms) if n_blocks is not None else "?"
+    lines.append(_markdown(["metric", *[names[a] for a in arms], "B vs A"], table))
+    lines += ["", f"Each cell: the geometric mean over the arm's blocks ({counts}) of the block's value, with its "
+              f"{INTERVAL_LEVEL:.0%} t-interval over blocks in brackets (none from one block). Percentiles are taken "
+              "within a block over its requests (ITL over every gap between two chunks of a request). TTFT and E2E "
+              "count from the request's submission to the engine; queue wait is the time from its scheduled arrival "
+              "to its submission (closed loop: waiting for a free concurrency slot). B vs A: the geometric mean of "
+              "the paired per-block ratios.", ""]
+    return lines
 
 
+def flat_settings(description: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """An arm description (``summary["arms"][arm]``) as {"engine.verify": "ragged", ...}, nested mappings
+    joined with dots; the label is left out (it names the arm)."""
+    out: dict[str, Any] = {}
+    for key, value in description.items():
+        if not prefix and key == "label":
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out |= flat_settings(value, f"{name}.")
+        else:
+            out[name] = value
+    return out
+
+
+def _setting_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+MISSING = "-"
+
+
+def settings_table(summary: Mapping[str, Any], only_differing: bool = True) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the arms' settings, one row per setting ("-" where an arm does not record it); with
+    ``only_differing`` the settings whose values differ between the arms."""
+    described = {a: d for a, d in (summary.get("arms") or {}).items() if isinstance(d, Mapping)}
+    names = arm_names(summary, described)
+    flat = {arm: flat_settings(d) for arm, d in described.items()}
+    keys = sorted({k for f in flat.values() for k in f})
+    rows = []
+    for key in keys:
+        values = [_setting_text(flat[a][key]) if key in flat[a] else MISSING for a in flat]
+        if not only_differing or len(set(values)) > 1:
+            rows.append([key, *values])
+    return ["setting", *[names[a] for a in flat]], rows
+
+
+def settings_section(summary: Mapping[str, Any]) -> list[str]:
+    lines = ["## Settings that differ between arms", ""]
+    if not summary.get("arms"):
+        return lines + ["No arm descriptions recorded.", ""]
+    headers, rows = settings_table(summary)
+    if rows:
+        lines.append(_markdown(headers, rows))
+    else:
+        lines.append("None: the arms ran the same settings (their labels aside).")
+    return lines + ["", f"Every setting of both arms: [{APPENDIX}]({APPENDIX}#arm-settings).", ""]
+
+
+# ---- the appendix ------------------------------------------------------------------------------
+def _histogram_bucket(name: str, prefix: str) -> float:
+    try:
+        return float(name[len(prefix):])
+    except ValueError:
+        return math.inf
+
+
+def appendix_text(summary: Mapping[str, Any]) -> str:
+    """``report_appendix.md``: every arm setting, every engine counter (histogram counters as their own
+    tables) and the node fingerprint."""
+    lines = [f"# Appendix to the A/B report: {summary.get('experiment', 'experiment')}", "",
+             "The long tables behind [report.md](report.md).", "", "## Arm settings", ""]
+    if summary.get("arms"):
+        headers, rows = settings_table(summary, only_differing=False)
+        lines.append(_markdown(headers, rows) if rows else "No settings recorded.")
+    else:
+        lines.append("No arm descriptions recorded.")
+    counters = summary.get("counters") or {}
+    names = arm_names(summary, counters)
+    lines += ["", "## Engine counters", ""]
+    histogram_keys = {k for c in counters.values() for k in c if k.startswith(tuple(HISTOGRAMS))}
+    plain = sorted({k for c in counters.values() for k in c} - histogram_keys)
+    if plain:
+        lines.append(_markdown(["counter", *[names[a] for a in counters]],
+                               [[n, *[_fmt(counters[a].get(n)) for a in counters]] for n in plain]))
+    else:
+        lines.append("No engine counters recorded.")
+    for prefix, (title, what) in HISTOGRAMS.items():
+        keys = sorted((k for k in histogram_keys if k.startswith(prefix)), key=lambda k: _histogram_bucket(k, prefix))
+        if not keys:
+            continue
+        lines += ["", f"## {title} histogram", "", f"Steps per bucket ({what}; counters `{prefix}<bucket>`).", "",
+                  _markdown(["bucket", *[names[a] for a in counters]],
+                            [[k[len(prefix):], *[_fmt(counters[a].get(k), ",.0f") if counters[a].get(k) is not None
+                                                 else "0" for a in counters]] for k in keys])]
+    fingerprint = summary.get("fingerprint")
+    lines += ["", "## Node fingerprint", ""]
+    lines.append("```json\n" + json.dumps(fingerprint, indent=2, sort_keys=True, default=str) + "\n```"
+                 if fingerprint else "No fingerprint recorded: this result cannot be tied to a node or commit.")
+    return "\n".join(lines) + "\n"
+
+
+def fingerprint_line(fingerprint: Mapping[str, Any] | None) -> str:
+    """The node fingerprint in one line: host, device, git commit, config hash."""
+    if not fingerprint:
+        return "No fingerprint recorded: this result cannot be tied to a node or commit."
+    git = fingerprint.get("git") or {}
+    parts = [f"host {fingerprint.get('hostname', '?')}",
+             f"device {fingerprint.get('device_name') or fingerprint.get('device', '?')}"]
+    if fingerprint.get("cpu_model"):
+        parts.append(f"CPU {fingerprint['cpu_model']}")
+    if git.get("sha"):
+        parts.append(f"git {str(git['sha'])[:12]}" + (" (dirty)" if git.get("dirty") else ""))
+    if fingerprint.get("config_hash"):
+        parts.append(f"config hash {str(fingerprint['config_hash'])[:12]}")
+    return ", ".join(parts) + f"; the full fingerprint is in [{APPENDIX}]({APPENDIX}#node-fingerprint)."
+
+
+# ---- where the time went ---------------------------------------------------------------------
 COUNTER = "counter/"
 EAGER_REASON = "counter/eager_reason/"
 BREAKDOWN_HEADERS = ["arm", "decode steps", "device-resident", "eager steps (by reason)", "prefill device / eager",
@@ -360,19 +523,6 @@ def _add(a: float | None, b: float | None) -> float | None:
 def _median(values: pd.Series | None) -> float | None:
     values = _finite(values)
     return None if values is None else float(values.median())
-
-
-def arm_labels(summary: dict[str, Any], arms: Iterable[str]) -> dict[str, str]:
-    """Arm key -> its label (``summary["arms"][arm]["label"]``), the key where there is none; a label two arms
-    share gets its key appended."""
-    described = summary.get("arms") or {}
-    labels = {}
-    for arm in arms:
-        entry = described.get(arm)
-        label = entry.get("label") if isinstance(entry, dict) else None
-        labels[arm] = str(label) if label else str(arm)
-    counts = pd.Series(list(labels.values())).value_counts()
-    return {arm: (f"{label} ({arm})" if counts[label] > 1 else label) for arm, label in labels.items()}
 
 
 def time_breakdown(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -477,7 +627,7 @@ def where_time_went(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[st
                       _share(r["device_idle_fraction"], ".1%"),
                       "-" if r["mean_running_batch"] is None else f"{r['mean_running_batch']:.1f}", captured,
                       "-" if r["first_block_vs_median"] is None else f"{r['first_block_vs_median']:.2f}x"])
-    lines.append(_md_table(BREAKDOWN_HEADERS, table))
+    lines.append(_markdown(BREAKDOWN_HEADERS, table))
     lines += ["", "Device-resident: share of decode steps run device-resident (CUDA graph replays, or uncaptured "
               "on a CPU). Host ms/step: host-side time per step() call without the wait for the device, median over "
               "blocks. Device idle: median over blocks. Mean batch: decoding requests per decode step. Graphs "
@@ -492,79 +642,32 @@ def where_time_went(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[st
     return lines + [""]
 
 
-def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.DataFrame,
-                 requests_df: pd.DataFrame | None) -> dict[str, Path]:
-    """Write ``report.md`` and its PNG plots under ``out_dir``; return their paths by name."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    headline = _require(summary, "headline_metric")
-    statistics = _require(summary, "statistics")
-    if headline not in statistics:
-        raise KeyError(f"headline_metric {headline!r} has no entry in statistics ({sorted(statistics)})")
-    paths: dict[str, Path] = {}
-    skipped: list[str] = []
-
-    if {"block", "arm", "first_arm", headline} <= set(blocks_df.columns):
-        paths["per_block_plot"] = out / "per_block.png"
-        _plot_per_block(blocks_df, headline, paths["per_block_plot"])
-    else:
-        skipped.append(f"per-block plot: blocks table lacks block/arm/first_arm/{headline}")
-    dist_cols = [c for c in ("tpot_s", "e2e_s") if requests_df is not None and c in requests_df
-                 and requests_df[c].notna().any()]
-    if dist_cols:
-        paths["distributions_plot"] = out / "distributions.png"
-        _plot_distributions(requests_df, dist_cols, paths["distributions_plot"])
-    else:
-        skipped.append("latency distributions: no per-request tpot_s/e2e_s values")
-    if "per_position_acceptance" in blocks_df and any(len(c) for c in blocks_df["per_position_acceptance"]):
-        paths["acceptance_plot"] = out / "acceptance.png"
-        _plot_acceptance(blocks_df, paths["acceptance_plot"])
-    else:
-        skipped.append("per-position acceptance: no acceptance recorded (target-only arms?)")
-    cost_plot, cost_why = _plot_cost_tables(summary, out / "cost_table.png")
-    if cost_plot is not None:
-        paths["cost_table_plot"] = cost_plot
-    else:
-        skipped.append(f"cost table: {cost_why}")
-
-    hs = statistics[headline]
-    lines = [f"# A/B report: {summary.get('experiment', 'experiment')}", "",
-             f"**Verdict on {headline}: {hs['verdict']}** -- B vs A {hs['change_pct']:+.2f}% "
-             f"({_ci_text(hs)}, {hs['ci_level']:.0%} {hs['ci_method']} CI). {hs['verdict_reason']}.", ""]
-    note = summary.get("verdict_note") or verdict_note(summary)
-    if note:
-        lines += [f"**{note}.**", ""]
-    truncated = truncation_line(summary, requests_df)
-    if truncated:
-        lines += [f"{truncated}.", ""]
-    flags = (summary.get("timing_health") or {}).get("flags") or []
-    if flags:
-        lines += [f"⚠ {len(flags)} timing warning(s): see \"Where the time went\".", ""]
-    arms = summary.get("arms")
-    if arms:
-        lines += ["## Arms", "", _md_table(["arm", "description"],
-                                           [[a, json.dumps(d, sort_keys=True, default=str)] for a, d in arms.items()]), ""]
-    lines += ["## Statistics", "", _md_table(STAT_HEADERS, _statistics_rows(summary)), ""]
-    for metric, s in statistics.items():
+# ---- the report ------------------------------------------------------------------------------
+def _statistics_section(summary: Mapping[str, Any]) -> list[str]:
+    lines = ["## Statistics", "", _markdown(STAT_HEADERS, _statistics_rows(summary)), ""]
+    for metric, s in statistics_of(summary).items():
         order = (f"order effect {_fmt(s.get('order_effect_pct'), '+.2f')}% (p={_fmt(s.get('order_effect_p'))}, "
                  f"{s['order_effect_test']})" + (" **FLAGGED**" if s.get("order_effect_flagged") else ""))
         notes = "; ".join(s.get("notes", []))
         lines.append(f"- {metric}: {s['verdict_reason']}. {order}. {notes}")
-    lines += ["", "## Guards", ""]
-    guards = summary.get("guards")
-    if guards:
-        lines.append(_md_table(["guard", "passed", "message"],
-                               [[g["name"], "yes" if g["passed"] else "**NO**", g["message"]] for g in guards]))
-    else:
-        lines.append("No guards recorded: the speed numbers are unchecked.")
-    lines += ["", "## Planner", ""]
-    planned = planner_lines(summary, hints=False)
-    lines += [f"- {line}" for line in planned] or ["No arm reported planner decisions (no trimming arm)."]
+    return lines + ["", "MDE: the smallest change the blocks detect with the stated power at the measured noise "
+                    "(t distribution, blocks - 1 degrees of freedom).", ""]
+
+
+def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> list[str]:
     from dspark.bench.guards import DECLINE_HINTS
 
+    lines = ["## Planner", ""]
+    planned = planner_lines(summary, hints=False)
+    lines += [f"- {line}" for line in planned] or ["No arm reported planner decisions (no trimming arm)."]
     meanings = dict.fromkeys(k for r in planner_rows(summary) for k in r["reasons"] if k in DECLINE_HINTS)
     if meanings:
         lines += ["", *[f"- `{k}`: {DECLINE_HINTS[k]}" for k in meanings]]
+    for arm, t in (summary.get("cost_tables") or {}).items():
+        if isinstance(t, Mapping) and t.get("path"):
+            fit = f"; fit {t['fit_summary']}" if t.get("fit_summary") else ""
+            fp = f", fingerprint {t['fingerprint']}" if t.get("fingerprint") else ""
+            lines += ["", f"- arm {arm} priced its steps with `{t['path']}` ({t.get('how', 'how not recorded')}{fp}{fit})"]
     for arm, h in (summary.get("prediction_health") or {}).items():
         ms = h.get("step_ms_measured_over_predicted")
         lines += ["", f"- arm {arm}, the cost table's predictions against its planned steps: tokens per step "
@@ -576,33 +679,108 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.Dat
         lines += ["", "The cost table the planner priced each step with (predicted step time against the tokens "
                   "a step sends to the target, per batch size): trimming pays only where the curve rises.", "",
                   f"![cost table]({paths['cost_table_plot'].name})"]
-    lines += ["", *where_time_went(summary, blocks_df)]
-    counters = summary.get("counters")
-    lines += ["## Engine counters", ""]
-    if counters:
-        names = sorted({k for c in counters.values() for k in c})
-        arm_names = list(counters)
-        lines.append(_md_table(["counter", *arm_names],
-                               [[n, *[_fmt(counters[a].get(n)) for a in arm_names]] for n in names]))
+    return lines + [""]
+
+
+def _key_counters_section(summary: Mapping[str, Any]) -> list[str]:
+    counters = summary.get("counters") or {}
+    lines = ["## Engine counters", ""]
+    if not counters:
+        return lines + ["No engine counters recorded.", ""]
+    names = arm_names(summary, counters)
+    shown = [n for n in KEY_COUNTERS if any(n in c for c in counters.values())]
+    if shown:
+        lines += [_markdown(["counter", *[names[a] for a in counters]],
+                            [[n, *[_fmt(counters[a].get(n)) for a in counters]] for n in shown]), ""]
+    total = max(len(c) for c in counters.values())
+    return lines + [f"All {total} counters per arm, with the token-bucket and verify-length histograms: "
+                    f"[{APPENDIX}]({APPENDIX}#engine-counters).", ""]
+
+
+def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.DataFrame,
+                 requests_df: pd.DataFrame | None) -> dict[str, Path]:
+    """Write ``report.md``, ``report_appendix.md`` and the PNG plots under ``out_dir``; return their paths by
+    name ("report", "appendix", and "<name>_plot" for each plot drawn)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    headline = _require(summary, "headline_metric")
+    statistics = _require(summary, "statistics")
+    if headline not in statistics:
+        raise KeyError(f"headline_metric {headline!r} has no entry in statistics ({sorted(statistics)})")
+    labels = arm_names(summary)
+    paths: dict[str, Path] = {}
+    skipped: list[str] = []
+
+    if {"block", "arm", "first_arm", headline} <= set(blocks_df.columns):
+        paths["per_block_plot"] = out / "per_block.png"
+        report_plots.plot_per_block(blocks_df, headline, labels, paths["per_block_plot"])
     else:
-        lines.append("No engine counters recorded.")
-    lines += ["", "## Plots", ""]
-    lines += [f"![{name}]({p.name})" for name, p in paths.items() if name != "cost_table_plot"]
+        skipped.append(f"per-block plot: blocks table lacks block/arm/first_arm/{headline}")
+    samples = report_plots.latency_samples(requests_df) if requests_df is not None and "arm" in requests_df else {}
+    if samples:
+        paths["latency_cdf_plot"] = out / "latency_cdf.png"
+        report_plots.plot_latency_cdfs(samples, labels, paths["latency_cdf_plot"])
+    else:
+        skipped.append("latency CDFs: no per-request latencies (requests.parquet)")
+    if "per_position_acceptance" in blocks_df and any(len(c) for c in blocks_df["per_position_acceptance"]):
+        paths["acceptance_plot"] = out / "acceptance.png"
+        report_plots.plot_acceptance(blocks_df, labels, paths["acceptance_plot"])
+    else:
+        skipped.append("per-position acceptance: no acceptance recorded (target-only arms?)")
+    cost_plot, cost_why = report_plots.plot_cost_tables(summary, out / "cost_table.png")
+    if cost_plot is not None:
+        paths["cost_table_plot"] = cost_plot
+    else:
+        skipped.append(f"cost table: {cost_why}")
+
+    lines = [f"# A/B report: {summary.get('experiment', 'experiment')}", "", f"**{verdict_line(summary)}.**", ""]
+    note = summary.get("verdict_note") or verdict_note(summary)
+    if note:
+        lines += [f"**{note}.**", ""]
+    truncated = truncation_line(summary, requests_df)
+    if truncated:
+        lines += [f"{truncated}.", ""]
+    flags = (summary.get("timing_health") or {}).get("flags") or []
+    if flags:
+        lines += [f"⚠ {len(flags)} timing warning(s): see \"Where the time went\".", ""]
+    lines += results_section(summary, blocks_df)
+    lines += settings_section(summary)
+    lines += ["## Latency CDFs", ""]
+    if "latency_cdf_plot" in paths:
+        lines += [f"![latency CDFs]({paths['latency_cdf_plot'].name})", ""]
+    else:
+        lines += ["Not drawn: no per-request latencies (requests.parquet).", ""]
+    lines += _statistics_section(summary)
+    lines += ["## Guards", ""]
+    guards = summary.get("guards")
+    if guards:
+        lines.append(_markdown(["guard", "passed", "message"],
+                               [[g["name"], "yes" if g["passed"] else "**NO**", g["message"]] for g in guards]))
+    else:
+        lines.append("No guards recorded: the speed numbers are unchecked.")
+    lines += ["", *_planner_section(summary, paths)]
+    lines += where_time_went(summary, blocks_df)
+    lines += _key_counters_section(summary)
+    lines += ["## Plots", ""]
+    lines += [f"![{name}]({p.name})" for name, p in paths.items()
+              if name not in ("cost_table_plot", "latency_cdf_plot")]
     lines += [f"- not drawn: {s}" for s in skipped]
-    fingerprint = summary.get("fingerprint")
-    lines += ["", "## Node fingerprint", ""]
-    lines.append("```json\n" + json.dumps(fingerprint, indent=2, sort_keys=True, default=str) + "\n```"
-                 if fingerprint else "No fingerprint recorded: this result cannot be tied to a node or commit.")
+    lines += ["", "## Node fingerprint", "", fingerprint_line(summary.get("fingerprint"))]
     if summary.get("wandb"):
         w = summary["wandb"]
         lines += ["", "## W&B", "", f"mode {w.get('mode')}, runs {w.get('run_dirs')}, "
                   f"{len(w.get('failures', []))} failure(s): {w.get('failures', [])}"]
+    lines += ["", f"Appendix (every arm setting, every engine counter, histograms, the node fingerprint): "
+              f"[{APPENDIX}]({APPENDIX})."]
+    paths["appendix"] = out / APPENDIX
+    paths["appendix"].write_text(appendix_text(summary))
     paths["report"] = out / "report.md"
     paths["report"].write_text("\n".join(lines) + "\n")
     return paths
 
 
-def _job_label(summary: dict[str, Any], path: Path) -> str:
+# ---- sweeps ------------------------------------------------------------------------------------
+def _job_label(summary: Mapping[str, Any], path: Path) -> str:
     params = summary.get("sweep_params")
     if params:
         return ",".join(f"{k}={v}" for k, v in sorted(params.items()))
@@ -620,7 +798,8 @@ def compare_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"cannot read A/B summary {p}: {exc}") from exc
         guards = summary.get("guards", [])
-        for metric, s in _require(summary, "statistics").items():
+        names = arm_names(summary)
+        for metric, s in statistics_of(summary).items():
             row = {"job": _job_label(summary, p), "experiment": summary.get("experiment"), "summary_path": str(p),
                    "metric": metric, "is_headline": metric == summary.get("headline_metric"),
                    "guards_passed": all(g["passed"] for g in guards) if guards else None,
@@ -628,6 +807,7 @@ def compare_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
             for key in ("direction", "n_blocks", "change_pct", "ci_low_pct", "ci_high_pct", "wilcoxon_p", "mde_pct",
                         "order_effect_flagged", "verdict"):
                 row[key] = s.get(key)
+            row["verdict_sentence"] = verdict_sentence(s, names["A"], names["B"])
             for name, value in (summary.get("sweep_params") or {}).items():
                 row[f"param/{name}"] = value
             rows.append(row)
@@ -646,28 +826,17 @@ def write_sweep_report(sweep_dir: str | Path) -> dict[str, Path]:
     table.to_csv(paths["csv"], index=False)
 
     headline = table[table["is_headline"]].reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(headline) + 2), 4))
-    x = np.arange(len(headline))
-    for i, row in headline.iterrows():
-        has_ci = row["ci_low_pct"] is not None and not pd.isna(row["ci_low_pct"])
-        err = ([[row["change_pct"] - row["ci_low_pct"]], [row["ci_high_pct"] - row["change_pct"]]] if has_ci else None)
-        ax.errorbar(x[i], row["change_pct"], yerr=err, fmt="o", capsize=4,
-                    color=VERDICT_COLORS.get(row["verdict"], "black"))
-    ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks(x, headline["job"], rotation=30, ha="right", fontsize=8)
-    metric_names = sorted(headline["metric"].unique())
-    ax.set(ylabel=f"B vs A (%) on {', '.join(metric_names)}", title="gain per job with CI (green faster, red slower)")
-    fig.tight_layout()
-    fig.savefig(paths["plot"], dpi=110)
-    plt.close(fig)
+    report_plots.plot_sweep_gain(headline, paths["plot"])
 
     md_rows = [[r["job"], r["metric"], f"{r['change_pct']:+.2f}%", _ci_text(r), _fmt(r["wilcoxon_p"]),
                 _fmt(r["mde_pct"], ".2f") + "%", r["n_blocks"],
-                r["verdict"] + (f" ({r['declined_all']} declined every step: no trimming measured)" if r["declined_all"] else ""),
+                r["verdict"] + (f" ({r['declined_all']} declined every step: no trimming measured)"
+                                if r["declined_all"] else ""),
                 {True: "pass", False: "**FAIL**", None: "none recorded"}[r["guards_passed"]]]
                for r in headline.to_dict("records")]
     text = [f"# Sweep summary: {root}", "", f"{len(summaries)} job(s); headline metric per job.", "",
-            _md_table(["job", "metric", "B vs A", "CI", "Wilcoxon p", "MDE", "blocks", "verdict", "guards"], md_rows),
+            _markdown(["job", "metric", "B vs A", "CI", "Wilcoxon p", "MDE", "blocks", "verdict", "guards"], md_rows),
+            "", *[f"- {r['job']}: {r['verdict_sentence']}." for r in headline.to_dict("records")],
             "", f"![gain per job]({paths['plot'].name})", "",
             f"All metrics of all jobs: `{paths['csv'].name}`."]
     paths["markdown"].write_text("\n".join(text) + "\n")

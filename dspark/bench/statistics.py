@@ -6,18 +6,26 @@ the log makes it symmetric and additive, so block-level drift common to both arm
 cancels. From r we report:
 
 - the point estimate exp(mean r) - 1, as a % change of B relative to A;
-- a bias-corrected and accelerated (BCa) bootstrap CI of mean r (seeded);
+- a bias-corrected and accelerated (BCa) bootstrap CI of mean r (``scipy.stats.bootstrap``, seeded);
 - the exact Wilcoxon signed-rank p-value of r (no normality assumption);
-- the minimum detectable effect at this noise: (z_{1-alpha/2} + z_power) * sd(r) / sqrt(n);
+- the minimum detectable effect (MDE) at this noise, from the t distribution with n - 1 degrees
+  of freedom: (t_{1-alpha/2} + t_{power}) * sd(r) / sqrt(n). With few blocks the t quantiles are
+  far above the normal ones (2 blocks: 14.1 against 2.8 at alpha 0.05 and power 0.8);
 - an order-effect check: log-ratios of A-first blocks against B-first blocks;
-- a verdict in words.
+- a verdict, one of :data:`VERDICTS`, and a sentence for readers (:func:`verdict_sentence`).
 
-The verdict says "faster" or "slower" only when the BCa CI excludes 0 AND the
-Wilcoxon p-value is below alpha. The bootstrap is too narrow with few blocks (on
-synthetic null data with 8-12 blocks a 95% BCa CI alone excludes 0 in 10-12% of runs)
-and the exact rank test brings the false-positive rate back under alpha. With fewer than 6 nonzero blocks the two-sided exact
-Wilcoxon test cannot go below 2 / 2**n >= 0.0625, so no verdict can be reached at
-alpha 0.05 and the result says so instead of pretending.
+Verdicts:
+
+- "faster" / "slower": the BCa CI excludes 0 AND the Wilcoxon p-value is below alpha. The
+  bootstrap is too narrow with few blocks (on synthetic null data with 8-12 blocks a 95% BCa CI
+  alone excludes 0 in 10-12% of runs) and the exact rank test brings the false-positive rate
+  back under alpha.
+- "inconclusive": the test cannot decide. Either there are too few blocks for it to ever reach
+  significance (with fewer than 6 blocks that differ, the two-sided exact Wilcoxon test cannot go
+  below 2 / 2**n >= 0.0625, whatever the data, so the verdict names the blocks it needs), or the
+  two tests disagree, or the estimate is as large as the MDE without being significant.
+- "no difference": not significant, and the estimate is smaller than the MDE, so a change of the
+  MDE's size would have been detected with the stated power (or every block gave identical values).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats as sps
@@ -33,8 +41,9 @@ from scipy import stats as sps
 if TYPE_CHECKING:
     import pandas as pd
 
-VERDICTS = ("faster", "slower", "no detectable difference")
+VERDICTS = ("faster", "slower", "no difference", "inconclusive")
 DIRECTIONS = ("higher", "lower")
+CI_METHOD_NAMES = {"bca": "BCa", "degenerate": "zero-width", "percentile": "percentile"}
 
 
 @dataclass
@@ -55,7 +64,7 @@ class ABStatistics:
     wilcoxon_min_attainable_p: float | None
     alpha: float
     power: float
-    mde_pct: float | None
+    mde_pct: float | None  # t-based, see the module docstring
     order_effect_pct: float | None  # exp(mean r | A first - mean r | B first) - 1
     order_effect_p: float | None
     order_effect_test: str
@@ -63,18 +72,16 @@ class ABStatistics:
     verdict: str
     verdict_reason: str
     notes: list[str] = field(default_factory=list)
+    n_nonzero_blocks: int = 0  # blocks whose log-ratio is not exactly 0 (the ones the rank test uses)
+    blocks_required: int = 0  # blocks with a difference the exact Wilcoxon test needs to reach alpha
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: NaN and inf become None so that the file stays valid JSON."""
         return {k: _json_safe(v) for k, v in asdict(self).items()}
 
     def describe(self) -> str:
-        """One sentence for reports and logs."""
-        ci = ("no CI" if self.ci_low_pct is None
-              else f"{self.ci_level:.0%} {self.ci_method} CI {self.ci_low_pct:+.2f}..{self.ci_high_pct:+.2f}%")
-        p = "n/a" if self.wilcoxon_p is None else f"{self.wilcoxon_p:.3g}"
-        return (f"{self.metric}: B vs A {self.change_pct:+.2f}% ({ci}, Wilcoxon p={p}, n={self.n_blocks} blocks) "
-                f"-> {self.verdict}: {self.verdict_reason}")
+        """One line for logs: the metric and the verdict sentence."""
+        return f"{self.metric}: {verdict_sentence(self.to_dict())}"
 
 
 def _json_safe(v: Any) -> Any:
@@ -91,67 +98,64 @@ def _mean_axis(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.mean(x, axis=axis)
 
 
-def bootstrap_distribution(data: Sequence[float], *, n_boot: int, seed: int,
-                           statistic: Callable[..., np.ndarray] = _mean_axis) -> np.ndarray:
-    """Statistic over ``n_boot`` resamples with replacement (``statistic(x, axis=-1)``)."""
-    x = np.asarray(data, dtype=float)
-    idx = np.random.default_rng(seed).integers(0, x.size, size=(n_boot, x.size))
-    return np.asarray(statistic(x[idx], axis=-1), dtype=float)
-
-
-def percentile_interval(data: Sequence[float], *, n_boot: int = 10_000, ci_level: float = 0.95, seed: int = 0,
-                        statistic: Callable[..., np.ndarray] = _mean_axis) -> tuple[float, float]:
-    """Plain percentile bootstrap CI; kept as the reference BCa is checked against."""
-    boot = bootstrap_distribution(data, n_boot=n_boot, seed=seed, statistic=statistic)
-    tail = (1 - ci_level) / 2
-    lo, hi = np.quantile(boot, [tail, 1 - tail])
-    return float(lo), float(hi)
-
-
-def bca_interval(data: Sequence[float], *, n_boot: int = 10_000, ci_level: float = 0.95, seed: int = 0,
-                 statistic: Callable[..., np.ndarray] = _mean_axis) -> tuple[float, float, dict[str, float | str]]:
-    """BCa bootstrap CI of ``statistic``; returns ``(low, high, info)``.
-
-    The bias correction z0 is the normal quantile of the share of bootstrap
-    statistics below the full-sample one; the acceleration comes from the skewness of
-    the jackknife (leave-one-out) statistics. Constant data have no spread, so the CI
-    is the zero-width interval at the value and ``info["method"]`` says "degenerate".
-    """
-    x = np.asarray(data, dtype=float)
+def _check_sample(x: np.ndarray, ci_level: float, n_boot: int) -> None:
     if x.ndim != 1 or x.size < 2:
-        raise ValueError(f"bca_interval needs a 1-D sample of at least 2 values, got shape {x.shape}")
+        raise ValueError(f"a bootstrap CI needs a 1-D sample of at least 2 values, got shape {x.shape}")
     if not np.all(np.isfinite(x)):
-        raise ValueError(f"bca_interval got non-finite values: {x.tolist()}")
+        raise ValueError(f"a bootstrap CI got non-finite values: {x.tolist()}")
     if not 0 < ci_level < 1:
         raise ValueError(f"ci_level must lie in (0, 1), got {ci_level}")
     if n_boot < 100:
         raise ValueError(f"n_boot={n_boot} is too few resamples for a CI; use >= 1000")
-    theta = float(statistic(x, axis=-1))
+
+
+def _bootstrap(x: np.ndarray, method: str, n_boot: int, ci_level: float, seed: int,
+               statistic: Callable[..., np.ndarray]):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a degenerate resample distribution gives NaN bounds; callers handle them
+        return sps.bootstrap((x,), statistic, n_resamples=n_boot, method=method, confidence_level=ci_level,
+                             rng=np.random.default_rng(seed), vectorized=True, axis=-1)
+
+
+def percentile_interval(data: Sequence[float], *, n_boot: int = 10_000, ci_level: float = 0.95, seed: int = 0,
+                        statistic: Callable[..., np.ndarray] = _mean_axis) -> tuple[float, float]:
+    """Plain percentile bootstrap CI (the reference BCa is checked against)."""
+    x = np.asarray(data, dtype=float)
+    _check_sample(x, ci_level, n_boot)
+    ci = _bootstrap(x, "percentile", n_boot, ci_level, seed, statistic).confidence_interval
+    return float(ci.low), float(ci.high)
+
+
+def bca_interval(data: Sequence[float], *, n_boot: int = 10_000, ci_level: float = 0.95, seed: int = 0,
+                 statistic: Callable[..., np.ndarray] = _mean_axis) -> tuple[float, float, dict[str, str]]:
+    """BCa bootstrap CI of ``statistic`` (``scipy.stats.bootstrap``); returns ``(low, high, info)``.
+
+    The resamples come from ``numpy.random.default_rng(seed)``, so a seed gives one interval.
+    Constant data have no spread, so the CI is the zero-width interval at the value and
+    ``info["method"]`` says "degenerate"; a bootstrap distribution that leaves the BCa bounds
+    undefined gives NaN bounds and "undefined".
+    """
+    x = np.asarray(data, dtype=float)
+    _check_sample(x, ci_level, n_boot)
     if np.ptp(x) == 0:
-        return theta, theta, {"method": "degenerate", "z0": 0.0, "acceleration": 0.0}
-
-    boot = bootstrap_distribution(x, n_boot=n_boot, seed=seed, statistic=statistic)
-    share_below = (np.sum(boot < theta) + 0.5 * np.sum(boot == theta)) / n_boot
-    share_below = float(np.clip(share_below, 1 / (n_boot + 1), n_boot / (n_boot + 1)))  # keep z0 finite
-    z0 = float(sps.norm.ppf(share_below))
-
-    leave_one_out = np.array([statistic(np.delete(x, i), axis=-1) for i in range(x.size)], dtype=float)
-    dev = leave_one_out.mean() - leave_one_out
-    denom = 6.0 * float(np.sum(dev ** 2)) ** 1.5
-    accel = float(np.sum(dev ** 3)) / denom if denom > 0 else 0.0
-
-    tail = (1 - ci_level) / 2
-    quantiles = []
-    for z_alpha in (sps.norm.ppf(tail), sps.norm.ppf(1 - tail)):
-        shifted = z0 + z_alpha
-        quantiles.append(float(sps.norm.cdf(z0 + shifted / (1 - accel * shifted))))
-    lo, hi = np.quantile(boot, quantiles)
-    return float(lo), float(hi), {"method": "bca", "z0": z0, "acceleration": accel}
+        theta = float(statistic(x, axis=-1))
+        return theta, theta, {"method": "degenerate"}
+    ci = _bootstrap(x, "BCa", n_boot, ci_level, seed, statistic).confidence_interval
+    low, high = float(ci.low), float(ci.high)
+    return low, high, {"method": "bca" if math.isfinite(low) and math.isfinite(high) else "undefined"}
 
 
 def wilcoxon_min_attainable_p(n_nonzero: int) -> float:
     """Smallest two-sided p-value the exact signed-rank test can give with n nonzero pairs."""
     return min(1.0, 2.0 / 2 ** n_nonzero) if n_nonzero > 0 else 1.0
+
+
+def blocks_for_exact_test(alpha: float) -> int:
+    """Fewest nonzero pairs with which the two-sided exact signed-rank test can reach p < ``alpha``
+    (6 at alpha 0.05)."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    return max(1, math.floor(math.log2(2.0 / alpha)) + 1)
 
 
 def wilcoxon_p_value(log_ratios: Sequence[float]) -> tuple[float, str]:
@@ -177,21 +181,32 @@ def wilcoxon_p_value(log_ratios: Sequence[float]) -> tuple[float, str]:
     return p, note
 
 
+def _t_multiplier(n_blocks: int, alpha: float, power: float) -> float:
+    """t_{1-alpha/2} + t_{power}, both with n_blocks - 1 degrees of freedom."""
+    df = n_blocks - 1
+    return float(sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df))
+
+
 def minimum_detectable_effect(sd_log_ratio: float, n_blocks: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
-    """Smallest true % change this many blocks detect with ``power`` at this noise (two-sided ``alpha``)."""
+    """Smallest true % change this many blocks detect with ``power`` at this noise (two-sided ``alpha``),
+    from the t distribution with ``n_blocks - 1`` degrees of freedom."""
     if n_blocks < 2:
         raise ValueError(f"the MDE needs a noise estimate from at least 2 blocks, got n_blocks={n_blocks}")
-    mde_log = (sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)) * sd_log_ratio / math.sqrt(n_blocks)
+    mde_log = _t_multiplier(n_blocks, alpha, power) * sd_log_ratio / math.sqrt(n_blocks)
     return 100.0 * math.expm1(mde_log)
 
 
 def blocks_needed(sd_log_ratio: float, target_change_pct: float, *, alpha: float = 0.05, power: float = 0.8) -> int:
-    """Blocks needed to detect ``target_change_pct`` at the pilot noise ``sd_log_ratio``."""
+    """Blocks needed to detect ``target_change_pct`` at the pilot noise ``sd_log_ratio`` (t-based, and never
+    fewer than the exact rank test needs to reach ``alpha``)."""
     if target_change_pct == 0:
         raise ValueError("target_change_pct must be nonzero: a zero effect is never detectable")
     effect = abs(math.log1p(target_change_pct / 100.0))
     z = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)
-    return max(6, math.ceil((z * sd_log_ratio / effect) ** 2))
+    n = max(blocks_for_exact_test(alpha), math.ceil((z * sd_log_ratio / effect) ** 2))  # the t answer is never less
+    while _t_multiplier(n, alpha, power) * sd_log_ratio / math.sqrt(n) > effect:
+        n += 1
+    return n
 
 
 def order_effect(log_ratios: Sequence[float], a_first: Sequence[bool], *, alpha: float = 0.05
@@ -248,21 +263,18 @@ def compare_arms(a_values: Sequence[float], b_values: Sequence[float], *, a_firs
     if n < 2:
         ci_lo = ci_hi = None
         ci_method = "undefined"
-        notes.append("one block: no spread, so no CI, MDE or test; run >= 6 blocks")
+        notes.append(f"one block: no spread, so no CI, MDE or test; run at least {blocks_for_exact_test(alpha)} blocks")
     else:
         lo, hi, info = bca_interval(r, n_boot=n_boot, ci_level=ci_level, seed=seed)
         ci_method = str(info["method"])
-        ci_lo, ci_hi = 100.0 * math.expm1(lo), 100.0 * math.expm1(hi)
+        ci_lo, ci_hi = (100.0 * math.expm1(lo), 100.0 * math.expm1(hi)) if ci_method != "undefined" else (None, None)
         if ci_method == "degenerate":
             notes.append("all blocks gave the same log-ratio: zero-width CI (no measurable noise)")
+        elif ci_method == "undefined":
+            notes.append("the bootstrap distribution leaves the BCa bounds undefined: no CI")
 
     p, wnote = wilcoxon_p_value(r)
     notes.append(f"Wilcoxon: {wnote}")
-    n_nonzero = int(np.sum(r != 0))
-    min_p = wilcoxon_min_attainable_p(n_nonzero)
-
-    sd = float(np.std(r, ddof=1)) if n >= 2 else float("nan")
-    mde = minimum_detectable_effect(sd, n, alpha=alpha, power=power) if n >= 2 else None
 
     if a_first is None:
         o_pct, o_p, o_test, o_flag = None, None, "not run: block order not given", False
@@ -272,36 +284,107 @@ def compare_arms(a_values: Sequence[float], b_values: Sequence[float], *, a_firs
         notes.append(f"order effect: B/A is {o_pct:+.2f}% different in A-first vs B-first blocks (p={o_p:.3g}); "
                      "the arm that runs second (or first) has an advantage")
 
-    verdict, reason = _verdict(change_pct, ci_lo, ci_hi, p, min_p, n_nonzero, direction, alpha, mde)
-    return ABStatistics(
+    result = ABStatistics(
         metric=metric, direction=direction, n_blocks=n, log_ratios=[float(v) for v in r],
         change_pct=change_pct, ci_low_pct=ci_lo, ci_high_pct=ci_hi, ci_level=ci_level, ci_method=ci_method,
-        n_boot=n_boot, wilcoxon_p=p, wilcoxon_min_attainable_p=min_p, alpha=alpha, power=power, mde_pct=mde,
+        n_boot=n_boot, wilcoxon_p=p, wilcoxon_min_attainable_p=None, alpha=alpha, power=power, mde_pct=None,
         order_effect_pct=o_pct, order_effect_p=o_p, order_effect_test=o_test, order_effect_flagged=o_flag,
-        verdict=verdict, verdict_reason=reason, notes=notes,
+        verdict="", verdict_reason="", notes=notes,
     )
+    assessed = reassess(result.to_dict())
+    for key in ("n_nonzero_blocks", "blocks_required", "wilcoxon_min_attainable_p", "mde_pct", "verdict",
+                "verdict_reason"):
+        setattr(result, key, assessed[key])
+    return result
 
 
-def _verdict(change_pct: float, ci_lo: float | None, ci_hi: float | None, p: float, min_p: float, n_nonzero: int,
-             direction: str, alpha: float, mde: float | None) -> tuple[str, str]:
-    no_diff = "no detectable difference"
+def reassess(stat: Mapping[str, Any]) -> dict[str, Any]:
+    """The verdict of an :meth:`ABStatistics.to_dict` by the rules of this module, from its stored log-ratios,
+    CI and p-value (no new resampling): the MDE, the blocks the test needs, the verdict and its reason are
+    derived again. A summary written under other rules (an older run) is worded by these ones when its
+    report is rendered again; one written by :func:`compare_arms` comes back unchanged. A dict without
+    log-ratios is returned as it is."""
+    out = dict(stat)
+    if not out.get("log_ratios"):
+        return out
+    r = np.asarray(out["log_ratios"], dtype=float)
+    alpha, power = float(out.get("alpha", 0.05)), float(out.get("power", 0.8))
+    n, n_nonzero = r.size, int(np.sum(r != 0))
+    mde = minimum_detectable_effect(float(np.std(r, ddof=1)), n, alpha=alpha, power=power) if n >= 2 else None
+    min_p = wilcoxon_min_attainable_p(n_nonzero)
+    p = out.get("wilcoxon_p")
+    verdict, reason = _verdict(
+        mean_log_ratio=float(r.mean()), ci_lo=out.get("ci_low_pct"), ci_hi=out.get("ci_high_pct"),
+        p=1.0 if p is None else float(p), min_p=min_p, n_nonzero=n_nonzero, needed=blocks_for_exact_test(alpha),
+        direction=out.get("direction", "higher"), alpha=alpha, power=power, mde=mde)
+    out.update(n_nonzero_blocks=n_nonzero, blocks_required=blocks_for_exact_test(alpha),
+               wilcoxon_min_attainable_p=min_p, mde_pct=mde, verdict=verdict, verdict_reason=reason)
+    return out
+
+
+def _verdict(*, mean_log_ratio: float, ci_lo: float | None, ci_hi: float | None, p: float, min_p: float,
+             n_nonzero: int, needed: int, direction: str, alpha: float, power: float,
+             mde: float | None) -> tuple[str, str]:
     if n_nonzero == 0:
-        return no_diff, "both arms gave identical values in every block"
+        return "no difference", "both arms gave identical values in every block"
     if min_p >= alpha:
-        return no_diff, (f"only {n_nonzero} nonzero block(s): the exact Wilcoxon test cannot go below p={min_p:.3g}, "
-                         f"so no difference can reach alpha={alpha}; run >= 6 blocks")
-    if ci_lo is None:
-        return no_diff, "no confidence interval could be computed"
+        return "inconclusive", (f"only {n_nonzero} block(s) differ: the exact Wilcoxon test cannot go below "
+                                f"p={min_p:.3g}, so no difference can reach alpha={alpha}; "
+                                f"run at least {needed} blocks")
+    if ci_lo is None or ci_hi is None:
+        return "inconclusive", "no confidence interval could be computed"
     ci_excludes_zero = ci_lo > 0 or ci_hi < 0
     if ci_excludes_zero and p < alpha:
         increased = ci_lo > 0
         better = increased if direction == "higher" else not increased
-        return ("faster" if better else "slower"), (
-            f"CI excludes 0 and Wilcoxon p={p:.3g} < {alpha}")
-    mde_text = f"; at this noise only changes beyond about {mde:.2f}% are reliably detected" if mde is not None else ""
+        return ("faster" if better else "slower"), f"CI excludes 0 and Wilcoxon p={p:.3g} < {alpha}"
     if ci_excludes_zero:
-        return no_diff, f"CI excludes 0 but Wilcoxon p={p:.3g} >= {alpha}: the two tests disagree{mde_text}"
-    return no_diff, f"CI includes 0 (Wilcoxon p={p:.3g}){mde_text}"
+        return "inconclusive", (f"the CI excludes 0 but Wilcoxon p={p:.3g} >= {alpha}: the two tests disagree; "
+                                "more blocks decide")
+    if mde is not None and abs(mean_log_ratio) < math.log1p(mde / 100.0):
+        return "no difference", (f"CI includes 0 (Wilcoxon p={p:.3g}); a change of {mde:.2f}% would be detected "
+                                 f"with {power:.0%} power at this noise")
+    mde_text = "no MDE" if mde is None else f"the smallest change it reliably detects is {mde:.2f}%"
+    return "inconclusive", (f"CI includes 0 (Wilcoxon p={p:.3g}) but the estimate is not below the test's "
+                            f"resolution ({mde_text}); more blocks decide")
+
+
+def _ci_phrase(stat: Mapping[str, Any]) -> str:
+    low, high = stat.get("ci_low_pct"), stat.get("ci_high_pct")
+    if low is None or high is None or not (math.isfinite(low) and math.isfinite(high)):
+        return "no CI"
+    method = CI_METHOD_NAMES.get(str(stat.get("ci_method")), str(stat.get("ci_method")))
+    return f"{float(stat.get('ci_level', 0.95)):.0%} {method} CI {low:+.2f} .. {high:+.2f}%"
+
+
+def verdict_sentence(stat: Mapping[str, Any], a: str = "A", b: str = "B") -> str:
+    """The verdict of an :meth:`ABStatistics.to_dict` (after :func:`reassess`) as a sentence for readers, the
+    arms named ``a`` and ``b``:
+
+    - "B faster than A by 12.30% (95% BCa CI +8.01 .. +16.20%, Wilcoxon p=0.0078, 8 blocks)"
+    - "no difference larger than 4.10% detected between B and A (B vs A -0.80%, ...)"
+    - "inconclusive (2 blocks; the test needs at least 6): B vs A +113.15% (95% BCa CI ...) cannot be tested
+      with so few blocks"
+    """
+    verdict, change, n = stat["verdict"], float(stat["change_pct"]), int(stat["n_blocks"])
+    p = stat.get("wilcoxon_p")
+    tested = f"{_ci_phrase(stat)}, Wilcoxon p={'n/a' if p is None else format(p, '.3g')}, {n} block{'s' * (n != 1)}"
+    if verdict in ("faster", "slower"):
+        return f"{b} {verdict} than {a} by {abs(change):.2f}% ({tested})"
+    if verdict == "no difference":
+        if stat.get("n_nonzero_blocks") == 0:
+            return f"no difference: {a} and {b} gave identical values in all {n} block{'s' * (n != 1)}"
+        return (f"no difference larger than {stat['mde_pct']:.2f}% detected between {b} and {a} "
+                f"({b} vs {a} {change:+.2f}%, {tested})")
+    alpha = float(stat.get("alpha", 0.05))
+    needed = int(stat.get("blocks_required") or blocks_for_exact_test(alpha))
+    min_p = stat.get("wilcoxon_min_attainable_p")
+    if min_p is not None and min_p >= alpha:
+        nonzero = stat.get("n_nonzero_blocks", n)
+        counted = f"{n} block{'s' * (n != 1)}" + (f", {nonzero} with a difference" if nonzero != n else "")
+        return (f"inconclusive ({counted}; the test needs at least {needed}): {b} vs {a} {change:+.2f}% "
+                f"({_ci_phrase(stat)}) cannot be tested with so few blocks")
+    return f"inconclusive: {b} vs {a} {change:+.2f}% ({tested}); {stat['verdict_reason']}"
 
 
 def compare_blocks(blocks: "pd.DataFrame", metrics: dict[str, str], *, alpha: float = 0.05, power: float = 0.8,

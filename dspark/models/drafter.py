@@ -246,30 +246,33 @@ class DSparkDrafter(nn.Module):
         return logits.float() if widen else logits
 
     def _slot_head(self, h: torch.Tensor, base_logits: torch.Tensor, prev_tokens: torch.Tensor,
-                   state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+                   state: torch.Tensor | None, with_confidence: bool = True
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One slot for M rows: h [M, d], base_logits [M, V], prev_tokens x_{k-1} [M]
         -> (logits float32 [M, V] with the Markov bias, confidence logit float32 [M] or None, new rnn state)."""
         logits = base_logits
         prev_emb = None
+        head = self.confidence_head if with_confidence else None
         if self.markov_head is not None:
             prev_emb = self.markov_head.w1(prev_tokens)
             bias, state = self.markov_head(h, prev_emb, state)
             logits = logits + bias
         conf = None
-        if self.confidence_head is not None:
+        if head is not None:
             feats = h if prev_emb is None else torch.cat((h, prev_emb), dim=-1)
-            conf = self.confidence_head(feats).float().squeeze(-1)
+            conf = head(feats).float().squeeze(-1)
         return logits, conf, state
 
     def draft(self, hidden: torch.Tensor, anchor_ids: torch.Tensor, lm_head_weight: torch.Tensor,
-              sample_fn: SampleFn, keep_logits: bool = True) -> DraftOutput:
+              sample_fn: SampleFn, keep_logits: bool = True, confidence: bool = True) -> DraftOutput:
         """Sample the block left to right from hidden [B, gamma, d].
 
         ``sample_fn(logits [B, V] float32, slot k) -> tokens int64 [B]``; slot k's Markov bias and
         confidence use the token before it (anchor_ids for slot 0, then the token drawn at k-1).
         keep_logits=False returns no logits: the engine's steps need only the tokens (and the
         sampled rows' probabilities, which sample_fn keeps), and at batch 256 the stacked fp32
-        logits alone are 350 MB of writes per step.
+        logits alone are 350 MB of writes per step. confidence=False skips the confidence head
+        (an engine that estimates acceptance another way): no confidence logits are returned.
         """
         batch, gamma, _ = hidden.shape
         state = self.markov_head.initial_state(batch, hidden) if self.markov_head is not None else None
@@ -279,7 +282,7 @@ class DSparkDrafter(nn.Module):
         base = self._base_logits(hidden, lm_head_weight, widen=False)
         tokens, logits_all, conf_all = [], [], []
         for k in range(gamma):
-            logits, conf, state = self._slot_head(hidden[:, k], base[:, k].float(), prev, state)
+            logits, conf, state = self._slot_head(hidden[:, k], base[:, k].float(), prev, state, confidence)
             drawn = sample_fn(logits, k)
             if drawn.shape != (batch,):
                 raise ValueError(f"sample_fn returned shape {tuple(drawn.shape)} for slot {k}, expected ({batch},)")
@@ -288,9 +291,9 @@ class DSparkDrafter(nn.Module):
             if keep_logits:
                 logits_all.append(logits)
             conf_all.append(conf)
-        confidence = torch.stack(conf_all, dim=1) if self.confidence_head is not None else None
+        conf_out = torch.stack(conf_all, dim=1) if self.confidence_head is not None and confidence else None
         return DraftOutput(torch.stack(tokens, dim=1), torch.stack(logits_all, dim=1) if keep_logits else None,
-                           confidence)
+                           conf_out)
 
     def calibrated_confidence(self, confidence_logits: torch.Tensor) -> torch.Tensor:
         """c_k = sigmoid(z_k / T_k + b_k) for confidence_logits [..., gamma] (temperatures from STS, default 1;

@@ -1,0 +1,103 @@
+"""Service throughput on the H200: target-only against DSpark verify-all at concurrency 1/16/128/256,
+each beside the steady state of the same engine, from committed results only.
+
+    python bench/plot_service.py [OUT.png]
+
+Reads each A/B run's blocks.csv (median output tokens/s over its timed blocks, per arm, and the
+range over the blocks) and the bench_decode.json of the steady-state runs on the same prompts;
+prints a markdown table and writes OUT.png
+(default bench/results/h200-2026-12-01-attention-service/service_throughput.png).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RUN = RESULTS / "h200-2026-12-01-attention-service"
+
+# concurrency -> (A/B run folder, steady-state bench_decode.json on the same code, or None where not measured)
+RUNS = {
+    1: (RUN / "ab_c1", RUN / "steady_b1_16" / "bench_decode.json"),
+    16: (RUN / "ab_c16", RUN / "steady_b1_16" / "bench_decode.json"),
+    128: (RUN / "ab_c128", None),
+    256: (RUN / "ab_c256", RUN / "steady_b256" / "bench_decode.json"),
+}
+ARMS = {"A": ("target-only", "target_only"), "B": ("DSpark verify-all", "dspark_full")}
+
+
+def service(run: Path) -> dict[str, list[float]]:
+    """Output tokens/s of each timed block, per arm (A, B)."""
+    with open(run / "blocks.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {arm: [float(r["output_tokens_per_s"]) for r in rows if r["arm"] == arm] for arm in ARMS}
+
+
+def steady(path: Path | None, batch: int) -> dict[str, float]:
+    """Steady-state output tokens/s at ``batch``, per arm (A, B); none without a steady-state run."""
+    if path is None:
+        return {}
+    rows = json.loads(path.read_text())["results"]
+    out = {}
+    for arm, (_, name) in ARMS.items():
+        hits = [r["output_tokens_per_s"] for r in rows if r["arm"] == name and r["batch_size"] == batch]
+        if hits:
+            out[arm] = float(hits[0])
+    return out
+
+
+def main(out: str | None = None) -> Path:
+    target = Path(out) if out else RUN / "service_throughput.png"
+    data = {c: (service(run), steady(st, c)) for c, (run, st) in RUNS.items()}
+
+    lines = ["| concurrency | target-only tok/s (steady) | DSpark verify-all tok/s (steady) | DSpark / target-only |",
+             "|---|---|---|---|"]
+    for c, (blocks, st) in data.items():
+        a, b = statistics.median(blocks["A"]), statistics.median(blocks["B"])
+        lines.append(f"| {c} | {a:,.0f} ({st.get('A', float('nan')):,.0f}) | {b:,.0f} ({st.get('B', float('nan')):,.0f})"
+                     f" | {b / a:.2f}x |")
+    print("\n".join(lines))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(data), figsize=(10, 3.8))
+    colours = {"A": "#8c8c8c", "B": "#1f77b4"}
+    for ax, (c, (blocks, st)) in zip(axes, data.items()):
+        for i, arm in enumerate(ARMS):
+            vals = blocks[arm]
+            med = statistics.median(vals)
+            ax.bar(i, med, width=0.6, color=colours[arm], label=f"{ARMS[arm][0]} (service)")
+            ax.vlines(i, min(vals), max(vals), color="black", linewidth=1)
+            if arm in st:
+                ax.hlines(st[arm], i - 0.35, i + 0.35, colors="black", linestyles="--", linewidth=1.2,
+                          label="steady state (bench_decode)")
+        ratio = statistics.median(blocks["B"]) / statistics.median(blocks["A"])
+        ax.text(1, statistics.median(blocks["B"]) * 0.5, f"{ratio:.2f}x", ha="center", color="white",
+                fontsize=10, fontweight="bold")
+        ax.set_xticks([0, 1], ["target\nonly", "DSpark"])
+        ax.set_title(f"concurrency {c}", fontsize=10)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+            lambda v, _: f"{v / 1000:.1f}k" if 0 < v < 10_000 else f"{v / 1000:.0f}k"))
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].set_ylabel("output tokens/s")
+    handles, labels = axes[0].get_legend_handles_labels()
+    uniq = dict(zip(labels, handles))
+    fig.legend(uniq.values(), uniq.keys(), loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.suptitle("SmolLM2-135M bf16 on one H200, engine=h200_graphs, mixed_chat, greedy, <= 256 new tokens\n"
+                 "bars: median of 4 ABBA blocks (line: range over blocks); dashed: steady state at full batch",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(target, dpi=120)
+    print(f"wrote {target}")
+    return target
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -1,0 +1,32 @@
+"""The server's settings (``python -m runners.serve``: conf/serve.yaml)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dspark.config import ConfigError
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port
+    served_model_name: str = "dspark"  # the `model` requests name (and /v1/models lists)
+    log_level: str = "info"
+    # On SIGINT/SIGTERM: new requests get 503, requests in flight get this long to finish, then they
+    # are aborted and the engine thread stops.
+    graceful_shutdown_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ConfigError(f"host: give an address to listen on, e.g. host=127.0.0.1, got {self.host!r}")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port: must be an integer from 0 (any free port) to 65535, got {self.port!r}")
+        if not isinstance(self.served_model_name, str) or not self.served_model_name:
+            raise ConfigError(f"served_model_name: must be a non-empty name, got {self.served_model_name!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level: {self.log_level!r} is not one of {list(LOG_LEVELS)}")
+        if not self.graceful_shutdown_s >= 0:
+            raise ConfigError(f"graceful_shutdown_s: must be >= 0 seconds, got {self.graceful_shutdown_s!r}")

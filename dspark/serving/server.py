@@ -1,0 +1,62 @@
+"""Running an app under uvicorn, with a shutdown that loses no request.
+
+On SIGINT/SIGTERM uvicorn stops listening and waits for the requests in flight (up to
+``graceful_shutdown_s``, then cancels them, which aborts them in the engine); ``DrainingServer``
+also tells the engine loop at once, so a request arriving meanwhile on an open connection gets a 503
+instead of starting. The app's lifespan then stops the engine thread and logs the final counters.
+The listening socket is bound before the model loads (``bind_socket``), so a port in use is refused
+at start.
+"""
+
+from __future__ import annotations
+
+import socket
+from types import FrameType
+
+import uvicorn
+
+from dspark.config import ConfigError
+from dspark.serving.config import ServerConfig
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server; its exit signal also makes the app's engine loop refuse new requests."""
+
+    def __init__(self, config: uvicorn.Config, engine_loop):
+        super().__init__(config)
+        self.engine_loop = engine_loop
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.engine_loop.begin_drain()
+        super().handle_exit(sig, frame)
+
+
+def bind_socket(config: ServerConfig) -> socket.socket:
+    """The listening socket of ``config.host``:``config.port`` (port 0: a free one), or a ConfigError."""
+    try:
+        infos = socket.getaddrinfo(config.host, config.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigError(f"host: cannot resolve {config.host!r} ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"port: cannot listen on {config.host}:{config.port} ({e.strerror}); choose another "
+                          f"port, e.g. port=0 for any free one") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def build_server(app, config: ServerConfig) -> DrainingServer:
+    uv = uvicorn.Config(app, log_level=config.log_level, timeout_graceful_shutdown=config.graceful_shutdown_s,
+                        lifespan="on")
+    return DrainingServer(uv, app.state.engine_loop)
+
+
+def serve(app, config: ServerConfig, sock: socket.socket) -> None:
+    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM (uvicorn re-raises the signal after the shutdown)."""
+    build_server(app, config).run(sockets=[sock])

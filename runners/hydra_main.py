@@ -1,0 +1,111 @@
+"""The runners' Hydra entry point: ``@runner_main("ab")`` is ``@hydra.main(version_base="1.3",
+config_path="../conf", config_name="ab")`` whose composition errors say what to type instead.
+
+A key the typed schema does not declare (``ab.n_block=4``) fails at composition, as Hydra does it;
+the error then names the closest keys the schema declares (``Did you mean ab.n_blocks?``) instead of
+Hydra's advice to append the key with ``+``. An override under a config group that was not chosen
+(``workload.num_prompts=4`` without ``+workload=NAME``) says so instead of failing with a traceback.
+
+Hydra reports a composition error itself (``hydra._internal.utils.run_and_report``, which prints it
+and exits 1) before the decorated function could catch it, so while the runner's main runs, that
+reporter is given the error with its message completed. Importing this module also registers the
+resolvers the runners' configs use: ``config_keys`` (``--help``, :mod:`runners.config_keys`) and
+``sweep_job_name`` (a sweep job's folder, :mod:`runners.sweep_dirs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from typing import Any, Callable, Iterator
+
+import hydra
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+import runners.config_keys  # noqa: F401  (registers the config_keys resolver of --help)
+import runners.sweep_dirs  # noqa: F401  (registers the sweep_job_name resolver of hydra.sweep.subdir)
+from dspark.config import ConfigError
+from runners.config_keys import allowed_keys, close_keys
+
+# What OmegaConf asserts when an override sets a key under a null node (a group that was not chosen).
+NULL_PARENT_ASSERTION = "Unexpected type for root: NoneType"
+
+
+class UnknownConfigKeyError(ConfigCompositionException, ConfigError):
+    """An override names a key the schema does not declare; the message names the closest ones. Hydra
+    prints it as a composition error (no traceback)."""
+
+
+def unknown_key_message(exc: ConfigCompositionException) -> str | None:
+    """The message of a composition error caused by an undeclared key, naming the closest declared keys
+    (or, when none is close, the keys declared next to it); None for other composition errors."""
+    cause = exc.__cause__
+    schema = getattr(cause, "object_type", None)
+    key = getattr(cause, "full_key", None)
+    undeclared = isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and dataclasses.is_dataclass(schema)
+    if not undeclared or not key:
+        return None
+    prefix = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    nearby = allowed_keys(schema, prefix)
+    if key in nearby:  # a declared key: another error
+        return None
+    matches = close_keys(key, schema, prefix)
+    if matches:
+        return (f"Could not override '{key}': no such key. Did you mean {' or '.join(matches)}? "
+                "(--help lists every key)")
+    return f"Could not override '{key}': no such key; the keys here are {', '.join(nearby)} (--help lists every key)"
+
+
+def _with_key_hints(func: Callable[[], Any]) -> Any:
+    try:
+        return func()
+    except ConfigCompositionException as exc:
+        message = unknown_key_message(exc)
+        if message is None:
+            raise
+        raise UnknownConfigKeyError(message) from exc.__cause__
+    except AssertionError as exc:
+        if str(exc) != NULL_PARENT_ASSERTION:
+            raise
+        raise ConfigCompositionException(
+            "Could not override a key under a config group that was not chosen: choose the group first, e.g. "
+            "`+workload=poetry workload.num_prompts=4` (workload.* needs +workload=NAME)") from None
+
+
+@contextlib.contextmanager
+def _key_hints_in_hydra_reports() -> Iterator[None]:
+    from hydra._internal import utils as hydra_utils
+
+    report = getattr(hydra_utils, "run_and_report", None)
+    if report is None:  # another Hydra: its own messages
+        yield
+        return
+
+    def run_and_report(func: Callable[[], Any]) -> Any:
+        return report(lambda: _with_key_hints(func))
+
+    hydra_utils.run_and_report = run_and_report
+    try:
+        yield
+    finally:
+        hydra_utils.run_and_report = report
+
+
+def runner_main(config_name: str) -> Callable[[Callable[[Any], Any]], Callable[..., Any]]:
+    """``@hydra.main`` of a runner whose config is ``conf/<config_name>.yaml``, with the key hints above."""
+
+    def decorate(task: Callable[[Any], Any]) -> Callable[..., Any]:
+        hydra_main = hydra.main(version_base="1.3", config_path="../conf", config_name=config_name)(task)
+
+        @functools.wraps(task)
+        def main(cfg_passthrough: Any = None) -> Any:
+            if cfg_passthrough is not None:
+                return task(cfg_passthrough)
+            with _key_hints_in_hydra_reports():
+                return hydra_main()
+
+        return main
+
+    return decorate

@@ -1,0 +1,272 @@
+"""The runners follow Hydra's conventions: sweep job folders named after what the sweep varies, config
+groups chosen the same way in every runner, `--help` describing every key, a mistyped key answered with
+the closest ones, a failed guard failing its job but not the sweep, progress within an arm-block, and
+string choices checked by the typed schema at composition."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import typing
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf, open_dict, read_write
+
+import runners.ab as ab
+from dspark.config import ConfigError
+from test_ab_runner import TINY, tiny_factory
+from test_configs import ROOT, compose_ab, full_message
+
+
+def cli(*args: str, env: dict | None = None, cwd=ROOT) -> subprocess.CompletedProcess:
+    """``python -m runners.<args>`` as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+# ---- sweep job folders ------------------------------------------------------------------------------
+def test_a_job_is_named_after_what_the_sweep_varies():
+    from runners.sweep_dirs import job_name, swept_keys
+
+    job = ["+workload=arena_hard", "load.concurrency=16", "ab.n_blocks=8", "progress=false"]
+    swept = swept_keys(["+workload=agentic,arena_hard", "load.concurrency=4,16", "ab.n_blocks=8", "progress=false"])
+    assert swept == {"workload", "load.concurrency"}
+    assert job_name(job, swept, groups=["workload", "ab", "engine"]) == "arena_hard,concurrency=16"
+    # Nothing swept (or no record of the sweep): every override of the job, noise keys left out.
+    assert job_name(job, set(), groups=["workload"], exclude=["progress"]) == "arena_hard,concurrency=16,n_blocks=8"
+    # hydra.sweeper.params sweeps too.
+    assert swept_keys(["ab.n_blocks=8"], {"ab.seed": "0,1,2"}) == {"ab.seed"}
+
+
+def test_job_names_keep_keys_with_the_same_last_part_apart_and_stay_short():
+    from runners.sweep_dirs import NAME_LIMIT, job_name
+
+    arms = ["ab.arms.A.engine.verify=full", "ab.arms.B.engine.verify=ragged"]
+    assert job_name(arms) == "A.engine.verify=full,B.engine.verify=ragged"
+    assert job_name(["ab.seed=1", "engine.seed=2"]) == "ab.seed=1,engine.seed=2"
+    long = [f"ab.arms.B.engine.key{i}=value{i}" for i in range(20)]
+    name = job_name(long)
+    assert len(name) == NAME_LIMIT and name != job_name(long[:-1] + ["ab.arms.B.engine.key19=other"])
+    assert job_name(["engine.cost_table=/abs/../t.json"]) == "cost_table=_abs___t.json"  # one folder, inside the sweep
+
+
+def test_the_sweep_subdir_resolver_reads_the_sweeps_record(tmp_path):
+    """conf/ab.yaml's hydra.sweep.subdir as a job resolves it: the job number, then the swept overrides
+    (from the multirun.yaml Hydra writes in the sweep folder); the keys in exclude_keys never name a job."""
+    overrides = ["+workload=agentic", "load.concurrency=16", "ab.n_blocks=8", "progress=false", "wandb.mode=disabled"]
+    cfg = compose_ab([*overrides, f"hydra.sweep.dir={tmp_path}"], hydra_config=True)
+    with read_write(cfg.hydra), open_dict(cfg.hydra):
+        cfg.hydra.job.num = 3
+    # No record of the sweep: every override of the job (the test's own paths.* first), those excluded left out.
+    name = OmegaConf.select(cfg, "hydra.sweep.subdir")
+    assert name.startswith("3_root=") and "progress" not in name and "mode=" not in name
+    master = OmegaConf.create({"hydra": {"overrides": {"task": ["+workload=agentic,poetry", "load.concurrency=4,16",
+                                                                 "ab.n_blocks=8", "progress=false"]}}})
+    OmegaConf.save(master, tmp_path / "multirun.yaml")
+    assert OmegaConf.select(cfg, "hydra.sweep.subdir") == "3_agentic,concurrency=16"
+
+
+# ---- the workload group: +workload=NAME in every runner ------------------------------------------
+@pytest.mark.parametrize("runner", ["ab", "bench_decode"])
+def test_the_workload_group_is_chosen_alike_in_both_runners(runner):
+    chosen = cli(f"runners.{runner}", "+workload=poetry", "workload.num_prompts=3", "--cfg", "job")
+    assert chosen.returncode == 0, chosen.stderr
+    printed = OmegaConf.create(chosen.stdout)
+    assert printed.workload.name == "poetry" and printed.workload.num_prompts == 3
+    # A workload key without the group: a message saying to choose it, no traceback.
+    unchosen = cli(f"runners.{runner}", "workload.num_prompts=3", "--cfg", "job")
+    assert unchosen.returncode == 1 and "+workload=NAME" in unchosen.stderr and "Traceback" not in unchosen.stderr
+    # The group without `+`: Hydra's own hint.
+    plain = cli(f"runners.{runner}", "workload=poetry", "--cfg", "job")
+    assert plain.returncode == 1 and "+workload=poetry" in plain.stderr
+
+
+# ---- --help ---------------------------------------------------------------------------------------
+def test_help_lists_every_key_with_its_value_and_description():
+    from runners.config_keys import field_descriptions, schema_keys
+    from runners.schema import ABSchema, ABSettingsSchema
+
+    proc = cli("runners.ab", "--help")
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split()[0].split("=")[0]: line for line in proc.stdout.splitlines() if line.startswith("  ")}
+    n_blocks = lines["ab.n_blocks"]
+    assert n_blocks.split()[0] == "ab.n_blocks=2"  # the value the ab group sets, not the schema's default
+    assert field_descriptions(ABSettingsSchema)["n_blocks"] in n_blocks
+    assert "[closed | poisson]" in lines["load.mode"]  # a choice lists its values
+    assert lines["wandb.mode"].split()[0] == "wandb.mode=${oc.env:WANDB_MODE,offline}"
+    for key, _, _ in schema_keys(ABSchema):
+        assert key in lines or any(k.startswith(key + ".") for k in lines), key
+    assert "workload: agentic, arena_hard, custom, mixed_chat, poetry" in proc.stdout  # the groups stay listed
+    # The values shown are those composed with the command line's overrides.
+    proc = cli("runners.ab", "+workload=agentic", "ab.n_blocks=6", "--help")
+    assert "  ab.n_blocks=6 " in proc.stdout and "  workload.name=agentic" in proc.stdout
+    proc = cli("runners.bench_decode", "--help")
+    assert proc.returncode == 0 and "  new_tokens=64 " in proc.stdout and "  order=arm_major " in proc.stdout
+
+
+@pytest.mark.parametrize("schema_name", ["ABSchema", "BenchDecodeSchema"])
+def test_every_key_of_the_runners_schemas_has_a_description(schema_name):
+    import runners.schema as schema
+    from runners.config_keys import description, nested_schema, schema_keys
+
+    undescribed = [key for key, owner, name in schema_keys(getattr(schema, schema_name))
+                   if nested_schema(typing.get_type_hints(owner)[name]) is None and not description(owner, name)]
+    assert undescribed == []
+
+
+def test_descriptions_are_the_comments_above_and_beside_a_field():
+    from runners.config_keys import field_descriptions
+
+    @dataclasses.dataclass
+    class Example:
+        plain: int = 1
+        # the first line
+        # and the second
+        above: int = 2  # and beside
+
+        apart: int = 3
+    assert field_descriptions(Example) == {"above": "the first line and the second and beside"}
+
+
+# ---- a mistyped key --------------------------------------------------------------------------------
+def test_a_mistyped_key_names_the_closest_keys():
+    from runners.hydra_main import UnknownConfigKeyError, unknown_key_message
+
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_ab(["+workload=poetry", "ab.n_block=4"])
+    message = unknown_key_message(info.value)
+    assert "'ab.n_block'" in message and "Did you mean ab.n_blocks" in message
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_ab(["+workload=poetry", "n_blocks=4"])  # a key put at the wrong level
+    assert "Did you mean ab.n_blocks" in unknown_key_message(info.value)
+    with pytest.raises(ConfigCompositionException) as info:
+        compose_ab(["+workload=poetry", "ab.n_blocks=abc"])  # a declared key, a wrong value: Hydra's message
+    assert unknown_key_message(info.value) is None
+    assert issubclass(UnknownConfigKeyError, ConfigError) and issubclass(UnknownConfigKeyError,
+                                                                        ConfigCompositionException)
+
+    proc = cli("runners.ab", "+workload=poetry", "ab.n_block=4")
+    assert proc.returncode == 1
+    assert "Could not override 'ab.n_block': no such key. Did you mean ab.n_blocks" in proc.stderr, proc.stderr
+    assert "To append to your config use" not in proc.stderr  # the key is mistyped, not missing
+
+
+def test_a_key_added_with_plus_names_the_closest_keys_too(tmp_path):
+    with pytest.raises(ConfigError, match=r"ab\.nblocks \(did you mean ab\.n_blocks\? allowed here: "):
+        ab.check_config(compose_ab(["+workload=agentic", "+ab.nblocks=3"], out_dir=tmp_path))
+
+
+# ---- a failed guard in a sweep -------------------------------------------------------------------------
+def test_the_sweep_summary_callback_exits_1_naming_the_failed_jobs(tmp_path, caplog):
+    from runners.callbacks import SweepSummaryCallback
+    from runners.job_status import failed_jobs, write_job_status
+
+    for job in ("0_seed=0", "1_seed=1"):
+        (tmp_path / job).mkdir()
+    write_job_status(tmp_path / "0_seed=0", 0)
+    write_job_status(tmp_path / "1_seed=1", 1, "guards failed: lossless/block0: outputs differ")
+    assert failed_jobs(tmp_path) == {"1_seed=1": "guards failed: lossless/block0: outputs differ"}
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    with caplog.at_level("INFO"), pytest.raises(SystemExit) as info:
+        SweepSummaryCallback().on_multirun_end(config)
+    assert info.value.code == 1
+    assert "1_seed=1: guards failed: lossless/block0" in caplog.text
+    assert "no sweep summary written" in caplog.text  # these jobs wrote no summary.json; the status still counts
+    write_job_status(tmp_path / "1_seed=1", 0)  # a rerun that passed replaces the status
+    SweepSummaryCallback().on_multirun_end(config)  # returns: no failed job
+
+
+@pytest.mark.slow
+def test_a_failed_guard_fails_its_job_not_the_sweep(tmp_path):
+    """A two-job sweep whose second job fails a guard (a sampled workload without greedy replicas has no
+    lossless comparison): both jobs run and write their results, the sweep summary lists both (the
+    second as FAIL), the failed job's status says why, and the multirun exits 1."""
+    sweep = tmp_path / "sweep"
+    proc = cli("runners.ab", "-m", "ab=spec_off_vs_dspark", "+workload=agentic", "workload.num_prompts=1",
+               "workload.max_tokens=4", "ab.n_blocks=2", "ab.warmup_requests=0", "ab.n_boot=200",
+               "wandb.mode=disabled", "progress=false", "workload.temperature=0.0,0.7", f"hydra.sweep.dir={sweep}",
+               env={ab.TINY_MODELS_ENV: "1", "WANDB_MODE": "disabled"}, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert jobs == ["0_temperature=0.0", "1_temperature=0.7"]  # named after what the sweep varies
+    passed, failed = (json.loads((sweep / job / "summary.json").read_text()) for job in jobs)
+    assert passed["guards_passed"] and not failed["guards_passed"]
+    assert json.loads((sweep / jobs[0] / "job_status.json").read_text()) == {"exit_code": 0}
+    status = json.loads((sweep / jobs[1] / "job_status.json").read_text())
+    assert status["exit_code"] == 1 and "lossless" in status["error"]
+    summary_md = (sweep / "sweep_summary.md").read_text()
+    assert "2 job(s)" in summary_md and "**FAIL**" in summary_md and "| pass " in summary_md
+    logged = proc.stdout + proc.stderr  # Hydra's log goes to the console's stdout
+    assert "1 job(s) of the sweep failed" in logged and "1_temperature=0.7: guards failed: lossless" in logged
+
+
+# ---- progress within an arm-block ---------------------------------------------------------------------
+def test_drive_reports_each_finished_request(tmp_path):
+    from dspark.config import SamplingParams
+    from test_ab_runner import FakeTokenizer
+
+    cfg = compose_ab([*TINY, "load.concurrency=2", "engine.max_model_len=64"], out_dir=tmp_path)
+    engine = tiny_factory()(cfg, ab.arm_engine_configs(cfg))["B"]
+    inputs = [FakeTokenizer().encode(f"p{i}") for i in range(4)] + [[1] + [5] * 80]  # the last is refused
+    params = [SamplingParams(max_tokens=3, temperature=0.0) for _ in inputs]
+    for load in ({"mode": "closed", "concurrency": 2}, {"mode": "poisson", "request_rate": 500.0}):
+        seen: list[int] = []
+        outs, _, _ = ab.drive(engine, inputs, params, [f"r{i}" for i in range(5)], OmegaConf.create(load), seed=1,
+                              on_finished=seen.append)
+        assert sum(seen) == len(inputs) == len(outs)
+        engine.reset()
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_each_arm_block_shows_its_requests_unless_progress_is_off(tmp_path, capsys, progress):
+    ab.run(compose_ab([*TINY, "ab.n_blocks=1", f"progress={str(progress).lower()}"], out_dir=tmp_path),
+           engine_factory=tiny_factory())
+    err = capsys.readouterr().err
+    assert ("block 0 arm A" in err and "2/2" in err) is progress
+    assert ("block 0 arm B" in err) is progress
+
+
+# ---- string choices in the typed schema ----------------------------------------------------------------
+def test_choices_are_the_libraries_values_and_serialize_as_plain_strings(tmp_path):
+    from dspark.bench.gc_pauses import GC_MODES
+    from dspark.bench.schedule import SCHEDULE_KINDS
+    from dspark.bench.wandb_log import WANDB_MODES
+    from runners.schema import GcMode, ScheduleKind, WandbMode
+
+    assert tuple(m.value for m in ScheduleKind) == SCHEDULE_KINDS
+    assert tuple(m.value for m in GcMode) == GC_MODES
+    assert tuple(m.value for m in WandbMode) == WANDB_MODES
+    cfg = compose_ab(["+workload=agentic", "load.mode=poisson", "ab.schedule=random"], out_dir=tmp_path)
+    assert cfg.load.mode == "poisson" and f"{cfg.ab.schedule}" == str(cfg.ab.schedule) == "random"
+    hashed = ab.hashed_config(cfg)
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    for path in ab.UNHASHED_KEYS:
+        node = plain
+        for part in path[:-1]:
+            node = node[part]
+        node.pop(path[-1])
+    # The config hash (which decides reruns) is that of the plain strings: finished runs are still found.
+    assert json.dumps(hashed, sort_keys=True) == json.dumps(plain, sort_keys=True)
+    with pytest.raises(ConfigCompositionException) as info:
+        from hydra import compose, initialize_config_dir
+
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3", job_name="bench_decode"):
+            compose(config_name="bench_decode", overrides=["order=random"])
+    assert all(w in full_message(info.value) for w in ("order", "arm_major", "batch_major", "alternating"))
+
+
+def test_wandb_mode_from_the_environment_is_checked_before_any_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    cfg = compose_ab(["+workload=agentic"], out_dir=tmp_path)
+    assert cfg.wandb.mode == "disabled"
+    monkeypatch.setenv("WANDB_MODE", "cloud")
+    with pytest.raises(ConfigError) as info:
+        ab.check_config(compose_ab(["+workload=agentic"], out_dir=tmp_path))
+    for word in ("wandb.mode", "WANDB_MODE", "cloud", "offline", "online", "disabled"):
+        assert word in str(info.value), str(info.value)
+    assert compose_ab(["+workload=agentic", "wandb.mode=offline"], out_dir=tmp_path).wandb.mode == "offline"
