@@ -50,6 +50,12 @@ def _first_at_least(ladder: tuple[int, ...], n: int) -> int | None:
     return next((b for b in ladder if b >= n), None)
 
 
+def _committed_rows(out_rows: list[list[int]]) -> list[tuple[int, int, list[int]]]:
+    """(accepted count, window, committed tokens) per row of the step's output ``[k, w, slots...]``: the k
+    accepted drafts and the target's token after them."""
+    return [(row[0], row[1], row[2: row[0] + 3]) for row in out_rows]
+
+
 @dataclass
 class Launched:
     """A step whose results are on their way to the host."""
@@ -589,8 +595,7 @@ class GraphDecoder:
         src = torch.tensor(windows, dtype=torch.int64)
         self.windows_in[:R].copy_(src.to(self.device))
         self._verify_stage(int(num_tokens), R, "cap_accept" if cap_accept else "explicit")
-        rows = self.out[:R].tolist()
-        return [(row[0], row[1], row[2: row[0] + 3]) for row in rows]
+        return _committed_rows(self.out[:R].tolist())
 
     def ensure_captured(self, num_requests: int, mode: str, tiers: tuple[int, ...] | None = None) -> None:
         """Capture, up front, every graph a steady batch of ``num_requests`` rows can replay, so
@@ -713,8 +718,7 @@ class GraphDecoder:
             t0 = time.perf_counter()
             launched.event.synchronize()
             waited = (time.perf_counter() - t0) * 1e3
-        rows = launched.host.tolist()
-        return [(row[0], row[1], row[2: row[0] + 3]) for row in rows], waited
+        return _committed_rows(launched.host.tolist()), waited
 
     def _capture(self, fn):
         """Warm up (JIT, cuBLAS) on a side stream with the state restored afterwards, then capture."""
