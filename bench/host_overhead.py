@@ -30,7 +30,7 @@ from dspark.engine import Engine  # noqa: E402
 from dspark.models.drafter import DSparkDrafter  # noqa: E402
 from dspark.models.llama import TargetModel  # noqa: E402
 
-HOST_FUNCS = ("_graph_ineligible", "_graph_decision", "_sync_tables", "_commit_launched")
+HOST_FUNCS = ("_reserve_rows_ahead", "_graph_decision", "_commit_launched")
 TINY = ModelConfig(arch="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
                    num_kv_heads=1, head_dim=32, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=2048,
                    tie_word_embeddings=True, attention_bias=False, qk_norm=False, bos_token_id=1, eos_token_ids=(2,))

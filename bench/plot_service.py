@@ -1,12 +1,14 @@
-"""Service throughput on the H200: target-only against DSpark verify-all at concurrency 1/16/128/256,
-each beside the steady state of the same engine, from committed results only.
+"""Service throughput on the H200: target-only against DSpark verify-all at each concurrency a results folder
+measured, each beside the steady state of the same engine, from committed results only.
 
-    python bench/plot_service.py [OUT.png]
+    python bench/plot_service.py [RUN_DIR] [OUT.png]
 
-Reads each A/B run's blocks.csv (median output tokens/s over its timed blocks, per arm, and the
-range over the blocks) and the bench_decode.json of the steady-state runs on the same prompts;
-prints a markdown table and writes OUT.png
-(default bench/results/h200-2026-12-01-attention-service/service_throughput.png).
+RUN_DIR (default: bench/results/h200-2026-12-02-prefill-stream) holds one A/B run folder per
+concurrency, ``ab_c<C>/`` (runners.ab ab=spec_off_vs_dspark), and steady-state runs on the same prompts,
+``steady*/bench_decode.json`` (runners.bench_decode). Reads each A/B run's blocks.csv (median output
+tokens/s over its timed blocks, per arm, and the range over the blocks) and the steady state at the same
+batch where one was measured; prints a markdown table and writes OUT.png (default
+RUN_DIR/service_throughput.png).
 """
 
 from __future__ import annotations
@@ -18,15 +20,18 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-RUN = RESULTS / "h200-2026-12-01-attention-service"
+RUN = RESULTS / "h200-2026-12-02-prefill-stream"
 
-# concurrency -> (A/B run folder, steady-state bench_decode.json on the same code, or None where not measured)
-RUNS = {
-    1: (RUN / "ab_c1", RUN / "steady_b1_16" / "bench_decode.json"),
-    16: (RUN / "ab_c16", RUN / "steady_b1_16" / "bench_decode.json"),
-    128: (RUN / "ab_c128", None),
-    256: (RUN / "ab_c256", RUN / "steady_b256" / "bench_decode.json"),
-}
+
+def runs(run_dir: Path) -> dict[int, tuple[Path, list[Path]]]:
+    """concurrency -> (its A/B run folder, the steady-state bench_decode.json files of the folder)."""
+    found = {int(d.name[len("ab_c"):]): d for d in run_dir.glob("ab_c*") if d.name[len("ab_c"):].isdigit()}
+    if not found:
+        raise SystemExit(f"{run_dir}: no ab_c<concurrency>/ run folders")
+    steady_files = sorted(run_dir.glob("steady*/bench_decode.json"))
+    return {c: (found[c], steady_files) for c in sorted(found)}
+
+
 ARMS = {"A": ("target-only", "target_only"), "B": ("DSpark verify-all", "dspark_full")}
 
 
@@ -37,22 +42,22 @@ def service(run: Path) -> dict[str, list[float]]:
     return {arm: [float(r["output_tokens_per_s"]) for r in rows if r["arm"] == arm] for arm in ARMS}
 
 
-def steady(path: Path | None, batch: int) -> dict[str, float]:
-    """Steady-state output tokens/s at ``batch``, per arm (A, B); none without a steady-state run."""
-    if path is None:
-        return {}
-    rows = json.loads(path.read_text())["results"]
-    out = {}
-    for arm, (_, name) in ARMS.items():
-        hits = [r["output_tokens_per_s"] for r in rows if r["arm"] == name and r["batch_size"] == batch]
-        if hits:
-            out[arm] = float(hits[0])
+def steady(paths: list[Path], batch: int) -> dict[str, float]:
+    """Steady-state output tokens/s at ``batch``, per arm (A, B), from the first file that measured it."""
+    out: dict[str, float] = {}
+    for path in paths:
+        rows = json.loads(path.read_text())["results"]
+        for arm, (_, name) in ARMS.items():
+            hits = [r["output_tokens_per_s"] for r in rows if r["arm"] == name and r["batch_size"] == batch]
+            if hits and arm not in out:
+                out[arm] = float(hits[0])
     return out
 
 
-def main(out: str | None = None) -> Path:
-    target = Path(out) if out else RUN / "service_throughput.png"
-    data = {c: (service(run), steady(st, c)) for c, (run, st) in RUNS.items()}
+def main(run_dir: str | None = None, out: str | None = None) -> Path:
+    folder = Path(run_dir) if run_dir else RUN
+    target = Path(out) if out else folder / "service_throughput.png"
+    data = {c: (service(run), steady(st, c)) for c, (run, st) in runs(folder).items()}
 
     lines = ["| concurrency | target-only tok/s (steady) | DSpark verify-all tok/s (steady) | DSpark / target-only |",
              "|---|---|---|---|"]
@@ -67,7 +72,8 @@ def main(out: str | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(data), figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, len(data), figsize=(2.6 * len(data) + 0.6, 3.8), squeeze=False)
+    axes = axes[0]
     colours = {"A": "#8c8c8c", "B": "#1f77b4"}
     for ax, (c, (blocks, st)) in zip(axes, data.items()):
         for i, arm in enumerate(ARMS):
@@ -100,4 +106,4 @@ def main(out: str | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    main(*sys.argv[1:3])

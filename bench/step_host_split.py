@@ -59,7 +59,7 @@ def timed(cls, name, key):
         t0 = time.perf_counter(); r = f(*a, **k); T[key] += (time.perf_counter() - t0) * 1e3; return r
     setattr(cls, name, g)
 timed(Engine, "_graph_decision", "plan"); timed(Engine, "_commit_launched", "commit_incl_wait")
-timed(Engine, "_sync_tables", "tables")
+timed(Engine, "_reserve_rows_ahead", "tables")
 EVS = []
 _launch = GraphDecoder.launch
 def launch(self, *a, **k):

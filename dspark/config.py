@@ -282,6 +282,10 @@ class EngineConfig:
     # drafter's top-token probability calibrated online against observed acceptance ("draft_max_prob",
     # dspark/acceptance_estimate.py; works for a drafter without a head).
     acceptance_estimate: str = "head"
+    # Price the planner's options at what a service step costs, learnt online from the committed steps
+    # (dspark/service_cost.py: the host's work per step as a floor, a device-bound step's time beyond the
+    # table's price as an extra), instead of the cost table's steady-decode price alone.
+    service_cost: bool = False
     force_verify_len: int | None = None  # profiling/debug override of the decision (must be on the ladder)
     force_trimmed_path: bool = False  # profiling: run a forced verify length (even the full block) as a trimmed step
     force_budget_frac: float | None = None  # profiling/debug override (ragged): budget = frac * R * G cells
@@ -291,6 +295,9 @@ class EngineConfig:
     # bucket, on a GPU; on the CPU the same step function runs eagerly (for tests).
     cuda_graphs: bool = False
     overlap: bool = False  # launch step t+1 before reading step t's tokens (needs cuda_graphs)
+    # Captured prefill forwards on their own CUDA stream, beside the decode step (cuda_graphs on a GPU); their
+    # requests join the decode rows one step later. Counted as prefill_side_stream_replays.
+    prefill_stream: bool = True
     # Kernel switches of the Triton backend (engine.kernels.*); kernel_config() combines them with
     # attention_backend and batch_invariant into what the model code reads.
     kernels: KernelSwitches = field(default_factory=KernelSwitches)

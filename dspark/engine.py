@@ -118,6 +118,7 @@ class Engine:
         self.last_step: StepInfo | None = None
         self.cost_table = None
         self.planner = None
+        self.service_cost = None  # engine.service_cost: the online price of a service step (kept across reset)
         self._build_planner()
         self._free_slots = list(range(self.cfg.max_num_seqs - 1, -1, -1))
         self._slot_of: dict[int, int] = {}
@@ -206,7 +207,8 @@ class Engine:
                                   window_impl="triton" if triton_backend else "torch",
                                   metadata_impl="triton" if fused_metadata else "torch",
                                   max_prefill_tokens=self.cfg.max_num_batched_tokens,
-                                  acceptance_estimate=self.cfg.acceptance_estimate)
+                                  acceptance_estimate=self.cfg.acceptance_estimate,
+                                  prefill_stream=self.cfg.cuda_graphs and self.cfg.prefill_stream)
         self.graph = self.steps if self.cfg.cuda_graphs else None  # the device-resident path
         # engine.acceptance_estimate=draft_max_prob: the online calibration of the drafter's top probabilities. It is
         # calibration, not request state: reset() keeps it, so a run's warm-up trains it for the timed blocks.
@@ -216,6 +218,7 @@ class Engine:
 
             self.acceptance_estimate = OnlineAcceptanceEstimate(self.block_size)
         self._graph_table_lens: dict[int, int] = {}
+        self._prefilled: list[Request] = []  # prefilled on the prefill stream, joining the rows next call
 
     def _build_planner(self) -> None:
         cfg = self.cfg
@@ -248,6 +251,10 @@ class Engine:
             force_verify_len=cfg.force_verify_len, force_budget_frac=cfg.force_budget_frac,
             force_trimmed_path=cfg.force_trimmed_path)
         self.planner = Planner(self.planner_config, self.cost_table, stats=self.stats)
+        if cfg.service_cost:
+            from dspark.service_cost import ServiceCostEstimate
+
+            self.service_cost = ServiceCostEstimate()
 
     def fingerprint(self) -> dict:
         """What a cost table must have been profiled on to be valid here."""
@@ -276,6 +283,8 @@ class Engine:
               "step_path": step_path, "kernels": kernel_set(self.kernels, self.runner.device),
               "model": f"{tc.arch}-h{tc.hidden_size}-L{tc.num_layers}-V{tc.vocab_size}", "drafter": drafter,
               "dtype": self.cfg.dtype}
+        if self.cfg.cuda_graphs and self.cfg.prefill_stream and self.runner.device.type == "cuda":
+            fp["prefill_path"] = "side-stream"  # not a checked field: decode steps' cost does not depend on it
         if self.cfg.cuda_graphs:
             # Device-resident steps are timed as their step() call's wall time (StepInfo.step_ms);
             # eager steps as they always were (no field: nothing to check).
@@ -296,7 +305,7 @@ class Engine:
                 "trimmed_steps": 0, "ceiling_tokens": 0, "window_tokens": 0, "preemptions": 0,
                 "graph_replays": 0, "graph_eager_steps": 0, "eager_steps": 0, "discarded_row_steps": 0,
                 "pipelined_steps": 0, "prefill_graph_replays": 0, "prefill_uncaptured": 0,
-                "prefill_eager_steps": 0}
+                "prefill_eager_steps": 0, "prefill_side_stream_replays": 0}
 
     @property
     def emitted_tokens(self) -> int:
@@ -334,6 +343,8 @@ class Engine:
         decode_steps = c["decode_steps"]
         c["mean_running_batch"] = c["request_steps"] / decode_steps if decode_steps else 0.0
         c["kv_pool_tokens"] = self.blocks.num_pages * self.blocks.page_size
+        if self.service_cost is not None:
+            c.update(self.service_cost.summary())
         if self._eager_step_ms:
             e = sorted(self._eager_step_ms)
             c["eager_step_ms_median"] = e[len(e) // 2]
@@ -492,6 +503,7 @@ class Engine:
             counts["mixed_steps"] += int(plan.is_mixed)
         G = self.block_size
         steps = self.steps
+        steps.wait_prefill()  # requests prefilled on the prefill stream may decode in this step
         prefill_tokens = sum(c.length for c in plan.prefills)
         if plan.prefills:
             self._prefill(plan.prefills)
@@ -534,32 +546,36 @@ class Engine:
                 self._learn_acceptance(steps.max_prob[: len(decodes)].cpu().numpy(),
                                        [G] * len(decodes) if cap else windows, uncapped if cap else accepted)
             self._count_rows(windows, accepted)
-            for req, w, (k, _, new) in zip(decodes, windows, results):
-                if self._commit_row(req, w, k, new, now):
-                    finished.append(RequestOutput.from_request(req))
+            finished += self._commit_rows([(req, w, k, new) for req, w, (k, _, new) in zip(decodes, windows, results)],
+                                          now)
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)  # step timing below must include the device work
         self.last_step = StepInfo(num_decodes=len(decodes), num_prefill_tokens=prefill_tokens,
                                   num_tokens=num_tokens, bucket=bucket, windows=tuple(windows),
                                   step_ms=(time.perf_counter() - step_start) * 1e3)
         self._eager_step_ms.append(self.last_step.step_ms)
+        if self.service_cost is not None and decodes and decision is not None:
+            # A host-driven step is synchronous: its time is the host's and the device's together.
+            self.service_cost.update(step_ms=self.last_step.step_ms, table_ms=decision.predicted_ms, host_ms=None,
+                                     waited_ms=self.last_step.step_ms)
+            self.planner.service = self.service_cost.current()
         return finished
 
-    def _prefill(self, chunks) -> None:
+    def _prefill(self, chunks, overlap: bool = False) -> None:
         """Prefill chunks through the step pipeline's prefill stage, in forwards that fit its largest
-        prefill shape (tokens and chunks)."""
+        prefill shape (tokens and chunks); with ``overlap``, on the prefill stream when there is one."""
         steps = self.steps
         group: list[Segment] = []
         tokens = 0
         for c in chunks:
             seg = Segment(c.req, c.start, c.req.all_ids[c.start: c.start + c.length])
             if group and not steps.prefill_fits(tokens + c.length, len(group) + 1):
-                steps.prefill(group)
+                steps.prefill(group, overlap=overlap)
                 group, tokens = [], 0
             group.append(seg)
             tokens += c.length
         if group:
-            steps.prefill(group)
+            steps.prefill(group, overlap=overlap)
         for c in chunks:
             c.req.num_computed = c.start + c.length
 
@@ -596,13 +612,6 @@ class Engine:
         counts["accepted_tokens"] += K
         counts["emitted_tokens"] += K + n
 
-    def _commit_row(self, req: Request, window: int, k: int, new: list[int], now: float) -> bool:
-        """Commit one request's step: k accepted drafts + the target's token. True when it finished.
-        The caller counts the step's rows with _count_rows."""
-        self._record(req, window, k)
-        req.num_computed = req.num_tokens + k  # anchor + accepted drafts are now in the cache
-        return self._commit(req, new, now)
-
     # ---- device-resident steps (engine.cuda_graphs) ---------------------------------------
     def _reserve_rows_ahead(self, rows: list[Request], pending: list[Request]) -> str | None:
         """Reserve pages for every row's next steps (``num_tokens`` + the lookahead) and send the device
@@ -610,14 +619,19 @@ class Engine:
         gd = self.graph
         if gd.bucket_for(len(rows) + len(pending)) is None:
             return "over_largest_bucket"
-        needed, ahead = self.blocks.pages_needed, self._lookahead
-        grow = [(i, r, n) for i, r in enumerate(rows) if (n := needed(r.req_id, r.num_tokens + ahead))]
+        needed, ahead, lens = self.blocks.pages_needed, self._lookahead, self._graph_table_lens
+        # A row's pages hold lens[id] * page_size positions (lens: the table lengths the device has).
+        # Most steps add no page to most rows, so one comparison per row finds those that grow.
+        span = self.blocks.page_size
+        grow = [(i, r, n) for i, r in enumerate(rows)
+                if len(r.prompt_ids) + len(r.output_ids) + ahead > lens.get(r.req_id, 0) * span
+                and (n := needed(r.req_id, r.num_tokens + ahead))]
         pages = sum(n for _, _, n in grow) + sum(needed(r.req_id, r.num_tokens + ahead) for r in pending)
         if pages > self.blocks.num_free:
             return "kv_pages"  # the eager scheduler preempts to make room
-        if grow:  # most steps add no page to most rows: only the rows that grow are touched
+        if grow:
             updates = []
-            lens, table_of, reserve = self._graph_table_lens, self.blocks.table, self.blocks.reserve
+            table_of, reserve = self.blocks.table, self.blocks.reserve
             for i, r, _ in grow:
                 reserve(r.req_id, r.num_tokens + ahead)
                 table = table_of(r.req_id)
@@ -646,8 +660,9 @@ class Engine:
             gd.load([r for r in sched.running if not r.in_prefill])
             self._graph_table_lens = {r.req_id: len(self.blocks.table(r.req_id)) for r in gd.rows}
             self._unjoined = []
+            self._prefilled = []
             self._rows_stale = False
-        why = self._reserve_rows_ahead(gd.rows, self._unjoined)
+        why = self._reserve_rows_ahead(gd.rows, self._unjoined + self._prefilled)
         if why is not None:
             if self._inflight is not None:
                 return self._drain()  # finish the pipeline first; the next call re-plans on exact state
@@ -657,19 +672,32 @@ class Engine:
         ahead = self._lookahead
         counts = self._counts
         finished: list[RequestOutput] = []
+        # Requests whose prefill is complete join the rows: those that waited for pages; those an earlier
+        # call prefilled on the prefill stream (ordered before this step's launch here, before this call's
+        # prefill is issued, so that it still runs beside this step); this call's completed prefills when
+        # they ran on the current stream; and requests with nothing to prefill (a one-token prompt).
+        candidates = self._unjoined + [r for r in self._prefilled if r.finish_reason is None]
+        if self._prefilled:
+            gd.wait_prefill()
+            self._prefilled = []
         plan = sched.schedule_prefills(min(self.cfg.max_num_batched_tokens, gd.prefill_buckets[-1]),
                                        max_chunks=gd.max_prefill_segments)
         for req, reason in plan.failed:
             self._finish(req, "error", error=reason)
             finished.append(RequestOutput.from_request(req))
         prefill_tokens = sum(c.length for c in plan.prefills)
+        overlapped = gd.prefill_stream is not None
         if plan.prefills:
-            self._prefill(plan.prefills)
+            side_before = gd.prefill_side_replays
+            self._prefill(plan.prefills, overlap=overlapped)
+            counts["prefill_side_stream_replays"] += gd.prefill_side_replays - side_before
             counts["prefill_tokens"] += prefill_tokens
             counts["prefill_graph_replays" if gd.use_graphs else "prefill_uncaptured"] += 1
-        # Requests whose prefill is complete join the rows: those that waited for pages, this call's
-        # completed prefills, and requests with nothing to prefill (a one-token prompt).
-        candidates = self._unjoined + [c.req for c in plan.prefills if not c.req.in_prefill]
+        done = [c.req for c in plan.prefills if not c.req.in_prefill]
+        if overlapped:
+            self._prefilled = done
+        else:
+            candidates += done
         candidates += [r for r in plan.admitted_ready]
         joiners, self._unjoined = [], []
         for r in candidates:
@@ -761,7 +789,7 @@ class Engine:
         newest_age = 2 if self.cfg.overlap else 1  # the newest snapshot read back is this old already
         sizing = self.planner.lagged_rows([self._slot(r) for r in running], newest_age)
         decision = plan_budget(ranking_survival=None, sizing_survival=sizing, table=self.cost_table,
-                               config=self.planner_config, temperature_positive=False)
+                               config=self.planner_config, temperature_positive=False, service=self.planner.service)
         self.stats.record_plan(decision, plan_ms=(time.perf_counter() - start) * 1e3)
         if not decision.trimmed:
             return "full", None, None, decision
@@ -790,24 +818,23 @@ class Engine:
         self._graph_wait_ms += waited_ms
         now = time.perf_counter()
         G = self.block_size
-        finished = []
         track = launched.survival is not None and self.planner is not None
-        live_ids, accepted, windows, slots, live_rows, live_at = [], [], [], [], [], []
         requests = self._requests
+        rows, live_at, live_ids, windows, accepted = [], [], [], [], []
         for i, (rid, (k, w, new)) in enumerate(zip(launched.req_ids, results)):
             req = requests.get(rid)
             if req is None or req.finish_reason is not None:
-                self._counts["discarded_row_steps"] += 1  # it finished in the step before: tokens dropped
-                continue
-            live_ids.append(rid)
+                continue  # it finished in the step before: its tokens are dropped (counted below)
+            rows.append((req, w, k, new))
             live_at.append(i)
-            accepted.append(k)
+            live_ids.append(rid)
             windows.append(w)
-            if track:
-                slots.append(self._slot(req))
-                live_rows.append(i)
-            if self._commit_row(req, w, k, new, now):
-                finished.append(RequestOutput.from_request(req))
+            accepted.append(k)
+        self._counts["discarded_row_steps"] += len(results) - len(rows)
+        # Slots first: committing finishes requests, and a finished request gives its slot back.
+        slots = [self._slot(r) for r, _, _, _ in rows] if track else []
+        live_rows = live_at if track else []
+        finished = self._commit_rows(rows, now)
         self._count_rows(windows, accepted)
         if launched.max_prob is not None and live_at and self.acceptance_estimate is not None:
             self._learn_acceptance(launched.max_prob.numpy()[live_at], windows, accepted)
@@ -836,6 +863,10 @@ class Engine:
         if decision is not None and decision.trimmed:
             self._counts["trimmed_steps"] += 1
         step_ms = self._step_period_ms(launched, start)
+        if self.service_cost is not None and decision is not None:
+            self.service_cost.update(step_ms=step_ms, table_ms=decision.predicted_ms, waited_ms=waited_ms,
+                                     host_ms=self._host_step_ms[-1] if self._host_step_ms else None)
+            self.planner.service = self.service_cost.current()
         if G and live_ids:
             self.stats.record_step(request_ids=live_ids, windows=windows, accepted=accepted, block=G,
                                    mode=self.cfg.verify, num_tokens=launched.num_tokens,
@@ -877,49 +908,51 @@ class Engine:
             decision = dataclasses.replace(decision, windows=tuple(int(x) for x in w.tolist()))
         return decision
 
-    def _record(self, req: Request, window: int, accepted: int) -> None:
-        req.accept_lengths.append(accepted + 1)
-        req.verify_lens.append(window)
-        for i in range(min(accepted + 1, window)):
-            req.pos_reached[i] += 1
-        for i in range(accepted):
-            req.pos_accepted[i] += 1
-
-    def _commit(self, req: Request, new: list[int], now: float) -> bool:
-        p = req.params
-        out = req.output_ids
-        n_prompt, n_out, max_len = len(req.prompt_ids), len(out), self.cfg.max_model_len
-        room = min(p.max_tokens - n_out, max_len - n_prompt - n_out)
-        if room < len(new):
-            new = new[:max(room, 0)]
-        reason = None
-        if not p.ignore_eos and self._eos:
-            eos = self._eos
-            for j, t in enumerate(new):
-                if t in eos:
-                    new = new[: j + 1]
+    def _commit_rows(self, rows, now: float) -> list[RequestOutput]:
+        """Commit a step's rows, each (request, window, accepted drafts k, tokens): the k accepted drafts
+        and the target's token after them are appended, cut after an EOS or a stop string and at
+        max_tokens or the context; requests that end are finished. Returns their outputs. The caller
+        counts the step's rows with _count_rows. This runs for every row of every step, so the common
+        path makes no per-row calls."""
+        finished: list[RequestOutput] = []
+        eos, max_len, stops_apply = self._eos, self.cfg.max_model_len, self.tokenizer is not None
+        for req, window, k, new in rows:
+            req.accept_lengths.append(k + 1)
+            req.verify_lens.append(window)
+            p = req.params
+            out = req.output_ids
+            n_prompt, n_out = len(req.prompt_ids), len(out)
+            req.num_computed = n_prompt + n_out + k  # anchor + accepted drafts are now in the cache
+            room = min(p.max_tokens - n_out, max_len - n_prompt - n_out)
+            if room < len(new):
+                new = new[:max(room, 0)]
+            reason = None
+            if eos and not p.ignore_eos and not eos.isdisjoint(new):
+                for j, t in enumerate(new):
+                    if t in eos:
+                        new = new[: j + 1]
+                        reason = "stop"
+                        break
+            if reason is None and p.stop and stops_apply and new:
+                # Token by token, as a one-token-per-step decode would stop: the accepted block is cut
+                # after the token that completes a stop string, so every arm emits the same token ids.
+                cut = self._stop_cut(out, new, p.stop)
+                if cut is not None:
+                    new = new[:cut]
                     reason = "stop"
-                    break
-        if reason is None and p.stop and self.tokenizer is not None and new:
-            # Token by token, as a one-token-per-step decode would stop: the accepted block is cut
-            # after the token that completes a stop string, so every arm emits the same token ids.
-            cut = self._stop_cut(out, new, p.stop)
-            if cut is not None:
-                new = new[:cut]
-                reason = "stop"
-        out.extend(new)
-        n_out += len(new)
-        if new:
-            if req.first_token_time is None:
-                req.first_token_time = now
-            req.chunk_times.append(now)
-            req.chunk_sizes.append(len(new))
-        if reason is None and (n_out >= p.max_tokens or n_prompt + n_out >= max_len):
-            reason = "length"
-        if reason is not None:
-            self._finish(req, reason)
-            return True
-        return False
+            if new:
+                out.extend(new)
+                n_out += len(new)
+                if req.first_token_time is None:
+                    req.first_token_time = now
+                req.chunk_times.append(now)
+                req.chunk_sizes.append(len(new))
+            if reason is None and (n_out >= p.max_tokens or n_prompt + n_out >= max_len):
+                reason = "length"
+            if reason is not None:
+                self._finish(req, reason)
+                finished.append(RequestOutput.from_request(req))
+        return finished
 
     def _stop_cut(self, out: list[int], new: list[int], stops: tuple[str, ...]) -> int | None:
         """How many of ``new`` to keep so that the text ends at the first token that completes a stop
@@ -1015,20 +1048,18 @@ class Engine:
 
     def reset(self) -> None:
         """Drop every request and clear the caches (used between A/B arms)."""
-        if self.scheduler.has_work():
-            for r in list(self.scheduler.running) + list(self.scheduler.waiting):
-                self.blocks.free(r.req_id)
-            self.scheduler.running.clear()
-            self.scheduler.waiting.clear()
+        self.scheduler.clear()
         if self._inflight is not None:
             self.graph.collect(self._inflight)
             self._inflight = None
         self._host_step_ms = []
         self._eager_step_ms = []
         if self.graph is not None:
+            self.graph.wait_prefill()
             self.graph.clear()
             self._graph_table_lens = {}
             self._unjoined = []
+            self._prefilled = []
             self._rows_stale = False
             self._captured_key = None
             self._captures_base = self.graph.captures

@@ -28,6 +28,7 @@ use, top-p in use) is part of every graph key.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -78,7 +79,7 @@ class GraphDecoder:
     def __init__(self, runner, max_num_seqs: int, max_pages: int, buckets: tuple[int, ...], use_graphs: bool,
                  token_buckets: tuple[int, ...] | None = None, min_verify_len: int = 1, window_impl: str = "torch",
                  metadata_impl: str = "torch", max_prefill_tokens: int = 2048, max_prefill_segments: int = 16,
-                 acceptance_estimate: str = "head", estimate_bins: int = 10):
+                 acceptance_estimate: str = "head", estimate_bins: int = 10, prefill_stream: bool = False):
         self.runner = runner
         self.kernels = runner.kernels
         self.target = runner.target
@@ -166,6 +167,16 @@ class GraphDecoder:
         self.timing: list | None = None  # (mode, [(key, start event, end event)]) per step when timing
         self._step_events: list = []
         self.pool = None
+        # engine.prefill_stream: captured prefill forwards run on their own CUDA stream (and graph memory pool),
+        # beside the decode step on the current stream. The decode step and a prefill are each a chain of
+        # small kernels that leaves most of the GPU idle, so the two overlap. Ordering: a prefill waits for
+        # the work queued before it (pages it reuses may still be written by the step in flight), and the
+        # current stream waits for it (wait_prefill) before its requests join the rows.
+        self.prefill_stream = torch.cuda.Stream(self.device) if self.use_graphs and prefill_stream else None
+        self._prefill_capture_stream = torch.cuda.Stream(self.device) if self.prefill_stream is not None else None
+        self.prefill_pool = None
+        self._prefill_pending = False
+        self.prefill_side_replays = 0  # prefill forwards replayed on the prefill stream
         self.captures = 0
         self.megakernel_replays = 0  # replays of graphs whose target step is the decode megakernel
         self.capture_megakernel_calls = 0  # megakernel forward calls made by captures (warm-up + capture)
@@ -180,8 +191,15 @@ class GraphDecoder:
 
     def load(self, requests) -> None:
         """Upload every row's state from the host (exact: no step of theirs is in flight)."""
+        self.wait_prefill()
         self.clear()
         self.join(requests)
+
+    def wait_prefill(self) -> None:
+        """Order every prefill issued so far before the current stream's next work (no host wait)."""
+        if self._prefill_pending:
+            torch.cuda.current_stream(self.device).wait_stream(self.prefill_stream)
+            self._prefill_pending = False
 
     def clear(self) -> None:
         """No rows: every row inactive (the device keeps its buffers)."""
@@ -287,10 +305,12 @@ class GraphDecoder:
     def prefill_fits(self, num_tokens: int, num_segments: int) -> bool:
         return num_tokens <= self.prefill_buckets[-1] and num_segments <= self.max_prefill_segments
 
-    def prefill(self, segments) -> int:
+    def prefill(self, segments, overlap: bool = False) -> int:
         """Run prefill chunks (``dspark.model_runner.Segment``s: positions start.. of a request) as one
         target forward that writes their K/V and the drafter's context K/V, no token sampled; replayed
-        from a graph keyed by (token bucket, segment bucket). Returns the token bucket."""
+        from a graph keyed by (token bucket, segment bucket). Returns the token bucket. With ``overlap``
+        and a prefill stream the forward runs on that stream: call :meth:`wait_prefill` before anything
+        on the current stream reads what it writes."""
         n_tok = sum(len(s.tokens) for s in segments)
         n_seg = len(segments)
         if not self.prefill_fits(n_tok, n_seg):
@@ -325,14 +345,21 @@ class GraphDecoder:
         pin = self.device.type == "cuda"
         if pin:
             big, small_t = big.pin_memory(), small_t.pin_memory()
-        self.pf_ids[:T].copy_(big[:T], non_blocking=pin)
-        self.pf_pos[:T].copy_(big[T: 2 * T], non_blocking=pin)
-        self.pf_slots[:T].copy_(big[2 * T:], non_blocking=pin)
-        self.pf_indptr[: P + 1].copy_(small_t[: P + 1], non_blocking=pin)
-        self.pf_kv_lens[:P].copy_(small_t[P + 1: 2 * P + 1], non_blocking=pin)
-        self.pf_tables[:P].copy_(small_t[2 * P + 1:].view(P, width), non_blocking=pin)
-        self._run(("prefill", T, P), lambda: self._prefill_stage(T, P))
-        self._close_step_timing("prefill")
+        side = self.prefill_stream if overlap else None
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            self.pf_ids[:T].copy_(big[:T], non_blocking=pin)
+            self.pf_pos[:T].copy_(big[T: 2 * T], non_blocking=pin)
+            self.pf_slots[:T].copy_(big[2 * T:], non_blocking=pin)
+            self.pf_indptr[: P + 1].copy_(small_t[: P + 1], non_blocking=pin)
+            self.pf_kv_lens[:P].copy_(small_t[P + 1: 2 * P + 1], non_blocking=pin)
+            self.pf_tables[:P].copy_(small_t[2 * P + 1:].view(P, width), non_blocking=pin)
+            self._run(("prefill", T, P), lambda: self._prefill_stage(T, P))
+            self._close_step_timing("prefill")
+        if side is not None:
+            self._prefill_pending = True
+            self.prefill_side_replays += 1
         return T
 
     def _prefill_stage(self, T: int, P: int) -> None:
@@ -643,7 +670,8 @@ class GraphDecoder:
                     self.pf_slots.fill_(-1)  # the warm-up writes only the trash slot
                     self.pf_indptr.zero_()
                     self.pf_kv_lens.zero_()
-                    self.graphs[("prefill", T, P)] = self._capture(lambda T=T, P=P: self._prefill_stage(T, P))
+                    self.graphs[("prefill", T, P)] = self._capture(lambda T=T, P=P: self._prefill_stage(T, P),
+                                                                   prefill=True)
         return self.captures - before
 
     def _run(self, key, fn) -> None:
@@ -652,7 +680,7 @@ class GraphDecoder:
             return
         graph = self.graphs.get(key)
         if graph is None:
-            graph = self._capture(fn)
+            graph = self._capture(fn, prefill=key[0] == "prefill")
             self.graphs[key] = graph
         if graph.megakernel:
             self.megakernel_replays += 1
@@ -692,10 +720,12 @@ class GraphDecoder:
             for key, start, end in events:
                 per_key.setdefault("/".join(str(k) for k in key[:3]), []).append(start.elapsed_time(end))
             per_mode.setdefault(mode, []).append(events[0][1].elapsed_time(events[-1][2]))
-        # Device idle between consecutive steps: end of a step's last graph to the start of the next
-        # step's first (eager work in between, a prefill, reads as idle here). Near zero when the
-        # host keeps ahead of the device; a host-bound step shows its shortfall here.
-        gaps = [a[-1][2].elapsed_time(b[0][1]) for (_, a), (_, b) in zip(steps, steps[1:])]
+        # Gaps between consecutive steps on the decode stream: end of a step's last graph to the start of the
+        # next step's first. Near zero when the host keeps ahead of the device; a host-bound step shows its
+        # shortfall here. Prefills on their own stream (engine.prefill_stream) overlap these steps and are left
+        # out of the gaps; on the decode stream they sit between two steps and read as a gap.
+        decode = [(m, ev) for m, ev in steps if not (m == "prefill" and self.prefill_stream is not None)]
+        gaps = [a[-1][2].elapsed_time(b[0][1]) for (_, a), (_, b) in zip(decode, decode[1:])]
         med = lambda xs: round(statistics.median(xs), 4)  # noqa: E731
         out = {"graph_device_ms_median": {k: med(v) for k, v in sorted(per_key.items())},
                "graph_replays_timed": {k: len(v) for k, v in sorted(per_key.items())},
@@ -704,9 +734,18 @@ class GraphDecoder:
         if gaps:
             import numpy as np
 
-            span = steps[0][1][0][1].elapsed_time(steps[-1][1][-1][2])
+            # Device idle: the share of the timed span in which no timed graph ran on any stream (the union
+            # of the replays' intervals, so overlapping prefill and decode graphs count once).
+            origin = steps[0][1][0][1]
+            spans = sorted((origin.elapsed_time(start), origin.elapsed_time(end)) for _, ev in steps for _, start, end in ev)
+            busy, reach = 0.0, spans[0][0]
+            for lo, hi in spans:
+                if hi > reach:
+                    busy += hi - max(lo, reach)
+                    reach = hi
+            total = reach - spans[0][0]
             out.update({"step_gap_ms_median": med(gaps), "step_gap_ms_p90": round(float(np.percentile(gaps, 90)), 4),
-                        "device_idle_fraction": round(sum(gaps) / span, 4) if span > 0 else None})
+                        "device_idle_fraction": round(max(0.0, 1.0 - busy / total), 4) if total > 0 else None})
         return out
 
     @staticmethod
@@ -720,7 +759,7 @@ class GraphDecoder:
             waited = (time.perf_counter() - t0) * 1e3
         return _committed_rows(launched.host.tolist()), waited
 
-    def _capture(self, fn):
+    def _capture(self, fn, prefill: bool = False):
         """Warm up (JIT, cuBLAS) on a side stream with the state restored afterwards, then capture."""
         before = self.target.megakernel_launches
         bufs = (self.seq_len, self.anchor, self.out, self.tier, self.extra)
@@ -737,10 +776,17 @@ class GraphDecoder:
         for b, v in zip(bufs, saved):
             b.copy_(v)
         graph = torch.cuda.CUDAGraph()
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
-            fn()
+        if prefill and self.prefill_stream is not None:
+            # Its own pool (it may run beside a decode graph) and capture stream (cuBLAS keys its workspace by stream).
+            if self.prefill_pool is None:
+                self.prefill_pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self.prefill_pool, stream=self._prefill_capture_stream):
+                fn()
+        else:
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self.pool):
+                fn()
         # Whether this graph's target step is the decode megakernel: its replays count as such steps.
         calls = self.target.megakernel_launches - before  # the warm-up's and the capture's
         graph.megakernel = calls > 0

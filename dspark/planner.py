@@ -37,6 +37,7 @@ import numpy as np
 
 from dspark.config import ConfigError
 from dspark.cost_table import CostTable
+from dspark.service_cost import ServiceCost
 from dspark.survival import check_survival, neutral_survival_row
 
 MODES = ("uniform", "ragged")
@@ -263,7 +264,8 @@ def cells_past_min_len(rows: Any, budget: int, min_len: int) -> int:
 
 
 def _global_ragged_walk(rows: Any, table: CostTable, bs: int, config: "PlannerConfig",
-                        taus: np.ndarray | None = None) -> tuple[float, int, tuple[int, ...]]:
+                        taus: np.ndarray | None = None, service: ServiceCost | None = None
+                        ) -> tuple[float, int, tuple[int, ...]]:
     """The global ragged search, vectorised: walk the cells in admission order (survival
     descending, position, request), value every prefix as tau/T, keep the last best.
 
@@ -282,14 +284,15 @@ def _global_ragged_walk(rows: Any, table: CostTable, bs: int, config: "PlannerCo
     m0 = R * (min_len + 1)
     m_full = R * (config.block + 1)
     # Every prefix but the whole block is a trimmed step: it pays the table's trim overhead.
-    value0 = tau0 / float(table.step_ms(m0, bs, extrapolate=config.extrapolate_cost, trimmed=m0 < m_full))
+    price = (service or ServiceCost.none()).price
+    value0 = tau0 / price(float(table.step_ms(m0, bs, extrapolate=config.extrapolate_cost, trimmed=m0 < m_full)))
     a = a_walk[counted]
     if a.size == 0:
         return value0, 0, tuple([min_len] * R)
     tau = np.cumsum(np.concatenate(([tau0], a)))[1:]  # running sum from tau0, as the walk adds
     m = m0 + np.arange(1, a.size + 1)
-    values = tau / (table.step_ms_many(m, bs, extrapolate=config.extrapolate_cost)
-                    + np.where(m < m_full, table.trim_overhead(bs), 0.0))
+    values = tau / price(table.step_ms_many(m, bs, extrapolate=config.extrapolate_cost)
+                         + np.where(m < m_full, table.trim_overhead(bs), 0.0))
     top = max(value0, float(values.max()))
     hits = np.nonzero(values >= top)[0]
     if hits.size == 0:
@@ -305,7 +308,7 @@ def _global_ragged_walk(rows: Any, table: CostTable, bs: int, config: "PlannerCo
 
 def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable | None, config: PlannerConfig,
                 temperature_positive: bool, is_mixed_step: bool = False, snapshot_ready: bool = True,
-                batch_size: int | None = None) -> PlanDecision:
+                batch_size: int | None = None, service: ServiceCost | None = None) -> PlanDecision:
     """Pure planner step over R active requests.
 
     ranking_survival: fresh survival [R, G] (host rows or a tensor), or None to leave a
@@ -313,8 +316,11 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
     sizing_survival: survival that sizes the budget: lagged by config.budget_lag steps
       (per slot, neutral for new requests), or the fresh one when budget_lag == 0.
     batch_size: for the cost table's batch-overhead staircase; default R.
+    service: what a service step costs beyond the table (dspark.service_cost): every option is valued at
+      its service price; the decision's ``ms`` stays the table's price (the one its prediction check uses).
     """
     G = config.block
+    price = (service or ServiceCost.none()).price
     if config.algorithm == "global" and config.budget_lag == 0 and temperature_positive:
         raise PlannerConfigError(
             "planner.algorithm: this step samples at temperature > 0, and global search over fresh confidence "
@@ -334,9 +340,12 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
     sizing_prefix = _prefix_sums(sizing)
     ranking_prefix = None if ranking is None else _prefix_sums(ranking)
 
-    def cost(windows: Sequence[int]) -> float:
+    def table_cost(windows: Sequence[int]) -> float:
         w = np.asarray(windows)
         return table.step_ms(int(w.sum()) + R, bs, extrapolate=config.extrapolate_cost, trimmed=bool((w < G).any()))
+
+    def cost(windows: Sequence[int]) -> float:
+        return price(table_cost(windows))
 
     def tau(prefix: np.ndarray, windows: Sequence[int]) -> float:
         return _tau(prefix, np.asarray(windows, dtype=np.int64))
@@ -344,7 +353,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
     def decline(reason: str, gain: float = 0.0) -> PlanDecision:
         tok = ms = None
         if table is not None:
-            tok, ms = tau(sizing_prefix, full), cost(full)
+            tok, ms = tau(sizing_prefix, full), table_cost(full)
         return PlanDecision(full, False, reason, gain, tok, ms, R * G)
 
     # Overrides replace only the decision.
@@ -357,7 +366,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
             windows = None if ranking is None else tuple(_allocate_host(ranking, budget, config.min_verify_len, G))
         tok = ms = None
         if table is not None and windows is not None:
-            tok, ms = tau(ranking_prefix if ranking is not None else sizing_prefix, windows), cost(windows)
+            tok, ms = tau(ranking_prefix if ranking is not None else sizing_prefix, windows), table_cost(windows)
         trimmed = windows is None or any(w < G for w in windows) or config.force_trimmed_path
         extra = cells_past_min_len(sizing, budget, config.min_verify_len) if config.mode == "ragged" else None
         return PlanDecision(windows, trimmed, "forced", 0.0, tok, ms, budget, extra)
@@ -391,7 +400,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         best_windows: tuple[int, ...] = tuple([best_v] * R)
         best_budget = R * best_v
     elif config.algorithm == "global":
-        best_value, best_budget, best_windows = _global_ragged_walk(sizing, table, bs, config, sizing_taus)
+        best_value, best_budget, best_windows = _global_ragged_walk(sizing, table, bs, config, sizing_taus, service)
     else:  # greedy_stop (Algorithm 1) on fresh survival: stops at the first prefix that does not gain
         rows = ranking.tolist()
         min_len = config.min_verify_len
@@ -399,7 +408,8 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         tau_now = tau(ranking_prefix, windows_now)
         m_now = R * (min_len + 1)
         m_full = R * (G + 1)
-        best_value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost, trimmed=m_now < m_full)
+        best_value = tau_now / price(table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost,
+                                                   trimmed=m_now < m_full))
         best_n, n = 0, 0
         best_windows = tuple(windows_now)
         for r, g in _walk_order(rows):
@@ -412,7 +422,8 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
             windows_now[r] = g + 1
             tau_now += a
             m_now += 1
-            value = tau_now / table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost, trimmed=m_now < m_full)
+            value = tau_now / price(table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost,
+                                                  trimmed=m_now < m_full))
             if value <= best_value:
                 break
             best_value, best_n, best_windows = value, n, tuple(windows_now)
@@ -432,7 +443,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         windows = best_windows
         if config.mode == "ragged":
             extra = cells_past_min_len(sizing, best_budget, config.min_verify_len)
-    ms = cost(best_windows)
+    ms = table_cost(best_windows)
     return PlanDecision(windows, True, "trimmed", gain, tau(sizing_prefix, best_windows), ms, best_budget, extra)
 
 
@@ -449,6 +460,7 @@ class Planner:
         self.table = table
         self.stats = stats
         self.clock = clock
+        self.service: ServiceCost | None = None  # the price of a service step beyond the table (engine.service_cost)
         self._neutral = neutral_survival_row(config.block, neutral_prior)
         self._neutral_row = np.asarray(self._neutral, dtype=np.float64)
         # Lag buffers, one ring of budget_lag rows per slot ([slots, lag, G], grown on demand), and how
@@ -533,7 +545,8 @@ class Planner:
         sizing = [self.sizing_row(s, row) for s, row in zip(slots, fresh)]
         temp = self.config.temperature_positive if temperature_positive is None else temperature_positive
         decision = plan_budget(ranking_survival=fresh, sizing_survival=sizing, table=self.table, config=self.config,
-                               temperature_positive=temp, is_mixed_step=is_mixed_step, snapshot_ready=snapshot_ready)
+                               temperature_positive=temp, is_mixed_step=is_mixed_step, snapshot_ready=snapshot_ready,
+                               service=self.service)
         if push_history:
             self.push_snapshot(slots, fresh)
         if self.stats is not None:

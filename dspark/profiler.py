@@ -290,10 +290,15 @@ def _check_settings(engine: Engine, batch_sizes: Sequence[int], verify_lens: Seq
     return tuple(bs), tuple(sorted(vl))
 
 
-def _max_steps(batch_size: int, prompt_len: int, budget: int, warmup_steps: int, measure_steps: int) -> int:
-    """Decode steps a request may take before the measured window ends (prefill overlap included)."""
-    prefill_steps = math.ceil(batch_size * prompt_len / budget) + 1
-    return prefill_steps + warmup_steps + measure_steps + _STEP_SLACK
+def _max_steps(batch_size: int, prompt_len: int, budget: int, warmup_steps: int, measure_steps: int,
+               chunks_per_step: int | None = None) -> int:
+    """Decode steps a request may take before the measured window ends (prefill overlap included): the
+    first requests decode while the last are prefilled, at most ``budget`` tokens and (on the
+    device-resident path) ``chunks_per_step`` prompts per step, and join one step after their prefill."""
+    prefill_steps = math.ceil(batch_size * prompt_len / budget)
+    if chunks_per_step:
+        prefill_steps = max(prefill_steps, math.ceil(batch_size / chunks_per_step))
+    return prefill_steps + 2 + warmup_steps + measure_steps + _STEP_SLACK
 
 
 def _profiling_config(engine: Engine, v: int, *, max_tokens: int, batch_size: int, prompt_len: int):
@@ -375,7 +380,8 @@ def _collect(engine: Engine, bs: Sequence[int], vl: Sequence[int], *, warmup_ste
              prompt_len: int, seed: int, trimmed_path: bool, bar, clock: SweepClock) -> list[tuple[int, int, float]]:
     G = engine.block_size
     budget = engine.cfg.max_num_batched_tokens
-    steps_cap = _max_steps(max(bs), prompt_len, budget, warmup_steps, measure_steps)
+    chunks = engine.steps.max_prefill_segments if engine.cfg.cuda_graphs else None  # the device path's cap
+    steps_cap = _max_steps(max(bs), prompt_len, budget, warmup_steps, measure_steps, chunks)
     max_tokens = steps_cap * (G + 1)
     V = engine.target.cfg.vocab_size
     gen = torch.Generator().manual_seed(int(seed))
@@ -390,7 +396,7 @@ def _collect(engine: Engine, bs: Sequence[int], vl: Sequence[int], *, warmup_ste
             if bar is not None:
                 bar.set_postfix(batch=b, verify_len=v, **({"path": "trimmed"} if trimmed_path else {}))
             samples += _measure_one(eng, prompts[b], params, b, v, warmup_steps, measure_steps,
-                                    _max_steps(b, prompt_len, budget, warmup_steps, measure_steps))
+                                    _max_steps(b, prompt_len, budget, warmup_steps, measure_steps, chunks))
             eng.reset()
             if bar is not None:
                 bar.update(1)

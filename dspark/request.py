@@ -6,7 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from dspark.config import SamplingParams
 
@@ -15,6 +15,15 @@ class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+def _steps_above(values: np.ndarray, block: int) -> list[int]:
+    """[#(values > p) for p in 0..block-1]."""
+    if not block:
+        return []
+    counts = np.bincount(np.clip(values, 0, block), minlength=block + 1)  # counts[v]: steps with value v
+    above = counts[::-1].cumsum()[::-1]  # above[v]: steps with value >= v
+    return [int(x) for x in above[1: block + 1]]
 
 
 @dataclass(eq=False)  # a request is itself: list membership and removal by identity, not by comparing every field
@@ -36,17 +45,25 @@ class Request:
     chunk_times: list[float] = field(default_factory=list)  # one timestamp per step that emitted tokens
     chunk_sizes: list[int] = field(default_factory=list)
     accept_lengths: list[int] = field(default_factory=list)  # tokens committed per decode step, bonus included
-    verify_lens: list[int] = field(default_factory=list)
-    pos_accepted: list[int] = field(default_factory=list)
-    pos_reached: list[int] = field(default_factory=list)
+    verify_lens: list[int] = field(default_factory=list)  # verified drafts per decode step
     num_preemptions: int = 0
     seed: int = 0  # keys the request's counter-based uniforms (dspark.uniforms)
 
     def __post_init__(self) -> None:
-        self.pos_accepted = [0] * self.block_size
-        self.pos_reached = [0] * self.block_size
         seed = self.params.seed if self.params.seed is not None else self.req_id
         self.seed = int(seed) & 0x7FFF_FFFF_FFFF_FFFF
+
+    @property
+    def pos_reached(self) -> list[int]:
+        """Per draft position p (0-based): steps whose verification reached it (p < window and drafts
+        0..p-1 accepted). Derived from the per-step record, so the commit loop does no per-position work."""
+        reach = np.minimum(np.asarray(self.accept_lengths, dtype=np.int64), np.asarray(self.verify_lens, dtype=np.int64))
+        return _steps_above(reach, self.block_size)
+
+    @property
+    def pos_accepted(self) -> list[int]:
+        """Per draft position p (0-based): steps that accepted it."""
+        return _steps_above(np.asarray(self.accept_lengths, dtype=np.int64) - 1, self.block_size)
 
     @property
     def all_ids(self) -> list[int]:

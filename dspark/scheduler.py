@@ -48,6 +48,10 @@ class Scheduler:
         self.block_size = block_size  # drafted positions per step; 0 in target-only mode
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # Running requests admitted with a prefill to do, in admission order (a subset of ``running``
+        # that may still hold requests whose prefill completed: _schedule_prefills drops those), so that
+        # a step does not scan every decoding request for unfinished prefills.
+        self._prefilling: list[Request] = []
 
     @property
     def decode_tokens(self) -> int:
@@ -60,15 +64,27 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def clear(self) -> None:
+        """Drop every request, running or waiting, and free their pages."""
+        for r in list(self.running) + list(self.waiting):
+            self.blocks.free(r.req_id)
+        self.running.clear()
+        self.waiting.clear()
+        self._prefilling.clear()
+
     def finish(self, req: Request) -> None:
         req.status = Status.FINISHED
         self.blocks.free(req.req_id)
         if req in self.running:
             self.running.remove(req)
+        if req in self._prefilling:
+            self._prefilling.remove(req)
 
     def _preempt(self, victim: Request, plan: StepPlan) -> None:
         self.blocks.free(victim.req_id)
         self.running.remove(victim)
+        if victim in self._prefilling:
+            self._prefilling.remove(victim)
         victim.num_computed = 0
         victim.num_preemptions += 1
         victim.status = Status.WAITING
@@ -120,14 +136,14 @@ class Scheduler:
     def _schedule_prefills(self, plan: StepPlan, budget: int, max_chunks: int | None = None) -> None:
         room = (lambda: True) if max_chunks is None else (lambda: len(plan.prefills) < max_chunks)  # noqa: E731
         # Unfinished prefills of running requests.
-        for req in list(self.running):
+        self._prefilling = [r for r in self._prefilling if r.in_prefill]
+        for req in self._prefilling:
             if budget <= 0 or not room():
                 break
-            if req.in_prefill:
-                chunk = self._reserve_chunk(req, budget)
-                if chunk:
-                    plan.prefills.append(chunk)
-                    budget -= chunk.length
+            chunk = self._reserve_chunk(req, budget)
+            if chunk:
+                plan.prefills.append(chunk)
+                budget -= chunk.length
         # Admission of waiting requests.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
@@ -148,6 +164,8 @@ class Scheduler:
             self.waiting.popleft()
             req.status = Status.RUNNING
             self.running.append(req)
+            if req.in_prefill:
+                self._prefilling.append(req)
 
     def _reserve_chunk(self, req: Request, budget: int) -> PrefillChunk | None:
         length = min(req.prefill_target - req.num_computed, budget)

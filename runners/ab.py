@@ -78,6 +78,7 @@ from runners.config_keys import allowed_keys, close_keys, nested_schema
 from runners.hydra_main import runner_main
 from runners.job_status import in_multirun, write_job_status
 from runners.schema import ABSchema, EngineSchema, LoadMode, to_engine_config, to_profile_settings
+from runners.sweep_dirs import hydra_job_name
 from workloads.registry import build_workload, make_spec
 
 log = logging.getLogger(__name__)
@@ -168,9 +169,12 @@ def arm_engine_configs(cfg: DictConfig) -> dict[str, EngineConfig]:
     # not pass silently because no arm happened to use it (the tier ladder is checked per arm below).
     to_engine_config({**base, "tiers": None})
     arm_overrides = {arm: OmegaConf.to_container(cfg.ab.arms[arm].engine, resolve=True) or {} for arm in ARMS}
+    # A value moved off the engine's default (by the command line or the engine group) that no arm uses is
+    # refused; the default itself is not (every arm of ab=head_vs_max_prob sets verify, for example).
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineSchema) if f.default is not dataclasses.MISSING}
     for key, value in base.items():
-        if key != "kernels" and all(key in o for o in arm_overrides.values()) and all(
-                o[key] != value for o in arm_overrides.values()):
+        if key != "kernels" and key in defaults and value != defaults[key] and all(
+                key in o for o in arm_overrides.values()) and all(o[key] != value for o in arm_overrides.values()):
             per_arm = ", ".join(f"{arm}: {arm_overrides[arm][key]!r}" for arm in ARMS)
             raise ConfigError(f"engine.{key}={value!r} has no effect: every arm sets its own ({per_arm}); "
                               f"set it per arm, e.g. ab.arms.B.engine.{key}={value}")
@@ -790,6 +794,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
         "fingerprint": node_fingerprint(hashed, ROOT),
         "config_hash": chash,
         "sweep_params": _sweep_params(),
+        "sweep_job": _sweep_job(),
         "timing_health": timing_health(block_rows, float(cfg.ab.max_first_block_slowdown), captured_ahead),
     }
     if interrupted is not None:
@@ -1008,6 +1013,17 @@ def _sweep_params() -> dict:
     if not HydraConfig.initialized():  # run() called directly (tests, notebooks): no sweep
         return {}
     return {o.split("=", 1)[0]: o.split("=", 1)[1] for o in HydraConfig.get().overrides.task if "=" in o}
+
+
+def _sweep_job() -> str | None:
+    """A multirun job's short name, the one its folder has after its number (:mod:`runners.sweep_dirs`),
+    which the sweep summary shows; None outside a multirun."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    return hydra_job_name(HydraConfig.get())
 
 
 def run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, replicas, tok, logger, blocks_csv,

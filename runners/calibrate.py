@@ -48,7 +48,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-import hydra
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
@@ -62,47 +61,61 @@ from dspark.training.calibration import (METHODS, bootstrap_ece, calibration_rep
                                          split_sequences)
 from dspark.training.data import TokenDataset
 from dspark.training.trainer import greedy_block_acceptance
+from runners.hydra_main import runner_main
 from runners.schema import ModelSchema
 
 
 @dataclass
 class CalibrateSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
+    # the drafter folder (config.json + safetensors) to calibrate; temperatures.json is written into it
     checkpoint: Optional[str] = None
-    data: Any = None  # a .safetensors file or a list of them (shards), as given to train_drafter
+    # held-out sequences: a .safetensors file of runners.make_training_data or a list of them (shards, joined in
+    # order), as given to train_drafter; replayed greedily (the drafter drafts, the target verifies)
+    data: Any = None
     # or: step traces of verify=full engine runs (bench_decode step_trace=true), a path or a list; the blocks
     # the engine drafted and verified on a workload, fitted as they are (no replay, no target model)
     traces: Any = None
-    holdout_fraction: Optional[float] = None  # take the held-out part of a training file instead of all of it
-    holdout_seed: int = 0
-    max_sequences: Optional[int] = None
-    anchors_per_seq: Optional[int] = 16  # null: every response position (every anchor_stride-th)
-    anchor_stride: int = 1
+    # take only the part of data that train_drafter held out: its data_holdout_fraction; null: all of data
+    holdout_fraction: Optional[float] = None
+    holdout_seed: int = 0  # the held-out part's seed: train_drafter's data_holdout_seed
+    max_sequences: Optional[int] = None  # replay at most the first this many sequences (>= 1); null: all
+    # drafted blocks per sequence (a seeded sample of its response positions); null: every response position
+    # (every anchor_stride-th)
+    anchors_per_seq: Optional[int] = 16
+    anchor_stride: int = 1  # anchors only at every stride-th position from the response start (>= 1)
     anchor_chunk: Optional[int] = 32  # anchors per sequence per draft+verify pass (memory bound); null: all at once
-    batch_size: int = 8
+    batch_size: int = 8  # sequences per target context pass of the replay
+    # tokens per sequence at most (>= 2); a longer sequence is cropped to a window that keeps its last
+    # max_len/4 prompt tokens
     max_len: int = 1024
-    device: str = "cpu"
-    dtype: str = "float32"
-    seed: int = 0
-    n_grid: int = 100
-    t_min: float = 0.2
-    t_max: float = 10.0
-    n_bins: int = 15
-    method: str = "sts"  # sts | sts_bias
+    device: str = "cpu"  # where the replay runs: cpu, cuda or cuda:N
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the target's and the drafter's dtype in the replay
+    seed: int = 0  # seeds the anchors, and the split and the bootstrap unless split_seed / bootstrap_seed are set
+    n_grid: int = 100  # candidate temperatures per position, log-spaced in [t_min, t_max] (>= 2)
+    t_min: float = 0.2  # the smallest candidate temperature (> 0)
+    t_max: float = 10.0  # the largest candidate temperature (> t_min)
+    n_bins: int = 15  # equal-width confidence bins of the ECE and the reliability diagram (>= 1)
+    # sts: a temperature per position, c_k = sigmoid(z_k / T_k) | sts_bias: a temperature and a bias per position,
+    # c_k = sigmoid(z_k / T_k + b_k) (the biases go into temperatures.json too)
+    method: str = "sts"
     n_bias: int = 81  # sts_bias: odd number of biases in [-b_max, b_max]
-    b_max: float = 4.0
+    b_max: float = 4.0  # sts_bias: the bias grid's half-width, in logit units (> 0)
     refine: int = 21  # sts_bias: refinement grid per axis around the coarse optimum (0/1: none)
     ece_tolerance: float = 0.002  # sts_bias: ECE near-ties (absolute) go to the lower Brier score; 0: pure argmin
     replay_cache: Optional[str] = None  # .pt file: reuse the greedy replay (same data/anchors/drafter), else write it
-    fit_fraction: Optional[float] = None  # (0, 1): fit STS on this share of the sequences, report on the rest
-    split_seed: Optional[int] = None  # null: seed
-    bootstrap_resamples: int = 200  # 0: no interval
-    bootstrap_seed: Optional[int] = None  # null: seed
-    confidence: float = 0.95
-    target_ece: float = 0.02
-    output_json: Optional[str] = None  # default: CHECKPOINT/calibration.json
-    plot: Optional[str] = None  # default: CHECKPOINT/reliability.png
-    progress: bool = True
+    # (0, 1): fit on this share of the sequences (seeded split by sequence), report ECE out of sample on the rest;
+    # the temperatures written are the fit part's. null: fit and report on all blocks (in sample)
+    fit_fraction: Optional[float] = None
+    split_seed: Optional[int] = None  # seeds the fit/report split; null: seed
+    bootstrap_resamples: int = 200  # by-sequence bootstrap resamples of the reported ECE after fitting; 0: no interval
+    bootstrap_seed: Optional[int] = None  # seeds the bootstrap; null: seed
+    confidence: float = 0.95  # coverage of the bootstrap's percentile interval, in (0, 1)
+    target_ece: float = 0.02  # the ECE aim, a fraction (0.02: 2%); calibration.json says whether the interval meets it
+    output_json: Optional[str] = None  # the report; null: CHECKPOINT/calibration.json
+    # the reliability diagram (.png; of the report part when split); null: CHECKPOINT/reliability.png
+    plot: Optional[str] = None
+    progress: bool = True  # a progress bar over the replay
 
 
 ConfigStore.instance().store(name="calibrate_schema", node=CalibrateSchema)
@@ -408,7 +421,7 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     return report
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="calibrate")
+@runner_main("calibrate")
 def main(cfg: DictConfig) -> None:
     report = run(cfg)
     keys = ("reported_on", "blocks", "split", "auc_overall", "ece_before", "ece_after", "target_ece_verdict",

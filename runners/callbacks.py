@@ -3,7 +3,9 @@
 :class:`SweepSummaryCallback` writes the sweep summary when a multirun ends: every job's
 ``summary.json`` under ``hydra.sweep.dir`` is collected into ``sweep_summary.md``,
 ``sweep_summary.csv`` and ``sweep_gain.png`` (:func:`dspark.bench.report.write_sweep_report`),
-whose table marks each job whose guards failed. Then, when a job recorded a non-zero exit code
+whose table names each job by the name its folder has after the job number (what the sweep varies in
+it, :mod:`runners.sweep_dirs`), keeps each job's full overrides in the csv's ``overrides`` column and
+marks each job whose guards failed. Then, when a job recorded a non-zero exit code
 (its guards failed and ``ab.fail_on_guard`` is set: :mod:`runners.job_status`), it logs those jobs
 and ends the multirun with exit status 1.
 

@@ -32,7 +32,18 @@ KEY_VALUE_WIDTH = 44
 
 @functools.lru_cache(maxsize=None)
 def field_descriptions(schema: type) -> dict[str, str]:
-    """``{field name: description}`` of a schema dataclass, from the comments of its source."""
+    """``{field name: description}`` of a schema dataclass, from the comments of its source; a field it
+    inherits is described in the source of the base class that declares it (a redeclaration with its
+    own comment replaces that description)."""
+    out: dict[str, str] = {}
+    for cls in reversed(schema.__mro__):
+        if dataclasses.is_dataclass(cls):
+            out.update(_own_field_descriptions(cls))
+    return out
+
+
+def _own_field_descriptions(schema: type) -> dict[str, str]:
+    """``{field name: description}`` of the fields declared in ``schema``'s own source."""
     try:
         lines, _ = inspect.getsourcelines(schema)
     except (OSError, TypeError):  # no source (an interactive definition): no descriptions

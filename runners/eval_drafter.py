@@ -21,12 +21,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
-import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from dspark.config import ConfigError, SamplingParams
 from dspark.models.drafter import DSparkDrafter
+from runners.hydra_main import runner_main
 from runners.schema import EngineSchema, ModelSchema, to_engine_config
 from workloads.registry import build_workload, make_spec
 
@@ -36,17 +36,21 @@ DEFAULT_WORKLOADS = ["agentic", "poetry", "arena_hard"]
 @dataclass
 class EvalDrafterSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
+    # the engine's settings; engine.spec is set here: dspark for the drafter's runs, off for the target-only ones
     engine: EngineSchema = field(default_factory=EngineSchema)
-    checkpoint: Optional[str] = None
+    checkpoint: Optional[str] = None  # the drafter folder (config.json + safetensors) to evaluate
+    # the workloads whose EVAL-split prompts run, by name (workloads.registry: agentic, poetry, arena_hard, ...)
     workloads: List[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
-    num_prompts: int = 16
-    max_tokens: int = 256
+    num_prompts: int = 16  # prompts per workload (a seeded choice)
+    max_tokens: int = 256  # output tokens per request at most
+    # the sampling temperatures (>= 0) each workload runs at; at 0 the prompts also run target-only and the
+    # speculative tokens must equal the target-only ones
     temperatures: List[float] = field(default_factory=lambda: [0.0, 0.7])
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    output_dir: Optional[str] = None
-    progress: bool = True
+    top_p: float = 1.0  # nucleus sampling at temperatures > 0; 1: off
+    top_k: int = 0  # top-k sampling at temperatures > 0; 0: off
+    seed: int = 0  # seeds which prompts are chosen and each request's sampling seed
+    output_dir: Optional[str] = None  # where eval.json and eval.md are written; null: CHECKPOINT/eval
+    progress: bool = True  # progress bars over each run's requests
     # bf16/fp16 only: a greedy mismatch whose first differing token had a top-2 logit margin
     # below this (in the target-only forward) is a near-tie flip, reported but not a failure.
     near_tie_margin: float = 0.05
@@ -214,7 +218,7 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
     return report
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="eval_drafter")
+@runner_main("eval_drafter")
 def main(cfg: DictConfig) -> None:
     report = run(cfg)
     print(markdown_table(report))

@@ -20,12 +20,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
 from dspark.atomic import atomic_write_text
 from dspark.config import ConfigError
 from runners.common import build_engine
+from runners.hydra_main import runner_main
 from runners.schema import to_sampling
 from workloads.custom import load_custom_prompts
 
@@ -91,7 +91,7 @@ def run(cfg: DictConfig) -> dict:
     return summary
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="generate")
+@runner_main("generate")
 def main(cfg: DictConfig) -> None:
     summary = run(cfg)
     print(json.dumps(summary, indent=2))

@@ -42,12 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from dspark.config import ConfigError, SamplingParams
 from dspark.training.data import generate_dataset
+from runners.hydra_main import runner_main
 from runners.schema import EngineSchema, ModelSchema, to_engine_config
 from workloads.registry import build_workload, make_spec
 
@@ -60,36 +60,46 @@ CALIBRATION_EVAL_SOURCES = ["hard_questions", "stdlib_prose"]
 
 @dataclass
 class DataSamplingSchema:
-    temperature: float = 0.7
-    top_p: float = 0.8
-    top_k: int = 20
+    """sampling: how the target samples the responses (each prompt with its own seed)."""
+    temperature: float = 0.7  # 0: greedy
+    top_p: float = 0.8  # nucleus sampling; 1: off
+    top_k: int = 20  # 0: off
 
 
 @dataclass
 class MakeTrainingDataSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
+    # the engine that answers the prompts, target only (engine.spec is set to off here)
     engine: EngineSchema = field(default_factory=EngineSchema)
+    # the workloads whose prompts are answered, by name (workloads.registry: agentic, poetry, arena_hard,
+    # stdlib_prose, hard_questions, ...)
     sources: List[str] = field(default_factory=lambda: list(DEFAULT_SOURCES))
+    # the first this many prompts of each source, in its seeded order, after exclude_prompts; null: all of them
     num_prompts_per_source: Optional[int] = 200
+    # train | eval: the split of the workloads the prompts come from (a hash of the prompt id); eval: e.g.
+    # held-out calibration data from the training-only sources (stdlib_prose, hard_questions)
     split: str = "train"
-    max_tokens: int = 512
+    max_tokens: int = 512  # response tokens per prompt at most
     sampling: DataSamplingSchema = field(default_factory=DataSamplingSchema)
-    seed: int = 0
+    seed: int = 0  # seeds which prompts each source gives, the order of the requests and each one's sampling seed
+    # the TokenDataset (.safetensors); the prompt record OUTPUT_STEM.prompts.json is written beside it
     output: str = "training_data/train.safetensors"
-    progress: bool = True
+    progress: bool = True  # a progress bar over the requests
     # Responses per prompt, by source (default 1): small sources (agentic, stdlib_prose,
     # arena_hard) can be sampled several times with different seeds.
     samples_per_prompt: Dict[str, int] = field(default_factory=dict)
     # Stop admitting prompts after this many seconds (admitted ones finish and are kept);
-    # prompts are shuffled first so a cut keeps the sources' mix.
+    # prompts are shuffled first so a cut keeps the sources' mix. null: no limit
     time_budget_s: Optional[float] = None
     # "i/n": answer only every n-th prompt of the shuffled list, starting at i (0-based), so n
     # processes (one per GPU) split the work; train on all shards with data=[shard0,shard1,...].
     shard: Optional[str] = None
     # Requests enter the engine in waves of in_flight (null: engine.max_num_seqs), the next wave
-    # when at most refill_at (null: half of in_flight) are unfinished, so most steps are pure
-    # decode and replay captured graphs (see dspark.training.data.generate_dataset).
+    # when at most refill_at are unfinished, so most steps are pure decode and replay captured
+    # graphs (see dspark.training.data.generate_dataset).
     in_flight: Optional[int] = None
+    # the next wave enters once at most this many requests are unfinished (0 <= refill_at < in_flight);
+    # null: in_flight / 2
     refill_at: Optional[int] = None
     # Prompt records (OUTPUT_STEM.prompts.json files, data files beside which they lie, or
     # builtin:NAME for a shipped drafter's training_prompts.json) whose prompt ids are left out.
@@ -353,7 +363,7 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     return summary
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="make_training_data")
+@runner_main("make_training_data")
 def main(cfg: DictConfig) -> None:
     print(json.dumps(run(cfg), indent=2))
 

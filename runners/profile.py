@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
-import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
@@ -33,6 +32,7 @@ from dspark.cost_table import fingerprint_digest
 from dspark.engine import Engine
 from dspark.profiler import (ProfileRefusedError, cost_table_path_for, plot_cost_curve, profile_engine,
                              recommend_tier_ladder)
+from runners.hydra_main import runner_main
 from runners.schema import (CostProfileSchema, DrafterSchema, EngineSchema, ModelSchema, PathsSchema,
                             to_engine_config, to_profile_settings)
 
@@ -121,7 +121,7 @@ def _print_summary(summary: dict) -> None:
     print(f"use with: {summary['use_with']}")
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="profile")
+@runner_main("profile")
 def main(cfg: DictConfig) -> None:
     summary = run(cfg)
     _print_summary(summary)

@@ -128,6 +128,7 @@ class EngineSchema:
     confidence_calibration: Optional[str] = None  # temperatures.json (or its folder) replacing the drafter's own
     skip_mixed_trim: bool = True  # decline to trim steps that also carry a prefill
     acceptance_estimate: str = "head"  # head: the confidence head; draft_max_prob: drafter top probability, calibrated online
+    service_cost: bool = False  # price the planner's options at the service step's cost learnt online, not the table's alone
     force_verify_len: Optional[int] = None  # profiling/debug: every step verifies this many tokens
     force_trimmed_path: bool = False  # profiling: run a forced verify length as a trimmed step
     force_budget_frac: Optional[float] = None  # profiling/debug (ragged): budget = frac x the drafted cells
@@ -135,6 +136,7 @@ class EngineSchema:
     debug_checks: bool = False  # assert that every description of a step's verify tokens agrees
     cuda_graphs: bool = False  # device-resident decode steps, captured as CUDA graphs on a GPU
     overlap: bool = False  # launch step t+1 before reading step t's tokens (needs cuda_graphs)
+    prefill_stream: bool = True  # captured prefills on their own CUDA stream beside the decode step (cuda_graphs)
     kernels: KernelsSchema = field(default_factory=KernelsSchema)
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig
 
 from runners.common import build_engine
+from runners.hydra_main import runner_main
 from runners.schema import to_server_config
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def run(cfg: DictConfig, engine: Any = None) -> None:
         sock.close()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="serve")
+@runner_main("serve")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

@@ -18,13 +18,17 @@
 
 The job number keeps two jobs of one sweep apart whatever their names; the same command names its
 jobs the same way again, so a rerun of a sweep in the same ``hydra.sweep.dir`` finds its finished jobs.
+
+The sweep summary names each job the same way: an A/B job records its name (:func:`hydra_job_name`) in
+its ``summary.json`` as ``sweep_job``, and a summary without one is named from its recorded overrides,
+those that differ between the summarized jobs (:func:`varying_keys`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -99,11 +103,29 @@ def _recorded_sweep(sweep_dir: Path) -> set[str] | None:
         return None
 
 
-def _sweep_job_name_resolver(*, _root_: DictConfig) -> str:
-    h = _root_.hydra
+def varying_keys(overrides_by_job: Sequence[Iterable[str]]) -> set[str]:
+    """The keys (and groups) whose overrides differ between the jobs: set to different values, or set in
+    some of the jobs only."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    values = [{o.key_or_group: o.get_value_element_as_str() if not o.is_delete() else None
+               for o in parser.parse_overrides(list(job))} for job in overrides_by_job]
+    keys = {key for job in values for key in job}
+    unset = object()
+    return {key for key in keys if len({job.get(key, unset) for job in values}) > 1}
+
+
+def hydra_job_name(h: DictConfig) -> str:
+    """The name ``hydra.sweep.subdir`` gives a job after its number, from the job's ``hydra`` config ``h`` (its
+    overrides, the record of its sweep in ``hydra.sweep.dir``, its config groups and ``exclude_keys``)."""
     exclude = h.job.config.override_dirname.get("exclude_keys") or []
     return job_name(OmegaConf.to_container(h.overrides.task), swept=_recorded_sweep(Path(str(h.sweep.dir))),
                     groups=list(h.runtime.choices.keys()), exclude=list(exclude))
+
+
+def _sweep_job_name_resolver(*, _root_: DictConfig) -> str:
+    return hydra_job_name(_root_.hydra)
 
 
 if not OmegaConf.has_resolver("sweep_job_name"):

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
-import hydra
 import torch
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -29,6 +28,7 @@ from dspark.models.drafter import DSparkDrafter
 from dspark.models.llama import TargetModel
 from dspark.training.data import TokenDataset
 from dspark.training.trainer import DrafterTrainer, TrainConfig, complete_checkpoints, shard_data_budget
+from runners.hydra_main import runner_main
 from runners.schema import ModelSchema
 
 STYLES = ("dspark", "dflash")
@@ -36,44 +36,63 @@ STYLES = ("dspark", "dflash")
 
 @dataclass
 class DrafterArchSchema:
-    block_size: int = 7
-    num_layers: int = 2
+    """drafter_arch: the drafter's architecture (dspark.config.DrafterConfig, which checks the values)."""
+    block_size: int = 7  # gamma: tokens drafted per step (1 to 32); the anchor slot predicts the first
+    num_layers: int = 2  # draft decoder layers (>= 1)
+    # 0-based target decoder layers whose outputs, concatenated per position, feed the drafter (each in
+    # [0, the target's layer count))
     target_layer_ids: List[int] = field(default_factory=lambda: [2, 15, 27])
-    markov_rank: int = 64
+    markov_rank: int = 64  # rank r of the Markov head (W1: vocab x r, W2: r x vocab); 0: no Markov head
+    # the Markov head's bias from the previous token: vanilla (W2(W1[x])) | gated (that bias scaled by a
+    # learned sigmoid gate) | rnn (a gated recurrent state carried across the block's slots)
     markov_variant: str = "vanilla"
+    # a confidence head estimating each drafted token's probability of acceptance (trimmed verification reads it,
+    # runners.calibrate calibrates it)
     use_confidence_head: bool = True
-    intermediate_size: Optional[int] = None
-    mask_token_id: Optional[int] = None
+    intermediate_size: Optional[int] = None  # the draft layers' MLP width; null: the target's
+    mask_token_id: Optional[int] = None  # the block's mask slots take this token's embedding; null: a learned embedding
 
 
 @dataclass
 class TrainSchema:
+    """train: the optimisation (dspark.training.trainer.TrainConfig, which checks the values)."""
+    # where checkpoint-NNNNNNN/ folders, train_log.jsonl, run_config.json and the final drafter (final/) go
     output_dir: str = "runs/drafter"
-    max_steps: int = 2000
-    batch_size: int = 16
+    max_steps: int = 2000  # optimizer steps of the run; the learning-rate schedule ends here
+    batch_size: int = 16  # sequences per step
+    # tokens per sequence at most (>= 2); a longer sequence is cropped to a window that keeps its last
+    # max_len/4 prompt tokens
     max_len: int = 1024
-    anchors_per_seq: int = 32
+    anchors_per_seq: int = 32  # drafted blocks per sequence per step, at seeded anchors in the response
+    # anchors only where every label of the block lies inside the sequence (a shorter response falls
+    # back to partial blocks, their missing labels masked)
     require_full_block: bool = True
-    lr: float = 6e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 100
-    weight_decay: float = 0.01
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
-    grad_clip: float = 1.0
-    ce_weight: float = 0.1
-    tv_weight: float = 0.9
+    lr: float = 6e-4  # AdamW's peak learning rate, reached after the warm-up
+    min_lr_ratio: float = 0.1  # the cosine decay ends at lr x this at max_steps (0 to 1)
+    warmup_steps: int = 100  # steps of linear warm-up from 0 to lr
+    weight_decay: float = 0.01  # AdamW weight decay of the weight matrices (none on biases, norms, mask embedding)
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW's (beta1, beta2), each in [0, 1)
+    grad_clip: float = 1.0  # clip the gradients' global L2 norm to this (> 0)
+    ce_weight: float = 0.1  # loss weight of the cross-entropy against the target's own response tokens
+    tv_weight: float = 0.9  # loss weight of the L1 distance between the drafter's and the target's distributions
+    # loss weight of the confidence head's BCE against the analytical acceptance (trains that head only)
     conf_weight: float = 1.0
+    # block position k's loss weight is exp(-(k-1) / position_decay) (> 0); null: drafter_arch.block_size
     position_decay: Optional[float] = 4.0
-    seed: int = 0
-    device: str = "cpu"
+    seed: int = 0  # seeds the drafter's initial weights, the data order and every step's anchors
+    device: str = "cpu"  # cpu, cuda or cuda:N
+    # CUDA only: the frozen target in bfloat16 and the step under bf16 autocast (the drafter's weights stay
+    # float32); CPU runs stay float32
     bf16_autocast: bool = True
-    pad_id: int = 0
-    save_every: int = 500
-    log_every: int = 10
-    keep_last: int = 2
-    max_shard_bytes: int = 16 * 1024 * 1024
-    progress: bool = True
-    time_budget_s: Optional[float] = None  # stop with a checkpoint after this many seconds (leased GPUs)
+    pad_id: int = 0  # the token id that right-pads a batch's shorter sequences
+    save_every: int = 500  # steps between checkpoints (the last step also writes one)
+    log_every: int = 10  # steps between lines of train_log.jsonl (the loss terms, grad norm, lr, acceptance)
+    keep_last: int = 2  # checkpoints kept, older ones deleted; 0: all
+    max_shard_bytes: int = 16 * 1024 * 1024  # the largest checkpoint file, in bytes; larger tensors are split
+    progress: bool = True  # a progress bar over the steps
+    # stop with a checkpoint after this many seconds (leased GPUs; the learning-rate schedule still follows
+    # max_steps); null: no limit
+    time_budget_s: Optional[float] = None
 
 
 @dataclass
@@ -81,12 +100,20 @@ class TrainDrafterSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
     drafter_arch: DrafterArchSchema = field(default_factory=DrafterArchSchema)
     train: TrainSchema = field(default_factory=TrainSchema)
-    data: Any = None  # a .safetensors file, or a list of them (shards), joined in order
+    data: Any = None  # a .safetensors file of runners.make_training_data, or a list of them (shards), joined in order
+    # in (0, 1): keep this seeded fraction of the sequences out of training (runners.calibrate holdout_fraction
+    # can use it); 0: train on all
     data_holdout_fraction: float = 0.0
-    data_holdout_seed: int = 0
+    data_holdout_seed: int = 0  # seeds which sequences are held out
+    # dspark | dflash (the ablation: no Markov head, no confidence head, trained the same way)
     style: str = "dspark"
+    # continue from the last complete checkpoint in train.output_dir: style, drafter_arch and the train settings
+    # must match it, but for output_dir, save_every, log_every, keep_last, progress, max_shard_bytes, time_budget_s
     resume: bool = False
-    init_from: Optional[str] = None  # start from these drafter weights (fresh optimizer and schedule)
+    # start from these drafter weights, a folder or builtin:NAME, of the same architecture (fresh optimizer and
+    # schedule); ignored with resume=true
+    init_from: Optional[str] = None
+    # stop with a checkpoint at this step, before train.max_steps (resume=true continues); null: train.max_steps
     stop_at_step: Optional[int] = None
 
 
@@ -195,7 +222,7 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     return summary
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="train_drafter")
+@runner_main("train_drafter")
 def main(cfg: DictConfig) -> None:
     print(json.dumps(run(cfg), indent=2))
 

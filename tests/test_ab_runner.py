@@ -242,9 +242,14 @@ def test_submitit_local_multirun_writes_jobs_and_sweep_summary(tmp_path):
         summary = json.loads((job / "summary.json").read_text())
         assert summary["guards_passed"] and "tiny_engine_factory" in summary["engine_factory"]
         seeds.add(summary["sweep_params"]["ab.seed"])
+        assert job.name == f"{job.name.split('_')[0]}_{summary['sweep_job']}"  # the folder's name after its number
     assert seeds == {"0", "1"}
     sweep_md = (sweep / "sweep_summary.md").read_text()
     assert "2 job(s)" in sweep_md and (sweep / "sweep_summary.csv").is_file() and (sweep / "sweep_gain.png").is_file()
+    table = pd.read_csv(sweep / "sweep_summary.csv")
+    headline = table[table["is_headline"]].set_index("job")
+    assert set(headline.index) == {"seed=0", "seed=1"} and "| seed=1 " in sweep_md
+    assert "ab.n_blocks=2" in headline.loc["seed=1", "overrides"] and "ab.seed=1" in headline.loc["seed=1", "overrides"]
 
     # The same sweep again: both jobs are finished, so both are skipped, and the summary is rewritten.
     (sweep / "sweep_summary.md").unlink()
@@ -396,6 +401,17 @@ def test_arm_settings_silently_ignored_are_refused(tmp_path, override, words):
         check_config(cfg)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
+
+
+@pytest.mark.parametrize("ab", sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "ab").glob("*.yaml")))
+@pytest.mark.parametrize("engine", ["cpu", "h200_graphs"])
+def test_every_shipped_ab_config_passes_the_config_check(tmp_path, ab, engine):
+    """Each conf/ab/*.yaml runs as shipped on each engine group: the check refuses only values moved off
+    the engine's defaults that no arm uses, not a default every arm overrides (head_vs_max_prob: verify)."""
+    from runners.ab import check_config
+
+    args = [f"ab={ab}" if a.startswith("ab=") else a for a in TINY]
+    check_config(compose_ab([*args, f"engine={engine}"], out_dir=tmp_path))
 
 
 def test_late_validation_loses_no_run(tmp_path):

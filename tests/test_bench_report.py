@@ -155,7 +155,7 @@ def test_declined_everything_is_said_next_to_the_verdict_with_the_planner_and_th
     verdict_at = text.index("**Verdict on output_tokens_per_s:")
     assert "ragged (B)" in text[verdict_at:text.index("\n", verdict_at)]  # the arms by their labels
     assert text.index(f"**{NOTE}.**") > verdict_at  # right below the verdict, which stays
-    assert "Truncated outputs (finish_reason length): A 12/64 (max_tokens 12), B 12/64 (max_tokens 11, max_model_len 1)" in text
+    assert "Truncated outputs (finish_reason length): A 12/64 (12 at max_tokens), B 12/64 (11 at max_tokens, 1 at max_model_len)" in text
     assert ("- Planner B (ragged): 702 decisions: declined_below_min_gain 690, declined_mixed_step 12; trimmed steps 0, "
             "trim_ratio 0.000") in text
     assert "- `declined_below_min_gain`: the planner predicted less than engine.min_predicted_gain" in text
@@ -195,8 +195,9 @@ def test_sweep_report_collects_jobs(tmp_path):
     assert headline.loc[0.2, "verdict"] == "faster"
     paths = write_sweep_report(tmp_path)
     assert paths["plot"].read_bytes()[:8] == PNG_MAGIC
-    assert len(pd.read_csv(paths["csv"])) == 6
-    assert "gain=0.2" in paths["markdown"].read_text()
+    csv = pd.read_csv(paths["csv"])
+    assert len(csv) == 6 and set(csv["job"]) == set(csv["overrides"]) == {"gain=0.0", "gain=0.1", "gain=0.2"}
+    assert "| gain=0.2 " in paths["markdown"].read_text()
     with pytest.raises(FileNotFoundError, match="no summary.json"):
         write_sweep_report(tmp_path / "0" / "missing")
 
@@ -376,8 +377,8 @@ def test_sweep_plot_wraps_long_job_labels_inside_the_image(tmp_path):
     assert _tick_label("a=1,b=2,c=3") == "a=1, b=2, c=3"
     for job, gain in enumerate((0.0, 0.10)):
         summary, _, _ = build_experiment(gain=gain, seed=job)
-        summary["sweep_params"] = {"ab.arms.B.engine.verify": "uniform", "load.concurrency": 16 * (job + 1),
-                                   "+workload": "agentic"}
+        summary["sweep_params"] = {"ab.arms.B.engine.verify": ["uniform", "ragged"][job],
+                                   "load.concurrency": 16 * (job + 1), "+workload": ["agentic", "poetry"][job]}
         (tmp_path / str(job)).mkdir()
         (tmp_path / str(job) / "summary.json").write_text(json.dumps(summary))
     paths = write_sweep_report(tmp_path)
@@ -386,4 +387,45 @@ def test_sweep_plot_wraps_long_job_labels_inside_the_image(tmp_path):
     height = imread(paths["plot"]).shape[0]
     assert height > 4.5 * 110  # the tight bounding box grew to hold the turned, wrapped labels
     markdown = paths["markdown"].read_text()
-    assert "- +workload=agentic,ab.arms.B.engine.verify=uniform,load.concurrency=32: B faster than A by" in markdown
+    assert "- verify=ragged,concurrency=32,workload=poetry: B faster than A by" in markdown
+
+
+def test_sweep_jobs_are_named_as_their_folders_with_every_override_in_the_csv(tmp_path):
+    """The job column holds the short name a job's folder has after its number (runners.sweep_dirs): the name
+    the job recorded (sweep_job), or, for a summary without one, its overrides that differ between the jobs;
+    the overrides column holds every override of the job, as on the command line."""
+    def write(folder: str, params: dict, sweep_job: str | None = None, gain: float = 0.1) -> Path:
+        summary, _, _ = build_experiment(gain=gain)
+        summary["sweep_params"] = params
+        if sweep_job is not None:
+            summary["sweep_job"] = sweep_job
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "summary.json").write_text(json.dumps(summary))
+        return tmp_path / folder / "summary.json"
+
+    shared = {"ab.n_blocks": "8", "wandb.mode": "disabled"}
+    recorded = [write("sweep/0_agentic,concurrency=4", {"+workload": "agentic", "load.concurrency": "4", **shared},
+                      "agentic,concurrency=4"),
+                write("sweep/1_poetry,concurrency=4", {"+workload": "poetry", "load.concurrency": "4", **shared},
+                      "poetry,concurrency=4", gain=0.2)]
+    paths = write_sweep_report(tmp_path / "sweep")
+    table = pd.read_csv(paths["csv"])
+    headline = table[table["is_headline"]].set_index("job")
+    assert list(headline.index) == ["agentic,concurrency=4", "poetry,concurrency=4"]
+    assert headline.loc["agentic,concurrency=4", "overrides"] == (
+        "+workload=agentic load.concurrency=4 ab.n_blocks=8 wandb.mode=disabled")
+    markdown = paths["markdown"].read_text()
+    assert "| agentic,concurrency=4 " in markdown and "ab.n_blocks=8" not in markdown
+
+    # Summaries without a recorded name: the overrides that differ between them (a key set in one job only
+    # among them), named as sweep_dirs names a job's folder.
+    older = [write("older/0", {"ab.seed": "0", **shared}), write("older/1", {"ab.seed": "1", **shared}),
+             write("older/2", {"ab.seed": "1", "ab.arms.B.engine.verify": "uniform", **shared})]
+    assert list(compare_runs(older).drop_duplicates("job")["job"]) == ["seed=0", "seed=1", "seed=1,verify=uniform"]
+    # Jobs that would share a name are named by their folders; a summary without overrides by its experiment.
+    same = [write("same/a", shared), write("same/b", shared)]
+    assert set(compare_runs(same)["job"]) == {"a", "b"}
+    assert set(compare_runs([*recorded, older[0]])["job"]) == {"agentic,concurrency=4", "poetry,concurrency=4",
+                                                               "seed=0,n_blocks=8,mode=disabled"}
+    alone = write("alone/x", {})
+    assert set(compare_runs([alone])["job"]) == {"gain0.1"} and set(compare_runs([alone])["overrides"]) == {""}

@@ -88,19 +88,22 @@ def test_cuda_graph_steps_emit_what_eager_steps_emit(dtype, spec):
         assert c["prefill_graph_replays"] > 0 and c["eager_steps"] == 0 and c["device_resident_share"] == 1.0
 
 
+@pytest.mark.parametrize("prefill_stream", [True, False])
 @pytest.mark.parametrize("spec,verify", [("off", "full"), ("dspark", "full"), ("dspark", "ragged")])
-def test_continuous_batching_stays_device_resident_without_captures_or_syncs(tmp_path, spec, verify):
+def test_continuous_batching_stays_device_resident_without_captures_or_syncs(tmp_path, spec, verify, prefill_stream):
     """Service: more requests than rows, so requests are admitted, prefilled (some in several chunks),
     join the running batch and retire from it while the pipeline runs. With every graph captured ahead
     (Engine.capture_graphs), no step is eager, nothing is captured during the run, the host never
-    syncs outside the one wait per step, and the outputs are the eager engine's."""
+    syncs outside the one wait per step, and the outputs are the eager engine's, with prefills on their
+    own stream beside the decode steps (engine.prefill_stream) or on the decode steps' stream."""
     target = tiny_target(49)
     drafter = tiny_drafter(target, 50, block_size=4) if spec == "dspark" else None
     prompts = prompts_for(49, 24, lo=2, hi=150)  # some longer than the 128-token prefill budget: chunked
     params = [SamplingParams(max_tokens=20 + 9 * (i % 4), ignore_eos=True) for i in range(len(prompts))]
     kw = dict(max_num_seqs=8, max_model_len=480, max_num_batched_tokens=128)
     base = [o.token_ids for o in cuda_engine(target, drafter, spec=spec, **kw).generate(prompts, params)]
-    eng = graph_engine(tmp_path, target, drafter, spec, verify, overlap=True, budget_lag=2, **kw)
+    eng = graph_engine(tmp_path, target, drafter, spec, verify, overlap=True, budget_lag=2,
+                       prefill_stream=prefill_stream, **kw)
     assert eng.capture_graphs(params) > 0
     for p, sp in zip(prompts, params):
         eng.add_request(p, sp)
@@ -117,6 +120,8 @@ def test_continuous_batching_stays_device_resident_without_captures_or_syncs(tmp
     c = eng.counters()
     assert c["graphs_captured"] == 0 and c["eager_steps"] == 0 and c["device_resident_share"] == 1.0
     assert c["prefill_graph_replays"] > 0 and c["mixed_steps"] > 0
+    assert (c["prefill_side_stream_replays"] > 0) == prefill_stream
+    assert (eng.fingerprint().get("prefill_path") == "side-stream") == prefill_stream
 
 
 GRAPH_MODES = [("off", "full"), ("dspark", "full"), ("dspark", "uniform"), ("dspark", "ragged")]

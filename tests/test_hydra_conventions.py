@@ -6,6 +6,7 @@ string choices checked by the typed schema at composition."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import subprocess
@@ -19,7 +20,23 @@ from omegaconf import OmegaConf, open_dict, read_write
 import runners.ab as ab
 from dspark.config import ConfigError
 from test_ab_runner import TINY, tiny_factory
-from test_configs import ROOT, compose_ab, full_message
+from test_configs import CONF, ROOT, compose_ab, full_message
+
+
+# Every Hydra runner (runners/<name>.py, run as `python -m runners.<name>`) and the primary configs it
+# runs: conf/<name>.yaml, and the others chosen with --config-name.
+RUNNER_CONFIGS = {
+    "ab": ["ab"],
+    "bench_decode": ["bench_decode", "bench_graphs", "bench_sched_graphs", "bench_scheduling"],
+    "calibrate": ["calibrate"],
+    "eval_drafter": ["eval_drafter"],
+    "generate": ["generate"],
+    "make_training_data": ["make_training_data"],
+    "profile": ["profile"],
+    "serve": ["serve"],
+    "train_drafter": ["train_drafter"],
+}
+CONFIG_RUNNER = {config: runner for runner, configs in RUNNER_CONFIGS.items() for config in configs}
 
 
 def cli(*args: str, env: dict | None = None, cwd=ROOT) -> subprocess.CompletedProcess:
@@ -27,6 +44,35 @@ def cli(*args: str, env: dict | None = None, cwd=ROOT) -> subprocess.CompletedPr
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300)
+
+
+# Runs each case's runner module as `python -m runners.<name> ARGS` does (as __main__), all in one
+# interpreter: one start-up and one import of torch for every runner. Prints {label: [exit code, stdout, stderr]}.
+RUN_AS_MAIN = r"""
+import contextlib, io, json, runpy, sys
+
+results = {}
+for label, runner, args in json.loads(sys.argv[1]):
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = [runner, *args]
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_module(f"runners.{runner}", run_name="__main__", alter_sys=True)
+        except SystemExit as exc:
+            code = exc.code
+    results[label] = [code, out.getvalue(), err.getvalue()]
+print(json.dumps(results))
+"""
+
+
+def run_as_main(cases: list[tuple[str, str, list[str]]], cwd) -> dict[str, tuple[int, str, str]]:
+    """``{label: (exit code, stdout, stderr)}`` of ``python -m runners.<runner> ARGS`` for each
+    ``(label, runner, ARGS)`` of ``cases``, run in one subprocess (:data:`RUN_AS_MAIN`)."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run([sys.executable, "-c", RUN_AS_MAIN, json.dumps(cases)], cwd=cwd,
+                          env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {label: tuple(result) for label, result in json.loads(proc.stdout.splitlines()[-1]).items()}
 
 
 # ---- sweep job folders ------------------------------------------------------------------------------
@@ -69,6 +115,9 @@ def test_the_sweep_subdir_resolver_reads_the_sweeps_record(tmp_path):
                                                                  "ab.n_blocks=8", "progress=false"]}}})
     OmegaConf.save(master, tmp_path / "multirun.yaml")
     assert OmegaConf.select(cfg, "hydra.sweep.subdir") == "3_agentic,concurrency=16"
+    # The name an A/B job records in its summary.json (sweep_job), which the sweep summary shows.
+    from runners.sweep_dirs import hydra_job_name
+    assert hydra_job_name(cfg.hydra) == "agentic,concurrency=16"
 
 
 # ---- the workload group: +workload=NAME in every runner ------------------------------------------
@@ -105,18 +154,89 @@ def test_help_lists_every_key_with_its_value_and_description():
     # The values shown are those composed with the command line's overrides.
     proc = cli("runners.ab", "+workload=agentic", "ab.n_blocks=6", "--help")
     assert "  ab.n_blocks=6 " in proc.stdout and "  workload.name=agentic" in proc.stdout
-    proc = cli("runners.bench_decode", "--help")
-    assert proc.returncode == 0 and "  new_tokens=64 " in proc.stdout and "  order=arm_major " in proc.stdout
+    # ... and those the runner's config sets.
+    from hydra import compose, initialize_config_dir
+
+    from runners.config_keys import help_listing
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="bench_decode"):
+        listing = help_listing(compose(config_name="bench_decode"))
+    assert "  new_tokens=64 " in listing and "  order=arm_major " in listing
 
 
-@pytest.mark.parametrize("schema_name", ["ABSchema", "BenchDecodeSchema"])
-def test_every_key_of_the_runners_schemas_has_a_description(schema_name):
-    import runners.schema as schema
+def test_every_runner_enters_through_runner_main():
+    """Each Hydra runner's main is ``@runner_main("<its name>")`` (runners.hydra_main), so that its --help lists
+    its keys and a mistyped key is answered with the closest ones."""
+    sources = {p.stem: p.read_text() for p in (ROOT / "runners").glob("*.py") if p.stem != "hydra_main"}
+    assert {name for name, text in sources.items() if "@runner_main(" in text} == set(RUNNER_CONFIGS)
+    assert [name for name, text in sources.items() if "@hydra.main(" in text] == []
+    for runner in RUNNER_CONFIGS:
+        assert f'@runner_main("{runner}")' in sources[runner], runner
+    assert set(CONFIG_RUNNER) == {p.stem for p in CONF.glob("*.yaml")}  # every primary config has its runner
+
+
+@pytest.mark.parametrize("config", sorted(CONFIG_RUNNER))
+def test_every_config_lists_each_key_of_its_schema_in_help(config):
+    """The config selects the key listing as its help (hydra/help=config_keys) and has a typed schema whose every
+    key the listing shows, as ``--help`` prints it."""
+    from hydra import compose, initialize_config_dir
+
+    from runners.config_keys import help_listing, schema_keys
+
+    runner = CONFIG_RUNNER[config]
+    importlib.import_module(f"runners.{runner}")  # registers the config's schema
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name=runner):
+        cfg = compose(config_name=config, return_hydra_config=True)
+    assert cfg.hydra.runtime.choices["hydra/help"] == "config_keys"
+    schema = OmegaConf.get_type(cfg)
+    assert dataclasses.is_dataclass(schema), f"conf/{config}.yaml has no typed schema ({schema})"
+    listing = help_listing(cfg)
+    assert listing.replace("$", "$$") in cfg.hydra.help.template  # the help template shows it
+    listed = {line.split()[0].split("=")[0] for line in listing.splitlines()}
+    for key, _, _ in schema_keys(schema):
+        assert key in listed or any(k.startswith(key + ".") for k in listed), key
+
+
+def test_every_runners_command_line_answers_a_mistyped_key_and_help(tmp_path):
+    """A mistyped key exits 1 naming the closest key, for every runner; `--help` prints the key listing (checked
+    for every config in-process above; here as the command line prints it for one runner, since Hydra's --help
+    takes seconds). One subprocess runs them all (:func:`run_as_main`). ab runs the mistyped key as a run does;
+    the others show the config (--cfg job), so that nothing could start a run."""
+    typos = {"ab": ("ab.n_block=4", "ab.n_blocks"), "bench_decode": ("new_token=8", "new_tokens"),
+             "calibrate": ("n_gird=3", "n_grid"), "eval_drafter": ("num_prompt=3", "num_prompts"),
+             "generate": ("prompt_file=p.jsonl", "prompts_file"), "make_training_data": ("max_token=3", "max_tokens"),
+             "profile": ("measure_step=3", "measure_steps"), "serve": ("prot=1", "port"),
+             "train_drafter": ("train.max_step=3", "train.max_steps")}
+    assert set(typos) == set(RUNNER_CONFIGS)
+    cases = [(runner, runner, [typo] if runner == "ab" else [typo, "--cfg", "job"])
+             for runner, (typo, _) in typos.items()]
+    cases.append(("profile/help", "profile", ["--help"]))
+    results = run_as_main(cases, cwd=tmp_path)
+    for runner, (typo, closest) in typos.items():
+        code, out, err = results[runner]
+        key = typo.split("=")[0]
+        assert code == 1 and f"Could not override '{key}': no such key. Did you mean {closest}" in err, err
+        assert "To append to your config use" not in err and "Traceback" not in err  # mistyped, not missing
+    code, out, err = results["profile/help"]
+    assert code == 0 and "python -m runners.profile " in out and "== Config keys ==" in out, err
+    assert "  monotone=refuse " in out and "refuse a fit whose R^2" in out  # a field the schema inherits, described
+
+
+@pytest.mark.parametrize("config", sorted(CONFIG_RUNNER))
+def test_every_key_of_every_runners_schema_has_a_description(config):
+    """Every key of the typed schema each runner's config runs with has a description for --help (a nested
+    schema's own key may go without: its keys are described)."""
+    from hydra import compose, initialize_config_dir
+
     from runners.config_keys import description, nested_schema, schema_keys
 
-    undescribed = [key for key, owner, name in schema_keys(getattr(schema, schema_name))
+    runner = CONFIG_RUNNER[config]
+    importlib.import_module(f"runners.{runner}")  # registers the config's schema
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name=runner):
+        schema = OmegaConf.get_type(compose(config_name=config))
+    assert dataclasses.is_dataclass(schema), f"conf/{config}.yaml has no typed schema ({schema})"
+    undescribed = [key for key, owner, name in schema_keys(schema)
                    if nested_schema(typing.get_type_hints(owner)[name]) is None and not description(owner, name)]
-    assert undescribed == []
+    assert undescribed == [], f"runners.{runner} ({schema.__name__}): keys without a description: {undescribed}"
 
 
 def test_descriptions_are_the_comments_above_and_beside_a_field():
@@ -131,6 +251,14 @@ def test_descriptions_are_the_comments_above_and_beside_a_field():
 
         apart: int = 3
     assert field_descriptions(Example) == {"above": "the first line and the second and beside"}
+
+    @dataclasses.dataclass
+    class Derived(Example):
+        apart: int = 4  # its own description
+        added: str = ""  # a field of its own
+    # Inherited fields keep the description of the class that declares them.
+    assert field_descriptions(Derived) == {"above": "the first line and the second and beside",
+                                           "apart": "its own description", "added": "a field of its own"}
 
 
 # ---- a mistyped key --------------------------------------------------------------------------------
@@ -149,11 +277,7 @@ def test_a_mistyped_key_names_the_closest_keys():
     assert unknown_key_message(info.value) is None
     assert issubclass(UnknownConfigKeyError, ConfigError) and issubclass(UnknownConfigKeyError,
                                                                         ConfigCompositionException)
-
-    proc = cli("runners.ab", "+workload=poetry", "ab.n_block=4")
-    assert proc.returncode == 1
-    assert "Could not override 'ab.n_block': no such key. Did you mean ab.n_blocks" in proc.stderr, proc.stderr
-    assert "To append to your config use" not in proc.stderr  # the key is mistyped, not missing
+    # As the command line answers it: test_every_runners_command_line_answers_a_mistyped_key_and_help.
 
 
 def test_a_key_added_with_plus_names_the_closest_keys_too(tmp_path):
@@ -199,8 +323,10 @@ def test_a_failed_guard_fails_its_job_not_the_sweep(tmp_path):
     assert json.loads((sweep / jobs[0] / "job_status.json").read_text()) == {"exit_code": 0}
     status = json.loads((sweep / jobs[1] / "job_status.json").read_text())
     assert status["exit_code"] == 1 and "lossless" in status["error"]
+    assert passed["sweep_job"] == "temperature=0.0" and failed["sweep_job"] == "temperature=0.7"
     summary_md = (sweep / "sweep_summary.md").read_text()
     assert "2 job(s)" in summary_md and "**FAIL**" in summary_md and "| pass " in summary_md
+    assert "| temperature=0.7 " in summary_md  # the job as its folder is named
     logged = proc.stdout + proc.stderr  # Hydra's log goes to the console's stdout
     assert "1 job(s) of the sweep failed" in logged and "1_temperature=0.7: guards failed: lossless" in logged
 

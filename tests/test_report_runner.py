@@ -88,9 +88,11 @@ def test_sweep_folder_gets_summary_files_and_table(run_folder, tmp_path, capsys)
     for name in ("sweep_summary.md", "sweep_summary.csv", "sweep_gain.png"):
         assert (sweep / name).is_file(), name
     table = pd.read_csv(sweep / "sweep_summary.csv")
-    assert set(table.loc[table["is_headline"], "job"]) == {"ab.seed=0", "ab.seed=1"}
+    headline = table[table["is_headline"]]
+    assert set(headline["job"]) == {"seed=0", "seed=1"}  # what the sweep varies, as the job folders are named
+    assert set(headline["overrides"]) == {"ab.seed=0", "ab.seed=1"}  # every override of the job
     out = capsys.readouterr().out
-    assert "ab.seed=0" in out and "ab.seed=1" in out and "sweep_summary.md" in out
+    assert "seed=0" in out and "seed=1" in out and "sweep_summary.md" in out
     assert "2 job(s)" in (sweep / "sweep_summary.md").read_text()
 
 

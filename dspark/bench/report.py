@@ -12,6 +12,7 @@ The input is the experiment summary the A/B runner writes as ``summary.json``:
       "fingerprint": {...},                   # optional: node_fingerprint()
       "counters": {"A": {...}, "B": {...}},   # optional: engine counters per arm
       "sweep_params": {name: value, ...},     # optional: the sweep overrides of this job
+      "sweep_job": str,                       # optional: a multirun job's name (runners.sweep_dirs)
       "wandb": {...},                         # optional: WandbLogger.status()
       "timing_health": {                      # optional (newer runs)
         "captured_in_timed_blocks": [{"block", "arm", "graphs"}, ...],
@@ -218,7 +219,7 @@ def planner_lines(summary: dict[str, Any], hints: bool = True) -> list[str]:
 
 
 def truncation_line(summary: dict[str, Any], requests_df: pd.DataFrame | None = None) -> str | None:
-    """"Truncated outputs: A 12/64 (max_tokens 12), B ..." from ``summary["truncated"]`` and
+    """"Truncated outputs: A 12/64 (12 at max_tokens), B ..." from ``summary["truncated"]`` and
     ``summary["finish_reasons"]`` (else from ``requests_df``'s finish_reason column); None when the run
     recorded no finish reasons."""
     from dspark.bench.metrics import finish_reason_counts, truncation_counts
@@ -235,7 +236,7 @@ def truncation_line(summary: dict[str, Any], requests_df: pd.DataFrame | None = 
     parts = []
     for arm in reasons:
         cut = {k: int(v) for k, v in (truncated.get(arm) or {}).items() if v}
-        why = ", ".join(f"{k} {n}" for k, n in cut.items())
+        why = ", ".join(f"{n} at {k}" for k, n in cut.items())
         parts.append(f"{arm} {sum(cut.values())}/{sum(reasons[arm].values())}" + (f" ({why})" if why else ""))
     return "Truncated outputs (finish_reason length): " + ", ".join(parts)
 
@@ -780,28 +781,57 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.Dat
 
 
 # ---- sweeps ------------------------------------------------------------------------------------
-def _job_label(summary: Mapping[str, Any], path: Path) -> str:
-    params = summary.get("sweep_params")
-    if params:
-        return ",".join(f"{k}={v}" for k, v in sorted(params.items()))
-    return summary.get("experiment") or path.parent.name
+def job_overrides(summary: Mapping[str, Any]) -> list[str]:
+    """A job's command-line overrides (``key=value``, in their order), from its ``sweep_params``."""
+    return [f"{k}={v}" for k, v in (summary.get("sweep_params") or {}).items()]
+
+
+def job_labels(summaries: Sequence[Mapping[str, Any]], paths: Sequence[Path]) -> list[str]:
+    """Each job's short name in a sweep table, the name its folder has after the job number
+    (:mod:`runners.sweep_dirs`): the ``sweep_job`` its summary records, or for a summary without one,
+    the same kind of name from its overrides: those that differ between ``summaries`` (every override
+    when none differs). A summary without overrides is named by its experiment; jobs that would share
+    a name, or whose overrides Hydra cannot parse, are named by their folders."""
+    from runners.sweep_dirs import job_name, varying_keys  # the naming of the sweep's job folders
+
+    unrecorded = [(i, job_overrides(s)) for i, s in enumerate(summaries)
+                  if not s.get("sweep_job") and s.get("sweep_params")]
+    try:
+        varying = varying_keys([overrides for _, overrides in unrecorded])
+        from_overrides = {i: job_name(overrides, swept=varying) for i, overrides in unrecorded}
+    except Exception:  # noqa: BLE001  (overrides written by hand or another tool: the folders name the jobs)
+        from_overrides = {i: paths[i].parent.name for i, _ in unrecorded}
+    labels = []
+    for i, (summary, path) in enumerate(zip(summaries, paths)):
+        if summary.get("sweep_job"):
+            labels.append(str(summary["sweep_job"]))
+        elif i in from_overrides:
+            labels.append(from_overrides[i])
+        else:
+            labels.append(summary.get("experiment") or path.parent.name)
+    shared = {label for label in labels if labels.count(label) > 1}
+    return [path.parent.name if label in shared else label for label, path in zip(labels, paths)]
 
 
 def compare_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
-    """One row per (job, metric) from several ``summary.json`` files, e.g. a sweep's jobs."""
+    """One row per (job, metric) from several ``summary.json`` files, e.g. a sweep's jobs: ``job`` is the
+    job's short name (:func:`job_labels`), ``overrides`` all of its command-line overrides."""
     if not paths:
         raise ValueError("compare_runs got no summary.json paths")
-    rows = []
-    for p in map(Path, paths):
+    paths = [Path(p) for p in paths]
+    summaries = []
+    for p in paths:
         try:
-            summary = json.loads(p.read_text())
+            summaries.append(json.loads(p.read_text()))
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"cannot read A/B summary {p}: {exc}") from exc
+    rows = []
+    for summary, p, job in zip(summaries, paths, job_labels(summaries, paths)):
         guards = summary.get("guards", [])
         names = arm_names(summary)
         for metric, s in statistics_of(summary).items():
-            row = {"job": _job_label(summary, p), "experiment": summary.get("experiment"), "summary_path": str(p),
-                   "metric": metric, "is_headline": metric == summary.get("headline_metric"),
+            row = {"job": job, "overrides": " ".join(job_overrides(summary)), "experiment": summary.get("experiment"),
+                   "summary_path": str(p), "metric": metric, "is_headline": metric == summary.get("headline_metric"),
                    "guards_passed": all(g["passed"] for g in guards) if guards else None,
                    "declined_all": ",".join(declined_arms(summary))}  # arms that declined every step
             for key in ("direction", "n_blocks", "change_pct", "ci_low_pct", "ci_high_pct", "wilcoxon_p", "mde_pct",
@@ -838,6 +868,6 @@ def write_sweep_report(sweep_dir: str | Path) -> dict[str, Path]:
             _markdown(["job", "metric", "B vs A", "CI", "Wilcoxon p", "MDE", "blocks", "verdict", "guards"], md_rows),
             "", *[f"- {r['job']}: {r['verdict_sentence']}." for r in headline.to_dict("records")],
             "", f"![gain per job]({paths['plot'].name})", "",
-            f"All metrics of all jobs: `{paths['csv'].name}`."]
+            f"All metrics of all jobs, with each job's overrides: `{paths['csv'].name}`."]
     paths["markdown"].write_text("\n".join(text) + "\n")
     return paths

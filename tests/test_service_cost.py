@@ -1,0 +1,84 @@
+"""The service price of a step (engine.service_cost): its online estimate, how the planner values options at
+it, and the engine learning it from the steps it commits."""
+
+import numpy as np
+import pytest
+
+from dspark.config import SamplingParams
+from dspark.service_cost import ServiceCost, ServiceCostEstimate
+from test_engine_lossless import prompts_for
+from test_engine_scheduling import make_engine, steep_table
+from test_planner import STAIRS, cfg, plan
+from tiny import tiny_drafter, tiny_target
+
+
+def test_price_is_the_table_price_plus_extra_never_below_the_floor():
+    cost = ServiceCost(floor_ms=3.0, extra_ms=0.5)
+    assert cost.price(1.0) == 3.0 and cost.price(4.0) == 4.5
+    assert np.array_equal(cost.price(np.array([1.0, 2.5, 4.0])), np.array([3.0, 3.0, 4.5]))
+    assert ServiceCost.none().price(1.25) == 1.25 and not ServiceCost.none().active
+
+
+def test_estimate_waits_for_enough_steps_then_follows_an_exponential_average():
+    est = ServiceCostEstimate(alpha=0.5, min_steps=3)
+    for _ in range(2):
+        est.update(step_ms=5.0, table_ms=3.0, host_ms=1.0, waited_ms=1.0)
+    assert est.current() == ServiceCost.none()  # two steps of each kind: not enough yet
+    est.update(step_ms=5.0, table_ms=3.0, host_ms=1.0, waited_ms=1.0)
+    assert est.current() == ServiceCost(floor_ms=1.0, extra_ms=2.0)
+    est.update(step_ms=7.0, table_ms=3.0, host_ms=3.0, waited_ms=1.0)
+    assert est.current() == ServiceCost(floor_ms=2.0, extra_ms=3.0)
+    summary = est.summary()
+    assert summary["service_cost/extra_steps"] == 4 and summary["service_cost/floor_ms"] == 2.0
+
+
+def test_host_bound_steps_and_unpriced_steps_leave_the_extra_alone():
+    """A step the host bounded (its commit did not wait for the device) says nothing about the device's
+    time beyond the table; a step no table priced neither. A table that overprices gives no negative extra."""
+    est = ServiceCostEstimate(alpha=1.0, min_steps=1)
+    est.update(step_ms=9.0, table_ms=3.0, host_ms=9.0, waited_ms=0.0)
+    est.update(step_ms=9.0, table_ms=None, host_ms=9.0, waited_ms=2.0)
+    assert est.extra_steps == 0 and est.floor_steps == 2 and est.current() == ServiceCost(9.0, 0.0)
+    est.update(step_ms=2.0, table_ms=3.0, host_ms=1.0, waited_ms=1.0)
+    assert est.current() == ServiceCost(1.0, 0.0)
+    with pytest.raises(ValueError, match="alpha"):
+        ServiceCostEstimate(alpha=0.0)
+
+
+def test_planner_values_options_at_the_service_price():
+    """STAIRS: the table alone trims to 3 drafts (+19% predicted). A fixed extra per step shrinks what a
+    trim saves relative to the step: a small one keeps a smaller gain, a large one declines. A host floor
+    above every device price makes every option cost the same, so the full block wins. The decision's
+    ms stays the table's price, which the prediction check compares with the measured step."""
+    table_only = plan(cfg())
+    assert table_only.trimmed and table_only.windows == (3,) and table_only.predicted_gain == pytest.approx(3.4 / 2.5 / (4 / 3.5) - 1)
+    small = plan(cfg(), service=ServiceCost(extra_ms=2.0))
+    assert small.trimmed and small.windows == (3,)
+    assert small.predicted_gain == pytest.approx((3.4 / 4.5) / (4.0 / 5.5) - 1) and small.predicted_gain < table_only.predicted_gain
+    assert small.predicted_ms == table_only.predicted_ms == 2.5
+    large = plan(cfg(), service=ServiceCost(extra_ms=10.0))
+    assert not large.trimmed and large.reason == "declined_below_min_gain" and large.predicted_ms == 3.5
+    floor = plan(cfg(), service=ServiceCost(floor_ms=3.5))
+    assert not floor.trimmed and floor.windows == (4,)
+    uniform = plan(cfg(mode="uniform"), service=ServiceCost(floor_ms=3.5))
+    assert not uniform.trimmed
+
+
+def test_engine_learns_the_service_price_from_its_steps(tmp_path):
+    """With engine.service_cost the engine counts every committed decode step in the estimate and plans with
+    it; outputs are the verify-all engine's (greedy, fp32)."""
+    target = tiny_target(7)
+    drafter = tiny_drafter(target, 8, block_size=4)
+    prompts = prompts_for(7, 6)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    base = make_engine(target, drafter, spec="dspark", verify="full")
+    table = steep_table(base, tmp_path / "steep.json")
+    expected = [o.token_ids for o in base.generate(prompts, params)]
+    eng = make_engine(target, drafter, table, spec="dspark", verify="ragged", service_cost=True)
+    assert [o.token_ids for o in eng.generate(prompts, params)] == expected
+    c = eng.counters()
+    assert c["service_cost/extra_steps"] == c["decode_steps"] > 8
+    assert eng.planner.service == eng.service_cost.current()
+    plain = make_engine(target, drafter, table, spec="dspark", verify="ragged")
+    plain.generate(prompts, params)
+    assert plain.service_cost is None and "service_cost/extra_ms" not in plain.counters()
