@@ -286,6 +286,9 @@ class EngineConfig:
     # (dspark/service_cost.py: the host's work per step as a floor, a device-bound step's time beyond the
     # table's price as an extra), instead of the cost table's steady-decode price alone.
     service_cost: bool = False
+    # Let a speculative engine decode a step target-only (no drafting) when its measured rate at that batch
+    # size says drafting does not pay (dspark/draft_free.py); counted as draft_free_steps.
+    draft_free_steps: bool = False
     force_verify_len: int | None = None  # profiling/debug override of the decision (must be on the ladder)
     force_trimmed_path: bool = False  # profiling: run a forced verify length (even the full block) as a trimmed step
     force_budget_frac: float | None = None  # profiling/debug override (ragged): budget = frac * R * G cells

@@ -208,7 +208,8 @@ class Engine:
                                   metadata_impl="triton" if fused_metadata else "torch",
                                   max_prefill_tokens=self.cfg.max_num_batched_tokens,
                                   acceptance_estimate=self.cfg.acceptance_estimate,
-                                  prefill_stream=self.cfg.cuda_graphs and self.cfg.prefill_stream)
+                                  prefill_stream=self.cfg.cuda_graphs and self.cfg.prefill_stream,
+                                  draft_free_steps=self.cfg.draft_free_steps)
         self.graph = self.steps if self.cfg.cuda_graphs else None  # the device-resident path
         # engine.acceptance_estimate=draft_max_prob: the online calibration of the drafter's top probabilities. It is
         # calibration, not request state: reset() keeps it, so a run's warm-up trains it for the timed blocks.
@@ -219,6 +220,13 @@ class Engine:
             self.acceptance_estimate = OnlineAcceptanceEstimate(self.block_size)
         self._graph_table_lens: dict[int, int] = {}
         self._prefilled: list[Request] = []  # prefilled on the prefill stream, joining the rows next call
+        # engine.draft_free_steps: the per-step choice between drafting and a target-only step (kept across reset,
+        # like the other online estimates: a run's warm-up trains it for the timed blocks).
+        self.draft_free = None
+        if self.cfg.draft_free_steps and self.block_size:
+            from dspark.draft_free import DraftFreeChoice
+
+            self.draft_free = DraftFreeChoice()
 
     def _build_planner(self) -> None:
         cfg = self.cfg
@@ -305,7 +313,7 @@ class Engine:
                 "trimmed_steps": 0, "ceiling_tokens": 0, "window_tokens": 0, "preemptions": 0,
                 "graph_replays": 0, "graph_eager_steps": 0, "eager_steps": 0, "discarded_row_steps": 0,
                 "pipelined_steps": 0, "prefill_graph_replays": 0, "prefill_uncaptured": 0,
-                "prefill_eager_steps": 0, "prefill_side_stream_replays": 0}
+                "prefill_eager_steps": 0, "prefill_side_stream_replays": 0, "draft_free_steps": 0}
 
     @property
     def emitted_tokens(self) -> int:
@@ -345,6 +353,8 @@ class Engine:
         c["kv_pool_tokens"] = self.blocks.num_pages * self.blocks.page_size
         if self.service_cost is not None:
             c.update(self.service_cost.summary())
+        if self.draft_free is not None:
+            c.update(self.draft_free.summary())
         if self._eager_step_ms:
             e = sorted(self._eager_step_ms)
             c["eager_step_ms_median"] = e[len(e) // 2]
@@ -513,10 +523,15 @@ class Engine:
             if self.graph is not None:
                 self._rows_stale = True  # the host-driven step reloads the rows: the device path reloads after it
             steps.load(decodes)
-            steps.draft_rows(len(decodes))
-            decision = self._plan(decodes, plan, all_greedy=steps.sampling[0])
-            windows = list(decision.windows) if decision is not None else [G] * len(decodes)
-            cap = self.cfg.verify == "cap_accept" and G > 0  # verify the whole block, cap acceptance at the plan
+            free_bucket = steps.bucket_for(len(decodes)) or len(decodes)
+            free = self.draft_free is not None and self.draft_free.draft_free(free_bucket)
+            if free:  # no drafting: every row verifies nothing and commits the target's token
+                decision, windows, cap = None, [0] * len(decodes), False
+            else:
+                steps.draft_rows(len(decodes))
+                decision = self._plan(decodes, plan, all_greedy=steps.sampling[0])
+                windows = list(decision.windows) if decision is not None else [G] * len(decodes)
+                cap = self.cfg.verify == "cap_accept" and G > 0  # verify the whole block, cap acceptance at the plan
             step_tokens = sum(w + 1 for w in ([G] * len(decodes) if cap else windows))
             buckets = self.cfg.token_buckets
             step_bucket = next((b for b in buckets if b >= step_tokens), step_tokens) if buckets else step_tokens
@@ -531,7 +546,7 @@ class Engine:
             # prediction for this step is compared with it (stats: measured_ms_on_predicted).
             step_ms = (time.perf_counter() - step_start) * 1e3
             now = time.perf_counter()
-            if G:
+            if G and not free:  # a draft-free step verifies nothing: not a scheduling step
                 self.stats.record_step(request_ids=[r.req_id for r in decodes], windows=windows,
                                        accepted=accepted, block=G, mode=self.cfg.verify,
                                        uncapped_accepted=uncapped, num_tokens=num_tokens,
@@ -542,10 +557,10 @@ class Engine:
                 if self.step_trace is not None:
                     self._trace_step(decodes, windows if not cap else [G] * len(decodes),
                                      uncapped if uncapped is not None else accepted)
-            if self.acceptance_estimate is not None:
+            if self.acceptance_estimate is not None and not free:
                 self._learn_acceptance(steps.max_prob[: len(decodes)].cpu().numpy(),
                                        [G] * len(decodes) if cap else windows, uncapped if cap else accepted)
-            self._count_rows(windows, accepted)
+            self._count_rows(windows, accepted, drafted=not free)
             finished += self._commit_rows([(req, w, k, new) for req, w, (k, _, new) in zip(decodes, windows, results)],
                                           now)
         if self.runner.device.type == "cuda":
@@ -554,6 +569,10 @@ class Engine:
                                   num_tokens=num_tokens, bucket=bucket, windows=tuple(windows),
                                   step_ms=(time.perf_counter() - step_start) * 1e3)
         self._eager_step_ms.append(self.last_step.step_ms)
+        if self.draft_free is not None and decodes:
+            self.draft_free.update(free_bucket, draft_free=free, tokens=sum(accepted) + len(decodes),
+                                   step_ms=self.last_step.step_ms)
+            counts["draft_free_steps"] += int(free)
         if self.service_cost is not None and decodes and decision is not None:
             # A host-driven step is synchronous: its time is the host's and the device's together.
             self.service_cost.update(step_ms=self.last_step.step_ms, table_ms=decision.predicted_ms, host_ms=None,
@@ -600,9 +619,10 @@ class Engine:
                                prefix_survival(self.drafter.calibrated_confidence(raw)).cpu().numpy(), windows,
                                [int(k) for k in accepted], confidence_logits=raw.cpu().numpy())
 
-    def _count_rows(self, windows: list[int], accepted: list[int]) -> None:
-        """Step counters for the rows committed this step (one update per step, not per row)."""
-        n, G, W, K = len(windows), self.block_size, sum(windows), sum(accepted)
+    def _count_rows(self, windows: list[int], accepted: list[int], drafted: bool = True) -> None:
+        """Step counters for the rows committed this step (one update per step, not per row); ``drafted``
+        False for a draft-free step."""
+        n, G, W, K = len(windows), self.block_size if drafted else 0, sum(windows), sum(accepted)
         counts = self._counts
         counts["request_steps"] += n
         counts["drafted_tokens"] += G * n
@@ -724,7 +744,10 @@ class Engine:
         if key != self._captured_key:  # a new batch bucket: its graphs (captured ahead by capture_graphs)
             gd.ensure_captured(B, self._graph_mode, self.cfg.tiers)
             self._captured_key = key
-        mode, tier, extra, decision = self._graph_decision(rows)
+        if self.draft_free is not None and self.draft_free.draft_free(gd.bucket_for(B)):
+            mode, tier, extra, decision = "draft_free", None, None, None
+        else:
+            mode, tier, extra, decision = self._graph_decision(rows)
         launched = gd.launch(B, mode, tier=tier, extra=extra)
         launched.decision = decision
         launched.num_prefill_tokens = prefill_tokens
@@ -835,7 +858,8 @@ class Engine:
         slots = [self._slot(r) for r, _, _, _ in rows] if track else []
         live_rows = live_at if track else []
         finished = self._commit_rows(rows, now)
-        self._count_rows(windows, accepted)
+        free = launched.draft_free
+        self._count_rows(windows, accepted, drafted=not free)
         if launched.max_prob is not None and live_at and self.acceptance_estimate is not None:
             self._learn_acceptance(launched.max_prob.numpy()[live_at], windows, accepted)
         if live_rows:
@@ -863,11 +887,16 @@ class Engine:
         if decision is not None and decision.trimmed:
             self._counts["trimmed_steps"] += 1
         step_ms = self._step_period_ms(launched, start)
+        if self.draft_free is not None and live_ids:
+            self.draft_free.update(self.graph.bucket_for(len(launched.req_ids)), draft_free=free,
+                                   tokens=sum(accepted) + len(live_ids), step_ms=step_ms)
+        if free:
+            self._counts["draft_free_steps"] += 1
         if self.service_cost is not None and decision is not None:
             self.service_cost.update(step_ms=step_ms, table_ms=decision.predicted_ms, waited_ms=waited_ms,
                                      host_ms=self._host_step_ms[-1] if self._host_step_ms else None)
             self.planner.service = self.service_cost.current()
-        if G and live_ids:
+        if G and live_ids and not free:  # a draft-free step verifies nothing: not a scheduling step
             self.stats.record_step(request_ids=live_ids, windows=windows, accepted=accepted, block=G,
                                    mode=self.cfg.verify, num_tokens=launched.num_tokens,
                                    bucket=launched.bucket, graph_replay=self.graph.use_graphs,

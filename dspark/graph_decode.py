@@ -69,6 +69,7 @@ class Launched:
     num_tokens: int  # real tokens the target processed (sum of windows + 1)
     launch_ms: float
     decision: object = None  # the planner's PlanDecision for confidence-scheduled steps
+    draft_free: bool = False  # a step without drafting: every row commits the target's next token
     num_prefill_tokens: int = 0  # prefill tokens the same step() call ran before this launch
     max_prob: torch.Tensor | None = None  # pinned float32 [R_real, G]: the drafter's top probabilities (draft_max_prob)
 
@@ -79,7 +80,8 @@ class GraphDecoder:
     def __init__(self, runner, max_num_seqs: int, max_pages: int, buckets: tuple[int, ...], use_graphs: bool,
                  token_buckets: tuple[int, ...] | None = None, min_verify_len: int = 1, window_impl: str = "torch",
                  metadata_impl: str = "torch", max_prefill_tokens: int = 2048, max_prefill_segments: int = 16,
-                 acceptance_estimate: str = "head", estimate_bins: int = 10, prefill_stream: bool = False):
+                 acceptance_estimate: str = "head", estimate_bins: int = 10, prefill_stream: bool = False,
+                 draft_free_steps: bool = False):
         self.runner = runner
         self.kernels = runner.kernels
         self.target = runner.target
@@ -124,6 +126,7 @@ class GraphDecoder:
         self.tier = torch.zeros(1, dtype=torch.int64, device=dev)  # uniform: this step's verify length
         self.extra = torch.zeros(1, dtype=torch.int64, device=dev)  # ragged: cells past min_verify_len
         self.min_verify_len = int(min_verify_len)
+        self.draft_free_steps = bool(draft_free_steps) and self.G > 0  # capture draft-free verify graphs too
         self.window_impl = window_impl
         # The verify stage's token packing / attention metadata and the state commit: the torch
         # reference ops, or one Triton kernel each (kernels/verify_packing.py).
@@ -453,6 +456,8 @@ class GraphDecoder:
         every row, 0) or (a tensor [R], an offset to add to it): the fused packing kernel reads
         them as they are, the torch path materialises them (:meth:`_windows`)."""
         G = self.G
+        if mode == "draft_free":  # no drafts: every row verifies none and commits the target's token
+            return 0, 0
         if mode in ("full", "cap_accept") or G == 0:  # cap_accept verifies the whole block
             return G, 0
         if mode == "explicit":
@@ -571,6 +576,11 @@ class GraphDecoder:
                 raise ValueError(f"{B} requests x {self.M} tokens exceed the largest bucket {self.buckets[-1]}")
             num_tokens = B * self.M
             self._run(("step", bucket, self.sampling), lambda: self._step(bucket // self.M))
+        elif mode == "draft_free":
+            num_tokens = B
+            bucket = self.token_bucket_for(B)
+            r_verify = min(bucket, self.S)
+            self._run(("verify", bucket, mode, self.sampling), lambda: self._verify_stage(bucket, r_verify, mode))
         else:
             if mode == "uniform":
                 num_tokens = B * (int(tier) + 1)
@@ -591,10 +601,11 @@ class GraphDecoder:
         host = torch.empty((B, 2 + self.M), dtype=torch.int64, pin_memory=pin)
         host.copy_(self.out[:B], non_blocking=pin)
         surv = top = None
-        if self.G and (self.drafter.confidence_head is not None or self.estimate == "draft_max_prob"):
+        drafted = self.G and mode != "draft_free"  # a draft-free step leaves no survival of its own
+        if drafted and (self.drafter.confidence_head is not None or self.estimate == "draft_max_prob"):
             surv = torch.empty((B, self.G), dtype=torch.float32, pin_memory=pin)
             surv.copy_(self.survival[:B], non_blocking=pin)
-        if self.G and self.estimate == "draft_max_prob":
+        if drafted and self.estimate == "draft_max_prob":
             top = torch.empty((B, self.G), dtype=torch.float32, pin_memory=pin)
             top.copy_(self.max_prob[:B], non_blocking=pin)
         event = None
@@ -602,7 +613,7 @@ class GraphDecoder:
             event = torch.cuda.Event()
             event.record()
         return Launched(self.req_ids[:B], host, surv, event, bucket, num_tokens, (time.perf_counter() - start) * 1e3,
-                        max_prob=top)
+                        max_prob=top, draft_free=mode == "draft_free")
 
     def draft_rows(self, num_rows: int) -> None:
         """The draft stage over rows [:num_rows], uncaptured (a host-driven step: the host plans on this
@@ -633,6 +644,11 @@ class GraphDecoder:
         full = self.bucket_for(B)
         if full is not None and ("step", full, self.sampling) not in self.graphs:
             self.graphs[("step", full, self.sampling)] = self._capture(lambda: self._step(full // self.M))
+        free = self.token_bucket_for(B) if self.draft_free_steps else None
+        if free is not None and ("verify", free, "draft_free", self.sampling) not in self.graphs:
+            R = min(free, self.S)
+            self.graphs[("verify", free, "draft_free", self.sampling)] = self._capture(
+                lambda: self._verify_stage(free, R, "draft_free"))
         if mode == "full" or not self.G:
             return
         r_draft = _first_at_least(self.batch_buckets, B)

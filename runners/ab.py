@@ -232,6 +232,10 @@ def check_config(cfg: DictConfig):
     arm_cfgs = arm_engine_configs(cfg)
     if cfg.load.mode == "poisson" and not cfg.load.request_rate > 0:
         raise ConfigError(f"load.request_rate: must be > 0 requests/s for load.mode=poisson, got {cfg.load.request_rate}")
+    for key in ("sla_ttft_ms", "sla_tpot_ms"):
+        value = cfg.load.get(key)
+        if value is not None and not value > 0:
+            raise ConfigError(f"load.{key}: must be null (no goodput) or a limit > 0 ms, got {value!r}")
     if cfg.ab.n_blocks < 1:
         raise ConfigError(f"ab.n_blocks: must be >= 1 (each block runs both arms once), got {cfg.ab.n_blocks}")
     if cfg.ab.warmup_requests < 0:
@@ -549,6 +553,13 @@ def drive(engine: Engine, inputs: list, params: list, ids: list[str], load: Dict
     return outs, time.perf_counter() - t0, (t0 + offsets).tolist()
 
 
+def sla_limits(load: DictConfig) -> dict[str, float | None]:
+    """The service level of load.sla_ttft_ms / load.sla_tpot_ms, in seconds, as aggregate_block takes it."""
+    ttft, tpot = load.get("sla_ttft_ms"), load.get("sla_tpot_ms")
+    return {"sla_ttft_s": None if ttft is None else float(ttft) / 1e3,
+            "sla_tpot_s": None if tpot is None else float(tpot) / 1e3}
+
+
 def check_prompt_lengths(token_ids: Mapping[str, list[int]], arm_cfgs: Mapping[str, EngineConfig]) -> None:
     """Refuse, before any block runs, prompts the context cannot hold with one generated token (the engine
     would refuse each of them at every block, and the run would end on the errors guard)."""
@@ -769,8 +780,12 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     requests_df = requests_dataframe(records)
     atomic_write(out_dir / "requests.parquet", lambda tmp: requests_df.to_parquet(tmp, index=False))
     paired = _paired_blocks(blocks_df)
-    stats = (compare_blocks(paired, {HEADLINE: "higher", "requests_per_s": "higher"}, n_boot=int(cfg.ab.n_boot),
-                            seed=int(cfg.ab.seed)) if len(paired) else {})
+    compared = {HEADLINE: "higher", "requests_per_s": "higher"}
+    for metric in ("goodput_tokens_per_s", "goodput_requests_per_s"):  # (compared as ratios: every block above 0)
+        if metric in blocks_df and bool((pd.to_numeric(blocks_df[metric], errors="coerce") > 0).all()):
+            compared[metric] = "higher"
+    stats = (compare_blocks(paired, compared, n_boot=int(cfg.ab.n_boot), seed=int(cfg.ab.seed))
+             if len(paired) else {})
     guards = run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records, prompt_ids,
                         control, dict(zip(ids, params)))
     if interrupted is not None:
@@ -807,6 +822,9 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     summary["verdict_note"] = verdict_note(summary)
     summary["prediction_health"] = prediction_health(counters, float(cfg.ab.max_prediction_error))
     summary["finish_reasons"] = finish_reason_counts(requests_df)
+    sla = {"ttft_ms": cfg.load.get("sla_ttft_ms"), "tpot_ms": cfg.load.get("sla_tpot_ms")}
+    if any(v is not None for v in sla.values()):
+        summary["sla"] = sla
     summary["truncated"] = truncation_counts(requests_df, {arm: arm_cfgs[arm].max_model_len for arm in ARMS})
     for arm in ARMS:
         logger.log_requests(arm, [r for r in records if r.arm == arm])
@@ -911,7 +929,7 @@ def _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block
         outputs[arm][block] = {str(o.user_id): list(o.token_ids) for o in outs}
         counters = e.counters()
         row = {"block": block, "arm": arm, "first_arm": first_arm[block],
-               **aggregate_block(recs, wall, counters), "wall_s": wall}
+               **aggregate_block(recs, wall, counters, **sla_limits(cfg.load)), "wall_s": wall}
         compiled = compiles.take()
         if compiled["compiled"] is not None:
             row["compile/triton_kernels"] = compiled["compiled"]
@@ -1194,7 +1212,9 @@ def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block
                                         # CUDA graphs can only replay on a GPU; on a CPU the same
                                         # device-resident steps run uncaptured (eager_reason/cpu).
                                         expects_graphs=ecfg.cuda_graphs and ecfg.device.startswith("cuda"),
-                                        expects_speculation=ecfg.spec != "off"))
+                                        expects_speculation=ecfg.spec != "off",
+                                        expects_draft_free=ecfg.draft_free_steps and ecfg.spec != "off",
+                                        expects_service_cost=ecfg.service_cost and ecfg.verify != "full"))
     return guards
 
 

@@ -129,6 +129,7 @@ class EngineSchema:
     skip_mixed_trim: bool = True  # decline to trim steps that also carry a prefill
     acceptance_estimate: str = "head"  # head: the confidence head; draft_max_prob: drafter top probability, calibrated online
     service_cost: bool = False  # price the planner's options at the service step's cost learnt online, not the table's alone
+    draft_free_steps: bool = False  # decode a step target-only when drafting measured slower at its batch size (spec engines)
     force_verify_len: Optional[int] = None  # profiling/debug: every step verifies this many tokens
     force_trimmed_path: bool = False  # profiling: run a forced verify length as a trimmed step
     force_budget_frac: Optional[float] = None  # profiling/debug (ragged): budget = frac x the drafted cells
@@ -264,6 +265,11 @@ class LoadSchema:
     mode: LoadMode = LoadMode.closed
     concurrency: int = 8  # batch depth (engine.max_num_seqs)
     request_rate: float = 4.0  # requests per second (poisson)
+    # The service level a request must meet to count towards goodput (null: no goodput): its time to first token
+    # in milliseconds. With either limit set, every block reports goodput (requests/s and output tokens/s of the
+    # requests within the limits) and the share that met them.
+    sla_ttft_ms: Optional[float] = None
+    sla_tpot_ms: Optional[float] = None  # goodput's limit on a request's time per output token after the first, ms
 
 
 @dataclass

@@ -136,3 +136,33 @@ def test_errors_guard_and_raise_on_failure():
         raise_on_failure([failed, lossless_guard(OUTPUTS, {}, dtype="float32"), errors_guard([ok])])
     assert "2 guard(s) failed" in str(err.value)
     assert "CUDA out of memory" in str(err.value) and "lossless" in str(err.value)
+
+
+def test_did_nothing_guard_on_draft_free_steps_and_service_cost():
+    """Draft-free steps pass when the engine made the choice (drafting every step is an answer) and fail when it
+    never chose; the service price passes when some step was measured for it."""
+    base = {"graph_replays": 10, "drafted_tokens": 90, "decode_steps": 10}
+    kw = dict(expects_trim=False, expects_graphs=False, expects_speculation=True)
+    chose = {**base, "draft_free_steps": 0, "draft_free/b8/draft_steps": 10, "service_cost/extra_steps": 10,
+             "service_cost/floor_steps": 10}
+    ok = did_nothing_guard("B", {}, chose, expects_draft_free=True, expects_service_cost=True, **kw)
+    assert ok.passed and "draft_free" in ok.message and "service_cost" in ok.message
+    never = did_nothing_guard("B", {}, {**base, "draft_free_steps": 0}, expects_draft_free=True, **kw)
+    assert not never.passed and "never chose" in never.message
+    unmeasured = did_nothing_guard("B", {}, {**base, "service_cost/extra_steps": 0, "service_cost/floor_steps": 0},
+                                   expects_service_cost=True, **kw)
+    assert not unmeasured.passed and "no committed step was measured" in unmeasured.message
+    missing = did_nothing_guard("B", {}, base, expects_service_cost=True, **kw)
+    assert not missing.passed and "service_cost/extra_steps" in missing.message
+
+
+def test_did_nothing_guard_accepts_an_arm_that_ran_every_step_draft_free():
+    """Every step draft-free after the choice measured drafting: an answer (the work of target-only decoding),
+    like a planner that declined every step; without a measured drafting step it is a failure."""
+    counters = {"graph_replays": 10, "drafted_tokens": 0, "decode_steps": 10, "draft_free_steps": 10,
+                "trimmed_steps": 0, "trim_ratio": 0.0}
+    kw = dict(expects_trim=True, expects_graphs=True, expects_speculation=True, expects_draft_free=True)
+    ok = did_nothing_guard("B", {}, {**counters, "draft_free/b8/draft_steps": 8}, **kw)
+    assert ok.passed and "draft-free" in ok.message and ok.details["draft_free_all"]
+    unmeasured = did_nothing_guard("B", {}, {**counters, "draft_free/b8/draft_steps": 0}, **kw)
+    assert not unmeasured.passed and "never measured a drafting step" in unmeasured.message

@@ -124,6 +124,35 @@ def test_continuous_batching_stays_device_resident_without_captures_or_syncs(tmp
     assert (eng.fingerprint().get("prefill_path") == "side-stream") == prefill_stream
 
 
+@pytest.mark.parametrize("verify", ["full", "ragged"])
+def test_draft_free_steps_replay_captured_graphs_and_emit_target_only_tokens(tmp_path, verify):
+    """engine.draft_free_steps on the device path: the draft-free verify graphs are captured ahead with the
+    others, steps switch between drafting and draft-free without captures or host syncs, and the greedy
+    outputs are the target-only engine's."""
+    target = tiny_target(49)
+    drafter = tiny_drafter(target, 50, block_size=4)
+    prompts = prompts_for(49, 24, lo=2, hi=150)
+    params = [SamplingParams(max_tokens=20 + 9 * (i % 4), ignore_eos=True) for i in range(len(prompts))]
+    kw = dict(max_num_seqs=8, max_model_len=480, max_num_batched_tokens=128)
+    base = [o.token_ids for o in cuda_engine(target, None, spec="off", **kw).generate(prompts, params)]
+    eng = graph_engine(tmp_path, target, drafter, "dspark", verify, overlap=True, budget_lag=2, draft_free_steps=True, **kw)
+    assert eng.capture_graphs(params) > 0
+    assert any(k[0] == "verify" and k[2] == "draft_free" for k in eng.graph.graphs)
+    for p, sp in zip(prompts, params):
+        eng.add_request(p, sp)
+    outs = {}
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        while eng.has_unfinished():
+            for o in eng.step():
+                outs[o.req_id] = o.token_ids
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert [outs[i] for i in sorted(outs)] == base
+    c = eng.counters()
+    assert c["graphs_captured"] == 0 and c["eager_steps"] == 0 and 0 < c["draft_free_steps"] < c["decode_steps"]
+
+
 GRAPH_MODES = [("off", "full"), ("dspark", "full"), ("dspark", "uniform"), ("dspark", "ragged")]
 
 

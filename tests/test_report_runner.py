@@ -94,6 +94,38 @@ def test_sweep_folder_gets_summary_files_and_table(run_folder, tmp_path, capsys)
     out = capsys.readouterr().out
     assert "seed=0" in out and "seed=1" in out and "sweep_summary.md" in out
     assert "2 job(s)" in (sweep / "sweep_summary.md").read_text()
+    # The throughput against per-user speed frontier: one point per (job, arm), from each job's blocks.
+    frontier = pd.read_csv(sweep / "sweep_frontier.csv")
+    assert len(frontier) == 4 and set(frontier["job"]) == {"seed=0", "seed=1"}
+    assert (frontier["tokens_per_s"] > 0).all() and (frontier["per_user_tokens_per_s"] > 0).all()
+    assert (sweep / "sweep_frontier.png").is_file()
+    assert "Throughput against per-user speed" in (sweep / "sweep_summary.md").read_text()
+
+
+@pytest.mark.parametrize("limit_ms,attained", [(1e6, 1.0), (1e-6, 0.0)])
+def test_goodput_at_a_service_level(tmp_path, limit_ms, attained):
+    """With load.sla_ttft_ms / sla_tpot_ms every block reports goodput and the share of requests within the
+    limits; the statistics compare goodput between the arms and the report states the service level."""
+    out = tmp_path / "run"
+    summary = ab.run(compose_ab([*TINY, f"load.sla_ttft_ms={limit_ms}", f"load.sla_tpot_ms={limit_ms}"],
+                                out_dir=out), engine_factory=tiny_factory())
+    blocks = pd.read_csv(out / "blocks.csv")
+    assert (blocks["sla_attainment"] == attained).all()
+    if attained:
+        assert (blocks["goodput_tokens_per_s"] == blocks["output_tokens_per_s"]).all()
+        assert {"goodput_tokens_per_s", "goodput_requests_per_s"} <= set(summary["statistics"])
+    else:
+        assert (blocks["goodput_tokens_per_s"] == 0).all()
+    assert summary["sla"] == {"ttft_ms": limit_ms, "tpot_ms": limit_ms}
+    text = (out / "report.md").read_text()
+    assert "requests within the SLA" in text and f"TTFT <= {limit_ms:g} ms and TPOT <= {limit_ms:g} ms" in text
+
+
+def test_service_level_must_be_positive(tmp_path):
+    from dspark.config import ConfigError
+
+    with pytest.raises(ConfigError, match="load.sla_tpot_ms"):
+        ab.check_config(compose_ab([*TINY, "load.sla_tpot_ms=0"], out_dir=tmp_path))
 
 
 def test_folder_with_neither_is_refused(tmp_path, capsys):

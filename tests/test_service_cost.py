@@ -8,7 +8,7 @@ from dspark.config import SamplingParams
 from dspark.service_cost import ServiceCost, ServiceCostEstimate
 from test_engine_lossless import prompts_for
 from test_engine_scheduling import make_engine, steep_table
-from test_planner import STAIRS, cfg, plan
+from test_planner import cfg, plan
 from tiny import tiny_drafter, tiny_target
 
 

@@ -161,14 +161,18 @@ def _why_no_trim(counters: Mapping[str, Any]) -> str:
 
 def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Mapping[str, Any], *,
                       expects_trim: bool, expects_graphs: bool, expects_speculation: bool,
-                      forces_trim: bool = False) -> GuardResult:
+                      forces_trim: bool = False, expects_draft_free: bool = False,
+                      expects_service_cost: bool = False) -> GuardResult:
     """Fail when an arm's configured feature could not run, according to the engine's counters.
 
     Counters read: ``trimmed_steps``, ``trim_ratio`` and the planner's decisions
     ``sched/plan_reason.<reason>`` (when ``expects_trim``: the planner decides),
     ``trimmed_steps`` (when ``forces_trim``: engine.force_verify_len / force_budget_frac
     decide), ``graph_replays`` (when ``expects_graphs``), ``drafted_tokens`` (when
-    ``expects_speculation``), and ``decode_steps`` if reported. A counter the check
+    ``expects_speculation``), ``draft_free_steps`` and the per-bucket choice counts ``draft_free/b<n>/*``
+    (when ``expects_draft_free``: the choice must have been made; choosing to draft every step is an
+    answer), ``service_cost/extra_steps`` and ``service_cost/floor_steps`` (when ``expects_service_cost``:
+    some step must have been measured), and ``decode_steps`` if reported. A counter the check
     needs but the engine did not report is itself a failure: absence of evidence is
     not evidence that the feature ran.
 
@@ -193,6 +197,17 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
         return float(counters[key])
 
     reasons = plan_reasons(counters)
+    # Every step draft-free (engine.draft_free_steps chose it on measured rates): no drafting, no planning, the
+    # work of target-only decoding. An answer ("drafting does not pay here"), like a planner declining every step,
+    # when the choice measured drafting first.
+    draft_free_all = bool(expects_draft_free and float(counters.get("decode_steps", 0) or 0) > 0
+                          and float(counters.get("draft_free_steps", 0) or 0) == float(counters["decode_steps"]))
+    measured_drafting = sum(float(v) for k, v in counters.items()
+                            if str(k).startswith("draft_free/b") and str(k).endswith("/draft_steps"))
+    if draft_free_all:
+        expects_trim = expects_speculation = False
+        if measured_drafting == 0:
+            problems.append("every step ran draft-free, but the choice never measured a drafting step")
     if "decode_steps" in counters and float(counters["decode_steps"]) == 0:
         problems.append("decode_steps == 0: the engine never ran a decode step in this arm")
     if expects_trim:
@@ -231,13 +246,28 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
         if drafted == 0:
             problems.append("speculation enabled but drafted_tokens == 0: the drafter never proposed a token")
 
+    if expects_draft_free:
+        need("draft_free_steps")
+        if not any(str(k).startswith("draft_free/b") for k in counters):
+            problems.append("draft-free steps enabled but the engine never chose between drafting and a draft-free "
+                            "step (no draft_free/b<bucket>/* counters)")
+    if expects_service_cost:
+        measured = [need("service_cost/extra_steps"), need("service_cost/floor_steps")]
+        if all(m is not None for m in measured) and not any(measured):
+            problems.append("engine.service_cost enabled but no committed step was measured for it")
+
     expectations = {"expects_trim": expects_trim, "expects_graphs": expects_graphs,
-                    "expects_speculation": expects_speculation, "forces_trim": forces_trim}
+                    "expects_speculation": expects_speculation, "forces_trim": forces_trim,
+                    "expects_draft_free": expects_draft_free, "expects_service_cost": expects_service_cost}
     expected = [k.removeprefix("expects_") for k, v in expectations.items() if v and k.startswith("expects_")]
     if forces_trim:
         expected.append("forced trim")
     if problems:
         message = f"arm {arm_name}: " + "; ".join(problems)
+    elif draft_free_all:
+        message = (f"{arm_name} ran all {float(counters['decode_steps']):g} decode steps draft-free: drafting measured "
+                   "slower at its batch sizes (draft_free/b<bucket>/* counters), so it did the work of target-only "
+                   "decoding (an answer, not a failure)")
     elif declined_all:
         others = [e for e in expected if e != "trim"]
         message = f"{arm_name} {declined_note}" + (f"; engaged: {', '.join(others)}" if others else "")
@@ -247,7 +277,8 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
         message = f"arm {arm_name}: no feature expected to engage (baseline arm)"
     return GuardResult(name=f"did_nothing[{arm_name}]", passed=not problems, message=message,
                        details={"arm_config": dict(arm_config), "counters": dict(counters), **expectations,
-                                "declined_all": declined_all, "plan_reasons": reasons, "problems": problems})
+                                "declined_all": declined_all, "draft_free_all": draft_free_all,
+                                "plan_reasons": reasons, "problems": problems})
 
 
 def errors_guard(records: Iterable[Any]) -> GuardResult:

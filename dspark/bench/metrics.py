@@ -158,13 +158,16 @@ def _percentiles(values: Iterable[float], name: str) -> dict[str, float]:
 
 
 def aggregate_block(records: list[RequestRecord], wall_time_s: float,
-                    counters: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                    counters: Mapping[str, Any] | None = None, *, sla_ttft_s: float | None = None,
+                    sla_tpot_s: float | None = None) -> dict[str, Any]:
     """Aggregate the requests of one arm in one block.
 
     ``wall_time_s`` is the time the arm held the engine in this block (first arrival
     to last finish as seen by the runner); throughput is total output tokens over it.
     ``counters`` (the engine's own counters for this arm/block) pass through under
-    ``counter/<name>``.
+    ``counter/<name>``. With a service level (``sla_ttft_s`` and/or ``sla_tpot_s``), goodput: the
+    requests that met every given limit (a one-token output has no TPOT and meets that limit), per
+    second and their output tokens per second, and their share of the block's requests (errors miss).
     """
     if not wall_time_s > 0:
         raise ValueError(f"wall_time_s must be > 0 to compute throughput, got {wall_time_s!r}")
@@ -188,6 +191,16 @@ def aggregate_block(records: list[RequestRecord], wall_time_s: float,
     out["accept_length"] = float(frame["accept_length"].mean())  # NaN skipped; NaN when every value is
     out["accept_rate"] = float(frame["accept_rate"].mean())
     out["per_position_acceptance"] = per_position_acceptance(ok)
+    if sla_ttft_s is not None or sla_tpot_s is not None:
+        met = pd.Series(True, index=frame.index)
+        if sla_ttft_s is not None:
+            met &= frame["ttft_s"] <= sla_ttft_s
+        if sla_tpot_s is not None:
+            met &= frame["tpot_s"].isna() | (frame["tpot_s"] <= sla_tpot_s)
+        good_tokens = sum(len(r.output_token_ids) for r, m in zip(ok, met) if m)
+        out["goodput_requests_per_s"] = int(met.sum()) / wall_time_s
+        out["goodput_tokens_per_s"] = good_tokens / wall_time_s
+        out["sla_attainment"] = int(met.sum()) / len(records) if records else float("nan")
     for name, value in (counters or {}).items():
         out[f"counter/{name}"] = value
     return out

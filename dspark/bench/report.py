@@ -69,6 +69,9 @@ HISTOGRAMS = {"sched/token_bucket_hist.": ("Token buckets", "tokens per step, pa
               "sched/verify_len_hist.": ("Verify lengths", "drafted tokens verified per request and step")}
 # Rows of the per-arm results table: (blocks_df column prefix or column, name, kind).
 THROUGHPUT_ROWS = (("output_tokens_per_s", "output tokens/s"), ("requests_per_s", "requests/s"))
+# With a service level (load.sla_ttft_ms / sla_tpot_ms): goodput and the share of requests that met it.
+GOODPUT_ROWS = (("goodput_tokens_per_s", "goodput tokens/s", "rate"), ("goodput_requests_per_s", "goodput requests/s", "rate"),
+                ("sla_attainment", "requests within the SLA", "share"))
 LATENCY_ROWS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
                 ("queue_wait_s", "queue wait"))
 PERCENTILES = (50, 90, 99)
@@ -166,9 +169,20 @@ def _arm_engines(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return {a: (d.get("engine") or {}) for a, d in (summary.get("arms") or {}).items() if isinstance(d, dict)}
 
 
+def draft_free_arms(summary: Mapping[str, Any]) -> list[str]:
+    """Arms that ran every decode step draft-free (their did_nothing guard's ``details["draft_free_all"]``)."""
+    return [str(g["name"])[len("did_nothing["):-1] for g in summary.get("guards") or []
+            if str(g.get("name", "")).startswith("did_nothing[") and (g.get("details") or {}).get("draft_free_all")]
+
+
 def verdict_note(summary: dict[str, Any]) -> str | None:
-    """What the verdict means when a trimming arm declined every step (None otherwise): the statistics
-    stand, but they compare the same work, so they say nothing about trimming."""
+    """What the verdict means when a trimming arm declined every step, or a speculative arm ran every step
+    draft-free (None otherwise): the statistics stand, but they say nothing about trimming or drafting."""
+    free = draft_free_arms(summary)
+    if free:
+        who = " and ".join(free)
+        return (f"{who} ran every step draft-free (drafting measured slower at its batch sizes): {who} did the work "
+                "of target-only decoding; the measured difference is not an effect of speculation")
     declined = declined_arms(summary)
     if not declined:
         return None
@@ -318,6 +332,8 @@ def _number(value: float) -> str:
 def _cell(centre: float, low: float | None, high: float | None, kind: str) -> str:
     if not math.isfinite(centre):
         return "n/a"
+    if kind == "share":
+        return f"{centre:.1%}" + ("" if low is None or high is None else f" ({low:.1%} .. {high:.1%})")
     scale, unit = _duration_unit(centre) if kind == "duration" else (1.0, "")
     text = _number(centre * scale) + (f" {unit}" if unit else "")
     if low is None or high is None:
@@ -333,6 +349,7 @@ def arm_results(summary: Mapping[str, Any], blocks_df: pd.DataFrame) -> list[dic
         return []
     arms = [a for a in ("A", "B") if a in set(blocks_df["arm"])]
     specs = [(column, name, "rate") for column, name in THROUGHPUT_ROWS]
+    specs += list(GOODPUT_ROWS)
     specs += [(f"{prefix}_p{q}", f"{name} p{q}", "duration") for prefix, name in LATENCY_ROWS for q in PERCENTILES]
     rows = []
     for column, name, kind in specs:
@@ -365,8 +382,19 @@ def results_section(summary: Mapping[str, Any], blocks_df: pd.DataFrame) -> list
               "within a block over its requests (ITL over every gap between two chunks of a request). TTFT and E2E "
               "count from the request's submission to the engine; queue wait is the time from its scheduled arrival "
               "to its submission (closed loop: waiting for a free concurrency slot). B vs A: the geometric mean of "
-              "the paired per-block ratios.", ""]
+              "the paired per-block ratios." + sla_sentence(summary), ""]
     return lines
+
+
+def sla_sentence(summary: Mapping[str, Any]) -> str:
+    """" Goodput counts the requests with TTFT <= x ms and TPOT <= y ms ..." for a run with a service level."""
+    sla = summary.get("sla") or {}
+    limits = [f"{name} <= {sla[key]:g} ms" for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"))
+              if sla.get(key) is not None]
+    if not limits:
+        return ""
+    return (f" Goodput counts the requests with {' and '.join(limits)} (the service level, load.sla_*): their "
+            "output tokens and their number per second of the block.")
 
 
 def flat_settings(description: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -844,6 +872,36 @@ def compare_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def frontier_table(summary_paths: Sequence[str | Path]) -> pd.DataFrame:
+    """The throughput against per-user speed frontier of a sweep: one row per (job, arm) with the arm's output
+    tokens/s and its tokens/s per user (1 / TPOT p50) as geometric means over its blocks with t-intervals
+    (:func:`block_interval`), and goodput where the runs had a service level. Read from each job's blocks.csv
+    (beside its summary.json); jobs without one are left out."""
+    paths = [Path(p) for p in summary_paths]
+    summaries = [json.loads(p.read_text()) for p in paths]
+    rows = []
+    for summary, path, job in zip(summaries, paths, job_labels(summaries, paths)):
+        blocks_path = path.with_name("blocks.csv")
+        if not blocks_path.is_file():
+            continue
+        blocks = pd.read_csv(blocks_path)
+        labels = arm_labels(summary, ("A", "B"))
+        for arm in ("A", "B"):
+            mine = blocks[blocks["arm"] == arm]
+            if mine.empty or "tpot_s_p50" not in mine:
+                continue
+            tput = block_interval(pd.to_numeric(mine["output_tokens_per_s"], errors="coerce"))
+            per_user = block_interval(1.0 / pd.to_numeric(mine["tpot_s_p50"], errors="coerce"))
+            row = {"job": job, "arm": arm, "label": labels[arm], "blocks": int(mine["block"].nunique()),
+                   "tokens_per_s": tput[0], "tokens_per_s_low": tput[1], "tokens_per_s_high": tput[2],
+                   "per_user_tokens_per_s": per_user[0], "per_user_low": per_user[1], "per_user_high": per_user[2]}
+            if "goodput_tokens_per_s" in mine:
+                good = block_interval(pd.to_numeric(mine["goodput_tokens_per_s"], errors="coerce"))
+                row.update(goodput_tokens_per_s=good[0], goodput_low=good[1], goodput_high=good[2])
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def write_sweep_report(sweep_dir: str | Path) -> dict[str, Path]:
     """Collect every ``summary.json`` under ``sweep_dir``; write sweep_summary.{md,csv} and a gain plot."""
     root = Path(sweep_dir)
@@ -857,6 +915,27 @@ def write_sweep_report(sweep_dir: str | Path) -> dict[str, Path]:
 
     headline = table[table["is_headline"]].reset_index(drop=True)
     report_plots.plot_sweep_gain(headline, paths["plot"])
+    frontier = frontier_table(summaries)
+    frontier_lines: list[str] = []
+    if not frontier.empty:
+        paths["frontier_csv"] = root / "sweep_frontier.csv"
+        paths["frontier_plot"] = root / "sweep_frontier.png"
+        frontier.to_csv(paths["frontier_csv"], index=False)
+        report_plots.plot_frontier(frontier, paths["frontier_plot"])
+
+        def cell(row, key, low, high):
+            return _cell(row[key], row.get(low), row.get(high), "rate") if key in row else "n/a"
+        f_rows = [[r["job"], r["label"], cell(r, "tokens_per_s", "tokens_per_s_low", "tokens_per_s_high"),
+                   cell(r, "per_user_tokens_per_s", "per_user_low", "per_user_high"),
+                   cell(r, "goodput_tokens_per_s", "goodput_low", "goodput_high")]
+                  for r in frontier.to_dict("records")]
+        frontier_lines = ["", "## Throughput against per-user speed", "",
+                          _markdown(["job", "arm", "output tokens/s", "tokens/s per user (1 / TPOT p50)",
+                                     "goodput tokens/s"], f_rows), "",
+                          "Geometric means over each arm's blocks with 95% t-intervals. Across a sweep of "
+                          "concurrencies the points of an arm trace its frontier: how much total throughput it "
+                          "buys with how much of each user's speed.", "",
+                          f"![frontier]({paths['frontier_plot'].name})"]
 
     md_rows = [[r["job"], r["metric"], f"{r['change_pct']:+.2f}%", _ci_text(r), _fmt(r["wilcoxon_p"]),
                 _fmt(r["mde_pct"], ".2f") + "%", r["n_blocks"],
@@ -867,7 +946,7 @@ def write_sweep_report(sweep_dir: str | Path) -> dict[str, Path]:
     text = [f"# Sweep summary: {root}", "", f"{len(summaries)} job(s); headline metric per job.", "",
             _markdown(["job", "metric", "B vs A", "CI", "Wilcoxon p", "MDE", "blocks", "verdict", "guards"], md_rows),
             "", *[f"- {r['job']}: {r['verdict_sentence']}." for r in headline.to_dict("records")],
-            "", f"![gain per job]({paths['plot'].name})", "",
+            "", f"![gain per job]({paths['plot'].name})", *frontier_lines, "",
             f"All metrics of all jobs, with each job's overrides: `{paths['csv'].name}`."]
     paths["markdown"].write_text("\n".join(text) + "\n")
     return paths

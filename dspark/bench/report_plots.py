@@ -193,3 +193,27 @@ def plot_sweep_gain(headline: pd.DataFrame, path: Path) -> None:
            title="gain per job with CI (green faster, red slower, gray no difference, olive inconclusive)")
     ax.grid(True, axis="y", alpha=0.3)
     _save(fig, path)
+
+
+def plot_frontier(frontier: pd.DataFrame, path: Path) -> None:
+    """Output tokens/s against tokens/s per user, one point per (job, arm) with its block intervals, each arm's
+    points joined in order of per-user speed and labelled with their job (:func:`report.frontier_table` rows)."""
+    fig, ax = plt.subplots(figsize=(7.5, 5.0))
+    for (label, rows), colour in zip(frontier.groupby("label", sort=False), ("#8c8c8c", "#1f77b4", "#2ca02c", "#d62728")):
+        rows = rows.sort_values("per_user_tokens_per_s")
+        x, y = rows["per_user_tokens_per_s"].to_numpy(float), rows["tokens_per_s"].to_numpy(float)
+
+        def spread(centre, low, high):
+            lo = np.where(pd.isna(low), centre, low).astype(float)
+            hi = np.where(pd.isna(high), centre, high).astype(float)
+            return [centre - lo, hi - centre]
+        ax.errorbar(x, y, xerr=spread(x, rows["per_user_low"], rows["per_user_high"]),
+                    yerr=spread(y, rows["tokens_per_s_low"], rows["tokens_per_s_high"]), fmt="o-", capsize=3,
+                    color=colour, label=label)
+        for xi, yi, job in zip(x, y, rows["job"]):
+            ax.annotate(_tick_label(str(job), 20), (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set(xlabel="tokens/s per user (1 / TPOT p50)", ylabel="output tokens/s",
+           title="throughput against per-user speed (each point: a job of the sweep)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
