@@ -298,6 +298,7 @@ class WorkloadSchema:
     split: str = "eval"  # eval | train | all
     path: Optional[str] = None  # custom: the JSONL of {"prompt": ...} or {"messages": [...]}
     greedy_replica_count: int = 0  # sampled workloads: greedy copies of the first prompts, for the lossless check
+    repeat: int = 1  # each drawn prompt is sent this many times per block (ids #r1, #r2, ...): more requests than the split holds
 
 
 @dataclass

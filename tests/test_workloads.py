@@ -402,3 +402,19 @@ def test_describe_is_json_ready(pools):
     assert summary["available"]["all"] == len(pools["agentic"])
     assert sum(summary["selected_by_source"].values()) == 14
     assert summary["sampling"] == {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 256}
+
+
+@pytest.mark.parametrize("name", ["agentic", "mixed_chat"])
+def test_repeat_sends_each_drawn_prompt_again_with_its_own_id(name):
+    """workload.repeat: the drawn prompts, then their copies (ids #r1, #r2), for blocks larger than the split;
+    a request count the split cannot hold names the repeat that would."""
+    once = build_workload(make_spec(name, num_prompts=5, seed=3)).prompts()
+    thrice = build_workload(make_spec(name, num_prompts=5, seed=3, repeat=3)).prompts()
+    assert thrice[:5] == once and len(thrice) == 15
+    assert [p.id for p in thrice[5:10]] == [p.id + "#r1" for p in once]
+    assert [p.messages for p in thrice[10:]] == [p.messages for p in once] and len({p.id for p in thrice}) == 15
+    available = len(build_workload(make_spec(name, num_prompts=None)).prompts())
+    with pytest.raises(WorkloadError, match=r"workload.repeat=\d+ with workload.num_prompts=" + str(available)):
+        build_workload(make_spec(name, num_prompts=available + 1)).prompts()
+    with pytest.raises(WorkloadError, match="workload.repeat"):
+        make_spec(name, repeat=0)

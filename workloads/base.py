@@ -129,6 +129,9 @@ class WorkloadSpec:
     - ``greedy_replica_count``: how many of the drawn prompts are *also* run at
       temperature 0 (see :meth:`Workload.greedy_replicas`), so that a sampled workload
       still gets a token-exact losslessness check between speculative and plain decoding.
+    - ``repeat``: each drawn prompt is sent this many times (copies ``#r1``, ``#r2``, ... after the
+      drawn list), for blocks with more requests than a split holds prompts (the engine keeps
+      no prefix cache, so a repeated prompt costs what a new one does).
     """
 
     name: str
@@ -141,6 +144,7 @@ class WorkloadSpec:
     split: str = "eval"
     path: str | None = None
     greedy_replica_count: int = 0
+    repeat: int = 1
 
     def __post_init__(self) -> None:
         def bad(key: str, msg: str) -> WorkloadError:
@@ -163,6 +167,8 @@ class WorkloadSpec:
         if self.num_prompts is not None and self.greedy_replica_count > self.num_prompts:
             raise bad("greedy_replica_count", f"{self.greedy_replica_count} exceeds num_prompts={self.num_prompts}; "
                                               "replicas are taken from the drawn prompts")
+        if isinstance(self.repeat, bool) or not isinstance(self.repeat, int) or self.repeat < 1:
+            raise bad("repeat", f"must be an integer >= 1 (times each drawn prompt is sent), got {self.repeat!r}")
         for key in ("temperature", "top_p"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -259,7 +265,8 @@ class Workload(ABC):
         """``num_prompts`` prompts of the spec's split, drawn deterministically from ``seed``.
 
         Stratified by ``source``: each source's prompts are shuffled (seeded), then the
-        sources are visited round-robin in a seeded order until enough are taken.
+        sources are visited round-robin in a seeded order until enough are taken. With
+        ``repeat`` > 1 the drawn list is followed by its copies (ids ``#r1``, ``#r2``, ...).
         """
         candidates = self.available()
         wanted = len(candidates) if self.spec.num_prompts is None else self.spec.num_prompts
@@ -267,7 +274,9 @@ class Workload(ABC):
             raise WorkloadError(
                 f"workload {self.NAME!r}: num_prompts={wanted} requested but split {self.spec.split!r} has only "
                 f"{len(candidates)} prompts available; lower workload.num_prompts to at most {len(candidates)}"
-                + ("" if self.spec.split == "all" else " or use workload.split=all"))
+                + ("" if self.spec.split == "all" else " or use workload.split=all")
+                + (f", or send each prompt several times (workload.repeat={-(-wanted // len(candidates))} with "
+                   f"workload.num_prompts={len(candidates)})" if candidates else ""))
         rng = random.Random(f"{self.NAME}:{self.spec.seed}")
         groups: dict[str, list[Prompt]] = {}
         for p in sorted(candidates, key=lambda p: p.id):
@@ -285,7 +294,11 @@ class Workload(ABC):
                 if cursor[source] < len(groups[source]):
                     chosen.append(groups[source][cursor[source]])
                     cursor[source] += 1
-        return chosen
+        return self._with_repeats(chosen)
+
+    def _with_repeats(self, chosen: list[Prompt]) -> list[Prompt]:
+        """``chosen`` followed by ``repeat - 1`` copies of it, ids suffixed ``#r1``, ``#r2``, ..."""
+        return chosen + [replace(p, id=f"{p.id}#r{k}") for k in range(1, self.spec.repeat) for p in chosen]
 
     def greedy_replicas(self) -> list[Prompt]:
         """Copies of the first ``greedy_replica_count`` drawn prompts, ids suffixed ``#greedy``.
@@ -363,6 +376,7 @@ class Workload(ABC):
             "num_selected": len(chosen),
             "selected_by_source": dict(sorted(by_source.items())),
             "greedy_replicas": self.spec.greedy_replica_count,
+            "repeat": self.spec.repeat,
             "first_ids": [p.id for p in chosen[:5]],
         }
 

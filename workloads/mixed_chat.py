@@ -136,7 +136,9 @@ class MixedChatWorkload(Workload):
             raise WorkloadError(
                 f"workload {self.NAME!r}: num_prompts={wanted} requested but split {split!r} has only {total} "
                 f"prompts available ({counts}); lower workload.num_prompts to at most {total}"
-                + ("" if split == "all" else " or use workload.split=all"))
+                + ("" if split == "all" else " or use workload.split=all")
+                + (f", or send each prompt several times (workload.repeat={-(-wanted // total)} with "
+                   f"workload.num_prompts={total})" if total else ""))
         rng = random.Random(f"{self.NAME}:{self.spec.seed}")
         cursor = {name: 0 for name in orders}
         chosen: list[Prompt] = []
@@ -148,7 +150,7 @@ class MixedChatWorkload(Workload):
                     break
                 chosen.append(orders[name][cursor[name]])
                 cursor[name] += 1
-        return chosen
+        return self._with_repeats(chosen)
 
     # --- reporting ------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -157,7 +159,7 @@ class MixedChatWorkload(Workload):
         chosen = self.prompts()
         by_workload = {name: 0 for name in SOURCES}
         for p in chosen:
-            by_workload[p.id.split(SEPARATOR, 1)[0]] += 1
+            by_workload[p.id.split(SEPARATOR, 1)[0]] += 1  # (repeated prompts count each time they are sent)
         out["eval_percent"] = self.eval_percents()
         out["sources"] = {name: {split: len(w.available(split)) for split in SPLITS}
                           for name, w in self.sources.items()}

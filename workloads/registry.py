@@ -27,26 +27,26 @@ WORKLOADS: dict[str, type[Workload]] = {
 DEFAULTS: dict[str, dict[str, Any]] = {
     # Function calling and code: greedy, short structured answers.
     "agentic": {"num_prompts": 64, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 256,
-                "split": "eval", "path": None, "greedy_replica_count": 0},
+                "split": "eval", "path": None, "greedy_replica_count": 0, "repeat": 1},
     # Creative text, sampled; the 768-token cap is required. 4 greedy replicas check losslessness.
     "poetry": {"num_prompts": 64, "seed": 0, "temperature": 0.7, "top_p": 1.0, "top_k": 0, "max_tokens": 768,
-               "split": "eval", "path": None, "greedy_replica_count": 4},
+               "split": "eval", "path": None, "greedy_replica_count": 4, "repeat": 1},
     # Hard questions, greedy, long answers.
     "arena_hard": {"num_prompts": 48, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 512,
-                   "split": "eval", "path": None, "greedy_replica_count": 0},
+                   "split": "eval", "path": None, "greedy_replica_count": 0, "repeat": 1},
     # agentic + arena_hard + poetry interleaved by seed, all greedy with one 256-token cap; every prompt of
     # the split by default (eval: 304 agentic + 57 arena_hard + 4962 poetry = 5323; see workloads/mixed_chat.py).
     "mixed_chat": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 256,
-                   "split": "eval", "path": None, "greedy_replica_count": 0},
+                   "split": "eval", "path": None, "greedy_replica_count": 0, "repeat": 1},
     # A user's file is run whole by default; path must be given.
     "custom": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 256,
-               "split": "all", "path": None, "greedy_replica_count": 0},
+               "split": "all", "path": None, "greedy_replica_count": 0, "repeat": 1},
     # Drafter-training material only.
     "stdlib_prose": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
-                     "max_tokens": 256, "split": "train", "path": None, "greedy_replica_count": 0},
+                     "max_tokens": 256, "split": "train", "path": None, "greedy_replica_count": 0, "repeat": 1},
     # Drafter-training material only: arena-hard-style questions built combinatorially.
     "hard_questions": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
-                       "max_tokens": 512, "split": "train", "path": None, "greedy_replica_count": 0},
+                       "max_tokens": 512, "split": "train", "path": None, "greedy_replica_count": 0, "repeat": 1},
 }
 
 

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Leased-H200 run: does confidence scheduling pay in service, and is speculation with every safeguard ever
+# slower than target-only? runners.ab on SmolLM2 bf16, engine=h200_graphs, greedy, 256 new tokens, 4 x C
+# requests per block (agentic: its 304 eval prompts sent ceil(4C / 304) times, workload.repeat), N_BLOCKS ABBA
+# blocks (default 8). Cost tables are profiled by the first run that needs one and found by the later ones.
+#   OUT=/path bash bench/h200_schedule.sh STAGE_DIR      # STAGE_DIR: model.part1..N + model.sha256
+# PARTS (default "ragged"):
+#   ragged:     ab=full_vs_ragged (verify-all vs ragged) with engine.service_cost=SERVICE_COST (default true) on
+#               the B arm, at concurrency CONCS (default "128 256") on WORKLOADS (default "mixed_chat agentic")
+#   estimate:   ab=head_vs_max_prob at the same concurrencies and workloads
+#   safeguards: ab=target_vs_scheduled (target-only vs DSpark ragged + service price + draft-free steps) at
+#               SAFE_CONCS (default "1 16 128 256")
+# Each run's folder is packed into $OUT/<part>_<workload>_c<C>.tar.gz as soon as it ends (requests/ left out).
+set -uo pipefail
+PARTS=" ${PARTS:-ragged} "; has() { [[ "$PARTS" == *" $1 "* ]]; }
+OUT=${OUT:?set OUT}; WORK=${WORK:-/tmp/dspark-schedule}
+source "$(dirname "$0")/stage_model.sh" "${1:?stage dir}"
+NB=${N_BLOCKS:-8}
+run() {  # run PART WORKLOAD CONCURRENCY TIMEOUT [overrides...]
+  local part=$1 w=$2 c=$3 t=$4; shift 4
+  local n=$(( c * 4 > 16 ? c * 4 : 16 )) name="${part}_${w}_c${c}" size
+  if [[ "$w" == agentic ]]; then  # 304 eval prompts: each sent as often as the block needs
+    size="workload.num_prompts=$(( n < 304 ? n : 304 )) workload.repeat=$(( (n + 303) / 304 ))"
+  else
+    size="workload.num_prompts=$n"
+  fi
+  stamp "$name: runners.ab $*, $n requests per block, $NB blocks"
+  # shellcheck disable=SC2086
+  timeout "$t" python3 -m runners.ab engine=h200_graphs +workload="$w" $size workload.max_tokens=256 \
+    load.concurrency="$c" ab.n_blocks="$NB" ab.fail_on_guard=false wandb.mode=disabled progress=false \
+    paths.cost_tables="$WORK/cost_tables" hydra.run.dir="$WORK/$name" "$@" 2>&1 | grep -v "WARNING\|warn(" | tail -4
+  python3 - "$WORK/$name" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1] + "/summary.json"))
+st = s.get("statistics", {}).get("output_tokens_per_s", {})
+print("verdict", s.get("verdict"), "B vs A %+.2f%% (CI %s .. %s, p=%s)" % (st.get("change_pct", float("nan")),
+      st.get("ci_low_pct"), st.get("ci_high_pct"), st.get("wilcoxon_p")), "note:", s.get("verdict_note"))
+for arm, c in s["counters"].items():
+    keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "sched/trim_ratio"))] + \
+           ["trimmed_steps", "draft_free_steps", "decode_steps", "mean_running_batch", "accept_rate"]
+    print(arm, s["arms"][arm]["label"], {k: round(c[k], 4) if isinstance(c.get(k), float) else c.get(k) for k in keys})
+print("guards", [(g["name"], g["passed"]) for g in s["guards"]], "prediction", json.dumps(s.get("prediction_health"))[:300])
+EOF
+  tar czf "$OUT/$name.tar.gz" --exclude=requests -C "$WORK" "$name"
+}
+for w in ${WORKLOADS:-mixed_chat agentic}; do
+  for c in ${CONCS:-128 256}; do
+    has ragged && run ragged "$w" "$c" "${T_RUN:-300}" ab=full_vs_ragged "+ab.arms.B.engine.service_cost=${SERVICE_COST:-true}"
+    has estimate && run estimate "$w" "$c" "${T_RUN:-300}" ab=head_vs_max_prob
+  done
+  if has safeguards; then
+    for c in ${SAFE_CONCS:-1 16 128 256}; do run safeguards "$w" "$c" "${T_RUN:-300}" ab=target_vs_scheduled; done
+  fi
+done
+stamp done
