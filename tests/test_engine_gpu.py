@@ -88,6 +88,22 @@ def test_cuda_graph_steps_emit_what_eager_steps_emit(dtype, spec):
         assert c["prefill_graph_replays"] > 0 and c["eager_steps"] == 0 and c["device_resident_share"] == 1.0
 
 
+def serve_without_syncs(eng, prompts, params) -> list[list[int]]:
+    """Every request added at once and served to the end with any host sync raising; the outputs' tokens in
+    request order."""
+    for p, sp in zip(prompts, params):
+        eng.add_request(p, sp)
+    outs = {}
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        while eng.has_unfinished():
+            for o in eng.step():
+                outs[o.req_id] = o.token_ids
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    return [outs[i] for i in sorted(outs)]
+
+
 @pytest.mark.parametrize("prefill_stream", [True, False])
 @pytest.mark.parametrize("spec,verify", [("off", "full"), ("dspark", "full"), ("dspark", "ragged")])
 def test_continuous_batching_stays_device_resident_without_captures_or_syncs(tmp_path, spec, verify, prefill_stream):
@@ -105,18 +121,7 @@ def test_continuous_batching_stays_device_resident_without_captures_or_syncs(tmp
     eng = graph_engine(tmp_path, target, drafter, spec, verify, overlap=True, budget_lag=2,
                        prefill_stream=prefill_stream, **kw)
     assert eng.capture_graphs(params) > 0
-    for p, sp in zip(prompts, params):
-        eng.add_request(p, sp)
-    outs = {}
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        while eng.has_unfinished():
-            for o in eng.step():
-                outs[o.req_id] = o.token_ids
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    out = [outs[i] for i in sorted(outs)]
-    assert out == base
+    assert serve_without_syncs(eng, prompts, params) == base
     c = eng.counters()
     assert c["graphs_captured"] == 0 and c["eager_steps"] == 0 and c["device_resident_share"] == 1.0
     assert c["prefill_graph_replays"] > 0 and c["mixed_steps"] > 0
@@ -138,17 +143,7 @@ def test_draft_free_steps_replay_captured_graphs_and_emit_target_only_tokens(tmp
     eng = graph_engine(tmp_path, target, drafter, "dspark", verify, overlap=True, budget_lag=2, draft_free_steps=True, **kw)
     assert eng.capture_graphs(params) > 0
     assert any(k[0] == "verify" and k[2] == "draft_free" for k in eng.graph.graphs)
-    for p, sp in zip(prompts, params):
-        eng.add_request(p, sp)
-    outs = {}
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        while eng.has_unfinished():
-            for o in eng.step():
-                outs[o.req_id] = o.token_ids
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    assert [outs[i] for i in sorted(outs)] == base
+    assert serve_without_syncs(eng, prompts, params) == base
     c = eng.counters()
     assert c["graphs_captured"] == 0 and c["eager_steps"] == 0 and 0 < c["draft_free_steps"] < c["decode_steps"]
 
