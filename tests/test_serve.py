@@ -440,3 +440,20 @@ def test_serve_config_composes_and_bad_settings_are_refused_before_any_model_loa
     with contextlib.closing(bind_socket(ServerConfig(port=0))) as taken:
         with pytest.raises(ConfigError, match="cannot listen"):
             serve.run(compose_serve([f"port={taken.getsockname()[1]}"]))
+
+
+def test_ctrl_c_ends_the_server_quietly_after_its_shutdown(monkeypatch, caplog):
+    """uvicorn shuts down on SIGINT, then raises KeyboardInterrupt again; runners.serve ends quietly (exit 0)
+    instead of printing a traceback after a clean shutdown."""
+    import logging
+
+    import dspark.serving.server as server_module
+
+    class Interrupted:
+        def run(self, sockets):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(server_module, "build_server", lambda app, config: Interrupted())
+    with caplog.at_level(logging.INFO, logger="dspark.serving.server"):
+        server_module.serve(object(), ServerConfig(port=0), sock=None)
+    assert "stopped (SIGINT)" in caplog.text

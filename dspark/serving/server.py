@@ -10,6 +10,7 @@ at start.
 
 from __future__ import annotations
 
+import logging
 import socket
 from types import FrameType
 
@@ -17,6 +18,8 @@ import uvicorn
 
 from dspark.config import ConfigError
 from dspark.serving.config import ServerConfig
+
+log = logging.getLogger(__name__)
 
 
 class DrainingServer(uvicorn.Server):
@@ -58,5 +61,10 @@ def build_server(app, config: ServerConfig) -> DrainingServer:
 
 
 def serve(app, config: ServerConfig, sock: socket.socket) -> None:
-    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM (uvicorn re-raises the signal after the shutdown)."""
-    build_server(app, config).run(sockets=[sock])
+    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM. uvicorn shuts down gracefully, then raises the signal
+    again: SIGTERM ends the process with its status, SIGINT's KeyboardInterrupt (Ctrl-C, the usual way to stop
+    a server in a terminal) ends it quietly here, the shutdown already logged."""
+    try:
+        build_server(app, config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        log.info("stopped (SIGINT)")
