@@ -12,7 +12,6 @@ with a timer. Medians over the timed steps, ms per step.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -34,6 +33,7 @@ HOST_FUNCS = ("_reserve_rows_ahead", "_graph_decision", "_commit_launched")
 TINY = ModelConfig(arch="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
                    num_kv_heads=1, head_dim=32, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=2048,
                    tie_word_embeddings=True, attention_bias=False, qk_norm=False, bos_token_id=1, eos_token_ids=(2,))
+TINY_DRAFTER = DrafterConfig(block_size=7, num_layers=1, target_layer_ids=(0, 1), markov_rank=8)
 
 
 def engine(batch: int, verify: str, spec: str, table: str | None, target, drafter) -> Engine:
@@ -75,7 +75,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     target = TargetModel(TINY)
-    drafter = DSparkDrafter(TINY, DrafterConfig(block_size=7, num_layers=1, target_layer_ids=(0, 1), markov_rank=8))
+    drafter = DSparkDrafter(TINY, TINY_DRAFTER)
     rows = []
     for b in batches:
         probe = engine(b, "full", "dspark", None, target, drafter)

@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dspark.config import DrafterConfig, EngineConfig, ModelConfig, SamplingParams  # noqa: E402
+from dspark.config import EngineConfig, ModelConfig, SamplingParams  # noqa: E402
 from dspark.engine import Engine  # noqa: E402
 from dspark.graph_decode import GraphDecoder  # noqa: E402
 from dspark.models.drafter import DSparkDrafter  # noqa: E402
@@ -60,14 +60,9 @@ def models(spec: str):
         target = target.to("cuda", torch.bfloat16)
         drafter = DSparkDrafter.load(str(ASSET), mcfg, device="cuda", dtype=torch.bfloat16) if spec == "dspark" else None
         return target, drafter
-    mcfg = ModelConfig(arch="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,
-                       num_kv_heads=1, head_dim=32, rms_norm_eps=1e-5, rope_theta=10000.0,
-                       max_position_embeddings=4096, tie_word_embeddings=True, attention_bias=False, qk_norm=False,
-                       bos_token_id=1, eos_token_ids=(2,))
-    drafter = None
-    if spec == "dspark":
-        drafter = DSparkDrafter(mcfg, DrafterConfig(block_size=7, num_layers=1, target_layer_ids=(0, 1), markov_rank=8))
-    return TargetModel(mcfg), drafter
+    from bench.host_overhead import TINY, TINY_DRAFTER  # the tiny random model of the host-time diagnostics
+
+    return TargetModel(TINY), DSparkDrafter(TINY, TINY_DRAFTER) if spec == "dspark" else None
 
 
 def engine_config(concurrency: int, spec: str) -> EngineConfig:

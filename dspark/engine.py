@@ -569,16 +569,25 @@ class Engine:
                                   num_tokens=num_tokens, bucket=bucket, windows=tuple(windows),
                                   step_ms=(time.perf_counter() - step_start) * 1e3)
         self._eager_step_ms.append(self.last_step.step_ms)
-        if self.draft_free is not None and decodes:
-            self.draft_free.update(free_bucket, draft_free=free, tokens=sum(accepted) + len(decodes),
-                                   step_ms=self.last_step.step_ms)
-            counts["draft_free_steps"] += int(free)
-        if self.service_cost is not None and decodes and decision is not None:
-            # A host-driven step is synchronous: its time is the host's and the device's together.
-            self.service_cost.update(step_ms=self.last_step.step_ms, table_ms=decision.predicted_ms, host_ms=None,
-                                     waited_ms=self.last_step.step_ms)
-            self.planner.service = self.service_cost.current()
+        if decodes:  # a host-driven step is synchronous: its time is the host's and the device's together
+            self._learn_step_cost(free_bucket, free, sum(accepted) + len(decodes), self.last_step.step_ms, decision,
+                                  host_ms=None, waited_ms=self.last_step.step_ms)
         return finished
+
+    def _learn_step_cost(self, bucket: int, free: bool, tokens: int, step_ms: float, decision, *,
+                         host_ms: float | None, waited_ms: float) -> None:
+        """Count a committed decode step in the online estimates that read step times: the draft-free choice
+        (engine.draft_free_steps; its output tokens and time, per batch bucket, when it committed any) and the
+        service price (engine.service_cost; against the table's price of the decision, which the planner then
+        uses)."""
+        if free:
+            self._counts["draft_free_steps"] += 1
+        if self.draft_free is not None and tokens:
+            self.draft_free.update(bucket, draft_free=free, tokens=tokens, step_ms=step_ms)
+        if self.service_cost is not None and decision is not None:
+            self.service_cost.update(step_ms=step_ms, table_ms=decision.predicted_ms, host_ms=host_ms,
+                                     waited_ms=waited_ms)
+            self.planner.service = self.service_cost.current()
 
     def _prefill(self, chunks, overlap: bool = False) -> None:
         """Prefill chunks through the step pipeline's prefill stage, in forwards that fit its largest
@@ -887,15 +896,9 @@ class Engine:
         if decision is not None and decision.trimmed:
             self._counts["trimmed_steps"] += 1
         step_ms = self._step_period_ms(launched, start)
-        if self.draft_free is not None and live_ids:
-            self.draft_free.update(self.graph.bucket_for(len(launched.req_ids)), draft_free=free,
-                                   tokens=sum(accepted) + len(live_ids), step_ms=step_ms)
-        if free:
-            self._counts["draft_free_steps"] += 1
-        if self.service_cost is not None and decision is not None:
-            self.service_cost.update(step_ms=step_ms, table_ms=decision.predicted_ms, waited_ms=waited_ms,
-                                     host_ms=self._host_step_ms[-1] if self._host_step_ms else None)
-            self.planner.service = self.service_cost.current()
+        self._learn_step_cost(self.graph.bucket_for(len(launched.req_ids)), free, sum(accepted) + len(live_ids),
+                              step_ms, decision, waited_ms=waited_ms,
+                              host_ms=self._host_step_ms[-1] if self._host_step_ms else None)
         if G and live_ids and not free:  # a draft-free step verifies nothing: not a scheduling step
             self.stats.record_step(request_ids=live_ids, windows=windows, accepted=accepted, block=G,
                                    mode=self.cfg.verify, num_tokens=launched.num_tokens,

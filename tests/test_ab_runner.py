@@ -542,17 +542,10 @@ def test_ab_profile_settings_reach_the_profiler_and_the_summary_names_the_table(
     import dspark.profiler as profiler
     from dspark.config import ConfigError
     from dspark.cost_table import fingerprint_digest
-    from test_profiler import staircase, synthetic_clock
+    from test_profiler import record_profile_calls, staircase, synthetic_clock
 
     synthetic_clock(monkeypatch, staircase)
-    seen = []
-    real_profile = profiler.profile_engine
-
-    def recording_profile(engine, **kw):
-        seen.append(kw)
-        return real_profile(engine, **kw)
-
-    monkeypatch.setattr(profiler, "profile_engine", recording_profile)
+    seen = record_profile_calls(monkeypatch, profiler)
     overrides = [o for o in TINY if not o.startswith("ab=")] + [
         "ab.profile.warmup_steps=1", "ab.profile.measure_steps=3", "ab.profile.prompt_len=6",
         "ab.profile.verify_lens=[0,1,2,3,4]", "ab.profile.min_r2=0.9", "ab.profile.time_budget_s=600",

@@ -66,6 +66,19 @@ def synthetic_clock(monkeypatch, cost):
     return calls
 
 
+def record_profile_calls(monkeypatch, module) -> list[dict]:
+    """``module.profile_engine`` replaced by a spy that records each call's keyword arguments, then profiles."""
+    calls: list[dict] = []
+    real = module.profile_engine
+
+    def recording(engine, **kw):
+        calls.append(kw)
+        return real(engine, **kw)
+
+    monkeypatch.setattr(module, "profile_engine", recording)
+    return calls
+
+
 def staircase(m: int, b: int) -> float:
     """A GPU-like cost: 5 ms fixed, 0.5 ms per request, shelves of 4 tokens at 1 ms each."""
     return 5.0 + 0.5 * b + 1.0 * ((m + 3) // 4)
@@ -164,14 +177,7 @@ def test_bad_settings_are_refused_before_measuring(models):
 
 def test_table_is_found_again_by_fingerprint_without_reprofiling(models, monkeypatch, tmp_path):
     synthetic_clock(monkeypatch, staircase)
-    calls = []
-    real_profile = profiler.profile_engine
-
-    def counting_profile(engine, **kw):
-        calls.append(kw)
-        return real_profile(engine, **kw)
-
-    monkeypatch.setattr(profiler, "profile_engine", counting_profile)
+    calls = record_profile_calls(monkeypatch, profiler)
     lines: list[str] = []
     engine = make_engine(models)
     kwargs = {k: v for k, v in SWEEP.items()}
@@ -370,14 +376,7 @@ def test_profile_runner_settings_reach_the_profiler(models, monkeypatch, tmp_pat
     reaches profile_engine, and the bar follows progress."""
     import runners.profile as runner
 
-    seen = []
-    real_profile = runner.profile_engine
-
-    def recording_profile(engine, **kw):
-        seen.append(kw)
-        return real_profile(engine, **kw)
-
-    monkeypatch.setattr(runner, "profile_engine", recording_profile)
+    seen = record_profile_calls(monkeypatch, runner)
     synthetic_clock(monkeypatch, staircase)
     cfg = compose_profile([f"paths.root={ROOT}", f"paths.output_dir={tmp_path / 'run'}",
                            f"paths.cost_tables={tmp_path / 'tables'}", "progress=false", "batch_sizes=[1,2]",

@@ -271,12 +271,7 @@ class Workload(ABC):
         candidates = self.available()
         wanted = len(candidates) if self.spec.num_prompts is None else self.spec.num_prompts
         if wanted > len(candidates):
-            raise WorkloadError(
-                f"workload {self.NAME!r}: num_prompts={wanted} requested but split {self.spec.split!r} has only "
-                f"{len(candidates)} prompts available; lower workload.num_prompts to at most {len(candidates)}"
-                + ("" if self.spec.split == "all" else " or use workload.split=all")
-                + (f", or send each prompt several times (workload.repeat={-(-wanted // len(candidates))} with "
-                   f"workload.num_prompts={len(candidates)})" if candidates else ""))
+            raise self._too_few_prompts(wanted, len(candidates))
         rng = random.Random(f"{self.NAME}:{self.spec.seed}")
         groups: dict[str, list[Prompt]] = {}
         for p in sorted(candidates, key=lambda p: p.id):
@@ -295,6 +290,17 @@ class Workload(ABC):
                     chosen.append(groups[source][cursor[source]])
                     cursor[source] += 1
         return self._with_repeats(chosen)
+
+    def _too_few_prompts(self, wanted: int, available: int, detail: str = "") -> WorkloadError:
+        """The error for ``num_prompts`` beyond the split's ``available`` prompts (``detail``: after the count),
+        naming the settings that would fit: fewer prompts, another split, or each prompt sent several times."""
+        split = self.spec.split
+        return WorkloadError(
+            f"workload {self.NAME!r}: num_prompts={wanted} requested but split {split!r} has only {available} "
+            f"prompts available{detail}; lower workload.num_prompts to at most {available}"
+            + ("" if split == "all" else " or use workload.split=all")
+            + (f", or send each prompt several times (workload.repeat={-(-wanted // available)} with "
+               f"workload.num_prompts={available})" if available else ""))
 
     def _with_repeats(self, chosen: list[Prompt]) -> list[Prompt]:
         """``chosen`` followed by ``repeat - 1`` copies of it, ids suffixed ``#r1``, ``#r2``, ..."""

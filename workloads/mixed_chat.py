@@ -133,12 +133,7 @@ class MixedChatWorkload(Workload):
         wanted = total if self.spec.num_prompts is None else self.spec.num_prompts
         if wanted > total:
             counts = ", ".join(f"{n} {len(v)}" for n, v in orders.items())
-            raise WorkloadError(
-                f"workload {self.NAME!r}: num_prompts={wanted} requested but split {split!r} has only {total} "
-                f"prompts available ({counts}); lower workload.num_prompts to at most {total}"
-                + ("" if split == "all" else " or use workload.split=all")
-                + (f", or send each prompt several times (workload.repeat={-(-wanted // total)} with "
-                   f"workload.num_prompts={total})" if total else ""))
+            raise self._too_few_prompts(wanted, total, f" ({counts})")
         rng = random.Random(f"{self.NAME}:{self.spec.seed}")
         cursor = {name: 0 for name in orders}
         chosen: list[Prompt] = []
