@@ -565,8 +565,8 @@ class GraphDecoder:
     # ---- launch / collect -----------------------------------------------------------------------
     def launch(self, num_requests: int, mode: str = "full", tier: int | None = None, extra: int | None = None
                ) -> Launched:
-        """Run one step for rows [:num_requests]: mode full, or uniform (``tier``) / ragged (``extra``
-        cells past min_verify_len per the fresh survival ranking)."""
+        """Run one step for rows [:num_requests]: mode full, uniform (``tier``) / ragged (``extra`` cells past
+        min_verify_len per the fresh survival ranking), or draft_free (the verify stage alone, no drafts)."""
         start = time.perf_counter()
         B = num_requests
         pin = self.device.type == "cuda"
@@ -576,13 +576,10 @@ class GraphDecoder:
                 raise ValueError(f"{B} requests x {self.M} tokens exceed the largest bucket {self.buckets[-1]}")
             num_tokens = B * self.M
             self._run(("step", bucket, self.sampling), lambda: self._step(bucket // self.M))
-        elif mode == "draft_free":
-            num_tokens = B
-            bucket = self.token_bucket_for(B)
-            r_verify = min(bucket, self.S)
-            self._run(("verify", bucket, mode, self.sampling), lambda: self._verify_stage(bucket, r_verify, mode))
         else:
-            if mode == "uniform":
+            if mode == "draft_free":
+                num_tokens = B
+            elif mode == "uniform":
                 num_tokens = B * (int(tier) + 1)
                 value, target_buf = int(tier), self.tier
             else:
@@ -591,11 +588,12 @@ class GraphDecoder:
             bucket = self.token_bucket_for(num_tokens)
             if bucket is None:
                 raise ValueError(f"{num_tokens} tokens exceed the largest token bucket {self.token_buckets[-1]}")
-            src = torch.tensor([value], dtype=torch.int64)
-            target_buf.copy_(src.pin_memory() if pin else src, non_blocking=pin)
-            r_draft = _first_at_least(self.batch_buckets, B)
             r_verify = min(bucket, self.S)
-            self._run(("draft", r_draft, self.sampling), lambda: self._draft_stage(r_draft))
+            if mode != "draft_free":
+                src = torch.tensor([value], dtype=torch.int64)
+                target_buf.copy_(src.pin_memory() if pin else src, non_blocking=pin)
+                r_draft = _first_at_least(self.batch_buckets, B)
+                self._run(("draft", r_draft, self.sampling), lambda: self._draft_stage(r_draft))
             self._run(("verify", bucket, mode, self.sampling), lambda: self._verify_stage(bucket, r_verify, mode))
         self._close_step_timing(mode)
         host = torch.empty((B, 2 + self.M), dtype=torch.int64, pin_memory=pin)
@@ -792,17 +790,15 @@ class GraphDecoder:
         for b, v in zip(bufs, saved):
             b.copy_(v)
         graph = torch.cuda.CUDAGraph()
-        if prefill and self.prefill_stream is not None:
-            # Its own pool (it may run beside a decode graph) and capture stream (cuBLAS keys its workspace by stream).
-            if self.prefill_pool is None:
-                self.prefill_pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.prefill_pool, stream=self._prefill_capture_stream):
-                fn()
-        else:
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.pool):
-                fn()
+        # A prefill graph that may run beside a decode graph has its own pool and capture stream (cuBLAS keys its
+        # workspace by stream); every other graph shares the decode pool and torch's capture stream (None).
+        beside = prefill and self.prefill_stream is not None
+        pool_name = "prefill_pool" if beside else "pool"
+        if getattr(self, pool_name) is None:
+            setattr(self, pool_name, torch.cuda.graph_pool_handle())
+        stream = self._prefill_capture_stream if beside else None
+        with torch.cuda.graph(graph, pool=getattr(self, pool_name), stream=stream):
+            fn()
         # Whether this graph's target step is the decode megakernel: its replays count as such steps.
         calls = self.target.megakernel_launches - before  # the warm-up's and the capture's
         graph.megakernel = calls > 0
