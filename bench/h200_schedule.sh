@@ -7,9 +7,12 @@
 # PARTS (default "ragged"):
 #   ragged:     ab=full_vs_ragged (verify-all vs ragged) with engine.service_cost=SERVICE_COST (default true) on
 #               the B arm, at concurrency CONCS (default "128 256") on WORKLOADS (default "mixed_chat agentic")
+#   scheduled:  ab=full_vs_scheduled (verify-all vs ragged + service price + depth down to zero + draft-free
+#               steps) at the same concurrencies and workloads
 #   estimate:   ab=head_vs_max_prob at the same concurrencies and workloads
 #   safeguards: ab=target_vs_scheduled (target-only vs DSpark ragged + service price + draft-free steps) at
 #               SAFE_CONCS (default "1 16 128 256")
+# TAG: a suffix for the run folders; B_EXTRA: more overrides for the ragged part (e.g. "+ab.arms.B.engine.min_verify_len=0").
 # Each run's folder is packed into $OUT/<part>_<workload>_c<C>.tar.gz as soon as it ends (requests/ left out).
 set -uo pipefail
 PARTS=" ${PARTS:-ragged} "; has() { [[ "$PARTS" == *" $1 "* ]]; }
@@ -18,7 +21,7 @@ source "$(dirname "$0")/stage_model.sh" "${1:?stage dir}"
 NB=${N_BLOCKS:-8}
 run() {  # run PART WORKLOAD CONCURRENCY TIMEOUT [overrides...]
   local part=$1 w=$2 c=$3 t=$4; shift 4
-  local n=$(( c * 4 > 16 ? c * 4 : 16 )) name="${part}_${w}_c${c}" size
+  local n=$(( c * 4 > 16 ? c * 4 : 16 )) name="${part}_${w}_c${c}${TAG:-}" size
   if [[ "$w" == agentic ]]; then  # 304 eval prompts: each sent as often as the block needs
     size="workload.num_prompts=$(( n < 304 ? n : 304 )) workload.repeat=$(( (n + 303) / 304 ))"
   else
@@ -36,8 +39,8 @@ st = s.get("statistics", {}).get("output_tokens_per_s", {})
 print("verdict", s.get("verdict"), "B vs A %+.2f%% (CI %s .. %s, p=%s)" % (st.get("change_pct", float("nan")),
       st.get("ci_low_pct"), st.get("ci_high_pct"), st.get("wilcoxon_p")), "note:", s.get("verdict_note"))
 for arm, c in s["counters"].items():
-    keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "sched/trim_ratio"))] + \
-           ["trimmed_steps", "draft_free_steps", "decode_steps", "mean_running_batch", "accept_rate"]
+    keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "sched/trim_ratio", "draft_free/"))] + \
+           ["trimmed_steps", "draft_free_steps", "depth_zero_rows", "decode_steps", "mean_running_batch", "accept_rate"]
     print(arm, s["arms"][arm]["label"], {k: round(c[k], 4) if isinstance(c.get(k), float) else c.get(k) for k in keys})
 print("guards", [(g["name"], g["passed"]) for g in s["guards"]], "prediction", json.dumps(s.get("prediction_health"))[:300])
 EOF
@@ -45,7 +48,8 @@ EOF
 }
 for w in ${WORKLOADS:-mixed_chat agentic}; do
   for c in ${CONCS:-128 256}; do
-    has ragged && run ragged "$w" "$c" "${T_RUN:-300}" ab=full_vs_ragged "+ab.arms.B.engine.service_cost=${SERVICE_COST:-true}"
+    has ragged && run ragged "$w" "$c" "${T_RUN:-300}" ab=full_vs_ragged "+ab.arms.B.engine.service_cost=${SERVICE_COST:-true}" ${B_EXTRA:-}
+    has scheduled && run scheduled "$w" "$c" "${T_RUN:-300}" ab=full_vs_scheduled
     has estimate && run estimate "$w" "$c" "${T_RUN:-300}" ab=head_vs_max_prob
   done
   if has safeguards; then

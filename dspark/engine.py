@@ -127,6 +127,8 @@ class Engine:
         self._host_step_ms: list[float] = []
         self._graph_wait_ms = 0.0
         self._step_call_start: float | None = None  # perf_counter at the start of the step() in progress
+        self._step_calls = 0  # step() calls on the device-resident path
+        self._last_commit: tuple[int, float] | None = None  # (step() call, perf_counter) of the last commit
         self._eager_reason = "no_cuda_graphs"
         self.eager_reasons: Counter[str] = Counter()
         self._rows_stale = False  # eager steps ran since the device rows were last loaded
@@ -313,7 +315,8 @@ class Engine:
                 "trimmed_steps": 0, "ceiling_tokens": 0, "window_tokens": 0, "preemptions": 0,
                 "graph_replays": 0, "graph_eager_steps": 0, "eager_steps": 0, "discarded_row_steps": 0,
                 "pipelined_steps": 0, "prefill_graph_replays": 0, "prefill_uncaptured": 0,
-                "prefill_eager_steps": 0, "prefill_side_stream_replays": 0, "draft_free_steps": 0}
+                "prefill_eager_steps": 0, "prefill_side_stream_replays": 0, "draft_free_steps": 0,
+                "depth_zero_rows": 0}
 
     @property
     def emitted_tokens(self) -> int:
@@ -482,6 +485,7 @@ class Engine:
             start = time.perf_counter()
             self._graph_wait_ms = 0.0
             self._step_call_start = start
+            self._step_calls += 1
             try:
                 out = self._graph_step()
             finally:
@@ -640,6 +644,8 @@ class Engine:
         counts["verified_tokens"] += W
         counts["accepted_tokens"] += K
         counts["emitted_tokens"] += K + n
+        if drafted:
+            counts["depth_zero_rows"] += windows.count(0)  # drafted rows that verified no draft (min_verify_len 0)
 
     # ---- device-resident steps (engine.cuda_graphs) ---------------------------------------
     def _reserve_rows_ahead(self, rows: list[Request], pending: list[Request]) -> str | None:
@@ -834,15 +840,20 @@ class Engine:
         return self._commit_launched(launched) if launched is not None else []
 
     def _step_period_ms(self, launched, commit_start: float) -> float:
-        """A committed device-resident step's time: the wall time of the step() call that commits it,
-        from its start (so the host's planning, page-table sync and launch of the next step are in it)
-        to now. With overlap this is the steady step period: the device's step time when the host keeps
-        up, the host's work when it does not. A commit outside step() (a drain from has_unfinished)
-        has no such call: its launch plus its commit."""
+        """A committed device-resident step's time, as the service pays it: from the previous step's commit
+        to this one's when the previous step() call committed too (a busy engine: everything the host did
+        in between, the caller's work included, is in it; with overlap this is the device's step time
+        when the host keeps up, the host's cycle when it does not). After a pause (a step() call that
+        committed nothing) it is the wall time of the step() call that commits it; a commit outside step()
+        (a drain from has_unfinished) has no such call: its launch plus its commit."""
         now = time.perf_counter()
-        if self._step_call_start is not None:
-            return (now - self._step_call_start) * 1e3
-        return launched.launch_ms + (now - commit_start) * 1e3
+        previous, self._last_commit = self._last_commit, None
+        if self._step_call_start is None:
+            return launched.launch_ms + (now - commit_start) * 1e3
+        self._last_commit = (self._step_calls, now)
+        if previous is not None and previous[0] == self._step_calls - 1:
+            return (now - previous[1]) * 1e3
+        return (now - self._step_call_start) * 1e3
 
     def _commit_launched(self, launched) -> list[RequestOutput]:
         start = time.perf_counter()
@@ -897,8 +908,7 @@ class Engine:
             self._counts["trimmed_steps"] += 1
         step_ms = self._step_period_ms(launched, start)
         self._learn_step_cost(self.graph.bucket_for(len(launched.req_ids)), free, sum(accepted) + len(live_ids),
-                              step_ms, decision, waited_ms=waited_ms,
-                              host_ms=self._host_step_ms[-1] if self._host_step_ms else None)
+                              step_ms, decision, waited_ms=waited_ms, host_ms=max(0.0, step_ms - waited_ms))
         if G and live_ids and not free:  # a draft-free step verifies nothing: not a scheduling step
             self.stats.record_step(request_ids=live_ids, windows=windows, accepted=accepted, block=G,
                                    mode=self.cfg.verify, num_tokens=launched.num_tokens,
@@ -1086,6 +1096,7 @@ class Engine:
             self._inflight = None
         self._host_step_ms = []
         self._eager_step_ms = []
+        self._last_commit = None
         if self.graph is not None:
             self.graph.wait_prefill()
             self.graph.clear()

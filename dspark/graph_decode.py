@@ -635,28 +635,35 @@ class GraphDecoder:
 
     def ensure_captured(self, num_requests: int, mode: str, tiers: tuple[int, ...] | None = None) -> None:
         """Capture, up front, every graph a steady batch of ``num_requests`` rows can replay, so
-        that steady steps never stop to capture (capture synchronises the device)."""
+        that steady steps never stop to capture (capture synchronises the device). The engine calls
+        this once per full-step bucket, so it covers every row count of that bucket, not only this one."""
         if not self.use_graphs:
             return
         B = num_requests
         full = self.bucket_for(B)
         if full is not None and ("step", full, self.sampling) not in self.graphs:
             self.graphs[("step", full, self.sampling)] = self._capture(lambda: self._step(full // self.M))
-        free = self.token_bucket_for(B) if self.draft_free_steps else None
-        if free is not None and ("verify", free, "draft_free", self.sampling) not in self.graphs:
-            R = min(free, self.S)
-            self.graphs[("verify", free, "draft_free", self.sampling)] = self._capture(
-                lambda: self._verify_stage(free, R, "draft_free"))
+        # The row counts that share B's full-step bucket (the engine's key for "captured already").
+        hi_rows = full // self.M if full is not None else B
+        lo_rows = min(B, 1 + max((b // self.M for b in self.buckets if full is not None and b < full), default=0))
+        counts = range(lo_rows, hi_rows + 1)
+        if self.draft_free_steps:
+            for free in sorted({t for t in map(self.token_bucket_for, counts) if t is not None}):
+                if ("verify", free, "draft_free", self.sampling) not in self.graphs:
+                    R = min(free, self.S)
+                    self.graphs[("verify", free, "draft_free", self.sampling)] = self._capture(
+                        lambda free=free, R=R: self._verify_stage(free, R, "draft_free"))
         if mode == "full" or not self.G:
             return
-        r_draft = _first_at_least(self.batch_buckets, B)
-        if ("draft", r_draft, self.sampling) not in self.graphs:
-            self.graphs[("draft", r_draft, self.sampling)] = self._capture(lambda: self._draft_stage(r_draft))
+        for r_draft in sorted({r for r in (_first_at_least(self.batch_buckets, n) for n in counts) if r is not None}):
+            if ("draft", r_draft, self.sampling) not in self.graphs:
+                self.graphs[("draft", r_draft, self.sampling)] = self._capture(lambda r=r_draft: self._draft_stage(r))
         if mode == "uniform":
             lens = tiers if tiers is not None else range(self.min_verify_len, self.G)
-            buckets = {self.token_bucket_for(B * (v + 1)) for v in lens if v < self.G}
+            buckets = {self.token_bucket_for(n * (v + 1)) for v in lens if v < self.G for n in counts}
         else:  # ragged: any token count from min_verify_len per row to the whole block
-            lo, hi = self.token_bucket_for(B * (self.min_verify_len + 1)), self.token_bucket_for(B * self.M)
+            lo = self.token_bucket_for(lo_rows * (self.min_verify_len + 1))
+            hi = self.token_bucket_for(hi_rows * self.M)
             buckets = {t for t in self.token_buckets if lo is not None and lo <= t <= (hi or self.token_buckets[-1])}
         for T in sorted(b for b in buckets if b is not None):
             if ("verify", T, mode, self.sampling) not in self.graphs:

@@ -312,6 +312,8 @@ def _profiling_config(engine: Engine, v: int, *, max_tokens: int, batch_size: in
         # The forced length replaces the planner's decision before any search, so the search
         # settings only need to be valid: pin them rather than inherit a verify=full config's.
         planner_algorithm="global", budget_lag=2 if cfg.overlap else 1, min_verify_len=min(cfg.min_verify_len, v),
+        # Every profiled step runs the forced length: no step may skip drafting, and the price is the table's.
+        draft_free_steps=False, service_cost=False,
         max_model_len=max(cfg.max_model_len, need + 1),
         num_kv_blocks=batch_size * pages_per_request + 2)
 

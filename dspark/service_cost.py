@@ -10,17 +10,19 @@ tokens, or where the host bounds the step and a shorter device step saves nothin
 The service price of a step of M tokens is ``max(floor, T(M) + extra)``:
 
 - ``extra``: what a device-bound step (the host waited for the device to commit it) took beyond
-  T(M) of the step it ran, an exponential average (never below 0);
-- ``floor``: the host's work per step call, an exponential average: no step is shorter than
-  the host's part of it.
+  T(M) of the step it ran (never below 0);
+- ``floor``: the host's part of a step's period (the period less the commit's wait for the
+  device): no step is shorter than the host's part of it.
 
-Both are measured on the steps the engine commits, whatever their decision; until ``min_steps``
-of each kind were seen the price is the table's own (``ServiceCost.none``).
+Both are the median over the last ``window`` steps the engine committed, whatever their decision, so
+that a stall (a burst of admissions, a collector pause) moves neither; until ``min_steps`` of each
+kind were seen the price is the table's own (``ServiceCost.none``).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,36 +53,34 @@ class ServiceCost:
 class ServiceCostEstimate:
     """Online estimate of a service step's price beyond the table (see the module docstring)."""
 
-    def __init__(self, alpha: float = 0.1, min_steps: int = 8, device_bound_wait_ms: float = 0.02):
-        if not 0.0 < alpha <= 1.0:
-            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    def __init__(self, window: int = 64, min_steps: int = 8, device_bound_wait_ms: float = 0.02):
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
         if min_steps < 1:
             raise ValueError(f"min_steps must be >= 1, got {min_steps}")
-        self.alpha = float(alpha)
         self.min_steps = int(min_steps)
         self.device_bound_wait_ms = float(device_bound_wait_ms)
-        self._extra, self._floor = 0.0, 0.0
+        self._extra: deque[float] = deque(maxlen=int(window))  # recent device-bound residuals
+        self._floor: deque[float] = deque(maxlen=int(window))  # recent host parts
         self.extra_steps = 0  # device-bound steps that updated ``extra``
         self.floor_steps = 0  # steps that updated ``floor``
 
     def update(self, *, step_ms: float, table_ms: float | None, host_ms: float | None, waited_ms: float) -> None:
         """Count one committed step: its measured period, the table's price of what it ran (None when
-        no table priced it), the host's work in the call that launched it (None when unknown), and how
-        long the commit waited for the device."""
-        a = self.alpha
+        no table priced it), the host's part of the period (None when unknown), and how long the commit
+        waited for the device."""
         if host_ms is not None and math.isfinite(host_ms) and host_ms >= 0.0:
-            self._floor = host_ms if self.floor_steps == 0 else (1 - a) * self._floor + a * host_ms
+            self._floor.append(float(host_ms))
             self.floor_steps += 1
         if (table_ms is not None and waited_ms >= self.device_bound_wait_ms and math.isfinite(step_ms)
                 and math.isfinite(table_ms)):
-            residual = step_ms - table_ms
-            self._extra = residual if self.extra_steps == 0 else (1 - a) * self._extra + a * residual
+            self._extra.append(step_ms - table_ms)
             self.extra_steps += 1
 
     def current(self) -> ServiceCost:
         """The price transform the planner applies now (the table's own until enough steps were seen)."""
-        floor = self._floor if self.floor_steps >= self.min_steps else 0.0
-        extra = max(0.0, self._extra) if self.extra_steps >= self.min_steps else 0.0
+        floor = float(np.median(self._floor)) if self.floor_steps >= self.min_steps else 0.0
+        extra = max(0.0, float(np.median(self._extra))) if self.extra_steps >= self.min_steps else 0.0
         return ServiceCost(floor, extra)
 
     def summary(self) -> dict[str, float]:

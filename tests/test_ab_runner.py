@@ -290,14 +290,14 @@ def test_default_arms_trim_with_a_table_and_guards_pass(tmp_path):
 
 
 def test_target_vs_scheduled_runs_every_safeguard_and_passes_its_guards(tmp_path):
-    """ab=target_vs_scheduled: target-only against DSpark with ragged verification priced at the service step
-    (engine.service_cost) and draft-free steps (engine.draft_free_steps): B makes both choices, its outputs are
-    target-only's (greedy, fp32) and every guard passes, did_nothing[B] naming both features."""
+    """ab=target_vs_scheduled with draft-free steps added to B (engine.draft_free_steps): target-only against
+    DSpark with ragged verification priced at the service step (engine.service_cost); B makes both choices, its
+    outputs are target-only's (greedy, fp32) and every guard passes, did_nothing[B] naming both features."""
     from test_engine_scheduling import steep_table
 
     target = tiny_target(seed=0, scale=TARGET_SCALE)
     drafter = tiny_drafter(target, seed=1)
-    args = ["ab=target_vs_scheduled" if o.startswith("ab=") else o for o in TINY]
+    args = ["ab=target_vs_scheduled" if o.startswith("ab=") else o for o in TINY] + ["+ab.arms.B.engine.draft_free_steps=true"]
     probe = Engine(target, FakeTokenizer(), replace(ab.arm_engine_configs(compose_ab(args, out_dir=tmp_path))["B"],
                                                     cost_table=None), drafter)
     table = steep_table(probe, tmp_path / "steep.json")

@@ -166,3 +166,53 @@ def test_did_nothing_guard_accepts_an_arm_that_ran_every_step_draft_free():
     assert ok.passed and "draft-free" in ok.message and ok.details["draft_free_all"]
     unmeasured = did_nothing_guard("B", {}, {**counters, "draft_free/b8/draft_steps": 0}, **kw)
     assert not unmeasured.passed and "never measured a drafting step" in unmeasured.message
+
+
+class _TieScorer:
+    """Scores without a model: the reference's argmax is token 0 at every position, any other token sits
+    0.01 logits below it (a near tie), and the measured forward noise is 0.05 everywhere."""
+
+    def score_many(self, items, progress=None):
+        import numpy as np
+
+        from dspark.bench.reference import ScoredOutput
+
+        out = []
+        for _, toks in items:
+            t = np.asarray(toks, dtype=np.int64)
+            n = len(t)
+            top_tokens = np.zeros((n, 2), dtype=np.int64)
+            top_tokens[:, 1] = 1
+            top_logits = np.tile(np.array([1.0, 0.99], dtype=np.float32), (n, 1))
+            out.append(ScoredOutput(tokens=t, top_tokens=top_tokens, top_logits=top_logits,
+                                    token_logits=np.where(t == 0, 1.0, 0.99).astype(np.float32),
+                                    noise=np.full(n, 0.05, dtype=np.float32)))
+        return out
+
+
+@pytest.mark.parametrize("b_flips_per_block,passes", [(1, True), (3, False)])
+def test_rate_test_weighs_each_request_once_however_many_outputs_an_arm_gave_it(b_flips_per_block, passes):
+    """A (every block alike) and the control leave the reference at one near tie in 100 of 1,000 requests. B's
+    batch composition varies by block, so on those 100 requests each of its 4 blocks gives another output.
+    With one near-tie flip per output, B leaves the reference as often as rounding does and passes (counting
+    its 400 distinct outputs once each would triple its rate and fail it); with three, it fails."""
+    from dspark.bench.lossless import RunOutputs, evidence_lossless_guard
+
+    L, n_req, tied = 20, 1000, 100
+
+    def output(rid: int, flips: int, variant: int) -> list[int]:
+        toks = [0] * L
+        if rid < tied:
+            for j in range(flips):
+                toks[(variant + 5 * j) % L] = 1  # a different place per block: a different output
+        return toks
+
+    prompts = {rid: [5, 6] for rid in range(n_req)}
+    runs = [RunOutputs(f"A/block{b}", "A", {r: output(r, 1, 0) for r in range(n_req)}) for b in range(4)]
+    runs += [RunOutputs(f"B/block{b}", "B", {r: output(r, b_flips_per_block, b + 1) for r in range(n_req)})
+             for b in range(4)]
+    runs.append(RunOutputs("control", "control", {r: output(r, 1, 0) for r in range(n_req)}))
+    g = evidence_lossless_guard(runs, [(f"A/block{b}", f"B/block{b}") for b in range(4)], prompts, _TieScorer(),
+                                control_pair=("A/block0", "control"), alpha=0.001, dtype="bfloat16")
+    assert g.passed == passes, g.message
+    assert "rounding flip" in g.message and "real divergence" not in g.message

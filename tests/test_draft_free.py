@@ -11,7 +11,7 @@ from tiny import tiny_drafter, tiny_target
 
 
 def test_choice_drafts_then_tries_draft_free_then_keeps_the_faster_and_explores():
-    choice = DraftFreeChoice(alpha=1.0, min_steps=2, explore_every=5)
+    choice = DraftFreeChoice(window=1, min_steps=2, explore_every=5)
     picks = []
     for _ in range(2):
         picks.append(choice.draft_free(8))
@@ -21,16 +21,30 @@ def test_choice_drafts_then_tries_draft_free_then_keeps_the_faster_and_explores(
         choice.update(8, draft_free=True, tokens=8, step_ms=1.0)  # draft-free: 8 tokens/ms
     assert picks == [False, False, True, True]
     later = [choice.draft_free(8) for _ in range(6)]  # decisions 5..10 of bucket 8
-    assert later == [False, True, True, True, True, False]  # 5 and 10: one drafting step to keep its average
+    assert later == [False, True, True, True, True, False]  # 5 and 10: one drafting step to keep its rate
     assert choice.draft_free(16) is False  # another bucket starts over
     s = choice.summary()
     assert s["draft_free/b8/free_tok_per_ms"] == 8.0 and s["draft_free/b8/draft_steps"] == 2
-    with pytest.raises(ValueError, match="alpha"):
-        DraftFreeChoice(alpha=0.0)
+    with pytest.raises(ValueError, match="window"):
+        DraftFreeChoice(window=0)
+
+
+def test_one_step_timed_long_does_not_turn_the_choice():
+    """The rates are medians of the recent steps: one drafting step whose period caught a host stall (here
+    200 ms) leaves drafting the faster kind, where an average seeded with it would not."""
+    choice = DraftFreeChoice(window=16, min_steps=3, explore_every=100)
+    for ms in (200.0, 4.0, 4.0, 4.0):
+        choice.draft_free(8)
+        choice.update(8, draft_free=False, tokens=16, step_ms=ms)
+    for _ in range(3):
+        assert choice.draft_free(8)
+        choice.update(8, draft_free=True, tokens=8, step_ms=3.0)
+    assert [choice.draft_free(8) for _ in range(10)] == [False] * 10
+    assert choice.summary()["draft_free/b8/draft_tok_per_ms"] == 4.0
 
 
 def test_choice_keeps_drafting_when_drafting_is_faster():
-    choice = DraftFreeChoice(alpha=1.0, min_steps=1, explore_every=100)
+    choice = DraftFreeChoice(window=1, min_steps=1, explore_every=100)
     assert not choice.draft_free(4)
     choice.update(4, draft_free=False, tokens=12, step_ms=2.0)
     assert choice.draft_free(4)

@@ -129,23 +129,34 @@ def test_continuous_batching_stays_device_resident_without_captures_or_syncs(tmp
     assert (eng.fingerprint().get("prefill_path") == "side-stream") == prefill_stream
 
 
-@pytest.mark.parametrize("verify", ["full", "ragged"])
-def test_draft_free_steps_replay_captured_graphs_and_emit_target_only_tokens(tmp_path, verify):
-    """engine.draft_free_steps on the device path: the draft-free verify graphs are captured ahead with the
-    others, steps switch between drafting and draft-free without captures or host syncs, and the greedy
-    outputs are the target-only engine's."""
+DEPTH_ZERO = [("full", dict(draft_free_steps=True)), ("ragged", dict(draft_free_steps=True)),
+              ("ragged", dict(min_verify_len=0)),
+              ("ragged", dict(min_verify_len=0, draft_free_steps=True, service_cost=True))]
+
+
+@pytest.mark.parametrize("verify,extra", DEPTH_ZERO)
+def test_steps_and_rows_without_drafts_replay_captured_graphs_and_emit_target_only_tokens(tmp_path, verify, extra):
+    """Depth zero on the device path: draft-free steps (engine.draft_free_steps; their verify graphs captured
+    ahead with the others) and drafted rows that verify no draft (engine.min_verify_len=0) run without
+    captures or host syncs, and the greedy outputs (fp32) are the target-only engine's."""
     target = tiny_target(49)
     drafter = tiny_drafter(target, 50, block_size=4)
-    prompts = prompts_for(49, 24, lo=2, hi=150)
+    prompts = prompts_for(49, 40, lo=2, hi=150)
     params = [SamplingParams(max_tokens=20 + 9 * (i % 4), ignore_eos=True) for i in range(len(prompts))]
-    kw = dict(max_num_seqs=8, max_model_len=480, max_num_batched_tokens=128)
+    kw = dict(max_num_seqs=16, max_model_len=480, max_num_batched_tokens=256)
     base = [o.token_ids for o in cuda_engine(target, None, spec="off", **kw).generate(prompts, params)]
-    eng = graph_engine(tmp_path, target, drafter, "dspark", verify, overlap=True, budget_lag=2, draft_free_steps=True, **kw)
+    eng = graph_engine(tmp_path, target, drafter, "dspark", verify, overlap=True, budget_lag=2, **extra, **kw)
     assert eng.capture_graphs(params) > 0
-    assert any(k[0] == "verify" and k[2] == "draft_free" for k in eng.graph.graphs)
-    assert serve_without_syncs(eng, prompts, params) == base
+    free = extra.get("draft_free_steps", False)
+    assert any(k[0] == "verify" and k[2] == "draft_free" for k in eng.graph.graphs) == free
+    out = serve_without_syncs(eng, prompts, params)
+    assert sum(o == b for o, b in zip(out, base)) == len(prompts)
     c = eng.counters()
-    assert c["graphs_captured"] == 0 and c["eager_steps"] == 0 and 0 < c["draft_free_steps"] < c["decode_steps"]
+    assert c["graphs_captured"] == 0 and c["eager_steps"] == 0
+    if free:
+        assert 0 < c["draft_free_steps"] < c["decode_steps"]
+    if extra.get("min_verify_len") == 0:
+        assert c["depth_zero_rows"] > 0
 
 
 GRAPH_MODES = [("off", "full"), ("dspark", "full"), ("dspark", "uniform"), ("dspark", "ragged")]

@@ -19,30 +19,33 @@ def test_price_is_the_table_price_plus_extra_never_below_the_floor():
     assert ServiceCost.none().price(1.25) == 1.25 and not ServiceCost.none().active
 
 
-def test_estimate_waits_for_enough_steps_then_follows_an_exponential_average():
-    est = ServiceCostEstimate(alpha=0.5, min_steps=3)
+def test_estimate_waits_for_enough_steps_then_follows_the_median_of_its_recent_steps():
+    est = ServiceCostEstimate(window=3, min_steps=3)
     for _ in range(2):
         est.update(step_ms=5.0, table_ms=3.0, host_ms=1.0, waited_ms=1.0)
     assert est.current() == ServiceCost.none()  # two steps of each kind: not enough yet
     est.update(step_ms=5.0, table_ms=3.0, host_ms=1.0, waited_ms=1.0)
     assert est.current() == ServiceCost(floor_ms=1.0, extra_ms=2.0)
-    est.update(step_ms=7.0, table_ms=3.0, host_ms=3.0, waited_ms=1.0)
-    assert est.current() == ServiceCost(floor_ms=2.0, extra_ms=3.0)
+    est.update(step_ms=95.0, table_ms=3.0, host_ms=90.0, waited_ms=1.0)  # one stall moves neither
+    assert est.current() == ServiceCost(floor_ms=1.0, extra_ms=2.0)
+    for _ in range(2):  # the window (3 steps) now holds more slow steps than fast ones: it follows them
+        est.update(step_ms=7.0, table_ms=3.0, host_ms=3.0, waited_ms=1.0)
+    assert est.current() == ServiceCost(floor_ms=3.0, extra_ms=4.0)
     summary = est.summary()
-    assert summary["service_cost/extra_steps"] == 4 and summary["service_cost/floor_ms"] == 2.0
+    assert summary["service_cost/extra_steps"] == 6 and summary["service_cost/floor_ms"] == 3.0
 
 
 def test_host_bound_steps_and_unpriced_steps_leave_the_extra_alone():
     """A step the host bounded (its commit did not wait for the device) says nothing about the device's
     time beyond the table; a step no table priced neither. A table that overprices gives no negative extra."""
-    est = ServiceCostEstimate(alpha=1.0, min_steps=1)
+    est = ServiceCostEstimate(window=1, min_steps=1)
     est.update(step_ms=9.0, table_ms=3.0, host_ms=9.0, waited_ms=0.0)
     est.update(step_ms=9.0, table_ms=None, host_ms=9.0, waited_ms=2.0)
     assert est.extra_steps == 0 and est.floor_steps == 2 and est.current() == ServiceCost(9.0, 0.0)
     est.update(step_ms=2.0, table_ms=3.0, host_ms=1.0, waited_ms=1.0)
     assert est.current() == ServiceCost(1.0, 0.0)
-    with pytest.raises(ValueError, match="alpha"):
-        ServiceCostEstimate(alpha=0.0)
+    with pytest.raises(ValueError, match="window"):
+        ServiceCostEstimate(window=0)
 
 
 def test_planner_values_options_at_the_service_price():

@@ -25,7 +25,11 @@ the outputs part for good. A fixed margin cannot tell such a flip from a bug (on
 4. **Rate.** A bug can also choose plausible tokens (a rejected draft is often the reference's
    runner-up). So each arm's rate of tokens off the reference argmax is compared with the
    control's by a one-sided Fisher exact test; ``p < alpha`` fails (the arm leaves the
-   reference more often than rounding does).
+   reference more often than rounding does). Each request weighs once per arm: its off-reference
+   tokens and its tokens are averaged over the arm's runs (blocks). Counting each distinct output
+   once instead would over-weight the requests whose outputs differ between blocks, which are the
+   ones near a tie, whenever an arm's batch composition (and so its rounding) varies from block to
+   block: a rate test against a control run once would then fail a correct arm.
 
 Where two arms' outputs part, the first differing position is classified with the same
 evidence (both tokens within ``delta`` of the reference's top logit: a flip) and reported.
@@ -123,10 +127,10 @@ def evidence_lossless_guard(runs: Sequence[RunOutputs], pairs: Sequence[tuple[st
 
     # Per token: every emitted token with a regret beyond the noise bound.
     real: list[dict] = []
-    per_arm: dict[str, dict[tuple, ScoredOutput]] = {}
+    per_request: dict[str, dict[Hashable, list[tuple[int, int]]]] = {}  # arm -> request -> (off, tokens) per run
     for run in runs:
         for rid, s in scored.get(run.label, {}).items():
-            per_arm.setdefault(run.arm, {})[(rid, tuple(s.tokens.tolist()))] = s
+            per_request.setdefault(run.arm, {}).setdefault(rid, []).append((int(s.off_reference.sum()), len(s.tokens)))
             for pos in np.nonzero(s.regret > delta)[0]:
                 pos = int(pos)
                 real.append({"run": run.label, "request_id": str(rid), "position": pos,
@@ -136,9 +140,11 @@ def evidence_lossless_guard(runs: Sequence[RunOutputs], pairs: Sequence[tuple[st
                              "reference_logit": float(s.top_logits[pos, 0]), "token_logit": float(s.token_logits[pos]),
                              "regret": float(s.regret[pos]), "delta": delta})
 
-    # Rate: tokens off the reference argmax, each arm's distinct outputs against the control's.
-    rates = {arm: (int(sum(s.off_reference.sum() for s in outs.values())), int(sum(len(s.tokens) for s in outs.values())))
-             for arm, outs in per_arm.items()}
+    # Rate: tokens off the reference argmax against the control's, each request once per arm (its counts
+    # averaged over the arm's runs; see the module docstring).
+    rates = {arm: (round(sum(np.mean([k for k, _ in v]) for v in outs.values())),
+                   round(sum(np.mean([n for _, n in v]) for v in outs.values())))
+             for arm, outs in per_request.items()}
     rate_tests: dict[str, dict] = {}
     if control_pair is not None and "control" in rates:
         kc, nc = rates["control"]

@@ -63,7 +63,7 @@ from dspark.bench.statistics import reassess, verdict_sentence
 APPENDIX = "report_appendix.md"
 # Counters shown in the report itself; all of them are in the appendix.
 KEY_COUNTERS = ("decode_steps", "drafted_tokens", "accepted_tokens", "accept_rate", "trimmed_steps", "trim_ratio",
-                "draft_free_steps", "mean_running_batch", "preemptions", "eager_steps")
+                "draft_free_steps", "depth_zero_rows", "mean_running_batch", "preemptions", "eager_steps")
 # Counter families drawn as histograms in the appendix: counter name prefix -> (title, what a bucket is).
 HISTOGRAMS = {"sched/token_bucket_hist.": ("Token buckets", "tokens per step, padded to the bucket"),
               "sched/verify_len_hist.": ("Verify lengths", "drafted tokens verified per request and step")}
