@@ -32,6 +32,8 @@ thresholds, whether it passed. ``profile_settings`` records the settings it was 
 
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 import json
 import math
@@ -252,7 +254,7 @@ class CostTable:
     def max_tokens(self) -> int:
         return self.token_counts[-1]
 
-    @property
+    @functools.cached_property
     def cheapest_step_ms(self) -> float:
         """The cheapest step the table can price: over batch sizes b, fixed + batch overhead(b) + theta at
         the cheapest measured count M >= b (a batch of b requests sends at least b tokens). A pair with
@@ -324,8 +326,7 @@ class CostTable:
         m = np.asarray(num_tokens, dtype=np.int64)
         if m.size and int(m.min()) < 1:
             raise CostTableError(f"token counts must be integers >= 1 (bonus tokens included), got min {int(m.min())}")
-        tc = np.asarray(self.token_counts, dtype=np.int64)
-        th = np.asarray(self.theta_ms, dtype=np.float64)
+        tc, th = self._arrays
         above = m > tc[-1]
         if above.any() and not extrapolate:
             raise CostTableError(
@@ -338,6 +339,13 @@ class CostTable:
         return self.fixed_overhead_ms + self.batch_overhead(batch_size) + theta + (
             self.trim_overhead(batch_size) if trimmed else 0.0)
 
+    @functools.cached_property
+    def _arrays(self) -> "tuple[np.ndarray, np.ndarray]":
+        """token_counts (int64) and theta_ms (float64) as arrays, made once: the planner prices every step."""
+        import numpy as np
+
+        return np.asarray(self.token_counts, dtype=np.int64), np.asarray(self.theta_ms, dtype=np.float64)
+
     def is_flat(self, rel_tol: float = 0.02) -> bool:
         """True when theta varies by at most rel_tol of the cheapest step: trimming would look free.
 
@@ -346,8 +354,8 @@ class CostTable:
         """
         if rel_tol < 0:
             raise CostTableError(f"rel_tol must be >= 0, got {rel_tol}")
-        lo, hi = min(self.theta_ms), max(self.theta_ms)
-        return (hi - lo) <= rel_tol * self.cheapest_step_ms
+        _, th = self._arrays
+        return float(th.max() - th.min()) <= rel_tol * self.cheapest_step_ms
 
     # ---- serialisation --------------------------------------------------------------------
 

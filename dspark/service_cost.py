@@ -22,6 +22,7 @@ kind were seen the price is the table's own (``ServiceCost.none``).
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -79,8 +80,8 @@ class ServiceCostEstimate:
 
     def current(self) -> ServiceCost:
         """The price transform the planner applies now (the table's own until enough steps were seen)."""
-        floor = float(np.median(self._floor)) if self.floor_steps >= self.min_steps else 0.0
-        extra = max(0.0, float(np.median(self._extra))) if self.extra_steps >= self.min_steps else 0.0
+        floor = statistics.median(self._floor) if self.floor_steps >= self.min_steps else 0.0
+        extra = max(0.0, statistics.median(self._extra)) if self.extra_steps >= self.min_steps else 0.0
         return ServiceCost(floor, extra)
 
     def summary(self) -> dict[str, float]:
