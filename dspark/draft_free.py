@@ -9,8 +9,8 @@ context is still written, so the next drafting step has it.
 :class:`DraftFreeChoice` decides per step from what the engine measured, per batch bucket (the device's
 step shape): the output tokens per millisecond of drafting steps and of draft-free steps, each the median
 over the kind's last ``window`` steps of this bucket. It drafts until a bucket has ``min_steps``
-drafting steps, then runs ``min_steps`` draft-free steps, then takes the kind with the higher rate, and every ``explore_every`` steps of the bucket runs the other kind
-once so that the rates follow the load. The choice reads only past steps, never the drafts it would make,
+drafting steps, then runs ``min_steps`` draft-free steps, then takes the kind with the higher rate, and
+every ``explore_every`` steps of the bucket runs the other kind once so that the rates follow the load. The choice reads only past steps, never the drafts it would make,
 so sampled requests keep the target's distribution.
 """
 
@@ -80,7 +80,8 @@ class DraftFreeChoice:
         """Count a committed step of ``bucket`` rows: its output tokens and its measured time."""
         if step_ms <= 0.0:
             return
-        (self._bucket(bucket).free if draft_free else self._bucket(bucket).draft).add(tokens, step_ms)
+        r = self._bucket(bucket)
+        (r.free if draft_free else r.draft).add(tokens, step_ms)
 
     def _bucket(self, bucket: int) -> _Rates:
         r = self._buckets.get(bucket)
