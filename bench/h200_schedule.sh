@@ -39,7 +39,7 @@ st = s.get("statistics", {}).get("output_tokens_per_s", {})
 print("verdict", s.get("verdict"), "B vs A %+.2f%% (CI %s .. %s, p=%s)" % (st.get("change_pct", float("nan")),
       st.get("ci_low_pct"), st.get("ci_high_pct"), st.get("wilcoxon_p")), "note:", s.get("verdict_note"))
 for arm, c in s["counters"].items():
-    keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "sched/trim_ratio", "draft_free/"))] + \
+    keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "sched/trim_ratio", "draft_free/", "host/"))] + \
            ["trimmed_steps", "draft_free_steps", "depth_zero_rows", "decode_steps", "mean_running_batch", "accept_rate"]
     print(arm, s["arms"][arm]["label"], {k: round(c[k], 4) if isinstance(c.get(k), float) else c.get(k) for k in keys})
 print("guards", [(g["name"], g["passed"]) for g in s["guards"]], "prediction", json.dumps(s.get("prediction_health"))[:300])

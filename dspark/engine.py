@@ -20,7 +20,7 @@ from dspark.model_runner import DTYPES, ModelRunner, Segment
 from dspark.models.llama import TargetModel
 from dspark.request import Request, RequestOutput
 from dspark.scheduler import Scheduler
-from dspark.stats import EngineStats, check_step_consistency
+from dspark.stats import HOST_PHASES, EngineStats, check_step_consistency
 from dspark.survival import prefix_survival
 
 PromptLike = str | list[int] | list[dict]
@@ -125,6 +125,9 @@ class Engine:
         self.graph = None
         self._inflight = None
         self._host_step_ms: list[float] = []
+        self._host_phase_ms = dict.fromkeys(HOST_PHASES, 0.0)  # device-resident steps' host time by phase
+        self._host_phase_calls = 0  # step() calls those phases cover
+        self._step_call_end: float | None = None  # perf_counter at the end of the last device-resident step()
         self._graph_wait_ms = 0.0
         self._step_call_start: float | None = None  # perf_counter at the start of the step() in progress
         self._step_calls = 0  # step() calls on the device-resident path
@@ -370,6 +373,10 @@ class Engine:
             if self._host_step_ms:
                 h = sorted(self._host_step_ms)
                 c["host_ms_per_graph_step_median"] = h[len(h) // 2]
+            if self._host_phase_calls:
+                n = self._host_phase_calls
+                c.update({f"host/{k}_ms_per_step": v / n for k, v in self._host_phase_ms.items()})
+                c["host/step_calls"] = n
             if self.graph.timing is not None:
                 t = self.graph.timing_summary()
                 if t.get("device_idle_fraction") is not None:
@@ -491,10 +498,16 @@ class Engine:
             finally:
                 self._step_call_start = None
             if out is not None:
+                end = time.perf_counter()
                 # Host time of a device-resident step: its wall time minus the wait for the device.
                 # With overlap that host work runs while the device computes the step in flight.
-                self._host_step_ms.append((time.perf_counter() - start) * 1e3 - self._graph_wait_ms)
+                self._host_step_ms.append((end - start) * 1e3 - self._graph_wait_ms)
+                if self._step_call_end is not None:  # the caller's own work since the last step() returned
+                    self._host_phase_ms["caller"] += (start - self._step_call_end) * 1e3
+                self._step_call_end = end
+                self._host_phase_calls += 1
                 return out
+            self._step_call_end = None
         plan = self.scheduler.schedule()
         finished: list[RequestOutput] = []
         for req, why in plan.failed:
@@ -689,6 +702,8 @@ class Engine:
         ramp-down keep the pipeline going.
         """
         gd, sched = self.graph, self.scheduler
+        clock, phase = time.perf_counter, self._host_phase_ms
+        mark = clock()
         if self._rows_stale:  # eager steps ran: the host's state is exact and the device's is not
             if self._inflight is not None:
                 return self._drain()
@@ -707,6 +722,9 @@ class Engine:
         ahead = self._lookahead
         counts = self._counts
         finished: list[RequestOutput] = []
+        now = clock()
+        phase["rows"] += (now - mark) * 1e3
+        mark = now
         # Requests whose prefill is complete join the rows: those that waited for pages; those an earlier
         # call prefilled on the prefill stream (ordered before this step's launch here, before this call's
         # prefill is issued, so that it still runs beside this step); this call's completed prefills when
@@ -734,6 +752,9 @@ class Engine:
         else:
             candidates += done
         candidates += [r for r in plan.admitted_ready]
+        now = clock()
+        phase["prefill"] += (now - mark) * 1e3
+        mark = now
         joiners, self._unjoined = [], []
         for r in candidates:
             if self.blocks.can_reserve(r.req_id, r.num_tokens + ahead):
@@ -755,6 +776,9 @@ class Engine:
                                           bucket=0, windows=(), step_ms=0.0)
             return finished
         B = len(rows)
+        now = clock()
+        phase["join"] += (now - mark) * 1e3
+        mark = now
         key = (gd.bucket_for(B), gd.sampling)
         if key != self._captured_key:  # a new batch bucket: its graphs (captured ahead by capture_graphs)
             gd.ensure_captured(B, self._graph_mode, self.cfg.tiers)
@@ -763,7 +787,11 @@ class Engine:
             mode, tier, extra, decision = "draft_free", None, None, None
         else:
             mode, tier, extra, decision = self._graph_decision(rows)
+        now = clock()
+        phase["plan"] += (now - mark) * 1e3
         launched = gd.launch(B, mode, tier=tier, extra=extra)
+        mark = clock()
+        phase["launch"] += (mark - now) * 1e3
         launched.decision = decision
         launched.num_prefill_tokens = prefill_tokens
         counts["steps"] += 1
@@ -781,8 +809,13 @@ class Engine:
                                           bucket=launched.bucket, windows=(), step_ms=launched.launch_ms)
                 return finished
             counts["pipelined_steps"] += 1
-            return finished + self._commit_launched(previous)
-        return finished + self._commit_launched(launched)
+            launched = previous
+        waited_before = self._graph_wait_ms
+        finished += self._commit_launched(launched)
+        waited = self._graph_wait_ms - waited_before
+        phase["wait"] += waited
+        phase["commit"] += (clock() - mark) * 1e3 - waited
+        return finished
 
     @property
     def _graph_mode(self) -> str:
@@ -1095,6 +1128,9 @@ class Engine:
             self.graph.collect(self._inflight)
             self._inflight = None
         self._host_step_ms = []
+        self._host_phase_ms = dict.fromkeys(HOST_PHASES, 0.0)
+        self._host_phase_calls = 0
+        self._step_call_end = None
         self._eager_step_ms = []
         self._last_commit = None
         if self.graph is not None:

@@ -34,6 +34,14 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
+# Where a device-resident step() call's host time goes (counters ``host/<phase>_ms_per_step``, mean ms per
+# call): reloading rows and reserving their pages; scheduling and issuing prefills; joining prefilled
+# requests; planning (the batch bucket's graphs, the draft-free choice, the planner); issuing the step's graphs;
+# waiting for the device at the commit; committing (tokens, stop checks, the planner's snapshot, statistics,
+# retirements); and the caller's own work between two calls.
+HOST_PHASES = ("rows", "prefill", "join", "plan", "launch", "wait", "commit", "caller")
+
+
 class FeatureInactiveError(AssertionError):
     """Confidence scheduling was enabled but did not demonstrably act."""
 

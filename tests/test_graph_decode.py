@@ -6,11 +6,14 @@ updates, the pipeline's drain on membership changes) against the host-built eage
 The CUDA-graph capture itself and sync-freedom are checked in tests/test_engine_gpu.py.
 """
 
+import time
+
 import pytest
 import torch
 
 from dspark.config import ConfigError, EngineConfig, SamplingParams
 from dspark.engine import Engine
+from dspark.stats import HOST_PHASES
 from test_engine_lossless import prompts_for as lossless_prompts
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
@@ -53,6 +56,38 @@ def test_device_resident_steps_emit_what_the_eager_engine_emits(spec, overlap):
         assert c["pipelined_steps"] == 0 and c["discarded_row_steps"] == 0
     assert c["emitted_tokens"] >= sum(len(t) for t in base)
     assert c["host_ms_per_graph_step_median"] > 0  # host scheduling time of device-resident steps
+    phases = {k: c[f"host/{k}_ms_per_step"] for k in HOST_PHASES}
+    assert all(v >= 0.0 for v in phases.values()), phases
+    # On a CPU the forward runs inside launch and prefill; planning and commits are host work of every step.
+    assert phases["launch"] > 0 and phases["commit"] > 0 and phases["prefill"] > 0 and phases["caller"] > 0
+
+
+def test_host_phases_are_parts_of_the_step_calls_and_of_the_time_between_them():
+    target = tiny_target(3)
+    eng = Engine(target, None, tiny_engine_config(spec="dspark", max_num_seqs=4, cuda_graphs=True, overlap=True),
+                 tiny_drafter(target, 7, block_size=4))
+    for p in prompts_for(5, 7):
+        eng.add_request(p, SamplingParams(max_tokens=20, ignore_eos=True))
+    inside = between = 0.0
+    last_end = None
+    while eng.has_unfinished():
+        start = time.perf_counter()
+        if last_end is not None:
+            time.sleep(0.002)  # the caller's own work between two calls
+            start = time.perf_counter()
+            between += start - last_end
+        eng.step()
+        last_end = time.perf_counter()
+        inside += last_end - start
+    c = eng.counters()
+    calls = c["host/step_calls"]
+    assert calls > 10
+    total = {k: c[f"host/{k}_ms_per_step"] * calls * 1e-3 for k in HOST_PHASES}
+    assert all(v >= 0.0 for v in total.values()), total
+    # Each phase is a part of a step() call (caller: of the time between calls), so their totals fit inside.
+    assert sum(v for k, v in total.items() if k != "caller") <= inside
+    # (the engine's own interval also holds entering and leaving step()'s inference mode: under 1 ms a call)
+    assert 0.002 * (calls - 1) <= total["caller"] <= between + 0.001 * calls
 
 
 def test_eos_and_page_growth_inside_the_pipeline():

@@ -110,3 +110,22 @@ def test_section_copes_with_some_counters_and_nan_values(tmp_path):
     assert cells_a[1] == "-" and cells_a[2] == "-" and cells_a[3] == str(5 * n_a) and cells_a[6] == "-"
     assert cells_a[8] == "0"
     assert "⚠" not in text
+
+
+def test_host_phases_table_gives_each_arms_median_per_phase_and_the_cycle(tmp_path):
+    summary, blocks, requests = build_experiment()
+    blocks = with_step_counters(blocks)
+    is_b = blocks["arm"] == "B"
+    blocks["counter/host/plan_ms_per_step"] = np.where(is_b, 0.5, 0.0) + 0.01 * blocks["block"]
+    blocks["counter/host/commit_ms_per_step"] = 1.0
+    blocks["counter/host/wait_ms_per_step"] = np.where(is_b, np.nan, 2.0)  # B never reported a wait
+    rows = {r["arm"]: r for r in time_breakdown(labelled(summary), blocks)}
+    plan_b = blocks.loc[is_b, "counter/host/plan_ms_per_step"].median()
+    assert rows["B"]["host_phases"] == {"plan": pytest.approx(plan_b), "commit": 1.0}
+    assert rows["A"]["host_phases"] == {"plan": pytest.approx(blocks.loc[~is_b, "counter/host/plan_ms_per_step"].median()),
+                                        "wait": 2.0, "commit": 1.0}
+    part = section(write_report(tmp_path, labelled(summary), blocks, requests)["report"].read_text())
+    header = next(line for line in part.splitlines() if cells(line)[:2] == ["arm", "plan"])
+    assert cells(header) == ["arm", "plan", "wait", "commit", "cycle"]  # the phases any arm reported, in step order
+    ragged = [line for line in part.splitlines() if line.startswith("| ragged")][-1]
+    assert cells(ragged) == ["ragged", f"{plan_b:.2f}", "-", "1.00", f"{plan_b + 1.0:.2f}"]

@@ -59,6 +59,7 @@ from scipy import stats as sps
 
 from dspark.bench import report_plots
 from dspark.bench.statistics import reassess, verdict_sentence
+from dspark.stats import HOST_PHASES
 
 APPENDIX = "report_appendix.md"
 # Counters shown in the report itself; all of them are in the appendix.
@@ -613,6 +614,8 @@ def time_breakdown(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[dic
             "graphs_captured_timed": captured,
             "kv_pool_tokens": None if kv is None else float(kv.max()),
             "first_block_vs_median": None if ratio is None else float(ratio),
+            # Host ms per step() call by phase (dspark.engine.HOST_PHASES), median over blocks; absent phases left out.
+            "host_phases": {k: v for k in HOST_PHASES if (v := _median(_column(group, f"host/{k}_ms_per_step"))) is not None},
         })
     return rows
 
@@ -662,6 +665,17 @@ def where_time_went(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[st
               "blocks. Device idle: median over blocks. Mean batch: decoding requests per decode step. Graphs "
               "captured (timed): captures during the measured blocks, which should be 0. First / median block: the "
               f"arm's first block's {summary.get('headline_metric') or 'headline metric'} over its median block's."]
+    phased = [r for r in rows if r["host_phases"]]
+    if phased:
+        names = [k for k in HOST_PHASES if any(k in r["host_phases"] for r in phased)]
+        lines += ["", _markdown(["arm", *names, "cycle"],
+                                [[r["label"], *("-" if k not in r["host_phases"] else f"{r['host_phases'][k]:.2f}" for k in names),
+                                  f"{sum(r['host_phases'].values()):.2f}"] for r in phased]),
+                  "", "Host ms per device-resident step() call by phase (mean per call, median over blocks): rows "
+                  "(reload and page reservation), prefill (scheduling and issuing prefills), join, plan (graphs, "
+                  "draft-free choice, planner), launch (issuing the step's graphs), wait (for the device, at the "
+                  "commit), commit (tokens, stops, statistics, retirements), caller (the runner's work between "
+                  "calls). Cycle: their sum, the mean period of a call; the device bounds it where wait > 0."]
     kv = [f"{r['label']} {r['kv_pool_tokens']:,.0f}" for r in rows if r["kv_pool_tokens"] is not None]
     if kv:
         lines += ["", f"KV pool (tokens): {', '.join(kv)}."]
