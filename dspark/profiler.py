@@ -177,7 +177,8 @@ class ProfileSettings:
     """Every setting that decides a profiled table (the keyword arguments of :func:`profile_engine`
     besides ``progress``). Config form: ``runners.schema.CostProfileSchema``.
 
-    ``batch_sizes`` None: powers of two up to the engine's max_num_seqs (:func:`batch_size_ladder`);
+    ``batch_sizes`` None: powers of two up to the engine's max_num_seqs, and at least to MIN_LADDER_BATCH
+    (:func:`batch_size_ladder`);
     ``verify_lens`` None: every length 0..block. ``measure_steps`` is the number of repeats per
     (batch size, verify length); their median is fitted. ``time_budget_s`` None: no limit.
     """
@@ -230,7 +231,7 @@ class ProfileSettings:
         """The same settings with the defaults of batch_sizes and verify_lens filled in for this engine."""
         return dataclasses.replace(
             self, batch_sizes=self.batch_sizes if self.batch_sizes is not None
-            else tuple(batch_size_ladder(engine.cfg.max_num_seqs)),
+            else tuple(batch_size_ladder(max(engine.cfg.max_num_seqs, MIN_LADDER_BATCH))),
             verify_lens=self.verify_lens if self.verify_lens is not None else tuple(range(engine.block_size + 1)))
 
     def to_dict(self) -> dict[str, Any]:
@@ -278,15 +279,8 @@ def _check_settings(engine: Engine, batch_sizes: Sequence[int], verify_lens: Seq
         raise ProfileError(f"measure_steps must be an integer >= 1, got {measure_steps!r}")
     if not (isinstance(prompt_len, int) and prompt_len >= 2):
         raise ProfileError(f"prompt_len must be an integer >= 2 (a prefill plus an anchor token), got {prompt_len!r}")
-    cfg = engine.cfg
-    bmax = max(bs)
-    if bmax > cfg.max_num_seqs:
-        raise ProfileError(f"batch size {bmax} exceeds engine.max_num_seqs={cfg.max_num_seqs}: the engine never "
-                           f"runs that many requests at once; raise engine.max_num_seqs or drop batch sizes above it")
-    if bmax * (G + 1) > cfg.max_num_batched_tokens:
-        raise ProfileError(f"batch size {bmax} decoding a block of {G} needs {bmax * (G + 1)} tokens per step, above "
-                           f"engine.max_num_batched_tokens={cfg.max_num_batched_tokens}; raise it or drop batch sizes "
-                           f"above {cfg.max_num_batched_tokens // (G + 1)}")
+    # Batch sizes above engine.max_num_seqs are measured on an engine sized for them (_profiling_config): a
+    # table that reaches past the engine's own batches is valid for it (it covers every step the engine runs).
     return tuple(bs), tuple(sorted(vl))
 
 
@@ -308,7 +302,9 @@ def _profiling_config(engine: Engine, v: int, *, max_tokens: int, batch_size: in
     need = prompt_len + max_tokens + G + 2  # context + generated + one verify block (+ anchor)
     pages_per_request = math.ceil(need / page) + 1
     return dataclasses.replace(
-        cfg, verify="uniform", force_verify_len=v, force_budget_frac=None, tiers=None, cost_table=None,
+        cfg, max_num_seqs=max(cfg.max_num_seqs, batch_size),
+        max_num_batched_tokens=max(cfg.max_num_batched_tokens, batch_size * (G + 1)),
+        verify="uniform", force_verify_len=v, force_budget_frac=None, tiers=None, cost_table=None,
         # The forced length replaces the planner's decision before any search, so the search
         # settings only need to be valid: pin them rather than inherit a verify=full config's.
         planner_algorithm="global", budget_lag=2 if cfg.overlap else 1, min_verify_len=min(cfg.min_verify_len, v),
@@ -381,7 +377,7 @@ def collect_measurements(engine: Engine, *, batch_sizes: Sequence[int], verify_l
 def _collect(engine: Engine, bs: Sequence[int], vl: Sequence[int], *, warmup_steps: int, measure_steps: int,
              prompt_len: int, seed: int, trimmed_path: bool, bar, clock: SweepClock) -> list[tuple[int, int, float]]:
     G = engine.block_size
-    budget = engine.cfg.max_num_batched_tokens
+    budget = max(engine.cfg.max_num_batched_tokens, max(bs) * (G + 1))  # as _profiling_config sizes it
     chunks = engine.steps.max_prefill_segments if engine.cfg.cuda_graphs else None  # the device path's cap
     steps_cap = _max_steps(max(bs), prompt_len, budget, warmup_steps, measure_steps, chunks)
     max_tokens = steps_cap * (G + 1)
@@ -556,7 +552,7 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int] | None, verify_
     """Sweep (batch size, forced verify length), fit the cost table, refuse one that could mislead the planner.
 
     The settings are :class:`ProfileSettings`'s (``batch_sizes`` None: powers of two up to
-    engine.max_num_seqs). Raises ProfileError on settings the engine cannot run,
+    engine.max_num_seqs, and at least to MIN_LADDER_BATCH). Raises ProfileError on settings the engine cannot run,
     ProfileBudgetError past ``time_budget_s``, ProfileFlatError when the table would make
     trimming look free, ProfileFitError when the medians do not fit the additive model (a
     disturbed cell, medians the fit cannot separate, or a fit below the quality thresholds
@@ -679,6 +675,13 @@ def monotone_envelope(table: CostTable) -> tuple[CostTable, int]:
             theta[i] = theta[i + 1]
             changed += 1
     return dataclasses.replace(table, theta_ms=tuple(theta)), changed
+
+
+# The smallest largest batch of a default profile ladder. A few requests' steps cost the same at every token count
+# (a step's fixed launch and weight-read cost dominates), so a ladder that stopped there would fit a flat table and
+# be refused (ProfileFlatError); one that reaches 16 requests shows how the cost grows with M, and the planner of an
+# engine that runs fewer requests reads its steps off the curve's flat start (and declines to trim them).
+MIN_LADDER_BATCH = 16
 
 
 def batch_size_ladder(max_batch: int) -> list[int]:

@@ -17,9 +17,9 @@ import dspark.profiler as profiler
 from dspark.config import ConfigError
 from dspark.cost_table import CostTable, CostTableFileError, CostTableMismatchError, fingerprint_digest
 from dspark.engine import Engine
-from dspark.profiler import (ProfileBudgetError, ProfileError, ProfileFitError, ProfileFlatError, ProfileSettings,
+from dspark.profiler import (MIN_LADDER_BATCH, ProfileBudgetError, ProfileError, ProfileFitError, ProfileFlatError, ProfileSettings,
                              collect_measurements, cost_table_path_for, find_or_profile, plot_cost_curve,
-                             profile_engine, recommend_tier_ladder, refused_plot_path)
+                             batch_size_ladder, profile_engine, recommend_tier_ladder, refused_plot_path)
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,10 +169,21 @@ def test_bad_settings_are_refused_before_measuring(models):
     engine = make_engine(models)
     with pytest.raises(ProfileError, match=r"verify_lens must be integers in \[0, block=4\]"):
         profile_engine(engine, **{**SWEEP, "verify_lens": [0, 5]})
-    with pytest.raises(ProfileError, match="max_num_seqs"):
-        profile_engine(engine, **{**SWEEP, "batch_sizes": [1, 64]})
     with pytest.raises(ProfileError, match="no drafter"):
         profile_engine(make_engine(models, spec="off"), **SWEEP)
+
+
+def test_batches_above_the_engines_own_are_profiled_on_an_engine_sized_for_them(models, monkeypatch):
+    # At concurrency 1 a ladder that stopped at one request would see a flat cost and be refused; the default
+    # ladder reaches MIN_LADDER_BATCH requests, measured on a profiling engine with room for them.
+    engine = make_engine(models, max_num_seqs=1)  # and 64 tokens a step: 16 requests x 5 need 80
+    settings = ProfileSettings.from_kwargs({}).resolved(engine)
+    assert settings.batch_sizes == tuple(batch_size_ladder(MIN_LADDER_BATCH)) == (1, 2, 4, 8, 16)
+    seen = synthetic_clock(monkeypatch, staircase)
+    table = profile_engine(engine, **{**SWEEP, "batch_sizes": list(settings.batch_sizes)}).table
+    top = 16 * (max(SWEEP["verify_lens"]) + 1)
+    assert max(seen) == top and table.token_counts[-1] == top  # 16 requests' steps ran, on an engine that admits one
+    assert engine.cfg.max_num_seqs == 1  # the profiled engine itself is unchanged
 
 
 def test_table_is_found_again_by_fingerprint_without_reprofiling(models, monkeypatch, tmp_path):
@@ -432,8 +443,6 @@ def test_block7_ladders_are_accepted_and_block5_ladders_refused_by_a_block7_plan
 
 
 def test_batch_size_ladder_covers_the_concurrency():
-    from dspark.profiler import batch_size_ladder
-
     assert batch_size_ladder(1) == [1]
     assert batch_size_ladder(8) == [1, 2, 4, 8]
     assert batch_size_ladder(12) == [1, 2, 4, 8, 12]
