@@ -381,6 +381,10 @@ class Engine:
                 t = self.graph.timing_summary()
                 if t.get("device_idle_fraction") is not None:
                     c["device_idle_fraction"] = t["device_idle_fraction"]
+                # A step's device time per step mode (full, ragged, uniform, draft_free, prefill): first graph's
+                # start to last graph's end, median (with the prefill stream, prefills beside it included).
+                for mode, ms in t.get("step_device_ms_median", {}).items():
+                    c[f"device/{mode}_step_ms_median"] = ms
         if self.cost_table is not None and self._oracle_steps and self.cfg.verify in ("full", "cap_accept"):
             from dspark.planner import oracle_bound
 

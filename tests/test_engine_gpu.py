@@ -262,6 +262,8 @@ def test_graph_timing_reports_device_ms_per_graph_and_per_step(tmp_path):
     assert any(k.startswith("draft") for k in t["graph_device_ms_median"])
     assert t["step_gap_ms_median"] >= 0.0 and t["step_gap_ms_p90"] >= t["step_gap_ms_median"]
     assert 0.0 <= t["device_idle_fraction"] < 1.0
+    c = eng.counters()  # the engine's counters carry each step mode's device time (runners.ab's blocks)
+    assert c["device/ragged_step_ms_median"] == t["step_device_ms_median"]["ragged"] > 0
 
 
 @pytest.mark.parametrize("spec,verify", [("off", "full"), ("dspark", "full"), ("dspark", "ragged")])
