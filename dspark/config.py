@@ -283,8 +283,8 @@ class EngineConfig:
     # dspark/acceptance_estimate.py; works for a drafter without a head).
     acceptance_estimate: str = "head"
     # Price the planner's options at what a service step costs, learnt online from the committed steps
-    # (dspark/service_cost.py: the host's work per step as a floor, a device-bound step's time beyond the
-    # table's price as an extra), instead of the cost table's steady-decode price alone.
+    # (dspark/service_cost.py: the host's work per step as a floor, and how a device-bound step's time follows the
+    # table's price, as a slope and an offset), instead of the cost table's steady-decode price alone.
     service_cost: bool = False
     # Let a speculative engine decode a step target-only (no drafting) when its measured rate at that batch
     # size says drafting does not pay (dspark/draft_free.py); counted as draft_free_steps.

@@ -48,6 +48,46 @@ def test_host_bound_steps_and_unpriced_steps_leave_the_extra_alone():
         ServiceCostEstimate(window=0)
 
 
+def test_price_scales_the_table_price_and_stays_positive():
+    cost = ServiceCost(floor_ms=1.0, extra_ms=2.0, scale=0.5)
+    assert cost.price(4.0) == 4.0 and cost.price(0.5) == 2.25 and cost.active
+    assert np.array_equal(cost.price(np.array([0.0, 4.0])), np.array([2.0, 4.0]))
+    assert ServiceCost(extra_ms=-5.0, scale=0.0).price(3.0) == pytest.approx(1e-3)  # never 0: the planner divides
+
+
+def test_estimate_reads_the_service_slope_when_the_table_prices_spread():
+    """Device-bound steps whose period grows half as fast as the table's price (prefills beside them, launches
+    the profile did not pay): the price follows the measured line, 0.5 T + 2, and an occasional stall does not
+    move it. The line is refitted every ``refit_every`` device-bound steps."""
+    est = ServiceCostEstimate(window=64, min_steps=8, refit_every=16)
+    rng = np.random.default_rng(0)
+    tables = rng.uniform(2.0, 6.0, 64)
+    for i, t in enumerate(tables):
+        stall = 40.0 if i % 16 == 5 else 0.0
+        est.update(step_ms=0.5 * t + 2.0 + stall, table_ms=float(t), host_ms=1.0, waited_ms=0.5)
+    cost = est.current()
+    assert cost.scale == pytest.approx(0.5) and cost.extra_ms == pytest.approx(2.0) and cost.floor_ms == 1.0
+    assert est.slope_fits == 1
+    for t in tables[:15]:  # fewer than refit_every new steps: the same line, not refitted
+        est.update(step_ms=t + 1.0, table_ms=float(t), host_ms=1.0, waited_ms=0.5)
+        assert est.current() == cost and est.slope_fits == 1
+    for t in tables[15:48]:  # three quarters of the window now follow T + 1: so does the price
+        est.update(step_ms=t + 1.0, table_ms=float(t), host_ms=1.0, waited_ms=0.5)
+        est.current()
+    refit = est.current()
+    assert est.slope_fits == 4 and refit.scale == pytest.approx(1.0) and refit.extra_ms == pytest.approx(1.0)
+    assert est.summary()["service_cost/scale"] == est.current().scale
+
+
+def test_a_falling_service_slope_is_clipped_to_flat_through_the_medians():
+    est = ServiceCostEstimate(window=32, min_steps=4)
+    for t in np.linspace(2.0, 6.0, 32):
+        est.update(step_ms=10.0 - t, table_ms=float(t), host_ms=None, waited_ms=1.0)
+    cost = est.current()
+    assert cost.scale == 0.0 and cost.extra_ms == pytest.approx(6.0)  # every option costs the median period
+    assert not plan(cfg(), service=cost).trimmed  # a trim saves nothing at a flat price
+
+
 def test_planner_values_options_at_the_service_price():
     """STAIRS: the table alone trims to 3 drafts (+19% predicted). A fixed extra per step shrinks what a
     trim saves relative to the step: a small one keeps a smaller gain, a large one declines. A host floor
@@ -65,6 +105,10 @@ def test_planner_values_options_at_the_service_price():
     assert not floor.trimmed and floor.windows == (4,)
     uniform = plan(cfg(mode="uniform"), service=ServiceCost(floor_ms=3.5))
     assert not uniform.trimmed
+    # A service step whose time grows a tenth as fast as the table's: the trim saves a tenth of what the
+    # table says, less than the acceptance it cuts.
+    shallow = plan(cfg(), service=ServiceCost(extra_ms=3.0, scale=0.1))
+    assert not shallow.trimmed and shallow.reason == "declined_below_min_gain"
 
 
 def test_engine_learns_the_service_price_from_its_steps(tmp_path):
