@@ -32,9 +32,17 @@ measured is overwritten.
 A rerun of a sweep with the same ``hydra.sweep.dir`` therefore only runs the jobs that
 did not finish.
 
+HTTP arms: an arm with ``ab.arms.<arm>.http`` set (conf/ab/http_full_vs_ragged.yaml) is an OpenAI-compatible
+server instead of an engine in this process: its launch command is started before each of its blocks,
+health-checked, warmed up and stopped after the block (so the two arms' servers never share the node), its
+requests are streamed (closed loop or Poisson, as for an in-process arm), and its acceptance and engine counters
+are read from its responses and its Prometheus counters by delta per block (:mod:`runners.ab_http`,
+:mod:`dspark.bench.http`). The schedule, statistics and report are the same; the guards say what an HTTP arm
+cannot give.
+
 Engines: run(cfg, engine_factory=...) takes a callable ``(cfg, arm_engine_cfgs) -> {"A":
-Engine, "B": Engine}``; the default, :func:`default_engine_factory`, loads the configured
-target and drafter. Test hook: with the environment variable ``DSPARK_TEST_TINY_MODELS=1``
+Engine, "B": Engine}`` (one engine per in-process arm, the keys of ``arm_engine_cfgs``); the default,
+:func:`default_engine_factory`, loads the configured target and drafter. Test hook: with the environment variable ``DSPARK_TEST_TINY_MODELS=1``
 the default factory instead builds the tiny random models of ``tests/tiny.py`` with a
 character tokenizer, so that whole Hydra multiruns (subprocesses) finish in seconds in
 the test suite. Its speed numbers mean nothing; never set it for a real measurement.
@@ -43,7 +51,6 @@ the test suite. Its speed numbers mean nothing; never set it for a real measurem
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import logging
 import math
@@ -74,6 +81,8 @@ from dspark.bench.wandb_log import WandbLogger
 from dspark.bench.wandb_names import ab_run_names
 from dspark.config import ConfigError, EngineConfig
 from dspark.engine import Engine
+from runners import ab_http
+from runners.common import TINY_MODELS_ENV, TinyCharTokenizer, tiny_models, tiny_models_requested
 from runners.config_keys import allowed_keys, close_keys, nested_schema
 from runners.hydra_main import runner_main
 from runners.job_status import in_multirun, write_job_status
@@ -88,8 +97,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 HEADLINE = "output_tokens_per_s"
 ARMS = ("A", "B")
+TEST_HOOK_NAMES = (TINY_MODELS_ENV, TinyCharTokenizer)  # the tiny-model test hook, also importable from here
 LOAD_MODES = tuple(m.value for m in LoadMode)
-TINY_MODELS_ENV = "DSPARK_TEST_TINY_MODELS"
 # Keys that do not change what is measured: left out of the config hash that decides reruns.
 UNHASHED_KEYS = (("ab", "force_rerun"), ("ab", "fail_on_guard"), ("progress",))
 # A summary.json holding all of these was written by a run that finished.
@@ -162,24 +171,35 @@ def _schema_at(path: str) -> type | None:
     return schema
 
 
+def in_process_arms(cfg: DictConfig) -> tuple[str, ...]:
+    """The arms whose engine runs in this process (the others have ``ab.arms.<arm>.http``: runners.ab_http)."""
+    return tuple(arm for arm in ARMS if cfg.ab.arms[arm].get("http") is None)
+
+
 def arm_engine_configs(cfg: DictConfig) -> dict[str, EngineConfig]:
-    """Engine config of each arm: the engine group plus the arm's overrides, validated now."""
+    """Engine config of each in-process arm: the engine group plus the arm's overrides, validated now (an arm
+    served over HTTP runs its server's engine and has none here)."""
+    if cfg.load.concurrency < 1:
+        raise ConfigError(f"load.concurrency: must be >= 1, got {cfg.load.concurrency}")
     base = OmegaConf.to_container(cfg.engine, resolve=True)
     # The group's own values are checked too, though the arms override some of them: a bad value must
     # not pass silently because no arm happened to use it (the tier ladder is checked per arm below).
     to_engine_config({**base, "tiers": None})
-    arm_overrides = {arm: OmegaConf.to_container(cfg.ab.arms[arm].engine, resolve=True) or {} for arm in ARMS}
+    arm_overrides = {arm: OmegaConf.to_container(cfg.ab.arms[arm].engine, resolve=True) or {}
+                     for arm in in_process_arms(cfg)}
+    if not arm_overrides:  # every arm served over HTTP: the group configures no engine here (runners.ab_http)
+        return {}
     # A value moved off the engine's default (by the command line or the engine group) that no arm uses is
     # refused; the default itself is not (every arm of ab=head_vs_max_prob sets verify, for example).
     defaults = {f.name: f.default for f in dataclasses.fields(EngineSchema) if f.default is not dataclasses.MISSING}
     for key, value in base.items():
         if key != "kernels" and key in defaults and value != defaults[key] and all(
                 key in o for o in arm_overrides.values()) and all(o[key] != value for o in arm_overrides.values()):
-            per_arm = ", ".join(f"{arm}: {arm_overrides[arm][key]!r}" for arm in ARMS)
+            per_arm = ", ".join(f"{arm}: {arm_overrides[arm][key]!r}" for arm in arm_overrides)
             raise ConfigError(f"engine.{key}={value!r} has no effect: every arm sets its own ({per_arm}); "
                               f"set it per arm, e.g. ab.arms.B.engine.{key}={value}")
     out = {}
-    for arm in ARMS:
+    for arm in arm_overrides:
         overrides = arm_overrides[arm]
         unknown = set(overrides) - set(base)
         if unknown:
@@ -195,11 +215,9 @@ def arm_engine_configs(cfg: DictConfig) -> dict[str, EngineConfig]:
             out[arm] = to_engine_config(merged)
         except ConfigError as e:
             raise ConfigError(f"ab.arms.{arm}: {e}") from e
-    if base.get("tiers") is not None and not any(c.tiers is not None for c in out.values()):
+    if out and base.get("tiers") is not None and not any(c.tiers is not None for c in out.values()):
         raise ConfigError(f"engine.tiers={base['tiers']} is set (tiers group) but no arm verifies uniform; "
                           "set ab.arms.B.engine.verify=uniform (or drop the tiers override)")
-    if cfg.load.concurrency < 1:
-        raise ConfigError(f"load.concurrency: must be >= 1, got {cfg.load.concurrency}")
     for arm in out:
         out[arm].max_num_seqs = int(cfg.load.concurrency)
     return out
@@ -215,7 +233,7 @@ def workload_from(cfg: DictConfig):
 
 
 def check_config(cfg: DictConfig):
-    """Every check that needs no model: returns (arm engine configs, workload, schedule).
+    """Every check that needs no model: returns (the in-process arms' engine configs, workload, schedule).
 
     Raises ConfigError naming the bad key and what is allowed. Called first by run(), so a
     mistake costs no model load; `python -m runners.ab ... --cfg job` prints the config
@@ -229,6 +247,7 @@ def check_config(cfg: DictConfig):
     if missing:
         raise ConfigError(f"required config value(s) not set (??? in the YAML): {', '.join(missing)}; give them on "
                           f"the command line, e.g. `{missing[0]}=...`")
+    ab_http.check_http_arms(cfg, ab_http.http_endpoints(cfg))
     arm_cfgs = arm_engine_configs(cfg)
     if cfg.load.mode == "poisson" and not cfg.load.request_rate > 0:
         raise ConfigError(f"load.request_rate: must be > 0 requests/s for load.mode=poisson, got {cfg.load.request_rate}")
@@ -350,11 +369,12 @@ def partial_run(out_dir: Path) -> str | None:
 
 
 RESULT_FILES = ("summary.json", "blocks.csv", "blocks.parquet", "requests.parquet", "requests", "report.md",
-                "report_appendix.md", "wandb")
+                "report_appendix.md", "wandb", "servers")  # servers/: the logs of HTTP arms' launched servers
 
 
 def keep_unfinished_run(out_dir: Path) -> Path:
-    """Move an unfinished run's results (summary, blocks, per-block requests, report, plots, W&B runs) into
+    """Move an unfinished run's results (summary, blocks, per-block requests, report, plots, W&B runs, the logs of
+    its served arms) into
     ``out_dir/unfinished-<n>/`` before a new run writes there: a rerun of an interrupted run, or of a
     sweep whose job crashed, measures again without losing what the first attempt measured."""
     n = 1
@@ -370,53 +390,27 @@ def keep_unfinished_run(out_dir: Path) -> Path:
 
 # ---- engines -------------------------------------------------------------------------------
 def real_engine_factory(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig]) -> dict[str, Engine]:
-    """Arm A from the configured model/drafter; arm B shares A's target (and drafter when both speculate)."""
+    """The first arm from the configured model/drafter; the other shares its target (and drafter when both
+    speculate). ``arm_cfgs`` holds the in-process arms only."""
     from runners.common import build_engine
 
-    engines: dict[str, Engine] = {"A": build_engine(cfg, arm_cfgs["A"])}
-    engines["B"] = Engine(engines["A"].target, engines["A"].tokenizer, arm_cfgs["B"],
-                          _drafter_for(cfg, engines["A"], arm_cfgs["B"]))
+    first, *others = list(arm_cfgs)
+    engines: dict[str, Engine] = {first: build_engine(cfg, arm_cfgs[first])}
+    for arm in others:
+        engines[arm] = Engine(engines[first].target, engines[first].tokenizer, arm_cfgs[arm],
+                              _drafter_for(cfg, engines[first], arm_cfgs[arm]))
     return engines
 
 
-class TinyCharTokenizer:
-    """Test hook tokenizer for the tiny models: characters -> ids 3..vocab-1 (1 = bos, 2 = eos).
-
-    Only the last ``keep`` characters of a prompt are encoded, so every prompt is short.
-    """
-
-    def __init__(self, vocab_size: int, keep: int = 40):
-        self.vocab_size, self.keep = vocab_size, keep
-        self.bos_token_id, self.eos_token_ids = 1, (2,)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [1] + [3 + ord(c) % (self.vocab_size - 3) for c in text[-self.keep:]]
-
-    def encode_chat(self, messages, add_generation_prompt: bool = True, **_: Any) -> list[int]:
-        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return "".join(chr(32 + (i - 3) % 94) for i in ids if i > 2)
-
-
 def tiny_engine_factory(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig]) -> dict[str, Engine]:
-    """Test hook (DSPARK_TEST_TINY_MODELS=1): both arms on the random models of tests/tiny.py."""
-    path = ROOT / "tests" / "tiny.py"
-    if not path.exists():
-        raise ConfigError(f"{TINY_MODELS_ENV}=1 needs the test helpers at {path} (a source checkout); "
-                          f"unset {TINY_MODELS_ENV} to load the configured models")
-    spec = importlib.util.spec_from_file_location("_dspark_tests_tiny", path)
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
-    target = tiny.tiny_target(seed=0, scale=4.0)  # at scale 1 it only repeats its last input token
-    drafter = tiny.tiny_drafter(target, seed=1)
-    tok = TinyCharTokenizer(target.cfg.vocab_size)
-    return {arm: Engine(target, tok, arm_cfgs[arm], drafter if arm_cfgs[arm].spec == "dspark" else None)
-            for arm in ARMS}
+    """Test hook (DSPARK_TEST_TINY_MODELS=1): the in-process arms on the random models of tests/tiny.py."""
+    target, drafter, tok = tiny_models()
+    return {arm: Engine(target, tok, ecfg, drafter if ecfg.spec == "dspark" else None)
+            for arm, ecfg in arm_cfgs.items()}
 
 
 def _tiny_models_requested() -> bool:
-    return os.environ.get(TINY_MODELS_ENV, "") not in ("", "0")
+    return tiny_models_requested()
 
 
 def default_engine_factory(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig]) -> dict[str, Engine]:
@@ -445,7 +439,7 @@ def attach_cost_tables(cfg: DictConfig, arm_cfgs: dict[str, EngineConfig], engin
 
     settings = to_profile_settings(cfg.ab.profile)
     used: dict[str, dict] = {}
-    for arm in ARMS:
+    for arm in engines:
         ecfg = arm_cfgs[arm]
         if ecfg.verify == "full" or ecfg.cost_table is not None:
             if ecfg.cost_table is not None:
@@ -467,7 +461,7 @@ def attach_cost_tables(cfg: DictConfig, arm_cfgs: dict[str, EngineConfig], engin
         used[arm] = obtained.describe()
     # A verify-all arm on the same node gets the table too: it prices that arm's oracle bound
     # (what an all-knowing scheduler would have delivered on the same acceptances).
-    for arm in ARMS:
+    for arm in engines:
         other = used.get("B" if arm == "A" else "A")
         ecfg = arm_cfgs[arm]
         if ecfg.verify == "full" and ecfg.spec == "dspark" and ecfg.cost_table is None and other is not None:
@@ -488,7 +482,7 @@ def attach_cost_tables(cfg: DictConfig, arm_cfgs: dict[str, EngineConfig], engin
 
 
 def _drafter_for(cfg: DictConfig, engine_a: Engine, ecfg_b: EngineConfig):
-    """Arm B shares arm A's drafter when both speculate; else loads one if B needs it."""
+    """The second arm shares the first arm's drafter when both speculate; else loads one if it needs it."""
     if ecfg_b.spec == "off":
         return None
     if engine_a.drafter is not None:
@@ -498,10 +492,12 @@ def _drafter_for(cfg: DictConfig, engine_a: Engine, ecfg_b: EngineConfig):
     return build_engine(cfg, ecfg_b).drafter
 
 
-def _checked_engines(engines: Any) -> dict[str, Engine]:
-    if not isinstance(engines, Mapping) or set(engines) != set(ARMS):
+def _checked_engines(engines: Any, arms: Any = ARMS) -> dict[str, Engine]:
+    """The factory's engines, one for each in-process arm of ``arms``."""
+    if not isinstance(engines, Mapping) or set(engines) != set(arms):
         got = sorted(engines) if isinstance(engines, Mapping) else type(engines).__name__
-        raise TypeError(f"engine_factory must return {{'A': Engine, 'B': Engine}}, got {got}")
+        wanted = ", ".join(f"'{arm}': Engine" for arm in arms)
+        raise TypeError(f"engine_factory must return {{{wanted}}}, got {got}")
     return dict(engines)
 
 
@@ -617,8 +613,10 @@ def run(cfg: DictConfig, engine_factory: EngineFactory | None = None) -> dict:
     arm_cfgs, workload, schedule = check_config(cfg)  # every config error surfaces before any model loads
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with output_folder_lock(out_dir):
-        return _run_in(cfg, engine_factory, arm_cfgs, workload, schedule, out_dir)
+    endpoints = ab_http.http_endpoints(cfg)
+    # The HTTP arms' servers (none start before their first block) are stopped however the run ends.
+    with output_folder_lock(out_dir), ab_http.HttpArms(endpoints, out_dir, int(cfg.load.concurrency)) as http_arms:
+        return _run_in(cfg, engine_factory, arm_cfgs, workload, schedule, out_dir, http_arms)
 
 
 class output_folder_lock:
@@ -656,8 +654,10 @@ class output_folder_lock:
         self._file.close()
 
 
-def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_dir: Path) -> dict:
-    """run()'s work once its output folder is locked."""
+def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_dir: Path,
+            http_arms: ab_http.HttpArms) -> dict:
+    """run()'s work once its output folder is locked. ``arm_cfgs``: the in-process arms' engine configs;
+    ``http_arms``: the arms served over HTTP."""
     hashed = hashed_config(cfg)
     chash = config_hash(hashed)
     if not cfg.ab.get("force_rerun", False):
@@ -674,27 +674,34 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
                     partial, kept)
     prompts = workload.prompts()  # a bad custom file fails here, still before any model loads
     replicas = workload.greedy_replicas()
-    names = ab_run_names(cfg.experiment, out_dir,
-                         {arm: (cfg.ab.arms[arm].label, vars_of(arm_cfgs[arm])) for arm in ARMS}, **_hydra_job())
+    ab_http.check_prompt_kinds(http_arms.endpoints, [*prompts, *replicas])
+    identity = {arm: vars_of(arm_cfgs[arm]) if arm in arm_cfgs else {"http": http_arms.endpoints[arm].describe()}
+                for arm in ARMS}
+    names = ab_run_names(cfg.experiment, out_dir, {arm: (cfg.ab.arms[arm].label, identity[arm]) for arm in ARMS},
+                         **_hydra_job())
     logger = WandbLogger(**OmegaConf.to_container(cfg.wandb, resolve=True), names=names,
                          dir=out_dir)  # refuses online mode without an API key, before loading
 
     factory = engine_factory or default_engine_factory
-    engines = _checked_engines(factory(cfg, arm_cfgs))
+    engines = _checked_engines(factory(cfg, arm_cfgs), list(arm_cfgs)) if arm_cfgs else {}
     cost_tables = attach_cost_tables(cfg, arm_cfgs, engines)
-    tok = engines["A"].tokenizer
+    # An in-process arm's tokenizer; an A/B of HTTP arms only leaves tokenization to the servers.
+    tok = next((e.tokenizer for e in engines.values()), None)
+    params = [workload.sampling_for(p) for p in prompts]
+    ids = [p.id for p in prompts]
     # Prompts are tokenized (chat template applied) once, before any timed block, and both arms get the
     # same token ids: a serving front end tokenizes a request as it arrives, beside the engine loop, so a
     # closed-loop block that queues every request at once must not bill the whole workload's tokenization
     # to its first step (0.5-0.9 s of a 2.5-3.5 s block at 1,024 requests on the H200).
     start = time.perf_counter()
-    token_ids = {p.id: tokenize_prompt(tok, p) for p in prompts}
+    token_ids = {p.id: tokenize_prompt(tok, p) for p in prompts} if tok is not None else {}
     tokenize_s = time.perf_counter() - start
-    check_prompt_lengths(token_ids, arm_cfgs)
-    inputs = [token_ids[p.id] for p in prompts]
-    params = [workload.sampling_for(p) for p in prompts]
-    ids = [p.id for p in prompts]
-    length_stats = workload.length_stats(lambda p: len(token_ids[p.id]))  # the same prompts, tokenized above
+    inputs = [token_ids[p.id] for p in prompts] if tok is not None else []
+    length_stats = None  # HTTP arms only: from the servers' prompt token counts, after the blocks
+    if tok is not None:
+        check_prompt_lengths(token_ids, arm_cfgs)
+        length_stats = workload.length_stats(lambda p: len(token_ids[p.id]))  # the same prompts, tokenized above
+    http_requests = ab_http.http_requests(prompts, params)
 
     config_dict = OmegaConf.to_container(cfg, resolve=True)
     for arm in ARMS:
@@ -703,8 +710,10 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     # Warm-up per arm (first requests of the workload), then measured blocks.
     warm = int(cfg.ab.warmup_requests)
     if warm and cfg.ab.warmup_full_batch:  # the first timed block must not be the first at full batch depth
-        warm = max(warm, min(int(cfg.load.concurrency), len(inputs)))
-    for arm in ARMS:
+        warm = max(warm, min(int(cfg.load.concurrency), len(prompts)))
+    # An HTTP arm warms its server up with the same requests after every launch (dspark.bench.http.arm).
+    http_arms.set_warmup(ab_http.warmup_requests(http_requests, warm))
+    for arm in engines:
         if warm:
             e = engines[arm]
             try:
@@ -719,7 +728,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     # Every graph a run can replay, captured now: a capture inside a timed block synchronises the device
     # and compiles, which would be billed to that block (counted per block as counter/graphs_captured).
     captured_ahead = {}
-    for arm in ARMS:
+    for arm in engines:
         e = engines[arm]
         if cfg.ab.capture_before_timing:
             start = time.perf_counter()
@@ -733,7 +742,8 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
 
     records: list[RequestRecord] = []
     block_rows: list[dict] = []
-    outputs: dict[str, dict[int, dict[str, list[int]]]] = {"A": {}, "B": {}}
+    outputs: dict[str, dict[int, dict[str, list[int] | None]]] = {"A": {}, "B": {}}  # None: ids unknown (HTTP)
+    texts: dict[str, dict[int, dict[str, str]]] = {"A": {}, "B": {}}
     first_arm = first_arm_by_block(schedule)
     blocks_csv = out_dir / "blocks.csv"
     from tqdm.auto import tqdm
@@ -746,7 +756,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     with GcPauses(str(cfg.ab.gc_mode)) as gc_pauses, TritonCompiles() as compiles, interrupts_raise():
         try:
             _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
-                        blocks_csv, gc_pauses, compiles)
+                        blocks_csv, gc_pauses, compiles, http_arms, http_requests, texts)
         except (KeyboardInterrupt, RunInterrupted) as exc:
             name = exc.signal_name if isinstance(exc, RunInterrupted) else "SIGINT"
             interrupted = {"signal": name, "completed_arm_blocks": len(block_rows),
@@ -756,23 +766,33 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
                         name, len(block_rows), len(schedule))
 
     # Greedy replicas: sampled workloads cannot be compared token by token, their greedy copies can.
-    replica_outputs: dict[str, dict[str, list[int]]] = {}
+    replica_outputs: dict[str, dict[str, list[int] | None]] = {}
+    replica_texts: dict[str, dict[str, str]] = {}
     prompt_ids = dict(token_ids)  # what the lossless guard re-scores outputs after (the replicas' join below)
     if replicas and interrupted is None:
-        r_inputs, r_params, r_ids = _replica_requests(cfg, workload, replicas, tok)
-        prompt_ids.update(zip(r_ids, r_inputs))
+        r_params = _replica_params(cfg, workload, replicas)
+        r_ids = [p.id for p in replicas]
+        if tok is not None:
+            r_inputs = [tokenize_prompt(tok, p) for p in replicas]
+            prompt_ids.update(zip(r_ids, r_inputs))
         for arm in ARMS:
-            engines[arm].reset()
             try:
+                if arm in http_arms:
+                    results = _http_untimed(http_arms[arm], ab_http.http_requests(replicas, r_params), cfg)
+                    replica_outputs[arm] = {r.request_id: r.token_ids for r in results}
+                    replica_texts[arm] = {r.request_id: r.text for r in results}
+                    continue
+                engines[arm].reset()
                 outs = engines[arm].generate(r_inputs, r_params, ids=r_ids)
             except Exception as exc:
                 logger.close()
                 raise ArmFailed(f"arm {arm} failed on the greedy replicas: {type(exc).__name__}: {exc}; all "
                                 f"{len(block_rows)} arm-blocks are in {blocks_csv}") from exc
             replica_outputs[arm] = {str(o.user_id): list(o.token_ids) for o in outs}
+            replica_texts[arm] = {str(o.user_id): o.text for o in outs}
 
     control = None
-    if interrupted is None:
+    if interrupted is None and not http_arms:  # (its guard re-scores in-process: no control with an HTTP arm)
         control = run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, replicas, tok, logger,
                                        blocks_csv, len(block_rows))
 
@@ -786,8 +806,20 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
             compared[metric] = "higher"
     stats = (compare_blocks(paired, compared, n_boot=int(cfg.ab.n_boot), seed=int(cfg.ab.seed))
              if len(paired) else {})
-    guards = run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records, prompt_ids,
-                        control, dict(zip(ids, params)))
+    # Each arm's engine configuration: configured (in-process), reported by its server (HTTP), or None (unknown).
+    engine_cfgs = {arm: arm_cfgs[arm] if arm in arm_cfgs else ab_http.engine_config_of(http_arms[arm]) for arm in ARMS}
+    if http_arms:
+        guards = ab_http.http_guards(cfg, workload, records, outputs, texts, replica_outputs, replica_texts, block_rows,
+                                     engine_cfgs, http_arms, arm_did_nothing_guard)
+    else:
+        guards = run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records,
+                            prompt_ids, control, dict(zip(ids, params)))
+    for arm in http_arms.arms:
+        served_table = ab_http.served_cost_table(http_arms[arm])
+        if served_table is not None:
+            cost_tables[arm] = served_table
+    if length_stats is None:  # every arm over HTTP: the prompts' lengths as the servers counted them
+        length_stats = _served_length_stats(workload, records)
     if interrupted is not None:
         guards.append(GuardResult("interrupted", False,
                                   f"{interrupted['signal']} after {interrupted['completed_arm_blocks']} of "
@@ -801,7 +833,8 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
         "verdict": stats[HEADLINE].verdict if stats else "interrupted before a block ran in both arms",
         "guards": [g.to_dict() for g in guards],
         "guards_passed": all(g.passed for g in guards),
-        "arms": {arm: _arm_description(cfg, arm, arm_cfgs[arm], engines[arm]) for arm in ARMS},
+        "arms": {arm: (_arm_description(cfg, arm, arm_cfgs[arm], engines[arm]) if arm in engines
+                       else ab_http.describe(http_arms[arm], cfg.ab.arms[arm].label)) for arm in ARMS},
         "counters": counters,
         "cost_tables": cost_tables,
         "workload": {**workload.describe(), "length_stats": length_stats, "tokenize_s": round(tokenize_s, 3)},
@@ -814,7 +847,9 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     }
     if interrupted is not None:
         summary["interrupted"] = interrupted
-    if factory is not default_engine_factory:
+    if not engines:
+        pass  # no engine in this process
+    elif factory is not default_engine_factory:
         summary["engine_factory"] = getattr(factory, "__qualname__", repr(factory))
     elif _tiny_models_requested():
         summary["engine_factory"] = f"tiny_engine_factory ({TINY_MODELS_ENV} test hook)"
@@ -825,7 +860,8 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     sla = {"ttft_ms": cfg.load.get("sla_ttft_ms"), "tpot_ms": cfg.load.get("sla_tpot_ms")}
     if any(v is not None for v in sla.values()):
         summary["sla"] = sla
-    summary["truncated"] = truncation_counts(requests_df, {arm: arm_cfgs[arm].max_model_len for arm in ARMS})
+    summary["truncated"] = truncation_counts(requests_df, {arm: c.max_model_len if c is not None else None
+                                                           for arm, c in engine_cfgs.items()})
     for arm in ARMS:
         logger.log_requests(arm, [r for r in records if r.arm == arm])
     logger.log_statistics(summary["statistics"], summary["verdict"], HEADLINE)
@@ -896,40 +932,69 @@ class interrupts_raise:
 
 
 def _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
-                blocks_csv, gc_pauses, compiles) -> None:
+                blocks_csv, gc_pauses, compiles, http_arms=None, http_requests=None, texts=None) -> None:
     """The timed arm-blocks of the schedule (``bar`` iterates it); each block's row is appended to
     ``block_rows`` and blocks.csv is rewritten at once, so a crash keeps the finished blocks. With
-    ``progress``, a second bar below counts the requests finished within the arm-block running."""
+    ``progress``, a second bar below counts the requests finished within the arm-block running. An arm in
+    ``http_arms`` sends ``http_requests`` to its server (launched and warmed up before its block, stopped after
+    it unless it keeps running: runners.ab_http); its outputs' token ids are None where the server gave none."""
     from tqdm.auto import tqdm
 
+    texts = texts if texts is not None else {"A": {}, "B": {}}
     for block, arm in bar:
-        e = engines[arm]
-        e.reset()
+        served = http_arms is not None and arm in http_arms
+        if served:
+            try:
+                http_arms[arm].open()  # launched, healthy and warmed up (untimed) when it was not serving
+            except Exception as exc:
+                logger.close()
+                raise ArmFailed(f"arm {arm} could not serve block {block}: {type(exc).__name__}: {exc}; the "
+                                f"{len(block_rows)} finished arm-blocks are in {blocks_csv}") from exc
+        else:
+            e = engines[arm]
+            e.reset()
         gc_pauses.settle()  # untimed: earlier blocks' objects frozen, not rescanned by this block's collections
         gc_pauses.take()  # count this block's pauses and compilations only
         compiles.take()
-        requests_bar = tqdm(total=len(inputs), desc=f"block {block} arm {arm}", unit="request", leave=False,
+        requests_bar = tqdm(total=len(ids), desc=f"block {block} arm {arm}", unit="request", leave=False,
                             position=1, disable=not cfg.progress)
         try:
-            outs, wall, scheduled = drive(e, inputs, params, ids, cfg.load, seed=int(cfg.ab.seed) + block,
-                                          on_finished=requests_bar.update)
+            if served:
+                run = http_arms[arm].run_block(http_requests, block, mode=str(cfg.load.mode),
+                                               concurrency=int(cfg.load.concurrency),
+                                               rate=float(cfg.load.request_rate), seed=int(cfg.ab.seed) + block,
+                                               on_finished=requests_bar.update)
+            else:
+                outs, wall, scheduled = drive(e, inputs, params, ids, cfg.load, seed=int(cfg.ab.seed) + block,
+                                              on_finished=requests_bar.update)
         except Exception as exc:  # keep what finished, then fail loudly
             logger.close()
             raise ArmFailed(f"arm {arm} failed in block {block}: {type(exc).__name__}: {exc}; the "
                             f"{len(block_rows)} finished arm-blocks are in {blocks_csv}") from exc
         finally:
             requests_bar.close()
-        recs = to_records(outs, arm, block, scheduled)
+            if served:
+                http_arms[arm].after_block()  # stopped unless it keeps running: the next arm has the node
+        if served:
+            recs, wall, counters = run.records, run.wall_s, run.counters
+            outputs[arm][block] = {r.request_id: r.token_ids for r in run.results}
+            texts[arm][block] = {r.request_id: r.text for r in run.results}
+        else:
+            recs = to_records(outs, arm, block, scheduled)
+            outputs[arm][block] = {str(o.user_id): list(o.token_ids) for o in outs}
+            texts[arm][block] = {str(o.user_id): o.text for o in outs}
+            counters = e.counters()
         records += recs
         # This arm-block's requests on disk at once (one file each: appending never rewrites a finished one).
         block_file = blocks_csv.parent / "requests" / f"block{block}_{arm}.parquet"
         block_file.parent.mkdir(exist_ok=True)
         block_df = requests_dataframe(recs)
         atomic_write(block_file, lambda tmp: block_df.to_parquet(tmp, index=False))
-        outputs[arm][block] = {str(o.user_id): list(o.token_ids) for o in outs}
-        counters = e.counters()
         row = {"block": block, "arm": arm, "first_arm": first_arm[block],
                **aggregate_block(recs, wall, counters, **sla_limits(cfg.load)), "wall_s": wall}
+        if served:  # acceptance pooled from the server's counters when its responses did not carry it
+            row.update(run.acceptance)
+            row["acceptance_source"] = run.acceptance_source
         compiled = compiles.take()
         if compiled["compiled"] is not None:
             row["compile/triton_kernels"] = compiled["compiled"]
@@ -1076,14 +1141,42 @@ def run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, 
 
 
 def _replica_requests(cfg, workload, replicas, tok):
-    """The greedy replicas of a sampled workload as (token ids, params, ids), capped at
-    ab.greedy_replica_max_tokens (the token-exact comparison needs a prefix, not whole poems)."""
+    """The greedy replicas of a sampled workload as (token ids, params, ids) (:func:`_replica_params`)."""
     r_inputs = [tokenize_prompt(tok, p) for p in replicas]
+    return r_inputs, _replica_params(cfg, workload, replicas), [p.id for p in replicas]
+
+
+def _replica_params(cfg, workload, replicas):
+    """The greedy replicas' sampling, capped at ab.greedy_replica_max_tokens (the token-exact comparison needs a
+    prefix, not whole poems)."""
     cap = cfg.ab.get("greedy_replica_max_tokens")
     r_params = [workload.sampling_for(p, greedy=True) for p in replicas]
     if cap is not None:
         r_params = [dataclasses.replace(p, max_tokens=min(p.max_tokens, int(cap))) for p in r_params]
-    return r_inputs, r_params, [p.id for p in replicas]
+    return r_params
+
+
+def _http_untimed(arm, requests, cfg):
+    """Untimed requests of an HTTP arm (its server launched, warmed up and stopped around them)."""
+    arm.open()
+    try:
+        return arm.run_untimed(requests, int(cfg.load.concurrency))
+    finally:
+        arm.after_block()
+
+
+def _served_length_stats(workload, records) -> dict:
+    """The prompts' length statistics from the servers' prompt token counts (usage), for an A/B whose arms are all
+    served over HTTP; says why when a prompt's count is missing."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.prompt_tokens is not None:
+            counts.setdefault(r.request_id, int(r.prompt_tokens))
+    missing = [p.id for p in workload.prompts() if p.id not in counts]
+    if missing:
+        return {"unavailable": f"no server reported the prompt token count (usage.prompt_tokens) of {len(missing)} "
+                               f"prompt(s), e.g. {missing[0]!r}"}
+    return {**workload.length_stats(lambda p: counts[p.id]), "counted_by": "the servers (usage.prompt_tokens)"}
 
 
 def _evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype) -> GuardResult:
@@ -1202,20 +1295,25 @@ def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block
     if not greedy_workload:
         guards += _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_ids)
     for arm in ("A", "B"):
-        ecfg = arm_cfgs[arm]
-        counters = _sum_counters([r for r in block_rows if r["arm"] == arm])
-        # engine.force_verify_len / force_budget_frac replace the planner: such an arm must trim as forced.
-        forced = ecfg.force_verify_len is not None or ecfg.force_budget_frac is not None
-        guards.append(did_nothing_guard(arm, vars_of(ecfg), counters,
-                                        expects_trim=trim_expected(ecfg.verify, forced),
-                                        forces_trim=forced and trim_expected(ecfg.verify, False),
-                                        # CUDA graphs can only replay on a GPU; on a CPU the same
-                                        # device-resident steps run uncaptured (eager_reason/cpu).
-                                        expects_graphs=ecfg.cuda_graphs and ecfg.device.startswith("cuda"),
-                                        expects_speculation=ecfg.spec != "off",
-                                        expects_draft_free=ecfg.draft_free_steps and ecfg.spec != "off",
-                                        expects_service_cost=ecfg.service_cost and ecfg.verify != "full"))
+        guards.append(arm_did_nothing_guard(arm, arm_cfgs[arm], block_rows))
     return guards
+
+
+def arm_did_nothing_guard(arm: str, ecfg: EngineConfig, block_rows: list[dict]) -> GuardResult:
+    """The did_nothing guard of one arm: what its engine configuration ``ecfg`` expects to run, against its
+    counters summed over its blocks (in-process: the engine's; HTTP: its server's, by delta)."""
+    counters = _sum_counters([r for r in block_rows if r["arm"] == arm])
+    # engine.force_verify_len / force_budget_frac replace the planner: such an arm must trim as forced.
+    forced = ecfg.force_verify_len is not None or ecfg.force_budget_frac is not None
+    return did_nothing_guard(arm, vars_of(ecfg), counters,
+                             expects_trim=trim_expected(ecfg.verify, forced),
+                             forces_trim=forced and trim_expected(ecfg.verify, False),
+                             # CUDA graphs can only replay on a GPU; on a CPU the same
+                             # device-resident steps run uncaptured (eager_reason/cpu).
+                             expects_graphs=ecfg.cuda_graphs and ecfg.device.startswith("cuda"),
+                             expects_speculation=ecfg.spec != "off",
+                             expects_draft_free=ecfg.draft_free_steps and ecfg.spec != "off",
+                             expects_service_cost=ecfg.service_cost and ecfg.verify != "full")
 
 
 @runner_main("ab")

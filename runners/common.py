@@ -1,7 +1,16 @@
-"""What every runner does the same way: turn a composed config into an engine."""
+"""What every runner does the same way: turn a composed config into an engine.
+
+Test hook: with the environment variable ``DSPARK_TEST_TINY_MODELS=1`` (:data:`TINY_MODELS_ENV`) runners.ab and
+runners.serve build the tiny random models of ``tests/tiny.py`` with a character tokenizer
+(:func:`tiny_models`) instead of the configured ones, so that whole runs (subprocesses included: a served arm
+of an A/B) finish in seconds in the test suite. Their speed numbers mean nothing; never set it for a real
+measurement.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +19,9 @@ import torch
 from dspark.config import ConfigError, DrafterConfig, EngineConfig
 from runners.schema import to_engine_config
 
-ASSETS = Path(__file__).resolve().parents[1] / "dspark" / "assets"
+ROOT = Path(__file__).resolve().parents[1]
+ASSETS = ROOT / "dspark" / "assets"
+TINY_MODELS_ENV = "DSPARK_TEST_TINY_MODELS"
 
 
 def resolve_drafter_path(path: str | None) -> str | None:
@@ -55,3 +66,42 @@ def build_engine(cfg: Any, engine_cfg: EngineConfig | None = None, seed: int = 0
     elif drafter_path is not None:
         drafter = DSparkDrafter.load(drafter_path, mcfg, device=engine_cfg.device, dtype=DTYPES[engine_cfg.dtype])
     return Engine(target, tokenizer, engine_cfg, drafter)
+
+
+# ---- the tiny-model test hook --------------------------------------------------------------------------
+def tiny_models_requested() -> bool:
+    return os.environ.get(TINY_MODELS_ENV, "") not in ("", "0")
+
+
+class TinyCharTokenizer:
+    """Test hook tokenizer for the tiny models: characters -> ids 3..vocab-1 (1 = bos, 2 = eos).
+
+    Only the last ``keep`` characters of a prompt are encoded, so every prompt is short.
+    """
+
+    def __init__(self, vocab_size: int, keep: int = 40):
+        self.vocab_size, self.keep = vocab_size, keep
+        self.bos_token_id, self.eos_token_ids = 1, (2,)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [1] + [3 + ord(c) % (self.vocab_size - 3) for c in text[-self.keep:]]
+
+    def encode_chat(self, messages, add_generation_prompt: bool = True, **_: Any) -> list[int]:
+        return self.encode("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join(chr(32 + (i - 3) % 94) for i in ids if i > 2)
+
+
+def tiny_models():
+    """The test hook's models: (target, drafter, tokenizer), the same in every process that builds them."""
+    path = ROOT / "tests" / "tiny.py"
+    if not path.exists():
+        raise ConfigError(f"{TINY_MODELS_ENV}=1 needs the test helpers at {path} (a source checkout); "
+                          f"unset {TINY_MODELS_ENV} to load the configured models")
+    spec = importlib.util.spec_from_file_location("_dspark_tests_tiny", path)
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    target = tiny.tiny_target(seed=0, scale=4.0)  # at scale 1 it only repeats its last input token
+    drafter = tiny.tiny_drafter(target, seed=1)
+    return target, drafter, TinyCharTokenizer(target.cfg.vocab_size)

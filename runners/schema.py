@@ -18,6 +18,7 @@ from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
 
 from dspark.config import ConfigError, DrafterConfig, EngineConfig, KernelSwitches, SamplingParams
 from dspark.serving.config import ServerConfig
@@ -55,6 +56,19 @@ class WandbMode(Choice):  # the values of dspark.bench.wandb_log.WANDB_MODES
     offline = "offline"
     online = "online"
     disabled = "disabled"
+
+
+class HttpApi(Choice):  # the values of dspark.bench.http.endpoint.API_KINDS
+    chat = "chat"
+    completions = "completions"
+
+
+class MetricsFlavour(Choice):  # the values of dspark.bench.http.endpoint.METRICS_FLAVOURS
+    dspark = "dspark"
+    vllm = "vllm"
+    sglang = "sglang"
+    trtllm = "trtllm"
+    llamacpp = "llamacpp"
 
 
 class RunOrder(Choice):
@@ -186,6 +200,11 @@ class ServeSchema:
     served_model_name: Optional[str] = None  # the name requests give as `model`; null: model.name
     log_level: str = "info"  # the server's log level
     graceful_shutdown_s: float = 30.0  # on SIGINT/SIGTERM, how long requests in flight may take to finish
+    # engine.verify != full without engine.cost_table: look this node's cost table up under paths.cost_tables, profiling
+    # it first (with the profile settings) when there is none, as runners.ab does for its arms; false: no table
+    find_cost_table: bool = False
+    # the cost-table profile's settings (find_cost_table); the same defaults as runners.ab's ab.profile
+    profile: CostProfileSchema = field(default_factory=lambda: CostProfileSchema(monotone=MonotoneMode.envelope))
 
 
 class MonotoneMode(Choice):  # the values of dspark.profiler.MONOTONE_MODES
@@ -198,7 +217,8 @@ class CostProfileSchema:
     """The cost-table profile's settings (dspark.profiler.ProfileSettings, which checks the values): the top
     level of runners.profile, and ab.profile in runners.ab (the profile it runs when a trimming arm has no
     engine.cost_table and no table for this setup and these settings is cached under paths.cost_tables)."""
-    # Requests decoding together; null: powers of two up to engine.max_num_seqs (runners.ab: load.concurrency).
+    # Requests decoding together; null: powers of two up to engine.max_num_seqs (runners.ab: load.concurrency), and
+    # at least to 16 (a ladder of fewer requests sees a flat cost; dspark.profiler.MIN_LADDER_BATCH).
     batch_sizes: Optional[List[int]] = None
     verify_lens: Optional[List[int]] = None  # forced verify lengths; null: every length 0..block
     warmup_steps: int = 2  # decode-only steps dropped per (batch size, verify length)
@@ -216,17 +236,47 @@ class CostProfileSchema:
 
 
 @dataclass
+class HttpArmSchema:
+    """ab.arms.<arm>.http: the arm is an OpenAI-compatible server reached over HTTP instead of an engine in this
+    process (dspark.bench.http.endpoint.HttpEndpoint, which checks the values and names the key)."""
+    base_url: str = MISSING  # the OpenAI API base the requests go to, e.g. http://127.0.0.1:8021/v1
+    model: Optional[str] = None  # the `model` requests name; null: the one model the server's /v1/models lists
+    # chat: /v1/chat/completions, for chat-message workloads (every built-in one); completions: /v1/completions,
+    # for text prompts (a custom JSONL of "prompt")
+    api: HttpApi = HttpApi.chat
+    # The argv that starts the server (e.g. [python, -m, runners.serve, port=8021]): runners.ab starts it before each
+    # of the arm's blocks, waits for health_url, warms it up and stops it after the block; null: a server already running.
+    launch: Optional[List[str]] = None
+    cwd: Optional[str] = None  # the launch command's working folder; null: the folder runners.ab runs in
+    env: Dict[str, str] = field(default_factory=dict)  # variables added to the launch command's environment
+    # keep a launched server up from the arm's first block to the end of the run (both arms' servers then share the node)
+    keep_running: bool = False
+    health_url: Optional[str] = None  # must answer 200 before the arm runs; null: base_url without /v1, + /health
+    health_timeout_s: float = 600.0  # a launched server must answer health_url within this many seconds
+    stop_timeout_s: float = 30.0  # stopping: SIGINT, then SIGTERM after this many seconds, then SIGKILL after as long
+    # the Prometheus endpoint scraped before and after every block (acceptance and engine counters by delta); null: none
+    metrics_url: Optional[str] = None
+    metrics: MetricsFlavour = MetricsFlavour.dspark  # whose counter names metrics_url exports (docs/DESIGN.md, HTTP arms)
+    request_timeout_s: float = 600.0  # a request whose response has not ended by then is an error
+    # ask for the output's token ids (return_token_ids, as vLLM and runners.serve name it); false for servers that
+    # refuse the parameter: the lossless guard then compares text
+    return_token_ids: bool = True
+    extra_body: Dict[str, Any] = field(default_factory=dict)  # added to every request's JSON body
+
+
+@dataclass
 class ArmSchema:
     label: str = "arm"  # the arm's name in results, reports and W&B
-    engine: Dict[str, Any] = field(default_factory=dict)  # overrides of the engine group for this arm
+    engine: Dict[str, Any] = field(default_factory=dict)  # overrides of the engine group for this arm (in-process arms)
+    http: Optional[HttpArmSchema] = None  # null: the arm runs an engine in this process; set: a server over HTTP
 
 
 @dataclass
 class ArmsSchema:
-    # the control arm
-    A: ArmSchema = field(default_factory=lambda: ArmSchema(label="verify_all", engine={"spec": "dspark", "verify": "full"}))
+    # the control arm (conf/ab/ sets each arm's engine or http)
+    A: ArmSchema = field(default_factory=lambda: ArmSchema(label="verify_all"))
     # the treatment arm
-    B: ArmSchema = field(default_factory=lambda: ArmSchema(label="ragged", engine={"spec": "dspark", "verify": "ragged"}))
+    B: ArmSchema = field(default_factory=lambda: ArmSchema(label="ragged"))
 
 
 @dataclass

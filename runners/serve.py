@@ -3,10 +3,13 @@
     python -m runners.serve host=127.0.0.1 port=8000
     python -m runners.serve spec=off port=8001
     python -m runners.serve engine=h200_graphs host=0.0.0.0
+    python -m runners.serve engine.verify=ragged find_cost_table=true    # this node's cost table, as runners.ab's
 
 Endpoints: /v1/chat/completions and /v1/completions (streamed or not), /v1/models, /health, /metrics
 (Prometheus). Every client's requests are batched continuously on the one engine (dspark.serving).
 The settings and the port are checked before the model loads; SIGINT/SIGTERM shut down gracefully.
+Test hook: with ``DSPARK_TEST_TINY_MODELS=1`` it serves the tiny random models of tests/tiny.py
+(:func:`runners.common.tiny_models`), as runners.ab builds them, so a test can launch it as an A/B's HTTP arm.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from runners.common import build_engine
+from runners.common import TINY_MODELS_ENV, build_engine, tiny_models, tiny_models_requested
 from runners.hydra_main import runner_main
-from runners.schema import to_server_config
+from runners.schema import to_profile_settings, to_server_config
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +46,13 @@ def run(cfg: DictConfig, engine: Any = None) -> None:
     from dspark.serving.server import bind_socket, serve
 
     config = to_server_config(cfg)
+    settings = to_profile_settings(cfg.profile) if cfg.find_cost_table else None  # checked before the model loads
     sock = bind_socket(config)  # a port in use is refused before the model loads
     try:
         if engine is None:
-            engine = build_engine(cfg)
+            engine = tiny_engine(cfg) if tiny_models_requested() else build_engine(cfg)
+        if settings is not None:
+            engine = with_cost_table(engine, cfg.paths.cost_tables, settings)
         graphs = capture_graphs(engine)
         if graphs:
             log.info("captured %d CUDA graphs before serving", graphs)
@@ -56,6 +62,34 @@ def run(cfg: DictConfig, engine: Any = None) -> None:
         serve(app, config, sock)
     finally:
         sock.close()
+
+
+def with_cost_table(engine, root: str, settings):
+    """find_cost_table: a trimming engine without engine.cost_table gets this node's table from ``root`` (profiled
+    first when there is none: dspark.profiler.find_or_profile, as runners.ab obtains its arms'), rebuilt around the
+    same weights. Engines that verify the whole block, or have a table, are returned as they are."""
+    import dataclasses
+
+    from dspark.engine import Engine
+    from dspark.profiler import find_or_profile
+
+    if engine.cfg.verify == "full" or engine.cfg.cost_table is not None:
+        return engine
+    obtained = find_or_profile(engine, root, settings, log.info)
+    log.info("cost table: %s (%s)", obtained.path, obtained.describe().get("how"))
+    return Engine(engine.target, engine.tokenizer, dataclasses.replace(engine.cfg, cost_table=str(obtained.path)),
+                  engine.drafter)
+
+
+def tiny_engine(cfg: DictConfig):
+    """Test hook (DSPARK_TEST_TINY_MODELS=1): the configured engine settings over the tiny random models."""
+    from dspark.engine import Engine
+    from runners.schema import to_engine_config
+
+    log.warning("%s=1: serving the TINY RANDOM test models, not %s (test hook)", TINY_MODELS_ENV, cfg.model.source)
+    ecfg = to_engine_config(cfg.engine, spec=cfg.get("spec"))
+    target, drafter, tok = tiny_models()
+    return Engine(target, tok, ecfg, drafter if ecfg.spec == "dspark" else None)
 
 
 @runner_main("serve")

@@ -192,6 +192,45 @@ def test_greedy_outputs_through_the_server_equal_engine_generate_and_clients_sha
         assert chunks[-1].model_extra["acceptance"] == got.model_extra["acceptance"]
 
 
+def test_return_token_ids_gives_the_engines_ids_and_a_chunk_per_step(models):
+    """return_token_ids (vLLM's extension): the prompt's and the output's token ids, plain or streamed; streamed,
+    one chunk per engine step that committed tokens, even one whose text is held back (a stop string's start),
+    so a client times every step. Without it the responses carry no ids. The acceptance lists each step's
+    verified drafts and the per-position counts; /dspark/engine reports the engine's configuration."""
+    engine = engine_for(models, step_delay_s=0.002)
+    params = SamplingParams(max_tokens=16, stop=("zz",))
+    want = reference(models, PROMPTS[:2], params)[1]
+    want_chat = reference(models, [[{"role": "user", "content": "hi"}]], params)[0]
+    with serving(engine) as served:
+        client = served.client()
+        ids = {"return_token_ids": True}
+        plain = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=16, temperature=0, stop="zz",
+                                          extra_body=ids)
+        chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=16, temperature=0,
+                                                stop="zz", stream=True, extra_body=ids))
+        chat = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                   max_tokens=16, temperature=0, stop="zz", stream=True,
+                                                   extra_body=ids))
+        without = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=16, temperature=0)
+        described = httpx.get(f"{served.url}/dspark/engine").json()
+    assert plain.choices[0].model_extra["token_ids"] == list(want.token_ids)
+    assert plain.model_extra["prompt_token_ids"] == list(want.prompt_token_ids)
+    streamed = [t for c in chunks if c.choices for t in c.choices[0].model_extra["token_ids"]]
+    assert streamed == list(want.token_ids) and chunks[0].model_extra["prompt_token_ids"] == list(want.prompt_token_ids)
+    acceptance = plain.model_extra["acceptance"]
+    assert len([c for c in chunks if c.choices[0].model_extra["token_ids"]]) == acceptance["num_steps"]
+    assert len(acceptance["verify_lengths"]) == acceptance["num_steps"] == len(acceptance["accept_lengths"])
+    assert acceptance["verify_lengths"] == [4] * acceptance["num_steps"]  # verify=full, the tiny drafter's block
+    assert len(acceptance["per_position_accepted"]) == len(acceptance["per_position_reached"]) == 4
+    assert sum(acceptance["per_position_accepted"]) == acceptance["num_accepted_tokens"]
+    chat_ids = [t for c in chat for t in (c.choices[0].model_extra.get("token_ids") or [])]
+    assert chat_ids == list(want_chat.token_ids) and chat[0].model_extra["prompt_token_ids"]
+    assert "".join(c.choices[0].delta.content or "" for c in chat) == want_chat.text
+    assert "token_ids" not in without.choices[0].model_extra and "prompt_token_ids" not in without.model_extra
+    assert described["engine"]["verify"] == "full" and described["block_size"] == 4
+    assert described["served_model_name"] == MODEL and described["engine"]["max_num_seqs"] == engine.cfg.max_num_seqs
+
+
 def test_stop_strings_streamed_never_send_text_they_cut(models):
     free = reference(models, PROMPTS[:3], SamplingParams(max_tokens=30, ignore_eos=True))
     with serving(engine_for(models)) as served:

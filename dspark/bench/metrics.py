@@ -72,8 +72,19 @@ class RequestRecord:
     # string), "length" (max_tokens or the context length engine.max_model_len), "error"; None: unknown.
     finish_reason: str | None = None
     scheduled_arrival_s: float | None = None
+    # The output's length when its token ids are unknown (an HTTP arm whose server returns text and usage only:
+    # its usage.completion_tokens); None: len(output_token_ids).
+    output_token_count: int | None = None
+
+    @property
+    def n_output_tokens(self) -> int:
+        """Output tokens: the ids' count, or the server's count when the ids are unknown."""
+        return self.output_token_count if self.output_token_count is not None else len(self.output_token_ids)
 
     def __post_init__(self) -> None:
+        if self.output_token_count is not None and self.output_token_ids:
+            raise ValueError(f"request {self.request_id!r}: output_token_count is for outputs whose token ids are "
+                             f"unknown, but {len(self.output_token_ids)} ids are given")
         if self.error is not None:
             return
         if self.first_token_s is None or self.finish_s is None:
@@ -95,7 +106,7 @@ class RequestRecord:
 
 def request_metrics(rec: RequestRecord) -> dict[str, Any]:
     """Scalar metrics of one request (NaN where undefined; see the module docstring)."""
-    n_out = len(rec.output_token_ids)
+    n_out = rec.n_output_tokens
     row: dict[str, Any] = {
         "request_id": rec.request_id, "arm": rec.arm, "block": rec.block,
         "prompt_tokens": rec.prompt_tokens, "output_tokens": n_out, "error": rec.error,
@@ -173,7 +184,7 @@ def aggregate_block(records: list[RequestRecord], wall_time_s: float,
         raise ValueError(f"wall_time_s must be > 0 to compute throughput, got {wall_time_s!r}")
     ok = [r for r in records if r.error is None]
     rows = [request_metrics(r) for r in ok]
-    output_tokens = sum(len(r.output_token_ids) for r in ok)
+    output_tokens = sum(r.n_output_tokens for r in ok)
     out: dict[str, Any] = {
         "n_requests": len(records),
         "n_errors": len(records) - len(ok),
@@ -197,7 +208,7 @@ def aggregate_block(records: list[RequestRecord], wall_time_s: float,
             met &= frame["ttft_s"] <= sla_ttft_s
         if sla_tpot_s is not None:
             met &= frame["tpot_s"].isna() | (frame["tpot_s"] <= sla_tpot_s)
-        good_tokens = sum(len(r.output_token_ids) for r, m in zip(ok, met) if m)
+        good_tokens = sum(r.n_output_tokens for r, m in zip(ok, met) if m)
         out["goodput_requests_per_s"] = int(met.sum()) / wall_time_s
         out["goodput_tokens_per_s"] = good_tokens / wall_time_s
         out["sla_attainment"] = int(met.sum()) / len(records) if records else float("nan")

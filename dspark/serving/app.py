@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI's completion endpoints over an EngineLoop, plus models, health and metrics.
+"""The FastAPI app: OpenAI's completion endpoints over an EngineLoop, plus models, health, metrics and the
+engine's configuration (``/dspark/engine``, which an A/B over HTTP reads).
 
 A handler tokenizes its prompt, checks it, submits it to the engine thread and awaits its events.
 Streamed responses (server-sent events) send the text that became safe after each engine step;
@@ -10,6 +11,7 @@ does a client of a plain response that disconnects while waiting. Every error is
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -49,7 +51,9 @@ def acceptance_of(output: RequestOutput, block_size: int) -> Acceptance:
     drafts = steps if block_size else 0
     return Acceptance(num_steps=steps, accept_lengths=list(output.accept_lengths),
                       mean_accept_length=output.mean_accept_length if steps else None, num_drafts=drafts,
-                      num_draft_tokens=drafts * block_size, num_accepted_tokens=sum(output.accept_lengths) - steps)
+                      num_draft_tokens=drafts * block_size, num_accepted_tokens=sum(output.accept_lengths) - steps,
+                      verify_lengths=list(output.verify_lens), per_position_accepted=list(output.pos_accepted),
+                      per_position_reached=list(output.pos_reached))
 
 
 def sse(payload) -> str:
@@ -170,29 +174,33 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
             raise failure_status(output)
         return output
 
-    async def events_of(handle: RequestHandle, stops) -> AsyncIterator[tuple[str, RequestOutput | None, str | None]]:
-        """(text delta, final output or None, error or None) of a streamed request, as steps commit tokens.
-        Leaving early (the client went away) aborts the request."""
+    async def events_of(handle: RequestHandle, stops, every_step: bool
+                        ) -> AsyncIterator[tuple[str, list[int], RequestOutput | None, str | None]]:
+        """(text delta, the token ids it adds, final output or None, error or None) of a streamed request, as
+        steps commit tokens: for each step whose text became safe to send, or (``every_step``) for each step
+        that committed tokens. Leaving early (the client went away) aborts the request."""
         text = StreamedText(tokenizer, stops)
+        received = 0  # tokens handed out before the final output
         done = False
         try:
             while True:
                 event = await engine_loop.next_event(handle)
                 if isinstance(event, NewTokens):
                     delta = text.add(event.token_ids)
-                    if delta:
-                        yield delta, None, None
+                    if delta or every_step:
+                        received += len(event.token_ids)
+                        yield delta, list(event.token_ids), None, None
                 elif isinstance(event, Finished):
                     done = True
                     output = event.output
                     if output.finish_reason == "error":
-                        yield "", None, output.error or "the engine could not serve this request"
+                        yield "", [], None, output.error or "the engine could not serve this request"
                     else:
-                        yield text.finish(output.text), output, None
+                        yield text.finish(output.text), list(output.token_ids[received:]), output, None
                     return
                 elif isinstance(event, Failed):
                     done = True
-                    yield "", None, event.message
+                    yield "", [], None, event.message
                     return
         finally:
             if not done:
@@ -214,33 +222,40 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         params = prompts.sampling_params(body, len(prompt_ids), max_model_len, "messages", default_max_tokens=None)
         handle = await admit(prompt_ids, params, bool(body.stream))
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        with_ids = bool(body.return_token_ids)
         if not body.stream:
             output = await final_output(handle, request)
             return ChatCompletionResponse(
                 id=rid, created=created, model=model_name,
-                choices=[ChatChoice(message=AssistantMessage(content=output.text), finish_reason=output.finish_reason)],
-                usage=usage_of(output), acceptance=acceptance_of(output, block_size))
+                choices=[ChatChoice(message=AssistantMessage(content=output.text), finish_reason=output.finish_reason,
+                                    token_ids=list(output.token_ids) if with_ids else None)],
+                usage=usage_of(output), acceptance=acceptance_of(output, block_size),
+                prompt_token_ids=list(prompt_ids) if with_ids else None)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-        def chunk(delta: ChatDelta, finish_reason=None, **extra) -> str:
+        def chunk(delta: ChatDelta, finish_reason=None, token_ids=None, **extra) -> str:
             return sse(ChatCompletionChunk(id=rid, created=created, model=model_name, choices=[
-                ChatChunkChoice(delta=delta, finish_reason=finish_reason)], **extra))
+                ChatChunkChoice(delta=delta, finish_reason=finish_reason, token_ids=token_ids)], **extra))
 
         async def chunks() -> AsyncIterator[str]:
-            yield chunk(ChatDelta(role="assistant", content=""))
-            async with aclosing(events_of(handle, params.stop)) as events:
-                async for delta, output, error in events:
+            yield chunk(ChatDelta(role="assistant", content=""), token_ids=[] if with_ids else None,
+                        prompt_token_ids=list(prompt_ids) if with_ids else None)
+            async with aclosing(events_of(handle, params.stop, with_ids)) as events:
+                async for delta, ids, output, error in events:
                     if error is not None:
                         yield stream_error(error)
                         break
-                    if delta:
-                        yield chunk(ChatDelta(content=delta))
+                    step_ids = ids if with_ids else None
                     if output is not None:
+                        if delta or (with_ids and ids):
+                            yield chunk(ChatDelta(content=delta), token_ids=step_ids)
                         yield chunk(ChatDelta(), finish_reason=output.finish_reason,
-                                    acceptance=acceptance_of(output, block_size))
+                                    token_ids=[] if with_ids else None, acceptance=acceptance_of(output, block_size))
                         if include_usage:
                             yield sse(ChatCompletionChunk(id=rid, created=created, model=model_name, choices=[],
                                                           usage=usage_of(output)))
+                    elif delta or with_ids:
+                        yield chunk(ChatDelta(content=delta), token_ids=step_ids)
             yield sse("[DONE]")
 
         return streaming(chunks)
@@ -254,31 +269,37 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
                                          default_max_tokens=prompts.COMPLETIONS_DEFAULT_MAX_TOKENS)
         handle = await admit(prompt_ids, params, bool(body.stream))
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        with_ids = bool(body.return_token_ids)
         if not body.stream:
             output = await final_output(handle, request)
             return CompletionResponse(id=rid, created=created, model=model_name,
-                                      choices=[CompletionChoice(text=output.text, finish_reason=output.finish_reason)],
-                                      usage=usage_of(output), acceptance=acceptance_of(output, block_size))
+                                      choices=[CompletionChoice(text=output.text, finish_reason=output.finish_reason,
+                                                                token_ids=list(output.token_ids) if with_ids else None)],
+                                      usage=usage_of(output), acceptance=acceptance_of(output, block_size),
+                                      prompt_token_ids=list(prompt_ids) if with_ids else None)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-        def chunk(text: str, finish_reason=None, **extra) -> str:
+        def chunk(text: str, finish_reason=None, token_ids=None, **extra) -> str:
             return sse(CompletionResponse(id=rid, created=created, model=model_name, choices=[
-                CompletionChoice(text=text, finish_reason=finish_reason)], **extra))
+                CompletionChoice(text=text, finish_reason=finish_reason, token_ids=token_ids)], **extra))
 
         async def chunks() -> AsyncIterator[str]:
-            async with aclosing(events_of(handle, params.stop)) as events:
-                async for delta, output, error in events:
+            first = with_ids  # the first chunk carries the prompt's token ids
+            async with aclosing(events_of(handle, params.stop, with_ids)) as events:
+                async for delta, ids, output, error in events:
                     if error is not None:
                         yield stream_error(error)
                         break
+                    extra = {"prompt_token_ids": list(prompt_ids)} if first else {}
+                    first = False
                     if output is not None:
-                        yield chunk(delta, finish_reason=output.finish_reason,
-                                    acceptance=acceptance_of(output, block_size))
+                        yield chunk(delta, finish_reason=output.finish_reason, token_ids=ids if with_ids else None,
+                                    acceptance=acceptance_of(output, block_size), **extra)
                         if include_usage:
                             yield sse(CompletionResponse(id=rid, created=created, model=model_name, choices=[],
                                                          usage=usage_of(output)))
-                    elif delta:
-                        yield chunk(delta)
+                    elif delta or with_ids:
+                        yield chunk(delta, token_ids=ids if with_ids else None, **extra)
             yield sse("[DONE]")
 
         return streaming(chunks)
@@ -286,6 +307,15 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=model_name, created=started, max_model_len=max_model_len)])
+
+    engine_description = {"served_model_name": model_name, "block_size": block_size,
+                          "engine": dataclasses.asdict(engine.cfg)}
+
+    @app.get("/dspark/engine")
+    async def engine_configuration() -> dict:
+        """The engine's configuration (dspark.config.EngineConfig) and drafted block size: what an A/B over HTTP
+        (runners.ab with an HTTP arm) needs to check that the arm's configured features ran."""
+        return engine_description
 
     @app.get("/health")
     async def health():

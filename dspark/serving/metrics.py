@@ -10,6 +10,8 @@ decisions, ...) under ``dspark:``.
 
 from __future__ import annotations
 
+import re
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -27,6 +29,7 @@ ENGINE_COUNTERS = (
     ("request_steps", "dspark:request_steps", "Requests decoded, summed over decode steps."),
     ("drafted_tokens", "dspark:drafted_tokens", "Draft tokens proposed by the drafter."),
     ("verified_tokens", "dspark:verified_tokens", "Draft tokens sent to the target to verify (after trimming)."),
+    ("window_tokens", "dspark:window_tokens", "Draft tokens in the verify windows the planner chose."),
     ("ceiling_tokens", "dspark:ceiling_tokens", "Draft tokens an untrimmed step would have verified."),
     ("accepted_tokens", "dspark:accepted_tokens", "Draft tokens accepted."),
     ("emitted_tokens", "dspark:emitted_tokens", "Tokens committed (accepted drafts and target tokens)."),
@@ -35,6 +38,15 @@ ENGINE_COUNTERS = (
     ("eager_steps", "dspark:eager_steps", "Steps run on the eager path."),
     ("graph_replays", "dspark:graph_replays", "Decode steps replayed as CUDA graphs."),
     ("discarded_row_steps", "dspark:discarded_row_steps", "Rows of device steps dropped: their request had finished."),
+    ("draft_free_steps", "dspark:draft_free_steps", "Decode steps run without drafting (engine.draft_free_steps)."),
+    ("depth_zero_rows", "dspark:depth_zero_rows", "Request steps the planner gave no verify window (target-only)."),
+    # What the planner's cost table predicted for the steps it priced, and what they did (the A/B's prediction health).
+    ("sched/predicted_tokens_total", "dspark:planner_predicted_tokens", "Tokens the cost table predicted the priced "
+     "steps to commit."),
+    ("sched/realised_tokens_on_predicted", "dspark:planner_realised_tokens", "Tokens the priced steps committed."),
+    ("sched/predicted_ms_total", "dspark:planner_predicted_ms", "Milliseconds the cost table predicted for the priced "
+     "steps."),
+    ("sched/measured_ms_on_predicted", "dspark:planner_measured_ms", "Milliseconds the priced steps took."),
 )
 # Engine.counters() key -> (metric, help): ratios and averages over the engine's life, exported as gauges.
 ENGINE_GAUGES = (
@@ -44,6 +56,10 @@ ENGINE_GAUGES = (
 )
 PLAN_REASON_PREFIX = "sched/plan_reason."
 VERIFY_LEN_PREFIX = "sched/verify_len_hist."
+# engine.draft_free_steps: per batch bucket, the drafting and draft-free steps the choice measured
+# (draft_free/b<bucket>/<kind>_steps); engine.service_cost: the steps that updated each part of the price.
+DRAFT_FREE_STEPS = re.compile(r"draft_free/b(\d+)/(draft|free)_steps")
+SERVICE_COST_STEPS = re.compile(r"service_cost/(floor|extra)_steps")
 
 
 class EngineSnapshotCollector:
@@ -104,6 +120,18 @@ class EngineSnapshotCollector:
                 windows.add_metric([name, key[len(VERIFY_LEN_PREFIX):]], n)
         yield reasons
         yield windows
+        measured = CounterMetricFamily("dspark:draft_free_measured_steps", "Steps the draft-free choice measured, "
+                                       "by batch bucket and kind (draft or free).",
+                                       labels=["model_name", "bucket", "kind"])
+        priced = CounterMetricFamily("dspark:service_cost_steps", "Committed steps that updated the service price, "
+                                     "by part (floor or extra).", labels=["model_name", "part"])
+        for key, n in c.items():
+            if (m := DRAFT_FREE_STEPS.fullmatch(key)) is not None:
+                measured.add_metric([name, m.group(1), m.group(2)], n)
+            elif (m := SERVICE_COST_STEPS.fullmatch(key)) is not None:
+                priced.add_metric([name, m.group(1)], n)
+        yield measured
+        yield priced
 
 
 class ServerMetrics:

@@ -2,8 +2,10 @@
 
 Requests are validated by these models (an unknown argument is refused, as OpenAI refuses it);
 parameters the engine does not implement are accepted only at their no-op values (``n=1``,
-penalties 0, no logprobs). ``top_k`` and ``ignore_eos`` are extensions, as in vLLM. Responses carry
-one field beyond OpenAI's: ``acceptance``, the request's speculative-decoding acceptance.
+penalties 0, no logprobs). ``top_k``, ``ignore_eos`` and ``return_token_ids`` are extensions under vLLM's
+names. Responses carry one field beyond OpenAI's: ``acceptance``, the request's speculative-decoding
+acceptance; with ``return_token_ids`` also the prompt's token ids (``prompt_token_ids``) and each choice's
+output token ids (``token_ids``: the whole output, or in a streamed chunk the tokens it adds).
 """
 
 from __future__ import annotations
@@ -81,6 +83,9 @@ class GenerationRequest(BaseModel):
     # Extensions.
     top_k: int | None = None  # None or 0: no top-k
     ignore_eos: bool | None = False
+    # The prompt's and the output's token ids in the response; streamed, a chunk is sent for every engine step
+    # that commits tokens, with those tokens, even when their text is held back (stop strings, a partial character).
+    return_token_ids: bool | None = False
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -192,7 +197,9 @@ class Usage(BaseModel):
 
 class Acceptance(BaseModel):
     """A request's speculative decoding: per decode step the tokens it committed (accepted drafts plus the
-    target's own token), and its totals under vLLM's spec-decode counter names."""
+    target's own token) and the drafts it sent the target to verify, its totals under vLLM's spec-decode
+    counter names, and per draft position (0-based) the steps that accepted it and the steps whose
+    verification reached it (``dspark.request.Request.pos_accepted`` / ``pos_reached``)."""
 
     num_steps: int
     accept_lengths: list[int]
@@ -200,6 +207,9 @@ class Acceptance(BaseModel):
     num_drafts: int
     num_draft_tokens: int
     num_accepted_tokens: int
+    verify_lengths: list[int]
+    per_position_accepted: list[int]
+    per_position_reached: list[int]
 
 
 class AssistantMessage(BaseModel):
@@ -207,14 +217,19 @@ class AssistantMessage(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(OmitsNoneFields):
+    OMIT_WHEN_NONE = ("token_ids",)
+
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None
     logprobs: None = None
+    token_ids: list[int] | None = None  # return_token_ids: the output's token ids
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(OmitsNoneFields):
+    OMIT_WHEN_NONE = ("prompt_token_ids",)
+
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int
@@ -222,6 +237,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     acceptance: Acceptance
+    prompt_token_ids: list[int] | None = None  # return_token_ids: the prompt's token ids (chat template applied)
 
 
 class ChatDelta(OmitsNoneFields):
@@ -231,15 +247,18 @@ class ChatDelta(OmitsNoneFields):
     content: str | None = None
 
 
-class ChatChunkChoice(BaseModel):
+class ChatChunkChoice(OmitsNoneFields):
+    OMIT_WHEN_NONE = ("token_ids",)
+
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
     logprobs: None = None
+    token_ids: list[int] | None = None  # return_token_ids: the tokens this chunk adds
 
 
 class ChatCompletionChunk(OmitsNoneFields):
-    OMIT_WHEN_NONE = ("usage", "acceptance")
+    OMIT_WHEN_NONE = ("usage", "acceptance", "prompt_token_ids")
 
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
@@ -248,19 +267,23 @@ class ChatCompletionChunk(OmitsNoneFields):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     acceptance: Acceptance | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids: on the first chunk
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(OmitsNoneFields):
+    OMIT_WHEN_NONE = ("token_ids",)
+
     index: int = 0
     text: str
     finish_reason: str | None = None
     logprobs: None = None
+    token_ids: list[int] | None = None  # return_token_ids: the output's (streamed: this chunk's) token ids
 
 
 class CompletionResponse(OmitsNoneFields):
     """A completion, or (streamed) one chunk of it."""
 
-    OMIT_WHEN_NONE = ("usage", "acceptance")
+    OMIT_WHEN_NONE = ("usage", "acceptance", "prompt_token_ids")
 
     id: str
     object: Literal["text_completion"] = "text_completion"
@@ -269,6 +292,7 @@ class CompletionResponse(OmitsNoneFields):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     acceptance: Acceptance | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids: the prompt's token ids (streamed: first chunk)
 
 
 class ModelCard(BaseModel):
