@@ -7,10 +7,10 @@
 # PARTS (default "ragged"):
 #   ragged:     ab=full_vs_ragged (verify-all vs ragged) with engine.service_cost=SERVICE_COST (default true) on
 #               the B arm, at concurrency CONCS (default "128 256") on WORKLOADS (default "mixed_chat agentic")
-#   scheduled:  ab=full_vs_scheduled (verify-all vs ragged + service price + depth down to zero + draft-free
-#               steps) at the same concurrencies and workloads
+#   scheduled:  ab=full_vs_scheduled (verify-all vs ragged + service price + depth down to zero) at the same
+#               concurrencies and workloads
 #   estimate:   ab=head_vs_max_prob at the same concurrencies and workloads
-#   safeguards: ab=target_vs_scheduled (target-only vs DSpark ragged + service price + draft-free steps) at
+#   safeguards: ab=target_vs_scheduled (target-only vs DSpark ragged + service price + depth down to zero) at
 #               SAFE_CONCS (default "1 16 128 256")
 # TAG: a suffix for the run folders; B_EXTRA: more overrides for the ragged part (e.g. "+ab.arms.B.engine.min_verify_len=0").
 # Each run's folder is packed into $OUT/<part>_<workload>_c<C>.tar.gz as soon as it ends (requests/ left out).
@@ -39,7 +39,7 @@ st = s.get("statistics", {}).get("output_tokens_per_s", {})
 print("verdict", s.get("verdict"), "B vs A %+.2f%% (CI %s .. %s, p=%s)" % (st.get("change_pct", float("nan")),
       st.get("ci_low_pct"), st.get("ci_high_pct"), st.get("wilcoxon_p")), "note:", s.get("verdict_note"))
 for arm, c in s["counters"].items():
-    keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "sched/trim_ratio", "draft_free/", "host/"))] + \
+    keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "sched/trim_ratio", "draft_free/", "host/", "device/"))] + \
            ["trimmed_steps", "draft_free_steps", "depth_zero_rows", "decode_steps", "mean_running_batch", "accept_rate"]
     print(arm, s["arms"][arm]["label"], {k: round(c[k], 4) if isinstance(c.get(k), float) else c.get(k) for k in keys})
 print("guards", [(g["name"], g["passed"]) for g in s["guards"]], "prediction", json.dumps(s.get("prediction_health"))[:300])
