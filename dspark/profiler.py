@@ -177,8 +177,8 @@ class ProfileSettings:
     """Every setting that decides a profiled table (the keyword arguments of :func:`profile_engine`
     besides ``progress``). Config form: ``runners.schema.CostProfileSchema``.
 
-    ``batch_sizes`` None: powers of two up to the engine's max_num_seqs, and at least to MIN_LADDER_BATCH
-    (:func:`batch_size_ladder`);
+    ``batch_sizes`` None: powers of two up to the engine's max_num_seqs, and on a GPU at least to
+    MIN_LADDER_BATCH (:func:`default_batch_sizes`);
     ``verify_lens`` None: every length 0..block. ``measure_steps`` is the number of repeats per
     (batch size, verify length); their median is fitted. ``time_budget_s`` None: no limit.
     """
@@ -231,7 +231,7 @@ class ProfileSettings:
         """The same settings with the defaults of batch_sizes and verify_lens filled in for this engine."""
         return dataclasses.replace(
             self, batch_sizes=self.batch_sizes if self.batch_sizes is not None
-            else tuple(batch_size_ladder(max(engine.cfg.max_num_seqs, MIN_LADDER_BATCH))),
+            else tuple(default_batch_sizes(engine.cfg.max_num_seqs, engine.runner.device.type)),
             verify_lens=self.verify_lens if self.verify_lens is not None else tuple(range(engine.block_size + 1)))
 
     def to_dict(self) -> dict[str, Any]:
@@ -552,7 +552,7 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int] | None, verify_
     """Sweep (batch size, forced verify length), fit the cost table, refuse one that could mislead the planner.
 
     The settings are :class:`ProfileSettings`'s (``batch_sizes`` None: powers of two up to
-    engine.max_num_seqs, and at least to MIN_LADDER_BATCH). Raises ProfileError on settings the engine cannot run,
+    engine.max_num_seqs, and on a GPU at least to MIN_LADDER_BATCH). Raises ProfileError on settings the engine cannot run,
     ProfileBudgetError past ``time_budget_s``, ProfileFlatError when the table would make
     trimming look free, ProfileFitError when the medians do not fit the additive model (a
     disturbed cell, medians the fit cannot separate, or a fit below the quality thresholds
@@ -677,11 +677,18 @@ def monotone_envelope(table: CostTable) -> tuple[CostTable, int]:
     return dataclasses.replace(table, theta_ms=tuple(theta)), changed
 
 
-# The smallest largest batch of a default profile ladder. A few requests' steps cost the same at every token count
-# (a step's fixed launch and weight-read cost dominates), so a ladder that stopped there would fit a flat table and
-# be refused (ProfileFlatError); one that reaches 16 requests shows how the cost grows with M, and the planner of an
-# engine that runs fewer requests reads its steps off the curve's flat start (and declines to trim them).
+# The smallest largest batch of a default profile ladder on a GPU. There a few requests' steps cost the same at every
+# token count (a step's fixed launch and weight-read cost dominates), so a ladder that stopped there would fit a flat
+# table and be refused (ProfileFlatError); one that reaches 16 requests shows how the cost grows with M, and the
+# planner of an engine that runs fewer requests reads its steps off the curve's flat start (and declines to trim
+# them). On a CPU the cost grows with M at any batch, and batches the engine never runs only add noise to the fit.
 MIN_LADDER_BATCH = 16
+
+
+def default_batch_sizes(max_num_seqs: int, device_type: str) -> list[int]:
+    """The profile's batch sizes when none are given: powers of two up to max_num_seqs, and on a GPU at least
+    up to MIN_LADDER_BATCH."""
+    return batch_size_ladder(max(max_num_seqs, MIN_LADDER_BATCH) if device_type == "cuda" else max_num_seqs)
 
 
 def batch_size_ladder(max_batch: int) -> list[int]:

@@ -218,7 +218,7 @@ class CostProfileSchema:
     level of runners.profile, and ab.profile in runners.ab (the profile it runs when a trimming arm has no
     engine.cost_table and no table for this setup and these settings is cached under paths.cost_tables)."""
     # Requests decoding together; null: powers of two up to engine.max_num_seqs (runners.ab: load.concurrency), and
-    # at least to 16 (a ladder of fewer requests sees a flat cost; dspark.profiler.MIN_LADDER_BATCH).
+    # on a GPU at least to 16 (fewer requests' steps cost the same at every M; dspark.profiler.MIN_LADDER_BATCH).
     batch_sizes: Optional[List[int]] = None
     verify_lens: Optional[List[int]] = None  # forced verify lengths; null: every length 0..block
     warmup_steps: int = 2  # decode-only steps dropped per (batch size, verify length)

@@ -19,7 +19,7 @@ from dspark.cost_table import CostTable, CostTableFileError, CostTableMismatchEr
 from dspark.engine import Engine
 from dspark.profiler import (MIN_LADDER_BATCH, ProfileBudgetError, ProfileError, ProfileFitError, ProfileFlatError, ProfileSettings,
                              collect_measurements, cost_table_path_for, find_or_profile, plot_cost_curve,
-                             batch_size_ladder, profile_engine, recommend_tier_ladder, refused_plot_path)
+                             batch_size_ladder, default_batch_sizes, profile_engine, recommend_tier_ladder, refused_plot_path)
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,13 +174,15 @@ def test_bad_settings_are_refused_before_measuring(models):
 
 
 def test_batches_above_the_engines_own_are_profiled_on_an_engine_sized_for_them(models, monkeypatch):
-    # At concurrency 1 a ladder that stopped at one request would see a flat cost and be refused; the default
-    # ladder reaches MIN_LADDER_BATCH requests, measured on a profiling engine with room for them.
+    # On a GPU at concurrency 1 a ladder that stopped at one request would see a flat cost and be refused; the
+    # default ladder there reaches MIN_LADDER_BATCH requests, measured on a profiling engine with room for them.
+    # On a CPU it stays the engine's own (the cost grows with M at any batch).
+    assert default_batch_sizes(1, "cuda") == batch_size_ladder(MIN_LADDER_BATCH) == [1, 2, 4, 8, 16]
+    assert default_batch_sizes(256, "cuda") == batch_size_ladder(256) and default_batch_sizes(2, "cpu") == [1, 2]
     engine = make_engine(models, max_num_seqs=1)  # and 64 tokens a step: 16 requests x 5 need 80
-    settings = ProfileSettings.from_kwargs({}).resolved(engine)
-    assert settings.batch_sizes == tuple(batch_size_ladder(MIN_LADDER_BATCH)) == (1, 2, 4, 8, 16)
+    assert ProfileSettings.from_kwargs({}).resolved(engine).batch_sizes == (1,)
     seen = synthetic_clock(monkeypatch, staircase)
-    table = profile_engine(engine, **{**SWEEP, "batch_sizes": list(settings.batch_sizes)}).table
+    table = profile_engine(engine, **{**SWEEP, "batch_sizes": [1, 2, 4, 8, 16]}).table
     top = 16 * (max(SWEEP["verify_lens"]) + 1)
     assert max(seen) == top and table.token_counts[-1] == top  # 16 requests' steps ran, on an engine that admits one
     assert engine.cfg.max_num_seqs == 1  # the profiled engine itself is unchanged
