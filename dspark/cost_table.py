@@ -32,9 +32,8 @@ thresholds, whether it passed. ``profile_settings`` records the settings it was 
 
 from __future__ import annotations
 
-import functools
-
 import dataclasses
+import functools
 import json
 import math
 import re

@@ -295,6 +295,12 @@ def _max_steps(batch_size: int, prompt_len: int, budget: int, warmup_steps: int,
     return prefill_steps + 2 + warmup_steps + measure_steps + _STEP_SLACK
 
 
+def _profile_token_budget(engine: Engine, batch_size: int) -> int:
+    """The profiling engine's tokens per step: the engine's own, or a whole block for every request of the
+    largest batch when that is more."""
+    return max(engine.cfg.max_num_batched_tokens, batch_size * (engine.block_size + 1))
+
+
 def _profiling_config(engine: Engine, v: int, *, max_tokens: int, batch_size: int, prompt_len: int):
     cfg = engine.cfg
     G = engine.block_size
@@ -303,7 +309,7 @@ def _profiling_config(engine: Engine, v: int, *, max_tokens: int, batch_size: in
     pages_per_request = math.ceil(need / page) + 1
     return dataclasses.replace(
         cfg, max_num_seqs=max(cfg.max_num_seqs, batch_size),
-        max_num_batched_tokens=max(cfg.max_num_batched_tokens, batch_size * (G + 1)),
+        max_num_batched_tokens=_profile_token_budget(engine, batch_size),
         verify="uniform", force_verify_len=v, force_budget_frac=None, tiers=None, cost_table=None,
         # The forced length replaces the planner's decision before any search, so the search
         # settings only need to be valid: pin them rather than inherit a verify=full config's.
@@ -377,7 +383,7 @@ def collect_measurements(engine: Engine, *, batch_sizes: Sequence[int], verify_l
 def _collect(engine: Engine, bs: Sequence[int], vl: Sequence[int], *, warmup_steps: int, measure_steps: int,
              prompt_len: int, seed: int, trimmed_path: bool, bar, clock: SweepClock) -> list[tuple[int, int, float]]:
     G = engine.block_size
-    budget = max(engine.cfg.max_num_batched_tokens, max(bs) * (G + 1))  # as _profiling_config sizes it
+    budget = _profile_token_budget(engine, max(bs))
     chunks = engine.steps.max_prefill_segments if engine.cfg.cuda_graphs else None  # the device path's cap
     steps_cap = _max_steps(max(bs), prompt_len, budget, warmup_steps, measure_steps, chunks)
     max_tokens = steps_cap * (G + 1)
@@ -552,8 +558,8 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int] | None, verify_
     """Sweep (batch size, forced verify length), fit the cost table, refuse one that could mislead the planner.
 
     The settings are :class:`ProfileSettings`'s (``batch_sizes`` None: powers of two up to
-    engine.max_num_seqs, and on a GPU at least to MIN_LADDER_BATCH). Raises ProfileError on settings the engine cannot run,
-    ProfileBudgetError past ``time_budget_s``, ProfileFlatError when the table would make
+    engine.max_num_seqs, and on a GPU at least to MIN_LADDER_BATCH). Raises ProfileError on settings the
+    engine cannot run, ProfileBudgetError past ``time_budget_s``, ProfileFlatError when the table would make
     trimming look free, ProfileFitError when the medians do not fit the additive model (a
     disturbed cell, medians the fit cannot separate, or a fit below the quality thresholds
     ``min_r2`` / ``max_rel_residual``). The returned table records its fit (checked and passed)

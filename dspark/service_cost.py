@@ -86,6 +86,7 @@ class ServiceCostEstimate:
         self.slope_fits = 0  # device parts that came from a fitted line (scale != 1 allowed)
         self._device_part: tuple[float, float] = (1.0, 0.0)  # (scale, extra) as last computed
         self._since_fit: int | None = None  # device-bound steps since the last computation (None: recompute)
+        self._current = ServiceCost.none()  # what current() last gave the planner
 
     def update(self, *, step_ms: float, table_ms: float | None, host_ms: float | None, waited_ms: float) -> None:
         """Count one committed step: its measured period, the table's price of what it ran (None when
@@ -126,10 +127,12 @@ class ServiceCostEstimate:
         """The price transform the planner applies now (the table's own until enough steps were seen)."""
         floor = statistics.median(self._floor) if self.floor_steps >= self.min_steps else 0.0
         scale, extra = self._device_price() if self.extra_steps >= self.min_steps else (1.0, 0.0)
-        return ServiceCost(floor, extra, scale)
+        self._current = ServiceCost(floor, extra, scale)
+        return self._current
 
     def summary(self) -> dict[str, float]:
-        cost = self.current()
+        """The price current() last gave the planner (read without refitting) and the steps behind it."""
+        cost = self._current
         return {"service_cost/floor_ms": cost.floor_ms, "service_cost/extra_ms": cost.extra_ms,
                 "service_cost/scale": cost.scale, "service_cost/floor_steps": self.floor_steps,
                 "service_cost/extra_steps": self.extra_steps, "service_cost/slope_fits": self.slope_fits}

@@ -511,17 +511,14 @@ def drive(engine: Engine, inputs: list, params: list, ids: list[str], load: Dict
     told of the requests as they finish (or are refused), n at a time: a progress bar's update."""
     if load.mode not in LOAD_MODES:
         raise ConfigError(f"load.mode: {load.mode!r} not in {list(LOAD_MODES)}")
-    import random
-
+    from dspark.bench.http.load import arrival_offsets
     from dspark.engine import RequestError
     from dspark.request import RequestOutput
 
     n = len(inputs)
-    if load.mode == "closed":
-        offsets, limit = np.zeros(n), int(load.concurrency)
-    else:
-        rng = random.Random(seed)
-        offsets, limit = np.cumsum([rng.expovariate(load.request_rate) for _ in inputs]), n
+    rate = load.request_rate if load.mode != "closed" else 0.0  # (a closed-loop load needs no rate)
+    offsets = arrival_offsets(n, load.mode, rate, seed)  # the same draws as an HTTP arm's
+    limit = int(load.concurrency) if load.mode == "closed" else n
     t0 = time.perf_counter()
     outs: list[Any] = [None] * n
     order: dict[int, int] = {}

@@ -614,8 +614,9 @@ def time_breakdown(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[dic
             "graphs_captured_timed": captured,
             "kv_pool_tokens": None if kv is None else float(kv.max()),
             "first_block_vs_median": None if ratio is None else float(ratio),
-            # Host ms per step() call by phase (dspark.engine.HOST_PHASES), median over blocks; absent phases left out.
-            "host_phases": {k: v for k in HOST_PHASES if (v := _median(_column(group, f"host/{k}_ms_per_step"))) is not None},
+            # Host ms per step() call by phase (dspark.stats.HOST_PHASES), median over blocks; absent phases left out.
+            "host_phases": {k: v for k in HOST_PHASES
+                            if (v := _median(_column(group, f"host/{k}_ms_per_step"))) is not None},
         })
     return rows
 
@@ -669,7 +670,8 @@ def where_time_went(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[st
     if phased:
         names = [k for k in HOST_PHASES if any(k in r["host_phases"] for r in phased)]
         lines += ["", _markdown(["arm", *names, "cycle"],
-                                [[r["label"], *("-" if k not in r["host_phases"] else f"{r['host_phases'][k]:.2f}" for k in names),
+                                [[r["label"],
+                                  *("-" if k not in r["host_phases"] else f"{r['host_phases'][k]:.2f}" for k in names),
                                   f"{sum(r['host_phases'].values()):.2f}"] for r in phased]),
                   "", "Host ms per device-resident step() call by phase (mean per call, median over blocks): rows "
                   "(reload and page reservation), prefill (scheduling and issuing prefills), join, plan (graphs, "
