@@ -95,6 +95,10 @@ DEFAULT_SUPERLINEAR_SLACK = 3.0
 # and every median within 24% of its fitted cost; a sweep disturbed by another job misses one of them.
 DEFAULT_MIN_R2 = 0.95
 DEFAULT_MAX_REL_RESIDUAL = 0.35
+# A fit that misses those thresholds is given this many more sweeps of every cell, their repeats pooled, before
+# it is refused. On a 2-core CPU the medians of 6 steps of 150-500 ms scatter by about 10%, enough to miss
+# R^2 0.95 on some sweeps of an idle machine; a machine that stays busy misses again and is refused.
+DEFAULT_REMEASURE_ROUNDS = 2
 MONOTONE_MODES = ("refuse", "envelope")
 # Decode-only steps a profile may wait for beyond what it needs before it gives up.
 _STEP_SLACK = 8
@@ -195,6 +199,7 @@ class ProfileSettings:
     min_r2: float = DEFAULT_MIN_R2
     max_rel_residual: float = DEFAULT_MAX_REL_RESIDUAL
     time_budget_s: float | None = None
+    remeasure_rounds: int = DEFAULT_REMEASURE_ROUNDS
 
     def __post_init__(self) -> None:
         for name in ("batch_sizes", "verify_lens"):
@@ -217,6 +222,10 @@ class ProfileSettings:
                                f"cost, as a fraction of it), got {self.max_rel_residual!r}")
         if self.time_budget_s is not None and not self.time_budget_s > 0:
             raise ProfileError(f"time_budget_s must be > 0 seconds, or null for no limit; got {self.time_budget_s!r}")
+        if isinstance(self.remeasure_rounds, bool) or not isinstance(self.remeasure_rounds, int) \
+                or self.remeasure_rounds < 0:
+            raise ProfileError(f"remeasure_rounds must be an integer >= 0 (0: refuse a noisy fit at once), "
+                               f"got {self.remeasure_rounds!r}")
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> "ProfileSettings":
@@ -239,9 +248,9 @@ class ProfileSettings:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     def table_settings(self) -> dict[str, Any]:
-        """The settings a table is measured and accepted with: all but the time budget, which only decides
-        whether the sweep finishes."""
-        return {k: v for k, v in self.to_dict().items() if k != "time_budget_s"}
+        """The settings a table is measured and accepted with: all but the time budget and the re-measuring
+        rounds, which only decide whether the sweep finishes with a table."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("time_budget_s", "remeasure_rounds")}
 
     def digest(self) -> str:
         """8 hex digits of SHA-256 over :meth:`table_settings` (part of a cached table's file name)."""
@@ -500,11 +509,11 @@ def check_not_superlinear(measurements: Sequence[tuple[int, int, float]], sample
                     worst = (ratio, b1, m1, ms1, b2, m2, ms2)
     if worst is not None:
         ratio, b1, m1, ms1, b2, m2, ms2 = worst
-        raise ProfileFitError(f"a step of M={m2} tokens (batch {b2}) took {ms2:.1f} ms, {ratio:.1f}x what linear growth "
-                              f"from M={m1} (batch {b1}, {ms1:.1f} ms) allows: more tokens never cost that much more "
-                              "per token, so something else was using the CPU or device during the sweep. Re-run the "
-                              "profile on an otherwise idle machine (delete the cached table if one was written)",
-                              list(measurements), None, list(samples))
+        raise ProfileFitError(f"a step of M={m2} tokens (batch {b2}) took {ms2:.1f} ms, {ratio:.1f}x what linear "
+                                f"growth from M={m1} (batch {b1}, {ms1:.1f} ms) allows: more tokens never cost that much "
+                                "more per token, so something else was using the CPU or device during the sweep. Re-run "
+                                "the profile on an otherwise idle machine (delete the cached table if one was written)",
+                                list(measurements), None, list(samples))
 
 
 def check_monotone(table: CostTable, measurements: Sequence[tuple[int, int, float]],
@@ -554,7 +563,8 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int] | None, verify_
                    progress: bool = False, flat_rel_tol: float = DEFAULT_FLAT_REL_TOL,
                    max_drop_rel: float = DEFAULT_MAX_DROP_REL, monotone: str = "refuse",
                    min_r2: float = DEFAULT_MIN_R2, max_rel_residual: float = DEFAULT_MAX_REL_RESIDUAL,
-                   time_budget_s: float | None = None) -> ProfileResult:
+                   time_budget_s: float | None = None,
+                   remeasure_rounds: int = DEFAULT_REMEASURE_ROUNDS) -> ProfileResult:
     """Sweep (batch size, forced verify length), fit the cost table, refuse one that could mislead the planner.
 
     The settings are :class:`ProfileSettings`'s (``batch_sizes`` None: powers of two up to
@@ -562,8 +572,11 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int] | None, verify_
     engine cannot run, ProfileBudgetError past ``time_budget_s``, ProfileFlatError when the table would make
     trimming look free, ProfileFitError when the medians do not fit the additive model (a
     disturbed cell, medians the fit cannot separate, or a fit below the quality thresholds
-    ``min_r2`` / ``max_rel_residual``). The returned table records its fit (checked and passed)
-    and the settings it was measured with.
+    ``min_r2`` / ``max_rel_residual``). A fit below those thresholds, or a cell far above linear growth,
+    first gets ``remeasure_rounds`` more chances: each measures every cell once more, pools the repeats
+    (the medians are then over 2, 3, ... times ``measure_steps``) and fits again; ``settings["remeasured"]``
+    records why each extra sweep was taken. The returned table records its fit (checked and passed) and
+    the settings it was measured with.
 
     ``monotone``: what to do when the fitted theta(M) costs more at some M than at a larger
     one. "refuse" (default) raises ProfileFitError beyond ``max_drop_rel``; "envelope"
@@ -575,7 +588,8 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int] | None, verify_
     settings = ProfileSettings(
         batch_sizes=batch_sizes, verify_lens=verify_lens, warmup_steps=warmup_steps, measure_steps=measure_steps,
         prompt_len=prompt_len, seed=seed, flat_rel_tol=flat_rel_tol, max_drop_rel=max_drop_rel, monotone=monotone,
-        min_r2=min_r2, max_rel_residual=max_rel_residual, time_budget_s=time_budget_s).resolved(engine)
+        min_r2=min_r2, max_rel_residual=max_rel_residual, time_budget_s=time_budget_s,
+        remeasure_rounds=remeasure_rounds).resolved(engine)
     bs, vl = _check_settings(engine, settings.batch_sizes, settings.verify_lens, warmup_steps, measure_steps,
                              prompt_len)
     G = engine.block_size
@@ -597,27 +611,34 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int] | None, verify_
     finally:
         if bar is not None:
             bar.close()
-    measurements = medians_of(samples)
     trim_overhead = trim_overheads(samples, trim_samples, G) if two_paths else {b: 0.0 for b in bs}
-    check_not_flat(measurements, None, flat_rel_tol, samples)
-    check_not_superlinear(measurements, samples)
     # The context the steps attended over is recorded with the table (not a checked field): the
     # table does not model context length, and runners.bench_decode warns when a run's is much longer.
     fingerprint = {**engine.fingerprint(), "profile_context_tokens": str(prompt_len)}
-    fit_points = [(b, m, ms - trim_overhead[b] if m < b * (G + 1) else ms) for b, m, ms in measurements]
-    try:
-        table = fit_cost_table(fit_points, fingerprint=fingerprint)
-        table = dataclasses.replace(table, trim_overhead_ms=tuple(trim_overhead[b] for b in table.batch_sizes)
-                                    if two_paths and table.batch_sizes is not None else None)
-    except CostTableError as e:
-        raise ProfileFitError(f"fitting the cost table failed: {e}. When medians of neighbouring token counts jump "
-                              f"by large factors, something else was using the device or CPU during the sweep: "
-                              f"{_NOISE_ADVICE}", measurements, None, samples) from e
-    if table.fit.bounded:
-        log.info("profile: the unconstrained fit priced some (batch size, M) pair below zero (fixed overhead "
-                 "%.3f ms); the table is the bounded least-squares fit (%s)", table.fit.unbounded_fixed_overhead_ms,
-                 table.fit.describe())
-    table = check_fit_quality(table, measurements, samples, min_r2=min_r2, max_rel_residual=max_rel_residual)
+    remeasured: list[str] = []  # why each extra sweep was measured
+    while True:
+        measurements = medians_of(samples)
+        try:
+            table = _fit_checked(measurements, samples, trim_overhead, fingerprint, G, two_paths,
+                                 flat_rel_tol=flat_rel_tol, min_r2=min_r2, max_rel_residual=max_rel_residual)
+            break
+        except ProfileFitError as e:
+            if len(remeasured) >= remeasure_rounds or isinstance(e.__cause__, CostTableError):
+                if remeasured:  # (a fit the medians cannot determine is not a matter of noise: refused at once)
+                    e.args = (f"{e.args[0]} (after {len(remeasured)} more sweep(s) of every cell, their repeats "
+                              "pooled)",)
+                raise
+            log.info("profile: %s; measuring every cell again (round %d of %d)", e.args[0].split(". ")[0],
+                     len(remeasured) + 1, remeasure_rounds)
+            clock.total += len(vl) * len(bs)
+            round_bar = _progress_bar(len(vl) * len(bs), progress)
+            try:
+                more = _collect(engine, bs, vl, trimmed_path=False, **{**sweep, "bar": round_bar})
+            finally:
+                if round_bar is not None:
+                    round_bar.close()
+            remeasured.append(_refusal_reason(e))
+            samples += more
     check_not_flat(measurements, table, flat_rel_tol, samples)
     repaired = 0
     if monotone == "envelope":
@@ -633,11 +654,42 @@ def profile_engine(engine: Engine, *, batch_sizes: Sequence[int] | None, verify_
               "flat_rel_tol": flat_rel_tol, "max_drop_rel": max_drop_rel, "monotone": monotone,
               "monotone_repaired": repaired, "min_r2": min_r2, "max_rel_residual": max_rel_residual,
               "time_budget_s": time_budget_s, "profile_s": round(clock.elapsed_s, 3),
+              "remeasure_rounds": remeasure_rounds, "remeasured": remeasured,
               "trim_overhead": "measured (captured steps)" if two_paths else
               "not measured: eager steps run the same code trimmed or not"}
     return ProfileResult(measurements=measurements, samples=samples, table=table, block=engine.block_size,
                          batch_sizes=bs, verify_lens=vl, fingerprint=fingerprint, settings=record,
                          trim_samples=trim_samples)
+
+
+def _fit_checked(measurements, samples, trim_overhead: dict[int, float], fingerprint: dict, G: int,
+                 two_paths: bool, *, flat_rel_tol: float, min_r2: float, max_rel_residual: float) -> CostTable:
+    """The table fitted to these medians and checked: not flat, no cell far above linear growth, a fit that
+    meets the quality thresholds (ProfileFlatError / ProfileFitError otherwise)."""
+    check_not_flat(measurements, None, flat_rel_tol, samples)
+    check_not_superlinear(measurements, samples)
+    fit_points = [(b, m, ms - trim_overhead[b] if m < b * (G + 1) else ms) for b, m, ms in measurements]
+    try:
+        table = fit_cost_table(fit_points, fingerprint=fingerprint)
+        table = dataclasses.replace(table, trim_overhead_ms=tuple(trim_overhead[b] for b in table.batch_sizes)
+                                    if two_paths and table.batch_sizes is not None else None)
+    except CostTableError as e:
+        raise ProfileFitError(f"fitting the cost table failed: {e}. When medians of neighbouring token counts jump "
+                              f"by large factors, something else was using the device or CPU during the sweep: "
+                              f"{_NOISE_ADVICE}", measurements, None, samples) from e
+    if table.fit.bounded:
+        log.info("profile: the unconstrained fit priced some (batch size, M) pair below zero (fixed overhead "
+                 "%.3f ms); the table is the bounded least-squares fit (%s)", table.fit.unbounded_fixed_overhead_ms,
+                 table.fit.describe())
+    return check_fit_quality(table, measurements, samples, min_r2=min_r2, max_rel_residual=max_rel_residual)
+
+
+def _refusal_reason(error: ProfileFitError) -> str:
+    """A refused fit's reason in a few words, for the profile's record of its extra sweeps."""
+    table = error.table
+    if table is not None and table.fit is not None:
+        return f"fit: {table.fit.describe()}"
+    return error.args[0].split(":")[0]
 
 
 def trim_overheads(samples: Sequence[Sequence[float]], trimmed_full: Sequence[Sequence[float]],

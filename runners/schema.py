@@ -233,6 +233,9 @@ class CostProfileSchema:
     min_r2: float = 0.95  # refuse a fit whose R^2 over the medians is below this
     max_rel_residual: float = 0.35  # refuse a fit with a median further than this fraction from its fitted cost
     time_budget_s: Optional[float] = None  # stop a sweep that runs or is projected to run longer; null: no limit
+    # a fit below min_r2 / max_rel_residual (or a cell far above linear growth) is given this many more rounds, each
+    # measuring the quarter of the cells furthest from the fit again; then it is refused
+    remeasure_rounds: int = 2
 
 
 @dataclass

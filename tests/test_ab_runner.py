@@ -548,7 +548,7 @@ def test_ab_profile_settings_reach_the_profiler_and_the_summary_names_the_table(
     seen = record_profile_calls(monkeypatch, profiler)
     overrides = [o for o in TINY if not o.startswith("ab=")] + [
         "ab.profile.warmup_steps=1", "ab.profile.measure_steps=3", "ab.profile.prompt_len=6",
-        "ab.profile.verify_lens=[0,1,2,3,4]", "ab.profile.min_r2=0.9", "ab.profile.time_budget_s=600",
+        "ab.profile.verify_lens=[0,1,2,3,4]", "ab.profile.min_r2=0.9", "ab.profile.time_budget_s=600", "ab.profile.remeasure_rounds=1",
         "ab.fail_on_guard=false"]
     cfg = compose_ab(overrides, out_dir=tmp_path)
     arm_cfgs = ab.arm_engine_configs(cfg)
@@ -556,7 +556,7 @@ def test_ab_profile_settings_reach_the_profiler_and_the_summary_names_the_table(
     used = ab.attach_cost_tables(cfg, arm_cfgs, engines)
     assert seen == [dict(batch_sizes=(1, 2), verify_lens=(0, 1, 2, 3, 4), warmup_steps=1, measure_steps=3,
                          prompt_len=6, seed=0, flat_rel_tol=0.02, max_drop_rel=0.25, monotone="envelope", min_r2=0.9,
-                         max_rel_residual=0.35, time_budget_s=600.0, progress=False)]
+                         max_rel_residual=0.35, time_budget_s=600.0, remeasure_rounds=1, progress=False)]
     table = used["B"]
     assert table["how"] == "profiled now" and Path(table["path"]).parent == tmp_path / "cost_tables"
     assert arm_cfgs["B"].cost_table == table["path"] and engines["B"].cfg.cost_table == table["path"]
