@@ -13,9 +13,10 @@ import json
 import sys
 from dataclasses import replace
 
-import httpx
 import pandas as pd
 import pytest
+
+httpx = pytest.importorskip("httpx", reason="the HTTP tests need the test extra: pip install -e '.[test]'")
 
 import runners.ab as ab
 from dspark.bench.http.arm import HttpArm

@@ -17,8 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
+
+httpx = pytest.importorskip("httpx", reason="the HTTP tests need the test extra: pip install -e '.[test]'")
 
 from dspark.bench.http.endpoint import HttpEndpoint
 from dspark.bench.http.launcher import LaunchError, ServerProcess
