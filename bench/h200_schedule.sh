@@ -12,7 +12,9 @@
 #   estimate:   ab=head_vs_max_prob at the same concurrencies and workloads
 #   safeguards: ab=target_vs_scheduled (target-only vs DSpark ragged + service price + depth down to zero) at
 #               SAFE_CONCS (default "1 16 128 256")
-# TAG: a suffix for the run folders; B_EXTRA: more overrides for the ragged part (e.g. "+ab.arms.B.engine.min_verify_len=0").
+# TAG: a suffix for the run folders; B_EXTRA: more overrides for the ragged part (e.g. "+ab.arms.B.engine.min_verify_len=0");
+# AB_EXTRA: overrides for every run (e.g. "ab.profile.batch_sizes=[1,2,4,8,16,32,64,128,256]": one cost table for
+# every concurrency, profiled once). agentic (304 eval prompts) and arena_hard (57) repeat their prompts to fill a block.
 # Each run's folder is packed into $OUT/<part>_<workload>_c<C>.tar.gz as soon as it ends (requests/ left out).
 set -uo pipefail
 PARTS=" ${PARTS:-ragged} "; has() { [[ "$PARTS" == *" $1 "* ]]; }
@@ -22,8 +24,10 @@ NB=${N_BLOCKS:-8}
 run() {  # run PART WORKLOAD CONCURRENCY TIMEOUT [overrides...]
   local part=$1 w=$2 c=$3 t=$4; shift 4
   local n=$(( c * 4 > 16 ? c * 4 : 16 )) name="${part}_${w}_c${c}${TAG:-}" size
-  if [[ "$w" == agentic ]]; then  # 304 eval prompts: each sent as often as the block needs
-    size="workload.num_prompts=$(( n < 304 ? n : 304 )) workload.repeat=$(( (n + 303) / 304 ))"
+  local pool=0  # eval prompts of a workload smaller than a block: each sent as often as the block needs
+  case "$w" in agentic) pool=304 ;; arena_hard) pool=57 ;; esac
+  if (( pool > 0 )); then
+    size="workload.num_prompts=$(( n < pool ? n : pool )) workload.repeat=$(( (n + pool - 1) / pool ))"
   else
     size="workload.num_prompts=$n"
   fi
@@ -31,7 +35,7 @@ run() {  # run PART WORKLOAD CONCURRENCY TIMEOUT [overrides...]
   # shellcheck disable=SC2086
   timeout "$t" python3 -m runners.ab engine=h200_graphs +workload="$w" $size workload.max_tokens=256 \
     load.concurrency="$c" ab.n_blocks="$NB" ab.fail_on_guard=false wandb.mode=disabled progress=false \
-    paths.cost_tables="$WORK/cost_tables" hydra.run.dir="$WORK/$name" "$@" 2>&1 | grep -v "WARNING\|warn(" | tail -4
+    paths.cost_tables="$WORK/cost_tables" hydra.run.dir="$WORK/$name" ${AB_EXTRA:-} "$@" 2>&1 | grep -v "WARNING\|warn(" | tail -4
   python3 - "$WORK/$name" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1] + "/summary.json"))

@@ -165,11 +165,11 @@ def main() -> None:
         if timing:  # device ms per graph kind (summed over the run) and the device's idle share
             torch.cuda.synchronize()
             per_kind: dict[str, list[float]] = defaultdict(list)
-            for _, events in eng.graph.timing:
+            for _, events, _ in eng.graph.timing:
                 for key, start, end in events:
                     per_kind[str(key[0])].append(start.elapsed_time(end))
             per_prefill: dict[str, list[float]] = defaultdict(list)
-            for _, events in eng.graph.timing:
+            for _, events, _ in eng.graph.timing:
                 for key, start, end in events:
                     if key[0] == "prefill":
                         per_prefill[f"T{key[1]}xP{key[2]}"].append(start.elapsed_time(end))

@@ -385,6 +385,14 @@ class Engine:
                 # start to last graph's end, median (with the prefill stream, prefills beside it included).
                 for mode, ms in t.get("step_device_ms_median", {}).items():
                     c[f"device/{mode}_step_ms_median"] = ms
+                # The same per batch bucket (rows), where it has 10 steps or more: a trimmed step and a whole-block
+                # step of the same rows compare directly (the median over all steps mixes batch sizes).
+                counts_by_batch = t.get("steps_timed_by_batch", {})
+                for key, ms in t.get("step_device_ms_median_by_batch", {}).items():
+                    if counts_by_batch.get(key, 0) >= 10:
+                        mode, rows = key.split("/")
+                        c[f"device/{mode}_{rows}_step_ms_median"] = ms
+                        c[f"device/{mode}_{rows}_steps"] = int(counts_by_batch[key])
         if self.cost_table is not None and self._oracle_steps and self.cfg.verify in ("full", "cap_accept"):
             from dspark.planner import oracle_bound
 

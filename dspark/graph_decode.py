@@ -167,7 +167,7 @@ class GraphDecoder:
         self.pf_kv_lens = torch.zeros(Pp, dtype=torch.int32, device=dev)
         self.pf_tables = torch.zeros((Pp, max_pages), dtype=torch.int32, device=dev)
         self.graphs: dict[tuple, object] = {}  # ("step"|"draft"|"verify", size[, mode], sampling) -> graph
-        self.timing: list | None = None  # (mode, [(key, start event, end event)]) per step when timing
+        self.timing: list | None = None  # (mode, [(key, start event, end event)], batch rows) per step when timing
         self._step_events: list = []
         self.pool = None
         # engine.prefill_stream: captured prefill forwards run on their own CUDA stream (and graph memory pool),
@@ -595,7 +595,7 @@ class GraphDecoder:
                 r_draft = _first_at_least(self.batch_buckets, B)
                 self._run(("draft", r_draft, self.sampling), lambda: self._draft_stage(r_draft))
             self._run(("verify", bucket, mode, self.sampling), lambda: self._verify_stage(bucket, r_verify, mode))
-        self._close_step_timing(mode)
+        self._close_step_timing(mode, self.bucket_for(B) // self.M if self.bucket_for(B) else B)
         host = torch.empty((B, 2 + self.M), dtype=torch.int64, pin_memory=pin)
         host.copy_(self.out[:B], non_blocking=pin)
         surv = top = None
@@ -722,9 +722,9 @@ class GraphDecoder:
         self.timing = []
         self._step_events = []
 
-    def _close_step_timing(self, mode: str) -> None:
+    def _close_step_timing(self, mode: str, rows: int = 0) -> None:
         if self.timing is not None and self._step_events:
-            self.timing.append((mode, self._step_events))
+            self.timing.append((mode, self._step_events, rows))
             self._step_events = []
 
     def timing_summary(self, skip_steps: int = 0) -> dict:
@@ -737,28 +737,36 @@ class GraphDecoder:
         per_key: dict[str, list[float]] = {}
         per_mode: dict[str, list[float]] = {}
         steps = self.timing[skip_steps:]
-        for mode, events in steps:
+        per_bucket: dict[str, list[float]] = {}
+        for mode, events, rows in steps:
             for key, start, end in events:
                 per_key.setdefault("/".join(str(k) for k in key[:3]), []).append(start.elapsed_time(end))
-            per_mode.setdefault(mode, []).append(events[0][1].elapsed_time(events[-1][2]))
+            span = events[0][1].elapsed_time(events[-1][2])
+            per_mode.setdefault(mode, []).append(span)
+            if rows:
+                per_bucket.setdefault(f"{mode}/b{rows}", []).append(span)
         # Gaps between consecutive steps on the decode stream: end of a step's last graph to the start of the
         # next step's first. Near zero when the host keeps ahead of the device; a host-bound step shows its
         # shortfall here. Prefills on their own stream (engine.prefill_stream) overlap these steps and are left
         # out of the gaps; on the decode stream they sit between two steps and read as a gap.
-        decode = [(m, ev) for m, ev in steps if not (m == "prefill" and self.prefill_stream is not None)]
+        decode = [(m, ev) for m, ev, _ in steps if not (m == "prefill" and self.prefill_stream is not None)]
         gaps = [a[-1][2].elapsed_time(b[0][1]) for (_, a), (_, b) in zip(decode, decode[1:])]
         med = lambda xs: round(statistics.median(xs), 4)  # noqa: E731
         out = {"graph_device_ms_median": {k: med(v) for k, v in sorted(per_key.items())},
                "graph_replays_timed": {k: len(v) for k, v in sorted(per_key.items())},
                "step_device_ms_median": {m: med(v) for m, v in per_mode.items()},
-               "steps_timed": {m: len(v) for m, v in per_mode.items()}}
+               "steps_timed": {m: len(v) for m, v in per_mode.items()},
+               # per step mode and batch bucket (rows): steps of one mode at one batch compare across modes and arms
+               "step_device_ms_median_by_batch": {k: med(v) for k, v in sorted(per_bucket.items())},
+               "steps_timed_by_batch": {k: len(v) for k, v in sorted(per_bucket.items())}}
         if gaps:
             import numpy as np
 
             # Device idle: the share of the timed span in which no timed graph ran on any stream (the union
             # of the replays' intervals, so overlapping prefill and decode graphs count once).
             origin = steps[0][1][0][1]
-            spans = sorted((origin.elapsed_time(start), origin.elapsed_time(end)) for _, ev in steps for _, start, end in ev)
+            spans = sorted((origin.elapsed_time(start), origin.elapsed_time(end)) for _, ev, _ in steps
+                           for _, start, end in ev)
             busy, reach = 0.0, spans[0][0]
             for lo, hi in spans:
                 if hi > reach:

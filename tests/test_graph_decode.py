@@ -281,19 +281,22 @@ def test_timing_summary_reports_device_gaps_between_steps(monkeypatch):
     gd.prefill_stream = None
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     # step 0: draft 0-1, verify 1.5-3; step 1 starts at 3.5 (gap 0.5); step 2 at 7 (gap 2.0 after 5)
-    gd.timing = [("ragged", [(("draft", 8), Ev(0.0), Ev(1.0)), (("verify", 16, "ragged"), Ev(1.5), Ev(3.0))]),
-                 ("full", [(("step", 32), Ev(3.5), Ev(5.0))]),
-                 ("full", [(("step", 32), Ev(7.0), Ev(8.0))])]
+    gd.timing = [("ragged", [(("draft", 8), Ev(0.0), Ev(1.0)), (("verify", 16, "ragged"), Ev(1.5), Ev(3.0))], 8),
+                 ("full", [(("step", 32), Ev(3.5), Ev(5.0))], 8),
+                 ("full", [(("step", 32), Ev(7.0), Ev(8.0))], 4)]
     t = gd.timing_summary()
     assert t["step_device_ms_median"] == {"ragged": 3.0, "full": 1.25}
+    # per mode and batch bucket: the ragged and the full step of 8 rows compare directly
+    assert t["step_device_ms_median_by_batch"] == {"full/b4": 1.0, "full/b8": 1.5, "ragged/b8": 3.0}
+    assert t["steps_timed_by_batch"] == {"full/b4": 1, "full/b8": 1, "ragged/b8": 1}
     assert t["step_gap_ms_median"] == 1.25 and t["step_gap_ms_p90"] == pytest.approx(0.5 + 0.9 * 1.5)
     assert t["device_idle_fraction"] == round(3.0 / 8.0, 4)  # 1-1.5, 3-3.5 and 5-7 ran nothing
     t = gd.timing_summary(skip_steps=1)
     assert t["step_gap_ms_median"] == 2.0 and t["device_idle_fraction"] == round(2.0 / 4.5, 4)
     # A prefill on its own stream from 4.5 to 7.5 overlaps both steps after it: no gap, and 7-7.5 is busy once.
     gd.prefill_stream = object()
-    gd.timing = [("full", [(("step", 32), Ev(3.5), Ev(5.0))]), ("prefill", [(("prefill", 64, 1), Ev(4.5), Ev(7.5))]),
-                 ("full", [(("step", 32), Ev(7.0), Ev(8.0))])]
+    gd.timing = [("full", [(("step", 32), Ev(3.5), Ev(5.0))], 8), ("prefill", [(("prefill", 64, 1), Ev(4.5), Ev(7.5))], 0),
+                 ("full", [(("step", 32), Ev(7.0), Ev(8.0))], 8)]
     t = gd.timing_summary()
     assert t["step_gap_ms_median"] == 2.0 and t["device_idle_fraction"] == 0.0
 
