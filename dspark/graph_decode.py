@@ -366,6 +366,14 @@ class GraphDecoder:
         return T
 
     def _prefill_stage(self, T: int, P: int) -> None:
+        # Its own split-K counters: with a prefill stream this forward runs beside a decode step whose
+        # small-M GEMVs would otherwise share them (kernels.small_m_linear.split_k_lane).
+        from kernels.small_m_linear import split_k_lane
+
+        with split_k_lane("prefill"):
+            self._prefill_forward(T, P)
+
+    def _prefill_forward(self, T: int, P: int) -> None:
         meta = AttentionMetadata(qo_indptr=self.pf_indptr[: P + 1], kv_lens=self.pf_kv_lens[:P],
                                  block_tables=self.pf_tables[:P], slot_mapping=self.pf_slots[:T], causal=True,
                                  max_q_len=T, trash_slot=self.trash_slot, kernels=self.kernels)

@@ -29,6 +29,8 @@ because the interpreter misreads bf16 dot operands.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
 import os
@@ -53,20 +55,43 @@ BLOCK_N = 16
 NUM_WARPS = 4
 MAX_SPLIT_K = 8
 _COUNTERS: dict = {}
+_RETIRED_COUNTERS: list = []  # outgrown counter buffers: graphs captured with them still write them
+# The counter lane of the code running now (split_k_lane): launches of one lane run one after another.
+_LANE: contextvars.ContextVar = contextvars.ContextVar("split_k_lane", default=None)
+
+
+@contextlib.contextmanager
+def split_k_lane(lane):
+    """Give the split-K launches made inside (eager, warm-up or captured) their own arrival counters.
+
+    The counters of one buffer are shared by every launch that uses it, which is safe only while those
+    launches run one after another. Work that runs on another CUDA stream beside the decode steps (the
+    engine's prefill forwards on the prefill stream) must use its own lane: two GEMVs on two streams
+    sharing counters would each count the other's arrivals and sum unfinished partials. A captured
+    graph keeps the buffer of the lane it was captured in. ``lane`` is any hashable name (None: the
+    default lane)."""
+    token = _LANE.set(lane)
+    try:
+        yield
+    finally:
+        _LANE.reset(token)
 
 
 def split_k_counters(device: torch.device, tiles: int) -> torch.Tensor:
-    """The split-K arrival counters of ``device``: one int32 per output tile, zero between launches
-    (each launch's last split resets its tiles'). One persistent buffer serves every launch on the
-    device, since launches on a stream run one after another. Created (or grown) outside CUDA-graph
-    capture only: a capture that would need it first raises, saying to run the layer once eagerly."""
-    key = (device.type, device.index)
+    """The split-K arrival counters of ``device`` in the current lane (:func:`split_k_lane`): one int32 per
+    output tile, zero between launches (each launch's last split resets its tiles'). One persistent buffer
+    serves every launch of a lane on the device, since they run one after another. Created (or grown)
+    outside CUDA-graph capture only: a capture that would need it first raises, saying to run the layer
+    once eagerly. An outgrown buffer is kept alive: graphs captured with it still use it."""
+    key = (device.type, device.index, _LANE.get())
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < tiles:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"the split-K GEMV needs {tiles} arrival counters on {device} and has "
                                f"{0 if buf is None else buf.numel()}; they are created outside CUDA-graph "
                                f"capture: run the step once eagerly (a warm-up) before capturing it")
+        if buf is not None:
+            _RETIRED_COUNTERS.append(buf)
         buf = torch.zeros(max(tiles, 1 << 14, 0 if buf is None else 2 * buf.numel()), dtype=torch.int32,
                           device=device)
         _COUNTERS[key] = buf
@@ -578,6 +603,6 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return _launch("linear_triton", x, weight, bias, out=out, any_m=any_m, tiles=tiles)[0]
 
 
-__all__ = ["SMALL_M_MAX", "MAX_SPLIT_K", "default_tiles", "split_cuts_evenly", "split_k_counters", "norm_linear_reference",
+__all__ = ["SMALL_M_MAX", "MAX_SPLIT_K", "default_tiles", "split_cuts_evenly", "split_k_counters", "split_k_lane", "norm_linear_reference",
            "norm_linear_triton", "linear_reference", "linear_triton", "norm_qkv_rope_reference", "norm_qkv_rope_triton",
            "rope_fusable"]

@@ -430,3 +430,25 @@ def test_default_tiles_split_long_k_and_gate_up_but_never_in_the_batch_invariant
     _close(y, linear_reference(x, w, b), torch.float32)
     assert int(sml.split_k_counters(x.device, 1).abs().sum()) == 0
     assert torch.equal(linear_triton(x[5:6], w, b)[0], y[5])
+
+
+def test_split_k_lanes_keep_work_on_another_stream_off_the_decode_counters(monkeypatch):
+    """Split-K launches of one lane share one counter buffer (they run one after another); a prefill forward
+    on the prefill stream runs beside the decode step, so it counts arrivals in a lane of its own. The
+    engine's prefill stage runs in that lane, its decode stages in the default one."""
+    import dspark.graph_decode as graph_decode
+    import kernels.small_m_linear as sml
+    from kernels.small_m_linear import split_k_counters, split_k_lane
+
+    dev = torch.device("cpu")
+    default = split_k_counters(dev, 4)
+    with split_k_lane("prefill"):
+        prefill = split_k_counters(dev, 4)
+        assert split_k_counters(dev, 4) is prefill  # one buffer per lane
+    assert prefill.data_ptr() != default.data_ptr() and split_k_counters(dev, 4) is default
+    grown = split_k_counters(dev, default.numel() + 1)  # outgrown: the old buffer stays alive for its graphs
+    assert grown.numel() > default.numel() and any(b is default for b in sml._RETIRED_COUNTERS)
+    lanes = []
+    monkeypatch.setattr(graph_decode.GraphDecoder, "_prefill_forward", lambda self, T, P: lanes.append(sml._LANE.get()))
+    graph_decode.GraphDecoder._prefill_stage(object.__new__(graph_decode.GraphDecoder), 16, 1)
+    assert lanes == ["prefill"] and sml._LANE.get() is None
