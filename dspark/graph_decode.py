@@ -176,7 +176,13 @@ class GraphDecoder:
         # the work queued before it (pages it reuses may still be written by the step in flight), and the
         # current stream waits for it (wait_prefill) before its requests join the rows.
         self.prefill_stream = torch.cuda.Stream(self.device) if self.use_graphs and prefill_stream else None
-        self._prefill_capture_stream = torch.cuda.Stream(self.device) if self.prefill_stream is not None else None
+        # The prefill graphs are captured on a stream of their own because cuBLAS keys its workspace by stream
+        # (the decode graphs use the workspace of torch's default capture stream): captured on the same stream,
+        # a prefill and the decode step beside it would share one workspace. torch hands out streams round-robin
+        # from a pool of 32 per priority, so a stream of the default priority can be the very one torch
+        # captures the decode graphs on; the other priority's pool never is.
+        self._prefill_capture_stream = (torch.cuda.Stream(self.device, priority=-1) if self.prefill_stream is not None
+                                        else None)
         self.prefill_pool = None
         self._prefill_pending = False
         self.prefill_side_replays = 0  # prefill forwards replayed on the prefill stream

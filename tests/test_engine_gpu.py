@@ -129,6 +129,26 @@ def test_continuous_batching_stays_device_resident_without_captures_or_syncs(tmp
     assert (eng.fingerprint().get("prefill_path") == "side-stream") == prefill_stream
 
 
+
+def test_prefill_graphs_never_share_a_capture_stream_with_the_decode_graphs(tmp_path):
+    """cuBLAS keys its workspace by stream, so a prefill graph captured on the stream torch captures the decode
+    graphs on would share their workspace with the decode step it runs beside. torch hands out streams
+    round-robin from a pool per priority, so whether a default-priority stream is that one depends on how
+    many streams the process made before; the prefill capture stream comes from the other priority's pool."""
+    target = tiny_target(49)
+    drafter = tiny_drafter(target, 50, block_size=4)
+    torch.cuda.graph(torch.cuda.CUDAGraph())  # constructing one creates torch's default capture stream
+    decode_stream = torch.cuda.graph.default_capture_stream
+    for k in range(40):  # streams handed out round-robin: walk the pool through every position
+        for _ in range(1 + k % 2):
+            torch.cuda.Stream()
+        eng = graph_engine(tmp_path, target, drafter, "dspark", "full", overlap=True, budget_lag=2,
+                           prefill_stream=True, max_num_seqs=4)
+        capture = eng.graph._prefill_capture_stream
+        assert capture.cuda_stream != decode_stream.cuda_stream and capture.priority != decode_stream.priority
+        del eng
+
+
 DEPTH_ZERO = [("full", dict(draft_free_steps=True)), ("ragged", dict(draft_free_steps=True)),
               ("ragged", dict(min_verify_len=0)),
               ("ragged", dict(min_verify_len=0, draft_free_steps=True, service_cost=True))]
