@@ -222,7 +222,8 @@ def _replay_key(cfg: Any, dataset: TokenDataset, checkpoint: Path) -> dict[str, 
     import hashlib
 
     digest = hashlib.sha256()
-    for f in sorted(checkpoint.glob("*.safetensors")) + [checkpoint / "config.json"]:
+    weights = sorted(checkpoint.glob("*.safetensors")) + sorted(checkpoint.glob("*.safetensors.xz"))
+    for f in weights + [checkpoint / "config.json"]:
         if f.is_file():
             digest.update(f.name.encode() + f.read_bytes())
     data = cfg.data if isinstance(cfg.data, str) else [str(d) for d in cfg.data]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -144,7 +145,8 @@ def write_prompt_record(path: str | Path, prompt_ids: list[str], recipe: dict[st
 
 
 def resolve_prompt_record(entry: str) -> Path:
-    """``builtin:NAME`` -> dspark/assets/NAME/training_prompts.json; a data file -> its prompt record; else the path."""
+    """``builtin:NAME`` -> dspark/assets/NAME/training_prompts.json; a data file -> its prompt record; else the path
+    (each also found as ``<path>.xz``, xz-compressed, as the shipped drafter's record is kept)."""
     entry = str(entry)
     if entry.startswith("builtin:"):
         path = ASSETS / entry.split(":", 1)[1] / SHIPPED_RECORD
@@ -154,6 +156,9 @@ def resolve_prompt_record(entry: str) -> Path:
         path = Path(entry) / SHIPPED_RECORD
     else:
         path = Path(entry)
+    packed = path.with_name(path.name + ".xz")  # a record kept xz-compressed (the shipped drafter's is)
+    if not path.is_file() and packed.is_file():
+        path = packed
     if not path.is_file():
         raise ConfigError(f"exclude_prompts: {entry!r} -> {path} does not exist; give a prompt record "
                           f"(OUTPUT{PROMPT_RECORD_SUFFIX} written beside the data by make_training_data), a data "
@@ -165,7 +170,10 @@ def load_prompt_record(entry: str) -> dict[str, Any]:
     """Read and check one prompt record (format and sha256 of its ids)."""
     path = resolve_prompt_record(entry)
     try:
-        payload = json.loads(path.read_text())
+        text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
+        payload = json.loads(text)
+    except lzma.LZMAError as e:
+        raise ConfigError(f"exclude_prompts: {path} is not a readable xz file ({e}); it is truncated or corrupt") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"exclude_prompts: {path} is not valid JSON ({e})") from None
     if not isinstance(payload, dict) or payload.get("format") != PROMPT_RECORD_FORMAT:

@@ -1,7 +1,7 @@
 """Held-out calibration data is disjoint from the drafter's training prompts and from every
 workload's evaluation prompts.
 
-- The shipped drafter's prompt record (dspark/assets/dspark-smollm2/training_prompts.json) is
+- The shipped drafter's prompt record (dspark/assets/dspark-smollm2/training_prompts.json.xz) is
   exactly the set of prompts its data run admitted: replaying the run's recipe (sources, seed,
   samples per prompt, two shards, and each shard's admitted count from its log) gives those
   ids, and the replay's admitted requests per source equal the shipped data's per-source counts.

@@ -337,9 +337,18 @@ def test_checkpoint_sharding(tmp_path):
         assert total <= 20_000 or len(tensors) == 1  # one tensor larger than the limit gets its own shard
     loaded = DSparkDrafter.load(tmp_path, cfg)
     torch.testing.assert_close(_outputs(loaded).logits, _outputs(drafter).logits)
-    # Saving again unsharded into the same folder removes the old shards.
+    # Compressed shards (as the shipped drafter is stored) load to the same weights.
+    from dspark.models.drafter import compress_shards
+
+    packed = compress_shards(tmp_path, preset=1)
+    assert [p.name for p in packed] == [f"{s.name}.xz" for s in shards] and not list(tmp_path.glob("model-*.safetensors"))
+    assert compress_shards(tmp_path) == []  # nothing left to compress
+    unpacked = DSparkDrafter.load(tmp_path, cfg)
+    for (name, a), b in zip(loaded.state_dict().items(), unpacked.state_dict().values()):
+        assert torch.equal(a, b), name
+    # Saving again unsharded into the same folder removes the old shards, compressed or not.
     drafter.save(tmp_path)
-    assert not list(tmp_path.glob("model-*-of-*.safetensors")) and not (tmp_path / "model.safetensors.index.json").exists()
+    assert not list(tmp_path.glob("model-*-of-*.safetensors*")) and not (tmp_path / "model.safetensors.index.json").exists()
     DSparkDrafter.load(tmp_path, cfg)
 
 
@@ -422,6 +431,7 @@ def _shipped_target_cfg(folder) -> ModelConfig:
 
 
 def test_truncated_drafter_shard_names_file(tmp_path, monkeypatch):
+    import lzma
     import shutil
 
     from dspark.models import drafter as drafter_module
@@ -431,29 +441,32 @@ def test_truncated_drafter_shard_names_file(tmp_path, monkeypatch):
     index = json.loads((shipped / "model.safetensors.index.json").read_text())
     recorded = index["metadata"]["files"]  # the shipped index vouches for every shard it lists
     assert sorted(recorded) == sorted(set(index["weight_map"].values()))
-    for fname, want in recorded.items():
-        assert (shipped / fname).stat().st_size == want["size"], fname
+    for fname, want in recorded.items():  # stored xz-compressed; the record is of the decompressed shard
+        assert len(lzma.decompress((shipped / (fname + ".xz")).read_bytes())) == want["size"], fname
     # A copy of the shipped drafter inside a stand-in repository: its restore hint is a git checkout.
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     folder = repo / "dspark" / "assets" / "dspark-smollm2"
     shutil.copytree(shipped, folder)
     monkeypatch.setattr(drafter_module, "ASSETS_DIR", repo / "dspark" / "assets")
-    shard = folder / "model-00002-of-00002.safetensors"
-    size = shard.stat().st_size
-    os.truncate(shard, 1_000_000)
-    want = recorded["model-00002-of-00002.safetensors"]
-    with pytest.raises(DamagedFileError, match=rf"shard .*model-00002-of-00002\.safetensors is 1000000 bytes but its "
-                                               rf"index records {size} bytes \(sha256 {want['sha256']}\): it is "
-                                               rf"truncated.*restore it with `git -C .*repo checkout -- "
-                                               rf"dspark/assets/dspark-smollm2/model-00002-of-00002\.safetensors`"):
+    packed = folder / "model-00002-of-00002.safetensors.xz"
+    os.truncate(packed, 1_000_000)
+    with pytest.raises(DamagedFileError, match=r"shard .*model-00002-of-00002\.safetensors\.xz: not a readable xz file"
+                                               r".*truncated or corrupt.*restore it with `git -C .*repo checkout -- "
+                                               r"dspark/assets/dspark-smollm2/model-00002-of-00002\.safetensors\.xz`"):
         DSparkDrafter.load(folder, _shipped_target_cfg(folder))
-    # Same size, other bytes: the sha256 finds it.
-    shutil.copy(shipped / shard.name, shard)
-    data = bytearray(shard.read_bytes())
-    data[-1] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    with pytest.raises(DamagedFileError, match=r"model-00002-of-00002\.safetensors: its sha256 differs .*git -C"):
+    # A valid xz file of other bytes: the recorded sha256 of the decompressed shard finds it.
+    raw = bytearray(lzma.decompress((shipped / packed.name).read_bytes()))
+    raw[-1] ^= 0xFF
+    packed.write_bytes(lzma.compress(bytes(raw)))
+    with pytest.raises(DamagedFileError, match=r"model-00002-of-00002\.safetensors\.xz: its decompressed sha256 "
+                                               r"differs .*git -C"):
+        DSparkDrafter.load(folder, _shipped_target_cfg(folder))
+    # An uncompressed shard beside (or instead of) the packed one is read and checked as before.
+    (folder / "model-00002-of-00002.safetensors").write_bytes(bytes(raw[:1_000_000]))
+    with pytest.raises(DamagedFileError, match=rf"shard .*model-00002-of-00002\.safetensors is 1000000 bytes but its "
+                                               rf"index records {recorded['model-00002-of-00002.safetensors']['size']} "
+                                               r"bytes .*truncated"):
         DSparkDrafter.load(folder, _shipped_target_cfg(folder))
     # A checkpoint of one's own (no recorded sizes): still named, with where to restore it from.
     cfg = _target_cfg()
@@ -466,6 +479,6 @@ def test_truncated_drafter_shard_names_file(tmp_path, monkeypatch):
     monkeypatch.undo()
     root = shipped.parents[2]
     if (root / ".git").exists():
-        hint = drafter_module.restore_hint(shipped / "model-00001-of-00002.safetensors")
-        shard = "dspark/assets/dspark-smollm2/model-00001-of-00002.safetensors"
+        hint = drafter_module.restore_hint(shipped / "model-00001-of-00002.safetensors.xz")
+        shard = "dspark/assets/dspark-smollm2/model-00001-of-00002.safetensors.xz"
         assert hint.endswith(f"`git -C {root} checkout -- {shard}`")
