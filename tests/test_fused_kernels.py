@@ -182,10 +182,11 @@ def test_fused_layers_compute_the_plain_layers_function(arch, head_dim):
     from dspark.engine import Engine
     from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
-    target = tiny_target(8, arch=arch, head_dim=head_dim)
+    # Three layers (the drafter reads layers 0 and 2) and 6 new tokens: every kernel runs interpreted on a CPU.
+    target = tiny_target(8, arch=arch, head_dim=head_dim, num_layers=3)
     drafter = tiny_drafter(target, 9, block_size=3)
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
-    sp = SamplingParams(max_tokens=10, ignore_eos=True)
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
     plain = Engine(target, None, tiny_engine_config(attention_backend="torch", kv_block_size=16, device=DEV),
                    drafter).generate(prompts, sp)
     fused = Engine(target, None, tiny_engine_config(attention_backend="triton", kv_block_size=16, device=DEV),
@@ -228,7 +229,7 @@ def test_batch_invariant_mode_rows_do_not_depend_on_the_step(head_dim, monkeypat
     from dspark.kv_cache import KVCache
     from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
-    target = tiny_target(5, head_dim=head_dim).to(DEV, torch.bfloat16)
+    target = tiny_target(5, head_dim=head_dim, num_layers=3).to(DEV, torch.bfloat16)  # 3 layers: interpreted on a CPU
     cfg = target.cfg
     lens = [7, 3, 21, 1]  # request 0 alone, then packed with three others
 
@@ -260,7 +261,7 @@ def test_batch_invariant_mode_rows_do_not_depend_on_the_step(head_dim, monkeypat
 
     drafter = tiny_drafter(target, 9, block_size=3)
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
-    sp = SamplingParams(max_tokens=10, ignore_eos=True)
+    sp = SamplingParams(max_tokens=7, ignore_eos=True)
     outs = {}
     for spec in ("off", "dspark"):
         ecfg = tiny_engine_config(attention_backend="triton", kv_block_size=16, device=DEV, dtype="bfloat16",

@@ -47,7 +47,7 @@ def test_two_engines_in_one_process_keep_their_own_backend(attention_calls):
     generate calls interleave, and both emit the same greedy tokens (fp32)."""
     from dspark.engine import Engine
 
-    target = tiny_target(3)
+    target = tiny_target(3, num_layers=3)  # few layers: the Triton kernels run interpreted on a CPU
     drafter = tiny_drafter(target, 4, block_size=3)
     prompts = [[5, 6, 7, 8, 9], [11, 12, 13]]
     sp = SamplingParams(max_tokens=6, ignore_eos=True)
@@ -69,7 +69,7 @@ def test_two_triton_engines_keep_their_own_batch_invariance(attention_calls):
     engine's mode (unsplit for the batch-invariant one), whichever engine was built last."""
     from dspark.engine import Engine
 
-    target = tiny_target(5)
+    target = tiny_target(5, num_layers=2)  # few layers: the Triton kernels run interpreted on a CPU
     prompts = [[5, 6, 7, 8, 9, 10, 11]]
     sp = SamplingParams(max_tokens=4, ignore_eos=True)
     cfg = dict(attention_backend="triton", kv_block_size=16, device=DEV, spec="off")
@@ -92,7 +92,7 @@ def test_switches_reach_the_layers_through_the_metadata(monkeypatch):
     calls = []
     real = rmsnorm.rmsnorm_triton
     monkeypatch.setattr(rmsnorm, "rmsnorm_triton", lambda *a, **k: calls.append(1) or real(*a, **k))
-    target = tiny_target(7)
+    target = tiny_target(7, num_layers=2)  # few layers: the Triton kernels run interpreted on a CPU
     sp = SamplingParams(max_tokens=3, ignore_eos=True)
     cfg = dict(attention_backend="triton", kv_block_size=16, device=DEV, spec="off")
     unfused = Engine(target, None, tiny_engine_config(kernels={"fused_layers": False}, **cfg))
