@@ -129,3 +129,25 @@ def test_host_phases_table_gives_each_arms_median_per_phase_and_the_cycle(tmp_pa
     assert cells(header) == ["arm", "plan", "wait", "commit", "cycle"]  # the phases any arm reported, in step order
     ragged = [line for line in part.splitlines() if line.startswith("| ragged")][-1]
     assert cells(ragged) == ["ragged", f"{plan_b:.2f}", "-", "1.00", f"{plan_b + 1.0:.2f}"]
+
+
+def test_device_time_per_batch_bucket_puts_a_trimmed_step_beside_a_whole_block_step_of_the_same_rows(tmp_path):
+    """The engine's device/<mode>_b<rows>_step_ms_median counters become one table: a row per batch bucket, a
+    column per arm and step mode (whole block first), median over blocks; '-' where a mode never ran at a bucket."""
+    summary, blocks, requests = build_experiment()
+    blocks = with_step_counters(blocks)
+    is_b = blocks["arm"] == "B"
+    blocks["counter/device/full_b128_step_ms_median"] = np.where(is_b, 3.5, 3.0) + 0.1 * blocks["block"]
+    blocks["counter/device/ragged_b128_step_ms_median"] = np.where(is_b, 4.0, np.nan)
+    blocks["counter/device/draft_free_b256_step_ms_median"] = np.where(is_b, 2.0, np.nan)
+    rows = {r["arm"]: r for r in time_breakdown(labelled(summary), blocks)}
+    full_b = blocks.loc[is_b, "counter/device/full_b128_step_ms_median"].median()
+    assert rows["B"]["device_step_ms"] == {("full", 128): pytest.approx(full_b), ("ragged", 128): 4.0,
+                                           ("draft_free", 256): 2.0}
+    assert set(rows["A"]["device_step_ms"]) == {("full", 128)}
+    part = section(write_report(tmp_path, labelled(summary), blocks, requests)["report"].read_text())
+    header = next(line for line in part.splitlines() if line.startswith("| batch rows"))
+    assert cells(header) == ["batch rows", "verify_all: full", "ragged: full", "ragged: draft_free", "ragged: ragged"]
+    row128 = next(line for line in part.splitlines() if line.startswith("| 128 "))
+    assert cells(row128)[2:] == [f"{full_b:.2f}", "-", "4.00"]
+    assert cells(next(line for line in part.splitlines() if line.startswith("| 256 "))) == ["256", "-", "-", "2.00", "-"]

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -617,8 +618,23 @@ def time_breakdown(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[dic
             # Host ms per step() call by phase (dspark.stats.HOST_PHASES), median over blocks; absent phases left out.
             "host_phases": {k: v for k in HOST_PHASES
                             if (v := _median(_column(group, f"host/{k}_ms_per_step"))) is not None},
+            # Device ms per step by (step mode, batch bucket rows), median over blocks, from the engine's
+            # device/<mode>_b<rows>_step_ms_median counters (device-resident steps timed with CUDA events).
+            "device_step_ms": _device_step_ms(group),
         })
     return rows
+
+
+_DEVICE_STEP = re.compile(r"^device/(?P<mode>[a-z_]+)_b(?P<rows>\d+)_step_ms_median$")
+
+
+def _device_step_ms(group: pd.DataFrame) -> dict[tuple[str, int], float]:
+    out = {}
+    for column in group.columns:
+        match = _DEVICE_STEP.match(str(column)[len(COUNTER):]) if str(column).startswith(COUNTER) else None
+        if match and (v := _median(pd.to_numeric(group[column], errors="coerce"))) is not None:
+            out[(match["mode"], int(match["rows"]))] = v
+    return out
 
 
 def _count(value: float | None) -> str:
@@ -678,6 +694,7 @@ def where_time_went(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[st
                   "draft-free choice, planner), launch (issuing the step's graphs), wait (for the device, at the "
                   "commit), commit (tokens, stops, statistics, retirements), caller (the runner's work between "
                   "calls). Cycle: their sum, the mean period of a call; the device bounds it where wait > 0."]
+    lines += _device_step_table(rows)
     kv = [f"{r['label']} {r['kv_pool_tokens']:,.0f}" for r in rows if r["kv_pool_tokens"] is not None]
     if kv:
         lines += ["", f"KV pool (tokens): {', '.join(kv)}."]
@@ -685,6 +702,24 @@ def where_time_went(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[st
     if flags:
         lines += ["", *[f"- ⚠ {flag}" for flag in flags]]
     return lines + [""]
+
+
+def _device_step_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Device ms per step, one row per batch bucket, one column per (arm, step mode): a trimmed step beside a
+    whole-block step of the same rows. Empty without device timings."""
+    columns = [(r["label"], mode) for r in rows for mode in sorted({m for m, _ in r.get("device_step_ms") or {}},
+                                                                    key=lambda m: (m != "full", m))]
+    if not columns:
+        return []
+    by_label = {r["label"]: r.get("device_step_ms") or {} for r in rows}
+    buckets = sorted({b for r in rows for _, b in (r.get("device_step_ms") or {})})
+    table = [[str(b), *("-" if (v := by_label[label].get((mode, b))) is None else f"{v:.2f}"
+                        for label, mode in columns)] for b in buckets]
+    return ["", _markdown(["batch rows", *(f"{label}: {mode}" for label, mode in columns)], table),
+            "", "Device ms per decode step by batch bucket (CUDA events around the step's graphs; median per block "
+            "over buckets with 10 steps or more, median over blocks). In one arm, `full` steps verify the whole "
+            "drafted block and `ragged` / `uniform` steps were trimmed: at the same rows a trim pays on the device "
+            "only where its column is lower."]
 
 
 # ---- the report ------------------------------------------------------------------------------
