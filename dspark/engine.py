@@ -393,6 +393,12 @@ class Engine:
                         mode, rows = key.split("/")
                         c[f"device/{mode}_{rows}_step_ms_median"] = ms
                         c[f"device/{mode}_{rows}_steps"] = int(counts_by_batch[key])
+                # Each graph's own device time (draft, verify per token bucket, the fused step, prefill), where it
+                # replayed 10 times or more: the parts a step's time above is made of.
+                replays = t.get("graph_replays_by_name", {})
+                for name, ms in t.get("graph_ms_median_by_name", {}).items():
+                    if replays.get(name, 0) >= 10:
+                        c[f"device/graph_{name}_ms_median"] = ms
         if self.cost_table is not None and self._oracle_steps and self.cfg.verify in ("full", "cap_accept"):
             from dspark.planner import oracle_bound
 

@@ -51,6 +51,17 @@ def _first_at_least(ladder: tuple[int, ...], n: int) -> int | None:
     return next((b for b in ladder if b >= n), None)
 
 
+def _graph_name(key: tuple) -> str:
+    """A graph key as a counter-friendly name: step_<tokens>, draft_<rows>, verify_<mode>_<tokens>,
+    prefill_<tokens>x<chunks> (the sampling signature left out)."""
+    kind = key[0]
+    if kind == "verify":
+        return f"verify_{key[2]}_{key[1]}"
+    if kind == "prefill":
+        return f"prefill_{key[1]}x{key[2]}"
+    return f"{kind}_{key[1]}"
+
+
 def _committed_rows(out_rows: list[list[int]]) -> list[tuple[int, int, list[int]]]:
     """(accepted count, window, committed tokens) per row of the step's output ``[k, w, slots...]``: the k
     accepted drafts and the target's token after them."""
@@ -752,9 +763,12 @@ class GraphDecoder:
         per_mode: dict[str, list[float]] = {}
         steps = self.timing[skip_steps:]
         per_bucket: dict[str, list[float]] = {}
+        per_graph: dict[str, list[float]] = {}
         for mode, events, rows in steps:
             for key, start, end in events:
-                per_key.setdefault("/".join(str(k) for k in key[:3]), []).append(start.elapsed_time(end))
+                ms = start.elapsed_time(end)
+                per_key.setdefault("/".join(str(k) for k in key[:3]), []).append(ms)
+                per_graph.setdefault(_graph_name(key), []).append(ms)
             span = events[0][1].elapsed_time(events[-1][2])
             per_mode.setdefault(mode, []).append(span)
             if rows:
@@ -772,7 +786,11 @@ class GraphDecoder:
                "steps_timed": {m: len(v) for m, v in per_mode.items()},
                # per step mode and batch bucket (rows): steps of one mode at one batch compare across modes and arms
                "step_device_ms_median_by_batch": {k: med(v) for k, v in sorted(per_bucket.items())},
-               "steps_timed_by_batch": {k: len(v) for k, v in sorted(per_bucket.items())}}
+               "steps_timed_by_batch": {k: len(v) for k, v in sorted(per_bucket.items())},
+               # per graph, named by kind and size (step_<tokens>, draft_<rows>, verify_<mode>_<tokens>,
+               # prefill_<tokens>x<chunks>): which of a step's graphs its time went to
+               "graph_ms_median_by_name": {k: med(v) for k, v in sorted(per_graph.items())},
+               "graph_replays_by_name": {k: len(v) for k, v in sorted(per_graph.items())}}
         if gaps:
             import numpy as np
 

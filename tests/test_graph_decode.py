@@ -289,6 +289,9 @@ def test_timing_summary_reports_device_gaps_between_steps(monkeypatch):
     # per mode and batch bucket: the ragged and the full step of 8 rows compare directly
     assert t["step_device_ms_median_by_batch"] == {"full/b4": 1.0, "full/b8": 1.5, "ragged/b8": 3.0}
     assert t["steps_timed_by_batch"] == {"full/b4": 1, "full/b8": 1, "ragged/b8": 1}
+    # per graph: the ragged step's draft and verify graphs apart, the fused step's graph
+    assert t["graph_ms_median_by_name"] == {"draft_8": 1.0, "verify_ragged_16": 1.5, "step_32": 1.25}
+    assert t["graph_replays_by_name"] == {"draft_8": 1, "verify_ragged_16": 1, "step_32": 2}
     assert t["step_gap_ms_median"] == 1.25 and t["step_gap_ms_p90"] == pytest.approx(0.5 + 0.9 * 1.5)
     assert t["device_idle_fraction"] == round(3.0 / 8.0, 4)  # 1-1.5, 3-3.5 and 5-7 ran nothing
     t = gd.timing_summary(skip_steps=1)
