@@ -395,8 +395,8 @@ class Engine:
                         c[f"device/{mode}_{rows}_steps"] = int(counts_by_batch[key])
                 # Each graph's own device time (draft, verify per token bucket, the fused step, prefill), where it
                 # replayed 10 times or more: the parts a step's time above is made of.
-                replays = t.get("graph_replays_by_name", {})
-                for name, ms in t.get("graph_ms_median_by_name", {}).items():
+                replays = t.get("graph_replays_timed", {})
+                for name, ms in t.get("graph_device_ms_median", {}).items():
                     if replays.get(name, 0) >= 10:
                         c[f"device/graph_{name}_ms_median"] = ms
         if self.cost_table is not None and self._oracle_steps and self.cfg.verify in ("full", "cap_accept"):

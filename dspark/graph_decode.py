@@ -53,13 +53,15 @@ def _first_at_least(ladder: tuple[int, ...], n: int) -> int | None:
 
 def _graph_name(key: tuple) -> str:
     """A graph key as a counter-friendly name: step_<tokens>, draft_<rows>, verify_<mode>_<tokens>,
-    prefill_<tokens>x<chunks> (the sampling signature left out)."""
+    prefill_<tokens>x<chunks>; a decode graph of a batch that samples adds _sampled (and _topk, _topp)."""
     kind = key[0]
-    if kind == "verify":
-        return f"verify_{key[2]}_{key[1]}"
     if kind == "prefill":
         return f"prefill_{key[1]}x{key[2]}"
-    return f"{kind}_{key[1]}"
+    name = f"verify_{key[2]}_{key[1]}" if kind == "verify" else f"{kind}_{key[1]}"
+    all_greedy, needs_k, needs_p = key[-1]
+    if not all_greedy:
+        name += "_sampled" + "_topk" * bool(needs_k) + "_topp" * bool(needs_p)
+    return name
 
 
 def _committed_rows(out_rows: list[list[int]]) -> list[tuple[int, int, list[int]]]:
@@ -620,7 +622,7 @@ class GraphDecoder:
                 r_draft = _first_at_least(self.batch_buckets, B)
                 self._run(("draft", r_draft, self.sampling), lambda: self._draft_stage(r_draft))
             self._run(("verify", bucket, mode, self.sampling), lambda: self._verify_stage(bucket, r_verify, mode))
-        self._close_step_timing(mode, self.bucket_for(B) // self.M if self.bucket_for(B) else B)
+        self._close_step_timing(mode, _first_at_least(self.batch_buckets, B) or B)
         host = torch.empty((B, 2 + self.M), dtype=torch.int64, pin_memory=pin)
         host.copy_(self.out[:B], non_blocking=pin)
         surv = top = None
@@ -763,12 +765,9 @@ class GraphDecoder:
         per_mode: dict[str, list[float]] = {}
         steps = self.timing[skip_steps:]
         per_bucket: dict[str, list[float]] = {}
-        per_graph: dict[str, list[float]] = {}
         for mode, events, rows in steps:
             for key, start, end in events:
-                ms = start.elapsed_time(end)
-                per_key.setdefault("/".join(str(k) for k in key[:3]), []).append(ms)
-                per_graph.setdefault(_graph_name(key), []).append(ms)
+                per_key.setdefault(_graph_name(key), []).append(start.elapsed_time(end))
             span = events[0][1].elapsed_time(events[-1][2])
             per_mode.setdefault(mode, []).append(span)
             if rows:
@@ -780,17 +779,15 @@ class GraphDecoder:
         decode = [(m, ev) for m, ev, _ in steps if not (m == "prefill" and self.prefill_stream is not None)]
         gaps = [a[-1][2].elapsed_time(b[0][1]) for (_, a), (_, b) in zip(decode, decode[1:])]
         med = lambda xs: round(statistics.median(xs), 4)  # noqa: E731
+        # per graph, by name (_graph_name: step_<tokens>, draft_<rows>, verify_<mode>_<tokens>, prefill_<T>x<P>):
+        # which of a step's graphs its time went to
         out = {"graph_device_ms_median": {k: med(v) for k, v in sorted(per_key.items())},
                "graph_replays_timed": {k: len(v) for k, v in sorted(per_key.items())},
                "step_device_ms_median": {m: med(v) for m, v in per_mode.items()},
                "steps_timed": {m: len(v) for m, v in per_mode.items()},
                # per step mode and batch bucket (rows): steps of one mode at one batch compare across modes and arms
                "step_device_ms_median_by_batch": {k: med(v) for k, v in sorted(per_bucket.items())},
-               "steps_timed_by_batch": {k: len(v) for k, v in sorted(per_bucket.items())},
-               # per graph, named by kind and size (step_<tokens>, draft_<rows>, verify_<mode>_<tokens>,
-               # prefill_<tokens>x<chunks>): which of a step's graphs its time went to
-               "graph_ms_median_by_name": {k: med(v) for k, v in sorted(per_graph.items())},
-               "graph_replays_by_name": {k: len(v) for k, v in sorted(per_graph.items())}}
+               "steps_timed_by_batch": {k: len(v) for k, v in sorted(per_bucket.items())}}
         if gaps:
             import numpy as np
 

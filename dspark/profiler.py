@@ -509,11 +509,11 @@ def check_not_superlinear(measurements: Sequence[tuple[int, int, float]], sample
                     worst = (ratio, b1, m1, ms1, b2, m2, ms2)
     if worst is not None:
         ratio, b1, m1, ms1, b2, m2, ms2 = worst
-        raise ProfileFitError(f"a step of M={m2} tokens (batch {b2}) took {ms2:.1f} ms, {ratio:.1f}x what linear "
-                                f"growth from M={m1} (batch {b1}, {ms1:.1f} ms) allows: more tokens never cost that much "
-                                "more per token, so something else was using the CPU or device during the sweep. Re-run "
-                                "the profile on an otherwise idle machine (delete the cached table if one was written)",
-                                list(measurements), None, list(samples))
+        raise ProfileFitError(f"a step of M={m2} tokens (batch {b2}) took {ms2:.1f} ms, {ratio:.1f}x what linear growth "
+                              f"from M={m1} (batch {b1}, {ms1:.1f} ms) allows: more tokens never cost that much more "
+                              "per token, so something else was using the CPU or device during the sweep. Re-run the "
+                              "profile on an otherwise idle machine (delete the cached table if one was written)",
+                              list(measurements), None, list(samples))
 
 
 def check_monotone(table: CostTable, measurements: Sequence[tuple[int, int, float]],

@@ -281,25 +281,31 @@ def test_timing_summary_reports_device_gaps_between_steps(monkeypatch):
     gd.prefill_stream = None
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     # step 0: draft 0-1, verify 1.5-3; step 1 starts at 3.5 (gap 0.5); step 2 at 7 (gap 2.0 after 5)
-    gd.timing = [("ragged", [(("draft", 8), Ev(0.0), Ev(1.0)), (("verify", 16, "ragged"), Ev(1.5), Ev(3.0))], 8),
-                 ("full", [(("step", 32), Ev(3.5), Ev(5.0))], 8),
-                 ("full", [(("step", 32), Ev(7.0), Ev(8.0))], 4)]
+    G = (True, False, False)  # a greedy batch's sampling signature, the last part of a decode graph's key
+    gd.timing = [("ragged", [(("draft", 8, G), Ev(0.0), Ev(1.0)), (("verify", 16, "ragged", G), Ev(1.5), Ev(3.0))], 8),
+                 ("full", [(("step", 32, G), Ev(3.5), Ev(5.0))], 8),
+                 ("full", [(("step", 32, G), Ev(7.0), Ev(8.0))], 4)]
     t = gd.timing_summary()
     assert t["step_device_ms_median"] == {"ragged": 3.0, "full": 1.25}
     # per mode and batch bucket: the ragged and the full step of 8 rows compare directly
     assert t["step_device_ms_median_by_batch"] == {"full/b4": 1.0, "full/b8": 1.5, "ragged/b8": 3.0}
     assert t["steps_timed_by_batch"] == {"full/b4": 1, "full/b8": 1, "ragged/b8": 1}
     # per graph: the ragged step's draft and verify graphs apart, the fused step's graph
-    assert t["graph_ms_median_by_name"] == {"draft_8": 1.0, "verify_ragged_16": 1.5, "step_32": 1.25}
-    assert t["graph_replays_by_name"] == {"draft_8": 1, "verify_ragged_16": 1, "step_32": 2}
+    assert t["graph_device_ms_median"] == {"draft_8": 1.0, "verify_ragged_16": 1.5, "step_32": 1.25}
+    assert t["graph_replays_timed"] == {"draft_8": 1, "verify_ragged_16": 1, "step_32": 2}
+    from dspark.graph_decode import _graph_name  # a sampled batch's graphs are named apart from greedy ones
+
+    assert _graph_name(("verify", 16, "ragged", (False, True, False))) == "verify_ragged_16_sampled_topk"
+    assert _graph_name(("prefill", 64, 2)) == "prefill_64x2"
     assert t["step_gap_ms_median"] == 1.25 and t["step_gap_ms_p90"] == pytest.approx(0.5 + 0.9 * 1.5)
     assert t["device_idle_fraction"] == round(3.0 / 8.0, 4)  # 1-1.5, 3-3.5 and 5-7 ran nothing
     t = gd.timing_summary(skip_steps=1)
     assert t["step_gap_ms_median"] == 2.0 and t["device_idle_fraction"] == round(2.0 / 4.5, 4)
     # A prefill on its own stream from 4.5 to 7.5 overlaps both steps after it: no gap, and 7-7.5 is busy once.
     gd.prefill_stream = object()
-    gd.timing = [("full", [(("step", 32), Ev(3.5), Ev(5.0))], 8), ("prefill", [(("prefill", 64, 1), Ev(4.5), Ev(7.5))], 0),
-                 ("full", [(("step", 32), Ev(7.0), Ev(8.0))], 8)]
+    gd.timing = [("full", [(("step", 32, G), Ev(3.5), Ev(5.0))], 8),
+                 ("prefill", [(("prefill", 64, 1), Ev(4.5), Ev(7.5))], 0),
+                 ("full", [(("step", 32, G), Ev(7.0), Ev(8.0))], 8)]
     t = gd.timing_summary()
     assert t["step_gap_ms_median"] == 2.0 and t["device_idle_fraction"] == 0.0
 
