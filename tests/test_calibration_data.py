@@ -158,3 +158,20 @@ def test_make_training_data_records_prompts_and_excludes_them(tmp_path):
 
     info = TokenDataset.load(tmp_path / "calib.safetensors").info
     assert info["exclude_prompts"][0]["count"] == 6 and info["split"] == "train"
+
+
+def test_a_compressed_prompt_record_is_read_and_a_damaged_one_named(tmp_path):
+    """A record kept as <record>.xz (as the shipped drafter's is) is found under its plain name and read; a
+    truncated one is refused with a message naming the file, not a traceback from lzma."""
+    import lzma
+
+    packed = mtd.resolve_prompt_record("builtin:dspark-smollm2")
+    assert packed.name == "training_prompts.json.xz"
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    (folder / "training_prompts.json.xz").write_bytes(packed.read_bytes())
+    record = mtd.load_prompt_record(str(folder))  # a drafter folder: its training_prompts.json(.xz)
+    assert record["sha256"] == json.loads(lzma.decompress(packed.read_bytes()))["sha256"] and record["count"] > 0
+    (folder / "training_prompts.json.xz").write_bytes(packed.read_bytes()[:1000])
+    with pytest.raises(ConfigError, match=r"training_prompts\.json\.xz is not a readable xz file .*truncated or corrupt"):
+        mtd.load_prompt_record(str(folder))
