@@ -96,6 +96,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 HEADLINE = "output_tokens_per_s"
+# The throughput inside each block's full-load window, without its drain (dspark.bench.metrics.full_load_window).
+FULL_LOAD = "steady_output_tokens_per_s"
 ARMS = ("A", "B")
 TEST_HOOK_NAMES = (TINY_MODELS_ENV, TinyCharTokenizer)  # the tiny-model test hook, also importable from here
 LOAD_MODES = tuple(m.value for m in LoadMode)
@@ -575,7 +577,8 @@ def to_records(outs, arm: str, block: int, scheduled_arrivals=None) -> list[Requ
         recs.append(RequestRecord(
             request_id=str(o.user_id), arm=arm, block=block, prompt_tokens=len(o.prompt_token_ids),
             output_token_ids=list(o.token_ids), arrival_s=o.arrival_time, first_token_s=o.first_token_time,
-            finish_s=o.finish_time, chunk_times_s=list(o.chunk_times), accept_lengths=list(o.accept_lengths),
+            finish_s=o.finish_time, chunk_times_s=list(o.chunk_times), chunk_tokens=list(o.chunk_sizes),
+            accept_lengths=list(o.accept_lengths),
             verify_lengths=list(o.verify_lens), per_position_accepts=list(o.pos_accepted),
             per_position_reached=list(o.pos_reached), error=o.error,
             finish_reason=o.finish_reason, scheduled_arrival_s=scheduled))
@@ -798,7 +801,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     atomic_write(out_dir / "requests.parquet", lambda tmp: requests_df.to_parquet(tmp, index=False))
     paired = _paired_blocks(blocks_df)
     compared = {HEADLINE: "higher", "requests_per_s": "higher"}
-    for metric in ("goodput_tokens_per_s", "goodput_requests_per_s"):  # (compared as ratios: every block above 0)
+    for metric in (FULL_LOAD, "goodput_tokens_per_s", "goodput_requests_per_s"):  # (compared as ratios: every block above 0)
         if metric in blocks_df and bool((pd.to_numeric(blocks_df[metric], errors="coerce") > 0).all()):
             compared[metric] = "higher"
     stats = (compare_blocks(paired, compared, n_boot=int(cfg.ab.n_boot), seed=int(cfg.ab.seed))
@@ -988,7 +991,9 @@ def _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block
         block_df = requests_dataframe(recs)
         atomic_write(block_file, lambda tmp: block_df.to_parquet(tmp, index=False))
         row = {"block": block, "arm": arm, "first_arm": first_arm[block],
-               **aggregate_block(recs, wall, counters, **sla_limits(cfg.load)), "wall_s": wall}
+               **aggregate_block(recs, wall, counters, **sla_limits(cfg.load), load_mode=str(cfg.load.mode),
+                                 concurrency=int(cfg.load.concurrency)),
+               "wall_s": wall}
         if served:  # acceptance pooled from the server's counters when its responses did not carry it
             row.update(run.acceptance)
             row["acceptance_source"] = run.acceptance_source

@@ -96,7 +96,13 @@ def test_end_to_end_writes_every_output_and_guards_pass(tiny_run):
     assert summary["truncated"] == {arm: {"max_tokens": int((cut["arm"] == arm).sum()), "max_model_len": 0}
                                     for arm in ("A", "B")}
     assert summary["verdict_note"] is None  # spec off vs DSpark: no trimming arm
+    # Each chunk's token count adds up to the output; the full-load throughput is measured and compared.
+    assert all(sum(c) == n for c, n in zip(requests["chunk_tokens"], requests["output_tokens"]))
+    blocks = pd.read_csv(out / "blocks.csv")
+    assert (blocks["steady_output_tokens_per_s"] > 0).all() and (blocks["steady_share"] <= 1).all()
+    assert "steady_output_tokens_per_s" in summary["statistics"]
     report = (out / "report.md").read_text()
+    assert "At full load, the blocks' drains left out" in report and "output tokens/s at full load" in report
     assert "Verdict on output_tokens_per_s" in report and "lossless/block1" in report
     assert f"Truncated outputs (finish_reason length): A {summary['truncated']['A']['max_tokens']}/4" in report
     # W&B offline: one run folder per arm; its run log (what `wandb sync` uploads) holds the final summary.

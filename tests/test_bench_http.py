@@ -10,6 +10,7 @@ time, token ids equal to Engine.generate's, errors recorded per request.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -284,11 +285,13 @@ def test_closed_loop_streams_every_step_with_token_ids_equal_to_engine_generate(
         assert len(result.chunk_times_s) == acc["num_steps"]
         assert result.sent_s <= result.first_token_s == result.chunk_times_s[0] <= result.chunk_times_s[-1]
         assert result.chunk_times_s[-1] <= result.finish_s
+        assert len(result.chunk_tokens) == len(result.chunk_times_s) and sum(result.chunk_tokens) == 12
     # Closed loop at 2: all due at the start; the third waited for a slot (sent after the first finished).
     first_done = min(r.finish_s for r in load.results[:2])
     assert len(set(r.scheduled_s for r in load.results)) == 1 and load.results[2].sent_s >= first_done - 1e-3
     records = [to_request_record(r, "B", 0) for r in load.results]
-    row = aggregate_block(records, load.wall_s)
+    row = aggregate_block(records, load.wall_s, load_mode="closed", concurrency=2)
+    assert row["steady_output_tokens_per_s"] > 0 and 0 < row["steady_share"] <= 1
     assert row["output_tokens"] == 48 and row["ttft_s_p50"] > 0 and row["itl_s_p50"] > 0 and row["n_errors"] == 0
     assert records[0].per_position_accepts and len(records[0].per_position_accepts) == 4  # the drafter's block
 
@@ -333,6 +336,8 @@ def test_a_server_without_token_ids_gives_text_and_usage_counts(tmp_path):
     record = to_request_record(result, "A", 0)
     assert record.output_token_ids == [] and record.output_token_count == 5 and record.n_output_tokens == 5
     assert aggregate_block([record], 1.0)["output_tokens"] == 5
+    assert record.chunk_tokens == []  # text without ids: each chunk's token count is unknown, not guessed
+    assert math.isnan(aggregate_block([record], 1.0, load_mode="closed", concurrency=1)["steady_output_tokens_per_s"])
 
 
 def test_an_interrupt_stops_the_load_and_leaves_no_request_behind(models):

@@ -140,3 +140,65 @@ def test_prediction_health_flags_a_cost_table_that_mispredicts_the_planned_steps
     assert h["B"]["step_ms_measured_over_predicted"] == pytest.approx(1.31)
     assert h["B"]["flags"] == ["arm B: step time 1.31x the cost table's prediction (beyond +/-15%)"]
     assert prediction_health(counters, 0.5)["B"]["flags"] == []
+
+
+def _req(rid: str, arrival: float, chunks: list[tuple[float, int]], error: str | None = None) -> RequestRecord:
+    """A request sent at ``arrival`` whose chunks (time, tokens) arrive as given."""
+    times = [t for t, _ in chunks]
+    tokens = [n for _, n in chunks]
+    return RequestRecord(request_id=rid, arm="B", block=0, prompt_tokens=4, output_token_ids=list(range(sum(tokens))),
+                         arrival_s=arrival, first_token_s=times[0], finish_s=times[-1], chunk_times_s=times,
+                         chunk_tokens=tokens, error=error)
+
+
+def closed_loop_block():
+    """A closed loop at concurrency 2 over 4 requests: r0, r1 sent at 0; r2 sent when r0 finishes (4), r3 when r1
+    finishes (5). The load runs out at r2's finish (8): from then on only r3 runs (the drain, to 12)."""
+    return [_req("r0", 0.0, [(1.0, 2), (4.0, 2)]),
+            _req("r1", 0.0, [(2.0, 3), (5.0, 1)]),
+            _req("r2", 4.0, [(6.0, 4), (8.0, 1)]),
+            _req("r3", 5.0, [(7.0, 2), (10.0, 5), (12.0, 3)])]
+
+
+def test_full_load_window_of_a_closed_loop_ends_when_the_load_runs_out():
+    from dspark.bench.metrics import full_load_throughput, full_load_window
+
+    block = closed_loop_block()
+    # From the 2nd submission (0.0) to the (4 - 2 + 1) = 3rd finish (r2's, 8.0).
+    assert full_load_window(block, "closed", 2) == (0.0, 8.0)
+    # Chunks inside [0, 8]: 2 + 2 + 3 + 1 + 4 + 1 + 2 = 15 tokens; r3's chunks at 10 and 12 are the drain.
+    assert full_load_throughput(block, (0.0, 8.0)) == pytest.approx(15 / 8)
+    # At concurrency 1 nothing drains (one request at a time); more in flight than requests: never at full load.
+    assert full_load_window(block, "closed", 1) == (0.0, 12.0)
+    assert full_load_window(block, "closed", 5) is None
+    # Poisson: the load is offered from the first arrival to the last.
+    assert full_load_window(block, "poisson") == (0.0, 5.0)
+    with pytest.raises(ValueError, match="load_mode"):
+        full_load_window(block, "open", 2)
+
+
+def test_block_aggregate_reports_full_load_throughput_apart_from_the_drain():
+    block = closed_loop_block()
+    m = aggregate_block(block, wall_time_s=12.0, load_mode="closed", concurrency=2)
+    assert m["output_tokens_per_s"] == pytest.approx(23 / 12)  # the whole block, drain included
+    assert m["steady_output_tokens_per_s"] == pytest.approx(15 / 8)
+    assert m["steady_window_s"] == pytest.approx(8.0) and m["steady_share"] == pytest.approx(8 / 12)
+    # A longer drain (r3's last chunk later) lowers the block's throughput, not the full-load one.
+    slow_tail = closed_loop_block()[:3] + [_req("r3", 5.0, [(7.0, 2), (10.0, 5), (20.0, 3)])]
+    m2 = aggregate_block(slow_tail, wall_time_s=20.0, load_mode="closed", concurrency=2)
+    assert m2["output_tokens_per_s"] < m["output_tokens_per_s"]
+    assert m2["steady_output_tokens_per_s"] == pytest.approx(m["steady_output_tokens_per_s"])
+    # Without the load's mode nothing is computed (callers that do not know the load).
+    assert "steady_output_tokens_per_s" not in aggregate_block(block, wall_time_s=12.0)
+
+
+def test_full_load_throughput_is_nan_when_chunk_token_counts_are_unknown():
+    block = closed_loop_block()
+    block[1] = RequestRecord(request_id="r1", arm="B", block=0, prompt_tokens=4, output_token_ids=[],
+                             output_token_count=4, arrival_s=0.0, first_token_s=2.0, finish_s=5.0,
+                             chunk_times_s=[2.0, 5.0])  # a server that streamed text only
+    m = aggregate_block(block, wall_time_s=12.0, load_mode="closed", concurrency=2)
+    assert math.isnan(m["steady_output_tokens_per_s"]) and m["steady_window_s"] == pytest.approx(8.0)
+    with pytest.raises(ValueError, match="one token count per chunk"):
+        RequestRecord(request_id="bad", arm="B", block=0, prompt_tokens=1, output_token_ids=[1, 2], arrival_s=0.0,
+                      first_token_s=1.0, finish_s=2.0, chunk_times_s=[1.0, 2.0], chunk_tokens=[2])

@@ -16,6 +16,13 @@ request is sent):
 - ITL (inter-chunk latency): gaps between consecutive chunks of a request, where a
   chunk is everything one engine step emitted for it (several tokens under
   speculation). ITL percentiles pool the gaps of all requests.
+- Throughput at full load (``steady_output_tokens_per_s``): the output tokens emitted inside the block's
+  full-load window, over the window's length (:func:`full_load_window`). A block's throughput
+  (``output_tokens_per_s``) counts its drain too: the end of a finite block, when the load has no more
+  requests to send and the engine finishes the last ones at ever smaller batches. How long that drain lasts
+  depends on the block's size and on how unequal the requests' step counts are (under speculation a request
+  with low acceptance needs more steps than one with the same output and high acceptance), not on the speed
+  the engine sustains under the load; both are reported.
 - accept_length: per verify step, tokens committed including the bonus token.
   accept_rate: accepted drafts / drafts sent to the target, bonus excluded.
   per-position acceptance: accepted at position i / drafts that reached i.
@@ -37,7 +44,7 @@ import pandas as pd
 PERCENTILES = (50, 90, 99)
 LATENCY_METRICS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_wait_s")
 # The list-valued fields of a RequestRecord: list columns of requests_dataframe (parquet keeps them as lists).
-REQUEST_LIST_COLUMNS = ("output_token_ids", "chunk_times_s", "accept_lengths", "verify_lengths",
+REQUEST_LIST_COLUMNS = ("output_token_ids", "chunk_times_s", "chunk_tokens", "accept_lengths", "verify_lengths",
                         "per_position_accepts", "per_position_reached")
 
 
@@ -48,7 +55,8 @@ class RequestRecord:
     Times are seconds on one monotonic clock. ``arrival_s`` is when the request was submitted to
     the engine, ``scheduled_arrival_s`` when the load generator was due to submit it (None: not
     recorded). ``chunk_times_s`` holds the time of every chunk the request emitted (the first one
-    is the first token).
+    is the first token) and ``chunk_tokens`` the output tokens each chunk carried (empty: not known, as for
+    a server that streams text without token ids).
     ``accept_lengths`` and ``verify_lengths`` have one entry per verify step
     (tokens committed incl. bonus; drafts sent to the target). ``per_position_accepts[i]``
     / ``per_position_reached[i]`` count draft position i (0-based) over the request.
@@ -63,6 +71,7 @@ class RequestRecord:
     first_token_s: float | None
     finish_s: float | None
     chunk_times_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
     accept_lengths: list[int] = field(default_factory=list)
     verify_lengths: list[int] = field(default_factory=list)
     per_position_accepts: list[int] = field(default_factory=list)
@@ -93,6 +102,9 @@ class RequestRecord:
         if not self.arrival_s <= self.first_token_s <= self.finish_s:
             raise ValueError(f"request {self.request_id!r}: need arrival_s <= first_token_s <= finish_s, got "
                              f"{self.arrival_s}, {self.first_token_s}, {self.finish_s}")
+        if self.chunk_tokens and len(self.chunk_tokens) != len(self.chunk_times_s):
+            raise ValueError(f"request {self.request_id!r}: chunk_tokens has {len(self.chunk_tokens)} entries but "
+                             f"chunk_times_s has {len(self.chunk_times_s)}: one token count per chunk")
         if len(self.per_position_accepts) != len(self.per_position_reached):
             raise ValueError(f"request {self.request_id!r}: per_position_accepts has {len(self.per_position_accepts)} "
                              f"entries but per_position_reached has {len(self.per_position_reached)}")
@@ -168,15 +180,61 @@ def _percentiles(values: Iterable[float], name: str) -> dict[str, float]:
     return {f"{name}_p{q}": float(v) for q, v in zip(PERCENTILES, quantiles)} | {f"{name}_mean": float(series.mean())}
 
 
+def full_load_window(records: Sequence[RequestRecord], load_mode: str,
+                     concurrency: int | None = None) -> tuple[float, float] | None:
+    """(start, end) of the span in which the load kept its full load on the engine; None when it never did.
+
+    Closed loop at concurrency C over N completed requests: from the C-th submission (C requests in flight) to
+    the (N-C+1)-th finish. Until then every finish was followed by the next submission, so C requests were in
+    flight throughout; from then on the load has nothing left to send and the block drains. Poisson arrivals:
+    from the first arrival to the last (the load is offered until then; afterwards the engine only drains)."""
+    ok = [r for r in records if r.error is None]
+    if load_mode == "closed":
+        c = int(concurrency or 0)
+        if c < 1 or len(ok) < c:
+            return None
+        start = sorted(r.arrival_s for r in ok)[c - 1]
+        end = sorted(r.finish_s for r in ok)[len(ok) - c]
+    elif load_mode == "poisson":
+        if not ok:
+            return None
+        start, end = min(r.arrival_s for r in ok), max(r.arrival_s for r in ok)
+    else:
+        raise ValueError(f"load_mode must be 'closed' or 'poisson', got {load_mode!r}")
+    return (start, end) if end > start else None
+
+
+def full_load_throughput(records: Sequence[RequestRecord], window: tuple[float, float] | None) -> float:
+    """Output tokens per second emitted inside ``window`` (:func:`full_load_window`): every chunk whose time
+    lies in it, with the tokens it carried. NaN without a window or when a completed request's chunk token
+    counts are unknown (``chunk_tokens`` empty)."""
+    if window is None:
+        return float("nan")
+    start, end = window
+    tokens = 0
+    for r in records:
+        if r.error is not None or not r.chunk_times_s:
+            continue
+        if not r.chunk_tokens:
+            return float("nan")
+        times = np.asarray(r.chunk_times_s, dtype=float)
+        inside = (times >= start) & (times <= end)
+        tokens += int(np.asarray(r.chunk_tokens, dtype=np.int64)[inside].sum())
+    return tokens / (end - start)
+
+
 def aggregate_block(records: list[RequestRecord], wall_time_s: float,
                     counters: Mapping[str, Any] | None = None, *, sla_ttft_s: float | None = None,
-                    sla_tpot_s: float | None = None) -> dict[str, Any]:
+                    sla_tpot_s: float | None = None, load_mode: str | None = None,
+                    concurrency: int | None = None) -> dict[str, Any]:
     """Aggregate the requests of one arm in one block.
 
     ``wall_time_s`` is the time the arm held the engine in this block (first arrival
     to last finish as seen by the runner); throughput is total output tokens over it.
     ``counters`` (the engine's own counters for this arm/block) pass through under
-    ``counter/<name>``. With a service level (``sla_ttft_s`` and/or ``sla_tpot_s``), goodput: the
+    ``counter/<name>``. With the load's ``load_mode`` (and a closed loop's ``concurrency``): the throughput
+    at full load (:func:`full_load_window`, :func:`full_load_throughput`), the window's length and its share of
+    the block's wall time. With a service level (``sla_ttft_s`` and/or ``sla_tpot_s``), goodput: the
     requests that met every given limit (a one-token output has no TPOT and meets that limit), per
     second and their output tokens per second, and their share of the block's requests (errors miss).
     """
@@ -193,6 +251,12 @@ def aggregate_block(records: list[RequestRecord], wall_time_s: float,
         "output_tokens_per_s": output_tokens / wall_time_s,
         "requests_per_s": len(ok) / wall_time_s,
     }
+    if load_mode is not None:
+        window = full_load_window(records, load_mode, concurrency)
+        span = window[1] - window[0] if window is not None else float("nan")
+        out["steady_output_tokens_per_s"] = full_load_throughput(records, window)
+        out["steady_window_s"] = span
+        out["steady_share"] = span / wall_time_s
     frame = pd.DataFrame(rows, columns=["ttft_s", "tpot_s", "e2e_s", "queue_wait_s", "accept_length", "accept_rate"])
     out |= _percentiles(frame["ttft_s"], "ttft_s")
     out |= _percentiles(frame["tpot_s"], "tpot_s")

@@ -70,7 +70,10 @@ KEY_COUNTERS = ("decode_steps", "drafted_tokens", "accepted_tokens", "accept_rat
 HISTOGRAMS = {"sched/token_bucket_hist.": ("Token buckets", "tokens per step, padded to the bucket"),
               "sched/verify_len_hist.": ("Verify lengths", "drafted tokens verified per request and step")}
 # Rows of the per-arm results table: (blocks_df column prefix or column, name, kind).
-THROUGHPUT_ROWS = (("output_tokens_per_s", "output tokens/s"), ("requests_per_s", "requests/s"))
+THROUGHPUT_ROWS = (("output_tokens_per_s", "output tokens/s", "rate"),
+                   ("steady_output_tokens_per_s", "output tokens/s at full load", "rate"),
+                   ("steady_share", "full-load share of the block", "share"),
+                   ("requests_per_s", "requests/s", "rate"))
 # With a service level (load.sla_ttft_ms / sla_tpot_ms): goodput and the share of requests that met it.
 GOODPUT_ROWS = (("goodput_tokens_per_s", "goodput tokens/s", "rate"), ("goodput_requests_per_s", "goodput requests/s", "rate"),
                 ("sla_attainment", "requests within the SLA", "share"))
@@ -140,6 +143,20 @@ def verdict_line(summary: Mapping[str, Any]) -> str:
     headline = _require(summary, "headline_metric")
     names = arm_names(summary)
     return f"Verdict on {headline}: {verdict_sentence(statistics_of(summary)[headline], names['A'], names['B'])}"
+
+
+FULL_LOAD_METRIC = "steady_output_tokens_per_s"
+
+
+def full_load_verdict_line(summary: Mapping[str, Any]) -> str | None:
+    """"At full load (the blocks' drains left out): <sentence>" where the run compared the full-load throughput
+    (:func:`full_load_sentence`), None otherwise."""
+    stats = statistics_of(summary)
+    if FULL_LOAD_METRIC not in stats or summary.get("headline_metric") == FULL_LOAD_METRIC:
+        return None
+    names = arm_names(summary)
+    return (f"At full load, the blocks' drains left out ({FULL_LOAD_METRIC}): "
+            f"{verdict_sentence(stats[FULL_LOAD_METRIC], names['A'], names['B'])}")
 
 
 def _statistics_rows(summary: Mapping[str, Any]) -> list[list[str]]:
@@ -350,7 +367,7 @@ def arm_results(summary: Mapping[str, Any], blocks_df: pd.DataFrame) -> list[dic
     if "arm" not in blocks_df:
         return []
     arms = [a for a in ("A", "B") if a in set(blocks_df["arm"])]
-    specs = [(column, name, "rate") for column, name in THROUGHPUT_ROWS]
+    specs = list(THROUGHPUT_ROWS)
     specs += list(GOODPUT_ROWS)
     specs += [(f"{prefix}_p{q}", f"{name} p{q}", "duration") for prefix, name in LATENCY_ROWS for q in PERCENTILES]
     rows = []
@@ -384,8 +401,19 @@ def results_section(summary: Mapping[str, Any], blocks_df: pd.DataFrame) -> list
               "within a block over its requests (ITL over every gap between two chunks of a request). TTFT and E2E "
               "count from the request's submission to the engine; queue wait is the time from its scheduled arrival "
               "to its submission (closed loop: waiting for a free concurrency slot). B vs A: the geometric mean of "
-              "the paired per-block ratios." + sla_sentence(summary), ""]
+              "the paired per-block ratios." + full_load_sentence(blocks_df) + sla_sentence(summary), ""]
     return lines
+
+
+def full_load_sentence(blocks_df: pd.DataFrame) -> str:
+    """" Output tokens/s at full load counts ..." for blocks that have the full-load throughput."""
+    if FULL_LOAD_METRIC not in blocks_df:
+        return ""
+    return (" Output tokens/s at full load counts only the span in which the load kept every request it allows in "
+            "flight (closed loop: from the moment the concurrency was reached to the first finish with no request "
+            "left to send; Poisson: from the first arrival to the last), leaving out the block's drain, when the "
+            "engine finishes its last requests at ever smaller batches: what a service under that load sustains. "
+            "Output tokens/s counts the whole block, drain included.")
 
 
 def sla_sentence(summary: Mapping[str, Any]) -> str:
@@ -814,6 +842,9 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.Dat
         skipped.append(f"cost table: {cost_why}")
 
     lines = [f"# A/B report: {summary.get('experiment', 'experiment')}", "", f"**{verdict_line(summary)}.**", ""]
+    full_load = full_load_verdict_line(summary)
+    if full_load:
+        lines += [f"{full_load}.", ""]
     note = summary.get("verdict_note") or verdict_note(summary)
     if note:
         lines += [f"**{note}.**", ""]

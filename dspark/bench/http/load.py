@@ -8,7 +8,7 @@ exactly as ``runners.ab.drive`` draws them for an in-process arm, with no cap on
 Every request is streamed (server-sent events, ``stream_options.include_usage``). Per request the generator
 records, on one ``time.perf_counter`` clock: when it was due (``scheduled_s``), when it was sent (``sent_s``),
 the arrival of every chunk that carried output text or token ids (``chunk_times_s``; the first is the first
-token), and the end of the stream (``finish_s``); the output text, the token ids when the server returns them
+token) and, when the server returns token ids, how many each chunk carried (``chunk_tokens``), and the end of the stream (``finish_s``); the output text, the token ids when the server returns them
 (``return_token_ids``: a chunk's ``choices[0].token_ids``), the usage, the finish reason, the per-request
 acceptance of a server that reports it (this project's ``acceptance``) and llama.cpp's ``timings``. A request
 that fails (an HTTP error status, an error event in the stream, a stream that ends before its finish reason, a
@@ -63,6 +63,7 @@ class HttpResult:
     sent_s: float
     first_token_s: float | None = None
     chunk_times_s: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)  # token ids per chunk (empty without token ids)
     finish_s: float | None = None
     text: str = ""
     token_ids: list[int] | None = None  # None: the server returned none
@@ -149,6 +150,7 @@ async def send(client: httpx.AsyncClient, endpoint: HttpEndpoint, model: str, re
     if result.error is None and result.first_token_s is None:  # no chunk carried text or ids: the end is the first
         result.first_token_s = result.finish_s
         result.chunk_times_s = [result.finish_s]
+        result.chunk_tokens = [int(result.completion_tokens)] if result.completion_tokens is not None else []
     return result
 
 
@@ -198,6 +200,7 @@ async def _stream(client: httpx.AsyncClient, endpoint: HttpEndpoint, body: dict,
                 if piece or new_ids:
                     text.append(piece)
                     result.chunk_times_s.append(now)
+                    result.chunk_tokens.append(len(new_ids or ()))
                     if result.first_token_s is None:
                         result.first_token_s = now
                 if choice.get("finish_reason") is not None:
@@ -205,6 +208,8 @@ async def _stream(client: httpx.AsyncClient, endpoint: HttpEndpoint, body: dict,
             result.finish_s = now
         result.text = "".join(text)
         result.token_ids = ids if ids_seen else None
+        if not ids_seen:  # text without ids: how many tokens each chunk carried is unknown
+            result.chunk_tokens = []
         if result.prompt_tokens is None and result.prompt_token_ids is not None:
             result.prompt_tokens = len(result.prompt_token_ids)
 
