@@ -42,6 +42,10 @@ s = json.load(open(sys.argv[1] + "/summary.json"))
 st = s.get("statistics", {}).get("output_tokens_per_s", {})
 print("verdict", s.get("verdict"), "B vs A %+.2f%% (CI %s .. %s, p=%s)" % (st.get("change_pct", float("nan")),
       st.get("ci_low_pct"), st.get("ci_high_pct"), st.get("wilcoxon_p")), "note:", s.get("verdict_note"))
+fl = s.get("statistics", {}).get("steady_output_tokens_per_s")
+if fl:
+    print("at full load: %s B vs A %+.2f%% (CI %s .. %s, p=%s)" % (fl["verdict"], fl["change_pct"], fl.get("ci_low_pct"),
+          fl.get("ci_high_pct"), fl.get("wilcoxon_p")))
 for arm, c in s["counters"].items():
     keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "sched/trim_ratio", "draft_free/", "host/", "device/"))] + \
            ["trimmed_steps", "draft_free_steps", "depth_zero_rows", "decode_steps", "mean_running_batch", "accept_rate"]
