@@ -146,6 +146,7 @@ class KernelSwitches:
     small_m_tiles: str | None = None  # a device's GEMV tile table (bench/small_m_sweep.py); None: defaults
     fused_step_metadata: bool = True  # graph steps' row packing and state commit as Triton kernels
     triton_argmax: bool = True  # graph steps' greedy argmax through kernels/argmax.py (CUDA)
+    fused_draft_logits: bool = True  # a draft slot's logits (backbone + Markov bias) in one pass (kernels/draft_logits.py)
     # KV chunks per (request, kv head, query tile) in paged attention; None: from the grid size alone
     # (kernels.paged_attention.default_num_splits). More splits spread a long request's keys over more SMs.
     attention_splits: int | None = None
@@ -160,7 +161,7 @@ class KernelSwitches:
     def __post_init__(self) -> None:
         p = self.PREFIX
         for name in ("fused_layers", "small_m_kernels", "fused_qkv_rope", "fused_step_metadata", "triton_argmax",
-                     "l2_prefetch", "decode_megakernel"):
+                     "fused_draft_logits", "l2_prefetch", "decode_megakernel"):
             value = getattr(self, name)
             _check(isinstance(value, bool), f"{p}.{name}", f"must be true or false, got {value!r}")
         tiles = self.small_m_tiles

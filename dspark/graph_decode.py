@@ -446,22 +446,21 @@ class GraphDecoder:
                 return greedy_argmax(logits, self.kernels)
 
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
-                                     confidence=not by_max_prob)
+                                     confidence=not by_max_prob, kernels=self.kernels)
         else:
             from dspark.sampling import sample_rows
 
-            rows, uni, probs = self._rows(R), self._uniforms(R), []
+            rows, uni = self._rows(R), self._uniforms(R)
 
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
                 if by_max_prob:
                     top.append(torch.exp(logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)))
                 tokens, p = sample_rows(logits, rows, uni[:, k])
-                probs.append(p)
+                self.draft_probs[:R, k].copy_(p)  # slot by slot: no stacked [R, G, V] copy of the block
                 return tokens
 
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
-                                     confidence=not by_max_prob)
-            self.draft_probs[:R].copy_(torch.stack(probs, dim=1))
+                                     confidence=not by_max_prob, kernels=self.kernels)
         self.drafts[:R].copy_(out.tokens)
         if by_max_prob:
             from dspark.acceptance_estimate import estimated_confidence

@@ -105,6 +105,7 @@ class KernelsSchema:
     small_m_tiles: Optional[str] = None  # a device's GEMV tile table (bench/small_m_sweep.py); null: the defaults
     fused_step_metadata: bool = True  # graph steps' row packing and state commit as Triton kernels
     triton_argmax: bool = True  # graph steps' greedy argmax as a Triton kernel (CUDA); false: torch.argmax
+    fused_draft_logits: bool = True  # a draft slot's fp32 logits in one Triton pass (CUDA); false: PyTorch ops
     attention_splits: Optional[int] = None  # KV splits in paged attention (1 to 32); null: from the grid and max_model_len
     l2_prefetch: bool = False  # experimental: decode-sized steps read the next layer's weights into L2 (CUDA)
     l2_prefetch_programs: int = 16  # programs per weight matrix of that prefetch (1 to 64)

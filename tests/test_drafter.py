@@ -482,3 +482,27 @@ def test_truncated_drafter_shard_names_file(tmp_path, monkeypatch):
         hint = drafter_module.restore_hint(shipped / "model-00001-of-00002.safetensors.xz")
         shard = "dspark/assets/dspark-smollm2/model-00001-of-00002.safetensors.xz"
         assert hint.endswith(f"`git -C {root} checkout -- {shard}`")
+
+
+@pytest.mark.parametrize("variant", ["vanilla", "gated", "rnn"])
+def test_markov_bias_parts_make_the_bias_the_head_adds(variant):
+    """bias_parts (what kernels/draft_logits.py widens and adds in one pass) gives forward's bias exactly, and
+    the fused path is only taken where the engine's kernels say so (the Triton backend on CUDA)."""
+    from dspark.config import DEFAULT_KERNELS, KernelConfig
+    from dspark.models.drafter import fused_draft_logits_enabled
+
+    drafter = _make(markov_variant=variant).to(torch.bfloat16)
+    head = drafter.markov_head
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(5, drafter.hidden_size, generator=g).to(torch.bfloat16)
+    prev_emb = head.w1(torch.randint(0, 97, (5,), generator=g))
+    state = head.initial_state(5, h)
+    bias, state_a = head(h, prev_emb, state)
+    low, gate, state_b = head.bias_parts(h, prev_emb, state)
+    assert low.dtype == torch.bfloat16 and (gate is not None) == (variant == "gated")
+    assert torch.equal(bias, low.float() if gate is None else gate * low.float())
+    assert (state_a is None and state_b is None) or torch.equal(state_a, state_b)
+    triton_on = KernelConfig(attention_backend="triton")
+    assert fused_draft_logits_enabled(triton_on, "cuda") and not fused_draft_logits_enabled(triton_on, "cpu")
+    assert not fused_draft_logits_enabled(DEFAULT_KERNELS, "cuda") and not fused_draft_logits_enabled(None, "cuda")
+    assert not fused_draft_logits_enabled(KernelConfig(attention_backend="triton", fused_draft_logits=False), "cuda")

@@ -484,6 +484,68 @@ class TestArgmaxTriton:
 # L2 weight prefetch (kernels/l2_prefetch.py)
 # --------------------------------------------------------------------------------------
 
+class TestDraftLogitsCuda:
+    """kernels/draft_logits.py on CUDA: the reference's bits at SmolLM2's vocabulary, and a drafter's draft (tokens,
+    confidence, sampled probabilities) unchanged by engine.kernels.fused_draft_logits."""
+
+    @pytest.mark.parametrize("M", [1, 7, 256])
+    def test_same_bits_as_the_reference(self, M):
+        from kernels.draft_logits import draft_slot_logits_reference, draft_slot_logits_triton
+
+        g = torch.Generator(device=DEV).manual_seed(M)
+        block = (torch.randn(M, 7, 49152, device=DEV, generator=g) * 4).to(torch.bfloat16)
+        bias = torch.randn(M, 49152, device=DEV, generator=g).to(torch.bfloat16)
+        gate = torch.rand(M, 1, device=DEV, generator=g)
+        for k in (0, 3, 6):
+            for gt in (None, gate):
+                want = draft_slot_logits_reference(block[:, k], bias, gt)
+                got = draft_slot_logits_triton(block[:, k], bias, gt)
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+    @pytest.mark.parametrize("variant", ["vanilla", "gated"])
+    def test_draft_is_unchanged_by_the_fused_logits(self, variant):
+        from dspark.config import DrafterConfig, KernelConfig, ModelConfig
+        from dspark.models.drafter import DSparkDrafter
+        from dspark.sampling import RowSampling, greedy_argmax, sample_rows
+
+        cfg = ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=4,
+                          num_heads=9, num_kv_heads=3, head_dim=64, rms_norm_eps=1e-5, rope_theta=1e5)
+        torch.manual_seed(0)
+        drafter = DSparkDrafter(cfg, DrafterConfig(block_size=7, num_layers=1, target_layer_ids=(0, 1, 3),
+                                                   markov_rank=32, markov_variant=variant)).to(DEV, torch.bfloat16)
+        with torch.no_grad():
+            for p in drafter.markov_head.parameters():
+                p.mul_(20.0)  # a bias that changes the drawn tokens
+        B = 64
+        hidden = torch.randn(B, 7, 576, device=DEV).to(torch.bfloat16)
+        lm_head = (torch.randn(49152, 576, device=DEV) * 0.05).to(torch.bfloat16)
+        anchor = torch.randint(3, 49000, (B,), device=DEV)
+        temperature = torch.where(torch.arange(B, device=DEV) % 2 == 0, 0.0, 0.8)
+        rows = RowSampling.from_tensors(temperature, torch.zeros(B, dtype=torch.int64, device=DEV),
+                                        torch.ones(B, device=DEV), all_greedy=False, needs_k=False, needs_p=False)
+        uni = torch.rand(B, 7, device=DEV)
+        runs = {}
+        for fused in (False, True):
+            kernels = KernelConfig(attention_backend="triton", fused_draft_logits=fused)
+            probs = []
+
+            def sampled(logits, k):
+                tokens, p = sample_rows(logits, rows, uni[:, k])
+                probs.append(p)
+                return tokens
+
+            with torch.inference_mode():
+                greedy = drafter.draft(hidden, anchor, lm_head, lambda lg, k: greedy_argmax(lg, kernels),
+                                       keep_logits=True, kernels=kernels)
+                drawn = drafter.draft(hidden, anchor, lm_head, sampled, keep_logits=False, kernels=kernels)
+            runs[fused] = (greedy, drawn, torch.stack(probs, 1))
+        (g0, s0, p0), (g1, s1, p1) = runs[False], runs[True]
+        assert torch.equal(g0.tokens, g1.tokens) and torch.equal(g0.logits, g1.logits)
+        assert torch.equal(g0.confidence_logits, g1.confidence_logits)
+        assert torch.equal(s0.tokens, s1.tokens) and torch.equal(p0, p1)
+        assert len(set(g0.tokens[:, 1:].flatten().tolist())) > 20  # real draws, not one repeated token
+
+
 class TestL2PrefetchCuda:
     def test_sums_match_the_reference(self):
         from kernels.l2_prefetch import l2_prefetch, l2_prefetch_reference

@@ -79,6 +79,13 @@ class TrainOutput(NamedTuple):
     hidden: torch.Tensor  # [N, A, gamma, d] backbone output (final norm applied)
 
 
+def fused_draft_logits_enabled(kernels: KernelConfig | None, device: torch.device | str) -> bool:
+    """Whether a draft's slot logits come from kernels/draft_logits.py for an engine with ``kernels`` and tensors
+    on ``device``: the Triton backend, ``engine.kernels.fused_draft_logits`` on, and CUDA only."""
+    return (kernels is not None and kernels.attention_backend == "triton" and kernels.fused_draft_logits
+            and torch.device(device).type == "cuda")
+
+
 class MarkovHead(nn.Module):
     """Low-rank transition bias from the previous block token; see the module docstring for variants."""
 
@@ -102,16 +109,24 @@ class MarkovHead(nn.Module):
     def forward(self, h: torch.Tensor, prev_emb: torch.Tensor, state: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """h [M, d], prev_emb = W1[x_{k-1}] [M, r], state [M, r] (rnn) -> (bias float32 [M, V], new state)."""
+        bias, gate, new_state = self.bias_parts(h, prev_emb, state)
+        return (bias.float() if gate is None else gate * bias.float()), new_state
+
+    def bias_parts(self, h: torch.Tensor, prev_emb: torch.Tensor, state: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The bias before it is widened: (W2 output [M, V] in the weights' dtype, the gated variant's gate
+        float32 [M, 1] or None, new rnn state). The bias is ``gate * output.float()`` (``output.float()``
+        without a gate), which kernels/draft_logits.py adds to the backbone's logits in one pass."""
         if self.variant == "vanilla":
-            return self.w2(prev_emb).float(), None
+            return self.w2(prev_emb), None, None
         if self.variant == "gated":
             gate = torch.sigmoid(self.gate(torch.cat((h, prev_emb), dim=-1)).float())  # [M, 1]
-            return gate * self.w2(prev_emb).float(), None
+            return self.w2(prev_emb), gate, None
         z = torch.cat((state, prev_emb, h), dim=-1)
         g, c, o = self.cell(z).chunk(3, dim=-1)
         keep = torch.sigmoid(g)
         new_state = keep * state + (1.0 - keep) * torch.tanh(c)
-        return self.w2(torch.tanh(o)).float(), new_state
+        return self.w2(torch.tanh(o)), None, new_state
 
 
 class DSparkDrafter(nn.Module):
@@ -249,17 +264,21 @@ class DSparkDrafter(nn.Module):
         return logits.float() if widen else logits
 
     def _slot_head(self, h: torch.Tensor, base_logits: torch.Tensor, prev_tokens: torch.Tensor,
-                   state: torch.Tensor | None, with_confidence: bool = True
+                   state: torch.Tensor | None, with_confidence: bool = True, fused: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """One slot for M rows: h [M, d], base_logits [M, V], prev_tokens x_{k-1} [M]
-        -> (logits float32 [M, V] with the Markov bias, confidence logit float32 [M] or None, new rnn state)."""
-        logits = base_logits
+        """One slot for M rows: h [M, d], base_logits [M, V] (any float dtype: widened here), prev_tokens
+        x_{k-1} [M] -> (logits float32 [M, V] with the Markov bias, confidence logit float32 [M] or None, new rnn
+        state). ``fused``: widen and add in one Triton pass (kernels/draft_logits.py; the same bits)."""
+        from kernels.draft_logits import draft_slot_logits
+
         prev_emb = None
         head = self.confidence_head if with_confidence else None
         if self.markov_head is not None:
             prev_emb = self.markov_head.w1(prev_tokens)
-            bias, state = self.markov_head(h, prev_emb, state)
-            logits = logits + bias
+            bias, gate, state = self.markov_head.bias_parts(h, prev_emb, state)
+            logits = draft_slot_logits(base_logits, bias, gate, fused=fused)
+        else:
+            logits = base_logits.float()
         conf = None
         if head is not None:
             feats = h if prev_emb is None else torch.cat((h, prev_emb), dim=-1)
@@ -267,7 +286,8 @@ class DSparkDrafter(nn.Module):
         return logits, conf, state
 
     def draft(self, hidden: torch.Tensor, anchor_ids: torch.Tensor, lm_head_weight: torch.Tensor,
-              sample_fn: SampleFn, keep_logits: bool = True, confidence: bool = True) -> DraftOutput:
+              sample_fn: SampleFn, keep_logits: bool = True, confidence: bool = True,
+              kernels: KernelConfig | None = None) -> DraftOutput:
         """Sample the block left to right from hidden [B, gamma, d].
 
         ``sample_fn(logits [B, V] float32, slot k) -> tokens int64 [B]``; slot k's Markov bias and
@@ -276,7 +296,10 @@ class DSparkDrafter(nn.Module):
         sampled rows' probabilities, which sample_fn keeps), and at batch 256 the stacked fp32
         logits alone are 350 MB of writes per step. confidence=False skips the confidence head
         (an engine that estimates acceptance another way): no confidence logits are returned.
+        ``kernels``: the engine's kernel settings; with ``fused_draft_logits`` on the Triton backend and CUDA
+        tensors, each slot's logits come from kernels/draft_logits.py (the same values in one pass).
         """
+        fused = fused_draft_logits_enabled(kernels, hidden.device)
         batch, gamma, _ = hidden.shape
         state = self.markov_head.initial_state(batch, hidden) if self.markov_head is not None else None
         prev = anchor_ids.long()
@@ -285,7 +308,7 @@ class DSparkDrafter(nn.Module):
         base = self._base_logits(hidden, lm_head_weight, widen=False)
         tokens, logits_all, conf_all = [], [], []
         for k in range(gamma):
-            logits, conf, state = self._slot_head(hidden[:, k], base[:, k].float(), prev, state, confidence)
+            logits, conf, state = self._slot_head(hidden[:, k], base[:, k], prev, state, confidence, fused)
             drawn = sample_fn(logits, k)
             if drawn.shape != (batch,):
                 raise ValueError(f"sample_fn returned shape {tuple(drawn.shape)} for slot {k}, expected ({batch},)")
