@@ -11,7 +11,8 @@ to fp32 and added there (:meth:`dspark.models.drafter.DSparkDrafter.draft`).
 write and read about 100 MB each, seven times per draft. :func:`draft_slot_logits_triton` is the same
 arithmetic in one pass: every program widens a tile of both inputs, multiplies by the row's gate when there is
 one, adds, and writes the fp32 tile. The values are the reference's bit for bit (the same IEEE fp32 operations
-on the same exactly widened operands, in the same order).
+on the same exactly widened operands, in the same order: the kernel is compiled without fused multiply-adds,
+which would round the gated product and the sum once instead of twice).
 
 ``base`` may be a strided view (one slot of the [M, gamma, V] block logits); its last dim must be contiguous.
 """
@@ -19,6 +20,8 @@ on the same exactly widened operands, in the same order).
 from __future__ import annotations
 
 import torch
+
+from kernels.switches import interpreted
 
 try:  # Triton is optional at import time: the torch reference is the specification.
     import triton
@@ -64,7 +67,8 @@ def draft_slot_logits_triton(base: torch.Tensor, bias: torch.Tensor,
     grid = (M, triton.cdiv(V, BLOCK_V))
     _draft_slot_logits_kernel[grid](base, bias, gate if gate is not None else out, out, V,
                                     base.stride(0), bias.stride(0), out.stride(0),
-                                    HAS_GATE=gate is not None, BLOCK=BLOCK_V, num_warps=4)
+                                    HAS_GATE=gate is not None, BLOCK=BLOCK_V, num_warps=4,
+                                    **({} if interpreted() else {"enable_fp_fusion": False}))
     return out
 
 
