@@ -1,7 +1,7 @@
 """Where the draft stage's device time goes at a deep batch (greedy and sampled rows): a kernel census
 (torch.profiler) of the uncaptured draft stage, and the captured draft graph's replay time, with
-engine.kernels.fused_draft_logits off and on, on random weights of SmolLM2-135M's and the shipped drafter's
-shapes (bench/profile_graph_step.py), bf16, Triton attention.
+engine.kernels.fused_draft_logits off and on (and, for sampled rows, fused_draft_sampling), on random
+weights of SmolLM2-135M's and the shipped drafter's shapes (bench/profile_graph_step.py), bf16, Triton attention.
 
     python bench/profile_draft_stage.py OUT_DIR [batches=256] [top=14]      # on a CUDA machine
 """
@@ -9,7 +9,6 @@ shapes (bench/profile_graph_step.py), bf16, Triton attention.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -66,9 +65,14 @@ def main() -> None:
         gd = eng.graph
         R = gd.bucket_for(batch) // gd.M
         shipped = gd.kernels
-        for signature, fused in itertools.product(((True, False, False), (False, False, False)), (False, True)):
+        greedy, sampled = (True, False, False), (False, False, False)
+        variants = [(greedy, dict(fused_draft_logits=False)), (greedy, dict(fused_draft_logits=True)),
+                    (sampled, dict(fused_draft_logits=False, fused_draft_sampling=False)),
+                    (sampled, dict(fused_draft_logits=True, fused_draft_sampling=False)),
+                    (sampled, dict(fused_draft_logits=True, fused_draft_sampling=True))]
+        for signature, switches in variants:
             gd.set_sampling(signature)
-            gd.kernels = dataclasses.replace(shipped, fused_draft_logits=fused)
+            gd.kernels = dataclasses.replace(shipped, **switches)
             saved = (gd.seq_len.clone(), gd.anchor.clone())
             c = census(lambda: gd._draft_stage(R))
             prof_top = census_top(lambda: gd._draft_stage(R), top)
@@ -76,7 +80,7 @@ def main() -> None:
                 ms = replay_ms(lambda: gd._draft_stage(R))
             gd.seq_len.copy_(saved[0])
             gd.anchor.copy_(saved[1])
-            row = {"batch": batch, "greedy": signature[0], "fused_draft_logits": fused, "draft_graph_ms": round(ms, 3),
+            row = {"batch": batch, "greedy": signature[0], **switches, "draft_graph_ms": round(ms, 3),
                    "kernels": c["kernels"], "kernel_ms": round(c["kernel_ms"], 3), "top": prof_top}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "top"}), flush=True)

@@ -151,6 +151,7 @@ class KernelSwitches:
     # (kernels.paged_attention.default_num_splits). More splits spread a long request's keys over more SMs.
     attention_splits: int | None = None
     # Experimental, off by default.
+    fused_draft_sampling: bool = False  # a sampled draft slot's softmax + inverse-CDF draw in one kernel (CUDA)
     l2_prefetch: bool = False  # decode-sized steps read the next layer's weights into L2 (CUDA)
     l2_prefetch_programs: int = 16  # programs per weight matrix of that prefetch
     decode_megakernel: bool = False  # one-token target steps run the whole stack as one kernel
@@ -161,7 +162,8 @@ class KernelSwitches:
     def __post_init__(self) -> None:
         p = self.PREFIX
         for name in ("fused_layers", "small_m_kernels", "fused_qkv_rope", "fused_step_metadata", "triton_argmax",
-                     "fused_draft_logits", "l2_prefetch", "decode_megakernel"):
+                     "fused_draft_logits", "fused_draft_sampling", "l2_prefetch",
+                     "decode_megakernel"):
             value = getattr(self, name)
             _check(isinstance(value, bool), f"{p}.{name}", f"must be true or false, got {value!r}")
         tiles = self.small_m_tiles

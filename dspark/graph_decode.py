@@ -450,11 +450,20 @@ class GraphDecoder:
         else:
             from dspark.sampling import sample_rows
 
+            from dspark.sampling import fused_draft_sampling_enabled
+
             rows, uni = self._rows(R), self._uniforms(R)
+            # Rows with a temperature alone: softmax and draw in one kernel pass pair (kernels/draft_sampling.py).
+            fused = fused_draft_sampling_enabled(self.kernels, self.device) and not any(self.sampling[1:])
 
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
                 if by_max_prob:
                     top.append(torch.exp(logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)))
+                if fused:
+                    from kernels.draft_sampling import sample_slot_triton
+
+                    return sample_slot_triton(logits, self.temperature[:R], uni[:, k].contiguous(),
+                                              probs_out=self.draft_probs[:R, k])[0]
                 tokens, p = sample_rows(logits, rows, uni[:, k])
                 self.draft_probs[:R, k].copy_(p)  # slot by slot: no stacked [R, G, V] copy of the block
                 return tokens

@@ -98,6 +98,13 @@ def triton_argmax_enabled(kernels: KernelConfig | None, device: torch.device | s
             and torch.device(device).type == "cuda")
 
 
+def fused_draft_sampling_enabled(kernels: KernelConfig | None, device: torch.device | str) -> bool:
+    """Whether a draft slot of rows without top-k/top-p is drawn by kernels/draft_sampling.py for an engine with
+    ``kernels``: the Triton backend, ``engine.kernels.fused_draft_sampling`` on, and CUDA only."""
+    return (kernels is not None and kernels.attention_backend == "triton" and kernels.fused_draft_sampling
+            and torch.device(device).type == "cuda")
+
+
 def greedy_argmax(logits: torch.Tensor, kernels: KernelConfig | None = None) -> torch.Tensor:
     """``torch.argmax(logits, dim=-1)``, through kernels/argmax.py for 2-D float logits on CUDA
     where ``kernels`` (the engine's settings) say so (same index, ties and NaN included; capture-safe).

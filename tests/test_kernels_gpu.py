@@ -546,6 +546,40 @@ class TestDraftLogitsCuda:
         assert len(set(g0.tokens[:, 1:].flatten().tolist())) > 20  # real draws, not one repeated token
 
 
+class TestDraftSamplingCuda:
+    """kernels/draft_sampling.py on CUDA at SmolLM2's vocabulary: the reference's tokens (a neighbour only where
+    the uniform falls within rounding of a boundary) and probabilities, written into a slot of a [R, G, V]
+    buffer, inside a captured graph too."""
+
+    def test_matches_the_reference_at_256_rows(self):
+        from kernels.draft_sampling import sample_slot_reference, sample_slot_triton
+
+        g = torch.Generator(device=DEV).manual_seed(5)
+        M, V = 256, 49152
+        logits = torch.randn(M, V, device=DEV, generator=g) * 4
+        temperature = torch.where(torch.arange(M, device=DEV) % 3 == 0, 0.0, 0.7)
+        u = torch.rand(M, device=DEV, generator=g)
+        buffer = torch.zeros(M, 7, V, device=DEV)
+        want_t, want_p = sample_slot_reference(logits, temperature, u)
+        got_t, _ = sample_slot_triton(logits, temperature, u, probs_out=buffer[:, 3])
+        torch.testing.assert_close(buffer[:, 3], want_p, rtol=1e-4, atol=1e-7)
+        cdf = torch.cumsum(want_p.double(), 1)
+        for r in torch.nonzero(got_t != want_t).flatten().tolist():
+            assert temperature[r] > 0, r  # greedy rows: the same first index of the maximum
+            lo = min(int(got_t[r]), int(want_t[r]))
+            assert abs(cdf[r, lo].item() - u[r].item() * cdf[r, -1].item()) < 1e-5, r
+        assert (got_t != want_t).sum().item() <= 2
+        graph = torch.cuda.CUDAGraph()
+        out = torch.zeros(M, V, device=DEV)
+        sample_slot_triton(logits, temperature, u, probs_out=out)  # compile outside the capture
+        with torch.cuda.graph(graph):
+            replay_t, _ = sample_slot_triton(logits, temperature, u, probs_out=out)
+        u.copy_(torch.rand(M, device=DEV, generator=g))
+        graph.replay()
+        fresh_t, _ = sample_slot_triton(logits, temperature, u)
+        assert torch.equal(replay_t, fresh_t)
+
+
 class TestL2PrefetchCuda:
     def test_sums_match_the_reference(self):
         from kernels.l2_prefetch import l2_prefetch, l2_prefetch_reference
