@@ -34,3 +34,44 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip_gpu)
+
+
+# Paged attention splits each request's keys over the device's SMs (kernels.paged_attention.default_num_splits),
+# and without CUDA it assumes an H200's 132: the tiny engines' one to three requests then get 32 KV splits per
+# call, most of them empty for their short contexts, and the CPU interpreter runs every one of those programs.
+# The engine-level tests that run the Triton backend on a CPU use this fixture: a 4-SM device, on which the
+# same calls take the same split path (split KV + combine, still with empty splits) with 2 to 4 splits.
+# On CUDA the real SM count is read and this changes nothing.
+FEW_SMS = 4
+
+
+@pytest.fixture
+def few_sms(monkeypatch):
+    import kernels.paged_attention as paged_attention
+
+    monkeypatch.setattr(paged_attention, "DEFAULT_NUM_SMS", FEW_SMS)
+    return FEW_SMS
+
+
+@pytest.fixture(scope="session")
+def guard_sweep(tmp_path_factory):
+    """One real Hydra multirun of ``python -m runners.ab`` on the tiny models (Hydra's basic launcher: both jobs in
+    one process), W&B offline: ``workload.temperature=0.0,0.7``, whose second job fails its lossless guard (a
+    sampled workload without greedy replicas has no lossless comparison). Read, never changed, by
+    tests/test_hydra_conventions.py (a failed guard fails its job, not the sweep) and tests/test_wandb_log.py (each
+    job's W&B runs in a group of their own), so that they pay for one multirun. Returns (sweep folder, the
+    CompletedProcess)."""
+    import subprocess
+
+    from runners.common import TINY_MODELS_ENV
+
+    root = Path(__file__).resolve().parents[1]
+    tmp = tmp_path_factory.mktemp("guard_sweep")
+    sweep = tmp / "sweep"
+    env = {**os.environ, "PYTHONPATH": str(root), TINY_MODELS_ENV: "1", "WANDB_MODE": "offline",
+           "WANDB_DATA_DIR": str(tmp / "wandb_data")}
+    cmd = [sys.executable, "-m", "runners.ab", "-m", "ab=spec_off_vs_dspark", "+workload=agentic",
+           "workload.num_prompts=1", "workload.max_tokens=4", "ab.n_blocks=2", "ab.warmup_requests=0", "ab.n_boot=200",
+           "progress=false", "workload.temperature=0.0,0.7", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
+    return sweep, proc

@@ -113,6 +113,7 @@ def test_rotary_kv_write_refuses_a_mismatched_cache():
 
 @pytest.mark.parametrize("T,small_m,head_dim", [(6, "1", 16), (6, "0", 16), (20, "1", 16), (6, "1", 32),
                                                 (6, "rope0", 16)])
+@pytest.mark.usefixtures("few_sms")  # tests/conftest.py: fewer empty KV splits to interpret
 def test_carried_residual_stack_is_the_plain_stack(T, small_m, head_dim, monkeypatch):
     """run_decoder_stack with the fused kernels (residual carried into the next norm) returns the
     final hidden and the captured layer streams of the plain layers, on the paged cache; with
@@ -173,6 +174,7 @@ def test_silu_mul_matches_reference(rows, i, dtype):
 
 
 @pytest.mark.parametrize("arch,head_dim", [("llama", 16), ("qwen2", 16), ("qwen3", 16)])
+@pytest.mark.usefixtures("few_sms")  # tests/conftest.py: fewer empty KV splits to interpret
 def test_fused_layers_compute_the_plain_layers_function(arch, head_dim):
     """Engine on the Triton backend (fused layer kernels, fused projections) vs the torch
     backend (plain modules): same logits to fp32 rounding, same greedy tokens. Llama and qwen2 take
@@ -218,6 +220,7 @@ def test_fused_weights_follow_in_place_updates():
 
 
 @pytest.mark.parametrize("head_dim", [16])  # the fused QKV + rotary + K/V write kernel over row tiles
+@pytest.mark.usefixtures("few_sms")  # tests/conftest.py: fewer empty KV splits to interpret
 def test_batch_invariant_mode_rows_do_not_depend_on_the_step(head_dim, monkeypatch):
     """engine.batch_invariant: a request's target logits are bitwise the same whether its tokens
     run alone or packed with other requests' (bf16, the fixed-tile kernels and unsplit attention);

@@ -200,20 +200,33 @@ def smollm2_folder(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.smollm2
-def test_smollm2_tensors_equal_transformers_gguf_loader(smollm2_folder):
+def test_smollm2_tensors_equal_transformers_gguf_loader(smollm2_folder, monkeypatch):
     """Our dequantized, renamed, un-permuted tensors equal transformers' own GGUF loading."""
     gguf_loader = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    import gguf
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from dspark.models.loading import smollm2_gguf_path
 
+    # transformers reads the file twice below (its config, then its tensors), each time parsing all of its
+    # metadata (seconds: the 49k-token vocabulary) with gguf's read-only GGUFReader: one parse serves both.
+    readers: dict = {}
+    real_reader = gguf.GGUFReader
+
+    def parsed_once(file, mode="r"):
+        if (str(file), mode) not in readers:
+            readers[str(file), mode] = real_reader(file, mode)
+        return readers[str(file), mode]
+
+    monkeypatch.setattr(gguf, "GGUFReader", parsed_once)
     path = str(smollm2_gguf_path())
     parsed = gguf_loader.load_gguf_checkpoint(path, return_tensors=False)
     hf_cfg = LlamaConfig(**{k: v for k, v in parsed["config"].items() if k != "model_type"})
     with torch.device("meta"):
         skeleton = LlamaForCausalLM(hf_cfg)
     reference = gguf_loader.load_gguf_checkpoint(path, return_tensors=True, model_to_load=skeleton)["tensors"]
+    assert len(readers) == 1
     ours = load_file(str(smollm2_folder / "model.safetensors"))
     assert set(ours) == set(reference)
     for name, ref in reference.items():

@@ -39,13 +39,6 @@ RUNNER_CONFIGS = {
 CONFIG_RUNNER = {config: runner for runner, configs in RUNNER_CONFIGS.items() for config in configs}
 
 
-def cli(*args: str, env: dict | None = None, cwd=ROOT) -> subprocess.CompletedProcess:
-    """``python -m runners.<args>`` as a user runs it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
-
-
 # Runs each case's runner module as `python -m runners.<name> ARGS` does (as __main__), all in one
 # interpreter: one start-up and one import of torch for every runner. Prints {label: [exit code, stdout, stderr]}.
 RUN_AS_MAIN = r"""
@@ -73,6 +66,35 @@ def run_as_main(cases: list[tuple[str, str, list[str]]], cwd) -> dict[str, tuple
                           env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {label: tuple(result) for label, result in json.loads(proc.stdout.splitlines()[-1]).items()}
+
+
+# Every command line the tests below check as a user types it, {label: (runner, ARGS)}: all run in one subprocess
+# (:func:`cli_results`), so that they pay for one start-up and one import of torch, not one each.
+MISTYPED = {"ab": ("ab.n_block=4", "ab.n_blocks"), "bench_decode": ("new_token=8", "new_tokens"),
+            "calibrate": ("n_gird=3", "n_grid"), "eval_drafter": ("num_prompt=3", "num_prompts"),
+            "generate": ("prompt_file=p.jsonl", "prompts_file"), "make_training_data": ("max_token=3", "max_tokens"),
+            "profile": ("measure_step=3", "measure_steps"), "serve": ("prot=1", "port"),
+            "train_drafter": ("train.max_step=3", "train.max_steps")}
+CLI_CASES = {
+    **{f"{runner}/workload/{case}": (runner, args) for runner in ("ab", "bench_decode") for case, args in (
+        ("chosen", ["+workload=poetry", "workload.num_prompts=3", "--cfg", "job"]),
+        ("unchosen", ["workload.num_prompts=3", "--cfg", "job"]),
+        ("plain", ["workload=poetry", "--cfg", "job"]))},
+    "ab/help": ("ab", ["--help"]),
+    "ab/help/overrides": ("ab", ["+workload=agentic", "ab.n_blocks=6", "--help"]),
+    # ab runs the mistyped key as a run does; the others show the config (--cfg job), so that nothing could start a run.
+    **{f"{runner}/mistyped": (runner, [typo] if runner == "ab" else [typo, "--cfg", "job"])
+       for runner, (typo, _) in MISTYPED.items()},
+    "profile/help": ("profile", ["--help"]),
+}
+
+
+@pytest.fixture(scope="module")
+def cli_results(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
+    """``{label: (exit code, stdout, stderr)}`` of every command line of :data:`CLI_CASES`, run in one subprocess
+    (:func:`run_as_main`) in an empty folder."""
+    cases = [(label, runner, args) for label, (runner, args) in CLI_CASES.items()]
+    return run_as_main(cases, cwd=tmp_path_factory.mktemp("cli"))
 
 
 # ---- sweep job folders ------------------------------------------------------------------------------
@@ -122,27 +144,28 @@ def test_the_sweep_subdir_resolver_reads_the_sweeps_record(tmp_path):
 
 # ---- the workload group: +workload=NAME in every runner ------------------------------------------
 @pytest.mark.parametrize("runner", ["ab", "bench_decode"])
-def test_the_workload_group_is_chosen_alike_in_both_runners(runner):
-    chosen = cli(f"runners.{runner}", "+workload=poetry", "workload.num_prompts=3", "--cfg", "job")
-    assert chosen.returncode == 0, chosen.stderr
-    printed = OmegaConf.create(chosen.stdout)
+def test_the_workload_group_is_chosen_alike_in_both_runners(runner, cli_results):
+    # python -m runners.<runner> +workload=poetry workload.num_prompts=3 --cfg job
+    code, out, err = cli_results[f"{runner}/workload/chosen"]
+    assert code == 0, err
+    printed = OmegaConf.create(out)
     assert printed.workload.name == "poetry" and printed.workload.num_prompts == 3
-    # A workload key without the group: a message saying to choose it, no traceback.
-    unchosen = cli(f"runners.{runner}", "workload.num_prompts=3", "--cfg", "job")
-    assert unchosen.returncode == 1 and "+workload=NAME" in unchosen.stderr and "Traceback" not in unchosen.stderr
-    # The group without `+`: Hydra's own hint.
-    plain = cli(f"runners.{runner}", "workload=poetry", "--cfg", "job")
-    assert plain.returncode == 1 and "+workload=poetry" in plain.stderr
+    # A workload key without the group (workload.num_prompts=3 --cfg job): a message saying to choose it, no traceback.
+    code, out, err = cli_results[f"{runner}/workload/unchosen"]
+    assert code == 1 and "+workload=NAME" in err and "Traceback" not in err
+    # The group without `+` (workload=poetry --cfg job): Hydra's own hint.
+    code, out, err = cli_results[f"{runner}/workload/plain"]
+    assert code == 1 and "+workload=poetry" in err
 
 
 # ---- --help ---------------------------------------------------------------------------------------
-def test_help_lists_every_key_with_its_value_and_description():
+def test_help_lists_every_key_with_its_value_and_description(cli_results):
     from runners.config_keys import field_descriptions, schema_keys
     from runners.schema import ABSchema, ABSettingsSchema
 
-    proc = cli("runners.ab", "--help")
-    assert proc.returncode == 0, proc.stderr
-    lines = {line.split()[0].split("=")[0]: line for line in proc.stdout.splitlines() if line.startswith("  ")}
+    code, stdout, stderr = cli_results["ab/help"]  # python -m runners.ab --help
+    assert code == 0, stderr
+    lines = {line.split()[0].split("=")[0]: line for line in stdout.splitlines() if line.startswith("  ")}
     n_blocks = lines["ab.n_blocks"]
     assert n_blocks.split()[0] == "ab.n_blocks=2"  # the value the ab group sets, not the schema's default
     assert field_descriptions(ABSettingsSchema)["n_blocks"] in n_blocks
@@ -150,10 +173,10 @@ def test_help_lists_every_key_with_its_value_and_description():
     assert lines["wandb.mode"].split()[0] == "wandb.mode=${oc.env:WANDB_MODE,offline}"
     for key, _, _ in schema_keys(ABSchema):
         assert key in lines or any(k.startswith(key + ".") for k in lines), key
-    assert "workload: agentic, arena_hard, custom, mixed_chat, poetry" in proc.stdout  # the groups stay listed
-    # The values shown are those composed with the command line's overrides.
-    proc = cli("runners.ab", "+workload=agentic", "ab.n_blocks=6", "--help")
-    assert "  ab.n_blocks=6 " in proc.stdout and "  workload.name=agentic" in proc.stdout
+    assert "workload: agentic, arena_hard, custom, mixed_chat, poetry" in stdout  # the groups stay listed
+    # The values shown are those composed with the command line's overrides (+workload=agentic ab.n_blocks=6 --help).
+    code, stdout, stderr = cli_results["ab/help/overrides"]
+    assert code == 0 and "  ab.n_blocks=6 " in stdout and "  workload.name=agentic" in stdout, stderr
     # ... and those the runner's config sets.
     from hydra import compose, initialize_config_dir
 
@@ -196,27 +219,18 @@ def test_every_config_lists_each_key_of_its_schema_in_help(config):
         assert key in listed or any(k.startswith(key + ".") for k in listed), key
 
 
-def test_every_runners_command_line_answers_a_mistyped_key_and_help(tmp_path):
+def test_every_runners_command_line_answers_a_mistyped_key_and_help(cli_results):
     """A mistyped key exits 1 naming the closest key, for every runner; `--help` prints the key listing (checked
     for every config in-process above; here as the command line prints it for one runner, since Hydra's --help
-    takes seconds). One subprocess runs them all (:func:`run_as_main`). ab runs the mistyped key as a run does;
+    takes seconds). One subprocess runs them all (:func:`cli_results`). ab runs the mistyped key as a run does;
     the others show the config (--cfg job), so that nothing could start a run."""
-    typos = {"ab": ("ab.n_block=4", "ab.n_blocks"), "bench_decode": ("new_token=8", "new_tokens"),
-             "calibrate": ("n_gird=3", "n_grid"), "eval_drafter": ("num_prompt=3", "num_prompts"),
-             "generate": ("prompt_file=p.jsonl", "prompts_file"), "make_training_data": ("max_token=3", "max_tokens"),
-             "profile": ("measure_step=3", "measure_steps"), "serve": ("prot=1", "port"),
-             "train_drafter": ("train.max_step=3", "train.max_steps")}
-    assert set(typos) == set(RUNNER_CONFIGS)
-    cases = [(runner, runner, [typo] if runner == "ab" else [typo, "--cfg", "job"])
-             for runner, (typo, _) in typos.items()]
-    cases.append(("profile/help", "profile", ["--help"]))
-    results = run_as_main(cases, cwd=tmp_path)
-    for runner, (typo, closest) in typos.items():
-        code, out, err = results[runner]
+    assert set(MISTYPED) == set(RUNNER_CONFIGS)
+    for runner, (typo, closest) in MISTYPED.items():
+        code, out, err = cli_results[f"{runner}/mistyped"]
         key = typo.split("=")[0]
         assert code == 1 and f"Could not override '{key}': no such key. Did you mean {closest}" in err, err
         assert "To append to your config use" not in err and "Traceback" not in err  # mistyped, not missing
-    code, out, err = results["profile/help"]
+    code, out, err = cli_results["profile/help"]
     assert code == 0 and "python -m runners.profile " in out and "== Config keys ==" in out, err
     assert "  monotone=refuse " in out and "refuse a fit whose R^2" in out  # a field the schema inherits, described
 
@@ -306,15 +320,12 @@ def test_the_sweep_summary_callback_exits_1_naming_the_failed_jobs(tmp_path, cap
 
 
 @pytest.mark.slow
-def test_a_failed_guard_fails_its_job_not_the_sweep(tmp_path):
+def test_a_failed_guard_fails_its_job_not_the_sweep(guard_sweep):
     """A two-job sweep whose second job fails a guard (a sampled workload without greedy replicas has no
     lossless comparison): both jobs run and write their results, the sweep summary lists both (the
-    second as FAIL), the failed job's status says why, and the multirun exits 1."""
-    sweep = tmp_path / "sweep"
-    proc = cli("runners.ab", "-m", "ab=spec_off_vs_dspark", "+workload=agentic", "workload.num_prompts=1",
-               "workload.max_tokens=4", "ab.n_blocks=2", "ab.warmup_requests=0", "ab.n_boot=200",
-               "wandb.mode=disabled", "progress=false", "workload.temperature=0.0,0.7", f"hydra.sweep.dir={sweep}",
-               env={ab.TINY_MODELS_ENV: "1", "WANDB_MODE": "disabled"}, cwd=tmp_path)
+    second as FAIL), the failed job's status says why, and the multirun exits 1. The sweep
+    (``workload.temperature=0.0,0.7``) is tests/conftest.py's guard_sweep, shared with tests/test_wandb_log.py."""
+    sweep, proc = guard_sweep
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
     assert jobs == ["0_temperature=0.0", "1_temperature=0.7"]  # named after what the sweep varies

@@ -41,6 +41,7 @@ def attention_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.usefixtures("few_sms")  # tests/conftest.py: fewer empty KV splits to interpret
 def test_two_engines_in_one_process_keep_their_own_backend(attention_calls):
     """Arm A on the torch backend, arm B on the Triton backend, built in that order (the last engine
     built used to decide for both): each engine's steps run its own attention, also when their
@@ -64,6 +65,7 @@ def test_two_engines_in_one_process_keep_their_own_backend(attention_calls):
     assert a.fingerprint()["kernels"] == "torch" and b.fingerprint()["kernels"].startswith("triton+fused")
 
 
+@pytest.mark.usefixtures("few_sms")  # tests/conftest.py: fewer empty KV splits to interpret
 def test_two_triton_engines_keep_their_own_batch_invariance(attention_calls):
     """Two Triton engines, one batch-invariant and one not: each step's attention runs in its own
     engine's mode (unsplit for the batch-invariant one), whichever engine was built last."""
@@ -83,6 +85,7 @@ def test_two_triton_engines_keep_their_own_batch_invariance(attention_calls):
     assert "batch_invariant" not in plain.fingerprint()["kernels"].split("+")
 
 
+@pytest.mark.usefixtures("few_sms")  # tests/conftest.py: fewer empty KV splits to interpret
 def test_switches_reach_the_layers_through_the_metadata(monkeypatch):
     """engine.kernels.fused_layers=false: an engine on the Triton backend runs the plain layers (its
     attention stays Triton's) while another engine in the process keeps the fused kernels."""

@@ -37,11 +37,15 @@ def smollm2(tmp_path_factory):
 def test_greedy_generation_matches_transformers_for_64_tokens(smollm2):
     target, tokenizer, ref = smollm2
     ids = [tokenizer.encode_chat(m) for m in PROMPTS]
-    want = []
-    for p in ids:
-        with torch.no_grad():
-            out = ref.generate(torch.tensor([p]), max_new_tokens=64, do_sample=False, pad_token_id=0)
-        want.append(out[0, len(p):].tolist())
+    # transformers generates the three prompts in one batch, left-padded with their attention mask (the padding
+    # is masked out and each prompt's positions count from its first token): a third of the forward passes.
+    width = max(map(len, ids))
+    padded = torch.tensor([[0] * (width - len(p)) + p for p in ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in ids])
+    with torch.no_grad():
+        out = ref.generate(padded, attention_mask=mask, max_new_tokens=64, do_sample=False, pad_token_id=0)
+    want = [row[width:].tolist() for row in out]
+    assert all(len(w) == 64 for w in want)
     sp = SamplingParams(max_tokens=64, ignore_eos=True)
     plain = Engine(target, tokenizer, EngineConfig(spec="off", kv_cache_tokens=4096, max_num_seqs=4)).generate(ids, sp)
     assert [o.token_ids for o in plain] == want

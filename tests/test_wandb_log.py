@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,7 @@ from dspark.bench.wandb_log import STATISTICS_COLUMNS, WandbLogger
 from dspark.bench.wandb_names import ABRunNames, ab_run_names, results_artifact_name
 from dspark.config import ConfigError
 from test_ab_runner import TINY, tiny_factory
-from test_configs import ROOT, compose_ab
+from test_configs import compose_ab
 
 # ---- reading an offline run ---------------------------------------------------------------------------
 # A .wandb file is wandb's transaction log: a 7-byte header (":W&B", magic, version), then LevelDB-log
@@ -217,16 +215,15 @@ def test_labels_show_an_override_that_contradicts_the_configured_label():
 
 
 @pytest.mark.slow
-def test_multirun_jobs_log_to_separate_groups(tmp_path):
-    """A real Hydra multirun (two jobs, offline W&B): each job's runs in its own group, named by job."""
-    sweep = tmp_path / "sweep"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), ab.TINY_MODELS_ENV: "1", "WANDB_MODE": "offline",
-           "WANDB_DATA_DIR": str(tmp_path / "wandb_data")}
-    cmd = [sys.executable, "-m", "runners.ab", "-m", "ab=spec_off_vs_dspark", "+workload=agentic",
-           "workload.num_prompts=1", "workload.max_tokens=4", "ab.n_blocks=2", "ab.warmup_requests=0", "ab.n_boot=200",
-           "progress=false", "ab.seed=0,1", f"hydra.sweep.dir={sweep}"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_multirun_jobs_log_to_separate_groups(guard_sweep):
+    """A real Hydra multirun (two jobs in one process, offline W&B from WANDB_MODE): each job's runs in its own
+    group, named by job. The sweep is tests/conftest.py's guard_sweep (workload.temperature=0.0,0.7), shared with
+    tests/test_hydra_conventions.py: its second job fails its lossless guard by design, which fails that job (the
+    multirun exits 1) after its results and runs are written."""
+    sweep, proc = guard_sweep
+    logged = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "1 job(s) of the sweep failed" in logged, logged[-3000:]
+    assert "1_temperature=0.7: guards failed: lossless" in logged  # the designed failure, and no other
     seen = {}
     for job in sorted(p.parent for p in sweep.glob("*/summary.json")):
         w = json.loads((job / "summary.json").read_text())["wandb"]
