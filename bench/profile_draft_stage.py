@@ -21,29 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_graph_step import DRAFTER, SMOLLM2  # noqa: E402
 from profile_sched_stages import census, config  # noqa: E402
 
+from dspark.bench.cuda_timing import graph_us  # noqa: E402
 from dspark.config import SamplingParams  # noqa: E402
 from dspark.engine import Engine  # noqa: E402
 from dspark.models.drafter import DSparkDrafter  # noqa: E402
 from dspark.models.llama import TargetModel  # noqa: E402
-
-
-def replay_ms(fn, n: int = 10) -> float:
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(n):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / n
 
 
 def main() -> None:
@@ -74,17 +56,16 @@ def main() -> None:
             gd.set_sampling(signature)
             gd.kernels = dataclasses.replace(shipped, **switches)
             saved = (gd.seq_len.clone(), gd.anchor.clone())
-            c = census(lambda: gd._draft_stage(R))
-            prof_top = census_top(lambda: gd._draft_stage(R), top)
+            c = census(lambda: gd._draft_stage(R), top=top, width=90)
             with torch.inference_mode():
-                ms = replay_ms(lambda: gd._draft_stage(R))
+                ms = graph_us(lambda i: gd._draft_stage(R), replays=10) / 1e3
             gd.seq_len.copy_(saved[0])
             gd.anchor.copy_(saved[1])
             row = {"batch": batch, "greedy": signature[0], **switches, "draft_graph_ms": round(ms, 3),
-                   "kernels": c["kernels"], "kernel_ms": round(c["kernel_ms"], 3), "top": prof_top}
+                   "kernels": c["kernels"], "kernel_ms": round(c["kernel_ms"], 3), "top": c["top"]}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "top"}), flush=True)
-            for t in prof_top:
+            for t in c["top"]:
                 print(f"   {t['us']:9.1f} us  x{t['calls']:<4d} {t['kernel']}", flush=True)
         gd.kernels = shipped
         del eng
@@ -92,21 +73,6 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "profile_draft_stage.json").write_text(json.dumps({"rows": rows, "torch": torch.__version__,
                                                                   "device": torch.cuda.get_device_name()}, indent=2))
-
-
-def census_top(fn, top: int) -> list[dict]:
-    from collections import Counter
-
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof, torch.inference_mode():
-        fn()
-        torch.cuda.synchronize()
-    by_name: Counter = Counter()
-    calls: Counter = Counter()
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            by_name[e.name[:90]] += getattr(e, "device_time_total", 0.0)
-            calls[e.name[:90]] += 1
-    return [{"kernel": k, "calls": calls[k], "us": round(v, 1)} for k, v in by_name.most_common(top)]
 
 
 if __name__ == "__main__":

@@ -49,7 +49,9 @@ def steep_table(engine: Engine, path: Path) -> str:
     return str(path)
 
 
-def census(fn) -> dict:
+def census(fn, top: int = 8, width: int = 60) -> dict:
+    """Kernels one call of ``fn`` launches: their count, summed device ms, and the ``top`` kernels by device time
+    (names cut at ``width`` characters)."""
     act = torch.profiler.ProfilerActivity.CUDA if CUDA else torch.profiler.ProfilerActivity.CPU
     with torch.profiler.profile(activities=[act]) as prof, torch.inference_mode():
         fn()
@@ -59,10 +61,10 @@ def census(fn) -> dict:
     calls: Counter = Counter()
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            by_name[e.name[:60]] += getattr(e, "device_time_total", 0.0)
-            calls[e.name[:60]] += 1
+            by_name[e.name[:width]] += getattr(e, "device_time_total", 0.0)
+            calls[e.name[:width]] += 1
     return {"kernels": sum(calls.values()), "kernel_ms": sum(by_name.values()) / 1e3,
-            "top": [{"kernel": k, "calls": calls[k], "us": round(v, 1)} for k, v in by_name.most_common(8)]}
+            "top": [{"kernel": k, "calls": calls[k], "us": round(v, 1)} for k, v in by_name.most_common(top)]}
 
 
 def run(batch: int, verify: str, target, drafter, table: str | None) -> dict:
