@@ -162,8 +162,7 @@ class KernelSwitches:
     def __post_init__(self) -> None:
         p = self.PREFIX
         for name in ("fused_layers", "small_m_kernels", "fused_qkv_rope", "fused_step_metadata", "triton_argmax",
-                     "fused_draft_logits", "fused_draft_sampling", "l2_prefetch",
-                     "decode_megakernel"):
+                     "fused_draft_logits", "fused_draft_sampling", "l2_prefetch", "decode_megakernel"):
             value = getattr(self, name)
             _check(isinstance(value, bool), f"{p}.{name}", f"must be true or false, got {value!r}")
         tiles = self.small_m_tiles

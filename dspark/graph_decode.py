@@ -448,12 +448,10 @@ class GraphDecoder:
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
                                      confidence=not by_max_prob, kernels=self.kernels)
         else:
-            from dspark.sampling import sample_rows
-
-            from dspark.sampling import fused_draft_sampling_enabled
+            from dspark.sampling import fused_draft_sampling_enabled, sample_rows
 
             rows, uni = self._rows(R), self._uniforms(R)
-            # Rows with a temperature alone: softmax and draw in one kernel pass pair (kernels/draft_sampling.py).
+            # Rows with a temperature alone: softmax and draw in one kernel (kernels/draft_sampling.py).
             fused = fused_draft_sampling_enabled(self.kernels, self.device) and not any(self.sampling[1:])
 
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:

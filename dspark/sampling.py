@@ -94,15 +94,17 @@ def sample_inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 def triton_argmax_enabled(kernels: KernelConfig | None, device: torch.device | str) -> bool:
     """Whether :func:`greedy_argmax` runs the Triton kernel for an engine with ``kernels`` and tensors
     on ``device``: the Triton backend, ``engine.kernels.triton_argmax`` on, and CUDA only."""
-    return (kernels is not None and kernels.attention_backend == "triton" and kernels.triton_argmax
-            and torch.device(device).type == "cuda")
+    from kernels.switches import cuda_switch_on
+
+    return cuda_switch_on(kernels, "triton_argmax", device)
 
 
 def fused_draft_sampling_enabled(kernels: KernelConfig | None, device: torch.device | str) -> bool:
     """Whether a draft slot of rows without top-k/top-p is drawn by kernels/draft_sampling.py for an engine with
     ``kernels``: the Triton backend, ``engine.kernels.fused_draft_sampling`` on, and CUDA only."""
-    return (kernels is not None and kernels.attention_backend == "triton" and kernels.fused_draft_sampling
-            and torch.device(device).type == "cuda")
+    from kernels.switches import cuda_switch_on
+
+    return cuda_switch_on(kernels, "fused_draft_sampling", device)
 
 
 def greedy_argmax(logits: torch.Tensor, kernels: KernelConfig | None = None) -> torch.Tensor:

@@ -133,15 +133,3 @@ if triton is not None:
         drawn = tl.where(drawn == V, last_nonzero, drawn)
         tl.store(tokens_ptr + row, tl.where(greedy, best_at, drawn).to(tl.int64))
 
-
-def sample_slot(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor, *, fused: bool,
-                probs_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The slot's draw through the kernel where ``fused`` (the caller's kernel settings decide), else the
-    reference (its probabilities copied into ``probs_out`` when given)."""
-    if fused:
-        return sample_slot_triton(logits, temperature, u, probs_out)
-    tokens, probs = sample_slot_reference(logits, temperature, u)
-    if probs_out is not None:
-        probs_out.copy_(probs)
-        probs = probs_out
-    return tokens, probs

@@ -13,7 +13,7 @@ from interpreter_only import interpreter_module  # noqa: E402  (tests/interprete
 interpreter_module()
 
 from kernels import draft_sampling as mod  # noqa: E402
-from kernels.draft_sampling import sample_slot, sample_slot_reference, sample_slot_triton  # noqa: E402
+from kernels.draft_sampling import sample_slot_reference, sample_slot_triton  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -53,9 +53,6 @@ def test_probabilities_go_into_a_slot_of_the_decoders_buffer():
     assert probs.data_ptr() == buffer[:, 2].data_ptr()
     torch.testing.assert_close(buffer[:, 2], sample_slot_reference(logits, temperature, u)[1], rtol=1e-5, atol=1e-7)
     assert (buffer[:, [0, 1, 3]] == -1.0).all()  # the other slots untouched
-    ref_buffer = torch.zeros(6, 90)
-    ref_tokens, _ = sample_slot(logits, temperature, u, fused=False, probs_out=ref_buffer)
-    torch.testing.assert_close(ref_buffer, buffer[:, 2], rtol=1e-5, atol=1e-7)
 
 
 def test_draws_follow_the_probabilities():

@@ -82,8 +82,9 @@ class TrainOutput(NamedTuple):
 def fused_draft_logits_enabled(kernels: KernelConfig | None, device: torch.device | str) -> bool:
     """Whether a draft's slot logits come from kernels/draft_logits.py for an engine with ``kernels`` and tensors
     on ``device``: the Triton backend, ``engine.kernels.fused_draft_logits`` on, and CUDA only."""
-    return (kernels is not None and kernels.attention_backend == "triton" and kernels.fused_draft_logits
-            and torch.device(device).type == "cuda")
+    from kernels.switches import cuda_switch_on
+
+    return cuda_switch_on(kernels, "fused_draft_logits", device)
 
 
 class MarkovHead(nn.Module):

@@ -8,7 +8,8 @@ exactly as ``runners.ab.drive`` draws them for an in-process arm, with no cap on
 Every request is streamed (server-sent events, ``stream_options.include_usage``). Per request the generator
 records, on one ``time.perf_counter`` clock: when it was due (``scheduled_s``), when it was sent (``sent_s``),
 the arrival of every chunk that carried output text or token ids (``chunk_times_s``; the first is the first
-token) and, when the server returns token ids, how many each chunk carried (``chunk_tokens``), and the end of the stream (``finish_s``); the output text, the token ids when the server returns them
+token) and, when the server returns token ids, how many each chunk carried (``chunk_tokens``), and the end of
+the stream (``finish_s``); the output text, the token ids when the server returns them
 (``return_token_ids``: a chunk's ``choices[0].token_ids``), the usage, the finish reason, the per-request
 acceptance of a server that reports it (this project's ``acceptance``) and llama.cpp's ``timings``. A request
 that fails (an HTTP error status, an error event in the stream, a stream that ends before its finish reason, a
