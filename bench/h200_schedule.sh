@@ -12,6 +12,9 @@
 #   estimate:   ab=head_vs_max_prob at the same concurrencies and workloads
 #   safeguards: ab=target_vs_scheduled (target-only vs DSpark ragged + service price + depth down to zero) at
 #               SAFE_CONCS (default "1 16 128 256")
+#   served:     ab=in_process_vs_served (the engine in process vs behind a launched runners.serve, both verify-all)
+#               at SERVED_CONCS (default "256"); needs fastapi, uvicorn, prometheus_client and httpx (SERVE_WHEELS:
+#               a folder of wheels installed from when one is missing, default .gpu/serve-wheels)
 # TAG: a suffix for the run folders; B_EXTRA: more overrides for the ragged part (e.g. "+ab.arms.B.engine.min_verify_len=0");
 # AB_EXTRA: overrides for every run (e.g. "ab.profile.batch_sizes=[1,2,4,8,16,32,64,128,256]": one cost table for
 # every concurrency, profiled once). agentic (304 eval prompts) and arena_hard (57) repeat their prompts to fill a block.
@@ -21,6 +24,10 @@ PARTS=" ${PARTS:-ragged} "; has() { [[ "$PARTS" == *" $1 "* ]]; }
 OUT=${OUT:?set OUT}; WORK=${WORK:-/tmp/dspark-schedule}
 source "$(dirname "$0")/stage_model.sh" "${1:?stage dir}"
 NB=${N_BLOCKS:-8}
+if has served && ! python3 -c "import fastapi, uvicorn, prometheus_client, httpx" 2>/dev/null; then
+  stamp "install the serving stack from ${SERVE_WHEELS:=.gpu/serve-wheels}"  # resolved against what is installed
+  python3 -m pip install -q --no-index --find-links "$SERVE_WHEELS" fastapi uvicorn prometheus_client httpx 2>&1 | grep -v WARNING
+fi
 run() {  # run PART WORKLOAD CONCURRENCY TIMEOUT [overrides...]
   local part=$1 w=$2 c=$3 t=$4; shift 4
   local n=$(( c * 4 > 16 ? c * 4 : 16 )) name="${part}_${w}_c${c}${TAG:-}" size
@@ -62,6 +69,9 @@ for w in ${WORKLOADS:-mixed_chat agentic}; do
   done
   if has safeguards; then
     for c in ${SAFE_CONCS:-1 16 128 256}; do run safeguards "$w" "$c" "${T_RUN:-300}" ab=target_vs_scheduled; done
+  fi
+  if has served; then
+    for c in ${SERVED_CONCS:-256}; do run served "$w" "$c" "${T_RUN:-300}" ab=in_process_vs_served; done
   fi
 done
 stamp done

@@ -7,7 +7,7 @@ planner trims. For each verify mode and batch size:
 - device ms of each captured graph the steps used (CUDA-event timed replays);
 - a kernel census (torch.profiler) of the uncaptured draft and verify stages.
 
-    python bench/profile_sched_stages.py OUT_DIR [batches=128,256]
+    python bench/profile_sched_stages.py OUT_DIR [batches=128,256] [modes=full,uniform,ragged] [top=8] [prompt=256]
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from dspark.models.llama import TargetModel  # noqa: E402
 CUDA = torch.cuda.is_available()  # without one: a CPU smoke run of this script on a 2-layer model
 
 
-def config(batch: int, verify: str, table: str | None) -> EngineConfig:
+def config(batch: int, verify: str, table: str | None, max_model_len: int = 1200) -> EngineConfig:
     return EngineConfig(device="cuda" if CUDA else "cpu", dtype="bfloat16" if CUDA else "float32",
                         attention_backend="triton" if CUDA else "torch", max_num_seqs=batch,
-                        kv_cache_tokens=batch * 1400, max_model_len=1200, max_num_batched_tokens=8192,
+                        kv_cache_tokens=batch * (max_model_len + 200), max_model_len=max_model_len, max_num_batched_tokens=8192,
                         spec="dspark", verify=verify, cost_table=table, cuda_graphs=True, overlap=True, budget_lag=2)
 
 
@@ -67,12 +67,12 @@ def census(fn, top: int = 8, width: int = 60) -> dict:
             "top": [{"kernel": k, "calls": calls[k], "us": round(v, 1)} for k, v in by_name.most_common(top)]}
 
 
-def run(batch: int, verify: str, target, drafter, table: str | None) -> dict:
-    eng = Engine(target, None, config(batch, verify, table), drafter)
+def run(batch: int, verify: str, target, drafter, table: str | None, top: int = 8, prompt: int = 256) -> dict:
+    eng = Engine(target, None, config(batch, verify, table, max(1200, prompt + 1100)), drafter)
     g = torch.Generator().manual_seed(batch)
     sp = SamplingParams(max_tokens=1000, ignore_eos=True)
     for _ in range(batch):
-        eng.add_request(torch.randint(3, 49000, (256,), generator=g).tolist(), sp)
+        eng.add_request(torch.randint(3, 49000, (prompt,), generator=g).tolist(), sp)
     while eng.counters()["graph_replays" if CUDA else "graph_eager_steps"] < 12:
         eng.step()
     gd = eng.graph
@@ -105,14 +105,14 @@ def run(batch: int, verify: str, target, drafter, table: str | None) -> dict:
     R = gd.bucket_for(batch) // gd.M
     saved = (gd.seq_len.clone(), gd.anchor.clone(), gd.out.clone())
     if verify == "full":
-        out["census_step"] = census(lambda: gd._step(R))
+        out["census_step"] = census(lambda: gd._step(R), top)
     else:
-        out["census_draft"] = census(lambda: gd._draft_stage(R))
+        out["census_draft"] = census(lambda: gd._draft_stage(R), top)
         T = gd.token_bucket_for(batch * gd.M)
         gd.extra.fill_(batch * (gd.G - gd.min_verify_len) // 2)
         gd.tier.fill_(gd.G)
         out["census_verify_T"] = T
-        out["census_verify"] = census(lambda: gd._verify_stage(T, min(T, gd.S), verify))
+        out["census_verify"] = census(lambda: gd._verify_stage(T, min(T, gd.S), verify), top)
     gd.seq_len.copy_(saved[0])
     gd.anchor.copy_(saved[1])
     gd.out.copy_(saved[2])
@@ -126,6 +126,9 @@ def main() -> None:
     out_dir = Path(sys.argv[1])
     kv = dict(a.split("=", 1) for a in sys.argv[2:])
     batches = [int(b) for b in kv.get("batches", "128,256").split(",")]
+    modes = kv.get("modes", "full,uniform,ragged").split(",")
+    top = int(kv.get("top", 8))
+    prompt = int(kv.get("prompt", 256))  # prompt tokens per request (the context the steps attend over)
     torch.manual_seed(0)
     import dataclasses
 
@@ -139,14 +142,15 @@ def main() -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         table = steep_table(probe, out_dir / f"steep_{b}.json")
         del probe
-        for verify in ("full", "uniform", "ragged"):
-            r = run(b, verify, target, drafter, table)
+        for verify in modes:
+            r = run(b, verify, target, drafter, table, top, prompt)
             rows.append(r)
             print(json.dumps({k: v for k, v in r.items() if not k.startswith("census")}), flush=True)
             for k in ("census_step", "census_draft", "census_verify"):
                 if k in r:
-                    print(f"  {k}: {r[k]['kernels']} kernels, {r[k]['kernel_ms']:.2f} ms; top: "
-                          + "; ".join(f"{t['kernel'][:40]} x{t['calls']} {t['us']}us" for t in r[k]["top"][:5]), flush=True)
+                    print(f"  {k}: {r[k]['kernels']} kernels, {r[k]['kernel_ms']:.2f} ms; top:", flush=True)
+                    for t in r[k]["top"]:
+                        print(f"    {t['us']:9.1f} us x{t['calls']:<4} {t['kernel']}", flush=True)
     (out_dir / "profile_sched_stages.json").write_text(json.dumps({"rows": rows, "torch": torch.__version__,
                                                                    "device": torch.cuda.get_device_name() if CUDA else "cpu"}, indent=2))
 

@@ -71,7 +71,7 @@ from dspark.atomic import atomic_write, atomic_write_text
 from dspark.bench.compiles import TritonCompiles
 from dspark.bench.gc_pauses import GcPauses
 from dspark.bench.guards import (FULL_PRECISION_DTYPES, ABGuardError, GuardResult, did_nothing_guard, errors_guard,
-                                 lossless_guard, trim_expected)
+                                 lossless_guard, nothing_compared_guard, trim_expected)
 from dspark.bench.metrics import (RequestRecord, aggregate_block, finish_reason_counts, prediction_health,
                                   requests_dataframe, truncation_counts)
 from dspark.bench.report import render_console_table, verdict_note, write_report
@@ -791,10 +791,15 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
             replica_outputs[arm] = {str(o.user_id): list(o.token_ids) for o in outs}
             replica_texts[arm] = {str(o.user_id): o.text for o in outs}
 
-    control = None
-    if interrupted is None and not http_arms:  # (its guard re-scores in-process: no control with an HTTP arm)
-        control = run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, replicas, tok, logger,
-                                       blocks_csv, len(block_rows))
+    def reference() -> list[GuardResult]:
+        """The guards that judge the outputs with arm A's target in this process, after A's lossless control run
+        (:func:`reference_guards`); an A/B with an HTTP arm calls them only where they can judge (ab_http)."""
+        control = None
+        if interrupted is None:
+            control = run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, replicas, tok,
+                                           logger, blocks_csv, len(block_rows))
+        return reference_guards(cfg, arm_cfgs["A"].dtype, engines, workload, outputs, replica_outputs, prompt_ids,
+                                control, dict(zip(ids, params)))
 
     blocks_df = pd.DataFrame(block_rows)
     requests_df = requests_dataframe(records)
@@ -810,10 +815,11 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     engine_cfgs = {arm: arm_cfgs[arm] if arm in arm_cfgs else ab_http.engine_config_of(http_arms[arm]) for arm in ARMS}
     if http_arms:
         guards = ab_http.http_guards(cfg, workload, records, outputs, texts, replica_outputs, replica_texts, block_rows,
-                                     engine_cfgs, http_arms, arm_did_nothing_guard)
+                                     engine_cfgs, http_arms, arm_did_nothing_guard,
+                                     reference if "A" in engines else None)
     else:
-        guards = run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records,
-                            prompt_ids, control, dict(zip(ids, params)))
+        guards = [errors_guard(records), *reference(),
+                  *(arm_did_nothing_guard(arm, arm_cfgs[arm], block_rows) for arm in ARMS)]
     for arm in http_arms.arms:
         served_table = ab_http.served_cost_table(http_arms[arm])
         if served_table is not None:
@@ -1270,12 +1276,16 @@ def _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_i
     return guards
 
 
-def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block_rows, records, prompt_ids,
-               control=None, sampling_by_id=None) -> list[GuardResult]:
+def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, prompt_ids, control=None,
+                     sampling_by_id=None) -> list[GuardResult]:
+    """The guards that judge both arms' outputs with arm A's target in this process (``engines["A"]``): lossless on
+    the greedy outputs (each block, or the greedy replicas of a sampled workload), in float32 (``dtype``, arm A's)
+    identical token for token, in reduced precision on evidence (:func:`_evidence_guard`, with A's ``control``
+    run), and on a sampled workload the distribution check of each arm. An arm's outputs are token ids, however
+    they were made (in process, or returned by a server: runners.ab_http.http_guards)."""
     from dspark.bench.reference import ReferenceScorer
 
-    guards: list[GuardResult] = [errors_guard(records)]
-    dtype = arm_cfgs["A"].dtype
+    guards: list[GuardResult] = []
     greedy_workload = workload.sampling().greedy
     # One scorer for both reference checks: its float32 copy of A's target is made once, when first needed.
     scorer = ReferenceScorer(engines["A"].target)
@@ -1292,12 +1302,9 @@ def run_guards(cfg, arm_cfgs, engines, workload, outputs, replica_outputs, block
     elif greedy_workload or replica_outputs:
         guards.append(_evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype))
     if not greedy_workload and not replica_outputs:
-        guards.append(GuardResult("lossless", False, "sampled workload without greedy replicas: nothing compared; "
-                                  "set workload.greedy_replica_count > 0", {}))
+        guards.append(nothing_compared_guard())
     if not greedy_workload:
         guards += _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_ids)
-    for arm in ("A", "B"):
-        guards.append(arm_did_nothing_guard(arm, arm_cfgs[arm], block_rows))
     return guards
 
 

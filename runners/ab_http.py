@@ -9,12 +9,17 @@ HTTP arm (the server's life cycle and the requests are :mod:`dspark.bench.http`'
   the command line can have an effect.
 - :class:`HttpArms` owns the arms' servers for a run: every server is stopped when the run ends, raises or is
   interrupted (SIGTERM outside the timed blocks ends the run with exit status 143 after stopping them).
-- :func:`http_guards` are the run's guards when an arm is HTTP: errors; losslessness compared on the API's greedy
-  outputs (token ids when both servers return them, else text, said in the message), exact in float32, and a
-  failure naming the precision when outputs differ and either arm's precision is reduced or unknown (the
-  float32 re-scoring that tells a rounding flip from an error needs the target in this process); the
-  distribution check of sampled tokens is not run (said in its message); did_nothing from the engine counters
-  this project's server exports, and explicitly unchecked for a server whose configuration is unknown.
+- :func:`http_guards` are the run's guards when an arm is HTTP: errors; and when arm A runs in this process and
+  every served arm returned token ids (with arm A in float32: and runs float32 too; :func:`not_rescored`), the
+  guards of two in-process arms over the served arm's token ids (``runners.ab.reference_guards``, arm A's target
+  as the reference): lossless identical token for token in float32, the evidence guard in reduced precision (the
+  float32 re-scoring of every greedy output, the noise bound from A and A's control run, the rate test), and the
+  distribution check of sampled tokens, under the same names and details, each saying where an arm's outputs
+  came from. Otherwise losslessness is compared on the API's greedy outputs (token ids when both arms return
+  them, else text, said in the message), exact in float32, and outputs that differ with either arm's precision
+  reduced or unknown fail unjudged, the message naming the precision and why the re-scoring could not judge;
+  the distribution check is then not run (said in its message). did_nothing from the engine counters this
+  project's server exports, and explicitly unchecked for a server whose configuration is unknown.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from dspark.bench.guards import FULL_PRECISION_DTYPES, GuardResult, errors_guard, lossless_guard
+from dspark.bench.guards import (FULL_PRECISION_DTYPES, GuardResult, errors_guard, lossless_guard,
+                                 nothing_compared_guard)
 from dspark.bench.http.arm import HttpArm
 from dspark.bench.http.endpoint import HttpEndpoint
 from dspark.bench.http.load import HttpRequest
@@ -195,10 +201,12 @@ def describe(arm: HttpArm, label: str) -> dict[str, Any]:
 
 # ---- guards --------------------------------------------------------------------------------------
 def api_lossless_guard(name: str, ids: Mapping[str, Mapping[str, list[int] | None]],
-                       texts: Mapping[str, Mapping[str, str]], dtypes: Mapping[str, str | None]) -> GuardResult:
+                       texts: Mapping[str, Mapping[str, str]], dtypes: Mapping[str, str | None], *,
+                       not_rescored: str) -> GuardResult:
     """The arms' greedy outputs of one run compared as the API returned them: token ids when every output of
     both arms has them, else text. Identical outputs pass. A difference fails; in float32 on both arms it is an
-    error (the in-process guard's rule), otherwise it is reported unjudged, naming each arm's precision."""
+    error (the in-process guard's rule), otherwise it is reported unjudged, naming each arm's precision and why
+    the float32 re-scoring could not judge it (``not_rescored``: :func:`not_rescored`)."""
     no_ids = [arm for arm in ARMS if any(v is None for v in ids[arm].values())]
     if no_ids:
         outs = {arm: dict(texts[arm]) for arm in ARMS}
@@ -212,11 +220,36 @@ def api_lossless_guard(name: str, ids: Mapping[str, Mapping[str, list[int] | Non
     precision = ", ".join(f"{arm} {dtypes[arm] or 'unknown'}" for arm in ARMS)
     g.message = g.message.replace("identical (float32)", f"identical ({what}; precision {precision})", 1)
     g.details.update({"compared": what, "dtypes": dict(dtypes), "method": "exact" if exact else "exact, unjudged"})
+    if not exact:
+        g.details["not_rescored"] = not_rescored
     if not g.passed and not exact:
-        g.message += ("; an arm's precision is reduced or unknown, and telling a rounding flip from an error needs the "
-                      "float32 re-scoring of the in-process guard, which needs the target in this process: the "
-                      "differences are not judged, so the guard fails (ab.fail_on_guard=false keeps the results)")
+        g.message += (f"; an arm's precision is reduced or unknown, and telling a rounding flip from an error needs "
+                      f"the float32 re-scoring with arm A's target in this process, which cannot judge this run "
+                      f"({not_rescored}): the differences are not judged, so the guard fails (ab.fail_on_guard=false "
+                      "keeps the results)")
     return g
+
+
+def not_rescored(outputs, replica_outputs, dtypes: Mapping[str, str | None], http_arms: "HttpArms",
+                 a_in_process: bool) -> str | None:
+    """None when the guards that re-score with arm A's target in this process (runners.ab.reference_guards) can
+    judge this run as they judge two in-process arms, else why not: arm A must run in this process (the
+    reference is its target, the control run is A again), every output of a served arm that the guards read
+    (its blocks' and greedy replicas') must be token ids, and a float32 arm A measures no rounding noise, so it
+    can judge a served arm in float32 only."""
+    if not a_in_process:
+        return ("arm A is served over HTTP, and the re-scoring needs arm A in this process: its target is the "
+                "reference, and its control run is arm A again")
+    no_ids = [arm for arm in http_arms.arms if any(v is None for run in [*outputs[arm].values(),
+                                                                         replica_outputs.get(arm, {})]
+                                                   for v in run.values())]
+    if no_ids:
+        return f"arm {' and '.join(no_ids)} returned no token ids"
+    unmeasured = [arm for arm in http_arms.arms if dtypes[arm] not in FULL_PRECISION_DTYPES]
+    if dtypes["A"] in FULL_PRECISION_DTYPES and unmeasured:
+        return (f"arm A runs in float32, so this run measures no rounding noise to judge arm {unmeasured[0]}'s "
+                f"precision ({dtypes[unmeasured[0]] or 'unknown'}) by")
+    return None
 
 
 def unchecked_guard(name: str, message: str, details: dict | None = None) -> GuardResult:
@@ -225,27 +258,41 @@ def unchecked_guard(name: str, message: str, details: dict | None = None) -> Gua
 
 
 def http_guards(cfg: DictConfig, workload, records, outputs, texts, replica_outputs, replica_texts, block_rows,
-                arm_cfgs: Mapping[str, EngineConfig | None], http_arms: HttpArms, did_nothing) -> list[GuardResult]:
+                arm_cfgs: Mapping[str, EngineConfig | None], http_arms: HttpArms, did_nothing,
+                reference=None) -> list[GuardResult]:
     """The guards of a run with an HTTP arm (module docstring). ``arm_cfgs``: each arm's engine configuration
     (in-process, or reported by its server), None when unknown; ``did_nothing(arm, ecfg, block_rows)``: the
-    runner's did_nothing guard of one arm."""
+    runner's did_nothing guard of one arm; ``reference()``: the runner's guards that judge the outputs with arm
+    A's target in this process, A's control run included (runners.ab.reference_guards), None when arm A is
+    served. They judge the run where they can (:func:`not_rescored`); elsewhere the outputs are compared as the
+    API returned them."""
     guards: list[GuardResult] = [errors_guard(records)]
     dtypes = {arm: (arm_cfgs[arm].dtype if arm_cfgs.get(arm) is not None else None) for arm in ARMS}
     greedy = workload.sampling().greedy
-    if greedy:
-        for block in sorted(set(outputs["A"]) & set(outputs["B"])):
-            guards.append(api_lossless_guard(f"lossless/block{block}", {a: outputs[a][block] for a in ARMS},
-                                             {a: texts[a][block] for a in ARMS}, dtypes))
-    if replica_outputs:
-        guards.append(api_lossless_guard("lossless/greedy_replicas", replica_outputs, replica_texts, dtypes))
-    if not greedy and not replica_outputs:
-        guards.append(GuardResult("lossless", False, "sampled workload without greedy replicas: nothing compared; "
-                                  "set workload.greedy_replica_count > 0", {}))
-    if not greedy:
-        for arm in ARMS:
-            guards.append(unchecked_guard(f"distribution[{arm}]", "the sampled tokens' distribution check re-scores "
-                                          "them with the target in this process; an A/B with an HTTP arm runs it for "
-                                          "neither arm (the greedy replicas are still compared)"))
+    why = not_rescored(outputs, replica_outputs, dtypes, http_arms, reference is not None)
+    if why is None:
+        served = {arm: f"served over HTTP, token ids from its API (precision {dtypes[arm] or 'unknown'})"
+                  for arm in http_arms.arms}
+        for g in reference():
+            if g.name.startswith(("lossless", "distribution")):
+                g.details["outputs"] = {arm: served.get(arm, "in process") for arm in ARMS}
+            guards.append(g)
+    else:
+        if greedy:
+            for block in sorted(set(outputs["A"]) & set(outputs["B"])):
+                guards.append(api_lossless_guard(f"lossless/block{block}", {a: outputs[a][block] for a in ARMS},
+                                                 {a: texts[a][block] for a in ARMS}, dtypes, not_rescored=why))
+        if replica_outputs:
+            guards.append(api_lossless_guard("lossless/greedy_replicas", replica_outputs, replica_texts, dtypes,
+                                             not_rescored=why))
+        if not greedy and not replica_outputs:
+            guards.append(nothing_compared_guard())
+        if not greedy:
+            for arm in ARMS:
+                guards.append(unchecked_guard(f"distribution[{arm}]", "the sampled tokens' distribution check "
+                                              f"re-scores them with arm A's target in this process, which cannot "
+                                              f"judge this run ({why}); it is run for neither arm (the greedy "
+                                              "replicas are still compared)", {"not_rescored": why}))
     for arm in ARMS:
         ecfg = arm_cfgs.get(arm)
         if arm in http_arms and ecfg is None:

@@ -106,8 +106,8 @@ class KernelsSchema:
     fused_step_metadata: bool = True  # graph steps' row packing and state commit as Triton kernels
     triton_argmax: bool = True  # graph steps' greedy argmax as a Triton kernel (CUDA); false: torch.argmax
     fused_draft_logits: bool = True  # a draft slot's fp32 logits in one Triton pass (CUDA); false: PyTorch ops
+    fused_draft_sampling: bool = True  # a sampled draft slot's softmax + draw as one Triton kernel (CUDA); false: PyTorch
     attention_splits: Optional[int] = None  # KV splits in paged attention (1 to 32); null: from the grid and max_model_len
-    fused_draft_sampling: bool = False  # experimental: a sampled draft slot's draw as one Triton kernel (CUDA)
     l2_prefetch: bool = False  # experimental: decode-sized steps read the next layer's weights into L2 (CUDA)
     l2_prefetch_programs: int = 16  # programs per weight matrix of that prefetch (1 to 64)
     decode_megakernel: bool = False  # experimental: one-token target steps run the whole stack as one kernel
@@ -202,6 +202,9 @@ class ServeSchema:
     served_model_name: Optional[str] = None  # the name requests give as `model`; null: model.name
     log_level: str = "info"  # the server's log level
     graceful_shutdown_s: float = 30.0  # on SIGINT/SIGTERM, how long requests in flight may take to finish
+    # true: the engine is built and run in a process of its own, which never shares a GIL with the HTTP side (the
+    # serving stack's Python work no longer slows the engine's steps); false: in a thread of the server's process
+    engine_process: bool = True
     # engine.verify != full without engine.cost_table: look this node's cost table up under paths.cost_tables, profiling
     # it first (with the profile settings) when there is none, as runners.ab does for its arms; false: no table
     find_cost_table: bool = False
@@ -444,7 +447,8 @@ def to_sampling(sampling: Any) -> SamplingParams:
 def to_server_config(cfg: Any) -> ServerConfig:
     """The serve config's server settings (ServerConfig checks them)."""
     return ServerConfig(host=cfg.host, port=cfg.port, served_model_name=cfg.served_model_name or cfg.model.name,
-                        log_level=cfg.log_level, graceful_shutdown_s=cfg.graceful_shutdown_s)
+                        log_level=cfg.log_level, graceful_shutdown_s=cfg.graceful_shutdown_s,
+                        engine_process=cfg.engine_process)
 
 
 def to_drafter_config(d: Any) -> DrafterConfig:

@@ -4,9 +4,12 @@
     python -m runners.serve spec=off port=8001
     python -m runners.serve engine=h200_graphs host=0.0.0.0
     python -m runners.serve engine.verify=ragged find_cost_table=true    # this node's cost table, as runners.ab's
+    python -m runners.serve engine_process=false                          # the engine in a thread of the server
 
 Endpoints: /v1/chat/completions and /v1/completions (streamed or not), /v1/models, /health, /metrics
-(Prometheus). Every client's requests are batched continuously on the one engine (dspark.serving).
+(Prometheus). Every client's requests are batched continuously on the one engine (dspark.serving), which by
+default (``engine_process=true``) is built and run in a process of its own (dspark.serving.engine_process), so
+the HTTP side never holds the GIL the engine's steps need; the log names its pid.
 The settings and the port are checked before the model loads; SIGINT/SIGTERM shut down gracefully.
 Test hook: with ``DSPARK_TEST_TINY_MODELS=1`` it serves the tiny random models of tests/tiny.py
 (:func:`runners.common.tiny_models`), as runners.ab builds them, so a test can launch it as an A/B's HTTP arm.
@@ -14,7 +17,10 @@ Test hook: with ``DSPARK_TEST_TINY_MODELS=1`` it serves the tiny random models o
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig
@@ -41,27 +47,67 @@ def capture_graphs(engine) -> int:
 
 
 def run(cfg: DictConfig, engine: Any = None) -> None:
-    """Serve until SIGINT/SIGTERM. ``engine``: an engine to serve instead of building the configured one."""
+    """Serve until SIGINT/SIGTERM. ``engine``: an engine to serve (in a thread of this process) instead of building
+    the configured one, which ``engine_process`` builds and runs in a process of its own (or, false, here)."""
     from dspark.serving.app import create_app
     from dspark.serving.server import bind_socket, serve
 
     config = to_server_config(cfg)
-    settings = to_profile_settings(cfg.profile) if cfg.find_cost_table else None  # checked before the model loads
+    if cfg.find_cost_table:
+        to_profile_settings(cfg.profile)  # checked before the model loads
     sock = bind_socket(config)  # a port in use is refused before the model loads
+    process = None  # the engine's own process (engine_process=true)
     try:
-        if engine is None:
-            engine = tiny_engine(cfg) if tiny_models_requested() else build_engine(cfg)
-        if settings is not None:
-            engine = with_cost_table(engine, cfg.paths.cost_tables, settings)
-        graphs = capture_graphs(engine)
-        if graphs:
-            log.info("captured %d CUDA graphs before serving", graphs)
-        app = create_app(engine, config)
+        if engine is None and config.engine_process:
+            from dspark.serving.engine_process import EngineProcess
+
+            served = process = EngineProcess(ServedEngine(for_child(cfg), tiny_models_requested()))
+        else:
+            served = prepared(engine, cfg) if engine is not None else ServedEngine(cfg, tiny_models_requested())()
+            log.info("engine in a thread of the server's process (%s)",
+                     "an engine given" if engine is not None else "engine_process=false")
+        app = create_app(served, config)
         host, port = sock.getsockname()[:2]
         log.info("serving %s at http://%s:%d/v1", config.served_model_name, host, port)
         serve(app, config, sock)
     finally:
         sock.close()
+        if process is not None:  # stopped by the app's shutdown already, unless the server never started
+            process.stop(config.graceful_shutdown_s + 30.0)
+
+
+@dataclass(frozen=True)
+class ServedEngine:
+    """The engine a serve config describes, ready to serve (cost table found, CUDA graphs captured): a picklable
+    zero-argument factory, called in the process that will run the engine. ``tiny``: the test hook's tiny models
+    (DSPARK_TEST_TINY_MODELS=1, set in that process's environment as well)."""
+
+    cfg: DictConfig
+    tiny: bool = False
+
+    def __call__(self):
+        if self.tiny:
+            os.environ[TINY_MODELS_ENV] = "1"
+        engine = tiny_engine(self.cfg) if tiny_models_requested() else build_engine(self.cfg)
+        return prepared(engine, self.cfg)
+
+
+def prepared(engine, cfg: DictConfig):
+    """``engine`` with this node's cost table when find_cost_table asks for one, its CUDA graphs captured."""
+    if cfg.find_cost_table:
+        engine = with_cost_table(engine, cfg.paths.cost_tables, to_profile_settings(cfg.profile))
+    graphs = capture_graphs(engine)
+    if graphs:
+        log.info("captured %d CUDA graphs before serving", graphs)
+    return engine
+
+
+def for_child(cfg: DictConfig) -> DictConfig:
+    """A copy of ``cfg`` that another process can read: the values that need Hydra's runtime (paths) resolved here."""
+    child = copy.deepcopy(cfg)
+    if cfg.find_cost_table:
+        child.paths.cost_tables = str(cfg.paths.cost_tables)
+    return child
 
 
 def with_cost_table(engine, root: str, settings):

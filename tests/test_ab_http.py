@@ -4,7 +4,9 @@ End to end: the default A/B (verify-all against ragged) with each arm a runners.
 models that the runner launches before the arm's block and stops after it, against the same A/B in process.
 With stand-in servers (tests/fake_openai_server.py: vLLM's counter names, no token ids): acceptance from the
 Prometheus counters, the lossless guard on text, the checks an HTTP arm cannot give said so, an interrupt
-that keeps the finished blocks and stops the servers. And the configuration mistakes refused by name.
+that keeps the finished blocks and stops the servers. An arm in process against the same engine served
+(ab=in_process_vs_served): the served arm's token ids judged by the in-process guards, a wrong token planted in
+them caught. And the configuration mistakes refused by name.
 """
 
 from __future__ import annotations
@@ -268,13 +270,103 @@ def test_a_workload_the_api_cannot_take_is_refused(tmp_path):
 def test_outputs_that_differ_in_reduced_or_unknown_precision_fail_unjudged():
     ids = {"A": {"p": [5, 6, 7]}, "B": {"p": [5, 6, 8]}}
     texts = {"A": {"p": "abc"}, "B": {"p": "abd"}}
-    g = ab_http.api_lossless_guard("lossless/block0", ids, texts, {"A": "float32", "B": None})
+    why = "arm A is served over HTTP"
+    g = ab_http.api_lossless_guard("lossless/block0", ids, texts, {"A": "float32", "B": None}, not_rescored=why)
     assert not g.passed and "not judged" in g.message and "precision A float32, B unknown" in g.message
+    assert f"cannot judge this run ({why})" in g.message and g.details["not_rescored"] == why
     assert g.details["method"] == "exact, unjudged" and g.details["differences"][0]["first_diff_index"] == 2
     same = ab_http.api_lossless_guard("lossless/block0", {"A": ids["A"], "B": ids["A"]}, texts,
-                                      {"A": "bfloat16", "B": None})
+                                      {"A": "bfloat16", "B": None}, not_rescored=why)
     assert same.passed and same.message.startswith("1/1 requests identical (token ids; precision A bfloat16")
-    exact = ab_http.api_lossless_guard("x", ids, texts, {"A": "float32", "B": "float32"})
+    exact = ab_http.api_lossless_guard("x", ids, texts, {"A": "float32", "B": "float32"}, not_rescored=why)
     assert not exact.passed and "not judged" not in exact.message and exact.details["method"] == "exact"
-    as_text = ab_http.api_lossless_guard("x", {"A": {"p": None}, "B": ids["B"]}, texts, {"A": "float32", "B": "float32"})
+    as_text = ab_http.api_lossless_guard("x", {"A": {"p": None}, "B": ids["B"]}, texts,
+                                         {"A": "float32", "B": "float32"}, not_rescored=why)
     assert as_text.details["compared"] == "text: arm A returned no token ids" and not as_text.passed
+
+
+@pytest.mark.parametrize("a_here,ids_b,dtypes,why", [
+    (True, [1, 2], {"A": "bfloat16", "B": None}, None),
+    (True, [1, 2], {"A": "float32", "B": "float32"}, None),
+    (True, [1, 2], {"A": "bfloat16", "B": "float32"}, None),
+    (False, [1, 2], {"A": None, "B": "bfloat16"}, "arm A is served over HTTP"),
+    (True, None, {"A": "bfloat16", "B": "bfloat16"}, "arm B returned no token ids"),
+    (True, [1, 2], {"A": "float32", "B": "bfloat16"}, "arm A runs in float32, so this run measures no rounding noise "
+                                                       "to judge arm B's precision (bfloat16)"),
+    (True, [1, 2], {"A": "float32", "B": None}, "arm B's precision (unknown)"),
+])
+def test_the_reference_guards_judge_a_served_arm_only_where_they_can(a_here, ids_b, dtypes, why):
+    """Arm A in this process, every output of the served arm token ids, and a float32 arm A only against a
+    float32 server: otherwise (None) the reason the API comparison gives."""
+    served = "A" if not a_here else "B"
+    arms = ab_http.HttpArms({served: ab_http.HttpEndpoint(base_url="http://127.0.0.1:1/v1")}, ".", 1)
+    outputs = {"A": {0: {"p": [1, 2]}}, "B": {0: {"p": [1, 2]}}}
+    replicas = {"A": {"r": [3]}, "B": {"r": ids_b}}  # the greedy replicas are read too
+    got = ab_http.not_rescored(outputs, replicas, dtypes, arms, a_here)
+    if why is None:
+        assert got is None
+    else:
+        assert got is not None and why in got, got
+
+
+# ---- an arm in this process against the same engine served -------------------------------------
+def _in_process_vs_served(tmp_path, name: str, *overrides: str, served: tuple[str, ...] = ()):
+    """ab=in_process_vs_served on the tiny models: arm A in this process, arm B runners.serve (launched once)."""
+    out = tmp_path / name
+    own_workload = any(o.startswith("+workload") for o in overrides)
+    cfg = compose_ab(["ab=in_process_vs_served", *[o for o in TINY if not (own_workload and o.startswith("+workload"))],
+                      *overrides], out_dir=out)
+    serve_arm(cfg, "B", "full", out, "spec=dspark", *served)
+    return cfg, out
+
+
+def test_a_served_arm_that_returns_token_ids_is_judged_by_the_in_process_guards(tmp_path, monkeypatch):
+    """Arm A in process, arm B the same engine behind runners.serve (token ids from its API). float32, a sampled
+    workload with its greedy replica: the exact token-id guard of two in-process arms on the replicas (its message,
+    not the API comparison's), and the distribution check run for both arms, B's sampled tokens re-scored with A's
+    target. bfloat16, greedy: the evidence guard (one ``lossless`` guard, as for two in-process arms) re-scores
+    B's outputs in float32 after A's control run, and a wrong token planted in what B's API returned in block 1 is
+    caught: the one real divergence, in B/block1 at the planted position."""
+    from dspark.bench.guards import ABGuardError
+
+    cfg, out = _in_process_vs_served(tmp_path, "fp32", "+workload=poetry", "workload.max_tokens=12",
+                                     "ab.distribution_min_tokens=12")
+    summary = ab.run(cfg, engine_factory=ab.tiny_engine_factory)
+    guards = {g["name"]: g for g in summary["guards"]}
+    assert list(guards) == ["errors", "lossless/greedy_replicas", "distribution[A]", "distribution[B]",
+                            "did_nothing[A]", "did_nothing[B]"] and summary["guards_passed"]
+    replicas = guards["lossless/greedy_replicas"]
+    assert replicas["message"] == "1/1 requests identical (float32)" and replicas["details"]["method"] == "exact"
+    assert replicas["details"]["outputs"]["B"].startswith("served over HTTP, token ids from its API (precision float32")
+    for arm in ("A", "B"):  # checked, not "unchecked", on the tokens each arm sampled
+        assert guards[f"distribution[{arm}]"]["details"]["state"] == "passed", guards[f"distribution[{arm}]"]
+        assert guards[f"distribution[{arm}]"]["details"]["n"] >= 12
+
+    run_block = HttpArm.run_block
+    planted = {}
+
+    def wrong_token_in_block1(self, requests, block, **kw):
+        run = run_block(self, requests, block, **kw)
+        if block == 1:
+            r = run.results[0]
+            pos = len(r.token_ids) - 1  # the last token: nothing after it is scored on the wrong prefix
+            r.token_ids = [*r.token_ids[:pos], (r.token_ids[pos] + 48) % 97]
+            planted.update(request_id=r.request_id, position=pos)
+        return run
+
+    monkeypatch.setattr(HttpArm, "run_block", wrong_token_in_block1)
+    cfg, out = _in_process_vs_served(tmp_path, "bf16", "engine.dtype=bfloat16", served=("engine.dtype=bfloat16",))
+    with pytest.raises(ABGuardError, match="lossless: bfloat16; noise bound"):
+        ab.run(cfg, engine_factory=ab.tiny_engine_factory)
+    summary = json.loads((out / "summary.json").read_text())
+    guards = {g["name"]: g for g in summary["guards"]}
+    assert list(guards) == ["errors", "lossless", "did_nothing[A]", "did_nothing[B]"]
+    assert summary["arms"]["B"]["engine"]["dtype"] == "bfloat16"
+    g = guards["lossless"]
+    assert g["details"]["method"] == "evidence" and g["details"]["control"]["running_limit"] == 1
+    assert set(g["details"]["rate_tests"]) == {"A", "B"}  # B's off-reference rate against the control's
+    assert [c["runs"] for c in g["details"]["comparisons"]] == [["A/block0", "B/block0"], ["A/block1", "B/block1"]]
+    assert [(d["run"], d["request_id"], d["position"]) for d in g["details"]["real_divergences"]] == [
+        ("B/block1", planted["request_id"], planted["position"])]
+    assert g["details"]["outputs"] == {"A": "in process",
+                                       "B": "served over HTTP, token ids from its API (precision bfloat16)"}

@@ -439,11 +439,25 @@ def test_arm_settings_silently_ignored_are_refused(tmp_path, override, words):
 @pytest.mark.parametrize("engine", ["cpu", "h200_graphs"])
 def test_every_shipped_ab_config_passes_the_config_check(tmp_path, ab, engine):
     """Each conf/ab/*.yaml runs as shipped on each engine group: the check refuses only values moved off
-    the engine's defaults that no arm uses, not a default every arm overrides (head_vs_max_prob: verify)."""
+    the engine's defaults that no arm uses, not a default every arm overrides (head_vs_max_prob: verify).
+    in_process_vs_served launches its server with the run's engine group (${hydra:runtime.choices.engine}):
+    the Hydra config is set for it as in a real run, and the launch command carries the group."""
+    from hydra.core.hydra_config import HydraConfig
+
     from runners.ab import check_config
 
     args = [f"ab={ab}" if a.startswith("ab=") else a for a in TINY]
-    check_config(compose_ab([*args, f"engine={engine}"], out_dir=tmp_path))
+    overrides = [*args, f"engine={engine}"]
+    if ab != "in_process_vs_served":
+        check_config(compose_ab(overrides, out_dir=tmp_path))
+        return
+    HydraConfig.instance().set_config(compose_ab(overrides, out_dir=tmp_path, hydra_config=True))
+    try:
+        cfg = compose_ab(overrides, out_dir=tmp_path)
+        check_config(cfg)
+        assert f"engine={engine}" in list(cfg.ab.arms.B.http.launch)
+    finally:
+        HydraConfig.instance().cfg = None
 
 
 def test_late_validation_loses_no_run(tmp_path):

@@ -200,10 +200,11 @@ def test_greedy_outputs_through_the_server_equal_engine_generate_and_clients_sha
 
 def test_return_token_ids_gives_the_engines_ids_and_a_chunk_per_step(models):
     """return_token_ids (vLLM's extension): the prompt's and the output's token ids, plain or streamed; streamed,
-    one chunk per engine step that committed tokens, even one whose text is held back (a stop string's start),
-    so a client times every step. Without it the responses carry no ids. The acceptance lists each step's
-    verified drafts and the per-position counts; /dspark/engine reports the engine's configuration."""
-    engine = engine_for(models, step_delay_s=0.002)
+    one chunk per engine step that committed tokens while the handler keeps up (here steps are 20 ms apart), even
+    one whose text is held back (a stop string's start), so a client times every step. Without it the responses
+    carry no ids. The acceptance lists each step's verified drafts and the per-position counts; /dspark/engine
+    reports the engine's configuration."""
+    engine = engine_for(models, step_delay_s=0.02)
     params = SamplingParams(max_tokens=16, stop=("zz",))
     want = reference(models, PROMPTS[:2], params)[1]
     want_chat = reference(models, [[{"role": "user", "content": "hi"}]], params)[0]

@@ -103,6 +103,12 @@ def lossless_guard(outputs_a: Mapping[Hashable, Sequence[int]], outputs_b: Mappi
     )
 
 
+def nothing_compared_guard() -> GuardResult:
+    """The lossless guard of a sampled workload without greedy replicas: it fails, as nothing was compared."""
+    return GuardResult("lossless", False, "sampled workload without greedy replicas: nothing compared; set "
+                       "workload.greedy_replica_count > 0", {})
+
+
 def trim_expected(verify_mode: str, force_override: bool) -> bool:
     """Whether an arm with this verify mode should trim verify windows on its own (its planner decides;
     with ``force_override``, engine.force_verify_len / force_budget_frac decide instead: see

@@ -1,9 +1,11 @@
-"""The FastAPI app: OpenAI's completion endpoints over an EngineLoop, plus models, health, metrics and the
-engine's configuration (``/dspark/engine``, which an A/B over HTTP reads).
+"""The FastAPI app: OpenAI's completion endpoints over an engine loop (the engine in a thread of this process, or
+in a process of its own), plus models, health, metrics and the engine's configuration (``/dspark/engine``, which
+an A/B over HTTP reads).
 
-A handler tokenizes its prompt, checks it, submits it to the engine thread and awaits its events.
-Streamed responses (server-sent events) send the text that became safe after each engine step;
-a client that goes away mid-stream has its request aborted (Starlette cancels the stream), and so
+A handler tokenizes its prompt, checks it, submits it to the engine loop and awaits its events. Streamed
+responses (server-sent events) send the text that became safe, taking every event already queued for the
+request at once: one chunk per engine step while the handler keeps up, one chunk for several steps when it
+lags. A client that goes away mid-stream has its request aborted (Starlette cancels the stream), and so
 does a client of a plain response that disconnects while waiting. Every error is OpenAI's body,
 ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -29,8 +31,8 @@ from dspark.config import ConfigError
 from dspark.request import RequestOutput
 from dspark.serving import prompts
 from dspark.serving.config import ServerConfig
-from dspark.serving.engine_loop import (Admitted, EngineLoop, EngineUnavailable, Failed, Finished, NewTokens,
-                                        Refused, RequestHandle)
+from dspark.serving.engine_loop import (Admitted, BaseEngineLoop, EngineLoop, EngineUnavailable, Failed, Finished,
+                                        NewTokens, Refused, RequestHandle)
 from dspark.serving.metrics import CONTENT_TYPE, ServerMetrics
 from dspark.serving.protocol import (Acceptance, ApiError, AssistantMessage, ChatChoice, ChatChunkChoice,
                                      ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
@@ -73,24 +75,28 @@ async def wait_for_disconnect(request: Request) -> None:
 
 
 def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
-    """An app serving ``engine`` (which needs a tokenizer). The engine is owned by the app's engine thread
-    from startup to shutdown (the app's lifespan); nothing else may call it meanwhile."""
+    """An app serving ``engine`` (which needs a tokenizer): an Engine, which the app's engine thread
+    (EngineLoop) owns from startup to shutdown (the app's lifespan; nothing else may call it meanwhile), or an
+    engine loop (``engine_process.EngineProcess``: the engine in a process of its own), which the lifespan
+    starts and stops."""
     config = config or ServerConfig()
-    if engine.tokenizer is None:
+    engine_loop = engine if isinstance(engine, BaseEngineLoop) else EngineLoop(engine)
+    if engine_loop.tokenizer is None:
         raise ConfigError("the server needs an engine with a tokenizer (text prompts and chat messages)")
-    tokenizer = engine.tokenizer
+    tokenizer = engine_loop.tokenizer
+    engine_cfg = engine_loop.cfg
     model_name = config.served_model_name
-    max_model_len = engine.cfg.max_model_len
-    block_size = engine.block_size
+    max_model_len = engine_cfg.max_model_len
+    block_size = engine_loop.block_size
     metrics = ServerMetrics(model_name)
-    engine_loop = EngineLoop(engine, on_finish=metrics.record_finished)
+    engine_loop.on_finish = metrics.record_finished
     started = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine_loop.start(asyncio.get_running_loop())
-        log.info("serving %s on the engine thread (max_model_len %d, max_num_seqs %d, spec %s)", model_name,
-                 max_model_len, engine.cfg.max_num_seqs, engine.cfg.spec)
+        log.info("serving %s, the engine %s (max_model_len %d, max_num_seqs %d, spec %s)", model_name,
+                 engine_loop.where, max_model_len, engine_cfg.max_num_seqs, engine_cfg.spec)
         try:
             yield
         finally:
@@ -136,7 +142,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
                            param="model", code="model_not_found")
 
     async def admit(prompt_ids: list[int], params, stream: bool) -> RequestHandle:
-        """Submit to the engine thread and wait until it took the request (or refused it: a 400)."""
+        """Submit to the engine loop and wait until the engine took the request (or refused it: a 400)."""
         try:
             handle = engine_loop.submit(prompt_ids, params, stream)
         except EngineUnavailable as e:
@@ -177,30 +183,34 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     async def events_of(handle: RequestHandle, stops, every_step: bool
                         ) -> AsyncIterator[tuple[str, list[int], RequestOutput | None, str | None]]:
         """(text delta, the token ids it adds, final output or None, error or None) of a streamed request, as
-        steps commit tokens: for each step whose text became safe to send, or (``every_step``) for each step
-        that committed tokens. Leaving early (the client went away) aborts the request."""
+        steps commit tokens: when text became safe to send, or (``every_step``) whenever tokens were committed.
+        The events already queued are taken together (a handler that lags behind the engine sends the tokens of
+        several steps in one chunk instead of falling further behind). Leaving early (the client went away)
+        aborts the request."""
         text = StreamedText(tokenizer, stops)
         received = 0  # tokens handed out before the final output
         done = False
         try:
             while True:
-                event = await engine_loop.next_event(handle)
-                if isinstance(event, NewTokens):
-                    delta = text.add(event.token_ids)
-                    if delta or every_step:
-                        received += len(event.token_ids)
-                        yield delta, list(event.token_ids), None, None
-                elif isinstance(event, Finished):
+                events = [await engine_loop.next_event(handle), *handle.queued()]
+                end = events[-1] if not isinstance(events[-1], NewTokens) else None  # a request's last event
+                if isinstance(end, Finished):
                     done = True
-                    output = event.output
+                    output = end.output  # its text and ids include those of the NewTokens taken with it
                     if output.finish_reason == "error":
                         yield "", [], None, output.error or "the engine could not serve this request"
                     else:
                         yield text.finish(output.text), list(output.token_ids[received:]), output, None
                     return
-                elif isinstance(event, Failed):
+                ids = [t for event in events if isinstance(event, NewTokens) for t in event.token_ids]
+                if ids:
+                    delta = text.add(ids)
+                    if delta or every_step:
+                        received += len(ids)
+                        yield delta, ids, None, None
+                if isinstance(end, Failed):
                     done = True
-                    yield "", [], None, event.message
+                    yield "", [], None, end.message
                     return
         finally:
             if not done:
@@ -309,7 +319,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         return ModelList(data=[ModelCard(id=model_name, created=started, max_model_len=max_model_len)])
 
     engine_description = {"served_model_name": model_name, "block_size": block_size,
-                          "engine": dataclasses.asdict(engine.cfg)}
+                          "engine": dataclasses.asdict(engine_cfg)}
 
     @app.get("/dspark/engine")
     async def engine_configuration() -> dict:

@@ -16,8 +16,12 @@ class ServerConfig:
     served_model_name: str = "dspark"  # the `model` requests name (and /v1/models lists)
     log_level: str = "info"
     # On SIGINT/SIGTERM: new requests get 503, requests in flight get this long to finish, then they
-    # are aborted and the engine thread stops.
+    # are aborted and the engine loop (its thread or its process) stops.
     graceful_shutdown_s: float = 30.0
+    # runners.serve: build and run the engine in a process of its own (engine_process.EngineProcess), which never
+    # shares a GIL with the HTTP side; False: in a thread of the server's process (engine_loop.EngineLoop).
+    # create_app serves whichever it is given.
+    engine_process: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -30,3 +34,6 @@ class ServerConfig:
             raise ConfigError(f"log_level: {self.log_level!r} is not one of {list(LOG_LEVELS)}")
         if not self.graceful_shutdown_s >= 0:
             raise ConfigError(f"graceful_shutdown_s: must be >= 0 seconds, got {self.graceful_shutdown_s!r}")
+        if not isinstance(self.engine_process, bool):
+            raise ConfigError(f"engine_process: must be true (the engine in a process of its own) or false (in a "
+                              f"thread of the server's process), got {self.engine_process!r}")

@@ -1,6 +1,6 @@
 """The server's Prometheus metrics, in a registry of its own (two servers in one process never share one).
 
-Two sources: each finished request (counted by the engine thread as it finishes: requests by finish
+Two sources: each finished request (counted in the server's process as it finishes: requests by finish
 reason, prompt and generated tokens, time to first token, latency, mean accept length), and an
 ``EngineSnapshot`` taken between two engine steps when ``/metrics`` is scraped (the engine's own
 counters). Speculative decoding is exported under vLLM's names (``vllm:spec_decode_*``), so dashboards
@@ -64,7 +64,7 @@ SERVICE_COST_STEPS = re.compile(r"service_cost/(floor|extra)_steps")
 
 class EngineSnapshotCollector:
     """Metric families of the snapshot handed to ``render`` (a custom collector: values come from the
-    engine thread, never read from here)."""
+    engine loop's snapshot, never read from the engine here)."""
 
     def __init__(self, model_name: str):
         self.model_name = model_name
@@ -163,7 +163,8 @@ class ServerMetrics:
         self.registry.register(self.engine)
 
     def record_finished(self, output: RequestOutput) -> None:
-        """Count a finished request (called by the engine thread; prometheus_client is thread-safe)."""
+        """Count a finished request (called by the engine loop's thread, or the thread that reads the engine
+        process's messages; prometheus_client is thread-safe)."""
         name = self.model_name
         self.requests.labels(name, output.finish_reason or "unknown").inc()
         self.prompt_tokens.labels(name).inc(len(output.prompt_token_ids))

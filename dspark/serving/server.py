@@ -3,7 +3,8 @@
 On SIGINT/SIGTERM uvicorn stops listening and waits for the requests in flight (up to
 ``graceful_shutdown_s``, then cancels them, which aborts them in the engine); ``DrainingServer``
 also tells the engine loop at once, so a request arriving meanwhile on an open connection gets a 503
-instead of starting. The app's lifespan then stops the engine thread and logs the final counters.
+instead of starting. The app's lifespan then stops the engine loop (its thread, or its process) and logs the
+final counters.
 The listening socket is bound before the model loads (``bind_socket``), so a port in use is refused
 at start.
 """

@@ -1,0 +1,311 @@
+"""dspark.serving.engine_process: runners.serve's default, the engine built and run in a process of its own.
+
+On the tiny models (runners.serve's DSPARK_TEST_TINY_MODELS engine, fp32, greedy): the process serves the same
+token ids as the engine in a thread, streamed or not, to concurrent clients; /metrics reads the child's counters
+through snapshots and counts finished requests in the server's process; a client that disconnects aborts its
+request in the child; a handler that lags behind the engine sends several steps' tokens in one chunk; stopping the
+server drains and stops the child; a child that dies or whose engine fails turns live requests into 5xx errors
+that say why; the child ends when the server's process dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+for _module in ("httpx", "fastapi", "uvicorn", "prometheus_client"):
+    pytest.importorskip(_module, reason="the HTTP server tests need the test extra: pip install -e '.[test]'")
+pytest.importorskip("openai", reason="the HTTP server tests need the test extra: pip install -e '.[test]'")
+
+import httpx  # noqa: E402
+from hydra.errors import ConfigCompositionException  # noqa: E402
+
+from dspark.config import ConfigError  # noqa: E402
+from dspark.serving.config import ServerConfig  # noqa: E402
+from dspark.serving.engine_process import EngineProcess  # noqa: E402
+from runners import serve  # noqa: E402
+from runners.common import TINY_MODELS_ENV  # noqa: E402
+from runners.schema import to_server_config  # noqa: E402
+from test_serve import MODEL, compose_serve, engine_is_idle, serving, wait_until  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPTS = ["The rain in Spain", "Once upon a time", "def fib(n):", "Roses are red,"]
+
+
+@dataclass(frozen=True)
+class TinyEngine:
+    """The child's factory: runners.serve's engine on the tiny models (as ``python -m runners.serve`` builds it with
+    DSPARK_TEST_TINY_MODELS=1), each step slowed by ``step_delay_s``, step number ``fail_at_step`` raising."""
+
+    cfg: Any
+    step_delay_s: float = 0.0
+    fail_at_step: int | None = None
+
+    def __call__(self):
+        engine = serve.ServedEngine(self.cfg, tiny=True)()
+        step, calls = engine.step, []
+
+        def hooked_step():
+            calls.append(1)
+            if len(calls) == self.fail_at_step:
+                raise RuntimeError("the device fell off the bus")
+            time.sleep(self.step_delay_s)
+            return step()
+
+        engine.step = hooked_step
+        return engine
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return compose_serve(["spec=dspark"])
+
+
+def thread_engine(cfg):
+    """The same engine in this process (served by a thread)."""
+    return serve.prepared(serve.tiny_engine(cfg), cfg)
+
+
+@pytest.fixture(scope="module")
+def served_process(cfg):
+    with serving(EngineProcess(TinyEngine(cfg, step_delay_s=0.003))) as served:
+        yield served
+
+
+def counters(served) -> dict:
+    return served.metrics()
+
+
+def delta(after: dict, before: dict, name: str, labels: tuple = ()) -> float:
+    return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+
+def requests_of(served) -> list:
+    """Every kind of request, concurrently: completions and chat, plain and streamed, with the token ids."""
+    client = served.client()
+    ids = {"return_token_ids": True}
+
+    def complete(i):
+        r = client.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=24, temperature=0, extra_body=ids)
+        return r.choices[0].model_extra["token_ids"], r.choices[0].text, r.usage.completion_tokens
+
+    def complete_streamed(i):
+        chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[i], max_tokens=24, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}, extra_body=ids))
+        assert chunks[-1].choices == [] and chunks[-2].choices[0].finish_reason is not None
+        tokens = [t for c in chunks if c.choices for t in c.choices[0].model_extra["token_ids"]]
+        return tokens, "".join(c.choices[0].text for c in chunks if c.choices), chunks[-1].usage.completion_tokens
+
+    def chat(i):
+        r = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPTS[i]}],
+                                           max_tokens=24, temperature=0, extra_body=ids)
+        return r.choices[0].model_extra["token_ids"], r.choices[0].message.content, r.usage.completion_tokens
+
+    def chat_streamed(i):
+        chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPTS[i]}],
+                                                     max_tokens=24, temperature=0, stream=True, extra_body=ids))
+        tokens = [t for c in chunks for t in (c.choices[0].model_extra.get("token_ids") or [])]
+        return tokens, "".join(c.choices[0].delta.content or "" for c in chunks), len(tokens)
+
+    with ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(f, i) for f in (complete, complete_streamed, chat, chat_streamed)
+                   for i in range(len(PROMPTS))]
+        return [f.result() for f in futures]
+
+
+# ---- the same outputs as a thread, batched ------------------------------------------------------
+
+def test_the_engine_process_serves_the_thread_modes_token_ids_to_concurrent_clients(cfg, served_process):
+    before = counters(served_process)
+    got = requests_of(served_process)
+    after = counters(served_process)
+    with serving(thread_engine(cfg)) as in_thread:
+        want = requests_of(in_thread)
+    assert got == want  # token ids, texts and usage: exact (fp32, greedy)
+    n = len(PROMPTS)
+    assert [g[0] for g in got[:n]] == [g[0] for g in got[n:2 * n]]  # streamed = plain
+    assert all(len(ids) == 24 for ids, _, _ in got)
+    # The clients' requests shared the child's steps (more than one request per decode step, on average).
+    steps = delta(after, before, "dspark:decode_steps_total")
+    assert delta(after, before, "dspark:request_steps_total") > steps > 0
+    # Finished requests are counted in the server's process (on_finish), the engine's counters come from the child.
+    assert delta(after, before, "vllm:generation_tokens_total") == sum(usage for _, _, usage in got)
+    assert delta(after, before, "vllm:request_success_total", (("finished_reason", "length"),)) == len(got)
+    assert delta(after, before, "dspark:emitted_tokens_total") >= sum(usage for _, _, usage in got)
+    drafted = delta(after, before, "dspark:drafted_tokens_total")
+    assert delta(after, before, "vllm:spec_decode_num_draft_tokens_total") == drafted > 0
+    assert after[("vllm:num_requests_running", ())] == 0 and after[("dspark:server_live_requests", ())] == 0
+    assert httpx.get(f"{served_process.url}/health").status_code == 200
+    assert httpx.get(f"{served_process.url}/dspark/engine").json()["block_size"] == 4
+
+
+def test_a_client_that_disconnects_aborts_its_request_in_the_engine_process(served_process):
+    before = counters(served_process)
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{served_process.url}/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        first = [next(lines) for _ in range(4)]  # two events and their blank lines: it is decoding
+    assert first[0].startswith("data: ")
+    aborted = ("vllm:request_success_total", (("finished_reason", "abort"),))
+    wait_until(lambda: counters(served_process).get(aborted, 0) == before.get(aborted, 0) + 1)
+    after = counters(served_process)
+    assert engine_is_idle(served_process)  # the child freed its pages and row
+    assert delta(after, before, "vllm:generation_tokens_total") < 200
+
+
+def stalled_stream(served, **kw) -> list:
+    """A streamed completion's chunks, the server's event loop stalled for 0.3 s after the second chunk (the engine
+    process keeps stepping meanwhile)."""
+    chunks = []
+    for chunk in served.client().completions.create(stream=True, **kw):
+        chunks.append(chunk)
+        if len(chunks) == 2:
+            served.app.state.engine_loop._loop.call_soon_threadsafe(time.sleep, 0.3)
+    return chunks
+
+
+def test_a_handler_behind_the_engine_sends_several_steps_in_one_chunk(served_process):
+    """After a stall the stream's next chunk carries every step's tokens queued meanwhile; the tokens and text are
+    the plain request's, the usage chunk comes last, and a stop string is still never sent."""
+    kw = dict(model=MODEL, prompt="Dear diary", max_tokens=64, temperature=0, extra_body={"return_token_ids": True,
+                                                                                         "ignore_eos": True})
+    plain = served_process.client().completions.create(**kw)
+    chunks = stalled_stream(served_process, stream_options={"include_usage": True}, **kw)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 64
+    chunks = chunks[:-1]
+    with_ids = [c.choices[0].model_extra["token_ids"] for c in chunks if c.choices[0].model_extra["token_ids"]]
+    steps = plain.model_extra["acceptance"]["num_steps"]
+    assert [t for ids in with_ids for t in ids] == plain.choices[0].model_extra["token_ids"]
+    assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
+    assert len(with_ids) < steps and max(len(ids) for ids in with_ids) > 2 * 2  # several steps in one chunk
+
+    text = plain.choices[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 3]  # a stop string that completes after the stall
+    chunks = stalled_stream(served_process, stop=[stop[0] + "\x7f", stop], **kw)
+    assert "".join(c.choices[0].text for c in chunks) == text[: text.find(stop)]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+# ---- stopping, dying, failing -------------------------------------------------------------------
+
+def process_is_gone(pid: int) -> bool:
+    """No such process, or only its zombie (exited; its new parent has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_stopping_the_server_drains_then_stops_the_engine_process(cfg, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="dspark.serving"):
+        process = EngineProcess(TinyEngine(cfg, step_delay_s=0.01))
+    assert f"engine in its own process, pid {process.pid}" in caplog.text
+    with serving(process) as served:
+        client = served.client()
+        with ThreadPoolExecutor(1) as pool:
+            streamed = pool.submit(lambda: list(client.completions.create(
+                model=MODEL, prompt="Dear diary", max_tokens=40, temperature=0, stream=True,
+                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})))
+            wait_until(lambda: served.metrics()[("vllm:num_requests_running", ())] == 1)
+            served.server.handle_exit(signal.SIGTERM, None)  # what uvicorn does on SIGTERM
+            assert not process.serving
+            chunks = streamed.result(timeout=30)
+    assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 40
+    final = process.last_snapshot  # the child's last, sent as it stopped
+    assert final.num_live_requests == 0 and final.kv_pages_free == final.kv_pages_total
+    assert final.counters["emitted_tokens"] >= 40
+    assert process._process.exitcode == 0 and process_is_gone(process.pid)
+
+
+def test_an_engine_process_that_dies_fails_live_requests_with_its_exit_status(cfg):
+    process = EngineProcess(TinyEngine(cfg, step_delay_s=0.01))
+    with serving(process) as served:
+        body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+        with ThreadPoolExecutor(2) as pool:
+            plain = pool.submit(httpx.post, f"{served.url}/v1/completions", json=body, timeout=30)
+            with httpx.stream("POST", f"{served.url}/v1/completions", json={**body, "stream": True}) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: ")
+                os.kill(process.pid, signal.SIGKILL)
+                rest = [line for line in lines if line.startswith("data: ")]
+            plain = plain.result()
+        after = httpx.post(f"{served.url}/v1/completions", json=body)
+        health = httpx.get(f"{served.url}/health")
+    error = [line for line in rest if '"error"' in line]
+    assert len(error) == 1 and "exited with code -9 (killed by SIGKILL)" in error[0] and rest[-1] == "data: [DONE]"
+    assert plain.status_code == 500 and "exited with code -9" in plain.json()["error"]["message"]
+    assert after.status_code == 503 and "exited with code -9" in after.json()["error"]["message"]
+    assert health.status_code == 503
+
+
+def test_an_engine_that_fails_in_its_process_fails_its_requests(cfg):
+    process = EngineProcess(TinyEngine(cfg, fail_at_step=3))
+    with serving(process) as served:
+        body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 30, "ignore_eos": True}
+        failed = httpx.post(served.url + "/v1/chat/completions", json=body)
+        after = httpx.post(served.url + "/v1/chat/completions", json=body)
+    assert failed.status_code == 500 and "fell off the bus" in failed.json()["error"]["message"]
+    assert after.status_code == 503 and "fell off the bus" in after.json()["error"]["message"]
+    assert process._process.exitcode == 1 and process_is_gone(process.pid)
+
+
+def test_a_factory_that_fails_raises_in_the_server_before_it_serves(monkeypatch):
+    monkeypatch.delenv(TINY_MODELS_ENV, raising=False)
+    with pytest.raises(ConfigError, match="the shipped drafter"):
+        EngineProcess(serve.ServedEngine(compose_serve(["drafter.path=builtin:nonexistent"]), tiny=False))
+
+
+# ---- runners.serve ------------------------------------------------------------------------------
+
+def test_runners_serve_runs_the_engine_in_its_own_process_which_ends_with_the_server(tmp_path):
+    """``python -m runners.serve`` (engine_process=true by default) logs the child's pid; SIGKILL of the server's
+    process (no shutdown at all) ends the child too: its command pipe reaches end of file."""
+    env = {**os.environ, TINY_MODELS_ENV: "1", "PYTHONPATH": ROOT}
+    server = subprocess.Popen([sys.executable, "-m", "runners.serve", "port=0", f"hydra.run.dir={tmp_path}"],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+    try:
+        log, url, pid = [], None, None
+        deadline = time.monotonic() + 60
+        while url is None:
+            assert time.monotonic() < deadline and server.poll() is None, "".join(log)
+            line = server.stdout.readline()
+            log.append(line)
+            if m := re.search(r"engine in its own process, pid (\d+)", line):
+                pid = int(m.group(1))
+            if m := re.search(r"serving \S+ at (http://\S+)/v1", line):
+                url = m.group(1)
+        wait_until(lambda: httpx.get(f"{url}/health").status_code == 200)
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "Roses", "max_tokens": 5, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+        assert pid is not None and not process_is_gone(pid)
+        server.kill()
+        server.wait(10)
+        wait_until(lambda: process_is_gone(pid), timeout_s=15)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.stdout.close()
+
+
+def test_engine_process_is_a_typed_serve_setting():
+    assert to_server_config(compose_serve([])).engine_process is True
+    assert to_server_config(compose_serve(["engine_process=false"])).engine_process is False
+    with pytest.raises(ConfigCompositionException):
+        compose_serve(["engine_process=sometimes"])
+    with pytest.raises(ConfigError, match="engine_process: must be true"):
+        ServerConfig(engine_process="yes")
