@@ -5,17 +5,23 @@ token ids as the engine in a thread, streamed or not, to concurrent clients; /me
 through snapshots and counts finished requests in the server's process; a client that disconnects aborts its
 request in the child; a handler that lags behind the engine sends several steps' tokens in one chunk; stopping the
 server drains and stops the child; a child that dies or whose engine fails turns live requests into 5xx errors
-that say why; the child ends when the server's process dies.
+that say why; the child ends when the server's process dies. Flow control: a child whose server lags merges
+several steps' events into one message (outputs unchanged, no event lost or reordered), sends nothing without a
+credit, answers snapshots at once, and flushes what it holds as soon as a credit comes back, idle or not.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import multiprocessing
 import os
+import pickle
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -30,9 +36,11 @@ pytest.importorskip("openai", reason="the HTTP server tests need the test extra:
 import httpx  # noqa: E402
 from hydra.errors import ConfigCompositionException  # noqa: E402
 
-from dspark.config import ConfigError  # noqa: E402
+from dspark.config import ConfigError, SamplingParams  # noqa: E402
+from dspark.serving import engine_process  # noqa: E402
 from dspark.serving.config import ServerConfig  # noqa: E402
-from dspark.serving.engine_process import EngineProcess  # noqa: E402
+from dspark.serving.engine_loop import Admitted, Finished, NewTokens, Refused  # noqa: E402
+from dspark.serving.engine_process import HELD_STEPS, MERGED_STEPS, MESSAGES, EngineProcess  # noqa: E402
 from runners import serve  # noqa: E402
 from runners.common import TINY_MODELS_ENV  # noqa: E402
 from runners.schema import to_server_config  # noqa: E402
@@ -86,6 +94,30 @@ def counters(served) -> dict:
     return served.metrics()
 
 
+def engine_counters(served) -> dict:
+    """The counters of a snapshot taken now (the child's message counters among them)."""
+    engine_loop = served.app.state.engine_loop
+    return asyncio.run_coroutine_threadsafe(engine_loop.snapshot(), engine_loop._loop).result(10).counters
+
+
+@contextlib.contextmanager
+def slow_event_loop(served, stall_s: float = 0.05, every_s: float = 0.1):
+    """The server's event loop stalled for ``stall_s`` every ``every_s`` (the engine process keeps stepping)."""
+    done = threading.Event()
+
+    def stall():
+        while not done.wait(every_s):
+            served.app.state.engine_loop._loop.call_soon_threadsafe(time.sleep, stall_s)
+
+    thread = threading.Thread(target=stall, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def delta(after: dict, before: dict, name: str, labels: tuple = ()) -> float:
     return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
 
@@ -123,14 +155,20 @@ def requests_of(served) -> list:
         return [f.result() for f in futures]
 
 
+@pytest.fixture(scope="module")
+def thread_outputs(cfg):
+    """requests_of the same engine served by a thread."""
+    with serving(thread_engine(cfg)) as in_thread:
+        return requests_of(in_thread)
+
+
 # ---- the same outputs as a thread, batched ------------------------------------------------------
 
-def test_the_engine_process_serves_the_thread_modes_token_ids_to_concurrent_clients(cfg, served_process):
+def test_the_engine_process_serves_the_thread_modes_token_ids_to_concurrent_clients(served_process, thread_outputs):
     before = counters(served_process)
     got = requests_of(served_process)
     after = counters(served_process)
-    with serving(thread_engine(cfg)) as in_thread:
-        want = requests_of(in_thread)
+    want = thread_outputs
     assert got == want  # token ids, texts and usage: exact (fp32, greedy)
     n = len(PROMPTS)
     assert [g[0] for g in got[:n]] == [g[0] for g in got[n:2 * n]]  # streamed = plain
@@ -195,6 +233,116 @@ def test_a_handler_behind_the_engine_sends_several_steps_in_one_chunk(served_pro
     chunks = stalled_stream(served_process, stop=[stop[0] + "\x7f", stop], **kw)
     assert "".join(c.choices[0].text for c in chunks) == text[: text.find(stop)]
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+# ---- flow control: the child sends no faster than the event loop delivers ---------------------------
+
+def test_a_child_whose_server_lags_merges_steps_and_serves_the_thread_modes_outputs(served_process, thread_outputs):
+    """The event loop stalled 50 ms every 100 ms: the child, short of credits, merges several steps' events into a
+    message; every request's token ids, text and usage (streamed or not) are still the thread mode's."""
+    before = engine_counters(served_process)
+    with slow_event_loop(served_process):
+        got = requests_of(served_process)
+    after = engine_counters(served_process)
+    assert got == thread_outputs
+    messages, steps = after[MESSAGES] - before[MESSAGES], after[MERGED_STEPS] - before[MERGED_STEPS]
+    assert after[HELD_STEPS] > before[HELD_STEPS] and steps > messages > 0  # more than one step per message
+
+
+def test_a_lagging_server_loses_no_event_and_an_idle_child_flushes_at_once(served_process):
+    """The event loop stalled 0.5 s while a stream decodes: the child holds its events (the request finishes in
+    the meantime, the engine goes idle) and sends them as soon as a credit comes back; the stream then ends at
+    once with every token in order and its finish; a request the engine refuses comes back at once; /metrics of
+    the idle engine answers at once."""
+    kw = dict(model=MODEL, prompt="Dear diary", max_tokens=48, temperature=0, extra_body={"return_token_ids": True,
+                                                                                         "ignore_eos": True})
+    client = served_process.client(timeout=15)
+    plain = client.completions.create(**kw)
+    before = engine_counters(served_process)
+    chunks, stalled_at = [], None
+    for chunk in client.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        chunks.append(chunk)
+        if len(chunks) == 1:
+            stalled_at = time.monotonic()
+            served_process.app.state.engine_loop._loop.call_soon_threadsafe(time.sleep, 0.5)
+    assert time.monotonic() - stalled_at < 0.5 + 1.5  # not stuck in the idle child
+    after = engine_counters(served_process)
+    assert after[HELD_STEPS] > before[HELD_STEPS]  # it did hold events
+    assert chunks[-1].usage.completion_tokens == 48 and chunks[-2].choices[0].finish_reason == "length"
+    ids = [t for c in chunks[:-1] for t in c.choices[0].model_extra["token_ids"] or []]
+    assert ids == plain.choices[0].model_extra["token_ids"]
+    assert "".join(c.choices[0].text for c in chunks[:-1]) == plain.choices[0].text
+
+    with ThreadPoolExecutor(1) as pool:  # refused while another request decodes
+        streamed = pool.submit(lambda: list(client.completions.create(stream=True, **kw)))
+        wait_until(lambda: counters(served_process)[("vllm:num_requests_running", ())] == 1)
+        started = time.monotonic()
+        refused = httpx.post(f"{served_process.url}/v1/completions", json={"prompt": [5, 6, 500], "max_tokens": 4})
+        refused_s = time.monotonic() - started
+        assert streamed.result(timeout=15)[-1].choices[0].finish_reason == "length"
+    assert refused.status_code == 400 and "unknown token ids" in refused.json()["error"]["message"]
+    assert refused_s < 1.0
+    started = time.monotonic()
+    assert engine_is_idle(served_process) and time.monotonic() - started < 1.0
+
+
+def test_the_child_sends_nothing_without_a_credit_merges_per_request_and_answers_snapshots(cfg):
+    """The child's loop (engine_process._serve) in a thread of this process, on pipes, one message in flight, the
+    server's side played here: after its first message the child keeps stepping but sends nothing more until a
+    credit comes back, except a snapshot's reply (at once, carrying what it held); idle, it sends what it held
+    as soon as the credit comes: one request's tokens of many steps as one NewTokens, its Finished after them."""
+    engine = TinyEngine(cfg, step_delay_s=0.005)()
+    child_commands, commands = multiprocessing.Pipe(duplex=False)
+    events, child_events = multiprocessing.Pipe(duplex=False)
+    exit_code = []
+    child = threading.Thread(target=lambda: exit_code.append(engine_process._serve(
+        engine, child_commands, child_events, os.getppid(), messages_in_flight=1)), daemon=True)
+    child.start()
+
+    def send(*batch):
+        commands.send_bytes(pickle.dumps(list(batch)))
+
+    def receive(timeout_s: float = 5.0):
+        assert events.poll(timeout_s), "no message from the child"
+        return pickle.loads(events.recv_bytes())
+
+    params = SamplingParams(max_tokens=120, ignore_eos=True)
+    prompt = engine.tokenizer.encode("Once upon a time")
+    send(("add", 1, prompt, params, True), ("add", 2, [5, 6, 500], params, False))
+    kind, first, replies, _ = receive()
+    assert kind == "step" and replies == [] and first[0] == (1, Admitted())
+    [refused] = [event for rid, event in first if rid == 2]
+    assert isinstance(refused, Refused) and "unknown token ids" in refused.message
+    send(("snapshot", 7))  # no credit: the reply still comes, with the events held meanwhile
+    kind, middle, replies, _ = receive()
+    assert kind == "step" and [token for token, _ in replies] == [7] and replies[0][1].num_live_requests == 1
+    wait_until(lambda: not engine.scheduler.has_work())  # it stepped to the end without a credit
+    assert not events.poll(0.3)  # idle, holding the request's last events
+    send(("credit",), ("credit",))
+    kind, last, replies, _ = receive(timeout_s=1.0)  # at once: the credit woke the idle child
+    assert kind == "step" and replies == []
+    assert [rid for rid, _ in last] == [1, 1] and isinstance(last[0][1], NewTokens)  # many steps: one NewTokens
+    output = last[1][1].output
+    assert isinstance(last[1][1], Finished) and output.finish_reason == "length"
+    assert [e for rid, e in first + middle if rid == 1 and not isinstance(e, (Admitted, NewTokens))] == []
+    tokens = [t for rid, e in first + middle + last if isinstance(e, NewTokens) for t in e.token_ids]
+    assert tokens == output.token_ids[:len(tokens)] and len(output.token_ids) == 120  # the last step's: in Finished
+    send(("credit",), ("snapshot", 8))
+    _, _, [(_, snapshot)], _ = receive()
+    c = snapshot.counters
+    assert c[MESSAGES] == 2 + bool(middle) and c[MERGED_STEPS] > c[MESSAGES] and c[HELD_STEPS] > 0
+    assert c[MERGED_STEPS] >= output.num_steps  # every step's events went, merged, in 2 or 3 messages
+    send(("credit",), ("stop",))
+    kind, rest, _, final = receive()
+    child.join(10)
+    assert kind == "stopped" and rest == [] and exit_code == [0]
+    assert all(final.counters[k] == c[k] for k in (MESSAGES, MERGED_STEPS, HELD_STEPS))
+
+
+def test_messages_in_flight_must_be_a_positive_integer(cfg):
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigError, match="messages_in_flight"):
+            EngineProcess(TinyEngine(cfg), messages_in_flight=bad)
 
 
 # ---- stopping, dying, failing -------------------------------------------------------------------

@@ -9,16 +9,28 @@ The child is started with multiprocessing's ``spawn`` (the server's process neve
 spawned child may), builds the engine by calling ``factory`` (a picklable zero-argument callable; it also
 captures the engine's CUDA graphs there), reports the engine's tokenizer, configuration and block size, and
 then runs the loop ``EngineLoop`` runs in a thread (:class:`~dspark.serving.engine_loop.EngineDriver`): apply
-every queued command (add, abort, snapshot, stop), run one step, send the step's events. With no work it sleeps
-on its command pipe.
+every queued command (add, abort, snapshot, stop), run one step, and queue the step's events in its outbox,
+which it sends when the server can take it (below). With no work it sleeps on its command pipe.
 
 Two pipes join the processes. Server to engine: batches of commands, one per event-loop iteration that queued
-any, written by a writer thread so that the event loop never waits on a full pipe. Engine to server: ONE message
-per step with every request's events of that step (``Admitted``/``Refused`` first, ``NewTokens``, ``Finished``
-with the RequestOutput, ``Failed``; a request is named by the integer id the server's process gave it) and the
-snapshots asked for. A reader thread, blocked on the pipe with the GIL released while it waits, runs
-``on_finish`` for each ``Finished`` (the metrics live in the server's process) and hands the step's batch to the
-event loop in one ``call_soon_threadsafe``.
+any, written by a writer thread so that the event loop never waits on a full pipe. Engine to server: messages
+with every request's events (``Admitted``/``Refused`` first, ``NewTokens``, ``Finished`` with the
+RequestOutput, ``Failed``; a request is named by the integer id the server's process gave it) and the snapshots
+asked for. A reader thread, blocked on the pipe with the GIL released while it waits, runs ``on_finish`` for
+each ``Finished`` (the metrics live in the server's process) and hands each message's batch to the event loop in
+one ``call_soon_threadsafe``.
+
+Flow control, engine to server: credits. The child sends a message only while fewer than ``messages_in_flight``
+(MESSAGES_IN_FLIGHT) of its messages are unacknowledged; the server acknowledges each once its event loop has
+delivered the batch and run the handlers it woke (a ``credit`` command, travelling with the handlers' commands).
+Meanwhile the child keeps stepping and merges each step's events into its outbox, per request (one request's
+``NewTokens`` concatenated; its other events kept in order, ``Finished`` after its tokens): a server whose event
+loop falls behind gets fewer, larger messages instead of one per step, and the loop's time goes to admitting new
+requests rather than to waking every handler once per step. Snapshot replies go at once, credit or not. An idle
+child whose outbox waits for a credit sleeps on its command pipe, where the credit arrives. The counters
+``engine_process/messages`` (messages with events), ``engine_process/merged_steps`` (steps whose events they
+carried) and ``engine_process/held_steps`` (steps that ended with their events held for want of a credit) join
+the engine's counters in every snapshot (and the shutdown log).
 
 How it ends: a stop command aborts what is left in the engine and the child sends its last snapshot and exits.
 A step that raises fails every request in the engine (``the engine failed: ...``) and ends the child; a child
@@ -32,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import itertools
 import logging
 import multiprocessing
@@ -53,11 +66,21 @@ log = logging.getLogger(__name__)
 PARENT_CHECK_S = 1.0
 # How long the server waits for a child that has closed its pipe (or was told to stop) to exit before killing it.
 EXIT_WAIT_S = 10.0
+# Messages the child may have sent that the server's event loop has not delivered yet. The child sends nothing
+# more until the server acknowledges one: it keeps stepping and merges the steps' events, so it sends no faster
+# than the event loop consumes. 1 would make the child wait a full round trip (pipe, reader thread, event loop,
+# writer thread) between two messages; 2 lets one message travel while the event loop delivers the other.
+MESSAGES_IN_FLIGHT = 2
+# The child's counters (in every snapshot's counters): messages with events, the steps whose events they carried,
+# the steps that ended with their events held for want of a credit.
+MESSAGES, MERGED_STEPS, HELD_STEPS = "engine_process/messages", "engine_process/merged_steps", \
+    "engine_process/held_steps"
 
-# Commands, server -> engine: tuples whose first item is one of these.
-_ADD, _ABORT, _SNAPSHOT, _STOP = "add", "abort", "snapshot", "stop"
+# Commands, server -> engine: tuples whose first item is one of these (_CREDIT: a _STEP message was delivered).
+_ADD, _ABORT, _SNAPSHOT, _STOP, _CREDIT = "add", "abort", "snapshot", "stop", "credit"
 # Messages, engine -> server: (_READY, info), (_START_FAILED, (error or None, text)),
-# (_STEP | _STOPPED | _FAILED, outbox, snapshot replies, last snapshot | failure message | None).
+# (_STEP | _STOPPED | _FAILED, outbox, snapshot replies, last snapshot | failure message | None); the server
+# returns a _CREDIT for each _STEP.
 _READY, _START_FAILED, _STEP, _STOPPED, _FAILED = "ready", "start_failed", "step", "stopped", "failed"
 
 
@@ -82,10 +105,13 @@ class EngineProcess(BaseEngineLoop):
     """An engine built and run by a child process. Constructing one starts the child and returns when its engine
     is ready (model loaded, graphs captured), raising the child's ConfigError, or EngineStartError, when it could
     not build it. ``start``/``stop`` (the app's lifespan) serve as :class:`EngineLoop`'s do; ``on_finish`` is
-    called in this process, on the thread that reads the child's messages."""
+    called in this process, on the thread that reads the child's messages. ``messages_in_flight``: how many of the
+    child's messages may await delivery on the event loop (flow control, MESSAGES_IN_FLIGHT)."""
 
     def __init__(self, factory: Callable[[], Any], on_finish: Callable[[RequestOutput], None] | None = None,
-                 log_level: int | None = None):
+                 log_level: int | None = None, messages_in_flight: int = MESSAGES_IN_FLIGHT):
+        if isinstance(messages_in_flight, bool) or not isinstance(messages_in_flight, int) or messages_in_flight < 1:
+            raise ConfigError(f"messages_in_flight: must be an integer >= 1, got {messages_in_flight!r}")
         super().__init__(on_finish)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: threading.Thread | None = None
@@ -103,7 +129,8 @@ class EngineProcess(BaseEngineLoop):
         self._events, child_events = context.Pipe(duplex=False)
         level = log_level if log_level is not None else logging.getLogger().getEffectiveLevel()
         self._process = context.Process(target=_child_main, name="dspark-engine",
-                                        args=(factory, child_commands, child_events, os.getpid(), level))
+                                        args=(factory, child_commands, child_events, os.getpid(), level,
+                                              messages_in_flight))
         self._process.start()
         child_commands.close()  # the child's ends: its exit is then this side's end of file
         child_events.close()
@@ -207,7 +234,8 @@ class EngineProcess(BaseEngineLoop):
 
     # ---- the child's messages ----------------------------------------------------------------
     def _read(self) -> None:
-        """The reader thread: one message per engine step, handed to the event loop in one call."""
+        """The reader thread: each message (one or more engine steps' events), handed to the event loop in one
+        call."""
         try:
             while True:
                 kind, outbox, replies, extra = pickle.loads(self._events.recv_bytes())
@@ -220,7 +248,8 @@ class EngineProcess(BaseEngineLoop):
                 if kind == _STOPPED:
                     self.last_snapshot = extra
                     self._stopped_cleanly = True
-                self._post(self._deliver, outbox, replies)
+                    _log_messages(extra)
+                self._post(self._deliver, kind, outbox, replies)
         except (EOFError, OSError):  # the child closed its pipe: it ended
             pass
         except Exception:
@@ -240,8 +269,9 @@ class EngineProcess(BaseEngineLoop):
         except RuntimeError:  # the event loop is closed: nobody is waiting any more
             pass
 
-    def _deliver(self, outbox: list, replies: list) -> None:
-        """One step's events to their requests' queues (on the event loop)."""
+    def _deliver(self, kind: str, outbox: list, replies: list) -> None:
+        """One message's events to their requests' queues (on the event loop), then its credit back to the child:
+        it leaves with the commands of the next event-loop iteration, after the handlers these events woke ran."""
         for rid, event in outbox:
             handle = self._handles.get(rid)
             if handle is None:
@@ -253,6 +283,8 @@ class EngineProcess(BaseEngineLoop):
             answer = self._snapshots.pop(token, None)
             if answer is not None and not answer.done():
                 answer.set_result(snapshot)
+        if kind == _STEP:
+            self._send((_CREDIT,))
 
     def _fail_all(self, message: str) -> None:
         """The child ended: every request still waiting fails, every snapshot asked for gets the last one."""
@@ -315,7 +347,8 @@ class _ServerGone(Exception):
     """The server's process went away."""
 
 
-def _child_main(factory: Callable[[], Any], commands, events, parent_pid: int, log_level: int) -> None:
+def _child_main(factory: Callable[[], Any], commands, events, parent_pid: int, log_level: int,
+                messages_in_flight: int = MESSAGES_IN_FLIGHT) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's drain decides when the engine stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=log_level, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
@@ -331,16 +364,17 @@ def _child_main(factory: Callable[[], Any], commands, events, parent_pid: int, l
     # from another thread when other processes kept the cores busy.
     exit_code = [1]
     thread = threading.Thread(target=_serve_until_stopped, name="engine-loop",
-                              args=(engine, commands, events, parent_pid, exit_code))
+                              args=(engine, commands, events, parent_pid, exit_code, messages_in_flight))
     thread.start()
     thread.join()
     raise SystemExit(exit_code[0])
 
 
-def _serve_until_stopped(engine, commands, events, parent_pid: int, exit_code: list[int]) -> None:
+def _serve_until_stopped(engine, commands, events, parent_pid: int, exit_code: list[int],
+                         messages_in_flight: int) -> None:
     try:
         _send(events, (_READY, {"tokenizer": engine.tokenizer, "cfg": engine.cfg, "block_size": engine.block_size}))
-        exit_code[0] = _serve(engine, commands, events, parent_pid)
+        exit_code[0] = _serve(engine, commands, events, parent_pid, messages_in_flight)
     except _ServerGone:
         log.warning("the server's process went away; the engine process ends")
         exit_code[0] = 0
@@ -361,10 +395,51 @@ def _report_start_failure(events, error: Exception) -> None:
         pass
 
 
-def _serve(engine, commands, events, parent_pid: int) -> int:
-    """The engine loop; returns the exit status (0: stopped, 1: the engine failed)."""
+class _Outbox:
+    """The events the child has not sent yet, merged per request across steps: a request's ``NewTokens`` of
+    consecutive steps concatenated into one, its other events kept in order (``Admitted`` first, ``Finished`` or
+    ``Failed`` after every token before it). Requests keep the order of their first event."""
+
+    def __init__(self):
+        self.events: dict[int, list] = {}  # request id -> its events, in order
+        self.steps = 0  # steps (loop iterations) whose events it holds
+
+    def __bool__(self) -> bool:
+        return bool(self.events)
+
+    def merge(self, outbox: list) -> None:
+        """One step's ``(id, event)`` pairs."""
+        for rid, event in outbox:
+            queued = self.events.setdefault(rid, [])
+            if not isinstance(event, NewTokens):
+                queued.append(event)
+            elif queued and isinstance(queued[-1], NewTokens):
+                queued[-1].token_ids.extend(event.token_ids)  # the outbox's own list (below)
+            else:
+                queued.append(NewTokens(list(event.token_ids)))
+        if outbox:
+            self.steps += 1
+
+    def take(self, counters: dict) -> list:
+        """Every ``(id, event)`` pair held (the outbox is then empty), counting a message of its steps (one that
+        carries events: snapshot replies may go without)."""
+        taken = [(rid, event) for rid, events in self.events.items() for event in events]
+        if taken:
+            counters[MESSAGES] += 1
+            counters[MERGED_STEPS] += self.steps
+        self.events, self.steps = {}, 0
+        return taken
+
+
+def _serve(engine, commands, events, parent_pid: int, messages_in_flight: int = MESSAGES_IN_FLIGHT) -> int:
+    """The engine loop; returns the exit status (0: stopped, 1: the engine failed). Sends a message after a step
+    when it holds events and a credit (fewer than ``messages_in_flight`` unacknowledged), or snapshot replies."""
     driver = EngineDriver(engine)  # no on_finish here: the server's process counts finished requests
+    held = _Outbox()
+    counters = {MESSAGES: 0, MERGED_STEPS: 0, HELD_STEPS: 0}
+    in_flight = 0  # _STEP messages sent and not acknowledged
     while True:
+        # Events held here (no credit) with no work: sleep on the commands, where the next credit comes.
         batch = _receive(commands, parent_pid, wait=not driver.has_work())
         outbox: list = []
         replies: list = []
@@ -372,17 +447,22 @@ def _serve(engine, commands, events, parent_pid: int) -> int:
             stop = False
             for command in batch:
                 kind = command[0]
-                if kind == _ADD:
+                if kind == _CREDIT:
+                    in_flight -= 1
+                elif kind == _ADD:
                     _, rid, prompt_ids, params, stream = command
                     driver.add(rid, prompt_ids, params, stream, outbox)
                 elif kind == _ABORT:
                     driver.abort(command[1], outbox)
                 elif kind == _SNAPSHOT:
-                    replies.append((command[1], driver.snapshot()))
+                    replies.append((command[1], _snapshot(driver.snapshot(), counters)))
                 elif kind == _STOP:
                     stop = True
             if stop:
-                _send(events, (_STOPPED, outbox, replies, driver.stop(outbox)))
+                last = driver.stop(outbox)
+                held.merge(outbox)
+                sent = held.take(counters)
+                _send(events, (_STOPPED, sent, replies, _snapshot(last, counters)))
                 return 0
             driver.step(outbox)
         except _ServerGone:
@@ -390,10 +470,29 @@ def _serve(engine, commands, events, parent_pid: int) -> int:
         except Exception as e:  # the engine's state is unknown now: fail every request, touch nothing more
             log.exception("the engine failed; every request in it fails")
             message = engine_failure(e)
-            _send(events, (_FAILED, outbox + driver.fail_all(message), replies, message))
+            held.merge(outbox)
+            held.merge(driver.fail_all(message))
+            _send(events, (_FAILED, held.take(counters), replies, message))
             return 1
-        if outbox or replies:
-            _send(events, (_STEP, outbox, replies, None))
+        held.merge(outbox)
+        if replies or (held and in_flight < messages_in_flight):  # snapshot replies never wait for a credit
+            _send(events, (_STEP, held.take(counters), replies, None))
+            in_flight += 1
+        elif outbox:
+            counters[HELD_STEPS] += 1
+
+
+def _snapshot(snapshot: EngineSnapshot, counters: dict) -> EngineSnapshot:
+    """The engine's snapshot with the child's message counters among its counters."""
+    return dataclasses.replace(snapshot, counters={**snapshot.counters, **counters})
+
+
+def _log_messages(snapshot: EngineSnapshot | None) -> None:
+    if snapshot is None or not snapshot.counters.get(MESSAGES):
+        return
+    c = snapshot.counters
+    log.info("the engine process sent %d messages for %d steps' events (%.2f steps per message; %d steps held "
+             "for want of a credit)", c[MESSAGES], c[MERGED_STEPS], c[MERGED_STEPS] / c[MESSAGES], c[HELD_STEPS])
 
 
 def _receive(commands, parent_pid: int, wait: bool) -> list[tuple]:

@@ -40,6 +40,13 @@ ENGINE_COUNTERS = (
     ("discarded_row_steps", "dspark:discarded_row_steps", "Rows of device steps dropped: their request had finished."),
     ("draft_free_steps", "dspark:draft_free_steps", "Decode steps run without drafting (engine.draft_free_steps)."),
     ("depth_zero_rows", "dspark:depth_zero_rows", "Request steps the planner gave no verify window (target-only)."),
+    # The engine process's messages to the HTTP side (engine_process=true; 0 with the engine in a thread).
+    ("engine_process/messages", "dspark:engine_process_messages", "Messages of request events the engine process sent "
+     "to the HTTP side."),
+    ("engine_process/merged_steps", "dspark:engine_process_merged_steps", "Engine steps whose events those messages "
+     "carried (more than one per message: the HTTP side lagged and the steps were merged)."),
+    ("engine_process/held_steps", "dspark:engine_process_held_steps", "Engine steps that ended with their events held "
+     "back (no credit: the HTTP side had not taken the previous messages yet)."),
     # What the planner's cost table predicted for the steps it priced, and what they did (the A/B's prediction health).
     ("sched/predicted_tokens_total", "dspark:planner_predicted_tokens", "Tokens the cost table predicted the priced "
      "steps to commit."),

@@ -4,8 +4,9 @@ and guards read both alike.
 
 - ``arrival_s`` is when the load generator sent the request, ``scheduled_arrival_s`` when it was due; TTFT is
   measured to the first chunk that carried text or token ids, and each such chunk is one entry of
-  ``chunk_times_s`` (the ITL gaps). A server that streams one chunk per engine step (this project's server with
-  ``return_token_ids``) gives the in-process arm's chunks.
+  ``chunk_times_s`` (the ITL gaps). This project's server streams one chunk per engine step while it keeps up
+  (the in-process arm's chunks) and merges the tokens of several steps into one chunk when it lags;
+  ``chunk_tokens`` holds each chunk's token count.
 - ``output_token_ids`` are the server's token ids when it returned them; otherwise they stay empty and
   ``output_token_count`` holds its ``usage.completion_tokens``.
 - ``prompt_tokens`` is ``usage.prompt_tokens`` (or the returned prompt ids' count); None when the server
