@@ -1219,9 +1219,27 @@ def _evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, 
     return g
 
 
+def distribution_items(blocks: dict) -> list[tuple[str, list[int]]]:
+    """(request id, output tokens) for the distribution check: each request's output from ONE block only.
+
+    Every block replays the same requests with the same seeds (``Workload.sampling_for``), and the engine's
+    sampling is a pure function of (seed, position) (``dspark.uniforms``), so a request's outputs in different
+    blocks are the same draws (target-only: token for token) or share their prefix. Pooling them would count
+    each draw up to n_blocks times, and the KS test, which assumes independent PITs, would then reject an exact
+    sampler far more often than alpha. Request i (in sorted id order) takes the i-th of its blocks, cyclically,
+    so every block contributes and the pooled PITs stay independent."""
+    order = sorted(blocks)
+    rids = sorted({rid for b in order for rid in blocks[b]})
+    items = []
+    for i, rid in enumerate(rids):
+        have = [b for b in order if rid in blocks[b]]
+        items.append((rid, blocks[have[i % len(have)]][rid]))
+    return items
+
+
 def _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_ids) -> list[GuardResult]:
-    """Sampled requests: every token of each arm's timed blocks goes through the randomized PIT under
-    the target's own processed distribution, teacher-forced on the arm's prefix in the engine's
+    """Sampled requests: each request's tokens from one of the arm's timed blocks (distribution_items) go
+    through the randomized PIT under the target's own processed distribution, teacher-forced on the arm's prefix in the engine's
     precision (dspark/bench/distribution.py); a KS test per arm once it has ab.distribution_min_tokens.
     A token the engine-precision forward gives probability 0 but the float32 reference does not is a
     rounding flip at the top-k / top-p boundary (left out of the test, counted); one impossible under
@@ -1230,7 +1248,7 @@ def _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_i
     from dspark.sampling import RowSampling, processed_probs
 
     min_tokens, alpha = int(cfg.ab.distribution_min_tokens), float(cfg.ab.distribution_alpha)
-    todo = {arm: [(rid, toks) for block in sorted(outputs[arm]) for rid, toks in outputs[arm][block].items()
+    todo = {arm: [(rid, toks) for rid, toks in distribution_items(outputs[arm])
                   if toks and sampling_by_id.get(rid) is not None and sampling_by_id[rid].temperature > 0]
             for arm in ARMS}
     counts = {arm: sum(len(t) for _, t in items) for arm, items in todo.items()}
