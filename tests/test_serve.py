@@ -437,18 +437,24 @@ def test_a_client_that_disconnects_frees_its_request(models):
     assert engine.blocks.num_free == engine.blocks.num_pages and not engine.scheduler.has_work()
 
 
+def sigterm_during_a_stream(served) -> list:
+    """Stream a 40-token completion, send the server SIGTERM once it runs, check that the server stopped taking
+    requests (503 from then on) and return the stream's chunks, which must still end normally."""
+    client = served.client()
+    with ThreadPoolExecutor(1) as pool:
+        streamed = pool.submit(lambda: list(client.completions.create(
+            model=MODEL, prompt="Dear diary", max_tokens=40, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})))
+        wait_until(lambda: served.metrics()[("vllm:num_requests_running", ())] == 1)
+        served.server.handle_exit(signal.SIGTERM, None)  # what uvicorn does on SIGTERM
+        assert not served.app.state.engine_loop.serving  # new requests get 503 from now on
+        return streamed.result(timeout=30)
+
+
 def test_shutdown_lets_requests_in_flight_finish_then_stops_the_engine_thread(models):
     engine = engine_for(models, step_delay_s=0.01)
     with serving(engine) as served:
-        client = served.client()
-        with ThreadPoolExecutor(1) as pool:
-            streamed = pool.submit(lambda: list(client.completions.create(
-                model=MODEL, prompt="Dear diary", max_tokens=40, temperature=0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})))
-            wait_until(lambda: served.metrics()[("vllm:num_requests_running", ())] == 1)
-            served.server.handle_exit(signal.SIGTERM, None)  # what uvicorn does on SIGTERM
-            assert not served.app.state.engine_loop.serving  # new requests get 503 from now on
-            chunks = streamed.result(timeout=30)
+        chunks = sigterm_during_a_stream(served)
         loop = served.app.state.engine_loop
     assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 40
     final = loop.last_snapshot  # taken as the engine thread stopped

@@ -44,7 +44,7 @@ from dspark.serving.engine_process import HELD_STEPS, MERGED_STEPS, MESSAGES, En
 from runners import serve  # noqa: E402
 from runners.common import TINY_MODELS_ENV  # noqa: E402
 from runners.schema import to_server_config  # noqa: E402
-from test_serve import MODEL, compose_serve, engine_is_idle, serving, wait_until  # noqa: E402
+from test_serve import MODEL, compose_serve, engine_is_idle, serving, sigterm_during_a_stream, wait_until  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = ["The rain in Spain", "Once upon a time", "def fib(n):", "Roses are red,"]
@@ -363,15 +363,8 @@ def test_stopping_the_server_drains_then_stops_the_engine_process(cfg, caplog):
         process = EngineProcess(TinyEngine(cfg, step_delay_s=0.01))
     assert f"engine in its own process, pid {process.pid}" in caplog.text
     with serving(process) as served:
-        client = served.client()
-        with ThreadPoolExecutor(1) as pool:
-            streamed = pool.submit(lambda: list(client.completions.create(
-                model=MODEL, prompt="Dear diary", max_tokens=40, temperature=0, stream=True,
-                stream_options={"include_usage": True}, extra_body={"ignore_eos": True})))
-            wait_until(lambda: served.metrics()[("vllm:num_requests_running", ())] == 1)
-            served.server.handle_exit(signal.SIGTERM, None)  # what uvicorn does on SIGTERM
-            assert not process.serving
-            chunks = streamed.result(timeout=30)
+        chunks = sigterm_during_a_stream(served)
+        assert served.app.state.engine_loop is process
     assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 40
     final = process.last_snapshot  # the child's last, sent as it stopped
     assert final.num_live_requests == 0 and final.kv_pages_free == final.kv_pages_total
