@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from profile_graph_step import DRAFTER, SMOLLM2  # noqa: E402
-from profile_sched_stages import census, config  # noqa: E402
+from profile_sched_stages import census, config, print_top  # noqa: E402
 
 from dspark.bench.cuda_timing import graph_us  # noqa: E402
 from dspark.config import SamplingParams  # noqa: E402
@@ -65,8 +65,7 @@ def main() -> None:
                    "kernels": c["kernels"], "kernel_ms": round(c["kernel_ms"], 3), "top": c["top"]}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "top"}), flush=True)
-            for t in c["top"]:
-                print(f"   {t['us']:9.1f} us  x{t['calls']:<4d} {t['kernel']}", flush=True)
+            print_top(c)
         gd.kernels = shipped
         del eng
         torch.cuda.empty_cache()

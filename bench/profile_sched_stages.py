@@ -67,6 +67,12 @@ def census(fn, top: int = 8, width: int = 60) -> dict:
             "top": [{"kernel": k, "calls": calls[k], "us": round(v, 1)} for k, v in by_name.most_common(top)]}
 
 
+def print_top(result: dict) -> None:
+    """A census's top kernels, one per line: device us, calls, name."""
+    for t in result["top"]:
+        print(f"    {t['us']:9.1f} us x{t['calls']:<4} {t['kernel']}", flush=True)
+
+
 def run(batch: int, verify: str, target, drafter, table: str | None, top: int = 8, prompt: int = 256) -> dict:
     eng = Engine(target, None, config(batch, verify, table, max(1200, prompt + 1100)), drafter)
     g = torch.Generator().manual_seed(batch)
@@ -149,8 +155,7 @@ def main() -> None:
             for k in ("census_step", "census_draft", "census_verify"):
                 if k in r:
                     print(f"  {k}: {r[k]['kernels']} kernels, {r[k]['kernel_ms']:.2f} ms; top:", flush=True)
-                    for t in r[k]["top"]:
-                        print(f"    {t['us']:9.1f} us x{t['calls']:<4} {t['kernel']}", flush=True)
+                    print_top(r[k])
     (out_dir / "profile_sched_stages.json").write_text(json.dumps({"rows": rows, "torch": torch.__version__,
                                                                    "device": torch.cuda.get_device_name() if CUDA else "cpu"}, indent=2))
 

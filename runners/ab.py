@@ -1239,8 +1239,8 @@ def distribution_items(blocks: dict) -> list[tuple[str, list[int]]]:
 
 def _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_ids) -> list[GuardResult]:
     """Sampled requests: each request's tokens from one of the arm's timed blocks (distribution_items) go
-    through the randomized PIT under the target's own processed distribution, teacher-forced on the arm's prefix in the engine's
-    precision (dspark/bench/distribution.py); a KS test per arm once it has ab.distribution_min_tokens.
+    through the randomized PIT under the target's own processed distribution, teacher-forced on the arm's
+    prefix in the engine's precision (dspark/bench/distribution.py); a KS test per arm once it has ab.distribution_min_tokens.
     A token the engine-precision forward gives probability 0 but the float32 reference does not is a
     rounding flip at the top-k / top-p boundary (left out of the test, counted); one impossible under
     both fails the arm."""

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from runners.common import TINY_MODELS_ENV, build_engine, tiny_models, tiny_models_requested
 from runners.hydra_main import runner_main
@@ -103,10 +103,10 @@ def prepared(engine, cfg: DictConfig):
 
 
 def for_child(cfg: DictConfig) -> DictConfig:
-    """A copy of ``cfg`` that another process can read: the values that need Hydra's runtime (paths) resolved here."""
+    """A copy of ``cfg`` that another process can read: every interpolation resolved here, where Hydra's runtime
+    (``${hydra:...}``: the paths group, and any value a user interpolated from it) is set."""
     child = copy.deepcopy(cfg)
-    if cfg.find_cost_table:
-        child.paths.cost_tables = str(cfg.paths.cost_tables)
+    OmegaConf.resolve(child)
     return child
 
 

@@ -16,6 +16,7 @@ with the HTTP side.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import logging
@@ -124,7 +125,7 @@ class EngineUnavailable(RuntimeError):
     """The engine takes no new requests: the server is shutting down, or the engine failed."""
 
 
-class BaseEngineLoop:
+class BaseEngineLoop(abc.ABC):
     """What the app needs of an engine loop, thread or process. Called on the event loop unless said
     otherwise: ``start`` (at the app's startup), ``submit``, ``abort``, ``next_event``, ``snapshot``,
     ``begin_drain`` (also from a signal handler), ``stop`` (blocking: from a worker thread). ``tokenizer``,
@@ -143,32 +144,34 @@ class BaseEngineLoop:
     where: str  # where the engine runs, for the log ("in a thread of this process", "in its own process, pid N")
 
     @property
+    @abc.abstractmethod
     def running(self) -> bool:
-        raise NotImplementedError
+        """The loop (thread or process) is alive."""
 
     @property
     def serving(self) -> bool:
         """Taking new requests (not draining, not stopped, not failed)."""
         return self.accepting and self.running and self.failure is None
 
+    @abc.abstractmethod
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        raise NotImplementedError
+        """Start the loop; events go to ``loop``."""
 
+    @abc.abstractmethod
     def submit(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> RequestHandle:
         """Queue a request (call on the event loop); its first event says whether the engine took it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def abort(self, handle: RequestHandle) -> None:
         """Stop a request (its client went away); a finished one is left alone."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def snapshot(self) -> EngineSnapshot | None:
         """The counters now (between two steps); after the loop stopped, the last ones it took."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def stop(self, timeout_s: float | None = None) -> None:
         """Abort what is still in the engine, take a last snapshot and end the loop (blocks until it ends)."""
-        raise NotImplementedError
 
     def _refuse_if_not_serving(self) -> None:
         if not self.serving:
@@ -182,6 +185,17 @@ class BaseEngineLoop:
             except asyncio.TimeoutError:
                 if not self.running and handle.events.empty():
                     return Failed(self.failure or "the server stopped before the request finished")
+
+    async def _snapshot_reply(self, answer: asyncio.Future, forget: Callable[[], Any]) -> EngineSnapshot | None:
+        """``answer`` (a snapshot asked of the loop) once it comes; the last snapshot taken when the loop ends
+        without answering (``forget()`` then drops the question)."""
+        while True:
+            done, _ = await asyncio.wait({answer}, timeout=LIVENESS_CHECK_S)
+            if done:
+                return answer.result()
+            if not self.running:
+                forget()
+                return self.last_snapshot
 
     def begin_drain(self) -> None:
         """Refuse new requests from now on; the ones in the engine keep running."""
@@ -240,13 +254,7 @@ class EngineLoop(BaseEngineLoop):
         reply: concurrent.futures.Future = concurrent.futures.Future()
         self._commands.put(_Snapshot(reply))
         answer = asyncio.wrap_future(reply)
-        while True:
-            done, _ = await asyncio.wait({answer}, timeout=LIVENESS_CHECK_S)
-            if done:
-                return answer.result()
-            if not self.running:  # it ended before reading the command
-                answer.cancel()
-                return self.last_snapshot
+        return await self._snapshot_reply(answer, answer.cancel)  # (ended before reading the command: cancelled)
 
     def stop(self, timeout_s: float | None = None) -> None:
         self.accepting = False

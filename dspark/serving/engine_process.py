@@ -57,7 +57,7 @@ from typing import Any, Callable
 
 from dspark.config import ConfigError, SamplingParams
 from dspark.request import RequestOutput
-from dspark.serving.engine_loop import (LIVENESS_CHECK_S, Admitted, BaseEngineLoop, EngineDriver, EngineSnapshot,
+from dspark.serving.engine_loop import (Admitted, BaseEngineLoop, EngineDriver, EngineSnapshot,
                                         Finished, Failed, NewTokens, RequestHandle, engine_failure)
 
 log = logging.getLogger(__name__)
@@ -178,13 +178,7 @@ class EngineProcess(BaseEngineLoop):
         answer = self._loop.create_future()
         self._snapshots[token] = answer
         self._send((_SNAPSHOT, token))
-        while True:
-            done, _ = await asyncio.wait({answer}, timeout=LIVENESS_CHECK_S)
-            if done:
-                return answer.result()
-            if not self.running:  # it ended before answering
-                self._snapshots.pop(token, None)
-                return self.last_snapshot
+        return await self._snapshot_reply(answer, lambda: self._snapshots.pop(token, None))
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Abort what is still in the engine, take the last snapshot and end the child (blocks until it ended, or
@@ -298,17 +292,18 @@ class EngineProcess(BaseEngineLoop):
 
     # ---- the child process -------------------------------------------------------------------
     def _wait_until_ready(self) -> dict:
+        def ended_early() -> EngineStartError:
+            self._process.join(EXIT_WAIT_S)
+            return EngineStartError(f"the engine process {describe_exit(self._process.exitcode)} before its engine "
+                                    f"was ready (its log above says why)")
+
         while not self._events.poll(PARENT_CHECK_S):
             if not self._process.is_alive() and not self._events.poll(0):
-                self._process.join(EXIT_WAIT_S)
-                raise EngineStartError(f"the engine process {describe_exit(self._process.exitcode)} before its "
-                                       f"engine was ready (its log above says why)")
+                raise ended_early()
         try:
             kind, body = pickle.loads(self._events.recv_bytes())
         except EOFError:
-            self._process.join(EXIT_WAIT_S)
-            raise EngineStartError(f"the engine process {describe_exit(self._process.exitcode)} before its engine "
-                                   f"was ready (its log above says why)") from None
+            raise ended_early() from None
         if kind == _START_FAILED:
             error, text = body
             if error is not None:
