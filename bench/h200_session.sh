@@ -35,9 +35,9 @@ else
   STEPS=${STEPS:-4500}; BATCH=${BATCH:-32}; EVAL_PROMPTS=${EVAL_PROMPTS:-16}; EVAL_TOK=192; DATA_SEQS=256
   GPUS=${GPUS:-$(nvidia-smi -L | wc -l)}; HOLDOUT=${HOLDOUT:-0.015}
   T_DATA=${T_DATA:-120}; T_TRAIN=${T_TRAIN:-240}; T_EVAL=${T_EVAL:-170}; T_CAL=90
-  SOURCES="[agentic,poetry,arena_hard,stdlib_prose,hard_questions]"
+  SOURCES="[agentic,poetry,arena_hard,stdlib_prose,hard_questions,tool_calls,chat_followups]"
 fi
-SAMPLES=${SAMPLES:-"{agentic: 4, stdlib_prose: 4, arena_hard: 8, hard_questions: 3}"}
+SAMPLES=${SAMPLES:-"{agentic: 4, stdlib_prose: 4, arena_hard: 8, hard_questions: 3, chat_followups: 2}"}
 PHASES=${PHASES:-"data train finish"}
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 gpu() { if [[ "$DEV" == cuda ]]; then echo $(( $1 % GPUS )); else echo ""; fi; }

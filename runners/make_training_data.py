@@ -28,7 +28,7 @@ train-split prompt over. Its held-out calibration data comes from the eval split
 training-only sources (``CALIBRATION_EVAL_SOURCES``: no benchmark workload and no
 ``eval_drafter`` run draws from them), which the train/eval hash keeps out of its training:
 
-    python -m runners.make_training_data split=eval sources=[hard_questions,stdlib_prose] seed=4 \
+    python -m runners.make_training_data split=eval sources=[hard_questions,stdlib_prose,tool_calls,chat_followups] seed=4 \
         num_prompts_per_source=200 max_tokens=256 output=training_data/calib.safetensors
 """
 
@@ -52,11 +52,13 @@ from runners.hydra_main import runner_main
 from runners.schema import EngineSchema, ModelSchema, to_engine_config
 from workloads.registry import build_workload, make_spec
 
-DEFAULT_SOURCES = ["agentic", "poetry", "arena_hard", "stdlib_prose", "hard_questions"]
+DEFAULT_SOURCES = ["agentic", "poetry", "arena_hard", "stdlib_prose", "hard_questions", "tool_calls",
+                   "chat_followups"]
 # Sources that are drafter-training material only: no benchmark workload (conf/workload/) and no
 # eval_drafter run uses them, so their EVAL split is held-out calibration material for a drafter
-# trained on the whole train split.
-CALIBRATION_EVAL_SOURCES = ["hard_questions", "stdlib_prose"]
+# trained on the whole train split. tool_calls and chat_followups put no prompt that shares a user
+# turn with an agentic prompt, or text with a stdlib_prose prompt, in their eval split (see their modules).
+CALIBRATION_EVAL_SOURCES = ["hard_questions", "stdlib_prose", "tool_calls", "chat_followups"]
 
 
 @dataclass
@@ -73,12 +75,12 @@ class MakeTrainingDataSchema:
     # the engine that answers the prompts, target only (engine.spec is set to off here)
     engine: EngineSchema = field(default_factory=EngineSchema)
     # the workloads whose prompts are answered, by name (workloads.registry: agentic, poetry, arena_hard,
-    # stdlib_prose, hard_questions, ...)
+    # stdlib_prose, hard_questions, tool_calls, chat_followups, ...)
     sources: List[str] = field(default_factory=lambda: list(DEFAULT_SOURCES))
     # the first this many prompts of each source, in its seeded order, after exclude_prompts; null: all of them
     num_prompts_per_source: Optional[int] = 200
     # train | eval: the split of the workloads the prompts come from (a hash of the prompt id); eval: e.g.
-    # held-out calibration data from the training-only sources (stdlib_prose, hard_questions)
+    # held-out calibration data from the training-only sources (CALIBRATION_EVAL_SOURCES)
     split: str = "train"
     max_tokens: int = 512  # response tokens per prompt at most
     sampling: DataSamplingSchema = field(default_factory=DataSamplingSchema)

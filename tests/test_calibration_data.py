@@ -78,7 +78,15 @@ def test_shipped_drafter_calibrates_on_eval_split_of_training_only_sources(shipp
     assert mtd.collect_prompts(SOURCES, "train", None, 1, exclude=trained) == []
     items = mtd.collect_prompts(mtd.CALIBRATION_EVAL_SOURCES, "eval", None, 4, exclude=trained)
     ids = {pid for _, pid, _ in items}
-    assert len(ids) > 600 and not ids & trained and all(split_of(pid) == "eval" for pid in ids)
+    assert len(ids) > 600 and not ids & trained
+    # each in its source's eval split (a hash of the id; tool_calls and chat_followups hash an item key, see
+    # their modules)
+    for name in mtd.CALIBRATION_EVAL_SOURCES:
+        workload = build_workload(make_spec(name, split="eval", num_prompts=None))
+        held_out = {p.id for p in workload.available("eval")}
+        assert {pid for src, pid, _ in items if src == name} <= held_out
+        if name in ("hard_questions", "stdlib_prose"):
+            assert all(split_of(pid) == "eval" for pid in held_out)
     # training-only: no benchmark workload config and no eval_drafter default names them
     benchmark = {p.stem for p in (ROOT / "conf" / "workload").glob("*.yaml")}
     from omegaconf import OmegaConf
@@ -88,7 +96,8 @@ def test_shipped_drafter_calibrates_on_eval_split_of_training_only_sources(shipp
     assert not set(mtd.CALIBRATION_EVAL_SOURCES) & (benchmark | evaluated)
     _assert_never_evaluated(ids, ["agentic", "poetry", "arena_hard"])
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="make_training_data", overrides=["exclude_prompts=[builtin:dspark-smollm2]"])
+        cfg = compose(config_name="make_training_data", overrides=["exclude_prompts=[builtin:dspark-smollm2]",
+                                                                   f"sources=[{','.join(SOURCES)}]"])  # its sources
     with pytest.raises(ConfigError, match="split=eval sources=.*hard_questions"):
         mtd.run(cfg, target=object(), tokenizer=object())
 

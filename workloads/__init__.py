@@ -4,8 +4,8 @@
 whose ``prompts()`` are drawn deterministically from the seed, within the
 ``"eval"``/``"train"``/``"all"`` split fixed by a hash of each prompt id. Sources:
 ``agentic`` (bfcl-eval function calling + HumanEval), ``poetry``, ``arena_hard``,
-``custom`` (a JSONL file), ``mixed_chat`` (agentic + arena_hard + poetry, greedy) and
-``stdlib_prose`` (training only).
+``custom`` (a JSONL file), ``mixed_chat`` (agentic + arena_hard + poetry, greedy) and the
+training-only ``stdlib_prose``, ``hard_questions``, ``tool_calls`` and ``chat_followups``.
 """
 
 from .base import Prompt, Workload, WorkloadError, WorkloadSpec, split_of

@@ -12,16 +12,19 @@ from typing import Any
 from .agentic import AgenticWorkload
 from .arena_hard import ArenaHardWorkload
 from .base import Workload, WorkloadError, WorkloadSpec
+from .chat_followups import ChatFollowupsWorkload
 from .custom import CustomWorkload
 from .hard_questions import HardQuestionsWorkload
 from .mixed_chat import MixedChatWorkload
 from .poetry import PoetryWorkload
 from .stdlib_prose import StdlibProseWorkload
+from .tool_calls import ToolCallsWorkload
 
 WORKLOADS: dict[str, type[Workload]] = {
     cls.NAME: cls
     for cls in (AgenticWorkload, PoetryWorkload, ArenaHardWorkload, CustomWorkload, StdlibProseWorkload,
-                HardQuestionsWorkload, MixedChatWorkload)
+                HardQuestionsWorkload, MixedChatWorkload, ToolCallsWorkload,
+                ChatFollowupsWorkload)
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -47,6 +50,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # Drafter-training material only: arena-hard-style questions built combinatorially.
     "hard_questions": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                        "max_tokens": 512, "split": "train", "path": None, "greedy_replica_count": 0, "repeat": 1},
+    # Drafter-training material only: the bfcl-eval categories and tool-call formats agentic does not use.
+    "tool_calls": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                   "max_tokens": 256, "split": "train", "path": None, "greedy_replica_count": 0, "repeat": 1},
+    # Drafter-training material only: question, existing answer, follow-up request (path: optional answers JSONL).
+    "chat_followups": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                       "max_tokens": 256, "split": "train", "path": None, "greedy_replica_count": 0, "repeat": 1},
 }
 
 
