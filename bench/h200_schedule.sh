@@ -13,7 +13,8 @@
 #   safeguards: ab=target_vs_scheduled (target-only vs DSpark ragged + service price + depth down to zero) at
 #               SAFE_CONCS (default "1 16 128 256")
 #   served:     ab=in_process_vs_served (the engine in process vs behind a launched runners.serve, both verify-all)
-#               at SERVED_CONCS (default "256"); needs fastapi, uvicorn, prometheus_client and httpx (SERVE_WHEELS:
+#               at SERVED_CONCS (default "256"); needs fastapi, uvicorn (with uvloop and httptools), prometheus_client,
+#               httpx and aiohttp (SERVE_WHEELS:
 #               a folder of wheels installed from when one is missing, default .gpu/serve-wheels)
 # TAG: a suffix for the run folders; B_EXTRA: more overrides for the ragged part (e.g. "+ab.arms.B.engine.min_verify_len=0");
 # AB_EXTRA: overrides for every run (e.g. "ab.profile.batch_sizes=[1,2,4,8,16,32,64,128,256]": one cost table for
@@ -24,9 +25,10 @@ PARTS=" ${PARTS:-ragged} "; has() { [[ "$PARTS" == *" $1 "* ]]; }
 OUT=${OUT:?set OUT}; WORK=${WORK:-/tmp/dspark-schedule}
 source "$(dirname "$0")/stage_model.sh" "${1:?stage dir}"
 NB=${N_BLOCKS:-8}
-if has served && ! python3 -c "import fastapi, uvicorn, prometheus_client, httpx" 2>/dev/null; then
+if has served && ! python3 -c "import fastapi, uvicorn, uvloop, httptools, prometheus_client, httpx, aiohttp" 2>/dev/null; then
   stamp "install the serving stack from ${SERVE_WHEELS:=.gpu/serve-wheels}"  # resolved against what is installed
-  python3 -m pip install -q --no-index --find-links "$SERVE_WHEELS" fastapi uvicorn prometheus_client httpx 2>&1 | grep -v WARNING
+  python3 -m pip install -q --no-index --find-links "$SERVE_WHEELS" fastapi uvicorn uvloop httptools prometheus_client \
+    httpx aiohttp 2>&1 | grep -v WARNING
 fi
 run() {  # run PART WORKLOAD CONCURRENCY TIMEOUT [overrides...]
   local part=$1 w=$2 c=$3 t=$4; shift 4

@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 # The server's stack and its clients come with the test extra (pip install -e ".[test]"); a machine without them
@@ -34,6 +35,8 @@ from dspark.config import ConfigError, SamplingParams
 from dspark.engine import Engine
 from dspark.serving.app import create_app
 from dspark.serving.config import ServerConfig
+from dspark.serving.protocol import (ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChoice, CompletionResponse,
+                                     ContentChunks)
 from dspark.serving.server import bind_socket, build_server
 from dspark.serving.text_stream import StreamedText, held_back
 from runners.schema import to_server_config
@@ -272,6 +275,59 @@ def test_streamed_text_only_appends_and_ends_with_the_final_text():
     deltas = [stream.add([0, 1]), stream.add([2]), stream.add([3]), stream.add([5])]
     assert deltas == ["ab", "", "", "cdf"]  # "c", "cd" held back until "f" rules the stop string out
     assert stream.finish("abcdfg") == "g"
+
+
+def _full_and_streamed(tokenizer, ids, cuts):
+    stream = StreamedText(tokenizer, stops=())
+    pieces, last = [], 0
+    for cut in list(cuts) + [len(ids)]:
+        pieces.append(stream.add(ids[last:cut]))
+        last = cut
+    return tokenizer.decode(ids), stream.text(), "".join(pieces)
+
+
+def test_streamed_text_decodes_incrementally_what_a_whole_decode_gives():
+    """SmolLM2's byte-level tokenizer on random ids (multi-byte characters split across tokens included), added in
+    random chunks: the incremental text is the whole output's decoding at every length, and the sent deltas are a
+    prefix of it. A tokenizer whose decoding of a slice is not part of the whole's (it strips a leading space) is
+    decoded whole."""
+    from dspark.models import gguf_convert as gc
+    from dspark.models.loading import smollm2_gguf_path
+    from dspark.models.tokenizer import Tokenizer
+
+    try:
+        meta = gc.read_metadata(gc.open_gguf(smollm2_gguf_path()))
+    except FileNotFoundError as exc:
+        pytest.skip(f"SmolLM2's tokenizer is not available: {exc}")
+    smol = Tokenizer(gc.build_tokenizer(meta))
+    rng = np.random.default_rng(0)
+    text = "Grüße, naïve café — 東京タワー 🎉 def f(x):\n    return x ** 2  # ok"
+    sample = smol.encode(text)
+    for trial in range(40):
+        ids = [int(i) for i in rng.integers(3, 49152, 200)] if trial % 2 else sample * 8
+        cuts = sorted(set(int(c) for c in rng.integers(1, len(ids), 30)))
+        whole, incremental, sent = _full_and_streamed(smol, ids, cuts)
+        assert incremental == whole and whole.startswith(sent) and len(whole) - len(sent) <= 1
+
+    class Stripping:
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(" " + chr(97 + i % 26) for i in ids).lstrip()
+
+    whole, incremental, sent = _full_and_streamed(Stripping(), list(range(60)), [5, 17, 40])
+    assert incremental == whole == sent
+
+
+@pytest.mark.parametrize("chat", [True, False])
+@pytest.mark.parametrize("text,ids", [("", None), ('a "quoted"\n\tline \\ é 東 🎉', None), ("x", [1, 2, 3]), ("", [])])
+def test_content_chunks_serialize_as_the_chunk_models_do(chat, text, ids):
+    fast = ContentChunks(chat=chat, id="chatcmpl-1", created=7, model="m").render(text, ids)
+    if chat:
+        model = ChatCompletionChunk(id="chatcmpl-1", created=7, model="m",
+                                    choices=[ChatChunkChoice(delta=ChatDelta(content=text), token_ids=ids)])
+    else:
+        model = CompletionResponse(id="chatcmpl-1", created=7, model="m",
+                                   choices=[CompletionChoice(text=text, token_ids=ids)])
+    assert json.loads(fast) == json.loads(model.model_dump_json())
 
 
 # ---- metrics -----------------------------------------------------------------------------------

@@ -24,7 +24,6 @@ from typing import AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dspark.config import ConfigError
@@ -36,7 +35,8 @@ from dspark.serving.engine_loop import (Admitted, BaseEngineLoop, EngineLoop, En
 from dspark.serving.metrics import CONTENT_TYPE, ServerMetrics
 from dspark.serving.protocol import (Acceptance, ApiError, AssistantMessage, ChatChoice, ChatChunkChoice,
                                      ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatDelta,
-                                     CompletionChoice, CompletionRequest, CompletionResponse, GenerationRequest,
+                                     CompletionChoice, CompletionRequest, CompletionResponse, ContentChunks,
+                                     GenerationRequest,
                                      ModelCard, ModelList, Usage, error_from_validation, unavailable)
 from dspark.serving.text_stream import StreamedText
 
@@ -228,7 +228,8 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body)
         body.refuse_unsupported()
-        prompt_ids = await run_in_threadpool(prompts.chat_prompt_ids, tokenizer, body)
+        # On the event loop: the tokenizer holds the GIL, so a worker thread bought no parallelism, only a handoff.
+        prompt_ids = prompts.chat_prompt_ids(tokenizer, body)
         params = prompts.sampling_params(body, len(prompt_ids), max_model_len, "messages", default_max_tokens=None)
         handle = await admit(prompt_ids, params, bool(body.stream))
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -242,6 +243,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
                 usage=usage_of(output), acceptance=acceptance_of(output, block_size),
                 prompt_token_ids=list(prompt_ids) if with_ids else None)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        content = ContentChunks(chat=True, id=rid, created=created, model=model_name)
 
         def chunk(delta: ChatDelta, finish_reason=None, token_ids=None, **extra) -> str:
             return sse(ChatCompletionChunk(id=rid, created=created, model=model_name, choices=[
@@ -258,14 +260,14 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
                     step_ids = ids if with_ids else None
                     if output is not None:
                         if delta or (with_ids and ids):
-                            yield chunk(ChatDelta(content=delta), token_ids=step_ids)
+                            yield sse(content.render(delta, step_ids))
                         yield chunk(ChatDelta(), finish_reason=output.finish_reason,
                                     token_ids=[] if with_ids else None, acceptance=acceptance_of(output, block_size))
                         if include_usage:
                             yield sse(ChatCompletionChunk(id=rid, created=created, model=model_name, choices=[],
                                                           usage=usage_of(output)))
                     elif delta or with_ids:
-                        yield chunk(ChatDelta(content=delta), token_ids=step_ids)
+                        yield sse(content.render(delta, step_ids))
             yield sse("[DONE]")
 
         return streaming(chunks)
@@ -274,7 +276,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request):
         check_model(body)
         body.refuse_unsupported()
-        prompt_ids = await run_in_threadpool(prompts.completion_prompt_ids, tokenizer, body)
+        prompt_ids = prompts.completion_prompt_ids(tokenizer, body)
         params = prompts.sampling_params(body, len(prompt_ids), max_model_len, "prompt",
                                          default_max_tokens=prompts.COMPLETIONS_DEFAULT_MAX_TOKENS)
         handle = await admit(prompt_ids, params, bool(body.stream))
@@ -288,6 +290,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
                                       usage=usage_of(output), acceptance=acceptance_of(output, block_size),
                                       prompt_token_ids=list(prompt_ids) if with_ids else None)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        content = ContentChunks(chat=False, id=rid, created=created, model=model_name)
 
         def chunk(text: str, finish_reason=None, token_ids=None, **extra) -> str:
             return sse(CompletionResponse(id=rid, created=created, model=model_name, choices=[
@@ -308,8 +311,10 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
                         if include_usage:
                             yield sse(CompletionResponse(id=rid, created=created, model=model_name, choices=[],
                                                          usage=usage_of(output)))
-                    elif delta or with_ids:
+                    elif extra:
                         yield chunk(delta, token_ids=ids if with_ids else None, **extra)
+                    elif delta or with_ids:
+                        yield sse(content.render(delta, ids if with_ids else None))
             yield sse("[DONE]")
 
         return streaming(chunks)

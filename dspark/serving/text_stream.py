@@ -5,6 +5,14 @@ before the stop string. A streamed chunk cannot be taken back, so the text sent 
 runs holds back its longest suffix that could still become the start of a stop string, and a
 trailing replacement character (a multi-byte character whose remaining bytes are in the next
 token). Everything sent is then a prefix of the final text.
+
+Decoding is incremental: re-decoding a request's whole output for every chunk made detokenization the largest
+single cost of the server's event loop. The text of the first ``base`` tokens is kept once it is settled (it
+does not end inside a character), and a new chunk decodes only the tokens from a few before ``base``
+(``CONTEXT_TOKENS``, so that a tokenizer's context-dependent spacing sees what precedes them) to the end,
+taking what follows the decoding of the context tokens alone. Where that decoding does not start with the
+context's (a tokenizer whose decoding of a sequence is not the concatenation of its parts), the whole output
+is decoded, as before.
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ from __future__ import annotations
 from typing import Sequence
 
 INCOMPLETE_CHARACTER = "\ufffd"
+CONTEXT_TOKENS = 4  # tokens before the settled prefix decoded with the new ones
+SETTLE_EVERY = 16  # tokens past the settled prefix before it moves up
 
 
 def held_back(text: str, stops: Sequence[str]) -> int:
@@ -34,12 +44,25 @@ class StreamedText:
         self._decode = tokenizer.decode
         self._stops = tuple(stops)
         self._ids: list[int] = []
+        self._base = 0  # tokens whose text is settled
+        self._base_text = ""  # their text
         self.sent = ""
+
+    def text(self) -> str:
+        """The decoding of every token added so far (incrementally; see the module docstring)."""
+        ids, base = self._ids, self._base
+        start = max(0, base - CONTEXT_TOKENS)
+        head = self._decode(ids[start:base]) if start < base else ""
+        tail = self._decode(ids[start:])
+        text = self._base_text + tail[len(head):] if tail.startswith(head) else self._decode(ids)
+        if len(ids) - base >= SETTLE_EVERY and not text.endswith(INCOMPLETE_CHARACTER):
+            self._base, self._base_text = len(ids), text
+        return text
 
     def add(self, token_ids: Sequence[int]) -> str:
         """The text newly safe to send after these tokens ("" when none is)."""
         self._ids.extend(token_ids)
-        text = self._decode(self._ids)
+        text = self.text()
         for stop in self._stops:  # a live request never holds a whole stop string; never send past one
             at = text.find(stop)
             if at >= 0:

@@ -14,6 +14,12 @@ the stream (``finish_s``); the output text, the token ids when the server return
 acceptance of a server that reports it (this project's ``acceptance``) and llama.cpp's ``timings``. A request
 that fails (an HTTP error status, an error event in the stream, a stream that ends before its finish reason, a
 timeout, a broken connection) is a result with ``error`` set; it never stops the block.
+
+The client is aiohttp: one session per block, its connections kept alive and reused (each stream is read to its
+end, past ``[DONE]``, so that its connection goes back to the pool). A load generator must not be the bottleneck
+it measures: at concurrency 256 against a server streaming tens of thousands of tokens per second, an httpx
+client spent about three times aiohttp's CPU per chunk and opened a new connection for every request
+(``bench/http_stack_ceiling.py`` measures both).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-import httpx
+import aiohttp
 import numpy as np
 
 from dspark.bench.http.endpoint import HttpEndpoint
@@ -133,16 +139,16 @@ def _error_message(status: int, raw: bytes) -> str:
     return f"HTTP {status}: {message or raw[:300].decode(errors='replace')}"
 
 
-async def send(client: httpx.AsyncClient, endpoint: HttpEndpoint, model: str, req: HttpRequest,
+async def send(session: aiohttp.ClientSession, endpoint: HttpEndpoint, model: str, req: HttpRequest,
                scheduled_s: float) -> HttpResult:
     """Send ``req`` now, streamed, and read its whole response."""
     body = request_body(endpoint, model, req)
     result = HttpResult(req.request_id, scheduled_s, time.perf_counter())
     try:
-        await asyncio.wait_for(_stream(client, endpoint, body, result), endpoint.request_timeout_s)
+        await asyncio.wait_for(_stream(session, endpoint, body, result), endpoint.request_timeout_s)
     except asyncio.TimeoutError:
         result.error = f"no complete response within {endpoint.request_timeout_s:g} s (request_timeout_s)"
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientError as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     if result.error is None and result.finish_reason is None:
         result.error = "the stream ended before the response finished (no finish_reason)"
@@ -155,23 +161,24 @@ async def send(client: httpx.AsyncClient, endpoint: HttpEndpoint, model: str, re
     return result
 
 
-async def _stream(client: httpx.AsyncClient, endpoint: HttpEndpoint, body: dict, result: HttpResult) -> None:
+async def _stream(session: aiohttp.ClientSession, endpoint: HttpEndpoint, body: dict, result: HttpResult) -> None:
     chat = endpoint.api == "chat"
-    async with client.stream("POST", endpoint.request_url, json=body) as response:
-        if response.status_code != 200:
-            result.error = _error_message(response.status_code, await response.aread())
+    async with session.post(endpoint.request_url, json=body) as response:
+        if response.status != 200:
+            result.error = _error_message(response.status, await response.read())
             return
         text: list[str] = []
         ids: list[int] = []
-        ids_seen = False
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
+        ids_seen = done = False
+        async for raw in response.content:  # one line per iteration
+            if done or not raw.startswith(b"data:"):
+                continue  # (after [DONE]: read on to the end, so that the connection is reused)
             now = time.perf_counter()
-            data = line[len("data:"):].strip()
-            if data == "[DONE]":
+            data = raw[len(b"data:"):].strip()
+            if data == b"[DONE]":
                 result.finish_s = now
-                break
+                done = True
+                continue
             try:
                 event = json.loads(data)
             except ValueError:
@@ -223,8 +230,9 @@ async def run_load_async(endpoint: HttpEndpoint, model: str, requests: Sequence[
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     offsets = arrival_offsets(len(requests), mode, rate, seed)
     gate = asyncio.Semaphore(int(concurrency) if mode == "closed" else max(1, len(requests)))
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(endpoint.request_timeout_s), limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=0)  # no cap of the client's own: the gate (or the arrivals) decide
+    # The timeout is per request (send's wait_for); the session's own would also cut a block's total.
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         t0 = time.perf_counter()
         scheduled = [t0 + float(o) for o in offsets]
 
@@ -233,7 +241,7 @@ async def run_load_async(endpoint: HttpEndpoint, model: str, requests: Sequence[
             if delay > 0:
                 await asyncio.sleep(delay)
             async with gate:
-                result = await send(client, endpoint, model, requests[i], scheduled[i])
+                result = await send(session, endpoint, model, requests[i], scheduled[i])
             if on_finished is not None:
                 on_finished(1)
             return result
