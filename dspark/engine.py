@@ -621,7 +621,7 @@ class Engine:
             self.draft_free.update(bucket, draft_free=free, tokens=tokens, step_ms=step_ms)
         if self.service_cost is not None and decision is not None:
             self.service_cost.update(step_ms=step_ms, table_ms=decision.predicted_ms, host_ms=host_ms,
-                                     waited_ms=waited_ms, trimmed=decision.trimmed)
+                                     waited_ms=waited_ms)
             self.planner.service = self.service_cost.current()
 
     def _prefill(self, chunks, overlap: bool = False) -> None:

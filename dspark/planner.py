@@ -285,16 +285,14 @@ def _global_ragged_walk(rows: Any, table: CostTable, bs: int, config: "PlannerCo
     m_full = R * (config.block + 1)
     # Every prefix but the whole block is a trimmed step: it pays the table's trim overhead.
     price = (service or ServiceCost.none()).price
-    value0 = tau0 / price(float(table.step_ms(m0, bs, extrapolate=config.extrapolate_cost, trimmed=m0 < m_full)),
-                          trimmed=m0 < m_full)
+    value0 = tau0 / price(float(table.step_ms(m0, bs, extrapolate=config.extrapolate_cost, trimmed=m0 < m_full)))
     a = a_walk[counted]
     if a.size == 0:
         return value0, 0, tuple([min_len] * R)
     tau = np.cumsum(np.concatenate(([tau0], a)))[1:]  # running sum from tau0, as the walk adds
     m = m0 + np.arange(1, a.size + 1)
-    trimmed = m < m_full
     values = tau / price(table.step_ms_many(m, bs, extrapolate=config.extrapolate_cost)
-                         + np.where(trimmed, table.trim_overhead(bs), 0.0), trimmed=trimmed)
+                         + np.where(m < m_full, table.trim_overhead(bs), 0.0))
     top = max(value0, float(values.max()))
     hits = np.nonzero(values >= top)[0]
     if hits.size == 0:
@@ -347,7 +345,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         return table.step_ms(int(w.sum()) + R, bs, extrapolate=config.extrapolate_cost, trimmed=bool((w < G).any()))
 
     def cost(windows: Sequence[int]) -> float:
-        return price(table_cost(windows), trimmed=any(w < G for w in windows))
+        return price(table_cost(windows))
 
     def tau(prefix: np.ndarray, windows: Sequence[int]) -> float:
         return _tau(prefix, np.asarray(windows, dtype=np.int64))
@@ -411,7 +409,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         m_now = R * (min_len + 1)
         m_full = R * (G + 1)
         best_value = tau_now / price(table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost,
-                                                   trimmed=m_now < m_full), trimmed=m_now < m_full)
+                                                   trimmed=m_now < m_full))
         best_n, n = 0, 0
         best_windows = tuple(windows_now)
         for r, g in _walk_order(rows):
@@ -425,7 +423,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
             tau_now += a
             m_now += 1
             value = tau_now / price(table.step_ms(m_now, bs, extrapolate=config.extrapolate_cost,
-                                                  trimmed=m_now < m_full), trimmed=m_now < m_full)
+                                                  trimmed=m_now < m_full))
             if value <= best_value:
                 break
             best_value, best_n, best_windows = value, n, tuple(windows_now)

@@ -111,49 +111,6 @@ def test_planner_values_options_at_the_service_price():
     assert not shallow.trimmed and shallow.reason == "declined_below_min_gain"
 
 
-def test_a_trimmed_step_pays_its_own_service_term():
-    cost = ServiceCost(floor_ms=1.0, extra_ms=0.5, trim_extra_ms=1.5)
-    assert cost.price(3.0) == 3.5 and cost.price(3.0, trimmed=True) == 5.0 and cost.active
-    assert np.array_equal(cost.price(np.array([3.0, 3.0, 0.1]), trimmed=np.array([False, True, False])),
-                          np.array([3.5, 5.0, 1.0]))
-    assert ServiceCost(trim_extra_ms=-9.0).price(3.0, trimmed=True) == pytest.approx(1e-3)
-
-
-def test_estimate_reads_the_trimmed_steps_excess_over_the_whole_block_line():
-    """Whole-block steps run 1 ms above the table and trimmed ones 2.5 ms above it (two graphs, each slower in
-    service than in the profile): the line is the whole-block steps' (T + 1) and a trimmed step pays 1.5 ms
-    more. Until min_steps trimmed steps were seen the term is 0; an engine that only trims reads its line from
-    its trimmed steps, with no separate term."""
-    est = ServiceCostEstimate(window=32, min_steps=4)
-    for _ in range(8):
-        est.update(step_ms=4.5, table_ms=3.5, host_ms=1.0, waited_ms=1.0)
-    for _ in range(3):
-        est.update(step_ms=5.0, table_ms=2.5, host_ms=1.0, waited_ms=1.0, trimmed=True)
-    assert est.current() == ServiceCost(floor_ms=1.0, extra_ms=1.0)
-    est.update(step_ms=5.0, table_ms=2.5, host_ms=1.0, waited_ms=1.0, trimmed=True)
-    cost = est.current()
-    assert cost == ServiceCost(floor_ms=1.0, extra_ms=1.0, trim_extra_ms=1.5)
-    s = est.summary()
-    assert s["service_cost/trim_extra_ms"] == 1.5 and s["service_cost/trimmed_steps"] == 4
-    assert s["service_cost/extra_steps"] == 12
-    only_trims = ServiceCostEstimate(window=32, min_steps=4)
-    for _ in range(4):
-        only_trims.update(step_ms=5.0, table_ms=2.5, host_ms=1.0, waited_ms=1.0, trimmed=True)
-    assert only_trims.current() == ServiceCost(floor_ms=1.0, extra_ms=2.5)
-
-
-def test_planner_declines_a_trim_whose_service_step_costs_the_whole_block():
-    """STAIRS trims to 3 drafts at the table's price (2.5 against 3.5 ms). A trimmed step that costs 0.5 ms more
-    in service than the table says, when the whole block does not, saves less than the acceptance it cuts; one
-    that costs 0.5 ms less gains more than the table alone predicts."""
-    assert plan(cfg()).trimmed
-    dear = plan(cfg(), service=ServiceCost(trim_extra_ms=0.5))
-    assert not dear.trimmed and dear.reason == "declined_below_min_gain"
-    assert not plan(cfg(mode="uniform"), service=ServiceCost(trim_extra_ms=0.5)).trimmed
-    cheap = plan(cfg(), service=ServiceCost(trim_extra_ms=-0.5))
-    assert cheap.trimmed and cheap.predicted_gain > plan(cfg()).predicted_gain
-
-
 def test_engine_learns_the_service_price_from_its_steps(tmp_path):
     """With engine.service_cost the engine counts every committed decode step in the estimate and plans with
     it; outputs are the verify-all engine's (greedy, fp32)."""
@@ -168,7 +125,6 @@ def test_engine_learns_the_service_price_from_its_steps(tmp_path):
     assert [o.token_ids for o in eng.generate(prompts, params)] == expected
     c = eng.counters()
     assert c["service_cost/extra_steps"] == c["decode_steps"] > 8
-    assert c["service_cost/trimmed_steps"] == c["trimmed_steps"] > 0  # each step counted as the kind it ran
     assert eng.planner.service == eng.service_cost.current()
     plain = make_engine(target, drafter, table, spec="dspark", verify="ragged")
     plain.generate(prompts, params)
