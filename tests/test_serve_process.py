@@ -339,6 +339,42 @@ def test_the_child_sends_nothing_without_a_credit_merges_per_request_and_answers
     assert all(final.counters[k] == c[k] for k in (MESSAGES, MERGED_STEPS, HELD_STEPS))
 
 
+def test_an_admission_goes_without_a_credit(cfg):
+    """A request added while the child waits for a credit is answered at once (its handler awaits the Admitted
+    before answering its client), with the events held so far; that message counts as in flight like any other."""
+    engine = TinyEngine(cfg, step_delay_s=0.005)()
+    child_commands, commands = multiprocessing.Pipe(duplex=False)
+    events, child_events = multiprocessing.Pipe(duplex=False)
+    exit_code = []
+    child = threading.Thread(target=lambda: exit_code.append(engine_process._serve(
+        engine, child_commands, child_events, os.getppid(), messages_in_flight=1)), daemon=True)
+    child.start()
+
+    def send(*batch):
+        commands.send_bytes(pickle.dumps(list(batch)))
+
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    prompt = engine.tokenizer.encode("Once upon a time")
+    send(("add", 1, prompt, params, True))
+    assert events.poll(5.0)
+    kind, first, _, _ = pickle.loads(events.recv_bytes())
+    assert kind == "step" and first[0] == (1, Admitted())
+    time.sleep(0.05)  # steps held for want of a credit
+    assert not events.poll(0)
+    send(("add", 2, prompt, params, True))  # still no credit
+    assert events.poll(1.0), "the admission waited for a credit"
+    kind, second, _, _ = pickle.loads(events.recv_bytes())
+    assert (2, Admitted()) in second and any(rid == 1 and isinstance(e, NewTokens) for rid, e in second)
+    assert not events.poll(0.1)  # two messages in flight now, at most one allowed: nothing more without credits
+    send(("credit",), ("credit",), ("stop",))
+    while True:
+        assert events.poll(5.0)
+        if pickle.loads(events.recv_bytes())[0] == "stopped":
+            break
+    child.join(10)
+    assert exit_code == [0]
+
+
 def test_messages_in_flight_must_be_a_positive_integer(cfg):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigError, match="messages_in_flight"):

@@ -26,7 +26,9 @@ delivered the batch and run the handlers it woke (a ``credit`` command, travelli
 Meanwhile the child keeps stepping and merges each step's events into its outbox, per request (one request's
 ``NewTokens`` concatenated; its other events kept in order, ``Finished`` after its tokens): a server whose event
 loop falls behind gets fewer, larger messages instead of one per step, and the loop's time goes to admitting new
-requests rather than to waking every handler once per step. Snapshot replies go at once, credit or not. An idle
+requests rather than to waking every handler once per step. Two kinds of message go without a credit (and count
+as in flight until acknowledged): snapshot replies, and the message of an iteration that added requests (their
+``Admitted`` or ``Refused``, which each request's handler awaits before it answers, with everything held). An idle
 child whose outbox waits for a credit sleeps on its command pipe, where the credit arrives. The counters
 ``engine_process/messages`` (messages with events), ``engine_process/merged_steps`` (steps whose events they
 carried) and ``engine_process/held_steps`` (steps that ended with their events held for want of a credit) join
@@ -438,6 +440,7 @@ def _serve(engine, commands, events, parent_pid: int, messages_in_flight: int = 
         batch = _receive(commands, parent_pid, wait=not driver.has_work())
         outbox: list = []
         replies: list = []
+        admitted = False  # requests added (or refused) in this iteration: their answer goes without a credit
         try:
             stop = False
             for command in batch:
@@ -447,6 +450,7 @@ def _serve(engine, commands, events, parent_pid: int, messages_in_flight: int = 
                 elif kind == _ADD:
                     _, rid, prompt_ids, params, stream = command
                     driver.add(rid, prompt_ids, params, stream, outbox)
+                    admitted = True
                 elif kind == _ABORT:
                     driver.abort(command[1], outbox)
                 elif kind == _SNAPSHOT:
@@ -470,7 +474,9 @@ def _serve(engine, commands, events, parent_pid: int, messages_in_flight: int = 
             _send(events, (_FAILED, held.take(counters), replies, message))
             return 1
         held.merge(outbox)
-        if replies or (held and in_flight < messages_in_flight):  # snapshot replies never wait for a credit
+        # Snapshot replies and admissions never wait for a credit: a request's handler awaits its Admitted before
+        # it answers, so holding one would add a whole message cycle to its time to first token.
+        if replies or admitted or (held and in_flight < messages_in_flight):
             _send(events, (_STEP, held.take(counters), replies, None))
             in_flight += 1
         elif outbox:
