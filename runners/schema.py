@@ -205,6 +205,9 @@ class ServeSchema:
     # true: the engine is built and run in a process of its own, which never shares a GIL with the HTTP side (the
     # serving stack's Python work no longer slows the engine's steps); false: in a thread of the server's process
     engine_process: bool = True
+    # requests' prompts rendered and tokenized in this many worker processes, off the event loop that streams every
+    # response (dspark/serving/prompt_workers.py); 0: on the event loop
+    prompt_workers: int = 2
     # engine.verify != full without engine.cost_table: look this node's cost table up under paths.cost_tables, profiling
     # it first (with the profile settings) when there is none, as runners.ab does for its arms; false: no table
     find_cost_table: bool = False
@@ -448,7 +451,7 @@ def to_server_config(cfg: Any) -> ServerConfig:
     """The serve config's server settings (ServerConfig checks them)."""
     return ServerConfig(host=cfg.host, port=cfg.port, served_model_name=cfg.served_model_name or cfg.model.name,
                         log_level=cfg.log_level, graceful_shutdown_s=cfg.graceful_shutdown_s,
-                        engine_process=cfg.engine_process)
+                        engine_process=cfg.engine_process, prompt_workers=cfg.prompt_workers)
 
 
 def to_drafter_config(d: Any) -> DrafterConfig:

@@ -33,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dspark.config import ConfigError, SamplingParams
 from dspark.engine import Engine
+from dspark.models.tokenizer import TokenizerError
 from dspark.serving.app import create_app
 from dspark.serving.config import ServerConfig
 from dspark.serving.protocol import (ChatChunkChoice, ChatCompletionChunk, ChatDelta, CompletionChoice, CompletionResponse,
@@ -328,6 +329,42 @@ def test_content_chunks_serialize_as_the_chunk_models_do(chat, text, ids):
         model = CompletionResponse(id="chatcmpl-1", created=7, model="m",
                                    choices=[CompletionChoice(text=text, token_ids=ids)])
     assert json.loads(fast) == json.loads(model.model_dump_json())
+
+
+class RefusingTokenizer(PrintableTokenizer):
+    """Refuses any chat with a system message, as a template's raise_exception does."""
+
+    def encode_chat(self, messages, add_generation_prompt: bool = True) -> list[int]:
+        if any(m["role"] == "system" for m in messages):
+            raise TokenizerError("System role not supported")
+        return super().encode_chat(messages, add_generation_prompt)
+
+
+def test_prompts_rendered_in_worker_processes_are_the_event_loops(models):
+    """prompt_workers=1: chat and text prompts rendered and tokenized in a worker process give the same answers
+    as on the event loop, and a template's refusal is the same 400."""
+    asked = [dict(model=MODEL, max_tokens=12, temperature=0, messages=[{"role": "user", "content": p}])
+             for p in PROMPTS[:3]]
+    answers = {}
+    for workers in (0, 1):
+        engine = engine_for(models)
+        engine.tokenizer = RefusingTokenizer()
+        with serving(engine, prompt_workers=workers) as served:
+            client = served.client()
+            chats = [client.chat.completions.create(**kw).choices[0].message.content for kw in asked]
+            texts = [client.completions.create(model=MODEL, prompt=p, max_tokens=8, temperature=0).choices[0].text
+                     for p in PROMPTS[:2]]
+            with pytest.raises(openai.BadRequestError, match="chat template refused them: System role"):
+                client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+                    {"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
+        answers[workers] = chats, texts
+    assert answers[0] == answers[1] and all(answers[1][0])
+
+
+def test_prompt_workers_must_be_a_count():
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="prompt_workers"):
+            ServerConfig(prompt_workers=bad)
 
 
 # ---- metrics -----------------------------------------------------------------------------------

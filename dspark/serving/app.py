@@ -38,6 +38,7 @@ from dspark.serving.protocol import (Acceptance, ApiError, AssistantMessage, Cha
                                      CompletionChoice, CompletionRequest, CompletionResponse, ContentChunks,
                                      GenerationRequest,
                                      ModelCard, ModelList, Usage, error_from_validation, unavailable)
+from dspark.serving.prompt_workers import PromptWorkers
 from dspark.serving.text_stream import StreamedText
 
 log = logging.getLogger(__name__)
@@ -91,9 +92,11 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     metrics = ServerMetrics(model_name)
     engine_loop.on_finish = metrics.record_finished
     started = int(time.time())
+    prompt_workers = PromptWorkers(tokenizer, config.prompt_workers)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        await prompt_workers.start()
         engine_loop.start(asyncio.get_running_loop())
         log.info("serving %s, the engine %s (max_model_len %d, max_num_seqs %d, spec %s)", model_name,
                  engine_loop.where, max_model_len, engine_cfg.max_num_seqs, engine_cfg.spec)
@@ -101,6 +104,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
             yield
         finally:
             await asyncio.to_thread(engine_loop.stop, config.graceful_shutdown_s + 30.0)
+            prompt_workers.close()
             final = engine_loop.last_snapshot
             if final is not None:
                 log.info("engine counters at shutdown: %s", json.dumps(
@@ -228,8 +232,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body)
         body.refuse_unsupported()
-        # On the event loop: the tokenizer holds the GIL, so a worker thread bought no parallelism, only a handoff.
-        prompt_ids = prompts.chat_prompt_ids(tokenizer, body)
+        prompt_ids = await prompts.chat_prompt_ids(prompt_workers, body)
         params = prompts.sampling_params(body, len(prompt_ids), max_model_len, "messages", default_max_tokens=None)
         handle = await admit(prompt_ids, params, bool(body.stream))
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -276,7 +279,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     async def completions(body: CompletionRequest, request: Request):
         check_model(body)
         body.refuse_unsupported()
-        prompt_ids = prompts.completion_prompt_ids(tokenizer, body)
+        prompt_ids = await prompts.completion_prompt_ids(prompt_workers, body)
         params = prompts.sampling_params(body, len(prompt_ids), max_model_len, "prompt",
                                          default_max_tokens=prompts.COMPLETIONS_DEFAULT_MAX_TOKENS)
         handle = await admit(prompt_ids, params, bool(body.stream))

@@ -22,6 +22,9 @@ class ServerConfig:
     # shares a GIL with the HTTP side; False: in a thread of the server's process (engine_loop.EngineLoop).
     # create_app serves whichever it is given.
     engine_process: bool = True
+    # Render and tokenize requests' prompts in this many worker processes (dspark.serving.prompt_workers), off the
+    # event loop that streams every response; 0: on the event loop.
+    prompt_workers: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -37,3 +40,6 @@ class ServerConfig:
         if not isinstance(self.engine_process, bool):
             raise ConfigError(f"engine_process: must be true (the engine in a process of its own) or false (in a "
                               f"thread of the server's process), got {self.engine_process!r}")
+        if isinstance(self.prompt_workers, bool) or not isinstance(self.prompt_workers, int) or self.prompt_workers < 0:
+            raise ConfigError(f"prompt_workers: must be an integer >= 0 (0: on the event loop), got "
+                              f"{self.prompt_workers!r}")

@@ -1,33 +1,31 @@
 """A validated API request -> the engine's prompt token ids and SamplingParams.
 
 Prompts are tokenized the way ``Engine.add_request`` tokenizes them (``tokenizer.encode`` for text,
-``tokenizer.encode_chat`` for messages), so a request through the server and the same prompt through
+``tokenizer.encode_chat`` for messages; on the event loop or in worker processes, ``prompt_workers``), so a request through the server and the same prompt through
 ``Engine.generate`` decode the same tokens. Lengths are checked as OpenAI checks them: a prompt that
 leaves no room in the context, or ``max_tokens`` beyond it, is a 400 ``context_length_exceeded``.
 """
 
 from __future__ import annotations
 
-from jinja2 import TemplateError
-
 from dspark.config import ConfigError, SamplingParams
-from dspark.models.tokenizer import TokenizerError
+from dspark.serving.prompt_workers import PromptRefused, PromptWorkers
 from dspark.serving.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest, invalid
 
 # OpenAI's default max_tokens for /v1/completions; chat completions may fill the context.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
-def chat_prompt_ids(tokenizer, request: ChatCompletionRequest) -> list[int]:
+async def chat_prompt_ids(workers: PromptWorkers, request: ChatCompletionRequest) -> list[int]:
     try:
-        return tokenizer.encode_chat([m.for_template() for m in request.messages])
-    except (TokenizerError, TemplateError) as e:  # a template's raise_exception("...") included
+        return await workers.chat_ids([m.for_template() for m in request.messages])
+    except PromptRefused as e:  # a template's raise_exception("...") included
         raise invalid(f"messages: the chat template refused them: {e}", param="messages") from None
 
 
-def completion_prompt_ids(tokenizer, request: CompletionRequest) -> list[int]:
+async def completion_prompt_ids(workers: PromptWorkers, request: CompletionRequest) -> list[int]:
     prompt = request.single_prompt()
-    return tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    return await workers.text_ids(prompt) if isinstance(prompt, str) else list(prompt)
 
 
 def sampling_params(request: GenerationRequest, prompt_len: int, max_model_len: int, prompt_param: str,
