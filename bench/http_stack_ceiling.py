@@ -60,14 +60,16 @@ from dspark.bench.http.endpoint import HttpEndpoint  # noqa: E402
 from dspark.bench.http.load import HttpRequest, LoadResult, run_load  # noqa: E402
 
 DEFAULTS = dict(requests=1000, concurrency=256, max_tokens=256, warmup=128, tokens_per_step=3, step_ms=1.0,
-                max_batch=256, block_size=7, engine="process", http="httptools", loop="uvloop", profile="none",
+                max_batch=256, block_size=7, engine="process", http="httptools", loop="uvloop", prompt_workers=0,
+                profile="none",
                 profile_dir="/tmp/httpprof", rate_hz=100, variants="uvloop,h11,thread")
 PRESETS = {
     "uvloop": {"engine": "process", "http": "httptools", "loop": "uvloop"},
     "h11": {"engine": "process", "http": "h11", "loop": "asyncio"},
     "thread": {"engine": "thread", "http": "httptools", "loop": "uvloop"},
 }
-SERVER_KEYS = ("tokens_per_step", "step_ms", "max_batch", "block_size", "engine", "http", "loop", "max_tokens")
+SERVER_KEYS = ("tokens_per_step", "step_ms", "max_batch", "block_size", "engine", "http", "loop", "max_tokens",
+               "prompt_workers")
 MODEL = "dspark"
 
 
@@ -244,7 +246,8 @@ def serve_main(settings: dict) -> None:
     factory = FakeEngineFactory(settings["tokens_per_step"], settings["step_ms"], settings["max_batch"],
                                 settings["block_size"])
     config = ServerConfig(host="127.0.0.1", port=0, served_model_name=MODEL, log_level="warning",
-                          graceful_shutdown_s=5.0, engine_process=settings["engine"] == "process")
+                          graceful_shutdown_s=5.0, engine_process=settings["engine"] == "process",
+                          prompt_workers=int(settings["prompt_workers"]))
     sock = bind_socket(config)
     engine = EngineProcess(factory) if config.engine_process else factory()
     app = create_app(engine, config)

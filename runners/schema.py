@@ -207,7 +207,7 @@ class ServeSchema:
     engine_process: bool = True
     # requests' prompts rendered and tokenized in this many worker processes, off the event loop that streams every
     # response (dspark/serving/prompt_workers.py); 0: on the event loop
-    prompt_workers: int = 2
+    prompt_workers: int = 0
     # engine.verify != full without engine.cost_table: look this node's cost table up under paths.cost_tables, profiling
     # it first (with the profile settings) when there is none, as runners.ab does for its arms; false: no table
     find_cost_table: bool = False
