@@ -10,17 +10,34 @@ acceptance (accepted at i / drafts that reached i, per request, averaged over re
 At temperature 0 the same prompts also run target-only and the token ids must be
 identical; mismatches are listed. Writes ``eval.json`` and ``eval.md`` (a model-card
 table) into ``output_dir`` (default: CHECKPOINT/eval).
+
+Intervals: each row's mean accept length and p1 acceptance get a ``ci_level`` (95%) bootstrap
+interval over PROMPTS (``scipy.stats.bootstrap``, ``n_resamples`` resamples seeded by ``seed``):
+a resample draws prompts with replacement, each keeping all its decode steps, and the statistic is
+the row's own (the mean over prompts of each prompt's value). BCa where it is defined; where BCa's
+bounds are undefined (a degenerate bootstrap distribution) the percentile interval, and the row's
+``method`` and ``note`` say so; every prompt equal gives a zero-width interval; fewer than 2 prompts
+give none (null, with the reason). ``eval.json`` keeps every prompt's values under
+``per_prompt`` (keyed by prompt id), so two reports can be compared later, paired by prompt:
+
+    python -m runners.eval_drafter 'compare=[runs/dflash/eval/eval.json,runs/dspark/eval/eval.json]'
+
+prints, per (workload, temperature) row both reports hold, B's mean accept length relative to A's
+on their shared prompts, (mean B / mean A - 1) in %, with a paired prompt bootstrap interval (the
+same prompt indices drawn for both); with ``output_dir`` it also writes compare.json and compare.md.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import warnings
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
+import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
@@ -54,6 +71,11 @@ class EvalDrafterSchema:
     # bf16/fp16 only: a greedy mismatch whose first differing token had a top-2 logit margin
     # below this (in the target-only forward) is a near-tie flip, reported but not a failure.
     near_tie_margin: float = 0.05
+    n_resamples: int = 2000  # bootstrap resamples of the prompts behind each interval (seeded by seed)
+    ci_level: float = 0.95  # confidence level of the prompt-bootstrap intervals
+    # two eval.json files (or the folders holding them), [A,B]: evaluate nothing; compare B's accept length
+    # with A's per (workload, T) on their shared prompts, with a paired prompt-bootstrap interval
+    compare: Optional[List[str]] = None
 
 
 ConfigStore.instance().store(name="eval_drafter_schema", node=EvalDrafterSchema)
@@ -64,13 +86,115 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def acceptance_metrics(outputs: Sequence[Any], block_size: int) -> dict[str, Any]:
-    """Request-averaged acceptance length and per-position acceptance of engine outputs."""
-    ok = [o for o in outputs if o.error is None and o.accept_lengths]
+def _ok(o: Any) -> bool:
+    return o.error is None and bool(o.accept_lengths)
+
+
+def per_prompt_values(outputs: Sequence[Any], ids: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+    """``{prompt id: its acceptance values}`` of engine outputs: what a row's intervals and a later paired
+    comparison are computed from (``ids`` default to each output's user id, else its index)."""
+    if ids is None:
+        ids = [str(o.user_id) if getattr(o, "user_id", None) is not None else str(i) for i, o in enumerate(outputs)]
+    if len(ids) != len(outputs):
+        raise ValueError(f"{len(ids)} prompt ids for {len(outputs)} outputs")
+    if len(set(map(str, ids))) != len(ids):
+        raise ValueError(f"prompt ids must be unique to pair prompts, got {list(ids)}")
+    out = {}
+    for pid, o in zip(ids, outputs):
+        ok = _ok(o)
+        out[str(pid)] = {
+            "mean_accept_length": float(o.mean_accept_length) if ok else None,
+            "decode_steps": int(o.num_steps) if ok else 0,
+            "output_tokens": len(o.token_ids) if ok else 0,
+            "pos_accepted": [int(v) for v in o.pos_accepted] if ok else [],
+            "pos_reached": [int(v) for v in o.pos_reached] if ok else [],
+            "error": o.error if o.error is not None else (None if ok else "no decode steps"),
+        }
+    return out
+
+
+def _p1(entry: Mapping[str, Any]) -> float | None:
+    reached = entry.get("pos_reached") or []
+    return entry["pos_accepted"][0] / reached[0] if reached and reached[0] > 0 else None
+
+
+def _mean_last(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(x, axis=axis)
+
+
+def _relative_change(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(b, axis=axis) / np.mean(a, axis=axis) - 1.0
+
+
+def bootstrap_interval(samples: Sequence[Sequence[float]], statistic: Callable[..., np.ndarray], *,
+                       paired: bool = False, n_resamples: int = 2000, ci_level: float = 0.95,
+                       seed: int = 0) -> dict[str, Any]:
+    """A prompt-bootstrap interval of ``statistic`` (vectorized, ``axis=-1``) of ``samples`` (one sequence,
+    or several of equal length with ``paired``: the same prompt indices are drawn for all).
+
+    Returns ``{low, high, level, method, n_prompts, n_resamples, seed, note}``. ``method`` is "bca";
+    "percentile" where BCa's bounds are undefined (``note`` says so); "zero-width" when every prompt gave
+    the same value(s); None with null bounds for fewer than 2 prompts."""
+    from scipy import stats as sps
+
+    data = [np.asarray(x, dtype=float) for x in samples]
+    n = data[0].size
+    if any(x.ndim != 1 or x.size != n for x in data):
+        raise ValueError(f"bootstrap samples must be 1-D of one length, got {[x.shape for x in data]}")
+    if not all(np.all(np.isfinite(x)) for x in data):
+        raise ValueError("bootstrap samples hold non-finite values")
+    if not 0 < ci_level < 1 or n_resamples < 100:
+        raise ValueError(f"need 0 < ci_level < 1 and n_resamples >= 100, got {ci_level}, {n_resamples}")
+    info = {"low": None, "high": None, "level": float(ci_level), "method": None, "n_prompts": int(n),
+            "n_resamples": int(n_resamples), "seed": int(seed), "note": None}
+    if n < 2:
+        info["note"] = f"{n} prompt(s): a prompt bootstrap needs at least 2, so no interval"
+        return info
+    if all(np.ptp(x) == 0 for x in data):
+        theta = float(statistic(*data, axis=-1))
+        info.update(low=theta, high=theta, method="zero-width", note="every prompt gave the same value: no spread")
+        return info
+
+    def run(method: str):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # scipy warns about degenerate BCa; undefined bounds are handled below
+            ci = sps.bootstrap(tuple(data), statistic, n_resamples=int(n_resamples), method=method, paired=paired,
+                               vectorized=True, axis=-1, confidence_level=float(ci_level),
+                               rng=np.random.default_rng(int(seed))).confidence_interval
+        return float(ci.low), float(ci.high)
+
+    low, high = run("BCa")
+    if np.isfinite(low) and np.isfinite(high):
+        info.update(low=low, high=high, method="bca")
+    else:
+        low, high = run("percentile")
+        info.update(low=low, high=high, method="percentile",
+                    note="BCa bounds undefined (degenerate bootstrap distribution): percentile interval instead")
+    return info
+
+
+def row_intervals(per_prompt: Mapping[str, Mapping[str, Any]], *, n_resamples: int = 2000, ci_level: float = 0.95,
+                  seed: int = 0) -> dict[str, Any]:
+    """The prompt-bootstrap intervals of a row from its ``per_prompt`` values: ``mean_accept_length_ci``
+    (mean over prompts of each prompt's mean accept length, as ``mean_accept_length``) and
+    ``p1_acceptance_ci`` (as ``per_position_acceptance[0]``)."""
+    kw = dict(statistic=_mean_last, n_resamples=n_resamples, ci_level=ci_level, seed=seed)
+    lengths = [e["mean_accept_length"] for e in per_prompt.values() if e.get("mean_accept_length") is not None]
+    p1 = [v for v in (_p1(e) for e in per_prompt.values() if e.get("mean_accept_length") is not None) if v is not None]
+    return {"mean_accept_length_ci": bootstrap_interval([lengths], **kw),
+            "p1_acceptance_ci": bootstrap_interval([p1], **kw)}
+
+
+def acceptance_metrics(outputs: Sequence[Any], block_size: int, ids: Sequence[str] | None = None, *,
+                       n_resamples: int = 2000, ci_level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+    """Request-averaged acceptance length and per-position acceptance of engine outputs, the prompt-bootstrap
+    intervals of the first and of p1 (:func:`row_intervals`), and every prompt's values (``per_prompt``)."""
+    ok = [o for o in outputs if _ok(o)]
     per_position = []
     for i in range(block_size):
         rates = [o.pos_accepted[i] / o.pos_reached[i] for o in ok if o.pos_reached[i] > 0]
         per_position.append(_mean(rates))
+    per_prompt = per_prompt_values(outputs, ids)
     return {
         "requests": len(outputs),
         "errors": sum(o.error is not None for o in outputs),
@@ -78,6 +202,8 @@ def acceptance_metrics(outputs: Sequence[Any], block_size: int) -> dict[str, Any
         "per_position_acceptance": per_position,
         "output_tokens": sum(len(o.token_ids) for o in ok),
         "decode_steps": sum(o.num_steps for o in ok),
+        **row_intervals(per_prompt, n_resamples=n_resamples, ci_level=ci_level, seed=seed),
+        "per_prompt": per_prompt,
     }
 
 
@@ -118,8 +244,9 @@ def top2_margin_fn(target):
 
 def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, Any]]], temperatures: Sequence[float],
              *, max_tokens: int, top_p: float = 1.0, top_k: int = 0, seed: int = 0, progress: bool = False,
-             near_tie_margin: float = 0.0) -> dict[str, Any]:
-    """Run every (workload, temperature); ``prompt_sets`` maps workload -> [(id, prompt)] (messages or ids)."""
+             near_tie_margin: float = 0.0, n_resamples: int = 2000, ci_level: float = 0.95) -> dict[str, Any]:
+    """Run every (workload, temperature); ``prompt_sets`` maps workload -> [(id, prompt)] (messages or ids).
+    ``seed`` also seeds the prompt bootstrap of each row's intervals."""
     block = spec_engine.block_size
     results = []
     for name, items in prompt_sets.items():
@@ -134,7 +261,8 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
             spec_out = spec_engine.generate(prompts, params, progress=progress)
             wall = time.perf_counter() - t0
             row = {"workload": name, "temperature": float(temp), "wall_s": round(wall, 3),
-                   **acceptance_metrics(spec_out, block)}
+                   **acceptance_metrics(spec_out, block, ids, n_resamples=n_resamples, ci_level=ci_level,
+                                        seed=seed)}
             if temp == 0:
                 plain_engine.reset()
                 plain_out = plain_engine.generate(prompts, params, progress=progress)
@@ -145,16 +273,38 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
                 row["greedy_lossless"] = all(m.get("kind") == "near_tie" for m in mism)
             results.append(row)
     lossless = all(r.get("greedy_lossless", True) for r in results)
-    return {"block_size": block, "results": results, "greedy_lossless": lossless}
+    return {"block_size": block, "results": results, "greedy_lossless": lossless,
+            "bootstrap": {"unit": "prompt", "n_resamples": int(n_resamples), "ci_level": float(ci_level),
+                          "seed": int(seed)}}
+
+
+METHOD_NAMES = {"bca": "BCa", "percentile": "percentile (BCa undefined)", "zero-width": "zero-width (no spread)"}
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _with_ci(value: float | None, ci: Mapping[str, Any] | None, digits: int = 3) -> str:
+    if value is None or not ci or ci.get("low") is None:
+        return _fmt(value, digits)
+    return f"{value:.{digits}f} ({ci['low']:.{digits}f} .. {ci['high']:.{digits}f})"
+
+
+def _ci_method(ci: Mapping[str, Any] | None) -> str:
+    if not ci:
+        return "-"
+    if ci.get("method") is None:
+        return f"none ({ci.get('n_prompts', 0)} prompt{'s' * (ci.get('n_prompts') != 1)})"
+    return METHOD_NAMES.get(ci["method"], str(ci["method"]))
 
 
 def markdown_table(report: dict[str, Any]) -> str:
     block = report["block_size"]
-    head = ["workload", "T", "requests", "accept length"] + [f"p{i + 1}" for i in range(block)] + ["greedy = target"]
+    level = report.get("bootstrap", {}).get("ci_level", 0.95)
+    head = (["workload", "T", "requests", f"accept length ({level:.0%} CI)"] + [f"p{i + 1}" for i in range(block)]
+            + ["CI method", "greedy = target"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-
-    def fmt(v: Any, digits: int = 3) -> str:
-        return "-" if v is None else f"{v:.{digits}f}"
 
     for r in report["results"]:
         if "greedy_lossless" in r:
@@ -167,10 +317,123 @@ def markdown_table(report: dict[str, Any]) -> str:
                 greedy = f"NO ({n - ties} divergence{'s' if n - ties > 1 else ''}, {ties} near-ties)"
         else:
             greedy = "n/a"
-        cells = [r["workload"], f"{r['temperature']:g}", str(r["requests"]), fmt(r["mean_accept_length"])]
-        cells += [fmt(v, 2) for v in r["per_position_acceptance"]] + [greedy]
+        pos = r["per_position_acceptance"]
+        cells = [r["workload"], f"{r['temperature']:g}", str(r["requests"]),
+                 _with_ci(r["mean_accept_length"], r.get("mean_accept_length_ci"))]
+        cells += [_with_ci(pos[0], r.get("p1_acceptance_ci"), 2) if pos else "-"]
+        cells += [_fmt(v, 2) for v in pos[1:]] + [_ci_method(r.get("mean_accept_length_ci")), greedy]
         lines.append("| " + " | ".join(cells) + " |")
+    boot = report.get("bootstrap")
+    if boot:
+        lines.append("")
+        lines.append(f"Intervals: {boot['ci_level']:.0%} bootstrap over prompts ({boot['n_resamples']} resamples, "
+                     f"seed {boot['seed']}) of the accept length and of p1.")
     return "\n".join(lines) + "\n"
+
+
+# ---- paired comparison of two reports ------------------------------------------------------------------
+def load_report(path: str | Path) -> dict[str, Any]:
+    """An eval.json (or the folder holding one), with ``path`` added."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "eval.json"
+    report = json.loads(p.read_text())
+    report["path"] = str(p)
+    return report
+
+
+def _row_key(r: Mapping[str, Any]) -> tuple[str, float]:
+    return r["workload"], float(r["temperature"])
+
+
+def compare_rows(row_a: Mapping[str, Any], row_b: Mapping[str, Any], *, n_resamples: int = 2000,
+                 ci_level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+    """B's mean accept length relative to A's on the prompts both rows hold (by id, both without error):
+    ``change_pct`` = 100 (mean B / mean A - 1), with a paired prompt-bootstrap interval ``ci`` (in %)."""
+    for name, row in (("A", row_a), ("B", row_b)):
+        if "per_prompt" not in row:
+            raise ValueError(f"report {name}, {row['workload']} T={row['temperature']:g}: no per_prompt values "
+                             "(written before eval_drafter saved them); run eval_drafter again")
+    pa, pb = row_a["per_prompt"], row_b["per_prompt"]
+    valid = lambda pp: {k for k, e in pp.items() if e.get("mean_accept_length") is not None}  # noqa: E731
+    va, vb = valid(pa), valid(pb)
+    shared = sorted(va & vb)
+    a = np.array([pa[k]["mean_accept_length"] for k in shared], dtype=float)
+    b = np.array([pb[k]["mean_accept_length"] for k in shared], dtype=float)
+    out: dict[str, Any] = {"workload": row_a["workload"], "temperature": float(row_a["temperature"]),
+                           "n_prompts": len(shared), "only_a": sorted(va - vb), "only_b": sorted(vb - va)}
+    if not shared:
+        out.update(a_mean_accept_length=None, b_mean_accept_length=None, change_pct=None,
+                   ci=bootstrap_interval([[]], _mean_last, n_resamples=n_resamples, ci_level=ci_level, seed=seed))
+        return out
+    ci = bootstrap_interval([a, b], _relative_change, paired=True, n_resamples=n_resamples, ci_level=ci_level,
+                            seed=seed)
+    if len(shared) >= 2 and np.array_equal(a, b):  # every resample gives 0; BCa would be undefined
+        ci.update(low=0.0, high=0.0, method="zero-width", note="A and B gave the same value on every prompt")
+    for key in ("low", "high"):
+        ci[key] = None if ci[key] is None else 100.0 * ci[key]
+    ci["unit"] = "%"
+    out.update(a_mean_accept_length=float(a.mean()), b_mean_accept_length=float(b.mean()),
+               change_pct=100.0 * float(_relative_change(a, b)), ci=ci)
+    return out
+
+
+def compare_reports(report_a: Mapping[str, Any], report_b: Mapping[str, Any], *, n_resamples: int = 2000,
+                    ci_level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+    """:func:`compare_rows` for every (workload, temperature) row both reports hold (e.g. A: the DFlash
+    ablation, B: DSpark, evaluated on the same prompts); ``notes`` name rows only one holds and settings
+    that differ between the two runs."""
+    rows_a = {_row_key(r): r for r in report_a["results"]}
+    rows_b = {_row_key(r): r for r in report_b["results"]}
+    notes = [f"{w} T={t:g}: only in {name}" for name, mine, other in (("A", rows_a, rows_b), ("B", rows_b, rows_a))
+             for w, t in mine if (w, t) not in other]
+    for key in ("max_tokens", "engine", "block_size"):
+        if report_a.get(key) != report_b.get(key):
+            notes.append(f"{key} differs: A {report_a.get(key)!r}, B {report_b.get(key)!r}")
+    rows = [compare_rows(rows_a[k], rows_b[k], n_resamples=n_resamples, ci_level=ci_level, seed=seed)
+            for k in rows_a if k in rows_b]
+    for r in rows:
+        if r["only_a"] or r["only_b"]:
+            notes.append(f"{r['workload']} T={r['temperature']:g}: {len(r['only_a'])} prompt(s) only in A, "
+                         f"{len(r['only_b'])} only in B (left out of the pairing)")
+    return {"a": {k: report_a.get(k) for k in ("path", "checkpoint")},
+            "b": {k: report_b.get(k) for k in ("path", "checkpoint")},
+            "statistic": "100 * (mean over shared prompts of B's per-prompt mean accept length / A's - 1)",
+            "bootstrap": {"unit": "prompt (paired)", "n_resamples": int(n_resamples), "ci_level": float(ci_level),
+                          "seed": int(seed)},
+            "rows": rows, "notes": notes}
+
+
+def compare_markdown(comparison: Mapping[str, Any]) -> str:
+    level = comparison["bootstrap"]["ci_level"]
+    head = ["workload", "T", "prompts", "A accept length", "B accept length", f"B vs A ({level:.0%} CI)", "CI method"]
+    lines = [f"A: {comparison['a'].get('path')}", f"B: {comparison['b'].get('path')}", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in comparison["rows"]:
+        ci = r["ci"]
+        change = "-" if r["change_pct"] is None else f"{r['change_pct']:+.2f}%"
+        if ci.get("low") is not None:
+            change += f" ({ci['low']:+.2f} .. {ci['high']:+.2f}%)"
+        lines.append("| " + " | ".join([r["workload"], f"{r['temperature']:g}", str(r["n_prompts"]),
+                                        _fmt(r["a_mean_accept_length"]), _fmt(r["b_mean_accept_length"]), change,
+                                        _ci_method(ci)]) + " |")
+    lines += [""] + [f"- {n}" for n in comparison["notes"]]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def run_compare(cfg: Any) -> dict[str, Any]:
+    """``compare=[A,B]``: compare two eval.json reports; writes compare.json and compare.md to output_dir if set."""
+    paths = list(cfg.compare)
+    if len(paths) != 2:
+        raise ConfigError(f"compare: give two eval.json files (or folders), [A,B], got {paths}")
+    comparison = compare_reports(load_report(paths[0]), load_report(paths[1]), n_resamples=int(cfg.n_resamples),
+                                 ci_level=float(cfg.ci_level), seed=int(cfg.seed))
+    if cfg.output_dir:
+        out_dir = Path(cfg.output_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "compare.json").write_text(json.dumps(comparison, indent=2) + "\n")
+        (out_dir / "compare.md").write_text(compare_markdown(comparison))
+    return comparison
 
 
 def eval_prompts(names: Sequence[str], num_prompts: int, seed: int) -> dict[str, list[tuple[str, Any]]]:
@@ -206,7 +469,8 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
     plain_engine = Engine(target, tokenizer, plain_cfg)
     report = evaluate(spec_engine, plain_engine, prompt_sets, list(cfg.temperatures), max_tokens=int(cfg.max_tokens),
                       top_p=float(cfg.top_p), top_k=int(cfg.top_k), seed=int(cfg.seed), progress=bool(cfg.progress),
-                      near_tie_margin=0.0 if spec_cfg.dtype == "float32" else float(cfg.near_tie_margin))
+                      near_tie_margin=0.0 if spec_cfg.dtype == "float32" else float(cfg.near_tie_margin),
+                      n_resamples=int(cfg.n_resamples), ci_level=float(cfg.ci_level))
     report.update({"checkpoint": str(checkpoint.resolve()), "drafter": drafter.cfg.to_dict(),
                    "engine": {"device": spec_cfg.device, "dtype": spec_cfg.dtype, "verify": spec_cfg.verify},
                    "max_tokens": int(cfg.max_tokens)})
@@ -220,6 +484,9 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
 
 @runner_main("eval_drafter")
 def main(cfg: DictConfig) -> None:
+    if cfg.compare:
+        print(compare_markdown(run_compare(cfg)))
+        return
     report = run(cfg)
     print(markdown_table(report))
     if not report["greedy_lossless"]:
