@@ -286,11 +286,9 @@ def test_a_lagging_server_loses_no_event_and_an_idle_child_flushes_at_once(serve
     assert engine_is_idle(served_process) and time.monotonic() - started < 1.0
 
 
-def test_the_child_sends_nothing_without_a_credit_merges_per_request_and_answers_snapshots(cfg):
-    """The child's loop (engine_process._serve) in a thread of this process, on pipes, one message in flight, the
-    server's side played here: after its first message the child keeps stepping but sends nothing more until a
-    credit comes back, except a snapshot's reply (at once, carrying what it held); idle, it sends what it held
-    as soon as the credit comes: one request's tokens of many steps as one NewTokens, its Finished after them."""
+def child_on_pipes(cfg):
+    """The child's loop (engine_process._serve) over a tiny engine in a thread of this process, on pipes, one message
+    in flight: (engine, send(*commands), the events pipe, the thread, its exit code once it ends)."""
     engine = TinyEngine(cfg, step_delay_s=0.005)()
     child_commands, commands = multiprocessing.Pipe(duplex=False)
     events, child_events = multiprocessing.Pipe(duplex=False)
@@ -301,6 +299,16 @@ def test_the_child_sends_nothing_without_a_credit_merges_per_request_and_answers
 
     def send(*batch):
         commands.send_bytes(pickle.dumps(list(batch)))
+
+    return engine, send, events, child, exit_code
+
+
+def test_the_child_sends_nothing_without_a_credit_merges_per_request_and_answers_snapshots(cfg):
+    """The child's loop (engine_process._serve) in a thread of this process, on pipes, one message in flight, the
+    server's side played here: after its first message the child keeps stepping but sends nothing more until a
+    credit comes back, except a snapshot's reply (at once, carrying what it held); idle, it sends what it held
+    as soon as the credit comes: one request's tokens of many steps as one NewTokens, its Finished after them."""
+    engine, send, events, child, exit_code = child_on_pipes(cfg)
 
     def receive(timeout_s: float = 5.0):
         assert events.poll(timeout_s), "no message from the child"
@@ -342,16 +350,7 @@ def test_the_child_sends_nothing_without_a_credit_merges_per_request_and_answers
 def test_an_admission_goes_without_a_credit(cfg):
     """A request added while the child waits for a credit is answered at once (its handler awaits the Admitted
     before answering its client), with the events held so far; that message counts as in flight like any other."""
-    engine = TinyEngine(cfg, step_delay_s=0.005)()
-    child_commands, commands = multiprocessing.Pipe(duplex=False)
-    events, child_events = multiprocessing.Pipe(duplex=False)
-    exit_code = []
-    child = threading.Thread(target=lambda: exit_code.append(engine_process._serve(
-        engine, child_commands, child_events, os.getppid(), messages_in_flight=1)), daemon=True)
-    child.start()
-
-    def send(*batch):
-        commands.send_bytes(pickle.dumps(list(batch)))
+    engine, send, events, child, exit_code = child_on_pipes(cfg)
 
     params = SamplingParams(max_tokens=200, ignore_eos=True)
     prompt = engine.tokenizer.encode("Once upon a time")

@@ -128,6 +128,29 @@ def _called_name(call: str) -> str:
     return call.split("(", 1)[0].strip()
 
 
+def conversation_messages(turns: list, truth: list[list[str]], schemas: list[dict[str, Any]], where: str,
+                          last: int | None = None, skip_empty: bool = False) -> list[dict[str, str]]:
+    """A multi-turn conversation as chat messages: the system message listing ``schemas``, then its user turns up
+    to turn ``last`` (default: the last), each earlier one answered by its ground-truth calls written as
+    ``[f(a=1), g(b='x')]``; while longer than ``MULTI_TURN_MAX_PROMPT_CHARS`` it drops its oldest exchanges (the
+    last user turn always stays). ``skip_empty``: leave out empty turns."""
+    last = len(turns) - 1 if last is None else last
+    exchanges: list[list[dict[str, str]]] = []
+    for index in range(last + 1):
+        if skip_empty and not turns[index]:
+            continue
+        exchange = _user_turn(turns[index], where)
+        if index < last:
+            calls = truth[index]
+            reply = "[" + ", ".join(calls) + "]" if calls else "No function call is needed for this request."
+            exchange.append({"role": "assistant", "content": reply})
+        exchanges.append(exchange)
+    system = tool_system_message(schemas)
+    while len(exchanges) > 1 and _chars([system] + sum(exchanges, [])) > MULTI_TURN_MAX_PROMPT_CHARS:
+        exchanges.pop(0)
+    return [system] + sum(exchanges, [])
+
+
 class AgenticWorkload(Workload):
     """bfcl-eval function-calling chats (single- and multi-turn) plus HumanEval code stubs."""
 
@@ -184,18 +207,7 @@ class AgenticWorkload(Workload):
                 raise WorkloadError(f"{where}: {answer_path} has no ground truth with one entry per turn for it")
             truth: list[list[str]] = answers[rid]
             schemas = self._multi_turn_tools(bfcl_dir, record, truth, class_docs, where)
-            exchanges: list[list[dict[str, str]]] = []
-            for index, turn in enumerate(turns):
-                exchange = _user_turn(turn, where)
-                if index < len(turns) - 1:
-                    calls = truth[index]
-                    reply = "[" + ", ".join(calls) + "]" if calls else "No function call is needed for this request."
-                    exchange.append({"role": "assistant", "content": reply})
-                exchanges.append(exchange)
-            system = tool_system_message(schemas)
-            while len(exchanges) > 1 and _chars([system] + sum(exchanges, [])) > MULTI_TURN_MAX_PROMPT_CHARS:
-                exchanges.pop(0)
-            messages = [system] + sum(exchanges, [])
+            messages = conversation_messages(turns, truth, schemas, where)
             prompts.append(Prompt(id=f"bfcl/{rid}", messages=messages, prompt=None, max_tokens=None,
                                   source=f"bfcl:{category}"))
         return prompts

@@ -38,12 +38,11 @@ import hashlib
 import importlib
 import inspect
 import warnings
-from typing import Any
 
 from .agentic import CODE_PROMPT_TEMPLATE, AgenticWorkload, package_data_dir
 from .base import Prompt, Workload, WorkloadError, WorkloadSpec, split_of
 from .jsonl import iter_json_lines, read_json_lines
-from .stdlib_prose import STDLIB_MODULES, StdlibProseWorkload, _clip
+from .stdlib_prose import STDLIB_MODULES, StdlibProseWorkload, _clip, public_objects
 
 ID_PREFIX = "chat_followups"
 FOLLOW_UPS: dict[str, str] = {
@@ -86,18 +85,8 @@ def _pick(item: str, options: dict[str, str], count: int) -> list[str]:
 def _documented_objects(module) -> list[tuple[str, str]]:
     """(name, docstring) of the module's own public functions, classes and methods (``Class.method``) with a
     docstring of at least ``MIN_DOC_CHARS`` characters; an object reachable under two names counts once."""
-    candidates: list[tuple[str, Any]] = []
-    for name, obj in sorted(vars(module).items()):
-        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
-            continue
-        if inspect.isfunction(obj):
-            candidates.append((name, obj))
-        elif inspect.isclass(obj):
-            candidates.append((name, obj))
-            candidates.extend((f"{name}.{attr}", member) for attr, member in sorted(vars(obj).items())
-                              if not attr.startswith("_") and inspect.isfunction(member))
     found, seen = [], set()
-    for name, obj in candidates:
+    for name, obj in public_objects(module, classes=True):
         doc = obj.__doc__  # the object's own docstring only (getdoc would inherit one)
         if id(obj) in seen or not isinstance(doc, str) or len(doc.strip()) < MIN_DOC_CHARS:
             continue

@@ -59,6 +59,24 @@ def _clip(text: str, limit: int) -> str:
     return head[:cut].rstrip() if cut > 0 else head
 
 
+def public_objects(module, classes: bool) -> list[tuple[str, object]]:
+    """(name, object) of the module's own public top-level functions (``name``) and public methods of its public
+    classes (``Class.method``), in name order; with ``classes`` the classes themselves too (before their methods).
+    One object may appear under two names (aliases)."""
+    candidates: list[tuple[str, object]] = []
+    for name, obj in sorted(vars(module).items()):
+        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if inspect.isfunction(obj):
+            candidates.append((name, obj))
+        elif inspect.isclass(obj):
+            if classes:
+                candidates.append((name, obj))
+            candidates.extend((f"{name}.{attr}", member) for attr, member in sorted(vars(obj).items())
+                              if not attr.startswith("_") and inspect.isfunction(member))
+    return candidates
+
+
 def _code_objects(module) -> list[tuple[str, str]]:
     """(qualified name, source) of the module's own pure-Python functions and methods.
 
@@ -67,15 +85,7 @@ def _code_objects(module) -> list[tuple[str, str]]:
     Public top-level functions come as ``name``, public methods of public classes as
     ``Class.method``; aliases (one object under two names) count once.
     """
-    candidates: list[tuple[str, object]] = []
-    for name, obj in sorted(vars(module).items()):
-        if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
-            continue
-        if inspect.isfunction(obj):
-            candidates.append((name, obj))
-        elif inspect.isclass(obj):
-            candidates.extend((f"{name}.{attr}", member) for attr, member in sorted(vars(obj).items())
-                              if not attr.startswith("_") and inspect.isfunction(member))
+    candidates = public_objects(module, classes=False)
     found = []
     seen: set[int] = set()
     for name, func in candidates:

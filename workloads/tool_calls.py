@@ -47,8 +47,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .agentic import (BFCL_FILE_TEMPLATE, MULTI_TURN_MAX_PROMPT_CHARS, SINGLE_TURN_CATEGORIES as AGENTIC_SINGLE_TURN,
-                      AgenticWorkload, _chars, _user_turn, package_data_dir, render_tools, tool_system_message)
+from .agentic import (BFCL_FILE_TEMPLATE, SINGLE_TURN_CATEGORIES as AGENTIC_SINGLE_TURN, AgenticWorkload,
+                      _user_turn, conversation_messages, package_data_dir, render_tools, tool_system_message)
 from .base import Prompt, Workload, WorkloadError, WorkloadSpec, split_of
 from .jsonl import read_json_lines
 
@@ -269,20 +269,8 @@ class ToolCallsWorkload(Workload):
                        path=[p for p in record.get("path") or [] if p.split(".")[-1] not in withheld])
             kept_truth = [[c for c in calls if c.split("(", 1)[0].strip() not in withheld] for calls in truth[:last]]
             schemas = helper._multi_turn_tools(bfcl_dir, cut, kept_truth, class_docs, where)
-            exchanges: list[list[dict[str, str]]] = []
-            for index in range(last + 1):
-                if not turns[index]:
-                    continue
-                exchange = _user_turn(turns[index], where)
-                if index < last:
-                    calls = truth[index]
-                    reply = "[" + ", ".join(calls) + "]" if calls else "No function call is needed for this request."
-                    exchange.append({"role": "assistant", "content": reply})
-                exchanges.append(exchange)
-            system = tool_system_message(schemas)
-            while len(exchanges) > 1 and _chars([system] + sum(exchanges, [])) > MULTI_TURN_MAX_PROMPT_CHARS:
-                exchanges.pop(0)
-            out.append((rid, [Prompt(id=f"{ID_PREFIX}/pylist/{rid}", messages=[system] + sum(exchanges, []),
+            messages = conversation_messages(turns, truth, schemas, where, last=last, skip_empty=True)
+            out.append((rid, [Prompt(id=f"{ID_PREFIX}/pylist/{rid}", messages=messages,
                                      prompt=None, max_tokens=None, source=f"tool_calls:{category}")]))
         return out
 
