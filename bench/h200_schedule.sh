@@ -16,6 +16,8 @@
 #               at SERVED_CONCS (default "256"); needs fastapi, uvicorn (with uvloop and httptools), prometheus_client,
 #               httpx and aiohttp (SERVE_WHEELS:
 #               a folder of wheels installed from when one is missing, default .gpu/serve-wheels)
+#   http:       ab=http_full_vs_ragged (verify-all vs ragged, each arm a runners.serve on engine=h200_graphs that the
+#               runner launches and stops) at CONCS; the in-process verdict to compare it with: PARTS=ragged SERVICE_COST=false
 # TAG: a suffix for the run folders; B_EXTRA: more overrides for the ragged part (e.g. "+ab.arms.B.engine.min_verify_len=0");
 # AB_EXTRA: overrides for every run (e.g. "ab.profile.batch_sizes=[1,2,4,8,16,32,64,128,256]": one cost table for
 # every concurrency, profiled once). agentic (304 eval prompts) and arena_hard (57) repeat their prompts to fill a block.
@@ -25,7 +27,7 @@ PARTS=" ${PARTS:-ragged} "; has() { [[ "$PARTS" == *" $1 "* ]]; }
 OUT=${OUT:?set OUT}; WORK=${WORK:-/tmp/dspark-schedule}
 source "$(dirname "$0")/stage_model.sh" "${1:?stage dir}"
 NB=${N_BLOCKS:-8}
-if has served && ! python3 -c "import fastapi, uvicorn, uvloop, httptools, prometheus_client, httpx, aiohttp" 2>/dev/null; then
+if { has served || has http; } && ! python3 -c "import fastapi, uvicorn, uvloop, httptools, prometheus_client, httpx, aiohttp" 2>/dev/null; then
   stamp "install the serving stack from ${SERVE_WHEELS:=.gpu/serve-wheels}"  # resolved against what is installed
   python3 -m pip install -q --no-index --find-links "$SERVE_WHEELS" fastapi uvicorn uvloop httptools prometheus_client \
     httpx aiohttp 2>&1 | grep -v WARNING
@@ -74,6 +76,17 @@ for w in ${WORKLOADS:-mixed_chat agentic}; do
   fi
   if has served; then
     for c in ${SERVED_CONCS:-256}; do run served "$w" "$c" "${T_RUN:-300}" ab=in_process_vs_served; done
+  fi
+  if has http; then
+    for c in ${CONCS:-128 256}; do
+      dir="$WORK/http_${w}_c${c}${TAG:-}/servers"
+      la="['\${python:}',-m,runners.serve,'port=8021','log_level=warning','spec=dspark','engine=h200_graphs',"
+      la+="'engine.verify=full','engine.max_num_seqs=$c','hydra.run.dir=$dir/A']"
+      lb="['\${python:}',-m,runners.serve,'port=8022','log_level=warning','spec=dspark','engine=h200_graphs',"
+      lb+="'engine.verify=ragged','engine.max_num_seqs=$c','find_cost_table=true','paths.cost_tables=$WORK/cost_tables',"
+      lb+="'hydra.run.dir=$dir/B']"
+      run http "$w" "$c" "${T_RUN:-300}" ab=http_full_vs_ragged "ab.arms.A.http.launch=$la" "ab.arms.B.http.launch=$lb"
+    done
   fi
 done
 stamp done
