@@ -309,6 +309,17 @@ def test_poisson_arrivals_follow_the_seeded_schedule(models):
     assert load.wall_s >= offsets[-1]
 
 
+def test_a_request_past_its_time_limit_is_an_error_and_the_block_goes_on(models):
+    """request_timeout_s bounds the whole request, its stream included: a server whose steps take 0.2 s cannot
+    stream 12 tokens within 0.5 s."""
+    with serving(engine_for(models, step_delay_s=0.2)) as served:
+        endpoint = HttpEndpoint(base_url=f"{served.url}/v1", request_timeout_s=0.5)
+        started = time.monotonic()
+        load = run_load(endpoint, MODEL, chat_requests()[:2], mode="closed", concurrency=2, rate=0.0, seed=0)
+    assert all(r.error == "no complete response within 0.5 s (request_timeout_s)" for r in load.results)
+    assert time.monotonic() - started < 10
+
+
 def test_a_failing_request_is_recorded_as_an_error_and_the_block_goes_on(models):
     with serving(engine_for(models)) as served:
         endpoint = HttpEndpoint(base_url=f"{served.url}/v1")

@@ -144,8 +144,8 @@ async def send(session: aiohttp.ClientSession, endpoint: HttpEndpoint, model: st
     """Send ``req`` now, streamed, and read its whole response."""
     body = request_body(endpoint, model, req)
     result = HttpResult(req.request_id, scheduled_s, time.perf_counter())
-    try:
-        await asyncio.wait_for(_stream(session, endpoint, body, result), endpoint.request_timeout_s)
+    try:  # (the request's time limit is aiohttp's, in _stream: asyncio.wait_for may swallow a Ctrl-C's cancel)
+        await _stream(session, endpoint, body, result)
     except asyncio.TimeoutError:
         result.error = f"no complete response within {endpoint.request_timeout_s:g} s (request_timeout_s)"
     except aiohttp.ClientError as exc:
@@ -163,7 +163,8 @@ async def send(session: aiohttp.ClientSession, endpoint: HttpEndpoint, model: st
 
 async def _stream(session: aiohttp.ClientSession, endpoint: HttpEndpoint, body: dict, result: HttpResult) -> None:
     chat = endpoint.api == "chat"
-    async with session.post(endpoint.request_url, json=body) as response:
+    limit = aiohttp.ClientTimeout(total=endpoint.request_timeout_s)  # the whole request, its stream read included
+    async with session.post(endpoint.request_url, json=body, timeout=limit) as response:
         if response.status != 200:
             result.error = _error_message(response.status, await response.read())
             return
