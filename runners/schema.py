@@ -208,6 +208,10 @@ class ServeSchema:
     # requests' prompts rendered and tokenized in this many worker processes, off the event loop that streams every
     # response (dspark/serving/prompt_workers.py); 0: on the event loop
     prompt_workers: int = 0
+    # true: collect, then freeze what is alive (the engine or its process handle, the app, the tokenizer) before
+    # serving, so that the collector's full passes never scan it again (a pass over it stalled the event loop that
+    # streams every response); false: the collector as Python sets it
+    gc_freeze: bool = True
     # engine.verify != full without engine.cost_table: look this node's cost table up under paths.cost_tables, profiling
     # it first (with the profile settings) when there is none, as runners.ab does for its arms; false: no table
     find_cost_table: bool = False

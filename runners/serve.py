@@ -18,6 +18,7 @@ Test hook: with ``DSPARK_TEST_TINY_MODELS=1`` it serves the tiny random models o
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -67,6 +68,11 @@ def run(cfg: DictConfig, engine: Any = None) -> None:
             log.info("engine in a thread of the server's process (%s)",
                      "an engine given" if engine is not None else "engine_process=false")
         app = create_app(served, config)
+        if cfg.gc_freeze:
+            # Everything alive now lives as long as the server; a full collection that scanned it stalled the event
+            # loop by tens of milliseconds under load (process-wide: runners.serve runs one app per process).
+            gc.collect()
+            gc.freeze()
         host, port = sock.getsockname()[:2]
         log.info("serving %s at http://%s:%d/v1", config.served_model_name, host, port)
         serve(app, config, sock)

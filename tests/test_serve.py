@@ -587,6 +587,23 @@ def test_serve_config_composes_and_bad_settings_are_refused_before_any_model_loa
             serve.run(compose_serve([f"port={taken.getsockname()[1]}"]))
 
 
+@pytest.mark.parametrize("freeze", [True, False])
+def test_runners_serve_freezes_the_collectors_view_before_serving(monkeypatch, models, freeze):
+    """gc_freeze (default true): what is alive once the app is built is frozen before the server starts; false
+    leaves the collector alone."""
+    import gc
+
+    from runners import serve
+    import dspark.serving.server as server_module
+
+    calls = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))
+    monkeypatch.setattr(server_module, "serve", lambda app, config, sock: calls.append("serve"))
+    assert compose_serve().gc_freeze is True
+    serve.run(compose_serve(["port=0", f"gc_freeze={str(freeze).lower()}"]), engine=engine_for(models))
+    assert calls == (["freeze", "serve"] if freeze else ["serve"])
+
+
 def test_ctrl_c_ends_the_server_quietly_after_its_shutdown(monkeypatch, caplog):
     """uvicorn shuts down on SIGINT, then raises KeyboardInterrupt again; runners.serve ends quietly (exit 0)
     instead of printing a traceback after a clean shutdown."""
