@@ -46,17 +46,18 @@ class StreamedText:
         self._ids: list[int] = []
         self._base = 0  # tokens whose text is settled
         self._base_text = ""  # their text
+        self._head = ""  # the decoding of the context tokens before ``_base`` alone
         self.sent = ""
 
     def text(self) -> str:
         """The decoding of every token added so far (incrementally; see the module docstring)."""
-        ids, base = self._ids, self._base
-        start = max(0, base - CONTEXT_TOKENS)
-        head = self._decode(ids[start:base]) if start < base else ""
-        tail = self._decode(ids[start:])
+        ids, base, head = self._ids, self._base, self._head
+        tail = self._decode(ids[max(0, base - CONTEXT_TOKENS):])
         text = self._base_text + tail[len(head):] if tail.startswith(head) else self._decode(ids)
         if len(ids) - base >= SETTLE_EVERY and not text.endswith(INCOMPLETE_CHARACTER):
-            self._base, self._base_text = len(ids), text
+            base = len(ids)
+            self._base, self._base_text = base, text
+            self._head = self._decode(ids[max(0, base - CONTEXT_TOKENS):base])
         return text
 
     def add(self, token_ids: Sequence[int]) -> str:
