@@ -15,7 +15,8 @@
 #   served:     ab=in_process_vs_served (the engine in process vs behind a launched runners.serve, both verify-all)
 #               at SERVED_CONCS (default "256"); needs fastapi, uvicorn (with uvloop and httptools), prometheus_client,
 #               httpx and aiohttp (SERVE_WHEELS:
-#               a folder of wheels installed from when one is missing, default .gpu/serve-wheels)
+#               a folder of wheels installed from when one is missing, default .gpu/serve-wheels); SERVE_EXTRA: more
+#               runners.serve overrides for the served arm's server (space-separated, e.g. "prompt_workers=2")
 #   http:       ab=http_full_vs_ragged (verify-all vs ragged, each arm a runners.serve on engine=h200_graphs that the
 #               runner launches and stops) at CONCS; the in-process verdict to compare it with: PARTS=ragged SERVICE_COST=false
 # TAG: a suffix for the run folders; B_EXTRA: more overrides for the ragged part (e.g. "+ab.arms.B.engine.min_verify_len=0");
@@ -75,7 +76,16 @@ for w in ${WORKLOADS:-mixed_chat agentic}; do
     for c in ${SAFE_CONCS:-1 16 128 256}; do run safeguards "$w" "$c" "${T_RUN:-300}" ab=target_vs_scheduled; done
   fi
   if has served; then
-    for c in ${SERVED_CONCS:-256}; do run served "$w" "$c" "${T_RUN:-300}" ab=in_process_vs_served; done
+    for c in ${SERVED_CONCS:-256}; do
+      if [[ -n "${SERVE_EXTRA:-}" ]]; then  # more runners.serve overrides for B's server, e.g. "prompt_workers=2"
+        extra=$(printf ",'%s'" $SERVE_EXTRA)
+        lb="['\${python:}',-m,runners.serve,'port=8023','log_level=warning','spec=dspark','engine=h200_graphs',"
+        lb+="'engine.verify=full','engine.max_num_seqs=$c','hydra.run.dir=$WORK/served_${w}_c${c}${TAG:-}/servers/B'$extra]"
+        run served "$w" "$c" "${T_RUN:-300}" ab=in_process_vs_served "ab.arms.B.http.launch=$lb"
+      else
+        run served "$w" "$c" "${T_RUN:-300}" ab=in_process_vs_served
+      fi
+    done
   fi
   if has http; then
     for c in ${CONCS:-128 256}; do
