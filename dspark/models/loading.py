@@ -71,6 +71,16 @@ def smollm2_gguf_path() -> Path:
     return found[0]
 
 
+def gguf_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer of a GGUF file alone (vocabulary, chat template, special tokens, tokenizer config), read from
+    its metadata without its weights: e.g. ``gguf_tokenizer(smollm2_gguf_path())``."""
+    meta = gguf_convert.read_metadata(gguf_convert.open_gguf(path))
+    tok_cfg = gguf_convert.tokenizer_config_dict(meta)
+    return Tokenizer(gguf_convert.build_tokenizer(meta), chat_template=tok_cfg.get("chat_template"),
+                     special_tokens={k: tok_cfg.get(k) for k in ("bos_token", "eos_token", "unk_token", "pad_token")},
+                     add_bos_token=tok_cfg.get("add_bos_token", False), tokenizer_config=tok_cfg)
+
+
 def default_cache_dir() -> Path:
     """``$DSPARK_CACHE`` if set, else ``~/.cache/dspark-bench``."""
     env = os.environ.get(CACHE_ENV)

@@ -145,6 +145,8 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     app = FastAPI(title="dspark-bench", summary="OpenAI-compatible server over a DSpark speculative-decoding engine",
                   lifespan=lifespan)
     app.state.engine_loop = engine_loop
+    app.state.metrics = metrics
+    app.state.config = config
 
     def openapi() -> dict:  # FastAPI's document, with the bodies the generation routes validate themselves
         if app.openapi_schema is None:
@@ -153,8 +155,6 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = openapi
-    app.state.metrics = metrics
-    app.state.config = config
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):

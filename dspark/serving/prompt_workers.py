@@ -25,7 +25,6 @@ from typing import Any, Mapping, Sequence
 
 from jinja2 import TemplateError
 
-from dspark.config import ConfigError
 from dspark.models.tokenizer import TokenizerError
 
 # The tokenizer of a worker process (set once by the pool's initializer; each worker process holds one).
@@ -62,11 +61,10 @@ def _text_ids(prompt: str) -> list[int]:
 
 
 class PromptWorkers:
-    """Chat templating and tokenization for the server, in ``workers`` processes (0: on the caller's thread)."""
+    """Chat templating and tokenization for the server, in ``workers`` processes (0: on the caller's thread);
+    ``workers`` is ServerConfig.prompt_workers, checked there."""
 
     def __init__(self, tokenizer, workers: int):
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-            raise ConfigError(f"prompt_workers: must be an integer >= 0 (0: on the event loop), got {workers!r}")
         self.tokenizer = tokenizer
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None

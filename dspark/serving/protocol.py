@@ -306,7 +306,7 @@ class ContentChunks:
         kind = "chat.completion.chunk" if chat else "text_completion"
         head = json.dumps({"id": id, "object": kind, "created": created, "model": model})
         self._head = head[:-1] + ', "choices": [{"index": 0, ' + ('"delta": {"content": ' if chat else '"text": ')
-        self._close = '}, "finish_reason": null, "logprobs": null' if chat else ', "finish_reason": null, "logprobs": null'
+        self._close = ("}" if chat else "") + ', "finish_reason": null, "logprobs": null'
 
     def render(self, text: str, token_ids: list[int] | None = None) -> str:
         ids = "" if token_ids is None else ', "token_ids": ' + json.dumps(token_ids)

@@ -232,7 +232,7 @@ async def run_load_async(endpoint: HttpEndpoint, model: str, requests: Sequence[
     offsets = arrival_offsets(len(requests), mode, rate, seed)
     gate = asyncio.Semaphore(int(concurrency) if mode == "closed" else max(1, len(requests)))
     connector = aiohttp.TCPConnector(limit=0)  # no cap of the client's own: the gate (or the arrivals) decide
-    # The timeout is per request (send's wait_for); the session's own would also cut a block's total.
+    # The time limit is per request (_stream's); a session-wide one would also cut a block's total.
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         t0 = time.perf_counter()
         scheduled = [t0 + float(o) for o in offsets]
