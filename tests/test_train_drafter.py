@@ -9,6 +9,8 @@ compose API where a runner has a config).
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -27,7 +29,8 @@ from dspark.training.trainer import (DrafterTrainer, TrainConfig, block_labels, 
                                      replay_blocks, sample_anchors, save_tensor_shards, target_verify_forward)
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = str(REPO / "conf")
 TARGET_SCALE = 2.0  # greedy runs are varied (a few distinct tokens per sequence) yet learnable
 
 
@@ -294,6 +297,58 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, target, greedy_data):
     assert all(torch.equal(opt_a[k], opt_b[k]) for k in opt_a)
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         train_drafter.run(compose_train(tmp_path, data, "empty", "resume=true"), target=target)
+
+
+def carry_state(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run(["bash", str(REPO / "bench" / "carry_state.sh"), *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
+def test_a_run_carried_to_another_machine_resumes_as_if_uninterrupted(tmp_path, target, greedy_data):
+    """bench/carry_state.sh: a stopped run packed in small parts, sent back in two batches, grouped into upload
+    folders and unpacked elsewhere resumes to the same weights and optimizer state as an uninterrupted run; a
+    missing part is refused before anything is extracted."""
+    from runners import train_drafter
+
+    data = greedy_data.save(tmp_path / "data.safetensors")
+    full = train_drafter.run(compose_train(tmp_path, data, "full"), target=target)
+    train_drafter.run(compose_train(tmp_path, data, "gpu1/split", "stop_at_step=3"), target=target)
+    (tmp_path / "gpu1" / "split" / "final").mkdir()  # left out by EXCLUDE, as h200_session.sh packs runs
+
+    pack = tmp_path / "pack"
+    done = carry_state("pack", str(tmp_path / "gpu1" / "split"), "split", str(pack),
+                       env={"PART_BYTES": "40K", "EXCLUDE": "final"})
+    assert done.returncode == 0, done.stderr
+    parts = sorted(p.name for p in pack.glob("split.tar.xz.*"))
+    assert len(parts) >= 3, parts
+    for first, out in ((1, "back1"), (4, "back2")):  # two calls' returns: files 1-3, then the rest
+        sent = carry_state("send", str(pack), str(tmp_path / out), str(first), "3" if first == 1 else "99")
+        assert sent.returncode == 0, sent.stderr
+    grouped = carry_state("group", str(tmp_path / "back1"), str(tmp_path / "back2"), str(tmp_path / "upload"))
+    assert grouped.returncode == 0, grouped.stderr
+    uploads = sorted((tmp_path / "upload").iterdir())
+    assert len(uploads) >= 2 and all(len([f for f in d.iterdir() if ".tar.xz." in f.name]) <= 2 for d in uploads)
+
+    missing = tmp_path / "missing"
+    shutil.copytree(tmp_path / "upload", missing)
+    next(missing.glob("carry2/split.tar.xz.*")).unlink()
+    refused = carry_state("unpack", str(tmp_path / "gpu3"), *map(str, sorted(missing.iterdir())))
+    assert refused.returncode == 3 and "sha256 mismatch" in refused.stderr
+    assert not (tmp_path / "gpu3" / "split").exists()
+
+    unpacked = carry_state("unpack", str(tmp_path / "gpu2"), *map(str, uploads))
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert not (tmp_path / "gpu2" / "split" / "final").exists()
+    resumed = train_drafter.run(compose_train(tmp_path, data, "gpu2/split", "resume=true"), target=target)
+    assert resumed["resumed_from"].endswith("checkpoint-0000003") and resumed["step"] == 6
+    a = DSparkDrafter.load(Path(full["final_drafter"]), target.cfg).state_dict()
+    b = DSparkDrafter.load(Path(resumed["final_drafter"]), target.cfg).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    opt_a = load_tensor_shards(Path(full["checkpoint"]) / "optimizer", "optimizer")
+    opt_b = load_tensor_shards(Path(resumed["checkpoint"]) / "optimizer", "optimizer")
+    assert all(torch.equal(opt_a[k], opt_b[k]) for k in opt_a)
 
 
 # ------------------------------------------------------------------------------ runners
