@@ -154,10 +154,20 @@ src, dst = Path(sys.argv[1]), Path(sys.argv[2])
 d = DSparkDrafter.load(src, cfg, device="cpu", dtype=torch.bfloat16)
 shutil.rmtree(dst, ignore_errors=True)
 d.save(dst, max_shard_bytes=15 * 1024 * 1024)
+# the prompts it trained on (every data shard's record, merged): calibration and evaluation data stay disjoint
+from runners.make_training_data import SHIPPED_RECORD, load_prompt_record, write_prompt_record
+records = [load_prompt_record(str(p)) for p in sorted(Path(sys.argv[3]).glob("*.prompts.json"))]
+if records:
+    per_source = {}
+    for r in records:
+        for k, v in r.get("admitted_requests_per_source", {}).items():
+            per_source[k] = per_source.get(k, 0) + v
+    write_prompt_record(dst / SHIPPED_RECORD, [i for r in records for i in r["prompt_ids"]],
+                        {"shards": [r.get("recipe") for r in records]}, per_source)
 print("shipped", sorted(p.name for p in dst.iterdir()), sum(p.stat().st_size for p in dst.iterdir()))
 EOF
-python3 "$WORK/ship.py" "$WORK/run_dspark/final" "$WORK/ship"
-python3 "$WORK/ship.py" "$WORK/run_dflash/final" "$WORK/ship_dflash"
+python3 "$WORK/ship.py" "$WORK/run_dspark/final" "$WORK/ship" "$WORK/data"
+python3 "$WORK/ship.py" "$WORK/run_dflash/final" "$WORK/ship_dflash" "$WORK/data"
 mkdir -p "$OUT/drafter" "$OUT/dflash"
 cp "$WORK"/ship/*.safetensors "$OUT/drafter/" 2>/dev/null
 cp "$WORK"/ship_dflash/*.safetensors "$OUT/dflash/" 2>/dev/null
@@ -172,6 +182,9 @@ CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DFLASH:-1}) timeout $T_EVAL python3 -m run
 e2=$!
 wait $e1; wait $e2
 cat "$WORK/eval_dspark/eval.md" "$WORK/eval_dflash/eval.md" 2>/dev/null || tail -20 "$WORK"/eval_*.log
+# DSpark against the ablation, paired by prompt (A: DFlash, B: DSpark), with bootstrap intervals
+python3 -m runners.eval_drafter "compare=[$WORK/eval_dflash,$WORK/eval_dspark]" output_dir="$WORK/eval_compare" \
+  hydra.run.dir="$WORK/hydra/cmp" 2>&1 | tail -12
 
 stamp "pack results"
 mkdir -p "$WORK/results"
@@ -187,7 +200,8 @@ for d in run_dspark run_dflash; do
   mkdir -p "$WORK/results/$d"; cp "$WORK/$d"/*.jsonl "$WORK/$d"/*.json "$WORK/results/$d/" 2>/dev/null
   cp "$WORK/$d"/final/*.json "$WORK/results/$d/" 2>/dev/null
 done
-cp -r "$WORK/eval_dspark" "$WORK/eval_dflash" "$WORK/results/" 2>/dev/null
+cp -r "$WORK/eval_dspark" "$WORK/eval_dflash" "$WORK/eval_compare" "$WORK/results/" 2>/dev/null
+cp "$WORK"/ship/training_prompts.json "$OUT/drafter/" 2>/dev/null
 cp "$WORK"/*.log "$WORK/results/" 2>/dev/null
 nvidia-smi > "$WORK/results/nvidia-smi.txt" 2>/dev/null
 tar czf "$OUT/results.tar.gz" -C "$WORK" results
