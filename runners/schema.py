@@ -208,6 +208,9 @@ class ServeSchema:
     # requests' prompts rendered and tokenized in this many worker processes, off the event loop that streams every
     # response (dspark/serving/prompt_workers.py); 0: on the event loop
     prompt_workers: int = 0
+    # HTTP front-end processes (API servers) on the one listening socket over the one engine process
+    # (dspark/serving/api_servers.py; needs engine_process=true), each with its own event loop; 1: this process
+    api_servers: int = 1
     # true: collect, then freeze what is alive (the engine or its process handle, the app, the tokenizer) before
     # serving, so that the collector's full passes never scan it again (a pass over it stalled the event loop that
     # streams every response); false: the collector as Python sets it
@@ -455,7 +458,8 @@ def to_server_config(cfg: Any) -> ServerConfig:
     """The serve config's server settings (ServerConfig checks them)."""
     return ServerConfig(host=cfg.host, port=cfg.port, served_model_name=cfg.served_model_name or cfg.model.name,
                         log_level=cfg.log_level, graceful_shutdown_s=cfg.graceful_shutdown_s,
-                        engine_process=cfg.engine_process, prompt_workers=cfg.prompt_workers)
+                        engine_process=cfg.engine_process, prompt_workers=cfg.prompt_workers,
+                        api_servers=cfg.api_servers)
 
 
 def to_drafter_config(d: Any) -> DrafterConfig:

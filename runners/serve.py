@@ -5,11 +5,14 @@
     python -m runners.serve engine=h200_graphs host=0.0.0.0
     python -m runners.serve engine.verify=ragged find_cost_table=true    # this node's cost table, as runners.ab's
     python -m runners.serve engine_process=false                          # the engine in a thread of the server
+    python -m runners.serve api_servers=4                                 # 4 HTTP processes over one engine process
 
 Endpoints: /v1/chat/completions and /v1/completions (streamed or not), /v1/models, /health, /metrics
 (Prometheus). Every client's requests are batched continuously on the one engine (dspark.serving), which by
 default (``engine_process=true``) is built and run in a process of its own (dspark.serving.engine_process), so
-the HTTP side never holds the GIL the engine's steps need; the log names its pid.
+the HTTP side never holds the GIL the engine's steps need; the log names its pid. With ``api_servers=N`` (N > 1)
+N processes serve HTTP on the one socket over that engine process (dspark.serving.api_servers): this process
+supervises them and forwards SIGINT/SIGTERM.
 The settings and the port are checked before the model loads; SIGINT/SIGTERM shut down gracefully.
 Test hook: with ``DSPARK_TEST_TINY_MODELS=1`` it serves the tiny random models of tests/tiny.py
 (:func:`runners.common.tiny_models`), as runners.ab builds them, so a test can launch it as an A/B's HTTP arm.
@@ -50,15 +53,25 @@ def capture_graphs(engine) -> int:
 def run(cfg: DictConfig, engine: Any = None) -> None:
     """Serve until SIGINT/SIGTERM. ``engine``: an engine to serve (in a thread of this process) instead of building
     the configured one, which ``engine_process`` builds and runs in a process of its own (or, false, here)."""
+    from dspark.config import ConfigError
     from dspark.serving.app import create_app
     from dspark.serving.server import bind_socket, serve
 
     config = to_server_config(cfg)
     if cfg.find_cost_table:
         to_profile_settings(cfg.profile)  # checked before the model loads
+    if config.api_servers > 1 and engine is not None:
+        raise ConfigError(f"api_servers={config.api_servers} serves the configured engine in a process of its own; "
+                          f"an engine given in this process is served by this process alone (api_servers=1)")
     sock = bind_socket(config)  # a port in use is refused before the model loads
     process = None  # the engine's own process (engine_process=true)
     try:
+        if config.api_servers > 1:
+            from dspark.serving.api_servers import serve_api_servers
+
+            serve_api_servers(ServedEngine(for_child(cfg), tiny_models_requested()), config, sock,
+                              gc_freeze=cfg.gc_freeze)
+            return
         if engine is None and config.engine_process:
             from dspark.serving.engine_process import EngineProcess
 

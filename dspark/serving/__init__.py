@@ -8,5 +8,6 @@ Modules: ``config`` (ServerConfig), ``protocol`` (request/response bodies, API e
 (a request -> token ids and SamplingParams), ``text_stream`` (stop-safe streamed text),
 ``engine_loop`` (the engine loop, in a thread of this process), ``engine_process`` (the same loop in a
 process of its own: runners.serve's default), ``metrics`` (Prometheus), ``app`` (routes),
-``server`` (uvicorn with a draining shutdown). Importing this package imports none of them.
+``server`` (uvicorn with a draining shutdown), ``api_servers`` (several HTTP processes over one engine process:
+runners.serve's ``api_servers``). Importing this package imports none of them.
 """

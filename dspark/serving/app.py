@@ -121,7 +121,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
     model_name = config.served_model_name
     max_model_len = engine_cfg.max_model_len
     block_size = engine_loop.block_size
-    metrics = ServerMetrics(model_name)
+    metrics = ServerMetrics(model_name, multiprocess=config.api_servers > 1)  # /metrics: every API server's
     engine_loop.on_finish = metrics.record_finished
     started = int(time.time())
     prompt_workers = PromptWorkers(tokenizer, config.prompt_workers)

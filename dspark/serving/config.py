@@ -25,6 +25,11 @@ class ServerConfig:
     # Render and tokenize requests' prompts in this many worker processes (dspark.serving.prompt_workers), off the
     # event loop that streams every response; 0: on the event loop.
     prompt_workers: int = 0
+    # runners.serve: this many HTTP front-end processes (API servers), each with its own event loop on the one
+    # listening socket, over one engine process (dspark.serving.api_servers), so that parsing, templating,
+    # tokenizing and streaming are spread over processes instead of one event loop; 1: the server's own process.
+    # Each has its own prompt_workers; /metrics (from any of them) counts every one's finished requests.
+    api_servers: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -43,3 +48,10 @@ class ServerConfig:
         if isinstance(self.prompt_workers, bool) or not isinstance(self.prompt_workers, int) or self.prompt_workers < 0:
             raise ConfigError(f"prompt_workers: must be an integer >= 0 (0: on the event loop), got "
                               f"{self.prompt_workers!r}")
+        if isinstance(self.api_servers, bool) or not isinstance(self.api_servers, int) or self.api_servers < 1:
+            raise ConfigError(f"api_servers: must be an integer >= 1 (1: HTTP served by the server's own process), "
+                              f"got {self.api_servers!r}")
+        if self.api_servers > 1 and not self.engine_process:
+            raise ConfigError(f"api_servers={self.api_servers} needs engine_process=true: several API server "
+                              f"processes share one engine in a process of its own (engine_process=false runs it "
+                              f"in a thread of the one server process)")

@@ -5,6 +5,9 @@ EngineCore).
     engine = EngineProcess(factory)   # starts the child, which builds the engine; returns once it is ready
     app = create_app(engine, config)  # the app's lifespan starts and stops it as it does an EngineLoop
 
+    process, pipes, ready = start_engine_process(factory, clients=2)   # one child serving two server processes
+    engine = EngineClient(*pipes[0], ready, process.pid)               # in the first (dspark.serving.api_servers)
+
 The child is started with multiprocessing's ``spawn`` (the server's process never initialises CUDA, and a
 spawned child may), builds the engine by calling ``factory`` (a picklable zero-argument callable; it also
 captures the engine's CUDA graphs there), reports the engine's tokenizer, configuration and block size, and
@@ -34,12 +37,22 @@ child whose outbox waits for a credit sleeps on its command pipe, where the cred
 carried) and ``engine_process/held_steps`` (steps that ended with their events held for want of a credit) join
 the engine's counters in every snapshot (and the shutdown log).
 
+Several server processes (runners.serve ``api_servers`` > 1): the child holds a pair of pipes per server process
+(its client), waits on every command pipe, and keeps per client an outbox, its credits, and its requests, which
+each client numbers itself (the child keys them by client and id). Each client gets the events of its own
+requests and the replies to its own snapshots; every snapshot is the whole engine's. :class:`EngineClient` is a
+server process's half of all this, over its pair of pipes; :class:`EngineProcess` is the one that also starts the
+child, for a server that is its only client.
+
 How it ends: a stop command aborts what is left in the engine and the child sends its last snapshot and exits.
+With several clients, a client that sends stop, or whose command pipe reaches end of file, detaches (its requests
+are aborted, it gets its last snapshot when it asked with stop) and the others are served on; the child exits
+when the last one detached.
 A step that raises fails every request in the engine (``the engine failed: ...``) and ends the child; a child
 that dies fails every live request with a message naming its exit status. Either way the server answers 503
 from then on. The child ignores SIGINT and SIGTERM (a Ctrl-C, or a signal to the process group, reaches the
 server, whose drain decides when the engine stops) and ends itself when the server's process goes away: its
-command pipe reaches end of file, or its parent process changes.
+command pipe reaches end of file (every client's), or its parent process changes.
 """
 
 from __future__ import annotations
@@ -50,6 +63,7 @@ import dataclasses
 import itertools
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
 import queue
@@ -74,7 +88,8 @@ EXIT_WAIT_S = 10.0
 # writer thread) between two messages; 2 lets one message travel while the event loop delivers the other.
 MESSAGES_IN_FLIGHT = 2
 # The child's counters (in every snapshot's counters): messages with events, the steps whose events they carried,
-# the steps that ended with their events held for want of a credit.
+# the steps that ended with their events held for want of a credit (with several clients: every client's messages,
+# and the steps that held some client's events).
 MESSAGES, MERGED_STEPS, HELD_STEPS = "engine_process/messages", "engine_process/merged_steps", \
     "engine_process/held_steps"
 
@@ -103,17 +118,79 @@ def describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-class EngineProcess(BaseEngineLoop):
-    """An engine built and run by a child process. Constructing one starts the child and returns when its engine
-    is ready (model loaded, graphs captured), raising the child's ConfigError, or EngineStartError, when it could
-    not build it. ``start``/``stop`` (the app's lifespan) serve as :class:`EngineLoop`'s do; ``on_finish`` is
-    called in this process, on the thread that reads the child's messages. ``messages_in_flight``: how many of the
-    child's messages may await delivery on the event loop (flow control, MESSAGES_IN_FLIGHT)."""
+def start_engine_process(factory: Callable[[], Any], clients: int = 1, log_level: int | None = None,
+                         messages_in_flight: int = MESSAGES_IN_FLIGHT) -> tuple[Any, list[tuple[Any, Any]], dict]:
+    """Start the engine process with ``clients`` pairs of pipes (one per server process that will serve it) and
+    wait until its engine is ready: (the process, each client's (commands, events) ends, the ready message:
+    ``tokenizer``, ``cfg``, ``block_size``). Raises the child's ConfigError, or EngineStartError, when it could
+    not build its engine (the child has ended then)."""
+    if isinstance(messages_in_flight, bool) or not isinstance(messages_in_flight, int) or messages_in_flight < 1:
+        raise ConfigError(f"messages_in_flight: must be an integer >= 1, got {messages_in_flight!r}")
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = [], []
+    for _ in range(clients):
+        child_commands, commands = context.Pipe(duplex=False)
+        events, child_events = context.Pipe(duplex=False)
+        ours.append((commands, events))
+        theirs.append((child_commands, child_events))
+    level = log_level if log_level is not None else logging.getLogger().getEffectiveLevel()
+    process = context.Process(target=_child_main, name="dspark-engine",
+                              args=(factory, theirs, os.getpid(), level, messages_in_flight))
+    process.start()
+    for child_commands, child_events in theirs:  # the child's ends: its exit is then this side's end of file
+        child_commands.close()
+        child_events.close()
+    try:
+        ready = _wait_until_ready(process, ours[0][1])
+        for _, events in ours[1:]:  # the child sends every client its ready message at once
+            if not events.poll(EXIT_WAIT_S):
+                raise EngineStartError("the engine process did not report ready on every client's pipe")
+            kind, _ = pickle.loads(events.recv_bytes())
+            if kind != _READY:
+                raise EngineStartError(f"the engine process sent {kind!r} instead of its ready message")
+    except BaseException:  # a child that failed exits at once; one still loading (Ctrl-C) is killed
+        process.join(2.0)
+        if process.is_alive():
+            process.kill()
+            process.join(EXIT_WAIT_S)
+        for commands, events in ours:
+            commands.close()
+            events.close()
+        raise
+    return process, ours, ready
 
-    def __init__(self, factory: Callable[[], Any], on_finish: Callable[[RequestOutput], None] | None = None,
-                 log_level: int | None = None, messages_in_flight: int = MESSAGES_IN_FLIGHT):
-        if isinstance(messages_in_flight, bool) or not isinstance(messages_in_flight, int) or messages_in_flight < 1:
-            raise ConfigError(f"messages_in_flight: must be an integer >= 1, got {messages_in_flight!r}")
+
+def _wait_until_ready(process, events) -> dict:
+    def ended_early() -> EngineStartError:
+        process.join(EXIT_WAIT_S)
+        return EngineStartError(f"the engine process {describe_exit(process.exitcode)} before its engine "
+                                f"was ready (its log above says why)")
+
+    while not events.poll(PARENT_CHECK_S):
+        if not process.is_alive() and not events.poll(0):
+            raise ended_early()
+    try:
+        kind, body = pickle.loads(events.recv_bytes())
+    except EOFError:
+        raise ended_early() from None
+    if kind == _START_FAILED:
+        error, text = body
+        if error is not None:
+            raise error
+        raise EngineStartError(f"the engine process could not build its engine:\n{text}")
+    return body
+
+
+class EngineClient(BaseEngineLoop):
+    """A server process's half of the engine process: an engine loop over one (commands, events) pair of pipes
+    to it, given the child's ready message (``ready``) and pid. :class:`EngineProcess` is the one that starts the
+    child itself; each API server of runners.serve (``api_servers`` > 1, :mod:`dspark.serving.api_servers`) holds
+    one over the pipes its supervisor handed it. ``start``/``stop`` (the app's lifespan) serve as
+    :class:`EngineLoop`'s do; ``on_finish`` is called in this process, on the thread that reads the child's
+    messages."""
+
+    def __init__(self, commands, events, ready: dict, pid: int,
+                 on_finish: Callable[[RequestOutput], None] | None = None):
         super().__init__(on_finish)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: threading.Thread | None = None
@@ -126,26 +203,11 @@ class EngineProcess(BaseEngineLoop):
         self._stopped_cleanly = False  # the child answered a stop command
         self._ended = threading.Event()  # the child's last message was read
         self._closed = False
-        context = multiprocessing.get_context("spawn")
-        child_commands, self._commands = context.Pipe(duplex=False)
-        self._events, child_events = context.Pipe(duplex=False)
-        level = log_level if log_level is not None else logging.getLogger().getEffectiveLevel()
-        self._process = context.Process(target=_child_main, name="dspark-engine",
-                                        args=(factory, child_commands, child_events, os.getpid(), level,
-                                              messages_in_flight))
-        self._process.start()
-        child_commands.close()  # the child's ends: its exit is then this side's end of file
-        child_events.close()
-        self.pid: int = self._process.pid
-        atexit.register(self._at_exit)
-        try:
-            ready = self._wait_until_ready()
-        except BaseException:  # a child that failed exits at once; one still loading (Ctrl-C) is killed
-            self._end_process(wait_s=2.0)
-            raise
+        self._commands, self._events = commands, events
+        self.pid: int = pid
         self.tokenizer, self.cfg, self.block_size = ready["tokenizer"], ready["cfg"], ready["block_size"]
-        self.where = f"in its own process, pid {self.pid}"
-        log.info("engine in its own process, pid %d", self.pid)
+        self.where = f"in its own process, pid {pid}"
+        atexit.register(self._at_exit)
 
     # ---- event loop side ---------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -183,8 +245,9 @@ class EngineProcess(BaseEngineLoop):
         return await self._snapshot_reply(answer, lambda: self._snapshots.pop(token, None))
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Abort what is still in the engine, take the last snapshot and end the child (blocks until it ended, or
-        until ``timeout_s`` passed: then it is killed). Safe to call again, and from any thread."""
+        """Abort what this process still has in the engine, take the last snapshot and detach from the child (an
+        EngineProcess: end it), blocking until it answered, or until ``timeout_s`` passed (an EngineProcess's
+        child is then killed). Safe to call again, and from any thread."""
         self.accepting = False
         if self._closed:
             return
@@ -194,10 +257,9 @@ class EngineProcess(BaseEngineLoop):
         else:
             self._outgoing.put([(_STOP,)])
             if not self._ended.wait(timeout_s):
-                log.error("the engine process did not stop within %.1f s (a step still running); killing it",
-                          timeout_s or 0.0)
+                log.error("the engine process did not stop within %.1f s (a step still running)", timeout_s or 0.0)
                 wait_s = 0.0
-        self._end_process(wait_s)
+        self._end(wait_s)
 
     # ---- commands ----------------------------------------------------------------------------
     def _send(self, command: tuple) -> None:
@@ -246,18 +308,25 @@ class EngineProcess(BaseEngineLoop):
                     self._stopped_cleanly = True
                     _log_messages(extra)
                 self._post(self._deliver, kind, outbox, replies)
-        except (EOFError, OSError):  # the child closed its pipe: it ended
+        except (EOFError, OSError):  # the child closed its pipe: it ended, or let this process go
             pass
         except Exception:
             log.exception("unreadable message from the engine process; treating it as ended")
-            self._process.kill()
+            self._abandon()
         if not self._stopped_cleanly and self.failure is None:
-            self._process.join(EXIT_WAIT_S)
-            self.failure = f"the engine process {describe_exit(self._process.exitcode)}"
+            self.failure = self._end_failure()
             log.error("%s; every request in it fails and the server answers 503 from now on", self.failure)
         self._post(self._fail_all, self.failure or "the server stopped before the request finished")
         self._outgoing.put(None)
         self._ended.set()
+
+    def _end_failure(self) -> str:
+        """Why requests fail once the child's pipe closed without a stop or a failure."""
+        return f"the engine process (pid {self.pid}) ended"
+
+    def _abandon(self) -> None:
+        """The child sent what cannot be read: stop talking to it (it lets this process go on end of file)."""
+        self._commands.close()
 
     def _post(self, callback, *args) -> None:
         try:
@@ -292,34 +361,10 @@ class EngineProcess(BaseEngineLoop):
                 answer.set_result(self.last_snapshot)
         self._snapshots.clear()
 
-    # ---- the child process -------------------------------------------------------------------
-    def _wait_until_ready(self) -> dict:
-        def ended_early() -> EngineStartError:
-            self._process.join(EXIT_WAIT_S)
-            return EngineStartError(f"the engine process {describe_exit(self._process.exitcode)} before its engine "
-                                    f"was ready (its log above says why)")
-
-        while not self._events.poll(PARENT_CHECK_S):
-            if not self._process.is_alive() and not self._events.poll(0):
-                raise ended_early()
-        try:
-            kind, body = pickle.loads(self._events.recv_bytes())
-        except EOFError:
-            raise ended_early() from None
-        if kind == _START_FAILED:
-            error, text = body
-            if error is not None:
-                raise error
-            raise EngineStartError(f"the engine process could not build its engine:\n{text}")
-        return body
-
-    def _end_process(self, wait_s: float = EXIT_WAIT_S) -> None:
-        """Wait for the child to exit (killing it past ``wait_s``), then close both pipes."""
-        self._process.join(wait_s)
-        if self._process.is_alive():
-            log.error("the engine process (pid %d) did not exit; killing it", self.pid)
-            self._process.kill()
-            self._process.join(EXIT_WAIT_S)
+    # ---- ending --------------------------------------------------------------------------------
+    def _end(self, wait_s: float = EXIT_WAIT_S) -> None:
+        """Wait for the child (``_wait_for_child``), then for both threads, then close both pipes."""
+        self._wait_for_child(wait_s)
         if self._reader is not None:
             self._reader.join(EXIT_WAIT_S)
         if self._writer is not None:
@@ -330,21 +375,53 @@ class EngineProcess(BaseEngineLoop):
         self._closed = True
         atexit.unregister(self._at_exit)
 
+    def _wait_for_child(self, wait_s: float) -> None:
+        """The child is not this process's to wait for: it ends when its last client detached."""
+
     def _at_exit(self) -> None:
-        """This interpreter is exiting without having stopped the child: its command pipe closes (the child then
-        ends itself), and a child still there after EXIT_WAIT_S is killed."""
+        """This interpreter is exiting without having stopped: the command pipe closes (the child then lets this
+        process go, or ends itself when it was its last client)."""
         if not self._closed:
             self._commands.close()
-            self._end_process()
+            self._end()
+
+
+class EngineProcess(EngineClient):
+    """An engine built and run by a child process, served to this process alone. Constructing one starts the
+    child and returns when its engine is ready (model loaded, graphs captured), raising the child's ConfigError,
+    or EngineStartError, when it could not build it. ``messages_in_flight``: how many of the child's messages may
+    await delivery on the event loop (flow control, MESSAGES_IN_FLIGHT)."""
+
+    def __init__(self, factory: Callable[[], Any], on_finish: Callable[[RequestOutput], None] | None = None,
+                 log_level: int | None = None, messages_in_flight: int = MESSAGES_IN_FLIGHT):
+        process, [(commands, events)], ready = start_engine_process(factory, 1, log_level, messages_in_flight)
+        self._process = process
+        super().__init__(commands, events, ready, process.pid, on_finish)
+        log.info("engine in its own process, pid %d", self.pid)
+
+    def _end_failure(self) -> str:
+        self._process.join(EXIT_WAIT_S)
+        return f"the engine process {describe_exit(self._process.exitcode)}"
+
+    def _abandon(self) -> None:
+        self._process.kill()
+
+    def _wait_for_child(self, wait_s: float) -> None:
+        """Wait for the child to exit, killing it past ``wait_s``."""
+        self._process.join(wait_s)
+        if self._process.is_alive():
+            log.error("the engine process (pid %d) did not exit; killing it", self.pid)
+            self._process.kill()
+            self._process.join(EXIT_WAIT_S)
 
 
 # ---- in the child ------------------------------------------------------------------------------
 
 class _ServerGone(Exception):
-    """The server's process went away."""
+    """The server's process went away (every client has: the child has nobody left to serve)."""
 
 
-def _child_main(factory: Callable[[], Any], commands, events, parent_pid: int, log_level: int,
+def _child_main(factory: Callable[[], Any], pipes: list[tuple[Any, Any]], parent_pid: int, log_level: int,
                 messages_in_flight: int = MESSAGES_IN_FLIGHT) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's drain decides when the engine stops
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -354,24 +431,26 @@ def _child_main(factory: Callable[[], Any], commands, events, parent_pid: int, l
     except Exception as e:
         if not isinstance(e, ConfigError):
             log.exception("the engine process could not build its engine")
-        _report_start_failure(events, e)
+        _report_start_failure(pipes[0][1], e)
         raise SystemExit(1)
     # The loop runs on a thread of its own, as in EngineLoop (the main thread only waits for it): on a CPU,
     # PyTorch's OpenMP-parallel ops called from the main thread ran the tiny engine's steps up to 15x slower than
     # from another thread when other processes kept the cores busy.
     exit_code = [1]
     thread = threading.Thread(target=_serve_until_stopped, name="engine-loop",
-                              args=(engine, commands, events, parent_pid, exit_code, messages_in_flight))
+                              args=(engine, pipes, parent_pid, exit_code, messages_in_flight))
     thread.start()
     thread.join()
     raise SystemExit(exit_code[0])
 
 
-def _serve_until_stopped(engine, commands, events, parent_pid: int, exit_code: list[int],
+def _serve_until_stopped(engine, pipes: list[tuple[Any, Any]], parent_pid: int, exit_code: list[int],
                          messages_in_flight: int) -> None:
     try:
-        _send(events, (_READY, {"tokenizer": engine.tokenizer, "cfg": engine.cfg, "block_size": engine.block_size}))
-        exit_code[0] = _serve(engine, commands, events, parent_pid, messages_in_flight)
+        ready = {"tokenizer": engine.tokenizer, "cfg": engine.cfg, "block_size": engine.block_size}
+        for _, events in pipes:
+            _send(events, (_READY, ready))
+        exit_code[0] = _serve_clients(engine, pipes, parent_pid, messages_in_flight)
     except _ServerGone:
         log.warning("the server's process went away; the engine process ends")
         exit_code[0] = 0
@@ -428,59 +507,169 @@ class _Outbox:
         return taken
 
 
+@dataclasses.dataclass(eq=False)
+class _Client:
+    """One server process the child serves: its pipes, the events held for it, its messages in flight."""
+
+    index: int
+    commands: Any
+    events: Any
+    held: _Outbox = dataclasses.field(default_factory=_Outbox)
+    in_flight: int = 0  # _STEP messages sent and not acknowledged
+    attached: bool = True  # neither stopped nor gone
+    lost: bool = False  # a message to it could not be sent: it is gone
+
+
 def _serve(engine, commands, events, parent_pid: int, messages_in_flight: int = MESSAGES_IN_FLIGHT) -> int:
-    """The engine loop; returns the exit status (0: stopped, 1: the engine failed). Sends a message after a step
-    when it holds events and a credit (fewer than ``messages_in_flight`` unacknowledged), or snapshot replies."""
-    driver = EngineDriver(engine)  # no on_finish here: the server's process counts finished requests
-    held = _Outbox()
+    """The engine loop for one server process; returns the exit status (0: stopped, 1: the engine failed)."""
+    return _serve_clients(engine, [(commands, events)], parent_pid, messages_in_flight)
+
+
+def _serve_clients(engine, pipes: list[tuple[Any, Any]], parent_pid: int,
+                   messages_in_flight: int = MESSAGES_IN_FLIGHT) -> int:
+    """The engine loop for the server processes whose (commands, events) pipes are ``pipes``; returns the exit
+    status (0: stopped, 1: the engine failed). Each client numbers its requests itself (the driver keys them by
+    (client, id)) and gets the events of its own requests and the replies to its own snapshots. After a step, a
+    client is sent a message when it has events held and a credit (fewer than ``messages_in_flight``
+    unacknowledged), snapshot replies, or admissions. A client that sends stop, or whose pipe closes, detaches:
+    its requests are aborted and the others are served on; the loop ends when the last one detached (a step that
+    raises fails every client's requests and ends it)."""
+    driver = EngineDriver(engine)  # no on_finish here: the server's processes count finished requests
+    clients = [_Client(i, commands, events) for i, (commands, events) in enumerate(pipes)]
     counters = {MESSAGES: 0, MERGED_STEPS: 0, HELD_STEPS: 0}
-    in_flight = 0  # _STEP messages sent and not acknowledged
     while True:
+        for client in clients:
+            if client.attached and client.lost:
+                _detach(driver, clients, client, "its pipe closed")
+        attached = [client for client in clients if client.attached]
         # Events held here (no credit) with no work: sleep on the commands, where the next credit comes.
-        batch = _receive(commands, parent_pid, wait=not driver.has_work())
-        outbox: list = []
-        replies: list = []
-        admitted = False  # requests added (or refused) in this iteration: their answer goes without a credit
+        batches = _receive(attached, parent_pid, wait=not driver.has_work())
+        outbox: list = []  # ((client, id), event) pairs
+        replies: dict[int, list] = {client.index: [] for client in attached}
+        admitted: set[int] = set()  # clients whose requests were added (or refused): their answer goes at once
+        stopping: list[_Client] = []
         try:
-            stop = False
-            for command in batch:
-                kind = command[0]
-                if kind == _CREDIT:
-                    in_flight -= 1
-                elif kind == _ADD:
-                    _, rid, prompt_ids, params, stream = command
-                    driver.add(rid, prompt_ids, params, stream, outbox)
-                    admitted = True
-                elif kind == _ABORT:
-                    driver.abort(command[1], outbox)
-                elif kind == _SNAPSHOT:
-                    replies.append((command[1], _snapshot(driver.snapshot(), counters)))
-                elif kind == _STOP:
-                    stop = True
-            if stop:
-                last = driver.stop(outbox)
-                held.merge(outbox)
-                sent = held.take(counters)
-                _send(events, (_STOPPED, sent, replies, _snapshot(last, counters)))
-                return 0
+            for client in attached:
+                batch = batches[client.index]
+                if batch is None:  # end of file: its server process is gone
+                    _detach(driver, clients, client, "its pipe closed")
+                    continue
+                for command in batch:
+                    kind = command[0]
+                    if kind == _CREDIT:
+                        client.in_flight -= 1
+                    elif kind == _ADD:
+                        _, rid, prompt_ids, params, stream = command
+                        driver.add((client.index, rid), prompt_ids, params, stream, outbox)
+                        admitted.add(client.index)
+                    elif kind == _ABORT:
+                        driver.abort((client.index, command[1]), outbox)
+                    elif kind == _SNAPSHOT:
+                        replies[client.index].append((command[1], _snapshot(driver.snapshot(), counters)))
+                    elif kind == _STOP:
+                        stopping.append(client)
+            if stopping:
+                last_ones = all(not client.attached or client in stopping for client in clients)
+                if last_ones:
+                    last = driver.stop(outbox)
+                else:
+                    for client in stopping:
+                        _abort_requests_of(driver, client, outbox)
+                    last = driver.snapshot()
+                _route(clients, outbox)
+                for client in stopping:
+                    sent = client.held.take(counters)
+                    _send_last(client, (_STOPPED, sent, replies[client.index], _snapshot(last, counters)))
+                    _close(client)
+                    if len(clients) > 1:
+                        log.info("API server %d stopped; %d still served", client.index,
+                                 sum(c.attached for c in clients))
+                if last_ones:
+                    return 0
+                outbox = []
             driver.step(outbox)
         except _ServerGone:
             raise
         except Exception as e:  # the engine's state is unknown now: fail every request, touch nothing more
             log.exception("the engine failed; every request in it fails")
             message = engine_failure(e)
-            held.merge(outbox)
-            held.merge(driver.fail_all(message))
-            _send(events, (_FAILED, held.take(counters), replies, message))
+            _route(clients, outbox)
+            _route(clients, driver.fail_all(message))
+            for client in clients:
+                if client.attached:
+                    _send_last(client, (_FAILED, client.held.take(counters), replies.get(client.index, []), message))
             return 1
-        held.merge(outbox)
-        # Snapshot replies and admissions never wait for a credit: a request's handler awaits its Admitted before
-        # it answers, so holding one would add a whole message cycle to its time to first token.
-        if replies or admitted or (held and in_flight < messages_in_flight):
-            _send(events, (_STEP, held.take(counters), replies, None))
-            in_flight += 1
-        elif outbox:
+        fresh = _route(clients, outbox)
+        held = False
+        for client in clients:
+            if not client.attached:
+                continue
+            answers = replies.get(client.index, [])
+            # Snapshot replies and admissions never wait for a credit: a request's handler awaits its Admitted
+            # before it answers, so holding one would add a whole message cycle to its time to first token.
+            if answers or client.index in admitted or (client.held and client.in_flight < messages_in_flight):
+                _send_step(clients, client, (_STEP, client.held.take(counters), answers, None))
+                client.in_flight += 1
+            elif client.index in fresh:
+                held = True
+        if held:
             counters[HELD_STEPS] += 1
+
+
+def _route(clients: list[_Client], outbox: list) -> set[int]:
+    """One iteration's ``((client, id), event)`` pairs into each attached client's outbox (a detached client's
+    are dropped); the clients that got some."""
+    per_client: dict[int, list] = {}
+    for (index, rid), event in outbox:
+        per_client.setdefault(index, []).append((rid, event))
+    for index, events in per_client.items():
+        if clients[index].attached:
+            clients[index].held.merge(events)
+    return set(per_client)
+
+
+def _abort_requests_of(driver: EngineDriver, client: _Client, outbox: list) -> None:
+    for key in [key for key in driver.req_ids if key[0] == client.index]:
+        driver.abort(key, outbox)
+
+
+def _detach(driver: EngineDriver, clients: list[_Client], client: _Client, why: str) -> None:
+    """A client whose process is gone: the child ends when it was the last one; otherwise its requests are
+    aborted (their events go nowhere) and the others are served on."""
+    if sum(c.attached for c in clients) == 1:
+        raise _ServerGone
+    _abort_requests_of(driver, client, [])
+    _close(client)
+    log.warning("API server %d went away (%s); its requests were aborted, %d still served", client.index, why,
+                sum(c.attached for c in clients))
+
+
+def _close(client: _Client) -> None:
+    client.attached = False
+    client.held = _Outbox()
+    for pipe in (client.commands, client.events):
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
+def _send_step(clients: list[_Client], client: _Client, message: tuple) -> None:
+    """A message to a client; one that cannot take it is gone (the child ends when it was the last one)."""
+    try:
+        client.events.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+    except OSError:
+        if sum(c.attached and not c.lost for c in clients) == 1:
+            raise _ServerGone from None
+        client.lost = True
+
+
+def _send_last(client: _Client, message: tuple) -> None:
+    """The last message to a client (stopped, failed): a client already gone does not need it."""
+    try:
+        client.events.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+    except OSError:
+        pass
 
 
 def _snapshot(snapshot: EngineSnapshot, counters: dict) -> EngineSnapshot:
@@ -496,21 +685,26 @@ def _log_messages(snapshot: EngineSnapshot | None) -> None:
              "for want of a credit)", c[MESSAGES], c[MERGED_STEPS], c[MERGED_STEPS] / c[MESSAGES], c[HELD_STEPS])
 
 
-def _receive(commands, parent_pid: int, wait: bool) -> list[tuple]:
-    """Every command queued now; with ``wait``, sleeps until one comes."""
+def _receive(clients: list[_Client], parent_pid: int, wait: bool) -> dict[int, list[tuple] | None]:
+    """Every command queued now, per client (None: its pipe reached end of file); with ``wait``, sleeps until one
+    comes."""
     if os.getppid() != parent_pid:
         raise _ServerGone
     if wait:
-        while not commands.poll(PARENT_CHECK_S):
+        pipes = [client.commands for client in clients]
+        while not multiprocessing.connection.wait(pipes, PARENT_CHECK_S):
             if os.getppid() != parent_pid:
                 raise _ServerGone
-    batch: list[tuple] = []
-    try:
-        while commands.poll(0):
-            batch.extend(pickle.loads(commands.recv_bytes()))
-    except (EOFError, OSError):  # the server closed its end: it is gone, or it exits
-        raise _ServerGone from None
-    return batch
+    batches: dict[int, list[tuple] | None] = {}
+    for client in clients:
+        batch: list[tuple] | None = []
+        try:
+            while client.commands.poll(0):
+                batch.extend(pickle.loads(client.commands.recv_bytes()))
+        except (EOFError, OSError):  # the server closed its end: it is gone, or it exits
+            batch = None
+        batches[client.index] = batch
+    return batches
 
 
 def _send(events, message: tuple) -> None:

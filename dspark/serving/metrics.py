@@ -6,13 +6,19 @@ reason, prompt and generated tokens, time to first token, latency, mean accept l
 counters). Speculative decoding is exported under vLLM's names (``vllm:spec_decode_*``), so dashboards
 built for vLLM read it; the engine's scheduling counters (verified tokens, trim ratio, planner
 decisions, ...) under ``dspark:``.
+
+With several API server processes over one engine (runners.serve ``api_servers`` > 1) a scrape reaches one of
+them, so the per-request metrics use prometheus_client's multiprocess mode (``multiprocess=True``): every process
+writes its values to files under PROMETHEUS_MULTIPROC_DIR, set before the processes start, and ``/metrics`` sums
+every process's. The snapshot's metrics are the whole engine's already, and come from the scraped process alone.
 """
 
 from __future__ import annotations
 
 import re
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, values
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dspark.request import RequestOutput
@@ -142,30 +148,39 @@ class EngineSnapshotCollector:
 
 
 class ServerMetrics:
-    """Everything ``/metrics`` exports for one server."""
+    """Everything ``/metrics`` exports for one server. ``multiprocess``: the per-request metrics are summed over
+    every process of the server (prometheus_client's multiprocess mode: PROMETHEUS_MULTIPROC_DIR must have been
+    set when prometheus_client was imported)."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, multiprocess: bool = False):
         self.model_name = model_name
         self.registry = CollectorRegistry()
         labels = ["model_name"]
+        own = self.registry
+        if multiprocess:
+            if values.ValueClass is values.MutexValue:
+                raise RuntimeError("multiprocess metrics: PROMETHEUS_MULTIPROC_DIR was not set when "
+                                   "prometheus_client was imported in this process")
+            MultiProcessCollector(self.registry)  # every process's values, read from their files
+            own = None  # this process's values are among them: registered here they would count twice
         self.requests = Counter("vllm:request_success", "Finished requests by finish reason (stop, length, abort, "
-                                "error).", ["model_name", "finished_reason"], registry=self.registry)
+                                "error).", ["model_name", "finished_reason"], registry=own)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests.", labels,
-                                     registry=self.registry)
+                                     registry=own)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated for finished requests.",
-                                         labels, registry=self.registry)
+                                         labels, registry=own)
         self.time_to_first_token = Histogram(
             "vllm:time_to_first_token_seconds", "From the engine taking a request to its first token.", labels,
             buckets=(0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
-            registry=self.registry)
+            registry=own)
         self.latency = Histogram(
             "vllm:e2e_request_latency_seconds", "From the engine taking a request to its end.", labels,
-            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0), registry=self.registry)
+            buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0), registry=own)
         self.mean_accept_length = Histogram(
             "dspark:request_mean_accept_length", "A request's tokens committed per decode step (accepted drafts "
             "plus the target's token).", labels,
             buckets=(1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0, 12.0, 16.0, 33.0),
-            registry=self.registry)
+            registry=own)
         self.engine = EngineSnapshotCollector(model_name)
         self.registry.register(self.engine)
 
