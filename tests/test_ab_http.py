@@ -370,3 +370,26 @@ def test_a_served_arm_that_returns_token_ids_is_judged_by_the_in_process_guards(
         ("B/block1", planted["request_id"], planted["position"])]
     assert g["details"]["outputs"] == {"A": "in process",
                                        "B": "served over HTTP, token ids from its API (precision bfloat16)"}
+
+
+def test_a_served_arm_with_several_api_servers_passes_the_guards_and_counts_every_request(tmp_path):
+    """ab=in_process_vs_served with B's runners.serve at api_servers=2 (two HTTP processes over one engine
+    process): the exact lossless guards and did_nothing pass, and B's per-block counter deltas read over HTTP
+    (one scrape, whichever API server answers it) count every request of the block: the same drafts and decode
+    steps as the same requests in process."""
+    cfg, out = _in_process_vs_served(tmp_path, "api2", "load.concurrency=4", "workload.num_prompts=8",
+                                     served=("api_servers=2",))
+    summary = ab.run(cfg, engine_factory=ab.tiny_engine_factory)
+    assert summary["guards_passed"], [(g["name"], g["message"]) for g in summary["guards"] if not g["passed"]]
+    guards = {g["name"]: g for g in summary["guards"]}
+    assert [guards[f"lossless/block{i}"]["message"] for i in (0, 1)] == ["8/8 requests identical (float32)"] * 2
+    assert guards["did_nothing[B]"]["message"].startswith("arm B: every configured feature engaged")
+    assert summary["arms"]["B"]["http"]["launch"][-1] == "api_servers=2"
+    blocks = pd.read_parquet(out / "blocks.parquet").set_index(["arm", "block"])
+    for block in (0, 1):
+        a, b = blocks.loc[("A", block)], blocks.loc[("B", block)]
+        assert b["n_requests"] == a["n_requests"] == 8 and b["output_tokens"] == a["output_tokens"]
+        assert b["counter/spec_decode/num_draft_tokens"] == a["counter/drafted_tokens"] > 0
+        assert b["counter/spec_decode/num_drafts"] == a["counter/request_steps"]
+    log = next((out / "servers").glob("B-*.log")).read_text()
+    assert "2 API servers" in log, log[-2000:]
