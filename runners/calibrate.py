@@ -62,6 +62,7 @@ from dspark.training.calibration import (METHODS, bootstrap_ece, calibration_rep
 from dspark.training.data import TokenDataset
 from dspark.training.trainer import greedy_block_acceptance
 from runners.hydra_main import runner_main
+from runners.make_training_data import CALIBRATION_EVAL_SOURCES
 from runners.schema import ModelSchema
 
 
@@ -180,9 +181,11 @@ def held_out_data(cfg: Any) -> TokenDataset:
         print(f"warning: {cfg.data} holds TRAIN-split prompts and no holdout_fraction is set; calibrate on "
               f"data the drafter did not train on (make_training_data exclude_prompts=..., or the training "
               f"run's holdout)")
-    elif dataset.info.get("split") == "eval":
-        print(f"warning: {cfg.data} holds EVAL-split prompts: calibrating on them is not disjoint from the "
-              f"evaluation prompts; prefer make_training_data split=train exclude_prompts=...")
+    elif dataset.info.get("split") == "eval" and set(dataset.source_names) - set(CALIBRATION_EVAL_SOURCES):
+        benchmarks = sorted(set(dataset.source_names) - set(CALIBRATION_EVAL_SOURCES))
+        print(f"warning: {cfg.data} holds EVAL-split prompts of {benchmarks}: calibrating on them is not disjoint "
+              f"from the evaluation prompts; use the eval split of the training-only sources "
+              f"{CALIBRATION_EVAL_SOURCES}, or make_training_data split=train exclude_prompts=...")
     if cfg.max_sequences is not None:
         dataset = dataset.subset(range(min(int(cfg.max_sequences), len(dataset))))
     if cfg.get("fit_fraction") is not None and len(dataset) < 4:

@@ -595,3 +595,21 @@ def test_init_from_copies_weights_and_refuses_another_architecture(tmp_path, tar
     other = tiny_drafter(target, block_size=5)
     with pytest.raises(ConfigError, match="block_size"):
         init_weights(other, str(tmp_path / "src"), target)
+
+
+@pytest.mark.parametrize("sources, warned", [(["hard_questions", "tool_calls"], False), (["agentic"], True)])
+def test_calibration_data_from_an_eval_split_is_warned_of_only_when_a_benchmark_draws_from_it(tmp_path, capsys,
+                                                                                              sources, warned):
+    """The eval split of the training-only sources is the held-out calibration material of a drafter trained on the
+    whole train split (no benchmark draws from it): no warning; a benchmark workload's eval split is warned of."""
+    from omegaconf import OmegaConf
+
+    from runners.calibrate import held_out_data
+
+    seqs = [[1, 2, 3, 4, 5, 6]] * 4
+    data = TokenDataset.from_sequences(seqs, [2] * 4, [sources[i % len(sources)] for i in range(4)],
+                                       info={"split": "eval"}).save(tmp_path / "calib.safetensors")
+    cfg = OmegaConf.create({"data": str(data), "holdout_fraction": 0.0, "max_sequences": None, "fit_fraction": 0.5})
+    assert len(held_out_data(cfg)) == 4
+    out = capsys.readouterr().out
+    assert ("holds EVAL-split prompts of ['agentic']" in out) == warned, out
