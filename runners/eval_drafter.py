@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -126,44 +125,43 @@ def bootstrap_interval(samples: Sequence[Sequence[float]], statistic: Callable[.
                        paired: bool = False, n_resamples: int = 2000, ci_level: float = 0.95,
                        seed: int = 0) -> dict[str, Any]:
     """A prompt-bootstrap interval of ``statistic`` (vectorized, ``axis=-1``) of ``samples`` (one sequence,
-    or several of equal length with ``paired``: the same prompt indices are drawn for all).
+    or several of equal length with ``paired``: the same prompt indices are drawn for all), through
+    dspark.bench.statistics' BCa and percentile intervals (a paired statistic is bootstrapped over the prompt
+    indices, as scipy's ``paired=True`` does).
 
     Returns ``{low, high, level, method, n_prompts, n_resamples, seed, note}``. ``method`` is "bca";
     "percentile" where BCa's bounds are undefined (``note`` says so); "zero-width" when every prompt gave
     the same value(s); None with null bounds for fewer than 2 prompts."""
-    from scipy import stats as sps
+    from dspark.bench.statistics import bca_interval, percentile_interval
 
     data = [np.asarray(x, dtype=float) for x in samples]
     n = data[0].size
     if any(x.ndim != 1 or x.size != n for x in data):
         raise ValueError(f"bootstrap samples must be 1-D of one length, got {[x.shape for x in data]}")
+    if len(data) > 1 and not paired:
+        raise ValueError("several bootstrap samples are resampled together: set paired=True")
     if not all(np.all(np.isfinite(x)) for x in data):
         raise ValueError("bootstrap samples hold non-finite values")
-    if not 0 < ci_level < 1 or n_resamples < 100:
-        raise ValueError(f"need 0 < ci_level < 1 and n_resamples >= 100, got {ci_level}, {n_resamples}")
     info = {"low": None, "high": None, "level": float(ci_level), "method": None, "n_prompts": int(n),
             "n_resamples": int(n_resamples), "seed": int(seed), "note": None}
     if n < 2:
         info["note"] = f"{n} prompt(s): a prompt bootstrap needs at least 2, so no interval"
         return info
-    if all(np.ptp(x) == 0 for x in data):
+    if len(data) == 1:
+        x, stat = data[0], statistic
+    else:  # the prompts' indices, each resample's statistic computed on the same prompts of every sample
+        x = np.arange(n, dtype=float)
+        stat = lambda idx, axis=-1: statistic(*(d[idx.astype(int)] for d in data), axis=axis)  # noqa: E731
+    kw = dict(n_boot=int(n_resamples), ci_level=float(ci_level), seed=int(seed), statistic=stat)
+    if all(np.ptp(d) == 0 for d in data):
         theta = float(statistic(*data, axis=-1))
         info.update(low=theta, high=theta, method="zero-width", note="every prompt gave the same value: no spread")
         return info
-
-    def run(method: str):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # scipy warns about degenerate BCa; undefined bounds are handled below
-            ci = sps.bootstrap(tuple(data), statistic, n_resamples=int(n_resamples), method=method, paired=paired,
-                               vectorized=True, axis=-1, confidence_level=float(ci_level),
-                               rng=np.random.default_rng(int(seed))).confidence_interval
-        return float(ci.low), float(ci.high)
-
-    low, high = run("BCa")
-    if np.isfinite(low) and np.isfinite(high):
+    low, high, how = bca_interval(x, **kw)
+    if how["method"] == "bca":
         info.update(low=low, high=high, method="bca")
     else:
-        low, high = run("percentile")
+        low, high = percentile_interval(x, **kw)
         info.update(low=low, high=high, method="percentile",
                     note="BCa bounds undefined (degenerate bootstrap distribution): percentile interval instead")
     return info
