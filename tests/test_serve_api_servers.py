@@ -99,7 +99,7 @@ class Client:
 
 @contextlib.contextmanager
 def child_for(cfg, clients: list[Client], messages_in_flight: int = 1):
-    """The child's loop (engine_process._serve_clients) over a tiny engine in a thread of this process: (engine,
+    """The child's loop (engine_process._serve) over a tiny engine in a thread of this process: (engine,
     the thread, its exit code once it ends). Leaving closes every client's pipes (the loop then ends)."""
     engine = TinyEngine(cfg, step_delay_s=0.005)()
     exit_code = []
@@ -107,7 +107,7 @@ def child_for(cfg, clients: list[Client], messages_in_flight: int = 1):
 
     def run():
         with contextlib.suppress(engine_process._ServerGone):
-            exit_code.append(engine_process._serve_clients(engine, pipes, os.getppid(), messages_in_flight))
+            exit_code.append(engine_process._serve(engine, pipes, os.getppid(), messages_in_flight))
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

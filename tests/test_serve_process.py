@@ -294,7 +294,7 @@ def child_on_pipes(cfg):
     events, child_events = multiprocessing.Pipe(duplex=False)
     exit_code = []
     child = threading.Thread(target=lambda: exit_code.append(engine_process._serve(
-        engine, child_commands, child_events, os.getppid(), messages_in_flight=1)), daemon=True)
+        engine, [(child_commands, child_events)], os.getppid(), messages_in_flight=1)), daemon=True)
     child.start()
 
     def send(*batch):

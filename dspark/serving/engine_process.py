@@ -450,7 +450,7 @@ def _serve_until_stopped(engine, pipes: list[tuple[Any, Any]], parent_pid: int, 
         ready = {"tokenizer": engine.tokenizer, "cfg": engine.cfg, "block_size": engine.block_size}
         for _, events in pipes:
             _send(events, (_READY, ready))
-        exit_code[0] = _serve_clients(engine, pipes, parent_pid, messages_in_flight)
+        exit_code[0] = _serve(engine, pipes, parent_pid, messages_in_flight)
     except _ServerGone:
         log.warning("the server's process went away; the engine process ends")
         exit_code[0] = 0
@@ -520,13 +520,8 @@ class _Client:
     lost: bool = False  # a message to it could not be sent: it is gone
 
 
-def _serve(engine, commands, events, parent_pid: int, messages_in_flight: int = MESSAGES_IN_FLIGHT) -> int:
-    """The engine loop for one server process; returns the exit status (0: stopped, 1: the engine failed)."""
-    return _serve_clients(engine, [(commands, events)], parent_pid, messages_in_flight)
-
-
-def _serve_clients(engine, pipes: list[tuple[Any, Any]], parent_pid: int,
-                   messages_in_flight: int = MESSAGES_IN_FLIGHT) -> int:
+def _serve(engine, pipes: list[tuple[Any, Any]], parent_pid: int,
+           messages_in_flight: int = MESSAGES_IN_FLIGHT) -> int:
     """The engine loop for the server processes whose (commands, events) pipes are ``pipes``; returns the exit
     status (0: stopped, 1: the engine failed). Each client numbers its requests itself (the driver keys them by
     (client, id)) and gets the events of its own requests and the replies to its own snapshots. After a step, a
