@@ -68,10 +68,9 @@ from dspark.bench.http.endpoint import HttpEndpoint  # noqa: E402
 from dspark.bench.http.load import HttpRequest, LoadResult, run_load  # noqa: E402
 
 DEFAULTS = dict(requests=1000, concurrency=256, max_tokens=256, warmup=128, tokens_per_step=3, step_ms=1.0,
-                max_batch=256, block_size=7, engine="process", http="httptools", loop="uvloop", prompt_workers=0, gc_freeze=1,
-                api_servers=1,
-                profile="none",
-                profile_dir="/tmp/httpprof", rate_hz=100, variants="uvloop,h11,thread")
+                max_batch=256, block_size=7, engine="process", http="httptools", loop="uvloop", prompt_workers=0,
+                gc_freeze=1, api_servers=1, profile="none", profile_dir="/tmp/httpprof", rate_hz=100,
+                variants="uvloop,h11,thread")
 PRESETS = {
     "uvloop": {"engine": "process", "http": "httptools", "loop": "uvloop"},
     "h11": {"engine": "process", "http": "h11", "loop": "asyncio"},

@@ -2,8 +2,9 @@
 
 Prompts are tokenized the way ``Engine.add_request`` tokenizes them (``tokenizer.encode`` for text,
 ``tokenizer.encode_chat`` for messages; on the event loop or in worker processes, ``prompt_workers``), so a
-request through the server and the same prompt through ``Engine.generate`` decode the same tokens. Lengths are checked as OpenAI checks them: a prompt that
-leaves no room in the context, or ``max_tokens`` beyond it, is a 400 ``context_length_exceeded``.
+request through the server and the same prompt through ``Engine.generate`` decode the same tokens. Lengths are
+checked as OpenAI checks them: a prompt that leaves no room in the context, or ``max_tokens`` beyond it, is a 400
+``context_length_exceeded``.
 """
 
 from __future__ import annotations
