@@ -14,6 +14,11 @@
 # folders, see bench/carry_state.sh group) unpacks them into $WORK first, and PHASES="train ..."
 # resumes both runs from their checkpoints.
 #
+# Continuing the shipped drafter: INIT_FROM=builtin:dspark-smollm2 STYLES=dspark starts DSpark
+# from those weights (fresh AdamW and schedule, LR=peak learning rate) on this run's data; the
+# finish phase then evaluates the starting drafter on the same held-out prompts as the baseline
+# of the paired comparison (instead of the DFlash ablation, which would not have the same steps).
+#
 # GPUs: with two (nvidia-h200-x2), data generation is sharded over both (shard=i/2) and DSpark
 # trains on GPU 0 while the ablation trains on GPU 1; with one, both share it. State lives in
 # $WORK, so phases run in separate calls of one warm machine; every stage has a time budget
@@ -46,6 +51,14 @@ else
 fi
 SAMPLES=${SAMPLES:-"{agentic: 4, stdlib_prose: 4, arena_hard: 8, hard_questions: 3, chat_followups: 2}"}
 PHASES=${PHASES:-"data train finish"}
+STYLES=${STYLES:-"dspark dflash"}
+INIT_FROM=${INIT_FROM:-}
+if [[ -n "$INIT_FROM" && " $STYLES " == *" dflash "* ]]; then
+  echo "INIT_FROM=$INIT_FROM with the DFlash ablation: the two would not have the same steps; set STYLES=dspark"
+  exit 2
+fi
+[[ " $STYLES " == *" dspark "* ]] || { echo "STYLES=$STYLES: DSpark is the drafter this script ships"; exit 2; }
+trained() { [[ " $STYLES " == *" $1 "* ]]; }
 has() { [[ " $PHASES " == *" $1 "* ]]; }
 gpu() { if [[ "$DEV" == cuda ]]; then echo $(( $1 % GPUS )); else echo ""; fi; }
 DATA_LIST=$(python3 -c "print('[' + ','.join('$WORK/data/train_%d.safetensors' % i for i in range($GPUS)) + ']')")
@@ -112,24 +125,26 @@ print('data', d.summary())"
 fi
 
 if has train; then
-  stamp "train: DSpark (GPU $(gpu 0)) and the DFlash ablation (GPU $(gpu 1)), same data, steps and seed"
+  stamp "train: $STYLES (GPUs from $(gpu 0)), same data, steps and seed${INIT_FROM:+; DSpark from $INIT_FROM}"
   common="data=$DATA_LIST data_holdout_fraction=$HOLDOUT train.device=$DEV train.max_steps=$STEPS train.batch_size=$BATCH
     train.max_len=512 train.warmup_steps=$(( STEPS / 20 + 1 )) train.save_every=500 train.keep_last=1
-    train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=32"
-  k=0
-  for style in dspark dflash; do
+    train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=32
+    ${LR:+train.lr=$LR}"
+  k=0; pids=()
+  for style in $STYLES; do
     resume=false; ls -d "$WORK/run_$style"/checkpoint-* >/dev/null 2>&1 && resume=true
-    CUDA_VISIBLE_DEVICES=$(gpu $k) python3 -m runners.train_drafter $common style=$style resume=$resume \
+    init=""; [[ $style == dspark && -n "$INIT_FROM" ]] && init="init_from=$INIT_FROM"
+    CUDA_VISIBLE_DEVICES=$(gpu $k) python3 -m runners.train_drafter $common style=$style resume=$resume $init \
       train.output_dir="$WORK/run_$style" hydra.run.dir="$WORK/hydra/train_$style" > "$WORK/train_$style.log" 2>&1 &
-    eval "p_$style=$!"; k=$((k + 1))
+    pids+=($!); k=$((k + 1))
   done
-  wait $p_dspark; wait $p_dflash
-  for style in dspark dflash; do echo "--- $style"; grep -v "^\s*\"\|^{" "$WORK/train_$style.log" | tail -4; tail -n 1 "$WORK/run_$style/train_log.jsonl"; done
+  for p in "${pids[@]}"; do wait "$p"; done
+  for style in $STYLES; do echo "--- $style"; grep -v "^\s*\"\|^{" "$WORK/train_$style.log" | tail -4; tail -n 1 "$WORK/run_$style/train_log.jsonl"; done
 fi
 if has pack; then
   stamp "pack: data and both runs as parts of 15 MiB under $WORK/pack (the first 8 to \$OUT)"
   rm -rf "$WORK/pack"
-  for name in ${PACK_NAMES:-data run_dspark run_dflash}; do  # PACK_NAMES: e.g. the runs alone, data sent earlier
+  for name in ${PACK_NAMES:-data $(for st in $STYLES; do echo run_$st; done)}; do  # PACK_NAMES: e.g. the runs alone, data sent earlier
     [[ -d "$WORK/$name" ]] || { echo "pack: no $WORK/$name"; continue; }
     EXCLUDE="final *.tmp" bash "$ROOT/bench/carry_state.sh" pack "$WORK/$name" "$name" "$WORK/pack"
   done
@@ -137,12 +152,14 @@ if has pack; then
 fi
 has finish || { stamp "phases done: $PHASES"; exit 0; }
 
+if [[ "${SKIP_CAL:-0}" != 1 ]]; then  # SKIP_CAL=1: bench/h200_calibration.sh calibrates the shipped copy instead
 stamp "calibrate: sequential temperature scaling on the held-out train-split sequences"
 CUDA_VISIBLE_DEVICES=$(gpu 0) timeout $T_CAL python3 -m runners.calibrate checkpoint="$WORK/run_dspark/final" \
   data="$DATA_LIST" holdout_fraction=$HOLDOUT device=$DEV dtype=$DTYPE progress=false hydra.run.dir="$WORK/hydra/cal" \
   | grep -v '^  *"' | tail -20
+fi
 
-stamp "ship: bf16 drafter shards (DSpark and the DFlash ablation)"
+stamp "ship: bf16 drafter shards ($STYLES)"
 cat > "$WORK/ship.py" <<'EOF'
 import sys, shutil, torch
 from pathlib import Path
@@ -166,40 +183,48 @@ if records:
 print("shipped", sorted(p.name for p in dst.iterdir()), sum(p.stat().st_size for p in dst.iterdir()))
 EOF
 python3 "$WORK/ship.py" "$WORK/run_dspark/final" "$WORK/ship" "$WORK/data"
-python3 "$WORK/ship.py" "$WORK/run_dflash/final" "$WORK/ship_dflash" "$WORK/data"
-mkdir -p "$OUT/drafter" "$OUT/dflash"
+mkdir -p "$OUT/drafter"
 cp "$WORK"/ship/*.safetensors "$OUT/drafter/" 2>/dev/null
-cp "$WORK"/ship_dflash/*.safetensors "$OUT/dflash/" 2>/dev/null
+if trained dflash; then
+  python3 "$WORK/ship.py" "$WORK/run_dflash/final" "$WORK/ship_dflash" "$WORK/data"
+  mkdir -p "$OUT/dflash"; cp "$WORK"/ship_dflash/*.safetensors "$OUT/dflash/" 2>/dev/null
+  base="$WORK/ship_dflash"; base_name=dflash
+else  # the drafter this run started from (INIT_FROM) is the baseline; without one, nothing to compare
+  base=${INIT_FROM:-}; base_name=start
+fi
 
-stamp "evaluate: acceptance per workload at T=0 and 0.7 (DSpark GPU $(gpu ${EVAL_GPU_DSPARK:-0}), DFlash GPU $(gpu ${EVAL_GPU_DFLASH:-1}))"
+stamp "evaluate: acceptance per workload at T=0 and 0.7 (DSpark GPU $(gpu ${EVAL_GPU_DSPARK:-0}), ${base:+$base_name GPU $(gpu ${EVAL_GPU_DFLASH:-1})})"
 ev="engine=$EVAL_ENGINE num_prompts=$EVAL_PROMPTS max_tokens=$EVAL_TOK progress=false"
 CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DSPARK:-0}) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship" $ev \
   output_dir="$WORK/eval_dspark" hydra.run.dir="$WORK/hydra/ev1" > "$WORK/eval_dspark.log" 2>&1 &
-e1=$!
-CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DFLASH:-1}) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship_dflash" $ev \
-  output_dir="$WORK/eval_dflash" hydra.run.dir="$WORK/hydra/ev2" > "$WORK/eval_dflash.log" 2>&1 &
-e2=$!
-wait $e1; wait $e2
-cat "$WORK/eval_dspark/eval.md" "$WORK/eval_dflash/eval.md" 2>/dev/null || tail -20 "$WORK"/eval_*.log
-# DSpark against the ablation, paired by prompt (A: DFlash, B: DSpark), with bootstrap intervals
-python3 -m runners.eval_drafter "compare=[$WORK/eval_dflash,$WORK/eval_dspark]" output_dir="$WORK/eval_compare" \
-  hydra.run.dir="$WORK/hydra/cmp" 2>&1 | tail -12
+pids=($!)
+if [[ -n "$base" ]]; then
+  CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DFLASH:-1}) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$base" $ev \
+    output_dir="$WORK/eval_$base_name" hydra.run.dir="$WORK/hydra/ev2" > "$WORK/eval_$base_name.log" 2>&1 &
+  pids+=($!)
+fi
+for p in "${pids[@]}"; do wait "$p"; done
+cat "$WORK/eval_dspark/eval.md" ${base:+"$WORK/eval_$base_name/eval.md"} 2>/dev/null || tail -20 "$WORK"/eval_*.log
+if [[ -n "$base" ]]; then  # DSpark against the baseline, paired by prompt (A: baseline, B: DSpark), bootstrap intervals
+  python3 -m runners.eval_drafter "compare=[$WORK/eval_$base_name,$WORK/eval_dspark]" output_dir="$WORK/eval_compare" \
+    hydra.run.dir="$WORK/hydra/cmp" 2>&1 | tail -12
+fi
 
 stamp "pack results"
 mkdir -p "$WORK/results"
 cp "$WORK"/ship/*.json "$WORK"/ship/*.png "$WORK/results/" 2>/dev/null
 cp "$WORK"/run_dspark/final/*.png "$WORK/results/" 2>/dev/null
-mkdir -p "$WORK/results/dflash_ship"; cp "$WORK"/ship_dflash/*.json "$WORK/results/dflash_ship/" 2>/dev/null
+if trained dflash; then mkdir -p "$WORK/results/dflash_ship"; cp "$WORK"/ship_dflash/*.json "$WORK/results/dflash_ship/"; fi
 python3 -c "
 from dspark.training.data import TokenDataset; import json, sys
 d = TokenDataset.load_many(sys.argv[1].strip('[]').split(','))
 print(json.dumps({**d.summary(), 'info': d.info}))
 " "$DATA_LIST" > "$WORK/results/data_summary.txt" 2>&1
-for d in run_dspark run_dflash; do
-  mkdir -p "$WORK/results/$d"; cp "$WORK/$d"/*.jsonl "$WORK/$d"/*.json "$WORK/results/$d/" 2>/dev/null
+for st in $STYLES; do
+  d=run_$st; mkdir -p "$WORK/results/$d"; cp "$WORK/$d"/*.jsonl "$WORK/$d"/*.json "$WORK/results/$d/" 2>/dev/null
   cp "$WORK/$d"/final/*.json "$WORK/results/$d/" 2>/dev/null
 done
-cp -r "$WORK/eval_dspark" "$WORK/eval_dflash" "$WORK/eval_compare" "$WORK/results/" 2>/dev/null
+cp -r "$WORK/eval_dspark" ${base:+"$WORK/eval_$base_name"} "$WORK/eval_compare" "$WORK/results/" 2>/dev/null
 cp "$WORK"/ship/training_prompts.json "$OUT/drafter/" 2>/dev/null
 cp "$WORK"/*.log "$WORK/results/" 2>/dev/null
 nvidia-smi > "$WORK/results/nvidia-smi.txt" 2>/dev/null

@@ -54,7 +54,7 @@ class EvalDrafterSchema:
     model: ModelSchema = field(default_factory=ModelSchema)
     # the engine's settings; engine.spec is set here: dspark for the drafter's runs, off for the target-only ones
     engine: EngineSchema = field(default_factory=EngineSchema)
-    checkpoint: Optional[str] = None  # the drafter folder (config.json + safetensors) to evaluate
+    checkpoint: Optional[str] = None  # the drafter folder (config.json + safetensors) or builtin:NAME to evaluate
     # the workloads whose EVAL-split prompts run, by name (workloads.registry: agentic, poetry, arena_hard, ...)
     workloads: List[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
     num_prompts: int = 16  # prompts per workload (a seeded choice)
@@ -447,7 +447,9 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
 
     if not cfg.checkpoint:
         raise ConfigError("checkpoint: give the drafter folder to evaluate, e.g. checkpoint=runs/dspark/final")
-    checkpoint = Path(cfg.checkpoint)
+    from runners.common import resolve_drafter_path
+
+    checkpoint = Path(resolve_drafter_path(str(cfg.checkpoint)))  # a folder, or builtin:NAME (the shipped one)
     if any(t < 0 for t in cfg.temperatures) or not cfg.temperatures:
         raise ConfigError(f"temperatures: need at least one value >= 0, got {list(cfg.temperatures)}")
     spec_cfg = to_engine_config(cfg.engine, spec="dspark")

@@ -156,3 +156,15 @@ def test_compare_from_the_config(tmp_path):
     saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert saved["rows"][0]["change_pct"] == comparison["rows"][0]["change_pct"]
     assert "B vs A (95% CI)" in (tmp_path / "cmp" / "compare.md").read_text()
+
+
+def test_checkpoint_names_the_shipped_drafter_or_a_folder():
+    """checkpoint=builtin:NAME resolves to dspark/assets/NAME; a name that is not shipped fails before any loading."""
+    from dspark.config import ConfigError
+    from runners.common import ASSETS, resolve_drafter_path
+
+    assert Path(resolve_drafter_path("builtin:dspark-smollm2")) == ASSETS / "dspark-smollm2"
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="eval_drafter", overrides=["checkpoint=builtin:no-such-drafter"])
+    with pytest.raises(ConfigError, match="no-such-drafter"):
+        ev.run(cfg)
