@@ -15,7 +15,8 @@
 # resumes both runs from their checkpoints.
 #
 # Continuing the shipped drafter: INIT_FROM=builtin:dspark-smollm2 STYLES=dspark starts DSpark
-# from those weights (fresh AdamW and schedule, LR=peak learning rate) on this run's data; the
+# from those weights (fresh AdamW and schedule, LR=peak learning rate) on this run's data (any
+# run: ANCHORS=drafted blocks per sequence per step, more signal per sequence when data is short); the
 # finish phase then evaluates the starting drafter on the same held-out prompts as the baseline
 # of the paired comparison (instead of the DFlash ablation, which would not have the same steps).
 #
@@ -129,7 +130,7 @@ if has train; then
   common="data=$DATA_LIST data_holdout_fraction=$HOLDOUT train.device=$DEV train.max_steps=$STEPS train.batch_size=$BATCH
     train.max_len=512 train.warmup_steps=$(( STEPS / 20 + 1 )) train.save_every=500 train.keep_last=1
     train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=32
-    ${LR:+train.lr=$LR}"
+    ${LR:+train.lr=$LR} ${ANCHORS:+train.anchors_per_seq=$ANCHORS}"
   k=0; pids=()
   for style in $STYLES; do
     resume=false; ls -d "$WORK/run_$style"/checkpoint-* >/dev/null 2>&1 && resume=true
