@@ -140,12 +140,16 @@ if has train; then
     pids+=($!); k=$((k + 1))
   done
   for p in "${pids[@]}"; do wait "$p"; done
-  for style in $STYLES; do echo "--- $style"; grep -v "^\s*\"\|^{" "$WORK/train_$style.log" | tail -4; tail -n 1 "$WORK/run_$style/train_log.jsonl"; done
+  for style in $STYLES; do
+    echo "--- $style"; grep -v "^\s*\"\|^{" "$WORK/train_$style.log" | tail -4
+    tail -n 1 "$WORK/run_$style/train_log.jsonl"
+  done
 fi
 if has pack; then
   stamp "pack: data and both runs as parts of 15 MiB under $WORK/pack (the first 8 to \$OUT)"
   rm -rf "$WORK/pack"
-  for name in ${PACK_NAMES:-data $(for st in $STYLES; do echo run_$st; done)}; do  # PACK_NAMES: e.g. the runs alone, data sent earlier
+  # PACK_NAMES: e.g. the runs alone, data sent earlier
+  for name in ${PACK_NAMES:-data $(for st in $STYLES; do echo run_$st; done)}; do
     [[ -d "$WORK/$name" ]] || { echo "pack: no $WORK/$name"; continue; }
     EXCLUDE="final *.tmp" bash "$ROOT/bench/carry_state.sh" pack "$WORK/$name" "$name" "$WORK/pack"
   done
@@ -194,19 +198,23 @@ else  # the drafter this run started from (INIT_FROM) is the baseline; without o
   base=${INIT_FROM:-}; base_name=start
 fi
 
-stamp "evaluate: acceptance per workload at T=0 and 0.7 (DSpark GPU $(gpu ${EVAL_GPU_DSPARK:-0}), ${base:+$base_name GPU $(gpu ${EVAL_GPU_DFLASH:-1})})"
+what="DSpark GPU $(gpu ${EVAL_GPU_DSPARK:-0})${base:+, $base_name GPU $(gpu ${EVAL_GPU_DFLASH:-1})}"
+stamp "evaluate: acceptance per workload at T=0 and 0.7 ($what)"
 ev="engine=$EVAL_ENGINE num_prompts=$EVAL_PROMPTS max_tokens=$EVAL_TOK progress=false"
 CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DSPARK:-0}) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship" $ev \
   output_dir="$WORK/eval_dspark" hydra.run.dir="$WORK/hydra/ev1" > "$WORK/eval_dspark.log" 2>&1 &
 pids=($!)
 if [[ -n "$base" ]]; then
-  CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DFLASH:-1}) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$base" $ev \
+  CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DFLASH:-1}) timeout $T_EVAL \
+    python3 -m runners.eval_drafter checkpoint="$base" $ev \
     output_dir="$WORK/eval_$base_name" hydra.run.dir="$WORK/hydra/ev2" > "$WORK/eval_$base_name.log" 2>&1 &
   pids+=($!)
 fi
 for p in "${pids[@]}"; do wait "$p"; done
 cat "$WORK/eval_dspark/eval.md" ${base:+"$WORK/eval_$base_name/eval.md"} 2>/dev/null || tail -20 "$WORK"/eval_*.log
-if [[ -n "$base" ]]; then  # DSpark against the baseline, paired by prompt (A: baseline, B: DSpark), bootstrap intervals
+if [[ -n "$base" && ! ( -f "$WORK/eval_dspark/eval.json" && -f "$WORK/eval_$base_name/eval.json" ) ]]; then
+  echo "EVALUATION INCOMPLETE (see eval_dspark.log, eval_$base_name.log; T_EVAL=$T_EVAL s): no comparison"
+elif [[ -n "$base" ]]; then  # DSpark against the baseline, paired by prompt (A: baseline, B: DSpark), bootstrap intervals
   python3 -m runners.eval_drafter "compare=[$WORK/eval_$base_name,$WORK/eval_dspark]" output_dir="$WORK/eval_compare" \
     hydra.run.dir="$WORK/hydra/cmp" 2>&1 | tail -12
 fi
@@ -215,7 +223,9 @@ stamp "pack results"
 mkdir -p "$WORK/results"
 cp "$WORK"/ship/*.json "$WORK"/ship/*.png "$WORK/results/" 2>/dev/null
 cp "$WORK"/run_dspark/final/*.png "$WORK/results/" 2>/dev/null
-if trained dflash; then mkdir -p "$WORK/results/dflash_ship"; cp "$WORK"/ship_dflash/*.json "$WORK/results/dflash_ship/"; fi
+if trained dflash; then
+  mkdir -p "$WORK/results/dflash_ship"; cp "$WORK"/ship_dflash/*.json "$WORK/results/dflash_ship/"
+fi
 python3 -c "
 from dspark.training.data import TokenDataset; import json, sys
 d = TokenDataset.load_many(sys.argv[1].strip('[]').split(','))
