@@ -158,10 +158,10 @@ fi
 has finish || { stamp "phases done: $PHASES"; exit 0; }
 
 if [[ "${SKIP_CAL:-0}" != 1 ]]; then  # SKIP_CAL=1: bench/h200_calibration.sh calibrates the shipped copy instead
-stamp "calibrate: sequential temperature scaling on the held-out train-split sequences"
-CUDA_VISIBLE_DEVICES=$(gpu 0) timeout $T_CAL python3 -m runners.calibrate checkpoint="$WORK/run_dspark/final" \
-  data="$DATA_LIST" holdout_fraction=$HOLDOUT device=$DEV dtype=$DTYPE progress=false hydra.run.dir="$WORK/hydra/cal" \
-  | grep -v '^  *"' | tail -20
+  stamp "calibrate: sequential temperature scaling on the held-out train-split sequences"
+  CUDA_VISIBLE_DEVICES=$(gpu 0) timeout $T_CAL python3 -m runners.calibrate checkpoint="$WORK/run_dspark/final" \
+    data="$DATA_LIST" holdout_fraction=$HOLDOUT device=$DEV dtype=$DTYPE progress=false hydra.run.dir="$WORK/hydra/cal" \
+    | grep -v '^  *"' | tail -20
 fi
 
 stamp "ship: bf16 drafter shards ($STYLES)"

@@ -24,20 +24,25 @@ ASSETS = ROOT / "dspark" / "assets"
 TINY_MODELS_ENV = "DSPARK_TEST_TINY_MODELS"
 
 
-def resolve_drafter_path(path: str | None) -> str | None:
-    """'builtin:NAME' -> the checkpoint shipped in dspark/assets/NAME; other values are paths."""
-    if path is None or path == "random":
+def resolve_drafter_path(path: str | None, key: str = "drafter.path") -> str | None:
+    """'builtin:NAME' -> the checkpoint shipped in dspark/assets/NAME; other values are paths.
+
+    ``key`` is the setting that named it (drafter.path, eval_drafter's checkpoint, train_drafter's init_from):
+    errors name it. Only drafter.path accepts ``random`` (returned as is).
+    """
+    if path is None or (path == "random" and key == "drafter.path"):
         return path
     if path.startswith("builtin:"):
         name = path.split(":", 1)[1]
         folder = ASSETS / name
         if not (folder / "config.json").exists():
-            raise ConfigError(f"drafter.path: the shipped drafter {name!r} is not in {ASSETS}; train one with "
-                              f"`python -m runners.train_drafter`, point drafter.path at a checkpoint folder, "
-                              f"use drafter.path=random (lossless checks only), or run spec=off")
+            others = (", use drafter.path=random (lossless checks only), or run spec=off" if key == "drafter.path"
+                      else "")
+            raise ConfigError(f"{key}: the shipped drafter {name!r} is not in {ASSETS}; train one with "
+                              f"`python -m runners.train_drafter`, point {key} at a checkpoint folder{others}")
         return str(folder)
     if not Path(path).is_dir():
-        raise ConfigError(f"drafter.path: {path!r} is not a folder holding a drafter checkpoint (config.json + safetensors)")
+        raise ConfigError(f"{key}: {path!r} is not a folder holding a drafter checkpoint (config.json + safetensors)")
     return path
 
 

@@ -42,6 +42,7 @@ from omegaconf import DictConfig
 
 from dspark.config import ConfigError, SamplingParams
 from dspark.models.drafter import DSparkDrafter
+from runners.common import resolve_drafter_path
 from runners.hydra_main import runner_main
 from runners.schema import EngineSchema, ModelSchema, to_engine_config
 from workloads.registry import build_workload, make_spec
@@ -447,9 +448,7 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
 
     if not cfg.checkpoint:
         raise ConfigError("checkpoint: give the drafter folder to evaluate, e.g. checkpoint=runs/dspark/final")
-    from runners.common import resolve_drafter_path
-
-    checkpoint = Path(resolve_drafter_path(str(cfg.checkpoint)))  # a folder, or builtin:NAME (the shipped one)
+    checkpoint = Path(resolve_drafter_path(str(cfg.checkpoint), key="checkpoint"))  # a folder, or builtin:NAME
     if any(t < 0 for t in cfg.temperatures) or not cfg.temperatures:
         raise ConfigError(f"temperatures: need at least one value >= 0, got {list(cfg.temperatures)}")
     spec_cfg = to_engine_config(cfg.engine, spec="dspark")

@@ -163,7 +163,7 @@ def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel) -> None
     """Copy a saved drafter's weights into ``drafter``; the architectures must be identical."""
     from runners.common import resolve_drafter_path
 
-    source = DSparkDrafter.load(resolve_drafter_path(path), target.cfg, device="cpu", dtype=torch.float32)
+    source = DSparkDrafter.load(resolve_drafter_path(path, key="init_from"), target.cfg, device="cpu", dtype=torch.float32)
     want, got = drafter.cfg.to_dict(), source.cfg.to_dict()
     diff = {k: (got.get(k), want.get(k)) for k in set(want) | set(got) if want.get(k) != got.get(k)}
     if diff:

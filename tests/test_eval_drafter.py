@@ -166,5 +166,9 @@ def test_checkpoint_names_the_shipped_drafter_or_a_folder():
     assert Path(resolve_drafter_path("builtin:dspark-smollm2")) == ASSETS / "dspark-smollm2"
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="eval_drafter", overrides=["checkpoint=builtin:no-such-drafter"])
-    with pytest.raises(ConfigError, match="no-such-drafter"):
+    with pytest.raises(ConfigError, match="^checkpoint: the shipped drafter 'no-such-drafter'"):
+        ev.run(cfg)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="eval_drafter", overrides=["checkpoint=/no/such/folder"])
+    with pytest.raises(ConfigError, match="^checkpoint: '/no/such/folder' is not a folder"):
         ev.run(cfg)
