@@ -20,6 +20,10 @@
 # finish phase then evaluates the starting drafter on the same held-out prompts as the baseline
 # of the paired comparison (instead of the DFlash ablation, which would not have the same steps).
 #
+# Context length: MAX_LEN (default 2048) is the longest sequence trained on, whole; BUCKET (default 16)
+# batches sequences of similar length (train.bucket_batches). A drafter trained on shorter windows than
+# the prompts it serves fails on them (long tool-calling prompts).
+#
 # GPUs: with two (nvidia-h200-x2), data generation is sharded over both (shard=i/2) and DSpark
 # trains on GPU 0 while the ablation trains on GPU 1; with one, both share it. State lives in
 # $WORK, so phases run in separate calls of one warm machine; every stage has a time budget
@@ -128,7 +132,8 @@ fi
 if has train; then
   stamp "train: $STYLES (GPUs from $(gpu 0)), same data, steps and seed${INIT_FROM:+; DSpark from $INIT_FROM}"
   common="data=$DATA_LIST data_holdout_fraction=$HOLDOUT train.device=$DEV train.max_steps=$STEPS train.batch_size=$BATCH
-    train.max_len=512 train.warmup_steps=$(( STEPS / 20 + 1 )) train.save_every=500 train.keep_last=1
+    train.max_len=${MAX_LEN:-2048} train.bucket_batches=${BUCKET:-16} train.warmup_steps=$(( STEPS / 20 + 1 ))
+    train.save_every=500 train.keep_last=1
     train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=32
     ${LR:+train.lr=$LR} ${ANCHORS:+train.anchors_per_seq=$ANCHORS}"
   k=0; pids=()

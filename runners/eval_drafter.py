@@ -106,6 +106,7 @@ def per_prompt_values(outputs: Sequence[Any], ids: Sequence[str] | None = None) 
             "mean_accept_length": float(o.mean_accept_length) if ok else None,
             "decode_steps": int(o.num_steps) if ok else 0,
             "output_tokens": len(o.token_ids) if ok else 0,
+            "prompt_tokens": len(o.prompt_token_ids),
             "pos_accepted": [int(v) for v in o.pos_accepted] if ok else [],
             "pos_reached": [int(v) for v in o.pos_reached] if ok else [],
             "error": o.error if o.error is not None else (None if ok else "no decode steps"),
@@ -191,6 +192,7 @@ def acceptance_metrics(outputs: Sequence[Any], block_size: int, ids: Sequence[st
         per_position.append(_mean(rates))
     per_prompt = per_prompt_values(outputs, ids)
     return {
+        **by_prompt_length(per_prompt),
         "requests": len(outputs),
         "errors": sum(o.error is not None for o in outputs),
         "mean_accept_length": _mean([o.mean_accept_length for o in ok]),
@@ -200,6 +202,23 @@ def acceptance_metrics(outputs: Sequence[Any], block_size: int, ids: Sequence[st
         **row_intervals(per_prompt, n_resamples=n_resamples, ci_level=ci_level, seed=seed),
         "per_prompt": per_prompt,
     }
+
+
+# A prompt longer than this many tokens is "long" in the report: a drafter trained on shorter contexts
+# than it serves loses its acceptance there first, so the split shows whether that happened.
+LONG_PROMPT_TOKENS = 512
+
+
+def by_prompt_length(per_prompt: Mapping[str, Mapping[str, Any]], threshold: int = LONG_PROMPT_TOKENS
+                     ) -> dict[str, Any]:
+    """Request-averaged accept length of the prompts up to ``threshold`` tokens and of the longer ones."""
+    split: dict[str, list[float]] = {"short": [], "long": []}
+    for entry in per_prompt.values():
+        if entry.get("mean_accept_length") is not None and entry.get("prompt_tokens") is not None:
+            split["long" if entry["prompt_tokens"] > threshold else "short"].append(entry["mean_accept_length"])
+    return {"accept_length_by_prompt_length": {"threshold_tokens": int(threshold),
+                                               **{k: {"prompts": len(v), "mean_accept_length": _mean(v)}
+                                                  for k, v in split.items()}}}
 
 
 def greedy_mismatches(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids: Sequence[str],
@@ -297,8 +316,10 @@ def _ci_method(ci: Mapping[str, Any] | None) -> str:
 def markdown_table(report: dict[str, Any]) -> str:
     block = report["block_size"]
     level = report.get("bootstrap", {}).get("ci_level", 0.95)
+    long_at = next((r["accept_length_by_prompt_length"]["threshold_tokens"] for r in report["results"]
+                    if "accept_length_by_prompt_length" in r), LONG_PROMPT_TOKENS)
     head = (["workload", "T", "requests", f"accept length ({level:.0%} CI)"] + [f"p{i + 1}" for i in range(block)]
-            + ["CI method", "greedy = target"])
+            + [f"prompts <= {long_at} / longer: accept length (n)", "CI method", "greedy = target"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     for r in report["results"]:
@@ -316,7 +337,10 @@ def markdown_table(report: dict[str, Any]) -> str:
         cells = [r["workload"], f"{r['temperature']:g}", str(r["requests"]),
                  _with_ci(r["mean_accept_length"], r.get("mean_accept_length_ci"))]
         cells += [_with_ci(pos[0], r.get("p1_acceptance_ci"), 2) if pos else "-"]
-        cells += [_fmt(v, 2) for v in pos[1:]] + [_ci_method(r.get("mean_accept_length_ci")), greedy]
+        split = r.get("accept_length_by_prompt_length") or {}
+        by_len = " / ".join(f"{_fmt(split[k]['mean_accept_length'])} ({split[k]['prompts']})" if k in split else "-"
+                            for k in ("short", "long"))
+        cells += [_fmt(v, 2) for v in pos[1:]] + [by_len, _ci_method(r.get("mean_accept_length_ci")), greedy]
         lines.append("| " + " | ".join(cells) + " |")
     boot = report.get("bootstrap")
     if boot:

@@ -61,8 +61,12 @@ class TrainSchema:
     max_steps: int = 2000  # optimizer steps of the run; the learning-rate schedule ends here
     batch_size: int = 16  # sequences per step
     # tokens per sequence at most (>= 2); a longer sequence is cropped to a window that keeps its last
-    # max_len/4 prompt tokens
-    max_len: int = 1024
+    # max_len/4 prompt tokens. Train at the context lengths the drafter will serve: positions further
+    # apart than any it trained on break its attention (long tool-calling prompts)
+    max_len: int = 2048
+    # > 1: each batch comes from a chunk of this many batches sorted by length, so a batch pads only to
+    # sequences like its own (every sequence still once per epoch); 1: plain shuffled batches
+    bucket_batches: int = 16
     anchors_per_seq: int = 32  # drafted blocks per sequence per step, at seeded anchors in the response
     # anchors only where every label of the block lies inside the sequence (a shorter response falls
     # back to partial blocks, their missing labels masked)

@@ -18,11 +18,12 @@ BLOCK = 4
 FAST = dict(n_resamples=500, ci_level=0.95, seed=0)
 
 
-def fake_output(lengths, error=None):
+def fake_output(lengths, error=None, prompt_len=10):
     """An engine output with these per-step accept lengths (bonus included) and full-block drafts."""
     lengths = [int(v) for v in lengths]
     return SimpleNamespace(
         error=error, accept_lengths=lengths, num_steps=len(lengths), token_ids=[0] * sum(lengths), user_id=None,
+        prompt_token_ids=[1] * prompt_len,
         mean_accept_length=sum(lengths) / len(lengths) if lengths else float("nan"),
         pos_accepted=[sum(v > i + 1 for v in lengths) for i in range(BLOCK)], pos_reached=[len(lengths)] * BLOCK)
 
@@ -87,6 +88,18 @@ def test_markdown_table_shows_the_interval_and_its_method():
     ci = row["mean_accept_length_ci"]
     assert f"{row['mean_accept_length']:.3f} ({ci['low']:.3f} .. {ci['high']:.3f})" in table
     assert "| w | 0 | 12 |" in table and "| BCa |" in table and "accept length (95% CI)" in table
+
+
+def test_accept_length_is_split_by_prompt_length():
+    outs = ([fake_output([4] * 8, prompt_len=100) for _ in range(3)]
+            + [fake_output([1, 2] * 4, prompt_len=ev.LONG_PROMPT_TOKENS + 1) for _ in range(2)])
+    row = ev.acceptance_metrics(outs, BLOCK, [f"p{i}" for i in range(5)], n_resamples=200)
+    split = row["accept_length_by_prompt_length"]
+    assert split["short"] == {"prompts": 3, "mean_accept_length": 4.0}
+    assert split["long"] == {"prompts": 2, "mean_accept_length": 1.5}
+    assert row["per_prompt"]["p4"]["prompt_tokens"] == ev.LONG_PROMPT_TOKENS + 1
+    table = ev.markdown_table({"block_size": BLOCK, "results": [{"workload": "agentic", "temperature": 0.0, **row}]})
+    assert f"prompts <= {ev.LONG_PROMPT_TOKENS} / longer" in table and "4.000 (3) / 1.500 (2)" in table
 
 
 def test_json_round_trip_keeps_per_prompt_values(tmp_path):

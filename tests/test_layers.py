@@ -171,6 +171,12 @@ def test_forward_dense_equals_paged_non_causal():
     torch.testing.assert_close(split, paged[5:], atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="visible mask has shape"):
         attn.forward_dense(x[None], positions[None], None, None, torch.ones(1, n, n + 1, dtype=torch.bool))
+    # visible=None: causal attention without a mask tensor, equal to an explicit lower-triangular mask.
+    causal = torch.ones(n, n, dtype=torch.bool).tril()[None]
+    torch.testing.assert_close(attn.forward_dense(x[None], positions[None], None, None, None),
+                               attn.forward_dense(x[None], positions[None], None, None, causal), atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="needs a visible mask"):
+        attn.forward_dense(x[None, 5:], positions[None, 5:], k_prefix, v_prefix, None)
 
 
 def test_hf_parameter_names():

@@ -111,6 +111,27 @@ def test_batches_crop_and_order():
     assert batch_indices(10, 4, 0, seed=6) != steps[0]
 
 
+def test_length_bucketed_batches_pad_little_and_still_visit_every_sequence_once_per_epoch():
+    lengths = torch.randint(10, 2000, (103,), generator=torch.Generator().manual_seed(1))
+    n, size = 103, 8
+    steps = [batch_indices(n, size, s, seed=3, lengths=lengths, bucket_batches=4) for s in range(3 * n // size)]
+    flat = [i for b in steps for i in b]
+    for epoch in range(2):  # 103 is no multiple of 8: later epochs begin inside a batch
+        assert sorted(flat[epoch * n: (epoch + 1) * n]) == list(range(n))
+    assert steps[7] == batch_indices(n, size, 7, seed=3, lengths=lengths, bucket_batches=4)  # pure
+    # Padding: a batch's spread of lengths is far below a shuffled batch's (the straddling batches excepted).
+    spread = [int(lengths[b].max() - lengths[b].min()) for b in steps]
+    plain = [int(lengths[b].max() - lengths[b].min()) for b in (batch_indices(n, size, s, seed=3) for s in range(36))]
+    assert sorted(spread)[len(spread) // 2] < sorted(plain)[len(plain) // 2] / 3
+    # Epoch 1 begins inside a batch; its groups line up with the batches after that one.
+    later = [spread[s] for s in range(n // size + 1, 2 * n // size)]
+    assert sorted(later)[len(later) // 2] < sorted(plain)[len(plain) // 2] / 3
+    with pytest.raises(DataError, match="one length per sequence"):
+        batch_indices(n, size, 0, seed=3, lengths=lengths[:5], bucket_batches=4)
+    with pytest.raises(DataError, match="bucket_batches"):
+        batch_indices(n, size, 0, seed=3, lengths=lengths, bucket_batches=0)
+
+
 # ------------------------------------------------------------------------------ dense passes
 
 

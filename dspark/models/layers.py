@@ -296,25 +296,32 @@ class PagedSelfAttention(nn.Module):
         return self.o_proj(out.flatten(-2))
 
     def forward_dense(self, x: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor | None,
-                      prefix_v: torch.Tensor | None, visible: torch.Tensor) -> torch.Tensor:
+                      prefix_v: torch.Tensor | None, visible: torch.Tensor | None) -> torch.Tensor:
         """Dense attention for batched queries.
 
         x [N, R, hidden] at positions [N, R]; keys are ``prefix_k`` [N, P, Hkv, D] (already
         rotated, e.g. injected context) followed by the R rows' own keys; ``visible`` is a
         bool mask [N, R, P + R] (True = may attend). Every row must see at least one key.
+        ``visible=None`` (no prefix) is plain causal attention over the rows, computed without
+        a mask tensor, so fused attention kernels apply on long sequences.
         """
         q, k, v = self.project_qkv(x, positions)
+        if visible is None and prefix_k is not None:
+            raise ValueError("visible=None is causal attention over the rows alone; a prefix needs a visible mask")
         if prefix_k is not None:
             k = torch.cat((prefix_k.to(k.dtype), k), dim=1)
             v = torch.cat((prefix_v.to(v.dtype), v), dim=1)
-        if visible.shape != (x.shape[0], x.shape[1], k.shape[1]):
+        if visible is not None and visible.shape != (x.shape[0], x.shape[1], k.shape[1]):
             raise ValueError(f"visible mask has shape {tuple(visible.shape)}, expected "
                              f"{(x.shape[0], x.shape[1], k.shape[1])} = [N, rows, prefix + rows]")
         group = self.num_heads // self.num_kv_heads
         qh = q.transpose(1, 2)  # [N, H, R, D]
         kh = k.repeat_interleave(group, dim=2).transpose(1, 2)  # [N, H, P + R, D]
         vh = v.repeat_interleave(group, dim=2).transpose(1, 2)
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible[:, None], scale=self.scale)
+        if visible is None:
+            out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=self.scale)
+        else:
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible[:, None], scale=self.scale)
         return self.o_proj(out.transpose(1, 2).flatten(-2))
 
 
@@ -404,7 +411,7 @@ class DecoderLayer(nn.Module):
         return x, linear_triton(act, mlp.down_proj.weight, any_m=any_m, tiles=tiles)
 
     def forward_dense(self, x: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor | None,
-                      prefix_v: torch.Tensor | None, visible: torch.Tensor) -> torch.Tensor:
+                      prefix_v: torch.Tensor | None, visible: torch.Tensor | None) -> torch.Tensor:
         x = x + self.self_attn.forward_dense(self.input_layernorm(x), positions, prefix_k, prefix_v, visible)
         return x + self.mlp(self.post_attention_layernorm(x))
 

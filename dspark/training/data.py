@@ -251,23 +251,66 @@ def epoch_permutation(num_sequences: int, seed: int, epoch: int) -> torch.Tensor
     return torch.randperm(num_sequences, generator=gen)
 
 
-def batch_indices(num_sequences: int, batch_size: int, step: int, seed: int) -> list[int]:
-    """Dataset rows of training step ``step`` (0-based): consecutive slices of seeded epoch permutations.
+def bucketed_epoch_order(lengths: torch.Tensor, batch_size: int, bucket_batches: int, seed: int, epoch: int,
+                         offset: int = 0) -> torch.Tensor:
+    """Epoch ``epoch``'s order of the sequences with batches of similar length: a pure function of its arguments.
+
+    The seeded epoch permutation is cut into chunks of ``bucket_batches`` x ``batch_size``
+    sequences; each chunk is sorted by ``lengths`` [N] and its batch-sized groups are shuffled
+    (seeded), so a batch is padded only to the length of sequences like its own and every
+    sequence still comes once per epoch. ``offset`` positions at the start are left as they
+    are: they complete a batch begun in the previous epoch, and the groups then line up with
+    the batches.
+    """
+    n = int(lengths.numel())
+    perm = epoch_permutation(n, seed, epoch)
+    chunk = int(batch_size) * int(bucket_batches)
+    gen = torch.Generator().manual_seed((int(seed) * 2_000_029 + int(epoch) * 7 + 3) & 0x7FFF_FFFF_FFFF_FFFF)
+    pieces = [perm[:offset]]
+    for lo in range(int(offset), n, chunk):
+        part = perm[lo: lo + chunk]
+        part = part[torch.argsort(lengths[part], stable=True)]
+        groups = list(torch.split(part, int(batch_size)))
+        pieces += [groups[int(k)] for k in torch.randperm(len(groups), generator=gen)]
+    return torch.cat(pieces)
+
+
+def batch_indices(num_sequences: int, batch_size: int, step: int, seed: int, lengths: torch.Tensor | None = None,
+                  bucket_batches: int = 1) -> list[int]:
+    """Dataset rows of training step ``step`` (0-based): consecutive slices of seeded epoch orders.
 
     A pure function of its arguments, so a resumed run sees exactly the batches an
-    uninterrupted run would. A batch may straddle an epoch boundary.
+    uninterrupted run would. A batch may straddle an epoch boundary. The epoch order is
+    :func:`epoch_permutation`, or with ``bucket_batches`` > 1 and ``lengths`` [N] (the length
+    each sequence is trained at) :func:`bucketed_epoch_order`.
     """
     if num_sequences < 1:
         raise DataError("the training data holds no sequences")
+    if int(bucket_batches) < 1:
+        raise DataError(f"bucket_batches must be >= 1 (1: no length bucketing), got {bucket_batches}")
+    bucketed = int(bucket_batches) > 1
+    if bucketed and (lengths is None or int(lengths.numel()) != num_sequences):
+        raise DataError(f"length bucketing needs one length per sequence ({num_sequences}), got "
+                        f"{None if lengths is None else int(lengths.numel())}")
     out: list[int] = []
     g = step * batch_size
     cache: dict[int, torch.Tensor] = {}
     for j in range(g, g + batch_size):
         epoch, pos = divmod(j, num_sequences)
         if epoch not in cache:
-            cache[epoch] = epoch_permutation(num_sequences, seed, epoch)
+            if bucketed:
+                offset = (-epoch * num_sequences) % batch_size
+                cache[epoch] = bucketed_epoch_order(lengths, batch_size, bucket_batches, seed, epoch,
+                                                    min(offset, num_sequences))
+            else:
+                cache[epoch] = epoch_permutation(num_sequences, seed, epoch)
         out.append(int(cache[epoch][pos]))
     return out
+
+
+def trained_lengths(dataset: "TokenDataset", max_len: int) -> torch.Tensor:
+    """int64 [N]: the length each sequence has in a batch (its length, at most ``max_len``)."""
+    return (dataset.offsets[1:] - dataset.offsets[:-1]).clamp(max=int(max_len))
 
 
 def generate_dataset(engine, items: Sequence[tuple[str, Any]], sampling: Sequence, *, info: dict[str, Any] | None = None,
@@ -350,5 +393,5 @@ def generate_dataset(engine, items: Sequence[tuple[str, Any]], sampling: Sequenc
     return TokenDataset.from_sequences(seqs, p_lens, sources, info=info), failed
 
 
-__all__ = ["Batch", "DataError", "TokenDataset", "batch_indices", "crop_window", "epoch_permutation",
-           "generate_dataset", "make_batch"]
+__all__ = ["Batch", "DataError", "TokenDataset", "batch_indices", "bucketed_epoch_order", "crop_window",
+           "epoch_permutation", "generate_dataset", "make_batch", "trained_lengths"]

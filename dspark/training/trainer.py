@@ -48,7 +48,7 @@ from dspark.config import ConfigError
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.loading import read_safetensors
 from dspark.models.llama import TargetModel
-from dspark.training.data import TokenDataset, batch_indices, make_batch
+from dspark.training.data import TokenDataset, batch_indices, make_batch, trained_lengths
 from dspark.training.loss import dspark_loss
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -70,6 +70,9 @@ class TrainConfig:
     max_steps: int = 2000
     batch_size: int = 16
     max_len: int = 1024
+    # > 1: batches drawn from chunks of this many batches sorted by length (data.bucketed_epoch_order),
+    # so a long max_len pads a batch only to sequences like its own; 1: plain shuffled batches
+    bucket_batches: int = 1
     anchors_per_seq: int = 32
     require_full_block: bool = True  # anchors only where all block_size labels lie inside the sequence
     lr: float = 6e-4
@@ -100,7 +103,8 @@ class TrainConfig:
             if not cond:
                 raise ConfigError(f"train.{key}: {msg}")
 
-        for key in ("max_steps", "batch_size", "anchors_per_seq", "save_every", "log_every", "max_shard_bytes"):
+        for key in ("max_steps", "batch_size", "bucket_batches", "anchors_per_seq", "save_every", "log_every",
+                    "max_shard_bytes"):
             need(int(getattr(self, key)) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         need(self.max_len >= 2, "max_len", f"must be >= 2, got {self.max_len}")
         need(self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
@@ -130,11 +134,6 @@ class TrainConfig:
 # ---------------------------------------------------------------------------- dense target
 
 
-def causal_mask(seq_len: int, device: torch.device | str) -> torch.Tensor:
-    """bool [S, S], True where row i may attend key j (j <= i)."""
-    return torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
-
-
 def dense_target_forward(target: TargetModel, input_ids: torch.Tensor, capture_layers: tuple[int, ...] = (),
                          return_kv: bool = False
                          ) -> tuple[torch.Tensor, torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor]] | None]:
@@ -150,7 +149,6 @@ def dense_target_forward(target: TargetModel, input_ids: torch.Tensor, capture_l
     batch, seq_len = input_ids.shape
     device = input_ids.device
     positions = torch.arange(seq_len, device=device).expand(batch, seq_len)
-    visible = causal_mask(seq_len, device).expand(batch, seq_len, seq_len)
     wanted = {layer: slot for slot, layer in enumerate(capture_layers)}
     bad = [i for i in capture_layers if not 0 <= i < len(target.model.layers)]
     if bad:
@@ -162,7 +160,7 @@ def dense_target_forward(target: TargetModel, input_ids: torch.Tensor, capture_l
         normed = layer.input_layernorm(x)
         if return_kv:
             kvs.append(layer.self_attn.project_kv(normed, positions))
-        x = x + layer.self_attn.forward_dense(normed, positions, None, None, visible)
+        x = x + layer.self_attn.forward_dense(normed, positions, None, None, None)  # causal
         x = x + layer.mlp(layer.post_attention_layernorm(x))
         if i in wanted:
             captured[wanted[i]] = x
@@ -406,6 +404,7 @@ class DrafterTrainer:
         self.target = _freeze(target.to(device=self.device, dtype=target_dtype))
         self.drafter = drafter.to(device=self.device, dtype=torch.float32).train()
         self.dataset = dataset
+        self.lengths = trained_lengths(dataset, cfg.max_len) if cfg.bucket_batches > 1 else None
         self.extra_state = dict(extra_state or {})
         decay, no_decay = [], []
         for name, p in self.drafter.named_parameters():
@@ -428,7 +427,7 @@ class DrafterTrainer:
         """Loss of training step ``step`` (batch and anchors are functions of the seed and the step)."""
         cfg = self.cfg
         gamma = self.drafter.block_size
-        rows = batch_indices(len(self.dataset), cfg.batch_size, step, cfg.seed)
+        rows = batch_indices(len(self.dataset), cfg.batch_size, step, cfg.seed, self.lengths, cfg.bucket_batches)
         batch = make_batch(self.dataset, rows, cfg.max_len, cfg.pad_id)
         anchors, anchor_valid = sample_anchors(batch.lengths, batch.response_starts, cfg.anchors_per_seq, gamma,
                                                step_generator(cfg.seed, step), cfg.require_full_block)
