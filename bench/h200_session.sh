@@ -12,7 +12,9 @@
 # parts of 15 MiB under $WORK/pack and sends the first 8 to $OUT (`bench/carry_state.sh send`
 # sends the rest in the following calls); on a later machine RESTORE="DIR..." (the carried
 # folders, see bench/carry_state.sh group) unpacks them into $WORK first, and PHASES="train ..."
-# resumes both runs from their checkpoints.
+# resumes both runs from their checkpoints. RETURN_WEIGHTS=dspark sends that run's latest weights back with
+# every train call (fp32, 44 MB in 15 MiB tar parts; one run fits a call's return): a warm start if the machine
+# is lost.
 #
 # Continuing the shipped drafter: INIT_FROM=builtin:dspark-smollm2 STYLES=dspark starts DSpark
 # from those weights (fresh AdamW and schedule, LR=peak learning rate) on this run's data (any
@@ -148,6 +150,14 @@ if has train; then
   for style in $STYLES; do
     echo "--- $style"; grep -v "^\s*\"\|^{" "$WORK/train_$style.log" | tail -4
     tail -n 1 "$WORK/run_$style/train_log.jsonl"
+  done
+  # RETURN_WEIGHTS=STYLE: that run's latest weights (fp32, no optimizer state) come back as 15 MiB tar parts
+  # (final_STYLE.tar.aa, ...), so a machine lost before the finish phase loses only time: join them with cat,
+  # untar, and start the next run from them (INIT_FROM=DIR/final).
+  for style in ${RETURN_WEIGHTS:-}; do
+    [[ -d "$WORK/run_$style/final" ]] || { echo "RETURN_WEIGHTS: no $WORK/run_$style/final"; continue; }
+    tar -cf - -C "$WORK/run_$style" final | split -b 15M - "$OUT/final_$style.tar."
+    ls -la "$OUT"/final_"$style".tar.*
   done
 fi
 if has pack; then
