@@ -119,6 +119,10 @@ def test_length_bucketed_batches_pad_little_and_still_visit_every_sequence_once_
     for epoch in range(2):  # 103 is no multiple of 8: later epochs begin inside a batch
         assert sorted(flat[epoch * n: (epoch + 1) * n]) == list(range(n))
     assert steps[7] == batch_indices(n, size, 7, seed=3, lengths=lengths, bucket_batches=4)  # pure
+    orders: dict = {}  # a caller's cache of epoch orders gives the same batches
+    assert [batch_indices(n, size, s, seed=3, lengths=lengths, bucket_batches=4, orders=orders)
+            for s in range(3 * n // size)] == steps
+    assert sorted(orders) == [0, 1, 2]
     # Padding: a batch's spread of lengths is far below a shuffled batch's (the straddling batches excepted).
     spread = [int(lengths[b].max() - lengths[b].min()) for b in steps]
     plain = [int(lengths[b].max() - lengths[b].min()) for b in (batch_indices(n, size, s, seed=3) for s in range(36))]

@@ -276,13 +276,15 @@ def bucketed_epoch_order(lengths: torch.Tensor, batch_size: int, bucket_batches:
 
 
 def batch_indices(num_sequences: int, batch_size: int, step: int, seed: int, lengths: torch.Tensor | None = None,
-                  bucket_batches: int = 1) -> list[int]:
+                  bucket_batches: int = 1, orders: dict[int, torch.Tensor] | None = None) -> list[int]:
     """Dataset rows of training step ``step`` (0-based): consecutive slices of seeded epoch orders.
 
     A pure function of its arguments, so a resumed run sees exactly the batches an
     uninterrupted run would. A batch may straddle an epoch boundary. The epoch order is
     :func:`epoch_permutation`, or with ``bucket_batches`` > 1 and ``lengths`` [N] (the length
-    each sequence is trained at) :func:`bucketed_epoch_order`.
+    each sequence is trained at) :func:`bucketed_epoch_order`. ``orders`` ({epoch: order}),
+    kept by a caller across the steps of one run (the same other arguments), saves computing
+    an epoch's order again at every step.
     """
     if num_sequences < 1:
         raise DataError("the training data holds no sequences")
@@ -294,7 +296,7 @@ def batch_indices(num_sequences: int, batch_size: int, step: int, seed: int, len
                         f"{None if lengths is None else int(lengths.numel())}")
     out: list[int] = []
     g = step * batch_size
-    cache: dict[int, torch.Tensor] = {}
+    cache: dict[int, torch.Tensor] = {} if orders is None else orders
     for j in range(g, g + batch_size):
         epoch, pos = divmod(j, num_sequences)
         if epoch not in cache:

@@ -405,6 +405,7 @@ class DrafterTrainer:
         self.drafter = drafter.to(device=self.device, dtype=torch.float32).train()
         self.dataset = dataset
         self.lengths = trained_lengths(dataset, cfg.max_len) if cfg.bucket_batches > 1 else None
+        self.epoch_orders: dict[int, torch.Tensor] = {}  # batch_indices' epoch orders, computed once per epoch
         self.extra_state = dict(extra_state or {})
         decay, no_decay = [], []
         for name, p in self.drafter.named_parameters():
@@ -427,7 +428,8 @@ class DrafterTrainer:
         """Loss of training step ``step`` (batch and anchors are functions of the seed and the step)."""
         cfg = self.cfg
         gamma = self.drafter.block_size
-        rows = batch_indices(len(self.dataset), cfg.batch_size, step, cfg.seed, self.lengths, cfg.bucket_batches)
+        rows = batch_indices(len(self.dataset), cfg.batch_size, step, cfg.seed, self.lengths, cfg.bucket_batches,
+                             self.epoch_orders)
         batch = make_batch(self.dataset, rows, cfg.max_len, cfg.pad_id)
         anchors, anchor_valid = sample_anchors(batch.lengths, batch.response_starts, cfg.anchors_per_seq, gamma,
                                                step_generator(cfg.seed, step), cfg.require_full_block)
