@@ -7,9 +7,17 @@ For every workload and temperature (0 and 0.7 by default) the prompts run throug
 engine with ``spec=dspark`` (full-block verification): mean acceptance length (tokens
 committed per decode step, bonus included, averaged over requests) and per-position
 acceptance (accepted at i / drafts that reached i, per request, averaged over requests).
-At temperature 0 the same prompts also run target-only and the token ids must be
-identical; mismatches are listed. Writes ``eval.json`` and ``eval.md`` (a model-card
-table) into ``output_dir`` (default: CHECKPOINT/eval).
+At temperature 0 the same prompts also run target-only and the outputs are compared
+(:func:`greedy_check`): in float32 the token ids must be identical; in reduced precision
+(bf16/fp16) a verify forward and a decode step round differently, so where the target's two
+best tokens are within that rounding the outputs may part. There each row is judged on
+evidence by ``dspark.bench.lossless.evidence_lossless_guard``: every output is re-scored
+teacher-forced by a float32 copy of the target; the noise bound ``delta`` is the forward noise
+measured on the target-only outputs; a mismatch is a ``rounding_flip`` when both outputs'
+tokens at its first differing position are within ``delta`` of the reference's top logit,
+else a ``divergence``; any emitted token beyond ``delta`` fails the row. Mismatches are
+listed. Writes ``eval.json`` and ``eval.md`` (a model-card table) into ``output_dir``
+(default: CHECKPOINT/eval).
 
 Intervals: each row's mean accept length and p1 acceptance get a ``ci_level`` (95%) bootstrap
 interval over PROMPTS (``scipy.stats.bootstrap``, ``n_resamples`` resamples seeded by ``seed``):
@@ -68,9 +76,6 @@ class EvalDrafterSchema:
     seed: int = 0  # seeds which prompts are chosen and each request's sampling seed
     output_dir: Optional[str] = None  # where eval.json and eval.md are written; null: CHECKPOINT/eval
     progress: bool = True  # progress bars over each run's requests
-    # bf16/fp16 only: a greedy mismatch whose first differing token had a top-2 logit margin
-    # below this (in the target-only forward) is a near-tie flip, reported but not a failure.
-    near_tie_margin: float = 0.05
     n_resamples: int = 2000  # bootstrap resamples of the prompts behind each interval (seeded by seed)
     ci_level: float = 0.95  # confidence level of the prompt-bootstrap intervals
     # two eval.json files (or the folders holding them), [A,B]: evaluate nothing; compare B's accept length
@@ -221,13 +226,10 @@ def by_prompt_length(per_prompt: Mapping[str, Mapping[str, Any]], threshold: int
                                                   for k, v in split.items()}}}
 
 
-def greedy_mismatches(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids: Sequence[str],
-                      margin_fn=None, near_tie_margin: float = 0.0) -> list[dict]:
-    """Requests whose speculative greedy tokens differ from target-only greedy tokens.
-
-    With ``margin_fn(token_ids) -> top-2 logit margin after them``, each mismatch records the
-    target's margin at the first differing token and is a ``near_tie`` when it is below
-    ``near_tie_margin`` (pass 0 in fp32, where every mismatch is a divergence)."""
+def greedy_mismatches(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids: Sequence[str]) -> list[dict]:
+    """Requests whose speculative greedy tokens differ from target-only greedy tokens: ``{id,
+    first_difference, spec_len, target_len}`` each (``{id, error}`` where either run failed).
+    :func:`greedy_check` classifies them."""
     found = []
     for pid, a, b in zip(ids, spec_outputs, plain_outputs):
         if a.error is not None or b.error is not None:
@@ -238,30 +240,109 @@ def greedy_mismatches(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any],
                          min(len(a.token_ids), len(b.token_ids)))
             entry = {"id": pid, "first_difference": first, "spec_len": len(a.token_ids),
                      "target_len": len(b.token_ids)}
-            if margin_fn is not None:
-                margin = float(margin_fn(list(b.prompt_token_ids) + list(b.token_ids[:first])))
-                entry.update(margin=margin, kind="near_tie" if margin < near_tie_margin else "divergence")
             found.append(entry)
     return found
 
 
-def top2_margin_fn(target):
-    """token ids -> top-1 minus top-2 logit of the target after them (its own dtype and device)."""
-    from dspark.model_runner import last_position_logits
+# The guard's rate test compares an arm with a control run; this check has none, so the guard makes no rate test
+# and its significance level decides nothing (it must still be a valid level).
+NO_RATE_TEST_ALPHA = 0.05
 
-    def margin(token_ids: list[int]) -> float:
-        top2 = last_position_logits(target, token_ids).topk(2).values
-        return float(top2[0] - top2[1])
 
-    return margin
+def _regret_at(scorer, prompt: Sequence[int], tokens: Sequence[int], idx: int) -> float | None:
+    """The reference's regret of ``tokens[idx]`` (None past the end): re-uses the guard's cached scores."""
+    if idx >= len(tokens):
+        return None
+    return float(scorer.score(list(prompt), list(tokens)).regret[idx])
+
+
+def greedy_check(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids: Sequence[str], *, dtype: str,
+                 scorer=None, decode: Callable[[list[int]], str] | None = None,
+                 progress: Callable | None = None) -> dict[str, Any]:
+    """A temperature-0 row's check that the speculative greedy outputs are the target-only ones.
+
+    float32 (``scorer`` None): exact equality; every mismatch is a ``divergence``. Reduced precision: the
+    evidence guard (``dspark.bench.lossless.evidence_lossless_guard``) over the runs "target" (arm A, whose
+    outputs measure the forward noise: ``delta``) and "dspark" (arm B), re-scored by ``scorer`` (a
+    ``ReferenceScorer`` of the target), without a control run. Each mismatch gets ``kind`` "rounding_flip"
+    (both tokens at its first difference have a regret <= ``delta``) or "divergence", ``spec_regret``,
+    ``target_regret`` (None past an output's end) and ``delta``.
+
+    Returns the row's ``greedy_mismatches``, ``greedy_rounding_flips`` (their count), ``greedy_lossless`` (the
+    guard passed, so no token of either run is beyond ``delta``, and no request failed), ``greedy_evidence``
+    (the guard's message) and, in reduced precision, ``greedy_guard`` (delta, the real divergences, ...)."""
+    mism = greedy_mismatches(spec_outputs, plain_outputs, ids)
+    failed = {m["id"] for m in mism if "error" in m}
+    if scorer is None:
+        for m in mism:
+            if "error" not in m:
+                m["kind"] = "divergence"
+        same = len(ids) - len(mism)
+        return {"greedy_mismatches": mism, "greedy_rounding_flips": 0, "greedy_lossless": not mism,
+                "greedy_evidence": f"{dtype}: exact equality demanded; {same}/{len(ids)} identical"
+                                   + (f", {len(failed)} failed" if failed else "")}
+
+    from dspark.bench.lossless import RunOutputs, evidence_lossless_guard
+
+    ok = [(pid, a, b) for pid, a, b in zip(ids, spec_outputs, plain_outputs) if pid not in failed]
+    prompts = {pid: list(b.prompt_token_ids) for pid, _, b in ok}
+    spec = {pid: list(a.token_ids) for pid, a, _ in ok}
+    plain = {pid: list(b.token_ids) for pid, _, b in ok}
+    g = evidence_lossless_guard([RunOutputs("target", "A", plain), RunOutputs("dspark", "B", spec)],
+                                [("target", "dspark")], prompts, scorer, control_pair=None, alpha=NO_RATE_TEST_ALPHA,
+                                dtype=dtype, decode=decode, name="greedy_lossless", progress=progress)
+    delta = float(g.details["delta"])
+    for m in mism:
+        if "error" in m:
+            continue
+        pid, idx = m["id"], m["first_difference"]
+        spec_regret = _regret_at(scorer, prompts[pid], spec[pid], idx)
+        target_regret = _regret_at(scorer, prompts[pid], plain[pid], idx)
+        flip = spec_regret is not None and target_regret is not None and max(spec_regret, target_regret) <= delta
+        m.update(kind="rounding_flip" if flip else "divergence", spec_regret=spec_regret,
+                 target_regret=target_regret, delta=delta)
+    d = g.details
+    return {"greedy_mismatches": mism, "greedy_rounding_flips": sum(m.get("kind") == "rounding_flip" for m in mism),
+            "greedy_lossless": bool(g.passed) and not failed,
+            "greedy_evidence": g.message + (f"; {len(failed)} request(s) failed" if failed else ""),
+            "greedy_guard": {"delta": delta, "delta_forward": d["delta_forward"],
+                             "forward_noise_quantiles": {str(q): v for q, v in d["forward_noise_quantiles"].items()},
+                             "comparisons": d["comparisons"], "real_divergence_count": d["real_divergence_count"],
+                             "real_divergences": d["real_divergences"]}}
+
+
+def _is_full_precision(dtype: str) -> bool:
+    from dspark.bench.guards import FULL_PRECISION_DTYPES
+
+    return dtype in FULL_PRECISION_DTYPES
+
+
+def _rescoring_bar(total: int) -> Callable[[int], Any]:
+    """A progress bar's update(n), called with the outputs each packed forward of the re-scoring scored."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="greedy check: fp32 re-scoring", unit="output").update
 
 
 def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, Any]]], temperatures: Sequence[float],
              *, max_tokens: int, top_p: float = 1.0, top_k: int = 0, seed: int = 0, progress: bool = False,
-             near_tie_margin: float = 0.0, n_resamples: int = 2000, ci_level: float = 0.95) -> dict[str, Any]:
+             dtype: str | None = None, scorer=None,
+             decode: Callable[[list[int]], str] | None = None, n_resamples: int = 2000,
+             ci_level: float = 0.95) -> dict[str, Any]:
     """Run every (workload, temperature); ``prompt_sets`` maps workload -> [(id, prompt)] (messages or ids).
-    ``seed`` also seeds the prompt bootstrap of each row's intervals."""
+    ``seed`` also seeds the prompt bootstrap of each row's intervals. Each temperature-0 row is checked by
+    :func:`greedy_check`: exactly in float32, on evidence in reduced precision (``dtype``; default the
+    target-only engine's target's), with ``scorer`` (default one ``ReferenceScorer`` of that target, made here
+    and re-used by every row); ``decode`` renders tokens in its evidence."""
     block = spec_engine.block_size
+    if dtype is None:
+        dtype = str(next(plain_engine.target.parameters()).dtype).removeprefix("torch.")
+    exact = _is_full_precision(dtype)
+    if not exact and scorer is None and any(t == 0 for t in temperatures):
+        from dspark.bench.reference import ReferenceScorer
+
+        scorer = ReferenceScorer(plain_engine.target)  # its float32 copy is made when the first row is scored
+    rescoring = _rescoring_bar if progress else None
     results = []
     for name, items in prompt_sets.items():
         ids = [pid for pid, _ in items]
@@ -280,11 +361,8 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
             if temp == 0:
                 plain_engine.reset()
                 plain_out = plain_engine.generate(prompts, params, progress=progress)
-                mism = greedy_mismatches(spec_out, plain_out, ids, margin_fn=top2_margin_fn(plain_engine.target),
-                                         near_tie_margin=near_tie_margin)
-                row["greedy_mismatches"] = mism
-                row["greedy_near_ties"] = sum(m.get("kind") == "near_tie" for m in mism)
-                row["greedy_lossless"] = all(m.get("kind") == "near_tie" for m in mism)
+                row.update(greedy_check(spec_out, plain_out, ids, dtype=dtype, scorer=None if exact else scorer,
+                                        decode=decode, progress=rescoring))
             results.append(row)
     lossless = all(r.get("greedy_lossless", True) for r in results)
     return {"block_size": block, "results": results, "greedy_lossless": lossless,
@@ -313,6 +391,35 @@ def _ci_method(ci: Mapping[str, Any] | None) -> str:
     return METHOD_NAMES.get(ci["method"], str(ci["method"]))
 
 
+def rounding_flips(row: Mapping[str, Any]) -> int:
+    """A temperature-0 row's rounding flips: ``greedy_rounding_flips``, or in an eval.json written before the
+    evidence guard, its ``greedy_near_ties`` (mismatches of ``kind`` "near_tie" under a fixed logit margin)."""
+    for key in ("greedy_rounding_flips", "greedy_near_ties"):
+        if row.get(key) is not None:
+            return int(row[key])
+    return sum(m.get("kind") in ("rounding_flip", "near_tie") for m in row.get("greedy_mismatches") or [])
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'s' if n != 1 else ''}"
+
+
+def greedy_cell(row: Mapping[str, Any]) -> str:
+    """The table's "greedy = target" cell: "yes", "yes (2 rounding flips)", "NO (1 unexplained, 2 rounding
+    flips)"; "n/a" for a sampled row. Reads the older eval.json fields (near-tie flips) too."""
+    if "greedy_lossless" not in row:
+        return "n/a"
+    n, flips = len(row.get("greedy_mismatches") or []), rounding_flips(row)
+    noun = "rounding flip" if "greedy_near_ties" not in row else "near-tie flip"
+    if row["greedy_lossless"]:
+        return f"yes ({_count(flips, noun)})" if n else "yes"
+    parts = [f"{n - flips} unexplained", _count(flips, noun)]
+    beyond = (row.get("greedy_guard") or {}).get("real_divergence_count") or 0
+    if beyond:
+        parts.append(_count(beyond, "token") + " beyond the noise bound")
+    return f"NO ({', '.join(parts)})"
+
+
 def markdown_table(report: dict[str, Any]) -> str:
     block = report["block_size"]
     level = report.get("bootstrap", {}).get("ci_level", 0.95)
@@ -323,16 +430,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     for r in report["results"]:
-        if "greedy_lossless" in r:
-            n, ties = len(r["greedy_mismatches"]), r.get("greedy_near_ties", 0)
-            if not n:
-                greedy = "yes"
-            elif r["greedy_lossless"]:
-                greedy = f"yes ({ties} near-tie flip{'s' if ties > 1 else ''})"
-            else:
-                greedy = f"NO ({n - ties} divergence{'s' if n - ties > 1 else ''}, {ties} near-ties)"
-        else:
-            greedy = "n/a"
+        greedy = greedy_cell(r)
         pos = r["per_position_acceptance"]
         cells = [r["workload"], f"{r['temperature']:g}", str(r["requests"]),
                  _with_ci(r["mean_accept_length"], r.get("mean_accept_length_ci"))]
@@ -486,9 +584,12 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
         prompt_sets = eval_prompts(list(cfg.workloads), int(cfg.num_prompts), int(cfg.seed))
     spec_engine = Engine(target, tokenizer, spec_cfg, drafter)
     plain_engine = Engine(target, tokenizer, plain_cfg)
+    decode = None  # renders the tokens the greedy check's evidence names
+    if tokenizer is not None and hasattr(tokenizer, "decode"):
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
     report = evaluate(spec_engine, plain_engine, prompt_sets, list(cfg.temperatures), max_tokens=int(cfg.max_tokens),
                       top_p=float(cfg.top_p), top_k=int(cfg.top_k), seed=int(cfg.seed), progress=bool(cfg.progress),
-                      near_tie_margin=0.0 if spec_cfg.dtype == "float32" else float(cfg.near_tie_margin),
+                      dtype=spec_cfg.dtype, decode=decode,
                       n_resamples=int(cfg.n_resamples), ci_level=float(cfg.ci_level))
     report.update({"checkpoint": str(checkpoint.resolve()), "drafter": drafter.cfg.to_dict(),
                    "engine": {"device": spec_cfg.device, "dtype": spec_cfg.dtype, "verify": spec_cfg.verify},

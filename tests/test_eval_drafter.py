@@ -1,5 +1,6 @@
 """runners.eval_drafter's prompt-bootstrap intervals and the paired comparison of two reports, on synthetic
-engine outputs (objects with the fields acceptance_metrics reads): no model runs."""
+engine outputs (objects with the fields acceptance_metrics reads): no engine runs. The greedy check's bf16
+evidence guard re-scores hand-made outputs with a tiny CPU target (tests/tiny.py)."""
 
 from __future__ import annotations
 
@@ -185,3 +186,160 @@ def test_checkpoint_names_the_shipped_drafter_or_a_folder():
         cfg = compose(config_name="eval_drafter", overrides=["checkpoint=/no/such/folder"])
     with pytest.raises(ConfigError, match="^checkpoint: '/no/such/folder' is not a folder"):
         ev.run(cfg)
+
+
+# ---- the greedy check: exact in float32, on evidence (dspark.bench.lossless) in bf16 ------------------------
+class FakeEngine:
+    """An engine stand-in: each generate() call returns the next of ``calls`` (one list of outputs per row)."""
+
+    block_size = BLOCK
+
+    def __init__(self, calls, target=None):
+        self.calls, self.target, self.tokenizer = list(calls), target, None
+
+    def reset(self):
+        pass
+
+    def generate(self, prompts, params, progress=False):
+        outs = self.calls.pop(0)
+        assert len(outs) == len(prompts) and all(p.temperature == 0 for p in params)
+        return outs
+
+
+def greedy_output(prompt, tokens, error=None):
+    out = fake_output([1] * len(tokens), error=error)
+    out.token_ids, out.prompt_token_ids = list(tokens), list(prompt)
+    return out
+
+
+def test_float32_demands_exact_equality_and_needs_no_scorer(monkeypatch):
+    import torch
+
+    import dspark.bench.reference as reference
+
+    def no_scorer(*a, **k):
+        raise AssertionError("float32 needs no reference scorer")
+
+    monkeypatch.setattr(reference, "ReferenceScorer", no_scorer)
+    p = [5, 6]
+    target = [greedy_output(p, [3, 4, 5]), greedy_output(p, [3, 4, 5])]
+    spec = [greedy_output(p, [3, 4, 5]), greedy_output(p, [3, 9, 5])]  # one token off: a divergence in float32
+    fp32_target = torch.nn.Linear(1, 1)  # only its parameters' dtype is read
+    rep = ev.evaluate(FakeEngine([spec]), FakeEngine([target], fp32_target), {"w": [("a", p), ("b", p)]}, [0.0],
+                      max_tokens=3, n_resamples=50)  # dtype inferred from the target: float32
+    row = rep["results"][0]
+    assert row["greedy_mismatches"] == [{"id": "b", "first_difference": 1, "spec_len": 3, "target_len": 3,
+                                         "kind": "divergence"}]
+    assert row["greedy_rounding_flips"] == 0 and not row["greedy_lossless"] and not rep["greedy_lossless"]
+    assert row["greedy_evidence"] == "float32: exact equality demanded; 1/2 identical"
+    assert "| NO (1 unexplained, 0 rounding flips) |" in ev.markdown_table(rep)
+    same = ev.greedy_check(target, target, ["a", "b"], dtype="float32")
+    assert same["greedy_lossless"] and same["greedy_mismatches"] == []
+    failed = ev.greedy_check(target, [target[0], greedy_output(p, [], error="boom")], ["a", "b"], dtype="float32")
+    assert not failed["greedy_lossless"] and failed["greedy_mismatches"] == [{"id": "b", "error": "boom"}]
+
+
+@pytest.fixture(scope="module")
+def tied_bf16_target():
+    """A tiny bf16 target that repeats a prompt's last token (8 here), with token 40's embedding 8's scaled by
+    1 - 0.0025: wherever 8 is the float32 reference's argmax, 40 is its runner-up ~0.1 logits below (within the
+    bf16 rounding of logits near 64, one step 0.25 there), and every other token is tens of logits below."""
+    import copy
+
+    import torch
+    from tiny import tiny_target
+
+    from dspark.model_runner import last_position_logits
+
+    target = tiny_target(0).to(torch.bfloat16)
+    with torch.no_grad():
+        w = target.model.embed_tokens.weight
+        w[40] = (w[8].float() * (1 - 0.0025)).to(w.dtype)
+    reference = copy.deepcopy(target).float()  # as ReferenceScorer makes it
+
+    def greedy(prompt, prefix, n=12):
+        out = list(prefix)
+        while len(out) < n:
+            out.append(int(last_position_logits(reference, prompt + out).argmax()))
+        return out
+
+    return target, greedy
+
+
+def test_bf16_rounding_flip_passes_and_a_wrong_token_is_a_divergence(tied_bf16_target, monkeypatch):
+    """In bf16 a mismatch whose tokens are both within the measured forward noise of the float32 reference's top
+    logit is a rounding flip and the row is lossless, although its logit margin (~0.1) is above the old fixed
+    0.05; a token far below the top at the first difference is a divergence; and a token beyond the noise bound
+    later in an output fails the row even when the first difference is a flip. One ReferenceScorer serves every
+    row."""
+    import dspark.bench.reference as reference
+
+    target, greedy = tied_bf16_target
+    p = [5, 17, 33, 60, 8]
+    plain = greedy(p, [])
+    assert plain == [8] * 12  # the tiny target repeats the prompt's last token
+    flip = greedy(p, plain[:3] + [40])  # the runner-up at position 3, then the reference's own continuation
+    wrong = greedy(p, plain[:3] + [96])  # a token ~44 logits below the top
+    flip_then_wrong = flip[:7] + greedy(p, flip[:7] + [96])[7:]
+    made = []
+
+    class CountingScorer(reference.ReferenceScorer):
+        def __init__(self, model, **kw):
+            made.append(model)
+            super().__init__(model, **kw)
+
+    monkeypatch.setattr(reference, "ReferenceScorer", CountingScorer)
+    rows = {"flip": flip, "wrong": wrong, "later": flip_then_wrong}
+    spec = FakeEngine([[greedy_output(p, toks), greedy_output(p, plain)] for toks in rows.values()])
+    plain_engine = FakeEngine([[greedy_output(p, plain)] * 2] * len(rows), target)
+    rep = ev.evaluate(spec, plain_engine, {name: [("a", p), ("b", p)] for name in rows}, [0.0], max_tokens=12,
+                      dtype="bfloat16", n_resamples=50)
+    assert made == [target]  # one scorer, of the target-only engine's target, for every row
+    res = {r["workload"]: r for r in rep["results"]}
+
+    row = res["flip"]
+    (m,) = row["greedy_mismatches"]
+    delta = m["delta"]
+    assert 0.05 < m["spec_regret"] < delta and m["target_regret"] == 0.0, m  # the old fixed margin would fail it
+    assert {k: m[k] for k in ("id", "first_difference", "spec_len", "target_len", "kind")} == {
+        "id": "a", "first_difference": 3, "spec_len": 12, "target_len": 12, "kind": "rounding_flip"}
+    assert row["greedy_lossless"] and row["greedy_rounding_flips"] == 1 and "rounding flip" in row["greedy_evidence"]
+    assert delta == row["greedy_guard"]["delta"] == row["greedy_guard"]["delta_forward"] > 0
+
+    row = res["wrong"]
+    (m,) = row["greedy_mismatches"]
+    assert m["kind"] == "divergence" and m["first_difference"] == 3 and m["spec_regret"] > 10 * m["delta"]
+    assert not row["greedy_lossless"] and row["greedy_rounding_flips"] == 0
+    assert "real divergence" in row["greedy_evidence"] and row["greedy_guard"]["real_divergence_count"] == 1
+
+    row = res["later"]
+    (m,) = row["greedy_mismatches"]
+    assert m["kind"] == "rounding_flip" and m["first_difference"] == 3
+    assert not row["greedy_lossless"] and row["greedy_rounding_flips"] == 1
+    (bad,) = row["greedy_guard"]["real_divergences"]
+    assert (bad["run"], bad["request_id"], bad["position"], bad["token"]) == ("dspark", "a", 7, 96)
+
+    assert not rep["greedy_lossless"]
+    table = ev.markdown_table(rep)
+    assert "| yes (1 rounding flip) |" in table and "| NO (1 unexplained, 0 rounding flips, 1 token beyond" in table
+    assert "| NO (0 unexplained, 1 rounding flip, 1 token beyond the noise bound) |" in table
+    json.dumps(rep)  # eval.json can hold it
+
+
+def test_reports_written_before_the_evidence_guard_still_read():
+    """Old eval.json rows count near-tie flips (greedy_near_ties, kind near_tie); the table and compare read them."""
+    rep = report_of(fake_outputs(6))
+    old = rep["results"][0]
+    old.update(greedy_lossless=True, greedy_near_ties=2, greedy_mismatches=[
+        {"id": "p0", "first_difference": 4, "spec_len": 9, "target_len": 9, "margin": 0.01, "kind": "near_tie"},
+        {"id": "p1", "first_difference": 2, "spec_len": 9, "target_len": 9, "margin": 0.02, "kind": "near_tie"}])
+    assert ev.rounding_flips(old) == 2 and "| yes (2 near-tie flips) |" in ev.markdown_table(rep)
+    old["greedy_mismatches"].append({"id": "p2", "first_difference": 1, "spec_len": 9, "target_len": 9,
+                                     "margin": 0.5, "kind": "divergence"})
+    old["greedy_lossless"] = False
+    assert "| NO (1 unexplained, 2 near-tie flips) |" in ev.markdown_table(rep)
+    del old["greedy_near_ties"]  # counted from the kinds
+    assert ev.rounding_flips(old) == 2
+    assert ev.compare_reports(rep, rep, **FAST)["rows"][0]["change_pct"] == 0.0
+    new = {"greedy_lossless": True, "greedy_rounding_flips": 2, "greedy_mismatches": [{}, {}]}
+    assert ev.greedy_cell(new) == "yes (2 rounding flips)" and ev.greedy_cell({}) == "n/a"
