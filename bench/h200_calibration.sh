@@ -78,6 +78,9 @@ pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"
 print(f"blocks fit/report: {r['split']['blocks']}  sequences: {r['split']['sequences']}")
 print(f"in-sample ECE after: {pct(r['in_sample']['ece_after'])}  out-of-sample ECE before/after: "
       f"{pct(r['ece_before'])} / {pct(r['ece_after'])}  AUC (out of sample): {r['auc_overall']}")
+if "draft_max_prob_auc" in r:
+    print(f"AUC of the drafter's own max probability, same blocks (a head-free estimate): "
+          f"{r['draft_max_prob_auc']['auc_overall']}")
 b = r.get("bootstrap", {}).get("ece_after")
 if b:
     print(f"95% interval of the out-of-sample ECE after: [{pct(b['low'])}, {pct(b['high'])}]  "

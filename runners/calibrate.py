@@ -56,7 +56,8 @@ from dspark.config import ConfigError, ModelConfig
 from dspark.model_runner import DTYPES
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.llama import TargetModel
-from dspark.training.calibration import (METHODS, bootstrap_ece, calibration_report, fit_sequential_temperatures,
+from dspark.training.calibration import (METHODS, bootstrap_ece, calibration_report, conditional_auc,
+                                         fit_sequential_temperatures,
                                          fit_sequential_temperatures_biases, reliability_plot, save_temperatures,
                                          split_sequences)
 from dspark.training.data import TokenDataset
@@ -317,6 +318,10 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
     in_sample = calibration_report(z[fit], accepted[fit], temperatures, biases, n_bins=n_bins)
     out_of_sample = calibration_report(z[rep], accepted[rep], temperatures, biases, n_bins=n_bins)
     report = dict(out_of_sample)  # top level: the reported part (out of sample when split)
+    if "draft_max_prob" in replay:  # a head-free estimate on the same blocks: does the head rank acceptance better?
+        free = conditional_auc(replay["draft_max_prob"].double()[rep], accepted[rep])
+        free.pop("reached")
+        report["draft_max_prob_auc"] = free
     interval = None
     if int(cfg.get("bootstrap_resamples", 0)) > 0:
         boot_seed = seed if cfg.get("bootstrap_seed") is None else int(cfg.bootstrap_seed)
@@ -436,6 +441,8 @@ def main(cfg: DictConfig) -> None:
     if "ece_after" in report.get("bootstrap", {}):
         b = report["bootstrap"]["ece_after"]
         summary["ece_after_interval"] = [b["low"], b["high"]]
+    if "draft_max_prob_auc" in report:
+        summary["draft_max_prob_auc_overall"] = report["draft_max_prob_auc"]["auc_overall"]
     print(json.dumps(summary, indent=2))
 
 

@@ -13,9 +13,9 @@ from hydra import compose, initialize_config_dir
 
 from dspark.config import ConfigError, SamplingParams
 from dspark.engine import Engine
-from dspark.training.calibration import bootstrap_ece, calibration_report, split_sequences
+from dspark.training.calibration import bootstrap_ece, calibration_report, conditional_auc, roc_auc, split_sequences
 from dspark.training.data import TokenDataset, make_batch
-from dspark.training.trainer import greedy_block_acceptance, replay_blocks, sample_anchors
+from dspark.training.trainer import dense_target_forward, greedy_block_acceptance, replay_blocks, sample_anchors
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -171,8 +171,53 @@ def test_greedy_block_acceptance_all_anchors_names_sequences(target, data):
     for i in range(len(data)):
         p_len, length = int(data.prompt_lens[i]), data.length(i)
         assert int(per_seq[i]) == len(range(p_len - 1, length, 2))  # anchors in [start-1, length-1], stride 2
-    assert out["conf_logits"].shape == out["accepted"].shape == (int(per_seq.sum()), 4)
+    assert out["conf_logits"].shape == out["accepted"].shape == out["draft_max_prob"].shape == (int(per_seq.sum()), 4)
     assert out["anchor"].shape == out["seq_index"].shape
+    assert bool(((out["draft_max_prob"] > 0) & (out["draft_max_prob"] <= 1)).all())
+
+
+def test_conditional_auc_ranks_each_position_among_the_rows_that_reached_it():
+    accepted = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1], [1, 0, 0]], dtype=torch.float64)
+    scores = torch.tensor([[.9, .8, .1], [.7, .2, .9], [.3, .9, .9], [.8, .6, .7], [.6, .5, .2]], dtype=torch.float64)
+    out = conditional_auc(scores, accepted)
+    # position 1: rows 0, 1, 3, 4 reached it (row 2 stopped at 0); position 2: rows 0 and 3
+    assert out["auc_per_position"][0] == roc_auc(scores[:, 0], accepted[:, 0])
+    assert out["auc_per_position"][1] == roc_auc(scores[[0, 1, 3, 4], 1], accepted[[0, 1, 3, 4], 1]) == 1.0
+    assert out["auc_per_position"][2] == roc_auc(scores[[0, 3], 2], accepted[[0, 3], 2])
+    assert out["reached"].tolist() == [[True, True, True], [True, True, False], [True, False, False],
+                                       [True, True, True], [True, True, False]]
+    # only the order counts: the same AUCs from logits as from probabilities, as the head's report has them
+    assert conditional_auc(torch.logit(scores), accepted)["auc_per_position"] == out["auc_per_position"]
+    report = calibration_report(torch.logit(scores), accepted, torch.ones(3))
+    assert report["auc_per_position"] == out["auc_per_position"] and report["auc_overall"] == out["auc_overall"]
+
+
+def test_replay_records_the_drafters_probability_of_each_drafted_token(target, data):
+    """draft_max_prob is the drafter's softmax probability of the token it drafted (its argmax), slot by slot:
+    re-drafting with a sampler that reads the same logits gives the same tokens and those probabilities."""
+    drafter = tiny_drafter(target, block_size=4)
+    batch = make_batch(data, list(range(4)), 40, 0)
+    anchors, _ = sample_anchors(batch.lengths + 1, batch.response_starts, 3, 4, torch.Generator().manual_seed(0),
+                                require_full_block=False)
+    out = replay_blocks(target, drafter, batch.input_ids, anchors)
+    seen = []
+
+    def keep(logits, k):
+        seen.append(torch.softmax(logits.float(), -1))
+        return logits.argmax(-1)
+
+    _, captured, _ = dense_target_forward(target, batch.input_ids, drafter.cfg.target_layer_ids, return_kv=True)
+    dummy = torch.zeros(*anchors.shape, 4, dtype=torch.int64)
+    hidden = drafter.forward_train(captured, batch.input_ids, anchors, target.embed, target.lm_head_weight,
+                                   dummy).hidden
+    n, a = anchors.shape
+    drafted = drafter.draft(hidden.reshape(n * a, 4, -1), batch.input_ids.gather(1, anchors).reshape(-1),
+                            target.lm_head_weight, keep)
+    probs = torch.stack(seen, 1)  # [n*a, 4, V]
+    picked = probs.gather(-1, drafted.tokens.view(n * a, 4, 1)).squeeze(-1).view(n, a, 4)
+    assert torch.equal(drafted.tokens.view(n, a, 4), out["tokens"])
+    torch.testing.assert_close(out["draft_max_prob"], picked)
+    torch.testing.assert_close(out["draft_max_prob"], probs.amax(-1).view(n, a, 4))
 
 
 # ------------------------------------------------------------------------------ runner
@@ -229,6 +274,11 @@ def test_calibrate_runner_fit_report_split_and_bootstrap(tmp_path, target, data,
     temps = json.loads((checkpoint / "temperatures.json").read_text())
     assert temps["temperatures"] == saved["temperatures"] and temps["ece_after"] == saved["ece_after"]
     assert (tmp_path / "rel.png").stat().st_size > 1000
+    # the head-free estimate, ranked on the same reported blocks as the head's AUC
+    free = saved["draft_max_prob_auc"]
+    assert set(free) == {"auc_per_position", "auc_overall"} and len(free["auc_per_position"]) == 4
+    assert free["auc_overall"] is not None and 0 <= free["auc_overall"] <= 1
+    assert free["auc_overall"] != saved["auc_overall"]  # another score, not the head's AUC copied
     # deterministic: the same run gives the same report
     again = calibrate.run(cfg, target=target)
     assert again["temperatures"] == report["temperatures"] and again["bootstrap"] == report["bootstrap"]

@@ -313,6 +313,25 @@ def fit_sequential_temperatures_biases(
     return torch.tensor(fitted_t, dtype=torch.float32), torch.tensor(fitted_b, dtype=torch.float32)
 
 
+def _auc_or_none(scores: Tensor, labels: Tensor) -> float | None:
+    """:func:`roc_auc`, or None where it is undefined (no rows, or every label the same)."""
+    if labels.numel() == 0 or bool((labels == labels[0]).all()):
+        return None
+    return roc_auc(scores, labels)
+
+
+def conditional_auc(scores: Any, accepted: Any) -> dict[str, Any]:
+    """How well ``scores`` [M, G] (any per-slot confidence; only their order matters) rank acceptance: per
+    position k, the AUC of scores[:, k] against acceptance of k among the rows that reached k (positions < k
+    all accepted); ``auc_overall`` pools every reached cell; None where undefined. Also returns ``reached``
+    [M, G] (bool), the cells each AUC ranks."""
+    s, a = _check_block_inputs(scores, accepted)
+    survived = survival_indicator(a)
+    reached = torch.cat([torch.ones(s.shape[0], 1, dtype=torch.bool), survived[:, :-1].bool()], dim=1)
+    return {"auc_per_position": [_auc_or_none(s[reached[:, k], k], a[reached[:, k], k]) for k in range(s.shape[1])],
+            "auc_overall": _auc_or_none(s[reached], a[reached]), "reached": reached}
+
+
 def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biases: Any = None, *,
                        n_bins: int = 15) -> dict[str, Any]:
     """Discrimination and calibration of the confidence head, as JSON-ready plain values.
@@ -332,27 +351,20 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biase
     t = _check_temperatures(temperatures, g)
     b = None if biases is None else _check_biases(biases, g)
     survived = survival_indicator(a)
-    reached = torch.cat([torch.ones(z.shape[0], 1, dtype=torch.bool), survived[:, :-1].bool()], dim=1)
-    raw_conf = torch.sigmoid(z)
-
-    def auc_or_none(scores: Tensor, labels: Tensor) -> float | None:
-        if labels.numel() == 0 or bool((labels == labels[0]).all()):
-            return None
-        return roc_auc(scores, labels)
-
-    auc_per_position = [auc_or_none(raw_conf[reached[:, k], k], a[reached[:, k], k]) for k in range(g)]
+    discrimination = conditional_auc(torch.sigmoid(z), a)
     before = cumulative_survival(z, torch.ones(g, dtype=torch.float64))
     after = cumulative_survival(z, t, b)
     ece_before = [float(_ece_rows(before[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
     ece_after = [float(_ece_rows(after[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
+    reached = discrimination.pop("reached")
     reached_count = reached.sum(0)
     accepted_at = (a * reached).sum(0)
     extra: dict[str, Any] = {}
     if b is not None:
         extra["biases"] = [float(v) for v in b]
     extra.update({
-        "survival_auc_before_per_position": [auc_or_none(before[:, k], survived[:, k]) for k in range(g)],
-        "survival_auc_after_per_position": [auc_or_none(after[:, k], survived[:, k]) for k in range(g)],
+        "survival_auc_before_per_position": [_auc_or_none(before[:, k], survived[:, k]) for k in range(g)],
+        "survival_auc_after_per_position": [_auc_or_none(after[:, k], survived[:, k]) for k in range(g)],
         "brier_before_per_position": [float(((before[:, k] - survived[:, k]) ** 2).mean()) for k in range(g)],
         "brier_after_per_position": [float(((after[:, k] - survived[:, k]) ** 2).mean()) for k in range(g)],
     })
@@ -366,8 +378,7 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biase
         "reached_per_position": [int(v) for v in reached_count],
         "acceptance_per_position": [float(accepted_at[k] / reached_count[k]) if reached_count[k] > 0 else None
                                     for k in range(g)],
-        "auc_per_position": auc_per_position,
-        "auc_overall": auc_or_none(raw_conf[reached], a[reached]),
+        **discrimination,
         "ece_before_per_position": ece_before,
         "ece_after_per_position": ece_after,
         "ece_before": float(np.mean(ece_before)),
@@ -625,7 +636,8 @@ def load_calibration(directory: str | Path, block_size: int) -> tuple[Tensor, Te
 
 __all__ = [
     "METHODS", "STS_BIAS_METHOD", "STS_METHOD", "TEMPERATURES_FILE", "bias_grid", "bootstrap_ece",
-    "calibrated_confidence", "calibration_report", "cumulative_survival", "expected_calibration_error",
+    "calibrated_confidence", "calibration_report", "conditional_auc", "cumulative_survival",
+    "expected_calibration_error",
     "fit_sequential_temperatures", "fit_sequential_temperatures_biases", "load_calibration", "load_temperatures",
     "reliability_plot", "roc_auc", "save_temperatures", "split_sequences", "survival_indicator", "temperature_grid",
 ]

@@ -637,15 +637,22 @@ def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids:
     hidden = drafter.forward_train(captured, input_ids, anchors, target.embed, target.lm_head_weight, dummy).hidden
     n, a = anchors.shape
     anchor_ids = input_ids.gather(1, anchors)
+    max_probs: list[torch.Tensor] = []
+
+    def argmax_keeping_max_prob(logits: torch.Tensor, k: int) -> torch.Tensor:
+        max_probs.append(torch.softmax(logits.float(), dim=-1).amax(-1))  # the drafter's own confidence in its pick
+        return logits.argmax(-1)
+
     drafted = drafter.draft(hidden.reshape(n * a, gamma, -1), anchor_ids.reshape(-1), target.lm_head_weight,
-                            lambda logits, k: logits.argmax(-1))
+                            argmax_keeping_max_prob)
     tokens = drafted.tokens.view(n, a, gamma)
     block_ids = torch.cat((anchor_ids[..., None], tokens[..., : gamma - 1]), dim=-1)
     verify_hidden = target_verify_forward(target, kvs, block_ids, anchors)
     target_argmax = target.compute_logits(verify_hidden.reshape(n * a * gamma, -1)).argmax(-1).view(n, a, gamma)
     conf = (drafted.confidence_logits.view(n, a, gamma).float() if drafted.confidence_logits is not None
             else torch.zeros(n, a, gamma, device=device))
-    return {"tokens": tokens, "accepted": tokens == target_argmax, "conf_logits": conf}
+    return {"tokens": tokens, "accepted": tokens == target_argmax, "conf_logits": conf,
+            "draft_max_prob": torch.stack(max_probs, dim=-1).view(n, a, gamma)}
 
 
 @torch.no_grad()
@@ -660,7 +667,9 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
     of them. ``batch_size`` sequences share one context pass and ``anchor_chunk`` anchors per
     sequence share one draft + verify pass, which bounds memory however many anchors there are.
     Returns float32 ``conf_logits`` [M, G] (raw z_k of the drafted tokens), float32
-    ``accepted`` [M, G], ``accept_length`` [M] (accepted prefix + 1 bonus), and int64
+    ``draft_max_prob`` [M, G] (the drafter's softmax probability of each drafted token, its argmax: the
+    confidence a head-free estimate has), float32 ``accepted`` [M, G], ``accept_length`` [M] (accepted prefix
+    + 1 bonus), and int64
     ``seq_index`` [M] / ``anchor`` [M] (the dataset row and the position of each block's anchor)
     over the M blocks, in dataset order.
     """
@@ -672,7 +681,7 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
     gamma = drafter.block_size
     was_training = drafter.training
     drafter.eval()
-    conf_all, acc_all, seq_all, anchor_all = [], [], [], []
+    conf_all, acc_all, seq_all, anchor_all, prob_all = [], [], [], [], []
     starts = range(0, len(dataset), batch_size)
     try:
         for i, start in enumerate(tqdm(starts, desc="greedy replay", unit="batch", disable=not progress)):
@@ -688,6 +697,7 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
             valid_dev = valid.to(device)
             conf_all.append(out["conf_logits"][valid_dev].float().cpu())
             acc_all.append(out["accepted"][valid_dev].float().cpu())
+            prob_all.append(out["draft_max_prob"][valid_dev].float().cpu())
             seq_all.append(torch.tensor(rows, dtype=torch.int64)[:, None].expand(valid.shape)[valid])
             anchor_all.append(anchors[valid])
     finally:
@@ -698,7 +708,7 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
     accepted = torch.cat(acc_all)
     accept_length = torch.cumprod(accepted, dim=-1).sum(-1) + 1.0
     return {"conf_logits": conf_logits, "accepted": accepted, "accept_length": accept_length,
-            "seq_index": torch.cat(seq_all), "anchor": torch.cat(anchor_all)}
+            "seq_index": torch.cat(seq_all), "anchor": torch.cat(anchor_all), "draft_max_prob": torch.cat(prob_all)}
 
 
 __all__ = ["DrafterTrainer", "TrainConfig", "block_labels", "complete_checkpoints", "dense_target_forward",
