@@ -388,3 +388,28 @@ def test_calibrate_runner_fits_on_step_traces_of_the_engine(tmp_path, target, ch
     trimmed.generate([[5, 6, 7, 8]] * 4, SamplingParams(max_tokens=16, ignore_eos=True))
     with pytest.raises(ConfigError, match="verify=full"):
         calibrate.run(_compose(f"checkpoint={ckpt}", f"traces=[{t2.save(tmp_path / 'ragged.npz')}]"))
+
+
+def test_auc_head_vs_max_prob_script(tmp_path, capsys, monkeypatch):
+    """bench/auc_head_vs_max_prob.py on a replay where the max probability ranks acceptance perfectly and the
+    head at random: the difference is positive and its interval excludes 0; a replay without max_prob is refused."""
+    import runpy
+
+    gen = torch.Generator().manual_seed(0)
+    rows, g = 400, 3
+    accepted = (torch.rand(rows, g, generator=gen) < 0.6).float()
+    replay = {"conf_logits": torch.randn(rows, g, generator=gen), "accepted": accepted,
+              "draft_max_prob": 0.2 + 0.6 * accepted + 0.01 * torch.rand(rows, g, generator=gen),
+              "seq_index": torch.arange(rows) // 10}
+    path = tmp_path / "replay.pt"
+    torch.save({"key": "{}", "replay": replay}, path)
+    script = str(Path(__file__).resolve().parents[1] / "bench" / "auc_head_vs_max_prob.py")
+    monkeypatch.setattr("sys.argv", [script, str(path), "--resamples", "50"])
+    runpy.run_path(script, run_name="__main__")
+    out = json.loads(capsys.readouterr().out)
+    assert out["max_prob_auc"] == 1.0 and abs(out["head_auc"] - 0.5) < 0.1
+    assert out["difference_ci"][0] > 0 and out["sequences"] == 20
+    del replay["draft_max_prob"]
+    torch.save({"key": "{}", "replay": replay}, path)
+    with pytest.raises(SystemExit, match="no draft_max_prob"):
+        runpy.run_path(script, run_name="__main__")
