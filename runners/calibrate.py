@@ -319,9 +319,7 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
     out_of_sample = calibration_report(z[rep], accepted[rep], temperatures, biases, n_bins=n_bins)
     report = dict(out_of_sample)  # top level: the reported part (out of sample when split)
     if "draft_max_prob" in replay:  # a head-free estimate on the same blocks: does the head rank acceptance better?
-        free = conditional_auc(replay["draft_max_prob"].double()[rep], accepted[rep])
-        free.pop("reached")
-        report["draft_max_prob_auc"] = free
+        report["draft_max_prob_auc"] = conditional_auc(replay["draft_max_prob"].double()[rep], accepted[rep])
     interval = None
     if int(cfg.get("bootstrap_resamples", 0)) > 0:
         boot_seed = seed if cfg.get("bootstrap_seed") is None else int(cfg.bootstrap_seed)

@@ -48,6 +48,7 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
+from dspark.bench.guards import FULL_PRECISION_DTYPES
 from dspark.config import ConfigError, SamplingParams
 from dspark.models.drafter import DSparkDrafter
 from runners.common import resolve_drafter_path
@@ -311,12 +312,6 @@ def greedy_check(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids:
                              "real_divergences": d["real_divergences"]}}
 
 
-def _is_full_precision(dtype: str) -> bool:
-    from dspark.bench.guards import FULL_PRECISION_DTYPES
-
-    return dtype in FULL_PRECISION_DTYPES
-
-
 def _rescoring_bar(total: int) -> Callable[[int], Any]:
     """A progress bar's update(n), called with the outputs each packed forward of the re-scoring scored."""
     from tqdm.auto import tqdm
@@ -337,7 +332,7 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
     block = spec_engine.block_size
     if dtype is None:
         dtype = str(next(plain_engine.target.parameters()).dtype).removeprefix("torch.")
-    exact = _is_full_precision(dtype)
+    exact = dtype in FULL_PRECISION_DTYPES
     if not exact and scorer is None and any(t == 0 for t in temperatures):
         from dspark.bench.reference import ReferenceScorer
 

@@ -13,7 +13,8 @@ from hydra import compose, initialize_config_dir
 
 from dspark.config import ConfigError, SamplingParams
 from dspark.engine import Engine
-from dspark.training.calibration import bootstrap_ece, calibration_report, conditional_auc, roc_auc, split_sequences
+from dspark.training.calibration import (bootstrap_ece, calibration_report, conditional_auc, reached_cells,
+                                         roc_auc, split_sequences)
 from dspark.training.data import TokenDataset, make_batch
 from dspark.training.trainer import dense_target_forward, greedy_block_acceptance, replay_blocks, sample_anchors
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
@@ -184,7 +185,7 @@ def test_conditional_auc_ranks_each_position_among_the_rows_that_reached_it():
     assert out["auc_per_position"][0] == roc_auc(scores[:, 0], accepted[:, 0])
     assert out["auc_per_position"][1] == roc_auc(scores[[0, 1, 3, 4], 1], accepted[[0, 1, 3, 4], 1]) == 1.0
     assert out["auc_per_position"][2] == roc_auc(scores[[0, 3], 2], accepted[[0, 3], 2])
-    assert out["reached"].tolist() == [[True, True, True], [True, True, False], [True, False, False],
+    assert reached_cells(accepted).tolist() == [[True, True, True], [True, True, False], [True, False, False],
                                        [True, True, True], [True, True, False]]
     # only the order counts: the same AUCs from logits as from probabilities, as the head's report has them
     assert conditional_auc(torch.logit(scores), accepted)["auc_per_position"] == out["auc_per_position"]

@@ -320,16 +320,20 @@ def _auc_or_none(scores: Tensor, labels: Tensor) -> float | None:
     return roc_auc(scores, labels)
 
 
+def reached_cells(accepted: Tensor) -> Tensor:
+    """bool [M, G]: the cells each block reached (every earlier position accepted)."""
+    survived = survival_indicator(accepted)
+    return torch.cat([torch.ones(accepted.shape[0], 1, dtype=torch.bool), survived[:, :-1].bool()], dim=1)
+
+
 def conditional_auc(scores: Any, accepted: Any) -> dict[str, Any]:
     """How well ``scores`` [M, G] (any per-slot confidence; only their order matters) rank acceptance: per
-    position k, the AUC of scores[:, k] against acceptance of k among the rows that reached k (positions < k
-    all accepted); ``auc_overall`` pools every reached cell; None where undefined. Also returns ``reached``
-    [M, G] (bool), the cells each AUC ranks."""
+    position k, the AUC of scores[:, k] against acceptance of k among the rows that reached k
+    (:func:`reached_cells`); ``auc_overall`` pools every reached cell; None where undefined."""
     s, a = _check_block_inputs(scores, accepted)
-    survived = survival_indicator(a)
-    reached = torch.cat([torch.ones(s.shape[0], 1, dtype=torch.bool), survived[:, :-1].bool()], dim=1)
+    reached = reached_cells(a)
     return {"auc_per_position": [_auc_or_none(s[reached[:, k], k], a[reached[:, k], k]) for k in range(s.shape[1])],
-            "auc_overall": _auc_or_none(s[reached], a[reached]), "reached": reached}
+            "auc_overall": _auc_or_none(s[reached], a[reached])}
 
 
 def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biases: Any = None, *,
@@ -356,7 +360,7 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biase
     after = cumulative_survival(z, t, b)
     ece_before = [float(_ece_rows(before[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
     ece_after = [float(_ece_rows(after[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
-    reached = discrimination.pop("reached")
+    reached = reached_cells(a)
     reached_count = reached.sum(0)
     accepted_at = (a * reached).sum(0)
     extra: dict[str, Any] = {}
@@ -636,7 +640,7 @@ def load_calibration(directory: str | Path, block_size: int) -> tuple[Tensor, Te
 
 __all__ = [
     "METHODS", "STS_BIAS_METHOD", "STS_METHOD", "TEMPERATURES_FILE", "bias_grid", "bootstrap_ece",
-    "calibrated_confidence", "calibration_report", "conditional_auc", "cumulative_survival",
+    "calibrated_confidence", "calibration_report", "conditional_auc", "cumulative_survival", "reached_cells",
     "expected_calibration_error",
     "fit_sequential_temperatures", "fit_sequential_temperatures_biases", "load_calibration", "load_temperatures",
     "reliability_plot", "roc_auc", "save_temperatures", "split_sequences", "survival_indicator", "temperature_grid",

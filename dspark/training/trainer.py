@@ -637,14 +637,8 @@ def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids:
     hidden = drafter.forward_train(captured, input_ids, anchors, target.embed, target.lm_head_weight, dummy).hidden
     n, a = anchors.shape
     anchor_ids = input_ids.gather(1, anchors)
-    max_probs: list[torch.Tensor] = []
-
-    def argmax_keeping_max_prob(logits: torch.Tensor, k: int) -> torch.Tensor:
-        max_probs.append(torch.softmax(logits.float(), dim=-1).amax(-1))  # the drafter's own confidence in its pick
-        return logits.argmax(-1)
-
     drafted = drafter.draft(hidden.reshape(n * a, gamma, -1), anchor_ids.reshape(-1), target.lm_head_weight,
-                            argmax_keeping_max_prob)
+                            lambda logits, k: logits.argmax(-1))
     tokens = drafted.tokens.view(n, a, gamma)
     block_ids = torch.cat((anchor_ids[..., None], tokens[..., : gamma - 1]), dim=-1)
     verify_hidden = target_verify_forward(target, kvs, block_ids, anchors)
@@ -652,7 +646,8 @@ def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids:
     conf = (drafted.confidence_logits.view(n, a, gamma).float() if drafted.confidence_logits is not None
             else torch.zeros(n, a, gamma, device=device))
     return {"tokens": tokens, "accepted": tokens == target_argmax, "conf_logits": conf,
-            "draft_max_prob": torch.stack(max_probs, dim=-1).view(n, a, gamma)}
+            # the drafter's own confidence in each token it drafted (its argmax)
+            "draft_max_prob": torch.softmax(drafted.logits.float(), dim=-1).amax(-1).view(n, a, gamma)}
 
 
 @torch.no_grad()
