@@ -29,7 +29,10 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    replay = torch.load(args.replay, map_location="cpu", weights_only=True)["replay"]
+    try:
+        replay = torch.load(args.replay, map_location="cpu", weights_only=True)["replay"]
+    except (OSError, RuntimeError, KeyError, TypeError) as e:
+        raise SystemExit(f"{args.replay}: not a runners.calibrate replay_cache file ({type(e).__name__}: {e})")
     if "draft_max_prob" not in replay:
         raise SystemExit(f"{args.replay}: this replay has no draft_max_prob (written before runners.calibrate "
                          f"recorded it); run the calibration again with a new replay_cache path")

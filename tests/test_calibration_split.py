@@ -414,3 +414,6 @@ def test_auc_head_vs_max_prob_script(tmp_path, capsys, monkeypatch):
     torch.save({"key": "{}", "replay": replay}, path)
     with pytest.raises(SystemExit, match="no draft_max_prob"):
         runpy.run_path(script, run_name="__main__")
+    monkeypatch.setattr("sys.argv", [script, str(tmp_path / "missing.pt")])
+    with pytest.raises(SystemExit, match="missing.pt: not a runners.calibrate replay_cache file"):
+        runpy.run_path(script, run_name="__main__")
