@@ -17,7 +17,8 @@
 # DRAFTER (drafter folder; default the shipped one), SPLIT, EXCLUDE (prompt record(s), comma-separated;
 # default $DRAFTER/training_prompts.json), PER_SOURCE, SOURCES, CAL_SEED, MAXTOK, DATA_SEQS,
 # T_DATA (admission budget, s), FIT_FRACTION, ANCHORS (null = every STRIDE-th position), STRIDE,
-# CHUNK, CAL_BATCH, RESAMPLES, ENGINE, T_CAL, METHOD. Budget: about 2-3 minutes on one H200.
+# CHUNK, CAL_BATCH, RESAMPLES, ENGINE, T_CAL, METHOD, REPLAY (1: keep the greedy replay as $OUT/replay.pt, with
+# the drafter's max probabilities, for offline analysis such as bench/auc_head_vs_max_prob.py). Budget: about 2-3 minutes on one H200.
 set -uo pipefail
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/dspark-calibration}
@@ -66,6 +67,7 @@ else
   timeout $T_CAL python3 -m runners.calibrate checkpoint="$OUT/drafter" data="$OUT/data/calib.safetensors" \
     method=$METHOD fit_fraction=$FIT_FRACTION anchors_per_seq=$ANCHORS anchor_stride=$STRIDE anchor_chunk=$CHUNK \
     batch_size=$CAL_BATCH bootstrap_resamples=$RESAMPLES max_len=1024 device=cuda dtype=bfloat16 progress=false \
+    ${REPLAY:+replay_cache=$OUT/replay.pt} \
     hydra.run.dir="$WORK/hydra/cal" > "$OUT/calibrate.log" 2>&1 &
   pid_cal=$!
   wait $pid_cal; rc=$?
