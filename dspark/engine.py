@@ -107,6 +107,10 @@ class Engine:
         self.scheduler = Scheduler(self.blocks, max_num_seqs=self.cfg.max_num_seqs,
                                    max_num_batched_tokens=self.cfg.max_num_batched_tokens, block_size=G)
         self.block_size = G
+        # the head's calibration method the survival comes from (engine.acceptance_estimate=head), for counters()
+        self._confidence_calibration = (self.drafter.confidence_calibration_method
+                                        if self.drafter is not None and self.drafter.confidence_head is not None
+                                        and self.cfg.acceptance_estimate == "head" else None)
         self._next_id = 0
         self._requests: dict[int, Request] = {}
         self.num_steps = 0
@@ -177,10 +181,11 @@ class Engine:
             raise ConfigError("engine.confidence_calibration: this drafter has no confidence head to calibrate "
                               "(a DFlash-style ablation); set it to null")
         try:
-            temperatures, biases = load_calibration(where, drafter.block_size)
+            temperatures, biases, weights = load_calibration(where, drafter.block_size)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(f"engine.confidence_calibration: {e}") from None
-        return drafter.with_calibration(temperatures.tolist(), biases.tolist())
+        return drafter.with_calibration(temperatures.tolist(), biases.tolist(),
+                                        None if weights is None else weights.tolist())
 
     def _build_steps(self) -> None:
         """The step pipeline (dspark.graph_decode.GraphDecoder): draft, pack, verify, accept and commit over
@@ -351,6 +356,8 @@ class Engine:
         c["accept_rate"] = c["accepted_tokens"] / c["verified_tokens"] if c["verified_tokens"] else 0.0
         for why, n in self.eager_reasons.items():
             c[f"eager_reason/{why}"] = n
+        if self._confidence_calibration is not None:  # what the planner reads as survival (acceptance_estimate=head)
+            c[f"confidence_calibration/{self._confidence_calibration}"] = 1
         # Steps whose target forward ran the decode megakernel (kernels/decode_megakernel.py):
         # graph replays of steps captured with it, plus eager calls (captures' own calls excluded).
         c["megakernel_steps"] = self._megakernel_raw() - self._megakernel_base
@@ -655,13 +662,19 @@ class Engine:
         if self.graph is not None:
             raise ConfigError("step trace: recorded by eager steps only; set engine.cuda_graphs=false")
         self.step_trace = StepTrace(self.block_size)
+        self.steps.trace_max_prob = True  # the draft stage keeps each slot's top-token probability for the trace
         return self.step_trace
 
     def _trace_step(self, decodes, windows, accepted) -> None:
-        raw = self.steps.confidence_logits[: len(decodes)].clone()  # the buffer is the next step's too
-        self.step_trace.record([r.req_id for r in decodes],
-                               prefix_survival(self.drafter.calibrated_confidence(raw)).cpu().numpy(), windows,
-                               [int(k) for k in accepted], confidence_logits=raw.cpu().numpy())
+        n = len(decodes)
+        raw = self.steps.confidence_logits[:n].clone()  # the buffers are the next step's too
+        top = self.steps.max_prob[:n].clone()
+        # the survival the planner read, recomputed on the host from the raw logits (and, for an sts_max_prob
+        # calibration, the max probabilities)
+        survival = prefix_survival(self.drafter.calibrated_confidence(raw, top))
+        self.step_trace.record([r.req_id for r in decodes], survival.cpu().numpy(), windows,
+                               [int(k) for k in accepted], confidence_logits=raw.cpu().numpy(),
+                               draft_max_prob=top.cpu().numpy())
 
     def _count_rows(self, windows: list[int], accepted: list[int], drafted: bool = True) -> None:
         """Step counters for the rows committed this step (one update per step, not per row); ``drafted``
@@ -1170,6 +1183,7 @@ class Engine:
         self._megakernel_base = self._megakernel_raw()
         self._oracle_steps = []
         self.step_trace = None
+        self.steps.trace_max_prob = False
         self.stats = EngineStats()
         if self.planner is not None:
             self.planner.stats = self.stats

@@ -127,10 +127,12 @@ class GraphDecoder:
         self.drafts = torch.zeros((S, G1), dtype=torch.int64, device=dev)
         self.survival = torch.zeros((S, G1), dtype=torch.float32, device=dev)
         self.confidence_logits = torch.zeros((S, G1), dtype=torch.float32, device=dev)  # raw, for step traces
-        # engine.acceptance_estimate=draft_max_prob: the drafter's top-token probability per slot, and the table
-        # (block slot x probability bin) of acceptance estimates the host calibrates online (set_estimate_table).
+        # The drafter's top-token probability per slot (max_prob), kept when something reads it: the
+        # engine.acceptance_estimate=draft_max_prob table (block slot x probability bin) of acceptance estimates the
+        # host calibrates online (set_estimate_table), a head calibration that weighs it (sts_max_prob), a step trace.
         self.estimate = acceptance_estimate
         self.max_prob = torch.zeros((S, G1), dtype=torch.float32, device=dev)
+        self.trace_max_prob = False  # Engine.start_step_trace: keep max_prob for the trace (eager steps only)
         centres = (torch.arange(estimate_bins, dtype=torch.float32) + 0.5) / estimate_bins
         self.estimate_table = centres.repeat(G1, 1).to(dev)
         self.windows_in = torch.zeros(S, dtype=torch.int64, device=dev)  # explicit/cap_accept: the host's windows
@@ -421,9 +423,19 @@ class GraphDecoder:
         anchor_pos = torch.where(self.active[:R], self.seq_len[:R] - 1, 0)
         return step_uniforms(self.seed[:R], anchor_pos, self.G)
 
+    def keeps_max_prob(self) -> bool:
+        """Whether the draft stage writes each slot's top-token probability into self.max_prob: for the
+        draft_max_prob estimate, for a confidence calibration that weighs it (the drafter's
+        ``confidence_uses_max_prob``: sts_max_prob) and for a step trace."""
+        head_weighs_it = (self.estimate != "draft_max_prob" and self.drafter.confidence_head is not None
+                          and self.drafter.confidence_uses_max_prob)
+        return self.estimate == "draft_max_prob" or head_weighs_it or self.trace_max_prob
+
     def _draft_stage(self, R: int) -> None:
-        """Draft a block for rows [:R]; writes self.drafts, self.draft_probs (sampled rows) and
-        (with a confidence head) self.survival."""
+        """Draft a block for rows [:R]; writes self.drafts, self.draft_probs (sampled rows), self.max_prob (when
+        :meth:`keeps_max_prob`: exp(max - logsumexp) of each slot's logits, greedy and sampled rows alike) and
+        (with a confidence head) self.survival. No host sync: what it computes is decided by Python state
+        (the estimate, the drafter's calibration method), so a captured draft graph replays it."""
         G = self.G
         n, act, tables, anchor = self.seq_len[:R], self.active[:R], self.tables[:R], self.anchor[:R]
         anchor_pos = torch.where(act, n - 1, 0)
@@ -436,12 +448,13 @@ class GraphDecoder:
                                    causal=False, max_q_len=G, trash_slot=self.trash_slot, kernels=self.kernels)
         hidden = self.drafter.forward_block(anchor, anchor_pos, self.runner.draft_cache, meta_d, self.target.embed)
         by_max_prob = self.estimate == "draft_max_prob"
-        top: list[torch.Tensor] = []  # per slot: the drafter's top-token probability (draft_max_prob)
+        keep_top = self.keeps_max_prob()
+        top: list[torch.Tensor] = []  # per slot: the drafter's top-token probability
         if self.sampling[0]:
             from dspark.sampling import greedy_argmax
 
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
-                if by_max_prob:
+                if keep_top:
                     top.append(torch.exp(logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)))
                 return greedy_argmax(logits, self.kernels)
 
@@ -455,7 +468,7 @@ class GraphDecoder:
             fused = fused_draft_sampling_enabled(self.kernels, self.device) and not any(self.sampling[1:])
 
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
-                if by_max_prob:
+                if keep_top:
                     top.append(torch.exp(logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)))
                 if fused:
                     from kernels.draft_sampling import sample_slot_triton
@@ -469,19 +482,22 @@ class GraphDecoder:
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
                                      confidence=not by_max_prob, kernels=self.kernels)
         self.drafts[:R].copy_(out.tokens)
+        if keep_top:
+            self.max_prob[:R].copy_(torch.stack(top, dim=1))
         if by_max_prob:
             from dspark.acceptance_estimate import estimated_confidence
             from dspark.survival import prefix_survival
 
-            self.max_prob[:R].copy_(torch.stack(top, dim=1))
             surv = prefix_survival(estimated_confidence(self.max_prob[:R], self.estimate_table))
             self.survival[:R].copy_(torch.where(act[:, None], surv, 0.0))
         elif out.confidence_logits is not None:
             from dspark.survival import prefix_survival
 
             self.confidence_logits[:R].copy_(out.confidence_logits.float())
-
-            surv = prefix_survival(self.drafter.calibrated_confidence(out.confidence_logits.float()))
+            # an sts_max_prob calibration weighs the top probabilities (kept above); the drafter raises without them
+            conf = self.drafter.calibrated_confidence(out.confidence_logits.float(),
+                                                      self.max_prob[:R] if keep_top else None)
+            surv = prefix_survival(conf)
             self.survival[:R].copy_(torch.where(act[:, None], surv, 0.0))
 
     def _window_source(self, R: int, mode: str) -> tuple[int | torch.Tensor, int]:

@@ -4,6 +4,9 @@ The drafter's confidence head gives, for every drafted position k, a logit z_k w
 sigmoid estimates c_k = P(position k accepted | positions 1..k-1 accepted). Sequential
 temperature scaling (STS) divides each position's logit by its own temperature (and the
 ``sts_bias`` calibration then adds a per-position bias: sigmoid(z_k / T_k + b_k)). The
+``sts_max_prob`` calibration adds a third term, the drafter's own top-token probability p_k at
+that slot: c_k = sigmoid(z_k / T_k + b_k + w_k * logit(p_k)), p_k clamped to
+[MAX_PROB_EPS, 1 - MAX_PROB_EPS] first (:func:`max_prob_logit`). The
 probability that the whole prefix 1..j survives verification is the cumulative product
 a_j = prod_{i<=j} c_i, which is non-increasing in j (every factor lies in [0, 1] and
 IEEE rounding is monotone, so no float coincidence can make it increase).
@@ -26,15 +29,26 @@ from typing import Sequence
 import torch
 
 NEUTRAL_CONFIDENCE = 1.0
+# The drafter's top-token probability is clamped to [MAX_PROB_EPS, 1 - MAX_PROB_EPS] before its logit
+# (sts_max_prob), where it is fitted (dspark.training.calibration) and where the engine applies it.
+MAX_PROB_EPS = 1e-6
+
+
+def max_prob_logit(max_prob: torch.Tensor, eps: float = MAX_PROB_EPS) -> torch.Tensor:
+    """logit(p) of the drafter's top-token probabilities, p clamped to [eps, 1 - eps] (finite at 0 and 1)."""
+    return torch.logit(max_prob.clamp(eps, 1.0 - eps))
 
 
 def calibrated_confidence(conf_logits: torch.Tensor, temperatures: torch.Tensor,
-                          biases: torch.Tensor | None = None) -> torch.Tensor:
-    """sigmoid(z_k / T_k + b_k): conf_logits [B, G], temperatures [G] (positive), biases [G] or None (zeros)
-    -> [B, G] float32.
+                          biases: torch.Tensor | None = None, max_prob: torch.Tensor | None = None,
+                          max_prob_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """sigmoid(z_k / T_k + b_k + w_k * logit(p_k)): conf_logits [B, G], temperatures [G] (positive), biases [G] or
+    None (zeros), max_prob [B, G] (the drafter's top-token probability per slot) and max_prob_weights [G], or
+    None (sts / sts_bias: no max-probability term) -> [B, G] float32.
 
-    Sync-free (no value checks on device tensors): the temperatures and biases are validated
-    where they are fitted or loaded, see ``check_temperatures`` / ``check_biases``.
+    With ``max_prob_weights`` the max probabilities are required (ValueError without them); without weights a
+    given ``max_prob`` is not used. Sync-free (no value checks on device tensors): the calibration is validated
+    where it is fitted or loaded, see ``check_temperatures`` / ``check_biases`` / ``check_max_prob_weights``.
     """
     if conf_logits.dim() != 2:
         raise ValueError(f"conf_logits must be [B, G], got shape {tuple(conf_logits.shape)}")
@@ -47,6 +61,18 @@ def calibrated_confidence(conf_logits: torch.Tensor, temperatures: torch.Tensor,
             raise ValueError(f"biases must be [G={conf_logits.shape[1]}], got shape {tuple(biases.shape)}; "
                              "fit one bias per drafted position (sts_bias)")
         z = z + biases.to(device=conf_logits.device, dtype=torch.float32)
+    if max_prob_weights is not None:
+        if max_prob_weights.dim() != 1 or max_prob_weights.shape[0] != conf_logits.shape[1]:
+            raise ValueError(f"max_prob_weights must be [G={conf_logits.shape[1]}], got shape "
+                             f"{tuple(max_prob_weights.shape)}; fit one weight per drafted position (sts_max_prob)")
+        if max_prob is None:
+            raise ValueError("this confidence calibration (sts_max_prob) weighs the drafter's top-token probability "
+                             "of every slot: pass max_prob [B, G] (the max of the drafter's softmax at each slot)")
+        if max_prob.shape != conf_logits.shape:
+            raise ValueError(f"max_prob must be [B, G] like conf_logits {tuple(conf_logits.shape)}, got shape "
+                             f"{tuple(max_prob.shape)}")
+        w = max_prob_weights.to(device=conf_logits.device, dtype=torch.float32)
+        z = z + w * max_prob_logit(max_prob.to(device=conf_logits.device, dtype=torch.float32))
     return torch.sigmoid(z)
 
 
@@ -68,6 +94,17 @@ def check_biases(biases: Sequence[float] | torch.Tensor, block: int) -> None:
     bad = [(k, b) for k, b in enumerate(values) if not (abs(b) < float("inf"))]  # NaN fails too
     if bad:
         raise ValueError(f"confidence biases must be finite; bad (position, value): {bad}")
+
+
+def check_max_prob_weights(weights: Sequence[float] | torch.Tensor, block: int) -> None:
+    """Host-side validation of sts_max_prob weights (call once at load time, not per step)."""
+    values = [float(w) for w in (weights.tolist() if isinstance(weights, torch.Tensor) else weights)]
+    if len(values) != block:
+        raise ValueError(f"expected {block} max-probability weights (one per drafted position), got {len(values)}: "
+                         f"{values}")
+    bad = [(k, w) for k, w in enumerate(values) if not (abs(w) < float("inf"))]  # NaN fails too
+    if bad:
+        raise ValueError(f"max-probability weights must be finite; bad (position, value): {bad}")
 
 
 def prefix_survival(conf: torch.Tensor) -> torch.Tensor:
@@ -141,5 +178,6 @@ def check_survival(survival: Sequence[Sequence[float]], *, name: str = "survival
                                  "cumulative product of confidence (prefix_survival), not per-position confidence")
 
 
-__all__ = ["NEUTRAL_CONFIDENCE", "calibrated_confidence", "check_biases", "check_temperatures", "prefix_survival",
-           "neutral_survival_row", "reset_slot_", "check_survival"]
+__all__ = ["MAX_PROB_EPS", "NEUTRAL_CONFIDENCE", "calibrated_confidence", "check_biases", "check_max_prob_weights",
+           "check_temperatures", "max_prob_logit", "prefix_survival", "neutral_survival_row", "reset_slot_",
+           "check_survival"]

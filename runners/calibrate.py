@@ -3,6 +3,7 @@
     python -m runners.calibrate checkpoint=runs/dspark/final data=training_data/calib.safetensors fit_fraction=0.5
     python -m runners.calibrate checkpoint=DIR data=training_data/train.safetensors holdout_fraction=0.05
     python -m runners.calibrate checkpoint=DIR data=... fit_fraction=0.5 method=sts_bias
+    python -m runners.calibrate checkpoint=DIR data=... fit_fraction=0.5 method=sts_max_prob
 
 ``method=sts`` (default): one temperature per position, c_k = sigmoid(z_k / T_k).
 ``method=sts_bias``: a temperature AND a bias per position, c_k = sigmoid(z_k / T_k + b_k), fitted
@@ -10,8 +11,15 @@ left to right by a 2-D grid search (``n_bias`` biases in [-b_max, b_max] x the t
 ``refine`` x ``refine`` grid around the optimum; candidates within ``ece_tolerance`` of the smallest ECE
 go to the lowest Brier score, so the fit cannot flatten c_k to a constant); for a head whose raw
 confidence is biased, which a temperature alone cannot fix. The biases go into temperatures.json
-("biases"), which DSparkDrafter.load reads. ``replay_cache=FILE.pt`` keeps the greedy replay (the
-slow part) so that both methods can be fitted on the same blocks without replaying twice.
+("biases"), which DSparkDrafter.load reads. ``method=sts_max_prob``: the head's logit AND the
+drafter's own top-token probability p_k (the replay's ``draft_max_prob``), per position
+c_k = sigmoid(a_k z_k + w_k logit(p_k) + b_k), a logistic regression fitted by maximum likelihood on the
+reached cells (:func:`dspark.training.calibration.fit_max_prob_calibration`); temperatures.json holds
+T_k = 1 / a_k, the biases and "max_prob_weights", and the engine then feeds each slot's top probability to
+the head's calibration. Its report's ``auc_per_position`` / ``auc_overall`` are the fused confidence's,
+``head_auc`` the head's alone, ``draft_max_prob_auc`` the max probability's alone. ``replay_cache=FILE.pt``
+keeps the greedy replay (the slow part) so that every method can be fitted on the same blocks without
+replaying twice.
 
 On held-out sequences (calibration data made by ``runners.make_training_data`` from train-split
 prompts the drafter never saw, ``exclude_prompts=`` the drafter's ``training_prompts.json``; or
@@ -57,7 +65,7 @@ from dspark.model_runner import DTYPES
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.llama import TargetModel
 from dspark.training.calibration import (METHODS, bootstrap_ece, calibration_report, conditional_auc,
-                                         fit_sequential_temperatures,
+                                         fit_max_prob_calibration, fit_sequential_temperatures,
                                          fit_sequential_temperatures_biases, reliability_plot, save_temperatures,
                                          split_sequences)
 from dspark.training.data import TokenDataset
@@ -99,7 +107,9 @@ class CalibrateSchema:
     t_max: float = 10.0  # the largest candidate temperature (> t_min)
     n_bins: int = 15  # equal-width confidence bins of the ECE and the reliability diagram (>= 1)
     # sts: a temperature per position, c_k = sigmoid(z_k / T_k) | sts_bias: a temperature and a bias per position,
-    # c_k = sigmoid(z_k / T_k + b_k) (the biases go into temperatures.json too)
+    # c_k = sigmoid(z_k / T_k + b_k) (the biases go into temperatures.json too) | sts_max_prob: the head and the
+    # drafter's top-token probability p_k, c_k = sigmoid(z_k / T_k + b_k + w_k logit(p_k)), maximum likelihood on
+    # the reached cells (the weights go into temperatures.json as max_prob_weights)
     method: str = "sts"
     n_bias: int = 81  # sts_bias: odd number of biases in [-b_max, b_max]
     b_max: float = 4.0  # sts_bias: the bias grid's half-width, in logit units (> 0)
@@ -144,7 +154,8 @@ def check_options(cfg: Any) -> None:
     method = cfg.get("method", "sts")
     if method not in METHODS:
         raise ConfigError(f"method: {method!r} is not one of {sorted(METHODS)} (sts: a temperature per position; "
-                          f"sts_bias: a temperature and a bias per position)")
+                          f"sts_bias: a temperature and a bias per position; sts_max_prob: the head and the "
+                          f"drafter's top-token probability, a logistic fit per position)")
     if method == "sts_bias":
         integer("refine", 0)
         n_bias = cfg.get("n_bias", 81)
@@ -198,14 +209,16 @@ def held_out_data(cfg: Any) -> TokenDataset:
 
 def write_temperatures(checkpoint: Path, temperatures: torch.Tensor, drafter: DSparkDrafter, *,
                        ece_before: float | None = None, ece_after: float | None = None,
-                       biases: torch.Tensor | None = None) -> Path:
+                       biases: torch.Tensor | None = None, max_prob_weights: torch.Tensor | None = None) -> Path:
     """Write temperatures.json (calibration.save_temperatures' format, which DSparkDrafter.load reads).
 
-    ``biases`` None: an STS file (no "biases" key)."""
+    ``biases`` None: an STS file (no "biases" key); ``max_prob_weights``: an sts_max_prob file."""
     values = [float(t) for t in temperatures]
     bias_values = None if biases is None else [float(b) for b in biases]
-    drafter.set_confidence_temperatures(values, bias_values)  # validates count and range
-    return save_temperatures(checkpoint, values, ece_before=ece_before, ece_after=ece_after, biases=bias_values)
+    weights = None if max_prob_weights is None else [float(w) for w in max_prob_weights]
+    drafter.set_confidence_temperatures(values, bias_values, weights)  # validates count and range
+    return save_temperatures(checkpoint, values, ece_before=ece_before, ece_after=ece_after, biases=bias_values,
+                             max_prob_weights=weights)
 
 
 def _verdict(interval: dict[str, Any], target: float) -> str:
@@ -282,11 +295,25 @@ def trace_replay(cfg: Any) -> dict[str, Any]:
         raise ConfigError(f"traces: {e}") from None
 
 
+def _max_prob_of(replay: dict[str, Any], cfg: Any) -> torch.Tensor:
+    """The replay's draft_max_prob (sts_max_prob), or a ConfigError that says how to get it."""
+    if "draft_max_prob" in replay:
+        return replay["draft_max_prob"].double()
+    if cfg.get("traces"):
+        raise ConfigError("method=sts_max_prob: the traces hold no draft_max_prob (the drafter's top-token "
+                          "probability per slot); trace the run again (Engine.start_step_trace records it), or "
+                          "calibrate on data= (the greedy replay records it)")
+    raise ConfigError(f"method=sts_max_prob: the replay holds no draft_max_prob (the drafter's top-token probability "
+                      f"per slot); delete replay_cache={cfg.get('replay_cache')} so that the replay runs again")
+
+
 def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: TokenDataset | None, checkpoint: Path,
               cfg: Any,
-              previous: list[float] | None = None, previous_biases: list[float] | None = None) -> dict[str, Any]:
-    """Fit STS or sts_bias (on the fit part when ``cfg.fit_fraction`` is set), write temperatures.json into
-    ``checkpoint``, return the report."""
+              previous: list[float] | None = None, previous_biases: list[float] | None = None,
+              previous_weights: list[float] | None = None) -> dict[str, Any]:
+    """Fit STS, sts_bias or sts_max_prob (on the fit part when ``cfg.fit_fraction`` is set), write
+    temperatures.json into ``checkpoint``, return the report. ``previous*``: the calibration the checkpoint
+    held, judged on the same reported blocks."""
     if drafter.confidence_head is None:
         raise ConfigError(f"checkpoint {checkpoint}: this drafter has no confidence head (DFlash-style ablation); "
                           f"there is nothing to calibrate")
@@ -294,6 +321,7 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
     method = cfg.get("method", "sts")
     replay = trace_replay(cfg) if cfg.get("traces") else greedy_replay(target, drafter, dataset, checkpoint, cfg)
     z, accepted = replay["conf_logits"].double(), replay["accepted"].double()
+    max_prob = _max_prob_of(replay, cfg) if method == "sts_max_prob" else None
     seq_index = replay["seq_index"]
     n_bins = int(cfg.n_bins)
     fit_fraction = cfg.get("fit_fraction")
@@ -306,7 +334,13 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
     else:
         split_seed = None
         fit = rep = torch.ones(z.shape[0], dtype=torch.bool)
-    if method == "sts_bias":
+    weights = None
+    if method == "sts_max_prob":
+        try:
+            temperatures, biases, weights = fit_max_prob_calibration(z[fit], max_prob[fit], accepted[fit])
+        except ValueError as e:
+            raise ConfigError(f"method=sts_max_prob: {e}") from None
+    elif method == "sts_bias":
         temperatures, biases = fit_sequential_temperatures_biases(
             z[fit], accepted[fit], n_grid=int(cfg.n_grid), t_min=float(cfg.t_min), t_max=float(cfg.t_max),
             n_bias=int(cfg.get("n_bias", 81)), b_max=float(cfg.get("b_max", 4.0)), refine=int(cfg.get("refine", 21)),
@@ -315,8 +349,11 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
         temperatures = fit_sequential_temperatures(z[fit], accepted[fit], n_grid=int(cfg.n_grid),
                                                    t_min=float(cfg.t_min), t_max=float(cfg.t_max), n_bins=n_bins)
         biases = None
-    in_sample = calibration_report(z[fit], accepted[fit], temperatures, biases, n_bins=n_bins)
-    out_of_sample = calibration_report(z[rep], accepted[rep], temperatures, biases, n_bins=n_bins)
+    def fused(mask: torch.Tensor) -> dict[str, Any]:  # sts_max_prob: the max probabilities of these blocks
+        return {} if weights is None else {"max_prob": max_prob[mask], "max_prob_weights": weights}
+
+    in_sample = calibration_report(z[fit], accepted[fit], temperatures, biases, n_bins=n_bins, **fused(fit))
+    out_of_sample = calibration_report(z[rep], accepted[rep], temperatures, biases, n_bins=n_bins, **fused(rep))
     report = dict(out_of_sample)  # top level: the reported part (out of sample when split)
     if "draft_max_prob" in replay:  # a head-free estimate on the same blocks: does the head rank acceptance better?
         report["draft_max_prob_auc"] = conditional_auc(replay["draft_max_prob"].double()[rep], accepted[rep])
@@ -327,34 +364,45 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
                   confidence=float(cfg.get("confidence", 0.95)))
         try:
             interval = {"ece_after": bootstrap_ece(z[rep], accepted[rep], temperatures, seq_index[rep], biases=biases,
-                                                   **kw),
+                                                   **fused(rep), **kw),
                         "ece_before": bootstrap_ece(z[rep], accepted[rep], torch.ones_like(temperatures),
                                                     seq_index[rep], **kw)}
         except ValueError as e:  # fewer than 2 sequences without a split
             interval = {"skipped": str(e)}
     before_refit = None
     old_biases = None
-    if previous_biases is not None and any(abs(v) > 1e-12 for v in previous_biases):
+    if previous_biases is not None and (any(abs(v) > 1e-12 for v in previous_biases) or previous_weights is not None):
         old_biases = torch.tensor(previous_biases, dtype=torch.float64)
-    if previous is not None and (any(abs(v - 1.0) > 1e-12 for v in previous) or old_biases is not None):
+    old_max_prob = None if previous_weights is None else replay.get("draft_max_prob")
+    if previous_weights is not None and old_max_prob is None:
+        before_refit = {"temperatures": [float(v) for v in previous], "biases": [float(v) for v in previous_biases],
+                        "max_prob_weights": [float(v) for v in previous_weights],
+                        "skipped": "the previous calibration (sts_max_prob) weighs the drafter's max probability, "
+                                   "which these blocks do not hold"}
+    elif previous is not None and (any(abs(v - 1.0) > 1e-12 for v in previous) or old_biases is not None):
         # the calibration the checkpoint held before this run, judged on the same reported blocks
         old = torch.tensor(previous, dtype=torch.float64)
-        old_report = calibration_report(z[rep], accepted[rep], old, old_biases, n_bins=n_bins)
+        old_fused = ({} if previous_weights is None else
+                     {"max_prob": old_max_prob.double()[rep], "max_prob_weights": previous_weights})
+        old_report = calibration_report(z[rep], accepted[rep], old, old_biases, n_bins=n_bins, **old_fused)
         before_refit = {"temperatures": [float(v) for v in previous], "ece_after": old_report["ece_after"],
                         "ece_after_per_position": old_report["ece_after_per_position"]}
         if old_biases is not None:
             before_refit["biases"] = [float(v) for v in previous_biases]
+        if previous_weights is not None:
+            before_refit["max_prob_weights"] = [float(v) for v in previous_weights]
         if int(cfg.get("bootstrap_resamples", 0)) > 0 and interval is not None and "ece_after" in interval:
             before_refit["bootstrap"] = bootstrap_ece(z[rep], accepted[rep], old, seq_index[rep], biases=old_biases,
-                                                      **kw)
+                                                      **old_fused, **kw)
     part = "report" if fit_fraction is not None else "all (in-sample: fitted and reported on the same blocks)"
     write_temperatures(checkpoint, temperatures, drafter, ece_before=report.get("ece_before"),
-                       ece_after=report.get("ece_after"), biases=biases)
+                       ece_after=report.get("ece_after"), biases=biases, max_prob_weights=weights)
     plot_path = Path(cfg.plot) if cfg.plot else checkpoint / "reliability.png"
-    name = "STS" if biases is None else "STS+bias"
+    name = "STS" if biases is None else "STS+bias" if weights is None else "head+max prob"
     title = (f"out of sample: {name} fitted on the fit part, shown on the report part" if fit_fraction is not None
              else f"in sample: {name} fitted and shown on the same blocks")
-    reliability_plot(z[rep], accepted[rep], temperatures, plot_path, n_bins=n_bins, title=title, biases=biases)
+    reliability_plot(z[rep], accepted[rep], temperatures, plot_path, n_bins=n_bins, title=title, biases=biases,
+                     **fused(rep))
     n_seq = lambda mask: int(torch.unique(seq_index[mask]).numel())  # noqa: E731
     num_sequences = len(dataset) if dataset is not None else int(torch.unique(seq_index).numel())
     report.update({
@@ -419,21 +467,23 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
         target = target.to(device=cfg.device, dtype=dtype).eval()
         target_cfg = target.cfg
     drafter = DSparkDrafter.load(checkpoint, target_cfg, device=cfg.device, dtype=dtype).eval()
-    previous = [float(v) for v in drafter.confidence_temperatures.tolist()]  # what the checkpoint shipped with
-    previous_biases = [float(v) for v in drafter.confidence_biases.tolist()]
-    drafter.set_confidence_temperatures([1.0] * drafter.block_size)  # fit from the raw head (biases zero)
+    previous, previous_biases, previous_weights = drafter.calibration_values()  # what the checkpoint shipped with
+    drafter.set_confidence_temperatures([1.0] * drafter.block_size)  # fit from the raw head (no bias, no weights)
     with torch.no_grad():
         report = calibrate(target, drafter, dataset, checkpoint, cfg, previous=previous,
-                           previous_biases=previous_biases)
+                           previous_biases=previous_biases, previous_weights=previous_weights)
     return report
 
 
 @runner_main("calibrate")
 def main(cfg: DictConfig) -> None:
     report = run(cfg)
-    keys = ("reported_on", "blocks", "split", "auc_overall", "ece_before", "ece_after", "target_ece_verdict",
-            "temperatures", "biases", "greedy_mean_accept_length", "output_json", "reliability_plot")
+    keys = ("reported_on", "blocks", "split", "method_option", "auc_overall", "ece_before", "ece_after",
+            "target_ece_verdict", "temperatures", "biases", "max_prob_weights", "greedy_mean_accept_length",
+            "output_json", "reliability_plot")
     summary = {k: report[k] for k in keys if k in report}
+    # the head alone ranks as the calibrated confidence does, except under sts_max_prob (a second feature)
+    summary["head_auc_overall"] = report.get("head_auc", report)["auc_overall"]
     if "in_sample" in report:
         summary["in_sample_ece_after"] = report["in_sample"]["ece_after"]
     if "ece_after" in report.get("bootstrap", {}):

@@ -326,8 +326,97 @@ def test_calibrate_runner_sts_bias_writes_biases_the_drafter_loads(tmp_path, tar
         calibrate.run(_compose(f"checkpoint={ckpt}", *common, "anchor_stride=2"), target=target)
 
 
+def test_calibrate_runner_sts_max_prob_fits_the_head_and_the_max_probability(tmp_path, target, data, checkpoint):
+    """method=sts_max_prob end to end. On the tiny drafter's own replay the fit is refused, naming the position
+    (its head carries no signal the max probability lacks); on the same replayed blocks (the drafter's head
+    logits and max probabilities) with acceptance drawn from known coefficients it fits by maximum likelihood on
+    the fit part, reports the fused, head-alone and max-probability AUCs, and writes weights the drafter loads."""
+    import shutil
+
+    from dspark.models.drafter import DSparkDrafter
+    from dspark.training.calibration import STS_MAX_PROB_METHOD, fit_max_prob_calibration, reached_cells
+    from runners import calibrate
+
+    ckpt = Path(shutil.copytree(checkpoint, tmp_path / "drafter"))
+    path = data.save(tmp_path / "calib.safetensors")
+    cache = tmp_path / "replay.pt"
+    common = [f"data={path}", "fit_fraction=0.5", "anchors_per_seq=null", "anchor_chunk=8", "bootstrap_resamples=20",
+              f"replay_cache={cache}", f"plot={tmp_path / 'rel.png'}"]
+    shipped = (ckpt / "temperatures.json").read_text()
+    with pytest.raises(ConfigError, match=r"method=sts_max_prob: position \d"):
+        calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_max_prob"), target=target)
+    assert (ckpt / "temperatures.json").read_text() == shipped  # a refused fit writes nothing
+    stored = torch.load(cache, weights_only=True)
+    replay = stored["replay"]
+    z, p = replay["conf_logits"].double(), replay["draft_max_prob"].double()
+    # c_k = sigmoid(z + 0.5 logit(p) + b_k): slot 1's max probability is near 1 (logit ~13), hence its own bias
+    b_true = torch.tensor([-6.0, -1.5, -1.5, -1.5], dtype=torch.float64)
+    c = torch.sigmoid(1.0 * z + 0.5 * torch.logit(p.clamp(1e-6, 1 - 1e-6)) + b_true)
+    gen = torch.Generator().manual_seed(0)
+    accepted = torch.cumprod((torch.rand(c.shape, generator=gen, dtype=torch.float64) < c).double(), 1)
+    replay.update(accepted=accepted.float(), accept_length=accepted.sum(1).float() + 1.0)
+    torch.save(stored, cache)  # the same key: the same data, anchors and drafter
+    out_json = tmp_path / "fused.json"
+    report = calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_max_prob",
+                                    f"output_json={out_json}"), target=target)
+    saved = json.loads(out_json.read_text())
+    assert saved["method"] == STS_MAX_PROB_METHOD and saved["method_option"] == "sts_max_prob"
+    fit, rep = split_sequences(replay["seq_index"], 0.5, 0)
+    want = fit_max_prob_calibration(z[fit], p[fit], accepted[fit])
+    assert saved["temperatures"] == pytest.approx(want.temperatures.tolist())
+    assert saved["biases"] == pytest.approx(want.biases.tolist())
+    assert saved["max_prob_weights"] == pytest.approx(want.max_prob_weights.tolist())
+    # the three AUCs on the reported blocks: the fused confidence's, the head's alone, the max probability's alone
+    fused_c = torch.sigmoid(z[rep] / torch.tensor(saved["temperatures"], dtype=torch.float64)
+                            + torch.tensor(saved["biases"], dtype=torch.float64)
+                            + torch.tensor(saved["max_prob_weights"], dtype=torch.float64)
+                            * torch.logit(p[rep].clamp(1e-6, 1 - 1e-6)))
+    assert saved["auc_overall"] == pytest.approx(conditional_auc(fused_c, accepted[rep])["auc_overall"], abs=1e-6)
+    assert saved["head_auc"] == conditional_auc(torch.sigmoid(z[rep]), accepted[rep])
+    assert saved["draft_max_prob_auc"] == conditional_auc(p[rep], accepted[rep])
+    three = (saved["auc_overall"], saved["head_auc"]["auc_overall"], saved["draft_max_prob_auc"]["auc_overall"])
+    assert len(set(three)) == 3
+    assert saved["out_of_sample"]["max_prob_weights"] == saved["max_prob_weights"]
+    assert saved["in_sample"]["reached_per_position"] == reached_cells(accepted[fit]).sum(0).tolist()
+    assert report["bootstrap"]["ece_after"]["point"] == pytest.approx(saved["ece_after"], abs=1e-12)
+    written = json.loads((ckpt / "temperatures.json").read_text())
+    assert written["max_prob_weights"] == saved["max_prob_weights"] and written["method"] == STS_MAX_PROB_METHOD
+    loaded = DSparkDrafter.load(ckpt, target.cfg)
+    assert loaded.confidence_uses_max_prob
+    zz, pp = torch.randn(3, 4), torch.rand(3, 4)
+    expected = torch.sigmoid(zz / torch.tensor(saved["temperatures"]) + torch.tensor(saved["biases"])
+                             + torch.tensor(saved["max_prob_weights"]) * torch.logit(pp))
+    torch.testing.assert_close(loaded.calibrated_confidence(zz, pp), expected)
+    # refitting with another method judges the fused calibration the checkpoint held on the same blocks
+    again = calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts",
+                                   f"output_json={tmp_path / 'sts.json'}"), target=target)
+    before = again["previous_temperatures"]
+    assert before["max_prob_weights"] == pytest.approx(saved["max_prob_weights"])
+    assert before["ece_after"] == pytest.approx(saved["ece_after"], abs=1e-6)
+    assert "max_prob_weights" not in json.loads((ckpt / "temperatures.json").read_text())
+    # a replay without the max probabilities is refused with the way out
+    del replay["draft_max_prob"]
+    torch.save(stored, cache)
+    with pytest.raises(ConfigError, match="holds no draft_max_prob.*delete replay_cache"):
+        calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_max_prob"), target=target)
+
+
+def test_calibrate_runner_sts_max_prob_on_traces_needs_their_max_probabilities(tmp_path, target, checkpoint):
+    from dspark.step_trace import StepTrace
+    from runners import calibrate
+
+    trace = StepTrace(4)
+    for step in range(6):
+        trace.record([0, 1, 2, 3], torch.rand(4, 4).sort(1, descending=True).values.numpy(), [4] * 4,
+                     [step % 5, 1, 4, 0], confidence_logits=torch.randn(4, 4).numpy())
+    path = trace.save(tmp_path / "old.npz")
+    with pytest.raises(ConfigError, match="traces hold no draft_max_prob"):
+        calibrate.run(_compose(f"checkpoint={checkpoint}", f"traces=[{path}]", "method=sts_max_prob"))
+
+
 @pytest.mark.parametrize("override,match", [
-    ("method=platt", "method"), ("method=sts_bias n_bias=4", "n_bias"), ("method=sts_bias b_max=0", "b_max"),
+    ("method=platt", "method"), ("method=sts_max_probability", "sts_max_prob"),
+    ("method=sts_bias n_bias=4", "n_bias"), ("method=sts_bias b_max=0", "b_max"),
     ("method=sts_bias refine=-1", "refine"), ("method=sts_bias ece_tolerance=-0.1", "ece_tolerance"),
     ("fit_fraction=0", "fit_fraction"), ("fit_fraction=1.0", "fit_fraction"), ("fit_fraction=1.5", "fit_fraction"),
     ("anchors_per_seq=0", "anchors_per_seq"), ("anchor_stride=0", "anchor_stride"),

@@ -47,23 +47,28 @@ def first_requests(trace: StepTrace, n: int | None) -> StepTrace:
     keep = np.sort(np.unique(np.concatenate(trace.request_ids)))[:n]
     out = StepTrace(trace.block)
     logits = trace.confidence_logits or [None] * trace.num_steps
-    for ids, surv, win, acc, z in zip(trace.request_ids, trace.survival, trace.windows, trace.accepted, logits):
+    tops = trace.draft_max_prob or [None] * trace.num_steps
+    for ids, surv, win, acc, z, p in zip(trace.request_ids, trace.survival, trace.windows, trace.accepted, logits,
+                                         tops):
         m = np.isin(ids, keep)
         if m.any():
-            out.record(ids[m], surv[m], win[m], acc[m], None if z is None else z[m])
+            out.record(ids[m], surv[m], win[m], acc[m], None if z is None else z[m], None if p is None else p[m])
     return out
 
 
 def sequences(paths: list[str], with_logits: bool = False) -> tuple[int, list[tuple]]:
     """(block, [(survival [S, G], accepted [S]) per traced request]), with the raw confidence logits
-    [S, G] as a third item when ``with_logits``; every traced window must be the block
+    [S, G] as a third item and the drafter's top-token probabilities [S, G] (None where the trace has
+    none) as a fourth when ``with_logits``; every traced window must be the block
     (``dspark.step_trace.full_block_requests``)."""
     try:
         block, seqs = full_block_requests(paths, need_logits=with_logits)
     except ValueError as e:
         raise SystemExit(f"{e}{' (--head recalibrates the raw logits)' if with_logits else ''}") from None
     return block, [(seq["survival"].astype(np.float64), seq["accepted"].astype(np.int64))
-                   + ((seq["confidence_logits"].astype(np.float64),) if with_logits else ()) for seq in seqs]
+                   + ((seq["confidence_logits"].astype(np.float64),
+                       seq["draft_max_prob"].astype(np.float64) if "draft_max_prob" in seq else None)
+                      if with_logits else ()) for seq in seqs]
 
 
 def conditional(survival: np.ndarray) -> np.ndarray:
@@ -281,16 +286,25 @@ def score_trace(trace: StepTrace, table: CostTable, warmup: int = 3) -> dict:
             "table_ms_per_step": ms / steps, "tokens_per_table_ms": tok / ms}
 
 
-def recalibrated_survival(logits: list[np.ndarray], folder: str, block: int) -> list[np.ndarray]:
-    """Each request's survival under the calibration in ``folder`` (temperatures.json), from its raw logits."""
+def recalibrated_survival(logits: list[np.ndarray], folder: str, block: int,
+                          max_probs: list[np.ndarray | None] | None = None) -> list[np.ndarray]:
+    """Each request's survival under the calibration in ``folder`` (temperatures.json), from its raw logits
+    and, for an sts_max_prob calibration, the drafter's top-token probabilities ``max_probs`` (one array per
+    item of ``logits``, as traced; SystemExit when the calibration needs them and the traces lack them)."""
     import torch
 
     from dspark.survival import calibrated_confidence
     from dspark.training.calibration import load_calibration
 
-    temps, biases = load_calibration(folder, block)
-    return [torch.cumprod(calibrated_confidence(torch.from_numpy(z), temps, biases), 1).double().numpy()
-            for z in logits]
+    temps, biases, weights = load_calibration(folder, block)
+    if weights is None:
+        return [torch.cumprod(calibrated_confidence(torch.from_numpy(z), temps, biases), 1).double().numpy()
+                for z in logits]
+    if max_probs is None or len(max_probs) != len(logits) or any(p is None for p in max_probs):
+        raise SystemExit(f"{folder}: its calibration (sts_max_prob) weighs the drafter's top-token probability, "
+                         f"which the traces do not hold (draft_max_prob); trace the run again")
+    return [torch.cumprod(calibrated_confidence(torch.from_numpy(z), temps, biases, torch.from_numpy(p), weights),
+                          1).double().numpy() for z, p in zip(logits, max_probs)]
 
 
 def separation_for_auc(target: float) -> float:
@@ -354,7 +368,7 @@ def main(argv: list[str] | None = None) -> dict:
         name, _, folder = spec.partition("=")
         if not folder:
             raise SystemExit(f"--head {spec!r}: give NAME=DIR (a folder holding temperatures.json)")
-        heads[name] = recalibrated_survival([s[2] for s in seqs], folder, block)
+        heads[name] = recalibrated_survival([s[2] for s in seqs], folder, block, [s[3] for s in seqs])
     seqs = [(s[0], s[1]) for s in seqs]
     quality = head_quality(seqs, block)
     rng = np.random.default_rng(0)
@@ -382,7 +396,8 @@ def main(argv: list[str] | None = None) -> dict:
             per_step = {"traced": trace.survival}
             for spec in args.head:
                 name, _, folder = spec.partition("=")
-                per_step[name] = recalibrated_survival(trace.confidence_logits, folder, block)
+                per_step[name] = recalibrated_survival(trace.confidence_logits, folder, block,
+                                                       trace.draft_max_prob or None)
             for name, survival, lag, min_len in ((h, sv, lg, m) for h, sv in per_step.items() for lg in args.lags
                                                  for m in args.min_verify_lens):
                 cfg = dataclasses.replace(config, min_verify_len=min_len)

@@ -158,6 +158,11 @@ class DSparkDrafter(nn.Module):
                              persistent=False)
         self.register_buffer("confidence_biases", torch.zeros(cfg.block_size, dtype=torch.float32),
                              persistent=False)
+        # sts_max_prob: the weight of logit(top-token probability) per slot; read only while
+        # confidence_uses_max_prob (then calibrated_confidence needs the max probabilities)
+        self.register_buffer("confidence_max_prob_weights", torch.zeros(cfg.block_size, dtype=torch.float32),
+                             persistent=False)
+        self.confidence_uses_max_prob = False
         self._init_weights()
 
     # ------------------------------------------------------------------ setup
@@ -183,12 +188,14 @@ class DSparkDrafter(nn.Module):
             nn.init.normal_(self.mask_embedding, std=std)
 
     def _apply(self, fn, recurse: bool = True):
-        """Module.to()/.half()/.cuda() move the STS temperatures and biases with the model but keep them float32."""
-        temperatures, biases = self.confidence_temperatures, self.confidence_biases
+        """Module.to()/.half()/.cuda() move the calibration (temperatures, biases, max-probability weights) with
+        the model but keep it float32."""
+        names = ("confidence_temperatures", "confidence_biases", "confidence_max_prob_weights")
+        kept = [getattr(self, name) for name in names]
         super()._apply(fn, recurse)
-        device = fn(temperatures).device
-        self.confidence_temperatures = temperatures.to(device=device, dtype=torch.float32)
-        self.confidence_biases = biases.to(device=device, dtype=torch.float32)
+        device = fn(kept[0]).device
+        for name, value in zip(names, kept):
+            setattr(self, name, value.to(device=device, dtype=torch.float32))
         return self
 
     def num_parameters(self) -> int:
@@ -322,16 +329,45 @@ class DSparkDrafter(nn.Module):
         return DraftOutput(torch.stack(tokens, dim=1), torch.stack(logits_all, dim=1) if keep_logits else None,
                            conf_out)
 
-    def calibrated_confidence(self, confidence_logits: torch.Tensor) -> torch.Tensor:
-        """c_k = sigmoid(z_k / T_k + b_k) for confidence_logits [..., gamma] (temperatures from STS, default 1;
-        biases from sts_bias calibration, default 0)."""
+    def calibrated_confidence(self, confidence_logits: torch.Tensor,
+                              max_prob: torch.Tensor | None = None) -> torch.Tensor:
+        """c_k = sigmoid(z_k / T_k + b_k + w_k * logit(p_k)) for confidence_logits [..., gamma] (temperatures from
+        STS, default 1; biases from sts_bias / sts_max_prob, default 0; max-probability weights w_k from
+        sts_max_prob). ``max_prob`` [..., gamma]: the drafter's top-token probability per slot, REQUIRED while
+        :attr:`confidence_uses_max_prob` (ValueError without it) and not used otherwise."""
         from dspark.survival import calibrated_confidence
 
         flat = confidence_logits.reshape(-1, confidence_logits.shape[-1])
-        return calibrated_confidence(flat, self.confidence_temperatures,
-                                     self.confidence_biases).reshape(confidence_logits.shape)
+        if not self.confidence_uses_max_prob:
+            return calibrated_confidence(flat, self.confidence_temperatures,
+                                         self.confidence_biases).reshape(confidence_logits.shape)
+        if max_prob is None:
+            raise ValueError("this drafter's confidence calibration (sts_max_prob) weighs the drafter's top-token "
+                             "probability of every slot: pass max_prob (the max of its softmax at each slot)")
+        return calibrated_confidence(flat, self.confidence_temperatures, self.confidence_biases,
+                                     max_prob.reshape(flat.shape),
+                                     self.confidence_max_prob_weights).reshape(confidence_logits.shape)
 
-    def with_calibration(self, temperatures, biases=None) -> "DSparkDrafter":
+    @property
+    def confidence_calibration_method(self) -> str:
+        """The calibration in effect, by its config name: ``sts_max_prob`` (max-probability weights),
+        ``sts_bias`` (a bias not 0), ``sts`` (a temperature not 1) or ``none`` (the raw head). Reads the
+        buffers on the host: for reports, not for steps."""
+        if self.confidence_uses_max_prob:
+            return "sts_max_prob"
+        if any(b != 0.0 for b in self.confidence_biases.tolist()):
+            return "sts_bias"
+        if any(t != 1.0 for t in self.confidence_temperatures.tolist()):
+            return "sts"
+        return "none"
+
+    def calibration_values(self) -> tuple[list[float], list[float], list[float] | None]:
+        """(temperatures, biases, max-probability weights or None) as host lists, as
+        :meth:`set_confidence_temperatures` takes them."""
+        weights = self.confidence_max_prob_weights.tolist() if self.confidence_uses_max_prob else None
+        return self.confidence_temperatures.tolist(), self.confidence_biases.tolist(), weights
+
+    def with_calibration(self, temperatures, biases=None, max_prob_weights=None) -> "DSparkDrafter":
         """A drafter that shares this one's modules and weights (nothing copied) but has its own
         confidence calibration (:meth:`set_confidence_temperatures`), e.g. one fitted on the
         workload an engine serves; this drafter's calibration is left as it is."""
@@ -341,13 +377,18 @@ class DSparkDrafter(nn.Module):
         twin._buffers = dict(self._buffers)  # its own buffer table; modules and parameters stay shared
         twin.confidence_temperatures = self.confidence_temperatures.clone()
         twin.confidence_biases = self.confidence_biases.clone()
-        twin.set_confidence_temperatures(temperatures, biases)
+        twin.confidence_max_prob_weights = self.confidence_max_prob_weights.clone()
+        twin.set_confidence_temperatures(temperatures, biases, max_prob_weights)
         return twin
 
-    def set_confidence_temperatures(self, temperatures, biases=None) -> None:
-        """Set the per-slot calibration: temperatures (finite, > 0) and biases (finite; None: zeros, i.e. STS).
+    def set_confidence_temperatures(self, temperatures, biases=None, max_prob_weights=None) -> None:
+        """Set the per-slot calibration: temperatures (finite, > 0), biases (finite; None: zeros, i.e. STS) and
+        max-probability weights (finite; None: no max-probability term, i.e. sts / sts_bias).
 
         Written in place into the existing buffers, so a CUDA graph captured earlier sees the new values.
+        Whether the calibration weighs the max probability (:attr:`confidence_uses_max_prob`) decides what a
+        draft stage computes, so an engine's captured draft graphs hold the answer of when they were captured:
+        switching it (weights to None or back) needs graphs captured again; changing values does not.
         """
         temps = [float(t) for t in temperatures]
         if len(temps) != self.block_size:
@@ -368,7 +409,21 @@ class DSparkDrafter(nn.Module):
                                   f"(drafter.block_size = {self.block_size})")
             if not all(abs(b) < float("inf") for b in bias_values):
                 raise ConfigError(f"confidence biases must be finite, got {bias_values}")
-        for name, values in (("confidence_temperatures", temps), ("confidence_biases", bias_values)):
+        weight_values = [0.0] * self.block_size
+        if max_prob_weights is not None:
+            try:
+                weight_values = [float(w) for w in max_prob_weights]
+            except (TypeError, ValueError):
+                raise ConfigError(f"confidence max_prob_weights: need a list of {self.block_size} finite numbers "
+                                  f"(one per slot), got {max_prob_weights!r}") from None
+            if len(weight_values) != self.block_size:
+                raise ConfigError(f"confidence max_prob_weights: got {len(weight_values)} values, need one per slot "
+                                  f"(drafter.block_size = {self.block_size})")
+            if not all(abs(w) < float("inf") for w in weight_values):
+                raise ConfigError(f"confidence max_prob_weights must be finite, got {weight_values}")
+        self.confidence_uses_max_prob = max_prob_weights is not None
+        for name, values in (("confidence_temperatures", temps), ("confidence_biases", bias_values),
+                             ("confidence_max_prob_weights", weight_values)):
             buf = getattr(self, name)
             new = torch.tensor(values, dtype=torch.float32)
             if buf.is_inference() and not torch.is_inference_mode_enabled():
@@ -482,12 +537,12 @@ class DSparkDrafter(nn.Module):
                      for fname in sorted(set(weight_map.values()))}
             index = {"metadata": {"total_size": total, "files": files}, "weight_map": weight_map}
             (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-        temps = self.confidence_temperatures.tolist()
-        biases = self.confidence_biases.tolist()
-        if any(t != 1.0 for t in temps) or any(b != 0.0 for b in biases):
+        temps, biases, weights = self.calibration_values()
+        if any(t != 1.0 for t in temps) or any(b != 0.0 for b in biases) or weights is not None:
             from dspark.training.calibration import save_temperatures
 
-            save_temperatures(out, temps, biases=biases if any(b != 0.0 for b in biases) else None)
+            save_temperatures(out, temps, biases=biases if any(b != 0.0 for b in biases) or weights is not None
+                              else None, max_prob_weights=weights)
         return out
 
     @classmethod
@@ -557,8 +612,9 @@ class DSparkDrafter(nn.Module):
             from dspark.training.calibration import load_calibration
 
             try:
-                temps, biases = load_calibration(src, model.block_size)
-                model.set_confidence_temperatures(temps.tolist(), biases.tolist())
+                temps, biases, weights = load_calibration(src, model.block_size)
+                model.set_confidence_temperatures(temps.tolist(), biases.tolist(),
+                                                  None if weights is None else weights.tolist())
             except (ConfigError, ValueError) as err:
                 raise ConfigError(f"{temps_path}: {err}") from None
         return model

@@ -16,13 +16,24 @@ earlier positions frozen) by a 2-D grid search over (T_k, b_k) followed by a fin
 coarse optimum, with a sharpness guard (near-ties in ECE go to the lower Brier score, so the fit
 cannot flatten c_k to a constant). It also keeps the order of the scores within a position.
 
+The drafter's own top-token probability p_k (the max of its softmax at slot k) carries information the
+head lacks. ``sts_max_prob`` (:func:`fit_max_prob_calibration`) combines both per position,
+c_k = sigmoid(a_k z_k + w_k logit(p_k) + b_k), p_k clamped to [MAX_PROB_EPS, 1 - MAX_PROB_EPS] first
+(``dspark.survival.max_prob_logit``). Unlike the two methods above it is a maximum-likelihood logistic
+regression of the acceptance of position k on (z_k, logit(p_k)) over the REACHED cells (rows whose positions
+1..k-1 were all accepted): c_k is a conditional probability, and the cumulative product of conditionals fitted
+on reached cells is the prefix survival. It changes the order of the blocks within a position (a second
+feature), so the AUC of its c_k is reported beside the head's alone. It is stored as T_k = 1 / a_k (a_k must
+come out > 0: a head that ranks acceptance backwards next to p_k is refused), b_k and the weights w_k, so a
+reader of temperatures.json that knows no weights computes the head's part as before.
+
 Inputs are plain tensors: ``conf_logits`` [M, G] raw confidence logits of M validation
 blocks and ``accepted`` [M, G] with 0/1 realised acceptance per position, each row
 verified over the whole block. Values after a row's first rejection are ignored (the
 survival indicator is the cumulative product), so rows may hold anything 0/1 there.
 
-Temperatures (and biases, zero for STS and for files written before biases existed) live in
-``temperatures.json`` beside the drafter checkpoint.
+Temperatures (and biases, zero for STS and for files written before biases existed; and, for
+``sts_max_prob``, the list "max_prob_weights") live in ``temperatures.json`` beside the drafter checkpoint.
 """
 
 from __future__ import annotations
@@ -30,17 +41,31 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from scipy.stats import rankdata
 from torch import Tensor
 
+from dspark.survival import MAX_PROB_EPS, max_prob_logit
+
 TEMPERATURES_FILE = "temperatures.json"
 STS_METHOD = "sequential_temperature_scaling"
 STS_BIAS_METHOD = "sequential_temperature_bias_scaling"
-METHODS = {"sts": STS_METHOD, "sts_bias": STS_BIAS_METHOD}  # config name -> name written in the files
+STS_MAX_PROB_METHOD = "head_and_max_prob_logistic_regression"
+# config name -> name written in the files
+METHODS = {"sts": STS_METHOD, "sts_bias": STS_BIAS_METHOD, "sts_max_prob": STS_MAX_PROB_METHOD}
+CONFIG_NAMES = {written: name for name, written in METHODS.items()}  # name written in the files -> config name
+
+
+class Calibration(NamedTuple):
+    """A drafter's confidence calibration as :func:`load_calibration` reads it: float32 temperatures [G] and
+    biases [G], and the max-probability weights [G] of sts_max_prob (None for sts and sts_bias)."""
+
+    temperatures: Tensor
+    biases: Tensor
+    max_prob_weights: Tensor | None
 
 
 def _as_float64(x: Any, name: str) -> Tensor:
@@ -89,26 +114,71 @@ def _check_biases(biases: Any, block_size: int) -> Tensor:
     return b
 
 
+def _check_max_prob_weights(weights: Any, block_size: int) -> Tensor:
+    if isinstance(weights, (str, bytes, dict)) or (not isinstance(weights, Tensor) and not hasattr(weights, "__len__")):
+        raise ValueError(f"max_prob_weights must be a list of {block_size} finite numbers (one per position), "
+                         f"got {weights!r}")
+    try:
+        w = _as_float64(weights, "max_prob_weights").reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"max_prob_weights must be a list of {block_size} finite numbers (one per position): "
+                         f"{e}") from None
+    if w.numel() != block_size:
+        raise ValueError(f"got {w.numel()} max_prob_weights for a block of {block_size} positions; fit one weight "
+                         f"per position")
+    return w
+
+
+def _check_max_prob(max_prob: Any, shape: torch.Size) -> Tensor:
+    p = _as_float64(max_prob, "max_prob")
+    if p.shape != shape:
+        raise ValueError(f"max_prob shape {tuple(p.shape)} must equal conf_logits shape {tuple(shape)} (the "
+                         f"drafter's top-token probability of every block position)")
+    if bool(((p < 0) | (p > 1)).any()):
+        raise ValueError("max_prob must hold probabilities in [0, 1] (the max of the drafter's softmax per slot)")
+    return p
+
+
+def _check_fused(max_prob: Any, max_prob_weights: Any, shape: torch.Size) -> tuple[Tensor | None, Tensor | None]:
+    """(max_prob, weights) checked, or (None, None) without weights (a max_prob alone is not used)."""
+    if max_prob_weights is None:
+        return None, None
+    w = _check_max_prob_weights(max_prob_weights, shape[-1])
+    if max_prob is None:
+        raise ValueError("max_prob_weights (sts_max_prob) need max_prob: the drafter's top-token probability of "
+                         "every block [M, G] (the replay's draft_max_prob)")
+    return _check_max_prob(max_prob, shape), w
+
+
 def survival_indicator(accepted: Tensor) -> Tensor:
     """Realised prefix survival [M, G]: 1 where positions 1..k of the row were all accepted."""
     return torch.cumprod(torch.as_tensor(accepted), dim=-1)
 
 
-def calibrated_confidence(conf_logits: Tensor, temperatures: Tensor, biases: Tensor | None = None) -> Tensor:
-    """Per-position conditional confidence sigmoid(z_k / T_k + b_k); temperatures / biases [G] broadcast over rows.
+def calibrated_confidence(conf_logits: Tensor, temperatures: Tensor, biases: Tensor | None = None,
+                          max_prob: Tensor | None = None, max_prob_weights: Tensor | None = None) -> Tensor:
+    """Per-position conditional confidence sigmoid(z_k / T_k + b_k + w_k * logit(p_k)); temperatures / biases /
+    max_prob_weights [G] broadcast over rows, max_prob [..., G] the drafter's top-token probabilities.
 
-    ``biases`` None: zeros (plain STS).
+    ``biases`` None: zeros (plain STS). ``max_prob_weights`` None: no max-probability term (``max_prob`` is not
+    used); with weights, ``max_prob`` is required. p is clamped as :func:`dspark.survival.max_prob_logit` does.
     """
     t = torch.as_tensor(temperatures, dtype=conf_logits.dtype, device=conf_logits.device)
-    if biases is None:
-        return torch.sigmoid(conf_logits / t)
-    b = torch.as_tensor(biases, dtype=conf_logits.dtype, device=conf_logits.device)
-    return torch.sigmoid(conf_logits / t + b)
+    x = conf_logits / t
+    if biases is not None:
+        x = x + torch.as_tensor(biases, dtype=conf_logits.dtype, device=conf_logits.device)
+    if max_prob_weights is not None:
+        if max_prob is None:
+            raise ValueError("max_prob_weights (sts_max_prob) need max_prob, the drafter's top-token probabilities")
+        w = torch.as_tensor(max_prob_weights, dtype=conf_logits.dtype, device=conf_logits.device)
+        x = x + w * max_prob_logit(torch.as_tensor(max_prob, dtype=conf_logits.dtype, device=conf_logits.device))
+    return torch.sigmoid(x)
 
 
-def cumulative_survival(conf_logits: Tensor, temperatures: Tensor, biases: Tensor | None = None) -> Tensor:
-    """Predicted prefix survival S_k = prod_{i<=k} sigmoid(z_i / T_i + b_i) along the last axis."""
-    return torch.cumprod(calibrated_confidence(conf_logits, temperatures, biases), dim=-1)
+def cumulative_survival(conf_logits: Tensor, temperatures: Tensor, biases: Tensor | None = None,
+                        max_prob: Tensor | None = None, max_prob_weights: Tensor | None = None) -> Tensor:
+    """Predicted prefix survival S_k = prod_{i<=k} c_i along the last axis (c as :func:`calibrated_confidence`)."""
+    return torch.cumprod(calibrated_confidence(conf_logits, temperatures, biases, max_prob, max_prob_weights), dim=-1)
 
 
 def temperature_grid(n_grid: int = 100, t_min: float = 0.2, t_max: float = 10.0) -> Tensor:
@@ -313,6 +383,80 @@ def fit_sequential_temperatures_biases(
     return torch.tensor(fitted_t, dtype=torch.float32), torch.tensor(fitted_b, dtype=torch.float32)
 
 
+def _logistic_mle(x: np.ndarray, y: np.ndarray, gtol: float = 1e-7) -> tuple[np.ndarray, bool]:
+    """Maximum-likelihood coefficients of P(y = 1) = sigmoid(x @ theta) (x [n, d], y [n] 0/1) by a trust-region
+    Newton method (the mean negative log-likelihood is convex: any start converges where a finite maximum
+    exists); (theta, converged). Converged: finite, the gradient of the mean below ``gtol``, and the mean
+    negative log-likelihood not ~0 (which is what perfectly separable outcomes approach as theta grows)."""
+    from scipy.optimize import minimize
+    from scipy.special import expit
+
+    n = x.shape[0]
+
+    def nll(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        s = x @ theta
+        return float((np.logaddexp(0.0, s) - y * s).sum() / n), x.T @ (expit(s) - y) / n
+
+    def hess(theta: np.ndarray) -> np.ndarray:
+        q = expit(x @ theta)
+        return (x * (q * (1.0 - q))[:, None]).T @ x / n
+
+    res = minimize(nll, np.zeros(x.shape[1]), jac=True, hess=hess, method="trust-exact",
+                   options={"gtol": gtol, "maxiter": 500})
+    theta = res.x
+    if not np.all(np.isfinite(theta)):
+        return theta, False
+    value, grad = nll(theta)
+    return theta, bool(np.abs(grad).max() <= gtol and value > 1e-6)
+
+
+def fit_max_prob_calibration(conf_logits: Any, max_prob: Any, accepted: Any, *, eps: float = MAX_PROB_EPS
+                             ) -> Calibration:
+    """Fit c_k = sigmoid(a_k z_k + w_k logit(p_k) + b_k) per position by maximum likelihood (sts_max_prob).
+
+    ``max_prob`` [M, G]: the drafter's top-token probability at every slot (the replay's ``draft_max_prob``),
+    clamped to [eps, 1 - eps] before the logit. Position k is fitted on the cells that reached it (positions
+    1..k-1 all accepted, :func:`reached_cells`) against the acceptance of k, so c_k is the conditional
+    acceptance and the cumulative product the prefix survival. Returns a :class:`Calibration` of float32
+    tensors: temperatures 1 / a_k, biases b_k, max_prob_weights w_k.
+
+    ValueError where a position has no finite fit: its reached cells are all accepted or all rejected (or
+    there are none), or separate perfectly; or where a_k <= 0 (the head ranks acceptance backwards once p_k is
+    known: no positive temperature represents it), naming the position.
+    """
+    z, a = _check_block_inputs(conf_logits, accepted)
+    p = _check_max_prob(max_prob, z.shape)
+    if isinstance(eps, bool) or not 0.0 < float(eps) < 0.5:
+        raise ValueError(f"eps must be in (0, 0.5) (max_prob is clamped to [eps, 1 - eps]), got {eps!r}")
+    reached = reached_cells(a)
+    x_all = max_prob_logit(p, float(eps))
+    temperatures, biases, weights = [], [], []
+    for k in range(z.shape[1]):
+        rows = reached[:, k]
+        y = a[rows, k].numpy()
+        n, n_pos = int(y.size), int(y.sum())
+        if n_pos == 0 or n_pos == n:
+            raise ValueError(f"position {k + 1}: {n} blocks reached it and {n_pos} were accepted there; the logistic "
+                             f"fit needs both outcomes at every position: calibrate on more blocks, or use sts_bias")
+        x = np.stack([z[rows, k].numpy(), x_all[rows, k].numpy(), np.ones(n)], axis=1)
+        theta, ok = _logistic_mle(x, y)
+        if not ok:
+            raise ValueError(f"position {k + 1}: the logistic fit on its {n} reached blocks did not converge to "
+                             f"finite coefficients (the outcomes may be separable by the head and the max "
+                             f"probability); calibrate on more blocks, or use sts_bias")
+        a_k, w_k, b_k = (float(v) for v in theta)
+        if not a_k > 0.0:
+            raise ValueError(f"position {k + 1}: the fitted head coefficient a = {a_k:.4g} is not > 0 (with the "
+                             f"max probability's weight w = {w_k:.4g}), so no positive temperature T = 1 / a "
+                             f"represents it: next to the max probability the head ranks acceptance backwards "
+                             f"or not at all there; use sts_bias, or engine.acceptance_estimate=draft_max_prob")
+        temperatures.append(1.0 / a_k)
+        biases.append(b_k)
+        weights.append(w_k)
+    return Calibration(torch.tensor(temperatures, dtype=torch.float32), torch.tensor(biases, dtype=torch.float32),
+                       torch.tensor(weights, dtype=torch.float32))
+
+
 def _auc_or_none(scores: Tensor, labels: Tensor) -> float | None:
     """:func:`roc_auc`, or None where it is undefined (no rows, or every label the same)."""
     if labels.numel() == 0 or bool((labels == labels[0]).all()):
@@ -337,7 +481,7 @@ def conditional_auc(scores: Any, accepted: Any) -> dict[str, Any]:
 
 
 def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biases: Any = None, *,
-                       n_bins: int = 15) -> dict[str, Any]:
+                       n_bins: int = 15, max_prob: Any = None, max_prob_weights: Any = None) -> dict[str, Any]:
     """Discrimination and calibration of the confidence head, as JSON-ready plain values.
 
     AUC: per position, sigmoid(z_k) against acceptance of k among the rows that reached k
@@ -349,15 +493,22 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biase
     carries the biases; without, it is exactly the STS report. ``survival_auc_*`` / ``brier_*``: per
     position, AUC and Brier score of the cumulative product against prefix survival over all rows,
     before and after (calibration must not buy its ECE by flattening the survival it predicts).
+    With ``max_prob_weights`` (sts_max_prob; ``max_prob`` [M, G] then required) "after" is the fused
+    confidence sigmoid(z / T + b + w logit(p)), the method is sts_max_prob, the report carries the biases
+    and the weights, ``auc_per_position`` / ``auc_overall`` are the fused confidence's (a second feature
+    changes the order within a position) and ``head_auc`` holds the head's alone (sigmoid(z)), as
+    :func:`conditional_auc` gives it. "before" stays the raw head (T = 1, no max probability).
     """
     z, a = _check_block_inputs(conf_logits, accepted)
     g = z.shape[1]
     t = _check_temperatures(temperatures, g)
-    b = None if biases is None else _check_biases(biases, g)
+    p, w = _check_fused(max_prob, max_prob_weights, z.shape)
+    b = _check_biases(biases, g) if biases is not None or w is not None else None
     survived = survival_indicator(a)
-    discrimination = conditional_auc(torch.sigmoid(z), a)
+    head_discrimination = conditional_auc(torch.sigmoid(z), a)
+    discrimination = head_discrimination if w is None else conditional_auc(calibrated_confidence(z, t, b, p, w), a)
     before = cumulative_survival(z, torch.ones(g, dtype=torch.float64))
-    after = cumulative_survival(z, t, b)
+    after = cumulative_survival(z, t, b, p, w)
     ece_before = [float(_ece_rows(before[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
     ece_after = [float(_ece_rows(after[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
     reached = reached_cells(a)
@@ -366,6 +517,9 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biase
     extra: dict[str, Any] = {}
     if b is not None:
         extra["biases"] = [float(v) for v in b]
+    if w is not None:
+        extra["max_prob_weights"] = [float(v) for v in w]
+        extra["head_auc"] = head_discrimination
     extra.update({
         "survival_auc_before_per_position": [_auc_or_none(before[:, k], survived[:, k]) for k in range(g)],
         "survival_auc_after_per_position": [_auc_or_none(after[:, k], survived[:, k]) for k in range(g)],
@@ -373,7 +527,7 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biase
         "brier_after_per_position": [float(((after[:, k] - survived[:, k]) ** 2).mean()) for k in range(g)],
     })
     return {
-        "method": STS_METHOD if b is None else STS_BIAS_METHOD,
+        "method": STS_METHOD if b is None else STS_BIAS_METHOD if w is None else STS_MAX_PROB_METHOD,
         "num_rows": int(z.shape[0]),
         "block_size": g,
         "n_bins": n_bins,
@@ -418,9 +572,11 @@ def split_sequences(seq_index: Any, fit_fraction: float, seed: int, *, min_seque
 
 
 def bootstrap_ece(conf_logits: Any, accepted: Any, temperatures: Any, seq_index: Any, *, n_resamples: int = 200,
-                  seed: int = 0, n_bins: int = 15, confidence: float = 0.95, biases: Any = None) -> dict[str, Any]:
+                  seed: int = 0, n_bins: int = 15, confidence: float = 0.95, biases: Any = None,
+                  max_prob: Any = None, max_prob_weights: Any = None) -> dict[str, Any]:
     """Bootstrap interval of the mean-over-positions ECE of the cumulative survival (fixed temperatures,
-    and biases when given: sigmoid(z / T + b)).
+    and biases when given: sigmoid(z / T + b); with ``max_prob_weights`` and ``max_prob`` the fused
+    sts_max_prob confidence sigmoid(z / T + b + w logit(p))).
 
     Resamples SEQUENCES with replacement (``seq_index`` [M] names each block's sequence), so
     the interval reflects the correlation of blocks within a sequence; each resample's ECE is
@@ -438,6 +594,7 @@ def bootstrap_ece(conf_logits: Any, accepted: Any, temperatures: Any, seq_index:
     g = z.shape[1]
     t = _check_temperatures(temperatures, g)
     b = None if biases is None else _check_biases(biases, g)
+    p, w = _check_fused(max_prob, max_prob_weights, z.shape)
     idx = torch.as_tensor(seq_index).reshape(-1).long().cpu()
     if idx.numel() != z.shape[0]:
         raise ValueError(f"seq_index has {idx.numel()} entries for {z.shape[0]} blocks; give one per block")
@@ -451,7 +608,7 @@ def bootstrap_ece(conf_logits: Any, accepted: Any, temperatures: Any, seq_index:
     n_seq = int(seqs.numel())
     if n_seq < 2:
         raise ValueError(f"a bootstrap by sequence needs at least 2 sequences, got {n_seq}")
-    prob = cumulative_survival(z, t, b)
+    prob = cumulative_survival(z, t, b, p, w)
     diff = prob - survival_indicator(a)
     bins = (prob * n_bins).floor().clamp_(0, n_bins - 1).long()
     # per-sequence, per-position, per-bin sums of (predicted - observed): ECE is linear in them
@@ -470,7 +627,7 @@ def bootstrap_ece(conf_logits: Any, accepted: Any, temperatures: Any, seq_index:
     weights = torch.zeros(int(n_resamples), n_seq, dtype=torch.float64).scatter_add_(
         1, draws, torch.ones_like(draws, dtype=torch.float64))
     values = ece_of(weights)
-    conditional = calibrated_confidence(z, t, b)
+    conditional = calibrated_confidence(z, t, b, p, w)
     floors = []
     for _ in range(min(int(n_resamples), 50)):
         hits = (torch.rand(z.shape, generator=gen, dtype=torch.float64) < conditional).double()
@@ -506,13 +663,14 @@ def _reliability_curve(prob: Tensor, outcome: Tensor, n_bins: int) -> tuple[np.n
 
 
 def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: str | Path, *, n_bins: int = 15,
-                     title: str | None = None, biases: Any = None) -> Path:
+                     title: str | None = None, biases: Any = None, max_prob: Any = None,
+                     max_prob_weights: Any = None) -> Path:
     """Write a PNG reliability diagram, one panel per block position.
 
     Each panel plots the observed frequency of "positions 1..k all accepted" against the
     predicted cumulative survival, per equal-width bin, before (T = 1) and after STS (or STS with
-    biases, when given), over the diagonal of perfect calibration and a histogram of the calibrated
-    predictions.
+    biases, when given; or the fused sts_max_prob confidence, with ``max_prob_weights`` and ``max_prob``),
+    over the diagonal of perfect calibration and a histogram of the calibrated predictions.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -521,10 +679,11 @@ def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: s
     g = z.shape[1]
     t = _check_temperatures(temperatures, g)
     b = None if biases is None else _check_biases(biases, g)
-    after_label = "after STS" if b is None else "after STS+bias"
+    p, w = _check_fused(max_prob, max_prob_weights, z.shape)
+    after_label = "after STS" if b is None and w is None else "after STS+bias" if w is None else "after head+max prob"
     survived = survival_indicator(a)
     before = cumulative_survival(z, torch.ones(g, dtype=torch.float64))
-    after = cumulative_survival(z, t, b)
+    after = cumulative_survival(z, t, b, p, w)
     ncols = min(g, 4)
     nrows = math.ceil(g / ncols)
     fig = Figure(figsize=(3.2 * ncols, 3.0 * nrows), layout="constrained")
@@ -565,23 +724,28 @@ def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: s
 
 
 def save_temperatures(directory: str | Path, temperatures: Any, *, ece_before: float | None = None,
-                      ece_after: float | None = None, biases: Any = None) -> Path:
+                      ece_after: float | None = None, biases: Any = None, max_prob_weights: Any = None) -> Path:
     """Write ``temperatures.json`` into the drafter checkpoint directory; returns its path.
 
     ece_before / ece_after (from :func:`calibration_report`) are stored as null when not given.
     ``biases`` (sts_bias, one finite value per position) adds a "biases" list and names the method
     sts_bias; without it the file is exactly the STS file (no "biases" key: zeros when read).
+    ``max_prob_weights`` (sts_max_prob, one finite value per position) adds a "max_prob_weights" list
+    (and "biases", zeros when not given) and names the method sts_max_prob.
     """
     t = _as_float64(temperatures, "temperatures").reshape(-1)
     t = _check_temperatures(t, t.numel())
-    b = None if biases is None else _check_biases(biases, t.numel())
+    w = None if max_prob_weights is None else _check_max_prob_weights(max_prob_weights, t.numel())
+    b = _check_biases(biases, t.numel()) if biases is not None or w is not None else None
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     payload: dict[str, Any] = {"temperatures": [float(v) for v in t]}
     if b is not None:
         payload["biases"] = [float(v) for v in b]
+    if w is not None:
+        payload["max_prob_weights"] = [float(v) for v in w]
     payload.update({
-        "method": STS_METHOD if b is None else STS_BIAS_METHOD,
+        "method": STS_METHOD if b is None else STS_BIAS_METHOD if w is None else STS_MAX_PROB_METHOD,
         "ece_before": None if ece_before is None else float(ece_before),
         "ece_after": None if ece_after is None else float(ece_after),
     })
@@ -593,16 +757,34 @@ def save_temperatures(directory: str | Path, temperatures: Any, *, ece_before: f
 def load_temperatures(directory: str | Path, block_size: int) -> Tensor:
     """Read the temperatures of ``temperatures.json`` in a drafter checkpoint directory as float32 [block_size].
 
-    The biases (if any) are validated too but not returned: use :func:`load_calibration` for both.
+    The biases and weights (if any) are validated too but not returned: use :func:`load_calibration` for all.
     """
-    return load_calibration(directory, block_size)[0]
+    return load_calibration(directory, block_size).temperatures
 
 
-def load_calibration(directory: str | Path, block_size: int) -> tuple[Tensor, Tensor]:
-    """Read ``temperatures.json``: float32 (temperatures [block_size], biases [block_size]).
+def _number_list(path: Path, payload: dict, key: str, block_size: int, what: str) -> Tensor:
+    """payload[key] as float32 [block_size]: a list of ``block_size`` finite numbers, or ValueError naming the file."""
+    raw = payload[key]
+    bad_type = not isinstance(raw, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in raw)
+    if bad_type:
+        raise ValueError(f"{path}: '{key}' must be a list of {block_size} finite numbers (one per block position), "
+                         f"got {raw!r}; re-run calibration ({what}) to rewrite it, or remove the key")
+    if len(raw) != block_size:
+        raise ValueError(f"{path} holds {len(raw)} {key.replace('_', ' ')} but the drafter block size is "
+                         f"{block_size}; re-calibrate this drafter checkpoint")
+    if not all(math.isfinite(float(v)) for v in raw):
+        raise ValueError(f"{path}: {key} must be finite, got {raw}; re-run calibration to rewrite it")
+    return torch.tensor([float(v) for v in raw], dtype=torch.float32)
+
+
+def load_calibration(directory: str | Path, block_size: int) -> Calibration:
+    """Read ``temperatures.json``: a :class:`Calibration` (float32 temperatures [block_size], biases
+    [block_size], max_prob_weights [block_size] or None).
 
     Files without a "biases" list (STS, and every file written before biases existed) read as
-    zero biases. A "biases" entry must be a list of ``block_size`` finite numbers.
+    zero biases; files without "max_prob_weights" (sts, sts_bias) read as None: no max-probability
+    term. Each list must hold ``block_size`` finite numbers; "max_prob_weights" goes with the method
+    sts_max_prob and no other (either without the other is refused).
     """
     path = Path(directory) / TEMPERATURES_FILE
     if not path.is_file():
@@ -614,34 +796,35 @@ def load_calibration(directory: str | Path, block_size: int) -> tuple[Tensor, Te
         raise ValueError(f"{path} is not valid JSON ({e}); re-run calibration to rewrite it") from e
     if not isinstance(payload, dict) or "temperatures" not in payload:
         raise ValueError(f"{path} has no 'temperatures' list; re-run calibration to rewrite it")
-    if payload.get("method") not in (STS_METHOD, STS_BIAS_METHOD):
-        raise ValueError(f"{path} was written by method {payload.get('method')!r}, expected {STS_METHOD!r} "
-                         f"or {STS_BIAS_METHOD!r}")
+    method = payload.get("method")
+    if method not in CONFIG_NAMES:
+        raise ValueError(f"{path} was written by method {method!r}, expected one of {sorted(CONFIG_NAMES)}")
     values = payload["temperatures"]
     if not isinstance(values, list) or len(values) != block_size:
         n = len(values) if isinstance(values, list) else type(values).__name__
         raise ValueError(f"{path} holds {n} temperatures but the drafter block size is {block_size}; "
                          f"re-calibrate this drafter checkpoint")
     temperatures = _check_temperatures(values, block_size).float()
-    raw = payload.get("biases")
-    if raw is None:
-        return temperatures, torch.zeros(block_size, dtype=torch.float32)
-    bad_type = not isinstance(raw, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in raw)
-    if bad_type:
-        raise ValueError(f"{path}: 'biases' must be a list of {block_size} finite numbers (one per block position), "
-                         f"got {raw!r}; re-run calibration (method=sts_bias) to rewrite it, or remove the key")
-    if len(raw) != block_size:
-        raise ValueError(f"{path} holds {len(raw)} biases but the drafter block size is {block_size}; "
-                         f"re-calibrate this drafter checkpoint")
-    if not all(math.isfinite(float(v)) for v in raw):
-        raise ValueError(f"{path}: biases must be finite, got {raw}; re-run calibration to rewrite it")
-    return temperatures, torch.tensor([float(v) for v in raw], dtype=torch.float32)
+    if payload.get("biases") is None:
+        biases = torch.zeros(block_size, dtype=torch.float32)
+    else:
+        biases = _number_list(path, payload, "biases", block_size, "method=sts_bias")
+    has_weights = payload.get("max_prob_weights") is not None
+    if has_weights != (method == STS_MAX_PROB_METHOD):
+        raise ValueError(f"{path}: method {method!r} "
+                         + ("has no 'max_prob_weights' list" if not has_weights else "takes no 'max_prob_weights'")
+                         + f"; 'max_prob_weights' goes with method {STS_MAX_PROB_METHOD!r} only: re-run "
+                         f"calibration to rewrite the file")
+    weights = _number_list(path, payload, "max_prob_weights", block_size, "method=sts_max_prob") if has_weights \
+        else None
+    return Calibration(temperatures, biases, weights)
 
 
 __all__ = [
-    "METHODS", "STS_BIAS_METHOD", "STS_METHOD", "TEMPERATURES_FILE", "bias_grid", "bootstrap_ece",
+    "CONFIG_NAMES", "Calibration", "METHODS", "STS_BIAS_METHOD", "STS_MAX_PROB_METHOD", "STS_METHOD",
+    "TEMPERATURES_FILE", "bias_grid", "bootstrap_ece",
     "calibrated_confidence", "calibration_report", "conditional_auc", "cumulative_survival", "reached_cells",
-    "expected_calibration_error",
+    "expected_calibration_error", "fit_max_prob_calibration",
     "fit_sequential_temperatures", "fit_sequential_temperatures_biases", "load_calibration", "load_temperatures",
     "reliability_plot", "roc_auc", "save_temperatures", "split_sequences", "survival_indicator", "temperature_grid",
 ]

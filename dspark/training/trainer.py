@@ -567,8 +567,7 @@ class DrafterTrainer:
                               f"the current {self.drafter.cfg.to_dict()}")
         loaded = DSparkDrafter.load(src, self.target.cfg, device="cpu", dtype=torch.float32)
         self.drafter.load_state_dict(loaded.state_dict(), strict=True)
-        self.drafter.set_confidence_temperatures(loaded.confidence_temperatures.tolist(),
-                                                 loaded.confidence_biases.tolist())
+        self.drafter.set_confidence_temperatures(*loaded.calibration_values())
         opt_tensors = load_tensor_shards(src / OPTIMIZER_DIR, "optimizer")
         self.optimizer.load_state_dict(_unflatten_optimizer_state(opt_tensors, state["optimizer_meta"]))
         self.scheduler.load_state_dict(state["scheduler"])
