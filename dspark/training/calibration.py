@@ -1,4 +1,5 @@
-"""Post-hoc calibration of the confidence head: sequential temperature scaling (STS), optionally with a bias.
+"""Post-hoc calibration of the confidence head: sequential temperature scaling (STS), optionally with a bias,
+or a logistic fit on the head and the drafter's top-token probability together.
 
 The confidence head gives one logit z_k per block position; c_k = sigmoid(z_k / T_k) is
 the probability that draft position k is accepted GIVEN that positions 1..k-1 were
@@ -16,7 +17,7 @@ earlier positions frozen) by a 2-D grid search over (T_k, b_k) followed by a fin
 coarse optimum, with a sharpness guard (near-ties in ECE go to the lower Brier score, so the fit
 cannot flatten c_k to a constant). It also keeps the order of the scores within a position.
 
-The drafter's own top-token probability p_k (the max of its softmax at slot k) carries information the
+The drafter's own top-token probability p_k (the max of its softmax at slot k) may carry information the
 head lacks. ``sts_max_prob`` (:func:`fit_max_prob_calibration`) combines both per position,
 c_k = sigmoid(a_k z_k + w_k logit(p_k) + b_k), p_k clamped to [MAX_PROB_EPS, 1 - MAX_PROB_EPS] first
 (``dspark.survival.max_prob_logit``). Unlike the two methods above it is a maximum-likelihood logistic
@@ -24,8 +25,9 @@ regression of the acceptance of position k on (z_k, logit(p_k)) over the REACHED
 1..k-1 were all accepted): c_k is a conditional probability, and the cumulative product of conditionals fitted
 on reached cells is the prefix survival. It changes the order of the blocks within a position (a second
 feature), so the AUC of its c_k is reported beside the head's alone. It is stored as T_k = 1 / a_k (a_k must
-come out > 0: a head that ranks acceptance backwards next to p_k is refused), b_k and the weights w_k, so a
-reader of temperatures.json that knows no weights computes the head's part as before.
+come out > 0: a head that ranks acceptance backwards next to p_k is refused), b_k and the weights w_k: the
+head's part keeps the sts_bias form, and the file names its own method, which a reader that does not know it
+refuses (it cannot drop the weights unnoticed).
 
 Inputs are plain tensors: ``conf_logits`` [M, G] raw confidence logits of M validation
 blocks and ``accepted`` [M, G] with 0/1 realised acceptance per position, each row
