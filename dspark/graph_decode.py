@@ -64,6 +64,17 @@ def _graph_name(key: tuple) -> str:
     return name
 
 
+def copy_from_host(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst <- src (a host tensor), queued on the current stream behind the work in flight. On CUDA the copy
+    leaves from a fresh pinned buffer without blocking the host (the caching host allocator keeps that
+    buffer until the copy has run); a copy from pageable memory would hold the host until the device's
+    queue drains."""
+    if dst.device.type == "cuda":
+        dst.copy_(src.pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)
+
+
 def _committed_rows(out_rows: list[list[int]]) -> list[tuple[int, int, list[int]]]:
     """(accepted count, window, committed tokens) per row of the step's output ``[k, w, slots...]``: the k
     accepted drafts and the target's token after them."""
@@ -874,9 +885,11 @@ class GraphDecoder:
 
     def set_estimate_table(self, table) -> None:
         """The acceptance estimates (block slot x probability bin) the next steps read (draft_max_prob); queued
-        behind any step in flight."""
+        behind any step in flight. On CUDA the copy leaves from a fresh pinned buffer without blocking: a copy
+        from pageable memory would hold the host until the step in flight ends, which serialised the host's
+        commit with the device at every step."""
         src = torch.as_tensor(table, dtype=torch.float32)
-        self.estimate_table[: src.shape[0]].copy_(src.to(self.device))
+        copy_from_host(self.estimate_table[: src.shape[0]], src)
 
     def set_table_entries(self, updates: list[tuple[int, int, int]]) -> None:
         """tables[row, col] = page for each (row, col, page): new pages of running requests."""
