@@ -59,12 +59,17 @@ def main(run_dir: str | None = None, out: str | None = None) -> Path:
     target = Path(out) if out else folder / "service_throughput.png"
     data = {c: (service(run), steady(st, c)) for c, (run, st) in runs(folder).items()}
 
-    lines = ["| concurrency | target-only tok/s (steady) | DSpark verify-all tok/s (steady) | DSpark / target-only |",
+    has_steady = any(st for _, st in data.values())
+    head = " (steady)" if has_steady else ""
+    lines = [f"| concurrency | target-only tok/s{head} | DSpark verify-all tok/s{head} | DSpark / target-only |",
              "|---|---|---|---|"]
+
+    def cell(value: float, st: dict, arm: str) -> str:
+        return f"{value:,.0f}" + (f" ({st[arm]:,.0f})" if arm in st else " (-)" if has_steady else "")
+
     for c, (blocks, st) in data.items():
         a, b = statistics.median(blocks["A"]), statistics.median(blocks["B"])
-        lines.append(f"| {c} | {a:,.0f} ({st.get('A', float('nan')):,.0f}) | {b:,.0f} ({st.get('B', float('nan')):,.0f})"
-                     f" | {b / a:.2f}x |")
+        lines.append(f"| {c} | {cell(a, st, 'A')} | {cell(b, st, 'B')} | {b / a:.2f}x |")
     print("\n".join(lines))
 
     import matplotlib
@@ -72,6 +77,7 @@ def main(run_dir: str | None = None, out: str | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    n_blocks = "/".join(sorted({str(len(blocks["A"])) for blocks, _ in data.values()}))
     fig, axes = plt.subplots(1, len(data), figsize=(2.6 * len(data) + 0.6, 3.8), squeeze=False)
     axes = axes[0]
     colours = {"A": "#8c8c8c", "B": "#1f77b4"}
@@ -97,7 +103,8 @@ def main(run_dir: str | None = None, out: str | None = None) -> Path:
     uniq = dict(zip(labels, handles))
     fig.legend(uniq.values(), uniq.keys(), loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle("SmolLM2-135M bf16 on one H200, engine=h200_graphs, mixed_chat, greedy, <= 256 new tokens\n"
-                 "bars: median of 4 ABBA blocks (line: range over blocks); dashed: steady state at full batch",
+                 f"bars: median of {n_blocks} ABBA blocks (line: range over blocks)"
+                 + ("; dashed: steady state at full batch" if has_steady else ""),
                  fontsize=9)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(target, dpi=120)

@@ -506,3 +506,33 @@ def test_auc_head_vs_max_prob_script(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", [script, str(tmp_path / "missing.pt")])
     with pytest.raises(SystemExit, match="missing.pt: not a runners.calibrate replay_cache file"):
         runpy.run_path(script, run_name="__main__")
+
+
+def test_auc_head_vs_max_prob_script_fuses_both(tmp_path, capsys, monkeypatch):
+    """--fused: on a replay whose acceptance follows both the head's logit and the max probability, the fitted
+    sts_max_prob confidence out-ranks each alone out of sample, and --write-calibration writes a file that
+    load_calibration reads back with its max-probability weights."""
+    import runpy
+
+    from dspark.training.calibration import load_calibration
+
+    gen = torch.Generator().manual_seed(1)
+    rows, g = 3000, 3
+    z = torch.randn(rows, g, generator=gen)
+    p = torch.rand(rows, g, generator=gen) * 0.98 + 0.01
+    accepted = (torch.rand(rows, g, generator=gen) < torch.sigmoid(1.5 * z + 1.5 * torch.logit(p))).float()
+    replay = {"conf_logits": z, "accepted": accepted, "draft_max_prob": p, "seq_index": torch.arange(rows) // 10}
+    path = tmp_path / "replay.pt"
+    torch.save({"key": "{}", "replay": replay}, path)
+    script = str(Path(__file__).resolve().parents[1] / "bench" / "auc_head_vs_max_prob.py")
+    monkeypatch.setattr("sys.argv", [script, str(path), "--resamples", "50", "--fused",
+                                     "--write-calibration", str(tmp_path / "cal")])
+    runpy.run_path(script, run_name="__main__")
+    out = json.loads(capsys.readouterr().out)
+    assert out["fused_minus_head_ci"][0] > 0 and out["fused_minus_max_prob_ci"][0] > 0
+    assert all(abs(w - 1.5) < 0.4 for w in out["fused_coefficients"]["max_prob_weight"])
+    cal = load_calibration(tmp_path / "cal", g)
+    assert cal.max_prob_weights is not None and cal.max_prob_weights.shape == (g,)
+    monkeypatch.setattr("sys.argv", [script, str(path), "--write-calibration", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="needs --fused"):
+        runpy.run_path(script, run_name="__main__")
