@@ -381,6 +381,22 @@ class DSparkDrafter(nn.Module):
         twin.set_confidence_temperatures(temperatures, biases, max_prob_weights)
         return twin
 
+    def _finite_per_slot(self, what: str, values) -> list[float]:
+        """One finite float per slot (zeros when ``values`` is None), or ConfigError naming ``what``."""
+        if values is None:
+            return [0.0] * self.block_size
+        try:
+            out = [float(v) for v in values]
+        except (TypeError, ValueError):
+            raise ConfigError(f"{what}: need a list of {self.block_size} finite numbers (one per slot), "
+                              f"got {values!r}") from None
+        if len(out) != self.block_size:
+            raise ConfigError(f"{what}: got {len(out)} values, need one per slot "
+                              f"(drafter.block_size = {self.block_size})")
+        if not all(abs(v) < float("inf") for v in out):
+            raise ConfigError(f"{what} must be finite, got {out}")
+        return out
+
     def set_confidence_temperatures(self, temperatures, biases=None, max_prob_weights=None) -> None:
         """Set the per-slot calibration: temperatures (finite, > 0), biases (finite; None: zeros, i.e. STS) and
         max-probability weights (finite; None: no max-probability term, i.e. sts / sts_bias).
@@ -396,31 +412,8 @@ class DSparkDrafter(nn.Module):
                               f"(drafter.block_size = {self.block_size})")
         if not all(t > 0 and t == t and t != float("inf") for t in temps):
             raise ConfigError(f"confidence temperatures must be finite and > 0, got {temps}")
-        if biases is None:
-            bias_values = [0.0] * self.block_size
-        else:
-            try:
-                bias_values = [float(b) for b in biases]
-            except (TypeError, ValueError):
-                raise ConfigError(f"confidence biases: need a list of {self.block_size} finite numbers (one per "
-                                  f"slot), got {biases!r}") from None
-            if len(bias_values) != self.block_size:
-                raise ConfigError(f"confidence biases: got {len(bias_values)} values, need one per slot "
-                                  f"(drafter.block_size = {self.block_size})")
-            if not all(abs(b) < float("inf") for b in bias_values):
-                raise ConfigError(f"confidence biases must be finite, got {bias_values}")
-        weight_values = [0.0] * self.block_size
-        if max_prob_weights is not None:
-            try:
-                weight_values = [float(w) for w in max_prob_weights]
-            except (TypeError, ValueError):
-                raise ConfigError(f"confidence max_prob_weights: need a list of {self.block_size} finite numbers "
-                                  f"(one per slot), got {max_prob_weights!r}") from None
-            if len(weight_values) != self.block_size:
-                raise ConfigError(f"confidence max_prob_weights: got {len(weight_values)} values, need one per slot "
-                                  f"(drafter.block_size = {self.block_size})")
-            if not all(abs(w) < float("inf") for w in weight_values):
-                raise ConfigError(f"confidence max_prob_weights must be finite, got {weight_values}")
+        bias_values = self._finite_per_slot("confidence biases", biases)
+        weight_values = self._finite_per_slot("confidence max_prob_weights", max_prob_weights)
         self.confidence_uses_max_prob = max_prob_weights is not None
         for name, values in (("confidence_temperatures", temps), ("confidence_biases", bias_values),
                              ("confidence_max_prob_weights", weight_values)):
