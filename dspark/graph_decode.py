@@ -444,7 +444,8 @@ class GraphDecoder:
 
     def _draft_stage(self, R: int) -> None:
         """Draft a block for rows [:R]; writes self.drafts, self.draft_probs (sampled rows), self.max_prob (when
-        :meth:`keeps_max_prob`: exp(max - logsumexp) of each slot's logits, greedy and sampled rows alike) and
+        :meth:`keeps_max_prob`: :func:`dspark.sampling.top_probability` of each slot's logits, greedy and sampled
+        rows alike, written slot by slot) and
         (with a confidence head) self.survival. No host sync: what it computes is decided by Python state
         (the estimate, the drafter's calibration method), so a captured draft graph replays it."""
         G = self.G
@@ -460,13 +461,14 @@ class GraphDecoder:
         hidden = self.drafter.forward_block(anchor, anchor_pos, self.runner.draft_cache, meta_d, self.target.embed)
         by_max_prob = self.estimate == "draft_max_prob"
         keep_top = self.keeps_max_prob()
-        top: list[torch.Tensor] = []  # per slot: the drafter's top-token probability
+        from dspark.sampling import top_probability
+
         if self.sampling[0]:
             from dspark.sampling import greedy_argmax
 
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
-                if keep_top:
-                    top.append(torch.exp(logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)))
+                if keep_top:  # the drafter's top-token probability, into slot k's column
+                    top_probability(logits, self.kernels, out=self.max_prob[:R, k])
                 return greedy_argmax(logits, self.kernels)
 
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
@@ -480,7 +482,7 @@ class GraphDecoder:
 
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
                 if keep_top:
-                    top.append(torch.exp(logits.max(dim=-1).values - torch.logsumexp(logits, dim=-1)))
+                    top_probability(logits, self.kernels, out=self.max_prob[:R, k])
                 if fused:
                     from kernels.draft_sampling import sample_slot_triton
 
@@ -493,8 +495,6 @@ class GraphDecoder:
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
                                      confidence=not by_max_prob, kernels=self.kernels)
         self.drafts[:R].copy_(out.tokens)
-        if keep_top:
-            self.max_prob[:R].copy_(torch.stack(top, dim=1))
         if by_max_prob:
             from dspark.acceptance_estimate import estimated_confidence
             from dspark.survival import prefix_survival

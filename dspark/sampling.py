@@ -8,6 +8,11 @@ argmax: their "distribution" is only ever used through argmax.
 multi-program Triton kernel (kernels/argmax.py, index-identical to ``torch.argmax``) for CUDA
 tensors of an engine on the Triton attention backend, ``torch.argmax`` otherwise.
 ``engine.kernels.triton_argmax=false`` switches the kernel off.
+
+:func:`top_probability` is the drafter's top-token probability per row, ``exp(max - logsumexp)`` of its
+logits, wherever it is computed (the decode steps' draft stage, the calibration replay), so that they agree:
+one pass of kernels/top_probability.py for CUDA tensors of an engine on the Triton backend, the PyTorch
+reference otherwise. ``engine.kernels.triton_top_probability=false`` switches the kernel off.
 """
 
 from __future__ import annotations
@@ -118,6 +123,34 @@ def greedy_argmax(logits: torch.Tensor, kernels: KernelConfig | None = None) -> 
 
         return argmax_triton(logits)
     return torch.argmax(logits, dim=-1)
+
+
+def triton_top_probability_enabled(kernels: KernelConfig | None, device: torch.device | str) -> bool:
+    """Whether :func:`top_probability` runs the Triton kernel for an engine with ``kernels`` and tensors on
+    ``device``: the Triton backend, ``engine.kernels.triton_top_probability`` on, and CUDA only."""
+    from kernels.switches import cuda_switch_on
+
+    return cuda_switch_on(kernels, "triton_top_probability", device)
+
+
+def top_probability(logits: torch.Tensor, kernels: KernelConfig | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """The largest softmax probability over the last axis of ``logits`` [..., V], ``exp(max - logsumexp)`` in
+    float32 (:func:`kernels.top_probability.top_probability_reference`, NaN for rows with +inf, NaN or only
+    -inf). 2-D float logits on CUDA go through kernels/top_probability.py where ``kernels`` (the engine's
+    settings) say so: one pass, the same values up to rounding, capture-safe. Without ``kernels``: the
+    reference. ``out`` (float32, the result's shape, any stride) receives the result when given."""
+    if (logits.dim() == 2 and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and logits.shape[1] > 0 and (logits.shape[1] == 1 or logits.stride(1) == 1)
+            and (out is None or (out.dim() == 1 and out.dtype == torch.float32))
+            and triton_top_probability_enabled(kernels, logits.device)):
+        from kernels.top_probability import top_probability_triton
+
+        return top_probability_triton(logits, out=out)
+    from kernels.top_probability import top_probability_reference
+
+    top = top_probability_reference(logits)
+    return top if out is None else out.copy_(top)
 
 
 def sample_rows(logits: torch.Tensor, rows: RowSampling, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

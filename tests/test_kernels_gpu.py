@@ -481,6 +481,85 @@ class TestArgmaxTriton:
 
 
 # --------------------------------------------------------------------------------------
+# Top-token probability (kernels/top_probability.py): the reference's values on CUDA, inside a graph too
+# --------------------------------------------------------------------------------------
+
+class TestTopProbabilityCuda:
+    V = 49152
+
+    @staticmethod
+    def _logits(T, V, dtype, seed):
+        g = torch.Generator(device=DEV).manual_seed(seed)
+        scale = torch.rand(T, 1, device=DEV, generator=g) * 20  # flat to very peaked rows
+        x = (torch.randn(T, V, device=DEV, generator=g) * scale).to(dtype)
+        if T > 2:
+            x[0, [V // 3, V - 1]] = 40.0  # a tie between distant tiles
+            x[1] = -2.0  # flat: 1 / V
+        return x
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+    @pytest.mark.parametrize("T", [1, 7, 256, 300])
+    def test_matches_the_reference(self, T, dtype):
+        from kernels.top_probability import top_probability_reference, top_probability_triton
+
+        for seed in range(2):
+            x = self._logits(T, self.V, dtype, seed=T * 10 + seed)
+            torch.testing.assert_close(top_probability_triton(x), top_probability_reference(x), rtol=1e-5, atol=0.0)
+
+    def test_special_rows_strides_and_out(self):
+        from kernels.top_probability import top_probability_reference, top_probability_triton
+
+        nan, inf = float("nan"), float("inf")
+        wide = torch.randn(8, self.V + 64, device=DEV) * 3
+        x = wide[:, 32:32 + self.V]  # row stride != V
+        x[0, 20000] = inf
+        x[1, 45000] = nan
+        x[2] = -inf
+        x[3] = -inf
+        x[3, [100, 40000]] = 1.0  # 1/2
+        x[4, :30000] = -inf
+        x[5, 7] = -nan
+        buffer = torch.full((8, 7), -1.0, device=DEV)
+        for dtype in (torch.float32, torch.bfloat16):
+            xs = wide.to(dtype)[:, 32:32 + self.V]
+            got = top_probability_triton(xs, out=buffer[:, 3])
+            assert got.data_ptr() == buffer[:, 3].data_ptr()
+            want = top_probability_reference(xs)
+            torch.testing.assert_close(buffer[:, 3], want, rtol=1e-5, atol=0.0, equal_nan=True)
+            assert buffer[[0, 1, 2, 5], 3].isnan().all() and buffer[3, 3].item() == 0.5
+            assert (buffer[:, [0, 1, 2, 4, 5, 6]] == -1.0).all()
+
+    def test_graph_capture_replays_new_data(self):
+        """Seven slots per graph written into the columns of a [T, 7] buffer, through the engine's dispatcher,
+        new logits before every replay."""
+        from dspark.config import KernelConfig
+        from dspark.sampling import top_probability, triton_top_probability_enabled
+        from kernels.top_probability import top_probability_reference
+
+        kernels = KernelConfig(attention_backend="triton")
+        assert triton_top_probability_enabled(kernels, DEV)
+        for T, dtype in ((1, torch.float32), (256, torch.float32), (16, torch.bfloat16)):
+            xs = [self._logits(T, self.V, dtype, seed=k) for k in range(7)]
+            buffer = torch.zeros(T, 7, device=DEV)
+            for k, x in enumerate(xs):  # warm-up: compile
+                top_probability(x, kernels, out=buffer[:, k])
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for k, x in enumerate(xs):
+                    top_probability(x, kernels, out=buffer[:, k])
+            for replay in range(3):
+                for k, x in enumerate(xs):
+                    x.copy_(self._logits(T, self.V, dtype, seed=1000 * (replay + 1) + k))
+                buffer.zero_()
+                graph.replay()
+                torch.cuda.synchronize()
+                want = torch.stack([top_probability_reference(x) for x in xs], 1)
+                torch.testing.assert_close(buffer, want, rtol=1e-5, atol=0.0,
+                                           msg=lambda m: f"T={T} {dtype} replay {replay}: {m}")
+
+
+# --------------------------------------------------------------------------------------
 # L2 weight prefetch (kernels/l2_prefetch.py)
 # --------------------------------------------------------------------------------------
 

@@ -48,6 +48,7 @@ from dspark.config import ConfigError
 from dspark.models.drafter import DSparkDrafter
 from dspark.models.loading import read_safetensors
 from dspark.models.llama import TargetModel
+from dspark.sampling import top_probability
 from dspark.training.data import TokenDataset, batch_indices, make_batch, trained_lengths
 from dspark.training.loss import dspark_loss
 
@@ -646,7 +647,8 @@ def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids:
             else torch.zeros(n, a, gamma, device=device))
     return {"tokens": tokens, "accepted": tokens == target_argmax, "conf_logits": conf,
             # the drafter's own confidence in each token it drafted (its argmax)
-            "draft_max_prob": torch.softmax(drafted.logits.float(), dim=-1).amax(-1).view(n, a, gamma)}
+            # (dspark.sampling.top_probability: the engine's draft stage computes it the same way)
+            "draft_max_prob": top_probability(drafted.logits).view(n, a, gamma)}
 
 
 @torch.no_grad()
