@@ -536,7 +536,7 @@ class TestTopProbabilityCuda:
         from dspark.sampling import top_probability, triton_top_probability_enabled
         from kernels.top_probability import top_probability_reference
 
-        kernels = KernelConfig(attention_backend="triton")
+        kernels = KernelConfig(attention_backend="triton", triton_top_probability=True)
         assert triton_top_probability_enabled(kernels, DEV)
         for T, dtype in ((1, torch.float32), (256, torch.float32), (16, torch.bfloat16)):
             xs = [self._logits(T, self.V, dtype, seed=k) for k in range(7)]
