@@ -86,7 +86,8 @@ from runners.common import TINY_MODELS_ENV, TinyCharTokenizer, tiny_models, tiny
 from runners.config_keys import allowed_keys, close_keys, nested_schema
 from runners.hydra_main import runner_main
 from runners.job_status import in_multirun, write_job_status
-from runners.schema import ABSchema, EngineSchema, LoadMode, to_engine_config, to_profile_settings
+from runners.schema import (ABSchema, EngineSchema, LoadMode, profile_context, to_engine_config,
+                            to_profile_settings)
 from runners.sweep_dirs import hydra_job_name
 from workloads.registry import build_workload, make_spec
 
@@ -277,7 +278,7 @@ def check_config(cfg: DictConfig):
     if cap is not None and cap < 1:
         raise ConfigError(f"ab.greedy_replica_max_tokens: must be null (no cap) or an integer >= 1, got {cap!r}")
     try:
-        to_profile_settings(cfg.ab.profile)
+        to_profile_settings(cfg.ab.profile, context=2)  # a null prompt_len is the workload's context, known later
     except ConfigError as e:
         raise ConfigError(f"ab.profile.{e}") from e
     workload = workload_from(cfg)
@@ -423,7 +424,8 @@ def default_engine_factory(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig]
     return real_engine_factory(cfg, arm_cfgs)
 
 
-def attach_cost_tables(cfg: DictConfig, arm_cfgs: dict[str, EngineConfig], engines: dict[str, Engine]) -> dict:
+def attach_cost_tables(cfg: DictConfig, arm_cfgs: dict[str, EngineConfig], engines: dict[str, Engine],
+                       context: int | None = None) -> dict:
     """Give every trimming arm without a cost table the one profiled for this node; describe each arm's table.
 
     "Profile this node once, reuse the table": the table is looked up under paths.cost_tables
@@ -432,14 +434,16 @@ def attach_cost_tables(cfg: DictConfig, arm_cfgs: dict[str, EngineConfig], engin
     curve is saved beside it). The arm's engine is rebuilt around the same model weights.
     Returns, per arm with a table, :func:`dspark.profiler.describe_table`'s record: path, how
     it was obtained (configured / reused from cache / profiled now / shared for the oracle
-    bound), fingerprint digest, fit quality, settings and plot.
+    bound), fingerprint digest, fit quality, settings and plot. ``context``: the prompt length the
+    profile runs at when ab.profile.prompt_len is null (:func:`runners.schema.profile_context` of
+    this A/B's prompts).
     """
     import dataclasses
 
     from dspark.cost_table import CostTable, CostTableError
     from dspark.profiler import ProfileError, ProfileRefusedError, describe_table, find_or_profile
 
-    settings = to_profile_settings(cfg.ab.profile)
+    settings = to_profile_settings(cfg.ab.profile, context=context)
     used: dict[str, dict] = {}
     for arm in engines:
         ecfg = arm_cfgs[arm]
@@ -684,7 +688,6 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
 
     factory = engine_factory or default_engine_factory
     engines = _checked_engines(factory(cfg, arm_cfgs), list(arm_cfgs)) if arm_cfgs else {}
-    cost_tables = attach_cost_tables(cfg, arm_cfgs, engines)
     # An in-process arm's tokenizer; an A/B of HTTP arms only leaves tokenization to the servers.
     tok = next((e.tokenizer for e in engines.values()), None)
     params = [workload.sampling_for(p) for p in prompts]
@@ -701,6 +704,10 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     if tok is not None:
         check_prompt_lengths(token_ids, arm_cfgs)
         length_stats = workload.length_stats(lambda p: len(token_ids[p.id]))  # the same prompts, tokenized above
+    context = None  # ab.profile.prompt_len=null: profile at this A/B's own context
+    if inputs and cfg.ab.profile.prompt_len is None:
+        context = profile_context([len(t) for t in inputs], [sp.max_tokens for sp in params])
+    cost_tables = attach_cost_tables(cfg, arm_cfgs, engines, context)
     http_requests = ab_http.http_requests(prompts, params)
 
     config_dict = OmegaConf.to_container(cfg, resolve=True)

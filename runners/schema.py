@@ -239,7 +239,9 @@ class CostProfileSchema:
     verify_lens: Optional[List[int]] = None  # forced verify lengths; null: every length 0..block
     warmup_steps: int = 2  # decode-only steps dropped per (batch size, verify length)
     measure_steps: int = 6  # repeats: decode-only steps recorded per (batch size, verify length); the median is fitted
-    prompt_len: int = 32  # random prompt tokens per request (the context the steps run at)
+    # random prompt tokens per request (the context the steps run at); null (runners.ab only): the A/B's own
+    # context, its prompts' median token count plus half their median output cap (see profile_context)
+    prompt_len: Optional[int] = 32
     seed: int = 0  # seeds the random prompts
     flat_rel_tol: float = 0.02  # refuse a table whose theta varies by less than this fraction of the cheapest step
     max_drop_rel: float = 0.25  # monotone=refuse: refuse a cost at some M this fraction above a larger M's
@@ -467,15 +469,21 @@ def to_drafter_config(d: Any) -> DrafterConfig:
     return DrafterConfig.from_dict(dict(d))
 
 
-def to_profile_settings(node: Any):
+def to_profile_settings(node: Any, *, context: int | None = None):
     """dspark.profiler.ProfileSettings from a config node holding CostProfileSchema's keys (other keys
     of the node, such as runners.profile's model or out, are ignored). A bad value raises ConfigError
-    starting with its key."""
+    starting with its key. ``context``: the prompt length a null ``prompt_len`` stands for (runners.ab's
+    :func:`profile_context`); without it a null ``prompt_len`` is refused."""
     from dataclasses import fields
 
     from dspark.profiler import ProfileError, ProfileSettings
 
     values = {f.name: node[f.name] for f in fields(CostProfileSchema)}
+    if values["prompt_len"] is None:
+        if context is None:
+            raise ConfigError("prompt_len: null takes the context from an A/B's workload (runners.ab); give the "
+                              "context the profiled steps run at as an integer >= 2")
+        values["prompt_len"] = int(context)
     for key in ("batch_sizes", "verify_lens"):
         if values[key] is not None:  # a ListConfig: plain integers
             values[key] = [int(x) for x in values[key]]
@@ -495,3 +503,15 @@ def register() -> None:
 
 
 register()
+
+
+def profile_context(prompt_tokens: list[int], output_caps: list[int]) -> int:
+    """The context a decode step of an A/B runs at on average, for ab.profile.prompt_len=null: the median
+    prompt token count plus half the median output cap (a request decodes from its prompt's end to its cap;
+    an early end only shortens it). At least 2 (a prefill plus an anchor token)."""
+    import statistics
+
+    if not prompt_tokens or len(prompt_tokens) != len(output_caps):
+        raise ValueError(f"profile_context needs one output cap per prompt, got {len(prompt_tokens)} prompts and "
+                         f"{len(output_caps)} caps")
+    return max(2, int(statistics.median(prompt_tokens) + statistics.median(output_caps) // 2))

@@ -555,6 +555,34 @@ def test_poisson_arrivals_and_refused_requests(tmp_path):
     assert all(o.error is None for o in outs[:-1])
 
 
+def test_ab_profile_at_the_workloads_own_context(tmp_path, monkeypatch):
+    """ab.profile.prompt_len=null: the cost-table profile runs at the A/B's context (its prompts' median token
+    count plus half their median output cap), recorded in the table's settings; runners.profile, which has no
+    workload, refuses a null prompt_len by name."""
+    import dspark.profiler as profiler
+    from dspark.config import ConfigError
+    from runners.schema import profile_context, to_profile_settings
+    from test_profiler import record_profile_calls, staircase, synthetic_clock
+
+    assert profile_context([10, 30, 20], [8, 8, 16]) == 24 and profile_context([0], [1]) == 2
+    with pytest.raises(ValueError, match="one output cap per prompt"):
+        profile_context([1, 2], [3])
+    synthetic_clock(monkeypatch, staircase)
+    seen = record_profile_calls(monkeypatch, profiler)
+    overrides = [o for o in TINY if not o.startswith("ab=")] + [
+        "ab.profile.warmup_steps=1", "ab.profile.measure_steps=3", "ab.profile.prompt_len=null",
+        "ab.profile.verify_lens=[0,1,2,3,4]", "ab.profile.min_r2=0.9", "ab.profile.remeasure_rounds=1",
+        "ab.fail_on_guard=false", "ab.n_blocks=2"]
+    summary = ab.run(compose_ab(overrides, out_dir=tmp_path / "run"), engine_factory=tiny_factory())
+    stats = summary["workload"]["length_stats"]
+    want = int(stats["input_tokens"]["median"] + stats["output_cap"]["median"] // 2)
+    assert len(seen) == 1 and seen[0]["prompt_len"] == want > 6
+    assert summary["cost_tables"]["B"]["settings"]["prompt_len"] == seen[0]["prompt_len"]
+    node = compose_ab(overrides, out_dir=tmp_path / "x").ab.profile
+    with pytest.raises(ConfigError, match="prompt_len: null takes the context from an A/B's workload"):
+        to_profile_settings(node)
+
+
 def test_ab_profile_settings_reach_the_profiler_and_the_summary_names_the_table(tmp_path, monkeypatch):
     """A trimming arm without engine.cost_table: runners.ab profiles this node with the ab.profile settings,
     saves the table with the PNG of its curve beside it, and the summary names the table, how it was
