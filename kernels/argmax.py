@@ -37,13 +37,12 @@ switches it off there (``torch.argmax`` is used instead).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+from kernels.row_checks import check_row_logits, power_of_two
 BLOCK = 1024  # default elements per tile; a program reduces 1..MAX_TILES tiles of its row
 MAX_TILES = 16
 DEFAULT_NUM_SMS = 132  # an H200's, assumed when the device cannot be asked (CPU interpreter)
@@ -163,41 +162,9 @@ def _tiles_per_program(T: int, V: int, device: torch.device, block: int) -> int:
     return min(MAX_TILES, triton.next_power_of_2(triton.cdiv(triton.cdiv(V, block), chunks_wanted)))
 
 
-def _power_of_two(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two >= {low}, got {value!r}")
-    return value
-
-
 def _check(logits: torch.Tensor, out: torch.Tensor | None) -> tuple[int, int]:
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be 2-D [T, V], got shape {tuple(logits.shape)}")
-    if logits.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
-    T, V = logits.shape
-    if V == 0:
-        raise ValueError(f"logits has an empty vocabulary (shape {tuple(logits.shape)}): no argmax")
-    if V >= 2 ** 31:
-        raise ValueError(f"vocabulary of {V} entries does not fit the kernel's int32 indices")
-    if V > 1 and logits.stride(1) != 1:
-        raise ValueError(f"logits needs a unit stride on V, got strides {logits.stride()}")
-    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"argmax_triton needs CUDA tensors (got {logits.device}); on CPU set "
-                           "TRITON_INTERPRET=1 before importing triton")
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        if out.dtype != torch.int64:
-            raise TypeError(f"out must be int64, got {out.dtype}")
-        if tuple(out.shape) != (T,):
-            raise ValueError(f"out must have shape ({T},), got {tuple(out.shape)}")
-        if out.device != logits.device:
-            raise ValueError(f"out is on {out.device}, logits on {logits.device}")
-        if T > 1 and out.stride(0) != 1:
-            raise ValueError(f"out must be contiguous, got strides {out.stride()}")
-    return T, V
+    return check_row_logits(logits, out, kernel="argmax_triton", result="argmax", columns="indices",
+                            out_dtype=torch.int64, contiguous_out=True)
 
 
 def argmax_triton(logits: torch.Tensor, out: torch.Tensor | None = None, *, tiles: int | None = None,
@@ -216,8 +183,8 @@ def argmax_triton(logits: torch.Tensor, out: torch.Tensor | None = None, *, tile
         out = torch.empty(T, dtype=torch.int64, device=logits.device)
     if T == 0:
         return out
-    block = _power_of_two("block", block, 16)
-    tiles = _tiles_per_program(T, V, logits.device, block) if tiles is None else _power_of_two("tiles", tiles, 1)
+    block = power_of_two("block", block, 16)
+    tiles = _tiles_per_program(T, V, logits.device, block) if tiles is None else power_of_two("tiles", tiles, 1)
     while triton.cdiv(V, tiles * block) > _MAX_GRID_Y:
         tiles *= 2
     num_chunks = triton.cdiv(V, tiles * block)

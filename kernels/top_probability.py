@@ -31,13 +31,12 @@ calibration and step traces) on CUDA tensors of an engine on the Triton backend;
 
 from __future__ import annotations
 
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+from kernels.row_checks import check_row_logits, power_of_two
 BLOCK = 4096  # vocabulary entries per tile (lanes of the per-lane softmax state)
 NUM_WARPS = 8
 
@@ -83,39 +82,9 @@ def _top_probability_kernel(x_ptr, out_ptr, V, stride_t, stride_out, BLOCK: tl.c
 # Wrapper
 # --------------------------------------------------------------------------------------
 
-def _power_of_two(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or value & (value - 1):
-        raise ValueError(f"{name} must be a power of two >= {low}, got {value!r}")
-    return value
-
-
 def _check(logits: torch.Tensor, out: torch.Tensor | None) -> tuple[int, int]:
-    if not isinstance(logits, torch.Tensor):
-        raise TypeError(f"logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be 2-D [T, V], got shape {tuple(logits.shape)}")
-    if logits.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
-    T, V = logits.shape
-    if V == 0:
-        raise ValueError(f"logits has an empty vocabulary (shape {tuple(logits.shape)}): no top probability")
-    if V >= 2 ** 31:
-        raise ValueError(f"vocabulary of {V} entries does not fit the kernel's int32 column offsets")
-    if V > 1 and logits.stride(1) != 1:
-        raise ValueError(f"logits needs a unit stride on V, got strides {logits.stride()}")
-    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"top_probability_triton needs CUDA tensors (got {logits.device}); on CPU set "
-                           "TRITON_INTERPRET=1 before importing triton")
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        if out.dtype != torch.float32:
-            raise TypeError(f"out must be float32, got {out.dtype}")
-        if tuple(out.shape) != (T,):
-            raise ValueError(f"out must have shape ({T},), got {tuple(out.shape)}")
-        if out.device != logits.device:
-            raise ValueError(f"out is on {out.device}, logits on {logits.device}")
-    return T, V
+    return check_row_logits(logits, out, kernel="top_probability_triton", result="top probability",
+                            columns="column offsets", out_dtype=torch.float32, contiguous_out=False)
 
 
 def top_probability_triton(logits: torch.Tensor, out: torch.Tensor | None = None, *,
@@ -128,7 +97,7 @@ def top_probability_triton(logits: torch.Tensor, out: torch.Tensor | None = None
     in a CUDA graph. block: elements per tile (a power of two >= 16; tests use small ones for short rows).
     """
     T, V = _check(logits, out)
-    block = _power_of_two("block", block, 16)
+    block = power_of_two("block", block, 16)
     if out is None:
         out = torch.empty(T, dtype=torch.float32, device=logits.device)
     if T == 0:
