@@ -356,8 +356,10 @@ class Engine:
         c["accept_rate"] = c["accepted_tokens"] / c["verified_tokens"] if c["verified_tokens"] else 0.0
         for why, n in self.eager_reasons.items():
             c[f"eager_reason/{why}"] = n
-        if self._confidence_calibration is not None:  # what the planner reads as survival (acceptance_estimate=head)
-            c[f"confidence_calibration/{self._confidence_calibration}"] = 1
+        if self._confidence_calibration is not None:  # what the planner reads as survival (acceptance_estimate=head):
+            # the drafted steps whose survival came from this calibration (a count, so it sums across blocks)
+            drafted = c["decode_steps"] - c["draft_free_steps"]
+            c[f"confidence_calibration/{self._confidence_calibration}_steps"] = drafted
         # Steps whose target forward ran the decode megakernel (kernels/decode_megakernel.py):
         # graph replays of steps captured with it, plus eager calls (captures' own calls excluded).
         c["megakernel_steps"] = self._megakernel_raw() - self._megakernel_base
