@@ -438,8 +438,7 @@ class GraphDecoder:
         """Whether the draft stage writes each slot's top-token probability into self.max_prob: for the
         draft_max_prob estimate, for a confidence calibration that weighs it (the drafter's
         ``confidence_uses_max_prob``: sts_max_prob) and for a step trace."""
-        head_weighs_it = (self.estimate != "draft_max_prob" and self.drafter.confidence_head is not None
-                          and self.drafter.confidence_uses_max_prob)
+        head_weighs_it = self.drafter.confidence_head is not None and self.drafter.confidence_uses_max_prob
         return self.estimate == "draft_max_prob" or head_weighs_it or self.trace_max_prob
 
     def _draft_stage(self, R: int) -> None:

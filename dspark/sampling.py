@@ -112,13 +112,18 @@ def fused_draft_sampling_enabled(kernels: KernelConfig | None, device: torch.dev
     return cuda_switch_on(kernels, "fused_draft_sampling", device)
 
 
+def _row_kernel_input(logits: torch.Tensor) -> bool:
+    """Whether the row-reduction kernels over the vocabulary (kernels/argmax.py, kernels/top_probability.py) take
+    ``logits``: 2-D float [T, V] with a non-empty vocabulary and a unit stride on V."""
+    return (logits.dim() == 2 and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and logits.shape[1] > 0 and (logits.shape[1] == 1 or logits.stride(1) == 1))
+
+
 def greedy_argmax(logits: torch.Tensor, kernels: KernelConfig | None = None) -> torch.Tensor:
     """``torch.argmax(logits, dim=-1)``, through kernels/argmax.py for 2-D float logits on CUDA
     where ``kernels`` (the engine's settings) say so (same index, ties and NaN included; capture-safe).
     Without ``kernels``: ``torch.argmax``."""
-    if (logits.dim() == 2 and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and logits.shape[1] > 0 and (logits.shape[1] == 1 or logits.stride(1) == 1)
-            and triton_argmax_enabled(kernels, logits.device)):
+    if _row_kernel_input(logits) and triton_argmax_enabled(kernels, logits.device):
         from kernels.argmax import argmax_triton
 
         return argmax_triton(logits)
@@ -140,9 +145,7 @@ def top_probability(logits: torch.Tensor, kernels: KernelConfig | None = None,
     -inf). 2-D float logits on CUDA go through kernels/top_probability.py where ``kernels`` (the engine's
     settings) say so: one pass, the same values up to rounding, capture-safe. Without ``kernels``: the
     reference. ``out`` (float32, the result's shape, any stride) receives the result when given."""
-    if (logits.dim() == 2 and logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and logits.shape[1] > 0 and (logits.shape[1] == 1 or logits.stride(1) == 1)
-            and (out is None or (out.dim() == 1 and out.dtype == torch.float32))
+    if (_row_kernel_input(logits) and (out is None or (out.dim() == 1 and out.dtype == torch.float32))
             and triton_top_probability_enabled(kernels, logits.device)):
         from kernels.top_probability import top_probability_triton
 

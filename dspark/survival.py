@@ -86,25 +86,24 @@ def check_temperatures(temperatures: Sequence[float] | torch.Tensor, block: int)
         raise ValueError(f"STS temperatures must be finite and > 0; bad (position, value): {bad}")
 
 
+def _check_finite_per_position(values: Sequence[float] | torch.Tensor, block: int, what: str) -> None:
+    """One finite value per drafted position, or ValueError naming ``what`` (and the bad positions)."""
+    values = [float(v) for v in (values.tolist() if isinstance(values, torch.Tensor) else values)]
+    if len(values) != block:
+        raise ValueError(f"expected {block} {what} (one per drafted position), got {len(values)}: {values}")
+    bad = [(k, v) for k, v in enumerate(values) if not (abs(v) < float("inf"))]  # NaN fails too
+    if bad:
+        raise ValueError(f"{what} must be finite; bad (position, value): {bad}")
+
+
 def check_biases(biases: Sequence[float] | torch.Tensor, block: int) -> None:
     """Host-side validation of sts_bias biases (call once at load time, not per step)."""
-    values = [float(b) for b in (biases.tolist() if isinstance(biases, torch.Tensor) else biases)]
-    if len(values) != block:
-        raise ValueError(f"expected {block} confidence biases (one per drafted position), got {len(values)}: {values}")
-    bad = [(k, b) for k, b in enumerate(values) if not (abs(b) < float("inf"))]  # NaN fails too
-    if bad:
-        raise ValueError(f"confidence biases must be finite; bad (position, value): {bad}")
+    _check_finite_per_position(biases, block, "confidence biases")
 
 
 def check_max_prob_weights(weights: Sequence[float] | torch.Tensor, block: int) -> None:
     """Host-side validation of sts_max_prob weights (call once at load time, not per step)."""
-    values = [float(w) for w in (weights.tolist() if isinstance(weights, torch.Tensor) else weights)]
-    if len(values) != block:
-        raise ValueError(f"expected {block} max-probability weights (one per drafted position), got {len(values)}: "
-                         f"{values}")
-    bad = [(k, w) for k, w in enumerate(values) if not (abs(w) < float("inf"))]  # NaN fails too
-    if bad:
-        raise ValueError(f"max-probability weights must be finite; bad (position, value): {bad}")
+    _check_finite_per_position(weights, block, "max-probability weights")
 
 
 def prefix_survival(conf: torch.Tensor) -> torch.Tensor:

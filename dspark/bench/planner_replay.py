@@ -297,13 +297,13 @@ def recalibrated_survival(logits: list[np.ndarray], folder: str, block: int,
     from dspark.training.calibration import load_calibration
 
     temps, biases, weights = load_calibration(folder, block)
-    if weights is None:
-        return [torch.cumprod(calibrated_confidence(torch.from_numpy(z), temps, biases), 1).double().numpy()
-                for z in logits]
-    if max_probs is None or len(max_probs) != len(logits) or any(p is None for p in max_probs):
+    if weights is None:  # the max probabilities are not read
+        max_probs = [None] * len(logits)
+    elif max_probs is None or len(max_probs) != len(logits) or any(p is None for p in max_probs):
         raise SystemExit(f"{folder}: its calibration (sts_max_prob) weighs the drafter's top-token probability, "
                          f"which the traces do not hold (draft_max_prob); trace the run again")
-    return [torch.cumprod(calibrated_confidence(torch.from_numpy(z), temps, biases, torch.from_numpy(p), weights),
+    return [torch.cumprod(calibrated_confidence(torch.from_numpy(z), temps, biases,
+                                                None if p is None else torch.from_numpy(p), weights),
                           1).double().numpy() for z, p in zip(logits, max_probs)]
 
 

@@ -338,15 +338,14 @@ class DSparkDrafter(nn.Module):
         from dspark.survival import calibrated_confidence
 
         flat = confidence_logits.reshape(-1, confidence_logits.shape[-1])
-        if not self.confidence_uses_max_prob:
-            return calibrated_confidence(flat, self.confidence_temperatures,
-                                         self.confidence_biases).reshape(confidence_logits.shape)
-        if max_prob is None:
-            raise ValueError("this drafter's confidence calibration (sts_max_prob) weighs the drafter's top-token "
-                             "probability of every slot: pass max_prob (the max of its softmax at each slot)")
-        return calibrated_confidence(flat, self.confidence_temperatures, self.confidence_biases,
-                                     max_prob.reshape(flat.shape),
-                                     self.confidence_max_prob_weights).reshape(confidence_logits.shape)
+        weights = top = None
+        if self.confidence_uses_max_prob:
+            if max_prob is None:
+                raise ValueError("this drafter's confidence calibration (sts_max_prob) weighs the drafter's top-token "
+                                 "probability of every slot: pass max_prob (the max of its softmax at each slot)")
+            weights, top = self.confidence_max_prob_weights, max_prob.reshape(flat.shape)
+        return calibrated_confidence(flat, self.confidence_temperatures, self.confidence_biases, top,
+                                     weights).reshape(confidence_logits.shape)
 
     @property
     def confidence_calibration_method(self) -> str:

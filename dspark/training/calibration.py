@@ -101,34 +101,29 @@ def _check_temperatures(temperatures: Any, block_size: int) -> Tensor:
     return t
 
 
+def _check_per_position(values: Any, block_size: int, name: str, one: str, remedy: str = "") -> Tensor:
+    """float64 [block_size] of a list of finite numbers, one per position, or ValueError naming ``name`` (``one``:
+    what a single value is called, ``remedy``: said after the count is wrong)."""
+    if isinstance(values, (str, bytes, dict)) or (not isinstance(values, Tensor) and not hasattr(values, "__len__")):
+        raise ValueError(f"{name} must be a list of {block_size} finite numbers (one per position), got {values!r}")
+    try:
+        v = _as_float64(values, name).reshape(-1)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name} must be a list of {block_size} finite numbers (one per position): {e}") from None
+    if v.numel() != block_size:
+        raise ValueError(f"got {v.numel()} {name} for a block of {block_size} positions; fit one {one} per "
+                         f"position{remedy}")
+    return v
+
+
 def _check_biases(biases: Any, block_size: int) -> Tensor:
     if biases is None:
         return torch.zeros(block_size, dtype=torch.float64)
-    if isinstance(biases, (str, bytes, dict)) or (not isinstance(biases, Tensor) and not hasattr(biases, "__len__")):
-        raise ValueError(f"biases must be a list of {block_size} finite numbers (one per position), got {biases!r}")
-    try:
-        b = _as_float64(biases, "biases").reshape(-1)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"biases must be a list of {block_size} finite numbers (one per position): {e}") from None
-    if b.numel() != block_size:
-        raise ValueError(f"got {b.numel()} biases for a block of {block_size} positions; fit one bias per position "
-                         f"(or leave biases out: zeros)")
-    return b
+    return _check_per_position(biases, block_size, "biases", "bias", " (or leave biases out: zeros)")
 
 
 def _check_max_prob_weights(weights: Any, block_size: int) -> Tensor:
-    if isinstance(weights, (str, bytes, dict)) or (not isinstance(weights, Tensor) and not hasattr(weights, "__len__")):
-        raise ValueError(f"max_prob_weights must be a list of {block_size} finite numbers (one per position), "
-                         f"got {weights!r}")
-    try:
-        w = _as_float64(weights, "max_prob_weights").reshape(-1)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"max_prob_weights must be a list of {block_size} finite numbers (one per position): "
-                         f"{e}") from None
-    if w.numel() != block_size:
-        raise ValueError(f"got {w.numel()} max_prob_weights for a block of {block_size} positions; fit one weight "
-                         f"per position")
-    return w
+    return _check_per_position(weights, block_size, "max_prob_weights", "weight")
 
 
 def _check_max_prob(max_prob: Any, shape: torch.Size) -> Tensor:
