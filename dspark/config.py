@@ -148,8 +148,7 @@ class KernelSwitches:
     triton_argmax: bool = True  # graph steps' greedy argmax through kernels/argmax.py (CUDA)
     fused_draft_logits: bool = True  # a draft slot's logits (backbone + Markov bias) in one pass (kernels/draft_logits.py)
     fused_draft_sampling: bool = True  # a sampled draft slot's softmax + inverse-CDF draw in one kernel (CUDA)
-    # draft slots' top-token probability in one pass (kernels/top_probability.py); off until measured on a GPU
-    triton_top_probability: bool = False
+    triton_top_probability: bool = True  # draft slots' top-token probability in one pass (kernels/top_probability.py)
     # KV chunks per (request, kv head, query tile) in paged attention; None: from the grid size alone
     # (kernels.paged_attention.default_num_splits). More splits spread a long request's keys over more SMs.
     attention_splits: int | None = None

@@ -275,8 +275,8 @@ def test_switch():
     assert triton_top_probability_enabled(TRITON, "cuda") and not triton_top_probability_enabled(TRITON, "cpu")
     assert not triton_top_probability_enabled(DEFAULT_KERNELS, "cuda")
     assert not triton_top_probability_enabled(None, "cuda")
-    assert not KernelSwitches().triton_top_probability  # off by default until measured on a GPU
-    assert not triton_top_probability_enabled(KernelConfig(attention_backend="triton"), "cuda")
+    assert KernelSwitches().triton_top_probability  # on by default
+    assert triton_top_probability_enabled(KernelConfig(attention_backend="triton"), "cuda")
     off = KernelConfig(attention_backend="triton", triton_top_probability=False)
     assert not triton_top_probability_enabled(off, "cuda")
     with pytest.raises(ConfigError, match="engine.kernels.triton_top_probability"):
@@ -286,7 +286,7 @@ def test_switch():
 def test_runner_schema_has_the_switch():
     from runners.schema import KernelsSchema
 
-    assert KernelsSchema().triton_top_probability is KernelSwitches().triton_top_probability is False
+    assert KernelsSchema().triton_top_probability is KernelSwitches().triton_top_probability is True
 
 
 # ------------------------------------------------------------------------------ the engine's draft stage
