@@ -290,6 +290,14 @@ class EngineConfig:
     # (dspark/service_cost.py: the host's work per step as a floor, and how a device-bound step's time follows the
     # table's price, as a slope and an offset), instead of the cost table's steady-decode price alone.
     service_cost: bool = False
+    # Run the planner on a device-resident step only where it is expected to pay (dspark/plan_gate.py): per batch
+    # bucket, the milliseconds its trims saved against the host milliseconds it cost where the host set the step's
+    # period; a skipped step verifies the whole block (plan reason skipped_plan_not_paying). plan_gate_warmup:
+    # planned steps per bucket before the rule decides; plan_gate_probe_every: while a bucket skips, every n-th
+    # step plans anyway, so the estimates follow the workload.
+    plan_gate: bool = True
+    plan_gate_warmup: int = 8
+    plan_gate_probe_every: int = 16
     # Let a speculative engine decode a step target-only (no drafting) when its measured rate at that batch
     # size says drafting does not pay (dspark/draft_free.py); counted as draft_free_steps.
     draft_free_steps: bool = False
@@ -378,6 +386,13 @@ class EngineConfig:
                    f"captured steps size the budget from survival the host has already read back: at least "
                    f"{need} step(s) old {'with the overlap scheduler ' if self.overlap else ''}(got "
                    f"{self.budget_lag}); set engine.budget_lag={need}")
+        _check(isinstance(self.plan_gate_warmup, int) and not isinstance(self.plan_gate_warmup, bool)
+               and self.plan_gate_warmup >= 0, "engine.plan_gate_warmup",
+               f"must be an integer >= 0 (planned steps per batch bucket before the gate decides), got "
+               f"{self.plan_gate_warmup!r}")
+        _check(isinstance(self.plan_gate_probe_every, int) and not isinstance(self.plan_gate_probe_every, bool)
+               and self.plan_gate_probe_every >= 1, "engine.plan_gate_probe_every",
+               f"must be an integer >= 1 (1: every step plans), got {self.plan_gate_probe_every!r}")
         if self.force_verify_len is not None:
             _check(self.verify in ("uniform", "ragged", "cap_accept"), "engine.force_verify_len",
                    f"overrides the planner's decision, but verify={self.verify!r} has no planner")

@@ -18,6 +18,7 @@ from dspark.config import ConfigError, EngineConfig, SamplingParams
 from dspark.kv_cache import BlockManager
 from dspark.model_runner import DTYPES, ModelRunner, Segment
 from dspark.models.llama import TargetModel
+from dspark.plan_gate import SKIPPED_REASON
 from dspark.request import Request, RequestOutput
 from dspark.scheduler import Scheduler
 from dspark.stats import HOST_PHASES, EngineStats, check_step_consistency
@@ -123,6 +124,9 @@ class Engine:
         self.cost_table = None
         self.planner = None
         self.service_cost = None  # engine.service_cost: the online price of a service step (kept across reset)
+        self.plan_gate = None  # engine.plan_gate: whether planning a device-resident step pays (kept across reset)
+        self._skipped_decisions: dict[int, object] = {}  # rows -> the PlanDecision of a step the gate skipped
+        self._plan_cost = None  # (bucket, host ms) of the planner call the step() in progress made
         self._build_planner()
         self._free_slots = list(range(self.cfg.max_num_seqs - 1, -1, -1))
         self._slot_of: dict[int, int] = {}
@@ -273,6 +277,11 @@ class Engine:
             from dspark.service_cost import ServiceCostEstimate
 
             self.service_cost = ServiceCostEstimate()
+        forced = cfg.force_verify_len is not None or cfg.force_budget_frac is not None
+        if cfg.plan_gate and cfg.cuda_graphs and not forced:  # a forced decision applies to every step
+            from dspark.plan_gate import PlanGate
+
+            self.plan_gate = PlanGate(warmup=cfg.plan_gate_warmup, probe_every=cfg.plan_gate_probe_every)
 
     def fingerprint(self) -> dict:
         """What a cost table must have been profiled on to be valid here."""
@@ -368,6 +377,8 @@ class Engine:
         c["kv_pool_tokens"] = self.blocks.num_pages * self.blocks.page_size
         if self.service_cost is not None:
             c.update(self.service_cost.summary())
+        if self.plan_gate is not None:
+            c.update(self.plan_gate.summary())
         if self.draft_free is not None:
             c.update(self.draft_free.summary())
         if self._eager_step_ms:
@@ -629,8 +640,15 @@ class Engine:
         if self.draft_free is not None and tokens:
             self.draft_free.update(bucket, draft_free=free, tokens=tokens, step_ms=step_ms)
         if self.service_cost is not None and decision is not None:
+            # (the planner reads the price right before it plans: _service_price)
             self.service_cost.update(step_ms=step_ms, table_ms=decision.predicted_ms, host_ms=host_ms,
                                      waited_ms=waited_ms)
+
+    def _service_price(self) -> None:
+        """Give the planner the service price of the steps committed so far (engine.service_cost), right before
+        it plans: the estimate's medians (and at times its line) are host work that a step the plan gate skips
+        does not need."""
+        if self.service_cost is not None:
             self.planner.service = self.service_cost.current()
 
     def _prefill(self, chunks, overlap: bool = False) -> None:
@@ -840,12 +858,15 @@ class Engine:
             if previous is None:  # the pipeline's first step: nothing to commit yet
                 self.last_step = StepInfo(num_decodes=0, num_prefill_tokens=prefill_tokens, num_tokens=0,
                                           bucket=launched.bucket, windows=(), step_ms=launched.launch_ms)
+                self._count_plan_cost(0.0)
                 return finished
             counts["pipelined_steps"] += 1
             launched = previous
         waited_before = self._graph_wait_ms
         finished += self._commit_launched(launched)
         waited = self._graph_wait_ms - waited_before
+        # With overlap the host planned while the device ran the step just committed: a wait for it hid the plan.
+        self._count_plan_cost(waited if self.cfg.overlap else 0.0)
         phase["wait"] += waited
         phase["commit"] += (clock() - mark) * 1e3 - waited
         return finished
@@ -884,22 +905,57 @@ class Engine:
         return slot
 
     def _graph_decision(self, running: list[Request]):
-        """(mode, tier, extra, decision) of a captured step, planned on the host from lagged survival."""
+        """(mode, tier, extra, decision) of a captured step, planned on the host from lagged survival; with
+        engine.plan_gate, only where planning is expected to pay (a skipped step runs the full block)."""
         if self.planner is None:
             return "full", None, None, None
         from dspark.planner import plan_budget
 
+        gate = self.plan_gate
+        if gate is not None:
+            bucket = self.graph.bucket_for(len(running))
+            if not gate.should_plan(bucket):
+                decision = self._skipped_decision(len(running))
+                self.stats.record_plan(decision)
+                return "full", None, None, decision
         start = time.perf_counter()
+        self._service_price()
         newest_age = 2 if self.cfg.overlap else 1  # the newest snapshot read back is this old already
         sizing = self.planner.lagged_rows([self._slot(r) for r in running], newest_age)
         decision = plan_budget(ranking_survival=None, sizing_survival=sizing, table=self.cost_table,
                                config=self.planner_config, temperature_positive=False, service=self.planner.service)
-        self.stats.record_plan(decision, plan_ms=(time.perf_counter() - start) * 1e3)
+        plan_ms = (time.perf_counter() - start) * 1e3
+        self.stats.record_plan(decision, plan_ms=plan_ms)
+        if gate is not None:
+            self._plan_cost = (bucket, plan_ms)
         if not decision.trimmed:
             return "full", None, None, decision
         if self.cfg.verify == "uniform":
             return "uniform", decision.windows[0], None, decision
         return "ragged", None, decision.extra_cells, decision
+
+    def _skipped_decision(self, rows: int):
+        """The decision of a step of ``rows`` requests that the plan gate ran without the planner: the full
+        block, priced by the cost table as a declined decision is (the service price learns from it)."""
+        decision = self._skipped_decisions.get(rows)
+        if decision is None:
+            from dspark.planner import PlanDecision
+
+            G = self.block_size
+            ms = None
+            if self.cost_table is not None:
+                ms = self.cost_table.step_ms(rows * (G + 1), rows, extrapolate=self.planner_config.extrapolate_cost)
+            decision = PlanDecision(tuple([G] * rows), False, SKIPPED_REASON, 0.0, None, ms, rows * G)
+            self._skipped_decisions[rows] = decision
+        return decision
+
+    def _count_plan_cost(self, waited_ms: float) -> None:
+        """Give the plan gate the host time of the planner call this step() call made (if it made one), and
+        how long the call then waited for the device step that ran while it planned (0 when none ran)."""
+        if self._plan_cost is not None:
+            bucket, plan_ms = self._plan_cost
+            self._plan_cost = None
+            self.plan_gate.record_cost(bucket, plan_ms, waited_ms)
 
     def _drain(self) -> list[RequestOutput]:
         launched, self._inflight = self._inflight, None
@@ -973,8 +1029,12 @@ class Engine:
         if decision is not None and decision.trimmed:
             self._counts["trimmed_steps"] += 1
         step_ms = self._step_period_ms(launched, start)
-        self._learn_step_cost(self.graph.bucket_for(len(launched.req_ids)), free, sum(accepted) + len(live_ids),
+        bucket = self.graph.bucket_for(len(launched.req_ids))
+        self._learn_step_cost(bucket, free, sum(accepted) + len(live_ids),
                               step_ms, decision, waited_ms=waited_ms, host_ms=max(0.0, step_ms - waited_ms))
+        if self.plan_gate is not None and decision is not None and decision.reason != SKIPPED_REASON:
+            self.plan_gate.record_benefit(bucket, trimmed=decision.trimmed, predicted_gain=decision.predicted_gain,
+                                          period_ms=step_ms)
         if G and live_ids and not free:  # a draft-free step verifies nothing: not a scheduling step
             self.stats.record_step(request_ids=live_ids, windows=windows, accepted=accepted, block=G,
                                    mode=self.cfg.verify, num_tokens=launched.num_tokens,
@@ -1005,6 +1065,7 @@ class Engine:
             return None
         for r in decodes:
             self._slot(r)
+        self._service_price()
         survival = self.steps.survival[: len(decodes)].tolist()
         decision = self.planner.plan(survival, [self._slot_of[r.req_id] for r in decodes],
                                      temperature_positive=not all_greedy, is_mixed_step=plan.is_mixed)
@@ -1191,5 +1252,8 @@ class Engine:
             self.planner.stats = self.stats
             for slot in range(self.cfg.max_num_seqs):
                 self.planner.reset_slot(slot)
+        if self.plan_gate is not None:
+            self.plan_gate.reset_counts()  # its estimates persist: a run's warm-up trains them for the timed blocks
+        self._plan_cost = None
         self._free_slots = list(range(self.cfg.max_num_seqs - 1, -1, -1))
         self._slot_of.clear()

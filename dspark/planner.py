@@ -37,14 +37,16 @@ import numpy as np
 
 from dspark.config import ConfigError
 from dspark.cost_table import CostTable
+from dspark.plan_gate import SKIPPED_REASON
 from dspark.service_cost import ServiceCost
 from dspark.survival import check_survival, neutral_survival_row
 
 MODES = ("uniform", "ragged")
 ALGORITHMS = ("global", "greedy_stop")
 BUDGET_LAGS = (0, 1, 2)
+# SKIPPED_REASON: a device-resident step the plan gate ran without the planner (dspark/plan_gate.py).
 REASONS = ("trimmed", "declined_flat_cost", "declined_no_table", "declined_below_min_gain", "declined_mixed_step",
-           "declined_snapshot_not_ready", "forced")
+           "declined_snapshot_not_ready", "forced", SKIPPED_REASON)
 
 
 class PlannerConfigError(ConfigError):

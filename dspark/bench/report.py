@@ -173,8 +173,8 @@ STAT_HEADERS = ["metric", "better", "B vs A", "CI", "Wilcoxon p", "MDE", "blocks
 
 
 def declined_arms(summary: Mapping[str, Any]) -> list[str]:
-    """Arms whose planner declined every step as "predicted no gain" (their did_nothing guard's
-    ``details["declined_all"]``): they verified the whole drafted block on every step."""
+    """Arms whose planner declined every step as "predicted no gain", the plan gate's skips included (their
+    did_nothing guard's ``details["declined_all"]``): they verified the whole drafted block on every step."""
     arms = []
     for g in summary.get("guards") or []:
         name = str(g.get("name", ""))

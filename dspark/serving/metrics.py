@@ -46,6 +46,10 @@ ENGINE_COUNTERS = (
     ("discarded_row_steps", "dspark:discarded_row_steps", "Rows of device steps dropped: their request had finished."),
     ("draft_free_steps", "dspark:draft_free_steps", "Decode steps run without drafting (engine.draft_free_steps)."),
     ("depth_zero_rows", "dspark:depth_zero_rows", "Request steps the planner gave no verify window (target-only)."),
+    ("plan_gate/planned_steps", "dspark:plan_gate_planned_steps", "Device-resident steps the plan gate let the "
+     "planner run (engine.plan_gate)."),
+    ("plan_gate/skipped_steps", "dspark:plan_gate_skipped_steps", "Device-resident steps the plan gate ran without the "
+     "planner: the whole block, planning measured not to pay."),
     # The engine process's messages to the HTTP side (engine_process=true; 0 with the engine in a thread).
     ("engine_process/messages", "dspark:engine_process_messages", "Messages of request events the engine process sent "
      "to the HTTP side."),

@@ -1,0 +1,158 @@
+"""Whether running the verify-budget planner on a device-resident step is expected to pay (engine.plan_gate).
+
+On a device-resident step the host plans the verify budget from lagged survival before it launches the step
+(``Engine._graph_decision``). That planning is host work: when the host sets the step's period (it did not wait
+for the device), every millisecond of it lengthens the step; when the host waited for the device anyway, the
+planning ran while the device computed the step in flight and cost nothing. What planning buys is the trims it
+finds, and a planner that declines almost every step buys almost nothing. The gate weighs the two per batch
+bucket, learnt online from the steps themselves, and lets the planner run only where its expected saving per
+step is at least its expected cost per step; elsewhere the step runs exactly as verify-all does (the whole
+drafted block, no planner call).
+
+Per bucket (the step's graph batch bucket), over the steps the planner ran on:
+
+- benefit: the mean of the milliseconds a planned step saved. A trimmed decision with predicted relative gain g
+  (``PlanDecision.predicted_gain``: tokens per ms over the full block's, at the service price) that committed in
+  a measured period P saved ``P * g``: the full block, at the predicted rate, would have needed ``P * (1 + g)``
+  for the tokens the trimmed step is expected to commit. A declined decision saved 0.
+- cost: the mean of the planner's host milliseconds, counted only where the host set the period: the step() call
+  that planned then waited less than ``device_bound_wait_ms`` for the device step that ran while it planned
+  (the caller passes 0 when no device step ran meanwhile: without the overlap scheduler the device is idle while
+  the host plans, so planning always costs).
+
+Both are running means over the last ``horizon`` planned steps or so (the exact mean of the first ``horizon``
+samples, then an exponential mean of weight 1/``horizon``): O(1) per step.
+
+A step plans when its bucket has fewer than ``warmup`` samples of either kind, when benefit >= cost, or when it
+is a probe: while the rule says skip, every ``probe_every``-th step at the bucket plans anyway, so that both
+estimates follow the workload. A skipped step is counted in the scheduling stats with reason
+:data:`SKIPPED_REASON` (a decline: the planner was not expected to pay).
+
+The benefit is the planner's own prediction, so a planner whose predictions are optimistic keeps planning
+where it should not; engine.min_predicted_gain is the margin against that. The gate applies to the
+device-resident path only: a host-driven (eager) step plans on fresh survival with the device idle, and serves
+profiling, step traces, cap_accept and greedy_stop, whose every step must be planned.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+SKIPPED_REASON = "skipped_plan_not_paying"
+
+
+def check_plan_gate_settings(*, warmup: int, probe_every: int, horizon: int, device_bound_wait_ms: float,
+                             prefix: str = "") -> list[str]:
+    """The problems of a gate's settings, each naming its key (``prefix`` + name); [] when they are valid."""
+    problems = []
+    if not (isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0):
+        problems.append(f"{prefix}warmup must be an integer >= 0 (planned steps per bucket before the rule "
+                        f"decides), got {warmup!r}")
+    if not (isinstance(probe_every, int) and not isinstance(probe_every, bool) and probe_every >= 1):
+        problems.append(f"{prefix}probe_every must be an integer >= 1 (1: every step plans), got {probe_every!r}")
+    if not (isinstance(horizon, int) and not isinstance(horizon, bool) and horizon >= 1):
+        problems.append(f"{prefix}horizon must be an integer >= 1, got {horizon!r}")
+    if not (isinstance(device_bound_wait_ms, (int, float)) and math.isfinite(device_bound_wait_ms)
+            and device_bound_wait_ms >= 0):
+        problems.append(f"{prefix}device_bound_wait_ms must be finite and >= 0, got {device_bound_wait_ms!r}")
+    return problems
+
+
+@dataclass(slots=True)
+class BucketEstimate:
+    """One batch bucket's estimates and counts."""
+
+    benefit_ms: float = 0.0  # mean ms a planned step saved
+    benefit_samples: int = 0
+    cost_ms: float = 0.0  # mean host ms a planned step cost
+    cost_samples: int = 0
+    skipped_in_a_row: int = 0  # steps skipped since the bucket last planned
+
+
+class PlanGate:
+    """Per batch bucket, whether the planner is expected to pay on the next step (see the module docstring).
+
+    The engine asks :meth:`should_plan` once per device-resident step, reports the host time of each planner
+    call with :meth:`record_cost` and each planned step's outcome at its commit with :meth:`record_benefit`.
+    The estimates persist across :meth:`reset_counts` (a run's warm-up trains them); the counts do not.
+    """
+
+    def __init__(self, *, warmup: int = 8, probe_every: int = 16, horizon: int = 64,
+                 device_bound_wait_ms: float = 0.02):
+        problems = check_plan_gate_settings(warmup=warmup, probe_every=probe_every, horizon=horizon,
+                                            device_bound_wait_ms=device_bound_wait_ms)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.warmup, self.probe_every, self.horizon = warmup, probe_every, horizon
+        self.device_bound_wait_ms = float(device_bound_wait_ms)
+        self.buckets: dict[int, BucketEstimate] = {}
+        self.reset_counts()
+
+    def reset_counts(self) -> None:
+        """Zero the counts :meth:`summary` reports (the estimates are kept)."""
+        self.planned_steps = 0
+        self.skipped_steps = 0
+        self.probe_steps = 0  # planned steps the rule alone would have skipped
+        self._benefit_decided_ms = 0.0  # sums over decided steps of the estimates the decision read
+        self._cost_decided_ms = 0.0
+
+    def estimate(self, bucket: int) -> BucketEstimate:
+        est = self.buckets.get(bucket)
+        if est is None:
+            est = self.buckets[bucket] = BucketEstimate()
+        return est
+
+    def should_plan(self, bucket: int) -> bool:
+        """Decide (and count) whether the step about to launch at ``bucket`` runs the planner."""
+        est = self.estimate(bucket)
+        self._benefit_decided_ms += est.benefit_ms
+        self._cost_decided_ms += est.cost_ms
+        warm = est.benefit_samples >= self.warmup and est.cost_samples >= self.warmup
+        if not warm or est.benefit_ms >= est.cost_ms:
+            plan = True
+        else:
+            plan = est.skipped_in_a_row + 1 >= self.probe_every
+            self.probe_steps += int(plan)
+        if plan:
+            est.skipped_in_a_row = 0
+            self.planned_steps += 1
+        else:
+            est.skipped_in_a_row += 1
+            self.skipped_steps += 1
+        return plan
+
+    def _mean(self, mean: float, samples: int, value: float) -> float:
+        return mean + (value - mean) / min(samples, self.horizon)
+
+    def record_cost(self, bucket: int, plan_ms: float, waited_ms: float) -> None:
+        """A planner call at ``bucket`` took ``plan_ms`` of host time, and the step() call that made it then
+        waited ``waited_ms`` for the device step that ran meanwhile (0 when none ran)."""
+        if not math.isfinite(plan_ms):
+            return
+        est = self.estimate(bucket)
+        cost = max(plan_ms, 0.0) if waited_ms < self.device_bound_wait_ms else 0.0
+        est.cost_samples += 1
+        est.cost_ms = self._mean(est.cost_ms, est.cost_samples, cost)
+
+    def record_benefit(self, bucket: int, *, trimmed: bool, predicted_gain: float, period_ms: float) -> None:
+        """A planned step at ``bucket`` committed after a period of ``period_ms``: trimmed or not, and the
+        relative gain the planner predicted for its decision."""
+        saved = period_ms * predicted_gain if trimmed and predicted_gain > 0.0 else 0.0
+        if not math.isfinite(saved):
+            return
+        est = self.estimate(bucket)
+        est.benefit_samples += 1
+        est.benefit_ms = self._mean(est.benefit_ms, est.benefit_samples, max(saved, 0.0))
+
+    def summary(self) -> dict[str, float]:
+        """Counts since :meth:`reset_counts`, and the mean over its decided steps of the benefit and cost
+        estimates each decision read (ms per step)."""
+        decided = self.planned_steps + self.skipped_steps
+        return {"plan_gate/planned_steps": self.planned_steps, "plan_gate/skipped_steps": self.skipped_steps,
+                "plan_gate/probe_steps": self.probe_steps,
+                "plan_gate/benefit_ms_per_step": self._benefit_decided_ms / decided if decided else 0.0,
+                "plan_gate/cost_ms_per_step": self._cost_decided_ms / decided if decided else 0.0}
+
+
+__all__ = ["SKIPPED_REASON", "BucketEstimate", "PlanGate", "check_plan_gate_settings"]

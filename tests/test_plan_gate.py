@@ -1,0 +1,163 @@
+"""The plan gate (engine.plan_gate): per batch bucket, plan a device-resident step only where the planner's trims
+saved more than its host time cost; its rule, its settings, and the engine skipping planning where it cannot pay."""
+
+import pytest
+
+from dspark.bench.guards import did_nothing_guard
+from dspark.bench.report import verdict_note
+from dspark.config import ConfigError, EngineConfig, SamplingParams
+from dspark.engine import Engine
+from dspark.plan_gate import SKIPPED_REASON, PlanGate
+from dspark.planner import REASONS
+from test_engine_lossless import prompts_for
+from test_engine_scheduling import steep_table
+from tiny import tiny_drafter, tiny_engine_config, tiny_target
+
+HOST_BOUND = 0.0  # the step() call that planned did not wait for the device
+DEVICE_BOUND = 1.0  # it waited a millisecond: the planning ran while the device computed
+
+
+def planned(gate: PlanGate, bucket: int, *, cost_ms: float, waited_ms: float, gain: float = 0.0,
+            period_ms: float = 2.0) -> bool:
+    """One step at ``bucket``: the gate's choice and, when it planned, the planner's cost and outcome."""
+    plan = gate.should_plan(bucket)
+    if plan:
+        gate.record_cost(bucket, cost_ms, waited_ms)
+        gate.record_benefit(bucket, trimmed=gain > 0, predicted_gain=gain, period_ms=period_ms)
+    return plan
+
+
+def test_warmup_steps_plan_whatever_the_estimates_say():
+    gate = PlanGate(warmup=5, probe_every=100)
+    assert all(planned(gate, 16, cost_ms=0.3, waited_ms=HOST_BOUND) for _ in range(5))
+    assert not gate.should_plan(16)  # warm: benefit 0 < cost 0.3
+    assert gate.summary()["plan_gate/planned_steps"] == 5 and gate.summary()["plan_gate/skipped_steps"] == 1
+
+
+def test_a_bucket_whose_benefit_is_below_its_cost_plans_only_on_probes():
+    gate = PlanGate(warmup=2, probe_every=4)
+    choices = [planned(gate, 16, cost_ms=0.3, waited_ms=HOST_BOUND) for _ in range(2 + 12)]
+    assert choices[:2] == [True, True]
+    # then every 4th step is a probe: three skipped, one planned
+    assert choices[2:] == [False, False, False, True] * 3
+    s = gate.summary()
+    assert (s["plan_gate/planned_steps"], s["plan_gate/skipped_steps"], s["plan_gate/probe_steps"]) == (5, 9, 3)
+    assert s["plan_gate/benefit_ms_per_step"] == 0.0 and s["plan_gate/cost_ms_per_step"] > 0.25
+
+
+def test_a_device_bound_bucket_keeps_planning_with_a_small_benefit():
+    """The host waited for the device: its planning ran while the device computed and cost nothing."""
+    gate = PlanGate(warmup=2, probe_every=1000)
+    assert all(planned(gate, 256, cost_ms=0.6, waited_ms=DEVICE_BOUND, gain=0.001, period_ms=1.5)
+               for _ in range(50))
+    assert gate.estimate(256).cost_ms == 0.0 and gate.estimate(256).benefit_ms > 0.0
+    assert gate.summary()["plan_gate/skipped_steps"] == 0
+
+
+def test_a_bucket_whose_benefit_exceeds_its_cost_keeps_planning():
+    gate = PlanGate(warmup=2, probe_every=1000)
+    # a trim every other step, predicted +10% on a 2 ms period: 0.1 ms saved per planned step > 0.05 ms
+    assert all(planned(gate, 16, cost_ms=0.05, waited_ms=HOST_BOUND, gain=0.1 if i % 2 else 0.0)
+               for i in range(60))
+    est = gate.estimate(16)
+    assert est.benefit_ms == pytest.approx(0.1, rel=0.2) and est.benefit_ms > est.cost_ms
+
+
+def test_saved_ms_of_a_trim_is_its_period_times_its_predicted_gain():
+    gate = PlanGate(warmup=0)
+    gate.record_benefit(8, trimmed=True, predicted_gain=0.25, period_ms=4.0)
+    assert gate.estimate(8).benefit_ms == pytest.approx(1.0)  # the full block: 5 ms for the same tokens
+    gate.record_benefit(8, trimmed=False, predicted_gain=0.4, period_ms=4.0)  # declined: saved nothing
+    assert gate.estimate(8).benefit_ms == pytest.approx(0.5)
+
+
+def test_estimates_per_bucket_are_independent():
+    gate = PlanGate(warmup=2, probe_every=1000)
+    for _ in range(10):
+        planned(gate, 16, cost_ms=0.3, waited_ms=HOST_BOUND)
+        planned(gate, 256, cost_ms=0.6, waited_ms=DEVICE_BOUND)
+    assert not gate.should_plan(16) and gate.should_plan(256)
+    assert gate.should_plan(4)  # a new bucket starts in warm-up
+    assert gate.estimate(16).cost_ms == pytest.approx(0.3) and gate.estimate(256).cost_ms == 0.0
+
+
+def test_counts_reset_and_estimates_persist():
+    gate = PlanGate(warmup=1, probe_every=1000)
+    for _ in range(4):
+        planned(gate, 16, cost_ms=0.3, waited_ms=HOST_BOUND)
+    gate.reset_counts()
+    assert gate.summary() == {"plan_gate/planned_steps": 0, "plan_gate/skipped_steps": 0, "plan_gate/probe_steps": 0,
+                              "plan_gate/benefit_ms_per_step": 0.0, "plan_gate/cost_ms_per_step": 0.0}
+    assert not gate.should_plan(16)  # what the warm-up learnt holds
+
+
+def test_gate_settings_are_validated():
+    with pytest.raises(ValueError, match="probe_every must be an integer >= 1"):
+        PlanGate(probe_every=0)
+    with pytest.raises(ValueError, match="warmup must be an integer >= 0"):
+        PlanGate(warmup=-1)
+    with pytest.raises(ConfigError, match="engine.plan_gate_probe_every: must be an integer >= 1"):
+        EngineConfig(plan_gate_probe_every=0)
+    with pytest.raises(ConfigError, match="engine.plan_gate_warmup: must be an integer >= 0"):
+        EngineConfig(plan_gate_warmup=-1)
+    cfg = EngineConfig()
+    assert cfg.plan_gate is True and cfg.plan_gate_warmup == 8 and cfg.plan_gate_probe_every == 16
+    assert SKIPPED_REASON in REASONS
+
+
+def test_an_arm_whose_gate_skipped_every_step_reads_as_declined_not_as_a_trim():
+    counters = {"trimmed_steps": 0, "trim_ratio": 0.0, "drafted_tokens": 900, "decode_steps": 100,
+                f"sched/plan_reason.{SKIPPED_REASON}": 92, "sched/plan_reason.declined_below_min_gain": 8}
+    guard = did_nothing_guard("B", {}, counters, expects_trim=True, expects_graphs=False, expects_speculation=True)
+    assert guard.passed and guard.details["declined_all"], guard.message
+    assert "engine.plan_gate" in guard.message
+    summary = {"guards": [guard.to_dict()],
+               "arms": {"A": {"engine": {"spec": "dspark", "verify": "full"}},
+                        "B": {"engine": {"spec": "dspark", "verify": "ragged"}}}}
+    assert verdict_note(summary).startswith("B declined every step (planner predicted no gain): A and B ran the same "
+                                            "work")
+
+
+def gate_engine(target, drafter, table, **cfg):
+    return Engine(target, None, tiny_engine_config(max_num_seqs=4, verify="ragged", cost_table=table,
+                                                   cuda_graphs=True, min_verify_len=0, service_cost=True, **cfg),
+                  drafter)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_device_steps_skip_planning_where_it_cannot_pay_and_stay_lossless(tmp_path, overlap):
+    """A planner that can never trim (min_predicted_gain out of reach) saves nothing, and on the CPU its host time
+    always sets the step's period: after the warm-up the gate skips it but for probes; every skipped step runs
+    the full block (the verify-all engine's tokens) and is counted as a decline. With engine.plan_gate=false
+    every device-resident step is planned."""
+    target = tiny_target(6)
+    drafter = tiny_drafter(target, 11, block_size=4)
+    lag = 2 if overlap else 1
+    probe = Engine(target, None, tiny_engine_config(cuda_graphs=True, overlap=overlap, budget_lag=lag), drafter)
+    table = steep_table(probe, tmp_path / "table.json")
+    prompts = prompts_for(12, 4)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    base = Engine(target, None, tiny_engine_config(max_num_seqs=4), drafter)
+    expected = [o.token_ids for o in base.generate(prompts, params)]
+    kw = dict(overlap=overlap, budget_lag=lag, min_predicted_gain=1e6, plan_gate_warmup=2, plan_gate_probe_every=4)
+
+    gated = gate_engine(target, drafter, table, **kw)
+    assert [o.token_ids for o in gated.generate(prompts, params)] == expected
+    c = gated.counters()
+    skipped, planned_steps = c["plan_gate/skipped_steps"], c["plan_gate/planned_steps"]
+    assert skipped > 0 and c["plan_gate/probe_steps"] > 0 and skipped > planned_steps
+    assert planned_steps + skipped == c["decode_steps"]
+    assert c[f"sched/plan_reason.{SKIPPED_REASON}"] == skipped
+    assert c["sched/plan_reason.declined_below_min_gain"] == planned_steps
+    assert c["trimmed_steps"] == 0 and c["window_tokens"] == c["ceiling_tokens"]
+    assert c["plan_gate/benefit_ms_per_step"] == 0.0 and c["plan_gate/cost_ms_per_step"] > 0.0
+    assert c["service_cost/floor_steps"] == c["decode_steps"]  # skipped steps still price the service step
+    guard = did_nothing_guard("B", {}, c, expects_trim=True, expects_graphs=False, expects_speculation=True)
+    assert guard.passed and guard.details["declined_all"], guard.message
+
+    ungated = gate_engine(target, drafter, table, **{**kw, "plan_gate": False})
+    assert [o.token_ids for o in ungated.generate(prompts, params)] == expected
+    c = ungated.counters()
+    assert ungated.plan_gate is None and not any(k.startswith("plan_gate/") for k in c)
+    assert c["sched/plan_reason.declined_below_min_gain"] == c["decode_steps"]
+    assert f"sched/plan_reason.{SKIPPED_REASON}" not in c
