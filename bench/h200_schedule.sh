@@ -59,7 +59,8 @@ if fl:
     print("at full load: %s B vs A %+.2f%% (CI %s .. %s, p=%s)" % (fl["verdict"], fl["change_pct"], fl.get("ci_low_pct"),
           fl.get("ci_high_pct"), fl.get("wilcoxon_p")))
 for arm, c in s["counters"].items():
-    keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "sched/trim_ratio", "draft_free/", "host/", "device/"))] + \
+    keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "plan_gate/", "sched/trim_ratio", "draft_free/",
+                                         "host/", "device/"))] + \
            ["trimmed_steps", "draft_free_steps", "depth_zero_rows", "decode_steps", "mean_running_batch", "accept_rate"]
     print(arm, s["arms"][arm]["label"], {k: round(c[k], 4) if isinstance(c.get(k), float) else c.get(k) for k in keys})
 print("guards", [(g["name"], g["passed"]) for g in s["guards"]], "prediction", json.dumps(s.get("prediction_health"))[:300])
