@@ -1073,10 +1073,15 @@ def vars_of(ecfg: EngineConfig) -> dict:
     return dataclasses.asdict(ecfg)
 
 
+# Counters that are a state at the end of a block, not an amount of it (the service price the planner read last):
+# averaged over blocks like ratios, although their names end in _ms.
+GAUGE_COUNTERS = ("service_cost/floor_ms", "service_cost/extra_ms")
+
+
 def _sum_counters(rows: list[dict]) -> dict:
-    """Counters of one arm over its blocks: counts add up; ratios and means are averaged
-    over blocks (adding them would be meaningless), and the token ratios are recomputed
-    from the summed counts."""
+    """Counters of one arm over its blocks: counts and times (``*_total``, ``*_ms``) add up; ratios, rates
+    (``*_per_ms``), means and gauges (GAUGE_COUNTERS) are averaged over blocks (adding them would be
+    meaningless), and the token ratios are recomputed from the summed counts."""
     values: dict[str, list] = {}
     for r in rows:
         for k, v in r.items():
@@ -1086,7 +1091,8 @@ def _sum_counters(rows: list[dict]) -> dict:
                 values.setdefault(k.split("/", 1)[1], []).append(v)
     out: dict[str, float] = {}
     for name, vs in values.items():
-        additive = all(isinstance(v, int) for v in vs) or name.endswith(("_total", "_on_predicted", "_ms"))
+        additive = (all(isinstance(v, int) for v in vs) or name.endswith(("_total", "_on_predicted", "_ms"))) \
+            and not name.endswith("_per_ms") and name not in GAUGE_COUNTERS
         out[name] = sum(vs) if additive else sum(vs) / len(vs)
     if out.get("ceiling_tokens"):
         out["trim_ratio"] = 1.0 - out.get("window_tokens", 0) / out["ceiling_tokens"]

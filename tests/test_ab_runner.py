@@ -634,3 +634,20 @@ def test_ab_profile_settings_reach_the_profiler_and_the_summary_names_the_table(
         compose_ab([*overrides, "ab.profile.monotone=sometimes"], out_dir=tmp_path)
     with pytest.raises(ConfigError, match=r"ab\.profile\.min_r2 must be in \[0, 1\]"):
         ab.check_config(compose_ab([*overrides, "ab.profile.min_r2=1.5"], out_dir=tmp_path))
+
+
+def test_counters_over_blocks_add_amounts_and_average_rates_and_gauges():
+    rows = [{"arm": "B", "counter/decode_steps": 10, "counter/oracle/oracle_ms": 2.0,
+             "counter/oracle/oracle_tokens_per_ms": 30.0, "counter/service_cost/floor_ms": 1.5,
+             "counter/service_cost/extra_ms": -0.5, "counter/service_cost/scale": 1.2,
+             "counter/sched/plan_ms_total": 4.0},
+            {"arm": "B", "counter/decode_steps": 14, "counter/oracle/oracle_ms": 3.0,
+             "counter/oracle/oracle_tokens_per_ms": 40.0, "counter/service_cost/floor_ms": 2.5,
+             "counter/service_cost/extra_ms": -1.5, "counter/service_cost/scale": 1.4,
+             "counter/sched/plan_ms_total": 6.0}]
+    c = ab._sum_counters(rows)
+    assert c["decode_steps"] == 24 and c["oracle/oracle_ms"] == 5.0 and c["sched/plan_ms_total"] == 10.0
+    # a rate and the service price the planner read are not amounts: averaged, not added
+    assert c["oracle/oracle_tokens_per_ms"] == 35.0
+    assert c["service_cost/floor_ms"] == 2.0 and c["service_cost/extra_ms"] == -1.0
+    assert c["service_cost/scale"] == pytest.approx(1.3)
