@@ -22,6 +22,9 @@
 # finish phase then evaluates the starting drafter on the same held-out prompts as the baseline
 # of the paired comparison (instead of the DFlash ablation, which would not have the same steps).
 #
+# GREEDY_FIRST=true: each prompt's first sample is the target's greedy answer (the rest sampled at T=0.7), the
+# continuations a drafter meets in the T=0 benchmarks (sampling.greedy_first of runners.make_training_data).
+#
 # Context length: MAX_LEN (default 2048) is the longest sequence trained on, whole; BUCKET (default 16)
 # batches sequences of similar length (train.bucket_batches). A drafter trained on shorter windows than
 # the prompts it serves fails on them (long tool-calling prompts).
@@ -109,7 +112,7 @@ if has data; then
     CUDA_VISIBLE_DEVICES=$(gpu $1) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$2 \
       engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \
       time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$1/$GPUS output="$WORK/data/train_$1.safetensors" progress=false \
-      hydra.run.dir="$WORK/hydra/data$1" > "$3" 2>&1 &
+      sampling.greedy_first=${GREEDY_FIRST:-false} hydra.run.dir="$WORK/hydra/data$1" > "$3" 2>&1 &
     pids+=($!)
   }
   pids=()

@@ -8,7 +8,8 @@ Prompts come from the workloads' ``split`` (``train`` by default; the benchmarks
 ``eval``, so no benchmark prompt is trained on). Each prompt's chat messages are rendered
 with the tokenizer's chat template and answered by the target in target-only mode
 (``engine.spec`` is forced to ``off``) with temperature 0.7, top-p 0.8, top-k 20 and a
-per-prompt seed, in batches of ``engine.max_num_seqs``. The result is a
+per-prompt seed, in batches of ``engine.max_num_seqs`` (``sampling.greedy_first=true``: each prompt's first
+sample greedy, its further samples, ``samples_per_prompt``, sampled). The result is a
 :class:`dspark.training.data.TokenDataset` (token ids only).
 
 Beside the output, ``OUTPUT_STEM.prompts.json`` lists the ids of every prompt the run admitted
@@ -67,6 +68,9 @@ class DataSamplingSchema:
     temperature: float = 0.7  # 0: greedy
     top_p: float = 0.8  # nucleus sampling; 1: off
     top_k: int = 20  # 0: off
+    # each prompt's first sample (id without '#j') answered greedily, its other samples as above: the target's
+    # own greedy answers are what a drafter meets when it is benchmarked at T=0
+    greedy_first: bool = False
 
 
 @dataclass
@@ -297,6 +301,15 @@ def expand_samples(items: list[tuple[str, str, list[dict]]], samples_per_prompt:
     return out
 
 
+def response_sampling(sampling: Any, pid: str, max_tokens: int, seed: int) -> SamplingParams:
+    """How the target answers the sample ``pid`` (``ID`` or ``ID#j``, :func:`expand_samples`): the configured
+    sampling, or greedy for a prompt's first sample with ``sampling.greedy_first``."""
+    if getattr(sampling, "greedy_first", False) and "#" not in pid:
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=prompt_seed(seed, pid))
+    return SamplingParams(temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+                          top_k=int(sampling.top_k), max_tokens=max_tokens, seed=prompt_seed(seed, pid))
+
+
 def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     """Generate and save the data; ``target``/``tokenizer`` override loading cfg.model (tests)."""
     from dspark.engine import Engine
@@ -325,11 +338,10 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
         raise ConfigError("make_training_data needs a tokenizer with a chat template to render the prompts")
     engine = Engine(target, tokenizer, engine_cfg)
     s = cfg.sampling
-    params = [SamplingParams(temperature=float(s.temperature), top_p=float(s.top_p), top_k=int(s.top_k),
-                             max_tokens=int(cfg.max_tokens), seed=prompt_seed(int(cfg.seed), pid))
-              for _, pid, _ in items]
+    params = [response_sampling(s, pid, int(cfg.max_tokens), int(cfg.seed)) for _, pid, _ in items]
     info = {"model": str(cfg.model.source), "split": cfg.split, "seed": int(cfg.seed), "max_tokens": int(cfg.max_tokens),
-            "sampling": {"temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": int(s.top_k)},
+            "sampling": {"temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": int(s.top_k),
+                         "greedy_first": bool(getattr(s, "greedy_first", False))},
             "sources": list(cfg.sources), "num_prompts_per_source": cfg.num_prompts_per_source,
             "shard": f"{shard_index}/{shard_count}",
             "samples_per_prompt": dict(cfg.get("samples_per_prompt") or {}),

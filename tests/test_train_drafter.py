@@ -627,3 +627,19 @@ def test_calibration_data_from_an_eval_split_is_warned_of_only_when_a_benchmark_
     assert len(held_out_data(cfg)) == 4
     out = capsys.readouterr().out
     assert ("holds EVAL-split prompts of ['agentic']" in out) == warned, out
+
+
+def test_make_training_data_greedy_first_answers_each_prompts_first_sample_greedily():
+    from runners import make_training_data
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        off = compose(config_name="make_training_data", overrides=[])
+        on = compose(config_name="make_training_data", overrides=["sampling.greedy_first=true"])
+    assert off.sampling.greedy_first is False
+    first, second = (make_training_data.response_sampling(on.sampling, pid, 8, 0) for pid in ("p1", "p1#1"))
+    assert first.temperature == 0.0 and first.max_tokens == 8
+    assert (second.temperature, second.top_p, second.top_k) == (0.7, 0.8, 20)
+    # off: every sample as configured, with the same per-sample seeds
+    plain = make_training_data.response_sampling(off.sampling, "p1", 8, 0)
+    assert plain.temperature == 0.7 and plain.seed == first.seed == make_training_data.prompt_seed(0, "p1")
+    assert second.seed == make_training_data.prompt_seed(0, "p1#1") != first.seed
