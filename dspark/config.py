@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from dspark.plan_gate import check_plan_gate_settings
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key and the fix."""
@@ -386,13 +388,9 @@ class EngineConfig:
                    f"captured steps size the budget from survival the host has already read back: at least "
                    f"{need} step(s) old {'with the overlap scheduler ' if self.overlap else ''}(got "
                    f"{self.budget_lag}); set engine.budget_lag={need}")
-        _check(isinstance(self.plan_gate_warmup, int) and not isinstance(self.plan_gate_warmup, bool)
-               and self.plan_gate_warmup >= 0, "engine.plan_gate_warmup",
-               f"must be an integer >= 0 (planned steps per batch bucket before the gate decides), got "
-               f"{self.plan_gate_warmup!r}")
-        _check(isinstance(self.plan_gate_probe_every, int) and not isinstance(self.plan_gate_probe_every, bool)
-               and self.plan_gate_probe_every >= 1, "engine.plan_gate_probe_every",
-               f"must be an integer >= 1 (1: every step plans), got {self.plan_gate_probe_every!r}")
+        for name, problem in check_plan_gate_settings(warmup=self.plan_gate_warmup,
+                                                      probe_every=self.plan_gate_probe_every).items():
+            _check(False, f"engine.plan_gate_{name}", problem)
         if self.force_verify_len is not None:
             _check(self.verify in ("uniform", "ragged", "cap_accept"), "engine.force_verify_len",
                    f"overrides the planner's decision, but verify={self.verify!r} has no planner")

@@ -38,24 +38,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 SKIPPED_REASON = "skipped_plan_not_paying"
 
 
-def check_plan_gate_settings(*, warmup: int, probe_every: int, horizon: int, device_bound_wait_ms: float,
-                             prefix: str = "") -> list[str]:
-    """The problems of a gate's settings, each naming its key (``prefix`` + name); [] when they are valid."""
-    problems = []
-    if not (isinstance(warmup, int) and not isinstance(warmup, bool) and warmup >= 0):
-        problems.append(f"{prefix}warmup must be an integer >= 0 (planned steps per bucket before the rule "
-                        f"decides), got {warmup!r}")
-    if not (isinstance(probe_every, int) and not isinstance(probe_every, bool) and probe_every >= 1):
-        problems.append(f"{prefix}probe_every must be an integer >= 1 (1: every step plans), got {probe_every!r}")
-    if not (isinstance(horizon, int) and not isinstance(horizon, bool) and horizon >= 1):
-        problems.append(f"{prefix}horizon must be an integer >= 1, got {horizon!r}")
-    if not (isinstance(device_bound_wait_ms, (int, float)) and math.isfinite(device_bound_wait_ms)
-            and device_bound_wait_ms >= 0):
-        problems.append(f"{prefix}device_bound_wait_ms must be finite and >= 0, got {device_bound_wait_ms!r}")
+def _whole(least: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+# Per setting: when a value is valid, and what a bad one is told.
+_SETTING_RULES = {
+    "warmup": (_whole(0), "must be an integer >= 0 (planned steps per batch bucket before the gate decides)"),
+    "probe_every": (_whole(1), "must be an integer >= 1 (1: every step plans)"),
+    "horizon": (_whole(1), "must be an integer >= 1"),
+    "device_bound_wait_ms": (lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v >= 0,
+                             "must be finite and >= 0"),
+}
+
+
+def check_plan_gate_settings(**settings: Any) -> dict[str, str]:
+    """What is wrong with the given gate settings (warmup, probe_every, horizon, device_bound_wait_ms): {setting
+    name: the problem}, empty when they are valid. Engine config validation checks the two it has keys for and
+    names the engine key; :class:`PlanGate` checks all four and names the argument."""
+    problems = {}
+    for name, value in settings.items():
+        valid, need = _SETTING_RULES[name]
+        if not valid(value):
+            problems[name] = f"{need}, got {value!r}"
     return problems
 
 
@@ -83,7 +93,7 @@ class PlanGate:
         problems = check_plan_gate_settings(warmup=warmup, probe_every=probe_every, horizon=horizon,
                                             device_bound_wait_ms=device_bound_wait_ms)
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("; ".join(f"{name} {problem}" for name, problem in problems.items()))
         self.warmup, self.probe_every, self.horizon = warmup, probe_every, horizon
         self.device_bound_wait_ms = float(device_bound_wait_ms)
         self.buckets: dict[int, BucketEstimate] = {}
