@@ -304,7 +304,7 @@ def expand_samples(items: list[tuple[str, str, list[dict]]], samples_per_prompt:
 def response_sampling(sampling: Any, pid: str, max_tokens: int, seed: int) -> SamplingParams:
     """How the target answers the sample ``pid`` (``ID`` or ``ID#j``, :func:`expand_samples`): the configured
     sampling, or greedy for a prompt's first sample with ``sampling.greedy_first``."""
-    if getattr(sampling, "greedy_first", False) and "#" not in pid:
+    if sampling.greedy_first and "#" not in pid:
         return SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=prompt_seed(seed, pid))
     return SamplingParams(temperature=float(sampling.temperature), top_p=float(sampling.top_p),
                           top_k=int(sampling.top_k), max_tokens=max_tokens, seed=prompt_seed(seed, pid))
@@ -341,7 +341,7 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     params = [response_sampling(s, pid, int(cfg.max_tokens), int(cfg.seed)) for _, pid, _ in items]
     info = {"model": str(cfg.model.source), "split": cfg.split, "seed": int(cfg.seed), "max_tokens": int(cfg.max_tokens),
             "sampling": {"temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": int(s.top_k),
-                         "greedy_first": bool(getattr(s, "greedy_first", False))},
+                         "greedy_first": bool(s.greedy_first)},
             "sources": list(cfg.sources), "num_prompts_per_source": cfg.num_prompts_per_source,
             "shard": f"{shard_index}/{shard_count}",
             "samples_per_prompt": dict(cfg.get("samples_per_prompt") or {}),
