@@ -138,13 +138,9 @@ def test_graph_configs_refused_with_a_fix():
 @pytest.mark.parametrize("verify,min_len", [("uniform", 1), ("ragged", 1), ("ragged", 0)])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_confidence_scheduled_device_steps_trim_and_stay_lossless(tmp_path, verify, min_len, overlap):
-    from test_engine_scheduling import steep_table
+    from test_engine_scheduling import device_step_models_and_table
 
-    target = tiny_target(6)
-    drafter = tiny_drafter(target, 11, block_size=4)
-    lag = 2 if overlap else 1
-    probe = Engine(target, None, tiny_engine_config(cuda_graphs=True, overlap=overlap, budget_lag=lag), drafter)
-    table = steep_table(probe, tmp_path / "table.json")
+    target, drafter, lag, table = device_step_models_and_table(tmp_path, overlap)
     prompts = prompts_for(12, 7)
     params = [SamplingParams(max_tokens=14 + 4 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
     base, _ = generate(target, None, prompts, params, max_num_seqs=4)

@@ -10,8 +10,8 @@ from dspark.engine import Engine
 from dspark.plan_gate import SKIPPED_REASON, PlanGate
 from dspark.planner import REASONS
 from test_engine_lossless import prompts_for
-from test_engine_scheduling import steep_table
-from tiny import tiny_drafter, tiny_engine_config, tiny_target
+from test_engine_scheduling import device_step_models_and_table
+from tiny import tiny_engine_config
 
 HOST_BOUND = 0.0  # the step() call that planned did not wait for the device
 DEVICE_BOUND = 1.0  # it waited a millisecond: the planning ran while the device computed
@@ -130,11 +130,7 @@ def test_device_steps_skip_planning_where_it_cannot_pay_and_stay_lossless(tmp_pa
     always sets the step's period: after the warm-up the gate skips it but for probes; every skipped step runs
     the full block (the verify-all engine's tokens) and is counted as a decline. With engine.plan_gate=false
     every device-resident step is planned."""
-    target = tiny_target(6)
-    drafter = tiny_drafter(target, 11, block_size=4)
-    lag = 2 if overlap else 1
-    probe = Engine(target, None, tiny_engine_config(cuda_graphs=True, overlap=overlap, budget_lag=lag), drafter)
-    table = steep_table(probe, tmp_path / "table.json")
+    target, drafter, lag, table = device_step_models_and_table(tmp_path, overlap)
     prompts = prompts_for(12, 4)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     base = Engine(target, None, tiny_engine_config(max_num_seqs=4), drafter)
