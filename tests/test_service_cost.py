@@ -129,3 +129,17 @@ def test_engine_learns_the_service_price_from_its_steps(tmp_path):
     plain = make_engine(target, drafter, table, spec="dspark", verify="ragged")
     plain.generate(prompts, params)
     assert plain.service_cost is None and "service_cost/extra_ms" not in plain.counters()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_theil_sen_slope_is_scipys(seed):
+    """The refit's slope is scipy's Theil-Sen slope, ties in x (repeated table prices) included."""
+    from scipy.stats import theilslopes
+
+    from dspark.service_cost import theil_sen_slope
+
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.uniform(1.0, 8.0, 64), 1)  # rounded: many equal table prices
+    y = 1.4 * x + 0.3 + rng.standard_t(2, 64)  # heavy-tailed noise, as stalls make it
+    assert theil_sen_slope(x, y) == pytest.approx(float(theilslopes(y, x)[0]), rel=1e-12, abs=1e-12)
+    assert theil_sen_slope(np.full(4, 2.0), np.arange(4.0)) == 0.0  # no two different x: no slope
