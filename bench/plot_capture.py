@@ -5,9 +5,11 @@ the closed-loop trace and the H200 measurements, in one figure.
 
 Reads RESULTS/replay/planner_replay.json (bench/planner_replay.py ... --as-traced --first-requests 128 256
 --min-verify-lens 1 0 --measured ...), RESULTS/std/bench_decode.json (runners.bench_decode with the
-like-for-like oracle share) and RESULTS/ab_min_verify_len0/bench_decode.json; writes RESULTS/capture.png.
+like-for-like oracle share) and RESULTS/ab_min_verify_len0/bench_decode.json, each as it is or xz-compressed
+(``<name>.xz``, as the committed results keep them); writes RESULTS/capture.png.
 """
 import json
+import lzma
 import statistics
 import sys
 from pathlib import Path
@@ -27,11 +29,21 @@ def measured_gain(doc: dict, arm: str, batch: int) -> float | None:
     return statistics.median(gains) if gains else None
 
 
+def read_json(path: Path) -> dict:
+    """A JSON file, or its xz-compressed copy ``<path>.xz`` when only that exists."""
+    if path.is_file():
+        return json.loads(path.read_text())
+    packed = path.with_name(path.name + ".xz")
+    if packed.is_file():
+        return json.loads(lzma.decompress(packed.read_bytes()))
+    raise SystemExit(f"{path}: missing (nor {packed.name})")
+
+
 def main(folder: str) -> Path:
     root = Path(folder)
-    replay = json.loads((root / "replay" / "planner_replay.json").read_text())["rows"]
-    std = json.loads((root / "std" / "bench_decode.json").read_text())
-    m0 = json.loads((root / "ab_min_verify_len0" / "bench_decode.json").read_text())
+    replay = read_json(root / "replay" / "planner_replay.json")["rows"]
+    std = read_json(root / "std" / "bench_decode.json")
+    m0 = read_json(root / "ab_min_verify_len0" / "bench_decode.json")
 
     def as_traced(batch, lag, min_len, head="traced"):
         for r in replay:
