@@ -48,15 +48,16 @@ def shipped():
 
 def test_shipped_record_covers_the_drafters_lineage(shipped):
     """The shipped drafter was trained from scratch (the drafter4 data), then continued on two data runs of
-    seven sources (A, then B: prefixes of the same seeded train-split order). Its record is a superset of all
-    three: the from-scratch record replays exactly, B's ids are the record its machine wrote, and every
-    train-split prompt of the seven sources is in it (A's own ids were never written back)."""
+    seven sources (A, then B: prefixes of the same seeded train-split order), then on a third (C: the same
+    sources and seed, other samples per prompt, each prompt's first sample greedy). Its record is a superset of
+    all four: the from-scratch record replays exactly, B's and C's ids are the records their machines wrote, and
+    every train-split prompt of the seven sources is in it (A's own ids were never written back)."""
     logs = ROOT / "bench/results/h200-2026-11-30-drafter4"
     if logs.is_dir():  # the numbers above are the logs'
         summary = json.loads((logs / "data_summary.txt").read_text())
         assert summary["per_source"] == SHIPPED_PER_SOURCE and summary["sequences"] == sum(SHIPPED_ADMITTED)
         assert [p["not_admitted"] for p in summary["info"]["parts"]] == [0, 0]
-    scratch, data_a, data_b = shipped["recipe"]["lineage"]
+    scratch, data_a, data_b, data_c = shipped["recipe"]["lineage"]
     recipe = scratch["recipe"]
     assert recipe["split"] == "train" and recipe["seed"] == 0 and recipe["num_prompts_per_source"] is None
     assert [s["admitted"] for s in recipe["shards"]] == SHIPPED_ADMITTED
@@ -71,6 +72,8 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     assert data_a["seed"] == data_b["recipe"]["shards"][0]["seed"] == 0
     assert data_a["samples_per_prompt"] == data_b["recipe"]["shards"][0]["samples_per_prompt"]
     assert shard_b["admitted"] < data_a["shards"][0]["admitted"]
+    (recipe_c,) = data_c["recipe"]["shards"]
+    assert recipe_c["split"] == "train" and recipe_c["seed"] == 0 and set(recipe_c["sources"]) == set(data_a["sources"])
     sources = data_a["sources"]
     assert set(sources) == set(SOURCES) | {"tool_calls", "chat_followups"}
     assert {pid for _, pid, _ in mtd.collect_prompts(sources, "train", None, 0)} <= trained
