@@ -28,6 +28,7 @@ uniform mode, a ladder with gaps (one jump admits several positions at once).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -449,7 +450,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
     return PlanDecision(windows, True, "trimmed", gain, tau(sizing_prefix, best_windows), ms, best_budget, extra)
 
 
-PENDING_SNAPSHOTS = 64  # Planner writes its queued snapshot pushes and resets to the rings at this many
+PENDING_SNAPSHOTS = 16  # Planner writes its queued snapshot pushes and resets to the rings at this many
 
 
 class Planner:
@@ -510,8 +511,16 @@ class Planner:
         if not pending:
             return
         lag = self.config.budget_lag
-        slots = np.concatenate([np.atleast_1d(np.asarray(s, dtype=np.int64)) for s, _ in pending])
-        sizes = np.fromiter((np.size(s) for s, _ in pending), np.int64, len(pending))
+        if len(pending) == 1 and pending[0][1] is not None:  # one push (a gate that plans every step): direct
+            slots = np.asarray(pending[0][0], dtype=np.int64)
+            self._ensure_slots(slots)
+            pushed = self._pushed[slots]
+            self._rings[slots, pushed % lag] = pending[0][1]
+            self._pushed[slots] = pushed + 1
+            return
+        sizes = [1 if r is None else len(s) for s, r in pending]
+        slots = np.fromiter(itertools.chain.from_iterable((s,) if r is None else s for s, r in pending), np.int64,
+                            sum(sizes))
         event = np.repeat(np.arange(len(pending)), sizes)
         reset = np.repeat(np.fromiter((r is None for _, r in pending), bool, len(pending)), sizes)
         self._ensure_slots(slots)
