@@ -909,8 +909,6 @@ class Engine:
         engine.plan_gate, only where planning is expected to pay (a skipped step runs the full block)."""
         if self.planner is None:
             return "full", None, None, None
-        from dspark.planner import plan_budget
-
         gate = self.plan_gate
         if gate is not None:
             bucket = self.graph.bucket_for(len(running))
@@ -918,6 +916,8 @@ class Engine:
                 decision = self._skipped_decision(len(running))
                 self.stats.record_plan(decision)
                 return "full", None, None, decision
+        from dspark.planner import plan_budget
+
         start = time.perf_counter()
         self._service_price()
         newest_age = 2 if self.cfg.overlap else 1  # the newest snapshot read back is this old already
@@ -999,15 +999,19 @@ class Engine:
         # Slots first: committing finishes requests, and a finished request gives its slot back.
         slots = [self._slot(r) for r, _, _, _ in rows] if track else []
         live_rows = live_at if track else []
+        every_row_live = len(live_at) == len(results)
         finished = self._commit_rows(rows, now)
         free = launched.draft_free
         self._count_rows(windows, accepted, drafted=not free)
         if launched.max_prob is not None and live_at and self.acceptance_estimate is not None:
             self._learn_acceptance(launched.max_prob.numpy()[live_at], windows, accepted)
         if live_rows:
-            # The live rows' survival, as one host array (the pinned copy the launch made).
-            snapshot = launched.survival.numpy()[live_rows]
-            in_range = bool(((snapshot >= 0.0) & (snapshot <= 1.0)).all())  # one vector test; NaN fails it too
+            # The live rows' survival, as one host array (the pinned copy the launch made; a view of it when
+            # every row is live).
+            snapshot = launched.survival.numpy()
+            if not every_row_live:
+                snapshot = snapshot[live_rows]
+            in_range = bool(snapshot.min() >= 0.0) and bool(snapshot.max() <= 1.0)  # two reductions; NaN fails them
             bad = [] if in_range else [i for i, row in enumerate(snapshot.tolist())
                                        if any(not 0.0 <= v <= 1.0 for v in row)]
             if bad:
@@ -1024,7 +1028,8 @@ class Engine:
                 raise RuntimeError(f"device step (bucket {launched.bucket}, {B} rows) returned "
                                    f"survival outside [0, 1] for live rows {bad[:4]}: {snapshot[bad[0]].tolist()}; "
                                    f"{diag}")
-            self.planner.push_snapshot(slots, snapshot)
+            # distinct slots (the slot map) and rows in range (tested above): the planner need not check them again
+            self.planner.push_checked_snapshot(slots, snapshot)
         decision = launched.decision
         if decision is not None and decision.trimmed:
             self._counts["trimmed_steps"] += 1

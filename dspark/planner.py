@@ -28,6 +28,7 @@ uniform mode, a ladder with gaps (one jump admits several positions at once).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -449,6 +450,9 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
     return PlanDecision(windows, True, "trimmed", gain, tau(sizing_prefix, best_windows), ms, best_budget, extra)
 
 
+PENDING_SNAPSHOTS = 16  # Planner writes its queued snapshot pushes and resets to the rings at this many
+
+
 class Planner:
     """Stateful wrapper: per-slot lag buffers of survival, recycled-slot reset, stats recording.
 
@@ -469,6 +473,9 @@ class Planner:
         # many rows each slot has had pushed since its last reset (0: the slot reads neutral).
         self._rings = np.zeros((0, max(config.budget_lag, 1), config.block))
         self._pushed = np.zeros(0, dtype=np.int64)
+        # Events not yet written to the rings, in order: (slots, rows) of push_checked_snapshot, (slot, None) of a
+        # reset_slot that followed one. Written together (_write_pending) before anything reads or checks the rings.
+        self._pending: list[tuple[Any, np.ndarray | None]] = []
 
     def _ensure_slots(self, slots: np.ndarray) -> None:
         """Grow the rings to hold every slot in ``slots`` (refusing negative ones)."""
@@ -489,8 +496,51 @@ class Planner:
 
     def reset_slot(self, slot: int) -> None:
         """A new request took ``slot``: forget the predecessor's survivals (the slot reads neutral until refilled)."""
-        if 0 <= slot < self._pushed.shape[0]:
+        if self._pending:
+            if slot >= 0:
+                self._queue((int(slot), None))
+        elif 0 <= slot < self._pushed.shape[0]:
             self._pushed[slot] = 0
+
+    def _write_pending(self) -> None:
+        """Write the pending pushes and resets to the rings, with the state applying them one by one in order
+        would leave: a reset sets its slot's count to 0; each later push of a slot writes ring position
+        (count % lag) and counts one. Only a slot's last ``lag`` pushes are written (the earlier ones' positions
+        are written again by them). A few vector operations however many steps are pending."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        lag = self.config.budget_lag
+        if len(pending) == 1 and pending[0][1] is not None:  # one push (a gate that plans every step): direct
+            slots = np.asarray(pending[0][0], dtype=np.int64)
+            self._ensure_slots(slots)
+            pushed = self._pushed[slots]
+            self._rings[slots, pushed % lag] = pending[0][1]
+            self._pushed[slots] = pushed + 1
+            return
+        sizes = [1 if r is None else len(s) for s, r in pending]
+        slots = np.fromiter(itertools.chain.from_iterable((s,) if r is None else s for s, r in pending), np.int64,
+                            sum(sizes))
+        event = np.repeat(np.arange(len(pending)), sizes)
+        reset = np.repeat(np.fromiter((r is None for _, r in pending), bool, len(pending)), sizes)
+        self._ensure_slots(slots)
+        n = self._pushed.shape[0]
+        last_reset = np.full(n, -1, dtype=np.int64)
+        np.maximum.at(last_reset, slots[reset], event[reset])
+        pushes = ~reset
+        rows = (np.concatenate([r for _, r in pending if r is not None]) if pushes.any()
+                else np.zeros((0, self.config.block)))
+        live = event[pushes] > last_reset[slots[pushes]]  # pushes after their slot's last reset, if any
+        live_slots, live_rows = slots[pushes][live], rows[live]
+        order = np.argsort(live_slots, kind="stable")  # by slot, each slot's pushes in event order
+        by_slot = live_slots[order]
+        counts = np.bincount(live_slots, minlength=n)
+        ordinal = np.arange(by_slot.size) - (np.cumsum(counts) - counts)[by_slot]  # the push's place in its slot
+        base = np.where(last_reset >= 0, 0, self._pushed)  # each slot's count before these pushes
+        keep = ordinal >= counts[by_slot] - lag
+        kept = by_slot[keep]
+        self._rings[kept, (base[kept] + ordinal[keep]) % lag] = live_rows[order][keep]
+        self._pushed = base + counts
 
     def sizing_row(self, slot: int, fresh_row: Sequence[float]) -> list[float]:
         if self.config.budget_lag == 0:
@@ -507,6 +557,7 @@ class Planner:
         back = lag - newest_age
         if back < 0 or slots.size == 0:
             return out
+        self._write_pending()
         self._ensure_slots(slots)
         pushed = self._pushed[slots]
         ok = pushed > back
@@ -525,14 +576,33 @@ class Planner:
             np.zeros((0, self.config.block))
         if arr.shape[0] != slots.size:
             raise ValueError(f"{arr.shape[0]} survival rows for {slots.size} slots")
-        lag = self.config.budget_lag
-        if lag == 0 or slots.size == 0:
+        if self.config.budget_lag == 0 or slots.size == 0:
             return
+        self._write_pending()
         self._ensure_slots(slots)  # (refuses negative slots)
         if int(np.bincount(slots).max()) > 1:
             raise ValueError(f"push_snapshot: duplicate slots in {slots.tolist()}")
-        self._rings[slots, self._pushed[slots] % lag] = arr
-        self._pushed[slots] += 1
+        pushed = self._pushed[slots]
+        self._rings[slots, pushed % self.config.budget_lag] = arr
+        self._pushed[slots] = pushed + 1
+
+    def push_checked_snapshot(self, slots: Sequence[int], rows: np.ndarray) -> None:
+        """:meth:`push_snapshot` for a caller that holds its inputs checked, without checking them again, at O(1)
+        host cost: ``slots`` distinct and >= 0 (ints or an int64 array), ``rows`` a float array [len(slots),
+        block] with every value in [0, 1] that nothing writes afterwards (the engine's device-resident commit: its
+        slot map gives distinct slots, its one range test the rows, each launch its own host copy). The push is
+        queued and written, with the ones after it, when the rings are next read (:meth:`lagged_rows`) or
+        ``PENDING_SNAPSHOTS`` pushes and resets are queued: a step the plan gate skips does not pay for the
+        write. The planner checks the rows it plans on (:func:`plan_budget`) in any case."""
+        if self.config.budget_lag == 0 or not len(slots):
+            return
+        self._queue((slots, rows))
+
+    def _queue(self, event: tuple[Any, np.ndarray | None]) -> None:
+        """Queue a push or reset (see ``_pending``), writing the queue once it holds ``PENDING_SNAPSHOTS``."""
+        self._pending.append(event)
+        if len(self._pending) >= PENDING_SNAPSHOTS:
+            self._write_pending()
 
     def plan(self, fresh_survival: Any, active_slots: Sequence[int], *, temperature_positive: bool | None = None,
              is_mixed_step: bool = False, snapshot_ready: bool = True, push_history: bool = True) -> PlanDecision:

@@ -7,7 +7,7 @@ from dspark.bench.guards import did_nothing_guard
 from dspark.bench.report import verdict_note
 from dspark.config import ConfigError, EngineConfig, SamplingParams
 from dspark.engine import Engine
-from dspark.plan_gate import SKIPPED_REASON, PlanGate
+from dspark.plan_gate import SKIPPED_REASON, BucketEstimate, PlanGate
 from dspark.planner import REASONS
 from test_engine_lossless import prompts_for
 from test_engine_scheduling import device_step_models_and_table
@@ -119,9 +119,9 @@ def test_an_arm_whose_gate_skipped_every_step_reads_as_declined_not_as_a_trim():
 
 
 def gate_engine(target, drafter, table, **cfg):
-    return Engine(target, None, tiny_engine_config(max_num_seqs=4, verify="ragged", cost_table=table,
-                                                   cuda_graphs=True, min_verify_len=0, service_cost=True, **cfg),
-                  drafter)
+    settings = dict(max_num_seqs=4, verify="ragged", cost_table=table, cuda_graphs=True, min_verify_len=0,
+                    service_cost=True)
+    return Engine(target, None, tiny_engine_config(**{**settings, **cfg}), drafter)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -157,3 +157,81 @@ def test_device_steps_skip_planning_where_it_cannot_pay_and_stay_lossless(tmp_pa
     assert ungated.plan_gate is None and not any(k.startswith("plan_gate/") for k in c)
     assert c["sched/plan_reason.declined_below_min_gain"] == c["decode_steps"]
     assert f"sched/plan_reason.{SKIPPED_REASON}" not in c
+
+
+def skipping_gate(engine: Engine, probe_every: int) -> PlanGate:
+    """A gate warm at every bucket with a benefit below its cost, held there (what probes measure is dropped, so
+    that no timing moves its choices): it skips but for a probe every ``probe_every`` steps."""
+    gate = PlanGate(warmup=0, probe_every=probe_every)
+    for bucket in engine.graph.buckets:
+        gate.buckets[bucket] = BucketEstimate(benefit_ms=0.0, benefit_samples=1, cost_ms=1.0, cost_samples=1)
+    gate.record_cost = gate.record_benefit = lambda *args, **kw: None
+    return gate
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_skipped_step_costs_no_planner_work_and_counts_as_before(tmp_path, overlap, monkeypatch):
+    """On a step the gate skips the engine neither plans (no planner call, no lagged survival, no service price)
+    nor writes the planner's survival rings (the snapshot push is queued); the run is the verify-all run's, and
+    every skipped step is counted: as a decline, in the gate's and the service price's counts."""
+    import dspark.planner
+    from dspark.planner import PENDING_SNAPSHOTS
+
+    target, drafter, lag, table = device_step_models_and_table(tmp_path, overlap)
+    prompts = prompts_for(12, 4)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    base = Engine(target, None, tiny_engine_config(max_num_seqs=4), drafter)
+    expected = [o.token_ids for o in base.generate(prompts, params)]
+    eng = gate_engine(target, drafter, table, overlap=overlap, budget_lag=lag)
+    eng.plan_gate = skipping_gate(eng, probe_every=10**9)
+    calls = {"plan_budget": 0, "lagged_rows": 0, "service_price": 0, "ring_writes": 0}
+
+    def counted(name, fn):
+        def call(*args, **kw):
+            calls[name] += 1
+            return fn(*args, **kw)
+        return call
+
+    monkeypatch.setattr(dspark.planner, "plan_budget", counted("plan_budget", dspark.planner.plan_budget))
+    eng.planner.lagged_rows = counted("lagged_rows", eng.planner.lagged_rows)
+    eng.service_cost.current = counted("service_price", eng.service_cost.current)
+    eng.planner._write_pending = counted("ring_writes", eng.planner._write_pending)
+    assert [o.token_ids for o in eng.generate(prompts, params)] == expected
+    c = eng.counters()
+    steps = c["decode_steps"]
+    # the queue of snapshot pushes and slot resets is written only when full
+    assert calls.pop("ring_writes") <= (steps + len(prompts)) // PENDING_SNAPSHOTS
+    assert calls == {"plan_budget": 0, "lagged_rows": 0, "service_price": 0}
+    assert eng.planner._pending  # the snapshots wait for the next plan
+    assert c["plan_gate/skipped_steps"] == steps and c["plan_gate/planned_steps"] == 0
+    assert c[f"sched/plan_reason.{SKIPPED_REASON}"] == steps
+    assert c["service_cost/floor_steps"] == steps and c["trimmed_steps"] == 0
+    assert c["window_tokens"] == c["ceiling_tokens"]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_probe_after_skipped_steps_plans_on_the_survival_eager_pushes_give(tmp_path, overlap):
+    """The snapshots queued on skipped steps are written before the next probe plans: it sizes its budget on the
+    same lagged survival, and so decides the same, as when every step's snapshot is pushed at its commit."""
+    target, drafter, lag, table = device_step_models_and_table(tmp_path, overlap)
+    prompts = prompts_for(12, 4)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    runs = []
+    for eager in (False, True):
+        # (no service price: it learns from measured times, and the decisions compared must not depend on them)
+        eng = gate_engine(target, drafter, table, overlap=overlap, budget_lag=lag, min_predicted_gain=0.0,
+                          service_cost=False)
+        eng.plan_gate = skipping_gate(eng, probe_every=3)
+        if eager:
+            eng.planner.push_checked_snapshot = eng.planner.push_snapshot
+        seen = []
+        lagged = eng.planner.lagged_rows
+        eng.planner.lagged_rows = lambda slots, age, lagged=lagged, seen=seen: seen.append(
+            lagged(slots, age).tolist()) or lagged(slots, age)
+        out = [o.token_ids for o in eng.generate(prompts, params)]
+        runs.append((out, seen, eng.counters()))
+    (out_q, seen_q, c_q), (out_e, seen_e, c_e) = runs
+    assert out_q == out_e and seen_q == seen_e
+    assert c_q["plan_gate/probe_steps"] > 0 and any(v != 1.0 for rows in seen_q for row in rows for v in row)
+    counts = [{k: v for k, v in c.items() if isinstance(v, int)} for c in (c_q, c_e)]  # (times differ run to run)
+    assert counts[0] == counts[1] and counts[0]["trimmed_steps"] > 0

@@ -387,6 +387,55 @@ def test_lag_rings_follow_slots_grow_and_refuse_bad_slots():
         p.push_snapshot([5], [a, b])
 
 
+@pytest.mark.parametrize("lag", [1, 2])
+@pytest.mark.parametrize("seed", range(3))
+def test_pending_checked_snapshots_read_as_pushes_applied_one_by_one(lag, seed):
+    """push_checked_snapshot only queues its push (the engine's commit on a step the plan gate skips); resets and
+    pushes queued in any order, across new slots and past the pending limit, read back exactly as push_snapshot
+    and reset_slot applied one at a time do."""
+    import numpy as np
+
+    from dspark.planner import PENDING_SNAPSHOTS, Planner, PlannerConfig
+
+    rng = np.random.default_rng(seed)
+    cfg = PlannerConfig(block=3, budget_lag=lag, min_verify_len=0)
+    eager, queued = Planner(cfg, None), Planner(cfg, None)
+    written = []
+    queued_write = queued._write_pending
+    queued._write_pending = lambda: written.append(len(queued._pending)) or queued_write()
+    for step in range(3 * PENDING_SNAPSHOTS):
+        for slot in rng.choice(24, size=int(rng.integers(0, 3)), replace=False).tolist():
+            eager.reset_slot(slot)
+            queued.reset_slot(slot)
+        slots = rng.choice(24, size=int(rng.integers(1, 9)), replace=False)
+        rows = np.sort(rng.random((slots.size, 3)), axis=1)[:, ::-1].astype(np.float32)
+        eager.push_snapshot(slots.tolist(), rows)
+        queued.push_checked_snapshot(slots.tolist(), rows)
+        if rng.random() < 0.1 or step == 3 * PENDING_SNAPSHOTS - 1:
+            every = list(range(30))
+            for age in range(1, lag + 1):
+                assert queued.lagged_rows(every, age).tolist() == eager.lagged_rows(every, age).tolist()
+            assert queued._pushed[:24].tolist() == eager._pushed[:24].tolist()
+    assert written and max(written) <= PENDING_SNAPSHOTS  # the queue stays bounded
+
+
+def test_the_queue_of_checked_snapshots_is_written_once_per_read():
+    """Pushes queued since the last read cost one write of the rings at the next read, none before."""
+    import numpy as np
+
+    from dspark.planner import Planner, PlannerConfig
+
+    p = Planner(PlannerConfig(block=2, budget_lag=2, min_verify_len=0), None)
+    for i in range(5):
+        p.push_checked_snapshot([0, 1], np.array([[0.9, 0.1 * i], [0.5, 0.4]]))
+    p.reset_slot(1)
+    p.push_checked_snapshot([1], np.array([[0.3, 0.2]]))
+    assert p._pushed.size == 0 and len(p._pending) == 7  # nothing written yet
+    assert p.lagged_rows([0, 1], newest_age=1).tolist() == [[0.9, 0.30000000000000004], [1.0, 1.0]]
+    assert p.lagged_rows([0, 1], newest_age=2).tolist() == [[0.9, 0.4], [0.3, 0.2]]
+    assert not p._pending and p._pushed[:2].tolist() == [5, 1]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_forced_host_allocation_is_the_admission_walk(seed):
     """_allocate_host (the forced-budget windows) counts each request's cells among the first
