@@ -22,6 +22,9 @@
 # finish phase then evaluates the starting drafter on the same held-out prompts as the baseline
 # of the paired comparison (instead of the DFlash ablation, which would not have the same steps).
 #
+# SOURCES (default the seven training sources, as a Hydra list "[a,b,...]"): the data's prompt sources, e.g.
+# "[poetry,arena_hard,hard_questions]" to spend a data budget on the workloads a drafter lags on.
+#
 # GREEDY_FIRST=true: each prompt's first sample is the target's greedy answer (the rest sampled at T=0.7), the
 # continuations a drafter meets in the T=0 benchmarks (sampling.greedy_first of runners.make_training_data).
 #
@@ -57,7 +60,7 @@ else
   STEPS=${STEPS:-4500}; BATCH=${BATCH:-32}; EVAL_PROMPTS=${EVAL_PROMPTS:-16}; EVAL_TOK=192; DATA_SEQS=256
   GPUS=${GPUS:-$(nvidia-smi -L | wc -l)}; HOLDOUT=${HOLDOUT:-0.015}
   T_DATA=${T_DATA:-120}; T_TRAIN=${T_TRAIN:-240}; T_EVAL=${T_EVAL:-170}; T_CAL=90
-  SOURCES="[agentic,poetry,arena_hard,stdlib_prose,hard_questions,tool_calls,chat_followups]"
+  SOURCES=${SOURCES:-"[agentic,poetry,arena_hard,stdlib_prose,hard_questions,tool_calls,chat_followups]"}
 fi
 SAMPLES=${SAMPLES:-"{agentic: 4, stdlib_prose: 4, arena_hard: 8, hard_questions: 3, chat_followups: 2}"}
 PHASES=${PHASES:-"data train finish"}
