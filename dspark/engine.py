@@ -999,7 +999,6 @@ class Engine:
         # Slots first: committing finishes requests, and a finished request gives its slot back.
         slots = [self._slot(r) for r, _, _, _ in rows] if track else []
         live_rows = live_at if track else []
-        every_row_live = len(live_at) == len(results)
         finished = self._commit_rows(rows, now)
         free = launched.draft_free
         self._count_rows(windows, accepted, drafted=not free)
@@ -1009,7 +1008,7 @@ class Engine:
             # The live rows' survival, as one host array (the pinned copy the launch made; a view of it when
             # every row is live).
             snapshot = launched.survival.numpy()
-            if not every_row_live:
+            if len(live_rows) < len(results):
                 snapshot = snapshot[live_rows]
             in_range = bool(snapshot.min() >= 0.0) and bool(snapshot.max() <= 1.0)  # two reductions; NaN fails them
             bad = [] if in_range else [i for i, row in enumerate(snapshot.tolist())

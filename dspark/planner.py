@@ -514,9 +514,7 @@ class Planner:
         if len(pending) == 1 and pending[0][1] is not None:  # one push (a gate that plans every step): direct
             slots = np.asarray(pending[0][0], dtype=np.int64)
             self._ensure_slots(slots)
-            pushed = self._pushed[slots]
-            self._rings[slots, pushed % lag] = pending[0][1]
-            self._pushed[slots] = pushed + 1
+            self._write_rows(slots, pending[0][1])
             return
         sizes = [1 if r is None else len(s) for s, r in pending]
         slots = np.fromiter(itertools.chain.from_iterable((s,) if r is None else s for s, r in pending), np.int64,
@@ -582,8 +580,13 @@ class Planner:
         self._ensure_slots(slots)  # (refuses negative slots)
         if int(np.bincount(slots).max()) > 1:
             raise ValueError(f"push_snapshot: duplicate slots in {slots.tolist()}")
+        self._write_rows(slots, arr)
+
+    def _write_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Write one push of ``rows`` to the rings of the distinct ``slots`` (grown already): each at ring position
+        (its count % lag), its count then one more."""
         pushed = self._pushed[slots]
-        self._rings[slots, pushed % self.config.budget_lag] = arr
+        self._rings[slots, pushed % self.config.budget_lag] = rows
         self._pushed[slots] = pushed + 1
 
     def push_checked_snapshot(self, slots: Sequence[int], rows: np.ndarray) -> None:
