@@ -37,20 +37,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from dspark.config import SamplingParams  # noqa: E402
 from dspark.engine import Engine  # noqa: E402
-from dspark.plan_gate import BucketEstimate, PlanGate  # noqa: E402
 from test_engine_lossless import prompts_for  # noqa: E402
 from test_engine_scheduling import device_step_models_and_table  # noqa: E402
+from test_plan_gate import skipping_gate  # noqa: E402
 from tiny import tiny_engine_config  # noqa: E402
 
 PHASES = ("rows", "prefill", "join", "plan", "launch", "wait", "commit")
-
-
-def always_skipping_gate(engine: Engine) -> PlanGate:
-    """A plan gate whose every bucket is warm with a benefit below its cost and no probe due within a run."""
-    gate = PlanGate(warmup=0, probe_every=10**9)
-    for bucket in engine.graph.buckets:
-        gate.buckets[bucket] = BucketEstimate(benefit_ms=0.0, benefit_samples=1, cost_ms=1.0, cost_samples=1)
-    return gate
 
 
 def build(kind: str, target, drafter, lag: int, table: str, concurrency: int) -> Engine:
@@ -59,7 +51,7 @@ def build(kind: str, target, drafter, lag: int, table: str, concurrency: int) ->
         return Engine(target, None, tiny_engine_config(verify="full", **common), drafter)
     eng = Engine(target, None, tiny_engine_config(verify="ragged", min_verify_len=0, service_cost=True,
                                                   cost_table=table, **common), drafter)
-    eng.plan_gate = always_skipping_gate(eng)
+    eng.plan_gate = skipping_gate(eng, probe_every=10**9)  # every bucket skips, no probe due within a run
     return eng
 
 
