@@ -295,11 +295,13 @@ class EngineConfig:
     # Run the planner on a device-resident step only where it is expected to pay (dspark/plan_gate.py): per batch
     # bucket, the milliseconds its trims saved against the host milliseconds it cost where the host set the step's
     # period; a skipped step verifies the whole block (plan reason skipped_plan_not_paying). plan_gate_warmup:
-    # planned steps per bucket before the rule decides; plan_gate_probe_every: while a bucket skips, every n-th
-    # step plans anyway, so the estimates follow the workload.
+    # planned steps per bucket before the rule decides; plan_gate_probe_every: while a bucket skips, it plans
+    # anyway after this many skipped steps in a row, so the estimates follow the workload; each probe that leaves
+    # the rule at skip doubles the interval up to plan_gate_probe_every_max (equal values: a fixed interval).
     plan_gate: bool = True
     plan_gate_warmup: int = 8
     plan_gate_probe_every: int = 16
+    plan_gate_probe_every_max: int = 64
     # Let a speculative engine decode a step target-only (no drafting) when its measured rate at that batch
     # size says drafting does not pay (dspark/draft_free.py); counted as draft_free_steps.
     draft_free_steps: bool = False
@@ -389,7 +391,8 @@ class EngineConfig:
                    f"{need} step(s) old {'with the overlap scheduler ' if self.overlap else ''}(got "
                    f"{self.budget_lag}); set engine.budget_lag={need}")
         for name, problem in check_plan_gate_settings(warmup=self.plan_gate_warmup,
-                                                      probe_every=self.plan_gate_probe_every).items():
+                                                      probe_every=self.plan_gate_probe_every,
+                                                      probe_every_max=self.plan_gate_probe_every_max).items():
             _check(False, f"engine.plan_gate_{name}", problem)
         if self.force_verify_len is not None:
             _check(self.verify in ("uniform", "ragged", "cap_accept"), "engine.force_verify_len",

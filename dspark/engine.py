@@ -281,7 +281,8 @@ class Engine:
         if cfg.plan_gate and cfg.cuda_graphs and not forced:  # a forced decision applies to every step
             from dspark.plan_gate import PlanGate
 
-            self.plan_gate = PlanGate(warmup=cfg.plan_gate_warmup, probe_every=cfg.plan_gate_probe_every)
+            self.plan_gate = PlanGate(warmup=cfg.plan_gate_warmup, probe_every=cfg.plan_gate_probe_every,
+                                      probe_every_max=cfg.plan_gate_probe_every_max)
 
     def fingerprint(self) -> dict:
         """What a cost table must have been profiled on to be valid here."""

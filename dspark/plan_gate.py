@@ -24,9 +24,12 @@ Both are running means over the last ``horizon`` planned steps or so (the exact 
 samples, then an exponential mean of weight 1/``horizon``): O(1) per step.
 
 A step plans when its bucket has fewer than ``warmup`` samples of either kind, when benefit >= cost, or when it
-is a probe: while the rule says skip, every ``probe_every``-th step at the bucket plans anyway, so that both
-estimates follow the workload. A skipped step is counted in the scheduling stats with reason
-:data:`SKIPPED_REASON` (a decline: the planner was not expected to pay).
+is a probe: while the rule says skip, the bucket plans anyway once ``probe_every`` steps have skipped in a row, so
+that both estimates follow the workload. Each probe after which the rule still says skip doubles the bucket's probe
+interval, up to ``probe_every_max``; a step where the rule says plan sets it back to ``probe_every``. A bucket the
+planner never pays at thus probes rarely (each probe is a whole planner call on a host-bound step), and sees a
+turn of the workload at its next probe, at most ``probe_every_max`` skipped steps later. A skipped step is
+counted in the scheduling stats with reason :data:`SKIPPED_REASON` (a decline: the planner was not expected to pay).
 
 The benefit is the planner's own prediction, so a planner whose predictions are optimistic keeps planning
 where it should not; engine.min_predicted_gain is the margin against that. The gate applies to the
@@ -51,6 +54,8 @@ def _whole(least: int):
 _SETTING_RULES = {
     "warmup": (_whole(0), "must be an integer >= 0 (planned steps per batch bucket before the gate decides)"),
     "probe_every": (_whole(1), "must be an integer >= 1 (1: every step plans)"),
+    "probe_every_max": (_whole(1), "must be an integer >= 1 (the longest probe interval a skipping bucket backs "
+                                   "off to)"),
     "horizon": (_whole(1), "must be an integer >= 1"),
     "device_bound_wait_ms": (lambda v: isinstance(v, (int, float)) and math.isfinite(v) and v >= 0,
                              "must be finite and >= 0"),
@@ -58,14 +63,18 @@ _SETTING_RULES = {
 
 
 def check_plan_gate_settings(**settings: Any) -> dict[str, str]:
-    """What is wrong with the given gate settings (warmup, probe_every, horizon, device_bound_wait_ms): {setting
-    name: the problem}, empty when they are valid. Engine config validation checks the two it has keys for and
-    names the engine key; :class:`PlanGate` checks all four and names the argument."""
+    """What is wrong with the given gate settings (warmup, probe_every, probe_every_max, horizon,
+    device_bound_wait_ms): {setting name: the problem}, empty when they are valid. Engine config validation checks
+    the three it has keys for and names the engine key; :class:`PlanGate` checks all five and names the argument."""
     problems = {}
     for name, value in settings.items():
         valid, need = _SETTING_RULES[name]
         if not valid(value):
             problems[name] = f"{need}, got {value!r}"
+    least, most = settings.get("probe_every"), settings.get("probe_every_max")
+    if "probe_every" not in problems and "probe_every_max" not in problems and None not in (least, most) \
+            and most < least:
+        problems["probe_every_max"] = f"must be >= probe_every ({least}), got {most!r}"
     return problems
 
 
@@ -78,6 +87,7 @@ class BucketEstimate:
     cost_ms: float = 0.0  # mean host ms a planned step cost
     cost_samples: int = 0
     skipped_in_a_row: int = 0  # steps skipped since the bucket last planned
+    probe_interval: int = 0  # skipped steps in a row before the next probe (0: not yet set, probe_every)
 
 
 class PlanGate:
@@ -88,13 +98,16 @@ class PlanGate:
     The estimates persist across :meth:`reset_counts` (a run's warm-up trains them); the counts do not.
     """
 
-    def __init__(self, *, warmup: int = 8, probe_every: int = 16, horizon: int = 64,
-                 device_bound_wait_ms: float = 0.02):
-        problems = check_plan_gate_settings(warmup=warmup, probe_every=probe_every, horizon=horizon,
-                                            device_bound_wait_ms=device_bound_wait_ms)
+    def __init__(self, *, warmup: int = 8, probe_every: int = 16, probe_every_max: int | None = None,
+                 horizon: int = 64, device_bound_wait_ms: float = 0.02):
+        """``probe_every_max`` None: the same as ``probe_every`` (a fixed probe interval, no back-off)."""
+        probe_every_max = probe_every if probe_every_max is None else probe_every_max
+        problems = check_plan_gate_settings(warmup=warmup, probe_every=probe_every, probe_every_max=probe_every_max,
+                                            horizon=horizon, device_bound_wait_ms=device_bound_wait_ms)
         if problems:
             raise ValueError("; ".join(f"{name} {problem}" for name, problem in problems.items()))
-        self.warmup, self.probe_every, self.horizon = warmup, probe_every, horizon
+        self.warmup, self.probe_every, self.probe_every_max = warmup, probe_every, probe_every_max
+        self.horizon = horizon
         self.device_bound_wait_ms = float(device_bound_wait_ms)
         self.buckets: dict[int, BucketEstimate] = {}
         self.reset_counts()
@@ -121,9 +134,13 @@ class PlanGate:
         warm = est.benefit_samples >= self.warmup and est.cost_samples >= self.warmup
         if not warm or est.benefit_ms >= est.cost_ms:
             plan = True
+            est.probe_interval = self.probe_every
         else:
-            plan = est.skipped_in_a_row + 1 >= self.probe_every
-            self.probe_steps += int(plan)
+            interval = est.probe_interval or self.probe_every
+            plan = est.skipped_in_a_row + 1 >= interval
+            if plan:  # a probe; if the rule still says skip after it, the next one waits twice as long
+                self.probe_steps += 1
+                est.probe_interval = min(2 * interval, self.probe_every_max)
         if plan:
             est.skipped_in_a_row = 0
             self.planned_steps += 1

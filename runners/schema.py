@@ -149,6 +149,7 @@ class EngineSchema:
     plan_gate: bool = True  # device-resident steps plan only where the planner's trims saved more than it cost
     plan_gate_warmup: int = 8  # planned steps per batch bucket before the plan gate decides
     plan_gate_probe_every: int = 16  # while a bucket skips planning, every n-th step plans anyway (1: every step)
+    plan_gate_probe_every_max: int = 64  # each probe that leaves a bucket skipping doubles its interval, up to this
     draft_free_steps: bool = False  # decode a step target-only when drafting measured slower at its batch size (spec engines)
     force_verify_len: Optional[int] = None  # profiling/debug: every step verifies this many tokens
     force_trimmed_path: bool = False  # profiling: run a forced verify length as a trimmed step

@@ -45,6 +45,26 @@ def test_a_bucket_whose_benefit_is_below_its_cost_plans_only_on_probes():
     assert s["plan_gate/benefit_ms_per_step"] == 0.0 and s["plan_gate/cost_ms_per_step"] > 0.25
 
 
+def test_a_skipping_bucket_backs_off_its_probes_and_returns_to_the_short_interval_when_planning_pays():
+    gate = PlanGate(warmup=2, probe_every=4, probe_every_max=16)
+    choices = [planned(gate, 16, cost_ms=0.3, waited_ms=HOST_BOUND) for _ in range(2 + 4 + 8 + 16 + 16)]
+    assert choices[:2] == [True, True]
+    # each probe that leaves the rule at skip doubles the interval: 4, 8, then 16 (the cap), and 16 again
+    assert choices[2:] == [False] * 3 + [True] + [False] * 7 + [True] + ([False] * 15 + [True]) * 2
+    assert gate.summary()["plan_gate/probe_steps"] == 4 and gate.estimate(16).probe_interval == 16
+    # trims that pay turn the rule to plan, which resets the interval; once they stop, probes start at 4 again
+    while not planned(gate, 16, cost_ms=0.01, waited_ms=HOST_BOUND, gain=0.5):
+        pass
+    for _ in range(200):
+        planned(gate, 16, cost_ms=0.01, waited_ms=HOST_BOUND, gain=0.5)
+    assert gate.estimate(16).probe_interval == 4
+    gate.estimate(16).cost_ms, gate.estimate(16).benefit_ms = 0.3, 0.0  # the workload turns: planning stops paying
+    assert [planned(gate, 16, cost_ms=0.3, waited_ms=HOST_BOUND) for _ in range(4 + 8)] == \
+        [False] * 3 + [True] + [False] * 7 + [True]
+    # another bucket keeps its own interval
+    assert gate.estimate(32).probe_interval == 0
+
+
 def test_a_device_bound_bucket_keeps_planning_with_a_small_benefit():
     """The host waited for the device: its planning ran while the device computed and cost nothing."""
     gate = PlanGate(warmup=2, probe_every=1000)
@@ -100,8 +120,16 @@ def test_gate_settings_are_validated():
         EngineConfig(plan_gate_probe_every=0)
     with pytest.raises(ConfigError, match="engine.plan_gate_warmup: must be an integer >= 0"):
         EngineConfig(plan_gate_warmup=-1)
+    with pytest.raises(ValueError, match=r"probe_every_max must be >= probe_every \(16\), got 8"):
+        PlanGate(probe_every=16, probe_every_max=8)
+    with pytest.raises(ConfigError, match=r"engine.plan_gate_probe_every_max: must be >= probe_every \(128\)"):
+        EngineConfig(plan_gate_probe_every=128)  # the default cap (64) is below the interval asked for
+    with pytest.raises(ConfigError, match="engine.plan_gate_probe_every_max: must be an integer >= 1"):
+        EngineConfig(plan_gate_probe_every_max=0)
+    assert PlanGate(probe_every=8).probe_every_max == 8  # no cap given: a fixed interval
     cfg = EngineConfig()
     assert cfg.plan_gate is True and cfg.plan_gate_warmup == 8 and cfg.plan_gate_probe_every == 16
+    assert cfg.plan_gate_probe_every_max == 64
     assert SKIPPED_REASON in REASONS
 
 
