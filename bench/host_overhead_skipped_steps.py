@@ -17,6 +17,8 @@ models' forward on the CPU and is not comparable with a GPU's; on the CPU numpy 
 forward than in a micro-benchmark (cold caches), so the phases weigh the number of such calls.
 
     python bench/host_overhead_skipped_steps.py [concurrency=16] [max_tokens=64] [repeats=5] [top=25]
+
+(each setting as ``name=value``, or positionally in that order; the values shown are the defaults)
 """
 
 from __future__ import annotations
@@ -122,5 +124,24 @@ def main(concurrency: int = 16, max_tokens: int = 64, repeats: int = 5, top: int
         print(prof)
 
 
+def parse_args(argv: list[str]) -> dict[str, int]:
+    """``name=value`` or positional integers, in main's order; a clear error on anything else."""
+    names = ("concurrency", "max_tokens", "repeats", "top")
+    settings: dict[str, int] = {}
+    for i, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        if not sep:
+            if i >= len(names):
+                raise SystemExit(f"too many arguments: {argv!r}; settings: {', '.join(names)}")
+            name, value = names[i], arg
+        if name not in names:
+            raise SystemExit(f"unknown setting {name!r}; settings: {', '.join(names)}")
+        try:
+            settings[name] = int(value)
+        except ValueError:
+            raise SystemExit(f"{name} must be an integer, got {value!r}") from None
+    return settings
+
+
 if __name__ == "__main__":
-    main(*(int(v) for v in sys.argv[1:]))
+    main(**parse_args(sys.argv[1:]))
