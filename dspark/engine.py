@@ -926,7 +926,7 @@ class Engine:
         decision = plan_budget(ranking_survival=None, sizing_survival=sizing, table=self.cost_table,
                                config=self.planner_config, temperature_positive=False, service=self.planner.service)
         plan_ms = (time.perf_counter() - start) * 1e3
-        self.stats.record_plan(decision, plan_ms=plan_ms)
+        self.stats.record_plan(decision, plan_ms=plan_ms, service=self.planner.service)
         if gate is not None:
             self._plan_cost = (bucket, plan_ms)
         if not decision.trimmed:

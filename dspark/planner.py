@@ -625,7 +625,7 @@ class Planner:
         if push_history:
             self.push_snapshot(slots, fresh)
         if self.stats is not None:
-            self.stats.record_plan(decision, plan_ms=(self.clock() - start) * 1e3)
+            self.stats.record_plan(decision, plan_ms=(self.clock() - start) * 1e3, service=self.service)
         return decision
 
 

@@ -77,6 +77,10 @@ class EngineStats:
     realised_tokens_on_predicted: int = 0
     measured_ms_on_predicted: float = 0.0
     measured_steps_on_predicted: int = 0
+    # over the measured priced steps: the ms the planner valued each decision at (the service price it planned
+    # with, engine.service_cost; the table's price where it had none) and the table's own price
+    priced_ms_on_measured: float = 0.0
+    predicted_ms_on_measured: float = 0.0
     trimmed_requests: int = 0
     trimmed_whole_window: int = 0
     request_steps: int = 0
@@ -88,16 +92,20 @@ class EngineStats:
     block_accept_exact: bool = True
     _per_request: dict = field(default_factory=dict)  # id -> [steps, committed, accepted, verified, block_accepted]
     _pending_prediction: Any = None
+    _pending_priced_ms: float | None = None
     _distinct_windows: set = field(default_factory=set)
 
-    def record_plan(self, decision: Any, plan_ms: float = 0.0) -> None:
-        """Count a planner decision (a ``dspark.planner.PlanDecision``)."""
+    def record_plan(self, decision: Any, plan_ms: float = 0.0, service: Any = None) -> None:
+        """Count a planner decision (a ``dspark.planner.PlanDecision``); ``service``: the service price the planner
+        valued it with (a ``dspark.service_cost.ServiceCost``; None: the table's price alone)."""
         self.plan_reasons[decision.reason] += 1
         self.plan_ms_total += plan_ms
         if decision.reason == "trimmed":
             self.predicted_gain_sum += decision.predicted_gain
             self.predicted_gain_steps += 1
         self._pending_prediction = decision if decision.predicted_tokens is not None else None
+        ms = decision.predicted_ms
+        self._pending_priced_ms = None if ms is None else (service.price(ms) if service is not None else float(ms))
 
     def record_step(self, *, request_ids: Sequence[Any], windows: Sequence[int], accepted: Sequence[int],
                     block: int | Sequence[int], mode: str, uncapped_accepted: Sequence[int] | None = None,
@@ -188,6 +196,9 @@ class EngineStats:
             if step_ms is not None:
                 self.measured_ms_on_predicted += float(step_ms)
                 self.measured_steps_on_predicted += 1
+                if self._pending_priced_ms is not None:
+                    self.priced_ms_on_measured += self._pending_priced_ms
+                    self.predicted_ms_on_measured += pred.predicted_ms
             self._pending_prediction = None
 
     # ---- derived --------------------------------------------------------------------------
@@ -245,6 +256,8 @@ class EngineStats:
             "realised_tokens_on_predicted": self.realised_tokens_on_predicted,
             "predicted_ms_total": self.predicted_ms_total,
             "measured_ms_on_predicted": self.measured_ms_on_predicted,
+            "priced_ms_on_measured": self.priced_ms_on_measured,
+            "predicted_ms_on_measured": self.predicted_ms_on_measured,
         }
         al, bal = self.accept_length, self.block_accept_length
         out["accept_length_over_block"] = None if not al or not bal else al / bal

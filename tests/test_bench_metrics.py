@@ -139,7 +139,18 @@ def test_prediction_health_flags_a_cost_table_that_mispredicts_the_planned_steps
     assert h["B"]["tokens_realised_over_predicted"] == pytest.approx(0.98)
     assert h["B"]["step_ms_measured_over_predicted"] == pytest.approx(1.31)
     assert h["B"]["flags"] == ["arm B: step time 1.31x the cost table's prediction (beyond +/-15%)"]
+    assert h["B"]["step_ms_measured_over_service_price"] is None  # no service price recorded
     assert prediction_health(counters, 0.5)["B"]["flags"] == []
+    # the planner valued its steps at a service price: the check of that price, flagged on its own
+    counters["B"].update({"sched/priced_ms_on_measured": 125.0, "sched/predicted_ms_on_measured": 100.0})
+    h = prediction_health(counters, 0.15)["B"]
+    assert h["step_ms_measured_over_service_price"] == pytest.approx(1.048)
+    assert h["flags"] == ["arm B: step time 1.31x the cost table's prediction (beyond +/-15%)"]
+    counters["B"]["sched/priced_ms_on_measured"] = 100.5
+    assert prediction_health(counters, 0.15)["B"]["flags"][1] == \
+        "arm B: step time 1.30x the service price it planned with (beyond +/-15%)"
+    counters["B"]["sched/priced_ms_on_measured"] = 100.0  # the table's price: the same check, not repeated
+    assert prediction_health(counters, 0.15)["B"]["step_ms_measured_over_service_price"] is None
 
 
 def _req(rid: str, arrival: float, chunks: list[tuple[float, int]], error: str | None = None) -> RequestRecord:

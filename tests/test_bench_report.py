@@ -261,6 +261,10 @@ def test_report_shows_the_cost_tables_predictions_against_the_planned_steps(tmp_
     text = write_report(tmp_path / "report", summary, blocks, requests)["report"].read_text()
     assert ("arm B, the cost table's predictions against its planned steps: tokens per step 0.98x predicted, "
             "step time 1.31x predicted **FLAGGED** (beyond +/-15%)") in text
+    summary["prediction_health"]["B"].update(step_ms_measured_over_service_price=1.04)
+    text = write_report(tmp_path / "report1", summary, blocks, requests)["report"].read_text()
+    assert ("step time 1.31x predicted; at the service price it planned with, step time 1.04x **FLAGGED** "
+            "(beyond +/-15%): arm B: step time 1.31x ...") in text
     summary["cost_tables"] = {"B": {"path": "/t/smollm2.json", "how": "reused from cache", "fingerprint": "ab12",
                                     "fit_summary": "R² 0.997, largest residual 4.1%"}}
     text = write_report(tmp_path / "report2", summary, blocks, requests)["report"].read_text()

@@ -126,9 +126,15 @@ def test_engine_learns_the_service_price_from_its_steps(tmp_path):
     c = eng.counters()
     assert c["service_cost/extra_steps"] == c["decode_steps"] > 8
     assert eng.planner.service == eng.service_cost.current()
+    # the prediction check sees both prices: the table's, and the service price each decision was valued at
+    assert c["sched/measured_ms_on_predicted"] > 0 and c["sched/predicted_ms_on_measured"] > 0
+    assert c["sched/priced_ms_on_measured"] != pytest.approx(c["sched/predicted_ms_on_measured"])
     plain = make_engine(target, drafter, table, spec="dspark", verify="ragged")
     plain.generate(prompts, params)
     assert plain.service_cost is None and "service_cost/extra_ms" not in plain.counters()
+    pc = plain.counters()  # without a service price the planner valued every step at the table's price
+    assert pc["sched/predicted_ms_on_measured"] > 0
+    assert pc["sched/priced_ms_on_measured"] == pytest.approx(pc["sched/predicted_ms_on_measured"])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

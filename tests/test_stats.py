@@ -81,6 +81,25 @@ def test_plan_reasons_and_predictions():
     assert out["plan_reason.trimmed"] == 1 and out["plan_reason.declined_no_table"] == 1
     assert out["predicted_tokens_total"] == 2.5 and out["realised_tokens_on_predicted"] == 3
     assert out["measured_ms_on_predicted"] == 3.5 and out["predicted_gain_mean"] == pytest.approx(0.1)
+    assert out["priced_ms_on_measured"] == out["predicted_ms_on_measured"] == 3.0  # no service price: the table's
+
+
+def test_a_decision_valued_at_the_service_price_is_checked_against_it():
+    from dspark.service_cost import ServiceCost
+
+    s = EngineStats()
+    service = ServiceCost(floor_ms=1.0, extra_ms=0.5, scale=2.0)
+    s.record_plan(PlanDecision((2,), True, "trimmed", 0.1, 2.5, 3.0, 2), service=service)
+    s.record_step(request_ids=[0], windows=[2], accepted=[2], block=4, mode="ragged", step_ms=6.0)
+    s.record_plan(PlanDecision((4,), False, "declined_below_min_gain", 0.0, 4.0, 0.2, 4), service=service)
+    s.record_step(request_ids=[0], windows=[4], accepted=[1], block=4, mode="ragged", step_ms=1.5)
+    s.record_plan(PlanDecision((4,), False, "declined_below_min_gain", 0.0, 4.0, 5.0, 4), service=service)
+    s.record_step(request_ids=[0], windows=[4], accepted=[1], block=4, mode="ragged")  # not measured: left out
+    out = s.summary()
+    # 2 * 3.0 + 0.5 = 6.5, and the floor 1.0 over 2 * 0.2 + 0.5 = 0.9
+    assert out["priced_ms_on_measured"] == pytest.approx(7.5)
+    assert out["predicted_ms_on_measured"] == pytest.approx(3.2) and out["predicted_ms_total"] == pytest.approx(8.2)
+    assert out["measured_ms_on_predicted"] == pytest.approx(7.5)
 
 
 def test_assert_active_fails_when_every_step_declined():

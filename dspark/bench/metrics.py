@@ -332,9 +332,12 @@ def prediction_health(counters: Mapping[str, Mapping[str, Any]], tolerance: floa
     """Per arm, how the planner's cost-table predictions compare with what its planned steps did:
     realised / predicted tokens and measured / predicted step time over the steps it priced (engine
     counters ``sched/predicted_tokens_total``, ``sched/realised_tokens_on_predicted``,
-    ``sched/predicted_ms_total``, ``sched/measured_ms_on_predicted``). A ratio off 1 by more than ``tolerance`` is flagged: a table that
-    mispredicts the step the device runs in service steers the planner wrong. Arms without priced
-    steps are left out."""
+    ``sched/predicted_ms_total``, ``sched/measured_ms_on_predicted``). Where the planner valued its options at
+    the service price (engine.service_cost), also the measured step time over that price on the same steps
+    (``sched/priced_ms_on_measured``, ``step_ms_measured_over_service_price``): the table prices a steady decode
+    step, the service price what a step costs in service, so the second is the check of the model the planner
+    used. A ratio off 1 by more than ``tolerance`` is flagged: a price that mispredicts the step the device runs
+    in service steers the planner wrong. Arms without priced steps are left out."""
     out: dict[str, dict[str, Any]] = {}
     for arm, c in counters.items():
         pt, rt = c.get("sched/predicted_tokens_total"), c.get("sched/realised_tokens_on_predicted")
@@ -344,13 +347,19 @@ def prediction_health(counters: Mapping[str, Mapping[str, Any]], tolerance: floa
         entry: dict[str, Any] = {"tokens_realised_over_predicted": float(rt) / float(pt),
                                  "step_ms_measured_over_predicted": (float(mm) / float(pm)
                                                                      if pm and mm else None),
+                                 "step_ms_measured_over_service_price": None,
                                  "tolerance": tolerance}
+        priced, table_on_measured = c.get("sched/priced_ms_on_measured"), c.get("sched/predicted_ms_on_measured")
+        if priced and mm and table_on_measured and abs(priced - table_on_measured) > 1e-9 * table_on_measured:
+            entry["step_ms_measured_over_service_price"] = float(mm) / float(priced)
         flags = []
-        for key, what in (("tokens_realised_over_predicted", "tokens per step"),
-                          ("step_ms_measured_over_predicted", "step time")):
+        table, service = "the cost table's prediction", "the service price it planned with"
+        for key, what, of in (("tokens_realised_over_predicted", "tokens per step", table),
+                              ("step_ms_measured_over_predicted", "step time", table),
+                              ("step_ms_measured_over_service_price", "step time", service)):
             r = entry[key]
             if r is not None and abs(r - 1.0) > tolerance:
-                flags.append(f"arm {arm}: {what} {r:.2f}x the cost table's prediction (beyond +/-{tolerance:.0%})")
+                flags.append(f"arm {arm}: {what} {r:.2f}x {of} (beyond +/-{tolerance:.0%})")
         entry["flags"] = flags
         out[arm] = entry
     return out

@@ -777,12 +777,14 @@ def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> l
             fp = f", fingerprint {t['fingerprint']}" if t.get("fingerprint") else ""
             lines += ["", f"- arm {arm} priced its steps with `{t['path']}` ({t.get('how', 'how not recorded')}{fp}{fit})"]
     for arm, h in (summary.get("prediction_health") or {}).items():
-        ms = h.get("step_ms_measured_over_predicted")
+        ms, service = h.get("step_ms_measured_over_predicted"), h.get("step_ms_measured_over_service_price")
         lines += ["", f"- arm {arm}, the cost table's predictions against its planned steps: tokens per step "
                   f"{h['tokens_realised_over_predicted']:.2f}x predicted, step time "
                   + (f"{ms:.2f}x predicted" if ms is not None else "not measured")
-                  + (" **FLAGGED** (beyond +/-{:.0%})".format(h["tolerance"]) if h.get("flags") else
-                     " (within +/-{:.0%})".format(h["tolerance"]))]
+                  + (f"; at the service price it planned with, step time {service:.2f}x"
+                     if service is not None else "")
+                  + (" **FLAGGED** (beyond +/-{:.0%}): {}".format(h["tolerance"], "; ".join(h["flags"]))
+                     if h.get("flags") else " (within +/-{:.0%})".format(h["tolerance"]))]
     if "cost_table_plot" in paths:
         lines += ["", "The cost table the planner priced each step with (predicted step time against the tokens "
                   "a step sends to the target, per batch size): trimming pays only where the curve rises.", "",

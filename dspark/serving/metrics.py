@@ -64,6 +64,10 @@ ENGINE_COUNTERS = (
     ("sched/predicted_ms_total", "dspark:planner_predicted_ms", "Milliseconds the cost table predicted for the priced "
      "steps."),
     ("sched/measured_ms_on_predicted", "dspark:planner_measured_ms", "Milliseconds the priced steps took."),
+    ("sched/priced_ms_on_measured", "dspark:planner_priced_ms", "Milliseconds the planner valued the measured priced "
+     "steps at (the service price it planned with; the cost table's where it had none)."),
+    ("sched/predicted_ms_on_measured", "dspark:planner_predicted_ms_on_measured", "Milliseconds the cost table "
+     "predicted for the measured priced steps."),
 )
 # Engine.counters() key -> (metric, help): ratios and averages over the engine's life, exported as gauges.
 ENGINE_GAUGES = (
