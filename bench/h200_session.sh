@@ -13,10 +13,11 @@
 # sends the rest in the following calls); on a later machine RESTORE="DIR..." (the carried
 # folders, see bench/carry_state.sh group) unpacks them into $WORK first, and PHASES="train ..."
 # resumes both runs from their checkpoints. RETURN_WEIGHTS=dspark sends that run's latest weights back with
-# every train call (fp32, 45 MB in 15 MiB tar parts; one run fits a call's return), with the data's prompt
-# records: a warm start if the machine is lost, or, carried up again, WEIGHTS_FROM=DIR (the folder of the
-# final_dspark.tar.* parts) PHASES=finish SKIP_CAL=1 ships and evaluates them on a new machine (then
-# bench/h200_calibration.sh calibrates the shipped copy; the training data itself stays behind).
+# every train call (fp32, packed by bench/carry_state.sh with the data's prompt records: 15 MiB parts and a
+# sha256; one run fits a call's return): a warm start if the machine is lost, or, carried up again,
+# WEIGHTS_FROM="DIR..." (the folders holding final_dspark.tar.xz.NNN and final_dspark.sha256) PHASES=finish
+# SKIP_CAL=1 ships and evaluates them on a new machine (then bench/h200_calibration.sh calibrates the shipped
+# copy; the training data itself stays behind).
 #
 # Continuing the shipped drafter: INIT_FROM=builtin:dspark-smollm2 STYLES=dspark starts DSpark
 # from those weights (fresh AdamW and schedule, LR=peak learning rate) on this run's data (any
@@ -87,25 +88,22 @@ if [[ -n "${RESTORE:-}" ]]; then
 fi
 if [[ -n "${WEIGHTS_FROM:-}" ]]; then  # the weights a train call sent back (RETURN_WEIGHTS=dspark), carried up again
   stamp "weights from $WEIGHTS_FROM into $WORK/run_dspark/final"
-  parts=("$WEIGHTS_FROM"/final_dspark.tar.*)
-  [[ -f "${parts[0]}" ]] || { echo "WEIGHTS_FROM=$WEIGHTS_FROM: no final_dspark.tar.* parts there"; exit 5; }
-  [[ -f "$WEIGHTS_FROM/final_dspark.sha256" ]] \
-    || { echo "WEIGHTS_FROM: no final_dspark.sha256 beside the parts (RETURN_WEIGHTS sends it with them)"; exit 5; }
-  if [[ "$(cat "${parts[@]}" | sha256sum | awk '{print $1}')" != "$(cat "$WEIGHTS_FROM/final_dspark.sha256")" ]]; then
-    echo "WEIGHTS_FROM: sha256 mismatch over ${parts[*]}: a part is missing or damaged"; exit 5
-  fi
   if has finish && [[ "${SKIP_CAL:-0}" != 1 ]]; then
     echo "WEIGHTS_FROM: calibration needs the training data's holdout, which stays on the lost machine; set SKIP_CAL=1"
     echo "and calibrate the shipped copy with bench/h200_calibration.sh"
     exit 2
   fi
-  unpacked="$WORK/weights_from"; rm -rf "$unpacked"; mkdir -p "$unpacked"
-  cat "${parts[@]}" | tar -xf - -C "$unpacked" && [[ -f "$unpacked/final/config.json" ]] \
-    || { echo "WEIGHTS_FROM: the parts ${parts[*]} do not untar to final/ (one missing?)"; exit 5; }
+  unpacked="$WORK/weights_from"; rm -rf "$unpacked"
+  # shellcheck disable=SC2086
+  bash "$ROOT/bench/carry_state.sh" unpack "$unpacked" $WEIGHTS_FROM \
+    || { echo "WEIGHTS_FROM FAILED: not finishing from partial weights"; exit 5; }
+  returned="$unpacked/returned_dspark"
+  [[ -f "$returned/final/config.json" ]] \
+    || { echo "WEIGHTS_FROM: no final_dspark parts in $WEIGHTS_FROM (RETURN_WEIGHTS=dspark sends them)"; exit 5; }
   rm -rf "$WORK/run_dspark/final"; mkdir -p "$WORK/run_dspark" "$WORK/data"
-  mv "$unpacked/final" "$WORK/run_dspark/final"
-  if compgen -G "$unpacked/prompts/*.prompts.json" > /dev/null; then
-    mv "$unpacked"/prompts/*.prompts.json "$WORK/data/"
+  mv "$returned/final" "$WORK/run_dspark/final"
+  if compgen -G "$returned/prompts/*.prompts.json" > /dev/null; then
+    mv "$returned"/prompts/*.prompts.json "$WORK/data/"
   else
     echo "WEIGHTS_FROM: no prompt records in the parts: the shipped copy will not list the prompts it trained on"
   fi
@@ -185,18 +183,17 @@ if has train; then
     echo "--- $style"; grep -v "^\s*\"\|^{" "$WORK/train_$style.log" | tail -4
     tail -n 1 "$WORK/run_$style/train_log.jsonl"
   done
-  # RETURN_WEIGHTS=STYLE: that run's latest weights (fp32, no optimizer state) come back as 15 MiB tar parts
-  # (final_STYLE.tar.aa, ...) holding final/ and prompts/ (the data shards' prompt records), so a machine lost
-  # before the finish phase loses only time: join them with cat, untar, and start the next run from them
-  # (INIT_FROM=DIR/final), or carry the parts up again and finish (WEIGHTS_FROM, above).
+  # RETURN_WEIGHTS=STYLE: that run's latest weights (fp32, no optimizer state) come back packed by
+  # bench/carry_state.sh (final_STYLE.tar.xz.NNN parts of 15 MiB and final_STYLE.sha256), a folder
+  # returned_STYLE/ holding final/ and prompts/ (the data shards' prompt records), so a machine lost before the
+  # finish phase loses only time: `bench/carry_state.sh unpack DIR FROM...` and start the next run from them
+  # (INIT_FROM=DIR/returned_STYLE/final), or carry the parts up again and finish (WEIGHTS_FROM, above).
   for style in ${RETURN_WEIGHTS:-}; do
     [[ -d "$WORK/run_$style/final" ]] || { echo "RETURN_WEIGHTS: no $WORK/run_$style/final"; continue; }
-    records="$WORK/returned_prompts"; rm -rf "$records"; mkdir -p "$records/prompts"
-    cp "$WORK"/data/*.prompts.json "$records/prompts/" 2>/dev/null
-    tar -cf "$WORK/final_$style.tar" -C "$WORK/run_$style" final -C "$records" prompts
-    sha256sum "$WORK/final_$style.tar" | awk '{print $1}' > "$OUT/final_$style.sha256"  # checked by WEIGHTS_FROM
-    split -b 15M "$WORK/final_$style.tar" "$OUT/final_$style.tar." && rm -f "$WORK/final_$style.tar"
-    ls -la "$OUT"/final_"$style".*
+    returned="$WORK/returned_$style"; rm -rf "$returned"; mkdir -p "$returned/prompts"
+    cp -r "$WORK/run_$style/final" "$returned/"
+    cp "$WORK"/data/*.prompts.json "$returned/prompts/" 2>/dev/null
+    bash "$ROOT/bench/carry_state.sh" pack "$returned" "final_$style" "$OUT" && rm -rf "$returned"
   done
 fi
 if has pack; then
@@ -287,7 +284,8 @@ d = TokenDataset.load_many(sys.argv[1].strip('[]').split(','))
 print(json.dumps({**d.summary(), 'info': d.info}))
 " "$DATA_LIST" > "$WORK/results/data_summary.txt" 2>&1
 else
-  echo "the training data is not on this machine (WEIGHTS_FROM): see the train call's log" > "$WORK/results/data_summary.txt"
+  echo "the training data is not on this machine (WEIGHTS_FROM): see the train call's log" \
+    > "$WORK/results/data_summary.txt"
 fi
 for st in $STYLES; do
   d=run_$st; mkdir -p "$WORK/results/$d"; cp "$WORK/$d"/*.jsonl "$WORK/$d"/*.json "$WORK/results/$d/" 2>/dev/null

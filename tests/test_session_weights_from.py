@@ -4,19 +4,16 @@ reason before anything else runs."""
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def session(tmp_path: Path, weights_from: Path, **env: str) -> subprocess.CompletedProcess:
+def session(tmp_path: Path, weights_from: Path | str, **env: str) -> subprocess.CompletedProcess:
     stage = tmp_path / "stage"
     stage.mkdir(exist_ok=True)
     (stage / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"not read: no phase runs")
@@ -28,57 +25,66 @@ def session(tmp_path: Path, weights_from: Path, **env: str) -> subprocess.Comple
                                "WEIGHTS_FROM": str(weights_from), **env})
 
 
-def returned_parts(folder: Path, files: dict[str, bytes], part_bytes: int = 700) -> list[Path]:
-    """A tar of ``files`` split as the train call's RETURN_WEIGHTS splits it (final_dspark.tar.aa, .ab, ...),
-    with its sha256 (final_dspark.sha256)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    raw = buf.getvalue()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "final_dspark.sha256").write_text(hashlib.sha256(raw).hexdigest() + "\n")
-    parts = []
-    for i in range(0, len(raw), part_bytes):
-        p = folder / f"final_dspark.tar.a{chr(ord('a') + i // part_bytes)}"
-        p.write_bytes(raw[i:i + part_bytes])
-        parts.append(p)
-    return parts
+def returned_parts(tmp_path: Path, files: dict[str, bytes]) -> list[Path]:
+    """``files`` packed as the train call's RETURN_WEIGHTS packs them (bench/carry_state.sh, a folder
+    returned_dspark/, small parts), the parts and their sha256 in tmp_path/carried."""
+    returned = tmp_path / "returned_dspark"
+    for name, data in files.items():
+        (returned / name).parent.mkdir(parents=True, exist_ok=True)
+        (returned / name).write_bytes(data)
+    done = subprocess.run(["bash", str(REPO / "bench" / "carry_state.sh"), "pack", str(returned), "final_dspark",
+                           str(tmp_path / "carried")], capture_output=True, text=True,
+                          env={**os.environ, "PART_BYTES": "400"})
+    assert done.returncode == 0, done.stderr
+    return sorted((tmp_path / "carried").glob("final_dspark.tar.xz.*"))
 
 
 FILES = {"final/config.json": json.dumps({"block_size": 8}).encode(),
-         "final/model.safetensors": b"\0" * 2000,
+         "final/model.safetensors": os.urandom(2000),
          "prompts/train_0.prompts.json": json.dumps({"prompt_ids": ["poetry/1"]}).encode()}
 
 
 def test_carried_weights_and_prompt_records_land_where_the_finish_phase_reads_them(tmp_path):
-    parts = returned_parts(tmp_path / "carried", FILES)
+    parts = returned_parts(tmp_path, FILES)
     assert len(parts) >= 3
-    done = session(tmp_path, tmp_path / "carried", PHASES="none")
+    second = tmp_path / "carried2"  # carried up in two calls: the parts in two folders
+    second.mkdir()
+    parts[-1].rename(second / parts[-1].name)
+    done = session(tmp_path, f"{tmp_path / 'carried'} {second}", PHASES="none")
     assert done.returncode == 0, done.stdout + done.stderr
     work = tmp_path / "work"
     assert (work / "run_dspark" / "final" / "config.json").read_bytes() == FILES["final/config.json"]
-    assert (work / "run_dspark" / "final" / "model.safetensors").stat().st_size == 2000
+    assert (work / "run_dspark" / "final" / "model.safetensors").read_bytes() == FILES["final/model.safetensors"]
     assert (work / "data" / "train_0.prompts.json").read_bytes() == FILES["prompts/train_0.prompts.json"]
     assert not (work / "weights_from").exists()
 
 
 def test_a_missing_part_a_missing_checksum_or_folder_is_refused(tmp_path):
-    parts = returned_parts(tmp_path / "carried", FILES)
-    parts[-1].unlink()  # the tar's last part: what is left still untars, the checksum tells
+    parts = returned_parts(tmp_path, FILES)
+    parts[-1].unlink()
     refused = session(tmp_path, tmp_path / "carried", PHASES="none")
-    assert refused.returncode == 5 and "sha256 mismatch" in refused.stdout
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 5 and "sha256 mismatch" in out and "WEIGHTS_FROM FAILED" in out
     assert not (tmp_path / "work" / "run_dspark" / "final").exists()
     (tmp_path / "carried" / "final_dspark.sha256").unlink()
     unchecked = session(tmp_path, tmp_path / "carried", PHASES="none")
-    assert unchecked.returncode == 5 and "no final_dspark.sha256 beside the parts" in unchecked.stdout
+    assert unchecked.returncode == 5 and "no NAME.sha256" in unchecked.stdout + unchecked.stderr
     nothing = session(tmp_path, tmp_path / "nowhere", PHASES="none")
-    assert nothing.returncode == 5 and "no final_dspark.tar.* parts there" in nothing.stdout
+    assert nothing.returncode == 5 and "WEIGHTS_FROM FAILED" in nothing.stdout + nothing.stderr
+
+
+def test_parts_of_another_archive_are_not_taken_for_the_weights(tmp_path):
+    other = tmp_path / "data"  # a pack of something else (RESTORE's data, say)
+    other.mkdir()
+    (other / "train_0.safetensors").write_bytes(b"\0" * 100)
+    done = subprocess.run(["bash", str(REPO / "bench" / "carry_state.sh"), "pack", str(other), "data",
+                           str(tmp_path / "carried")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    refused = session(tmp_path, tmp_path / "carried", PHASES="none")
+    assert refused.returncode == 5 and "no final_dspark parts in" in refused.stdout
 
 
 def test_finishing_from_carried_weights_needs_the_calibration_skipped(tmp_path):
-    returned_parts(tmp_path / "carried", FILES)
+    returned_parts(tmp_path, FILES)
     refused = session(tmp_path, tmp_path / "carried", PHASES="finish")
     assert refused.returncode == 2 and "set SKIP_CAL=1" in refused.stdout
