@@ -332,9 +332,13 @@ class CostTable:
                 f"M={int(m.max())} tokens is above the table's largest measured count {tc[-1]}; profile up to "
                 f"max_num_seqs * (block + 1) tokens, or pass extrapolate=True to extend the last slope")
         theta = th[np.minimum(np.searchsorted(tc, m, side="left"), len(tc) - 1)]
-        if above.any():
+        if above.any():  # theta_at's extension of the last slope, over the array
             theta = theta.copy()
-            theta[above] = [self.theta_at(int(x), extrapolate=True) for x in m[above]]
+            if len(tc) == 1:
+                theta[above] = th[0] * m[above] / tc[0]
+            else:
+                slope = max(0.0, float(th[-1] - th[-2]) / float(tc[-1] - tc[-2]))
+                theta[above] = th[-1] + slope * (m[above] - tc[-1])
         return self.fixed_overhead_ms + self.batch_overhead(batch_size) + theta + (
             self.trim_overhead(batch_size) if trimmed else 0.0)
 

@@ -18,7 +18,7 @@ from dspark.config import ConfigError, EngineConfig, SamplingParams
 from dspark.kv_cache import BlockManager
 from dspark.model_runner import DTYPES, ModelRunner, Segment
 from dspark.models.llama import TargetModel
-from dspark.plan_gate import SKIPPED_REASON
+from dspark.plan_gate import SKIPPED_REASON, backlog_ms
 from dspark.request import Request, RequestOutput
 from dspark.scheduler import Scheduler
 from dspark.stats import HOST_PHASES, EngineStats, check_step_consistency
@@ -607,7 +607,7 @@ class Engine:
                                        accepted=accepted, block=G, mode=self.cfg.verify,
                                        uncapped_accepted=uncapped, num_tokens=num_tokens,
                                        bucket=bucket, graph_replay=False, eager_reason=self._eager_reason,
-                                       step_ms=step_ms)
+                                       step_ms=step_ms, decision=decision)
                 self._oracle_steps.append(list(uncapped if uncapped is not None else accepted))
                 counts["trimmed_steps"] += int(decision is not None and decision.trimmed)
                 if self.step_trace is not None:
@@ -859,7 +859,7 @@ class Engine:
             if previous is None:  # the pipeline's first step: nothing to commit yet
                 self.last_step = StepInfo(num_decodes=0, num_prefill_tokens=prefill_tokens, num_tokens=0,
                                           bucket=launched.bucket, windows=(), step_ms=launched.launch_ms)
-                self._count_plan_cost(0.0)
+                self._count_plan_cost(0.0, device_ran=False)
                 return finished
             counts["pipelined_steps"] += 1
             launched = previous
@@ -867,7 +867,7 @@ class Engine:
         finished += self._commit_launched(launched)
         waited = self._graph_wait_ms - waited_before
         # With overlap the host planned while the device ran the step just committed: a wait for it hid the plan.
-        self._count_plan_cost(waited if self.cfg.overlap else 0.0)
+        self._count_plan_cost(waited, device_ran=self.cfg.overlap)
         phase["wait"] += waited
         phase["commit"] += (clock() - mark) * 1e3 - waited
         return finished
@@ -920,15 +920,23 @@ class Engine:
         from dspark.planner import plan_budget
 
         start = time.perf_counter()
+        queued = self.planner.catch_up()  # the snapshots of the steps since the planner last read them
+        caught_up = time.perf_counter()
+        fits = self.service_cost.slope_fits if self.service_cost is not None else 0
         self._service_price()
+        priced = time.perf_counter()
         newest_age = 2 if self.cfg.overlap else 1  # the newest snapshot read back is this old already
         sizing = self.planner.lagged_rows([self._slot(r) for r in running], newest_age)
         decision = plan_budget(ranking_survival=None, sizing_survival=sizing, table=self.cost_table,
                                config=self.planner_config, temperature_positive=False, service=self.planner.service)
         plan_ms = (time.perf_counter() - start) * 1e3
-        self.stats.record_plan(decision, plan_ms=plan_ms, service=self.planner.service)
+        self.stats.record_plan(decision, plan_ms=plan_ms)
         if gate is not None:
-            self._plan_cost = (bucket, plan_ms)
+            refit = self.service_cost is not None and self.service_cost.slope_fits > fits
+            lump_ms = backlog_ms((caught_up - start) * 1e3, max(queued, 1),
+                                 (priced - caught_up) * 1e3 if refit else 0.0,
+                                 self.service_cost.refit_every if refit else 1)
+            self._plan_cost = (bucket, plan_ms - lump_ms, lump_ms)
         if not decision.trimmed:
             return "full", None, None, decision
         if self.cfg.verify == "uniform":
@@ -950,13 +958,15 @@ class Engine:
             self._skipped_decisions[rows] = decision
         return decision
 
-    def _count_plan_cost(self, waited_ms: float) -> None:
-        """Give the plan gate the host time of the planner call this step() call made (if it made one), and
-        how long the call then waited for the device step that ran while it planned (0 when none ran)."""
+    def _count_plan_cost(self, waited_ms: float, device_ran: bool) -> None:
+        """Give the plan gate the host time of the planner call this step() call made (if it made one) less its
+        backlog (``plan_gate.backlog_ms``), and how long the call then waited for the device step that ran while
+        it planned, plus that backlog (``device_ran`` False: none ran, the device idled while the host planned)."""
         if self._plan_cost is not None:
-            bucket, plan_ms = self._plan_cost
+            bucket, plan_ms, lump_ms = self._plan_cost
             self._plan_cost = None
-            self.plan_gate.record_cost(bucket, plan_ms, waited_ms)
+            # Without the backlog (work a planning engine spreads over its steps) the call would have waited longer.
+            self.plan_gate.record_cost(bucket, plan_ms, waited_ms + lump_ms if device_ran else 0.0)
 
     def _drain(self) -> list[RequestOutput]:
         launched, self._inflight = self._inflight, None
@@ -1044,7 +1054,8 @@ class Engine:
             self.stats.record_step(request_ids=live_ids, windows=windows, accepted=accepted, block=G,
                                    mode=self.cfg.verify, num_tokens=launched.num_tokens,
                                    bucket=launched.bucket, graph_replay=self.graph.use_graphs,
-                                   eager_reason=None if self.graph.use_graphs else "cpu", step_ms=step_ms)
+                                   eager_reason=None if self.graph.use_graphs else "cpu", step_ms=step_ms,
+                                   decision=decision)
             if self.cfg.verify == "full":
                 self._oracle_steps.append(list(accepted))
         self.last_step = StepInfo(num_decodes=len(live_ids), num_prefill_tokens=launched.num_prefill_tokens,

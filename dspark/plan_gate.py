@@ -18,7 +18,11 @@ Per bucket (the step's graph batch bucket), over the steps the planner ran on:
 - cost: the mean of the planner's host milliseconds, counted only where the host set the period: the step() call
   that planned then waited less than ``device_bound_wait_ms`` for the device step that ran while it planned
   (the caller passes 0 when no device step ran meanwhile: without the overlap scheduler the device is idle while
-  the host plans, so planning always costs).
+  the host plans, so planning always costs). The engine leaves out of a call's milliseconds its backlog
+  (:func:`backlog_ms`: the snapshots the skipped steps queued, a refit of the service price that planning on
+  every step would have spread over its steps) and adds it to the call's wait: charged in full, a probe after
+  a run of skipped steps costs more than a planned step of a planning bucket, so that a bucket that skips keeps
+  looking too dear to plan.
 
 Both are running means over the last ``horizon`` planned steps or so (the exact mean of the first ``horizon``
 samples, then an exponential mean of weight 1/``horizon``): O(1) per step.
@@ -76,6 +80,17 @@ def check_plan_gate_settings(**settings: Any) -> dict[str, str]:
             and most < least:
         problems["probe_every_max"] = f"must be >= probe_every ({least}), got {most!r}"
     return problems
+
+
+def backlog_ms(catch_up_ms: float, queued_steps: int, refit_ms: float = 0.0, refit_every: int = 1) -> float:
+    """The part of a planner call's host time that is backlog: work a planner running on every step spreads over
+    its steps, which a call after skipped steps does at once. Of the catch-up that wrote ``queued_steps`` steps'
+    survival snapshots to the lag rings, all but one step's share; of a refit of the service price's line
+    (``refit_ms``, 0 when the call did not refit), all but the ``1 / refit_every`` share a planning engine pays
+    per step."""
+    if queued_steps < 1 or refit_every < 1:
+        raise ValueError(f"queued_steps and refit_every must be >= 1, got {queued_steps}, {refit_every}")
+    return max(catch_up_ms, 0.0) * (1.0 - 1.0 / queued_steps) + max(refit_ms, 0.0) * (1.0 - 1.0 / refit_every)
 
 
 @dataclass(slots=True)
@@ -182,4 +197,4 @@ class PlanGate:
                 "plan_gate/cost_ms_per_step": self._cost_decided_ms / decided if decided else 0.0}
 
 
-__all__ = ["SKIPPED_REASON", "BucketEstimate", "PlanGate", "check_plan_gate_settings"]
+__all__ = ["SKIPPED_REASON", "BucketEstimate", "PlanGate", "backlog_ms", "check_plan_gate_settings"]

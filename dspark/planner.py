@@ -157,6 +157,8 @@ class PlanDecision:
     budget: cells to verify (R*G when the full block is kept).
     predicted_gain: (tau/T of the best candidate) / (tau/T of the full block) - 1; 0 without a table.
     predicted_tokens / predicted_ms: tau and T of the decision actually taken (None without a table).
+    priced_ms: what the planner valued that step at: the service price of predicted_ms (predicted_ms itself
+      without a service price; None without a table).
     extra_cells: ragged mode, trimmed: how many of the first ``budget`` cells (admission order
       over the sizing survival) lie at or past min_verify_len, i.e. the cells a device allocation
       adds to min_verify_len per row; None otherwise.
@@ -170,6 +172,7 @@ class PlanDecision:
     predicted_ms: float | None
     budget: int
     extra_cells: int | None = None
+    priced_ms: float | None = None
 
 
 def _to_rows(x: Any, name: str) -> list[list[float]]:
@@ -320,7 +323,8 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
       (per slot, neutral for new requests), or the fresh one when budget_lag == 0.
     batch_size: for the cost table's batch-overhead staircase; default R.
     service: what a service step costs beyond the table (dspark.service_cost): every option is valued at
-      its service price; the decision's ``ms`` stays the table's price (the one its prediction check uses).
+      its service price; the decision's ``predicted_ms`` stays the table's price, ``priced_ms`` is its service
+      price (the prediction check compares the measured step with both).
     """
     G = config.block
     price = (service or ServiceCost.none()).price
@@ -357,7 +361,7 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         tok = ms = None
         if table is not None:
             tok, ms = tau(sizing_prefix, full), table_cost(full)
-        return PlanDecision(full, False, reason, gain, tok, ms, R * G)
+        return PlanDecision(full, False, reason, gain, tok, ms, R * G, priced_ms=None if ms is None else price(ms))
 
     # Overrides replace only the decision.
     if config.force_verify_len is not None or config.force_budget_frac is not None:
@@ -372,7 +376,8 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
             tok, ms = tau(ranking_prefix if ranking is not None else sizing_prefix, windows), table_cost(windows)
         trimmed = windows is None or any(w < G for w in windows) or config.force_trimmed_path
         extra = cells_past_min_len(sizing, budget, config.min_verify_len) if config.mode == "ragged" else None
-        return PlanDecision(windows, trimmed, "forced", 0.0, tok, ms, budget, extra)
+        return PlanDecision(windows, trimmed, "forced", 0.0, tok, ms, budget, extra,
+                            priced_ms=None if ms is None else price(ms))
 
     if table is None:
         return decline("declined_no_table")
@@ -447,7 +452,8 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         if config.mode == "ragged":
             extra = cells_past_min_len(sizing, best_budget, config.min_verify_len)
     ms = table_cost(best_windows)
-    return PlanDecision(windows, True, "trimmed", gain, tau(sizing_prefix, best_windows), ms, best_budget, extra)
+    return PlanDecision(windows, True, "trimmed", gain, tau(sizing_prefix, best_windows), ms, best_budget, extra,
+                        priced_ms=price(ms))
 
 
 PENDING_SNAPSHOTS = 16  # Planner writes its queued snapshot pushes and resets to the rings at this many
@@ -501,6 +507,13 @@ class Planner:
                 self._queue((int(slot), None))
         elif 0 <= slot < self._pushed.shape[0]:
             self._pushed[slot] = 0
+
+    def catch_up(self) -> int:
+        """Write the queued pushes and resets to the rings now (as the next read would) and return how many were
+        queued: the snapshots of the steps since the rings were last written (a plan gate's skipped steps)."""
+        queued = len(self._pending)
+        self._write_pending()
+        return queued
 
     def _write_pending(self) -> None:
         """Write the pending pushes and resets to the rings, with the state applying them one by one in order
@@ -625,7 +638,7 @@ class Planner:
         if push_history:
             self.push_snapshot(slots, fresh)
         if self.stats is not None:
-            self.stats.record_plan(decision, plan_ms=(self.clock() - start) * 1e3, service=self.service)
+            self.stats.record_plan(decision, plan_ms=(self.clock() - start) * 1e3)
         return decision
 
 

@@ -91,31 +91,29 @@ class EngineStats:
     eager_reasons: Counter = field(default_factory=Counter)
     block_accept_exact: bool = True
     _per_request: dict = field(default_factory=dict)  # id -> [steps, committed, accepted, verified, block_accepted]
-    _pending_prediction: Any = None
-    _pending_priced_ms: float | None = None
     _distinct_windows: set = field(default_factory=set)
 
-    def record_plan(self, decision: Any, plan_ms: float = 0.0, service: Any = None) -> None:
-        """Count a planner decision (a ``dspark.planner.PlanDecision``); ``service``: the service price the planner
-        valued it with (a ``dspark.service_cost.ServiceCost``; None: the table's price alone)."""
+    def record_plan(self, decision: Any, plan_ms: float = 0.0) -> None:
+        """Count a planner decision (a ``dspark.planner.PlanDecision``) and the host ms the planner took. Its
+        prediction is checked against the step that ran it when that step is recorded (``record_step``)."""
         self.plan_reasons[decision.reason] += 1
         self.plan_ms_total += plan_ms
         if decision.reason == "trimmed":
             self.predicted_gain_sum += decision.predicted_gain
             self.predicted_gain_steps += 1
-        self._pending_prediction = decision if decision.predicted_tokens is not None else None
-        ms = decision.predicted_ms
-        self._pending_priced_ms = None if ms is None else (service.price(ms) if service is not None else float(ms))
 
     def record_step(self, *, request_ids: Sequence[Any], windows: Sequence[int], accepted: Sequence[int],
                     block: int | Sequence[int], mode: str, uncapped_accepted: Sequence[int] | None = None,
                     num_tokens: int | None = None, bucket: int | None = None, graph_replay: bool | None = None,
-                    eager_reason: str | None = None, step_ms: float | None = None) -> None:
+                    eager_reason: str | None = None, step_ms: float | None = None,
+                    decision: Any = None) -> None:
         """Record one verify step. Per request: id, window w, accepted drafts k (<= w), drafted block G.
 
         uncapped_accepted: acceptance had the full block been verified (cap-accept mode).
-        graph_replay False needs an eager_reason. step_ms: measured time, compared with the
-        planner's prediction for this step (the last ``record_plan``).
+        graph_replay False needs an eager_reason. decision: the planner's decision this step ran (a
+        ``PlanDecision``; None without one), whose predicted tokens and step time (the table's, and the price
+        it was valued at) are compared with what the step committed and its measured ``step_ms``. The caller
+        passes it: with the overlap scheduler the next step is planned before this one commits.
         """
         ids, w, k = list(request_ids), [int(v) for v in _as_list(windows)], [int(v) for v in _as_list(accepted)]
         n = len(ids)
@@ -188,18 +186,16 @@ class EngineStats:
             per[2] += ki
             per[3] += w[i]
             per[4] += (u[i] if u is not None else ki) + 1
-        pred = self._pending_prediction
-        if pred is not None:
-            self.predicted_tokens_total += pred.predicted_tokens
-            self.predicted_ms_total += pred.predicted_ms
+        if decision is not None and decision.predicted_tokens is not None and decision.predicted_ms is not None:
+            self.predicted_tokens_total += decision.predicted_tokens
+            self.predicted_ms_total += decision.predicted_ms
             self.realised_tokens_on_predicted += int(ka.sum()) + n
             if step_ms is not None:
                 self.measured_ms_on_predicted += float(step_ms)
                 self.measured_steps_on_predicted += 1
-                if self._pending_priced_ms is not None:
-                    self.priced_ms_on_measured += self._pending_priced_ms
-                    self.predicted_ms_on_measured += pred.predicted_ms
-            self._pending_prediction = None
+                priced = decision.priced_ms if decision.priced_ms is not None else decision.predicted_ms
+                self.priced_ms_on_measured += priced
+                self.predicted_ms_on_measured += decision.predicted_ms
 
     # ---- derived --------------------------------------------------------------------------
 

@@ -651,3 +651,19 @@ def test_counters_over_blocks_add_amounts_and_average_rates_and_gauges():
     assert c["oracle/oracle_tokens_per_ms"] == 35.0
     assert c["service_cost/floor_ms"] == 2.0 and c["service_cost/extra_ms"] == -1.0
     assert c["service_cost/scale"] == pytest.approx(1.3)
+
+
+def test_the_prediction_checks_amounts_add_over_blocks():
+    """Every amount prediction_health divides is a sum over the arm's blocks: the measured and the priced
+    milliseconds of the same steps, the predicted and the realised tokens."""
+    from dspark.bench.metrics import prediction_health
+
+    names = ("predicted_tokens_total", "realised_tokens_on_predicted", "predicted_ms_total",
+             "measured_ms_on_predicted", "priced_ms_on_measured", "predicted_ms_on_measured")
+    blocks = [dict(zip(names, (10.0, 9, 4.0, 6.0, 5.0, 4.0))), dict(zip(names, (30.0, 27, 12.0, 18.0, 15.0, 12.0)))]
+    rows = [{"arm": "B", **{f"counter/sched/{k}": v for k, v in b.items()}} for b in blocks]
+    c = ab._sum_counters(rows)
+    assert all(c[f"sched/{k}"] == sum(b[k] for b in blocks) for k in names)
+    health = prediction_health({"B": c}, tolerance=0.15)["B"]
+    assert health["step_ms_measured_over_service_price"] == pytest.approx(24.0 / 20.0)
+    assert health["step_ms_measured_over_predicted"] == pytest.approx(24.0 / 16.0)

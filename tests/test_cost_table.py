@@ -144,6 +144,18 @@ def test_fit_refuses_unseparable_and_bad_measurements():
         fit_cost_table([])
 
 
+@pytest.mark.parametrize("counts, thetas", [((8, 16, 32), (1.0, 2.0, 3.5)), ((8,), (1.5,)), ((8, 16), (2.0, 1.0))])
+def test_step_ms_many_prices_every_count_as_step_ms_does_above_the_table_too(counts, thetas):
+    """The vector path extends the last slope (never below flat) past the largest measured count, as theta_at."""
+    t = CostTable(token_counts=counts, theta_ms=thetas, fixed_overhead_ms=0.5, batch_sizes=(1, 4),
+                  batch_overhead_ms=(0.0, 0.5))
+    m = [1, 7, 8, 9, 16, 17, 32, 33, 100, 2304]
+    many = t.step_ms_many(m, 4, extrapolate=True)
+    assert many == pytest.approx([t.step_ms(x, 4, extrapolate=True) for x in m])
+    with pytest.raises(CostTableError, match="above the table's largest measured count"):
+        t.step_ms_many(m, 4)
+
+
 def test_trim_overhead_staircase_round_trip_and_validation():
     t = CostTable(token_counts=(8, 16), theta_ms=(1.0, 2.0), fixed_overhead_ms=1.0, batch_sizes=(1, 4),
                   batch_overhead_ms=(0.0, 0.5), trim_overhead_ms=(0.0, 0.25))

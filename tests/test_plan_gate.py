@@ -263,3 +263,73 @@ def test_a_probe_after_skipped_steps_plans_on_the_survival_eager_pushes_give(tmp
     assert c_q["plan_gate/probe_steps"] > 0 and any(v != 1.0 for rows in seen_q for row in rows for v in row)
     counts = [{k: v for k, v in c.items() if isinstance(v, int)} for c in (c_q, c_e)]  # (times differ run to run)
     assert counts[0] == counts[1] and counts[0]["trimmed_steps"] > 0
+
+
+def test_the_backlog_is_all_but_one_steps_share_of_the_catch_up_and_of_a_refit():
+    from dspark.plan_gate import backlog_ms
+
+    assert backlog_ms(2.0, 1) == 0.0  # a planning engine's own step: one snapshot, no backlog
+    assert backlog_ms(2.0, 4) == pytest.approx(1.5)
+    assert backlog_ms(2.0, 4, refit_ms=0.8, refit_every=16) == pytest.approx(1.5 + 0.75)
+    assert backlog_ms(0.0, 8, refit_ms=0.8, refit_every=1) == 0.0  # refitting every step is no backlog
+    with pytest.raises(ValueError, match="queued_steps and refit_every"):
+        backlog_ms(1.0, 0)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_probe_is_charged_a_planning_steps_cost_not_the_skipped_steps_backlog(tmp_path, overlap):
+    """A probe writes the snapshots its bucket's skipped steps queued before it plans. The gate is charged the
+    call's host time less that backlog (all but one step's share), and with overlap the backlog counts as time
+    the call would have waited for the device: charged in full, a skipping bucket's probes would look dearer than
+    planning is, and the bucket would keep skipping."""
+    import time
+
+    target, drafter, lag, table = device_step_models_and_table(tmp_path, overlap)
+    prompts = prompts_for(12, 4)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    eng = gate_engine(target, drafter, table, overlap=overlap, budget_lag=lag, service_cost=False)
+    gate = eng.plan_gate = skipping_gate(eng, probe_every=6)
+    per_step_ms = 4.0
+    catch_up, queued, charged = eng.planner.catch_up, [], []
+
+    def slow_catch_up():
+        queued.append(len(eng.planner._pending))
+        time.sleep(per_step_ms * queued[-1] / 1e3)  # a backlog that grows with the skipped steps
+        return catch_up()
+
+    eng.planner.catch_up = slow_catch_up
+    gate.record_cost = lambda bucket, plan_ms, waited_ms: charged.append((plan_ms, waited_ms))
+    eng.generate(prompts, params)
+    probes = [(q, ms, waited) for q, (ms, waited) in zip(queued, charged) if q >= 4]
+    assert len(queued) == len(charged) and probes
+    for q, ms, waited in probes:
+        # the catch-up alone took per_step_ms * q; the charge keeps one step's share of it
+        assert per_step_ms <= ms < per_step_ms * (q - 1), (q, ms)
+        if overlap:
+            assert waited >= per_step_ms * (q - 1)
+        else:
+            assert waited == 0.0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_each_committed_step_is_recorded_with_the_decision_it_ran(tmp_path, overlap):
+    """With the overlap scheduler the next step is planned before this one commits; the prediction check must
+    still read this step's decision: a trimmed step's windows add up to its budget (less the windows of rows
+    that finished while it was in flight, which it does not record), a declined or skipped one verifies the
+    whole block."""
+    target, drafter, lag, table = device_step_models_and_table(tmp_path, overlap)
+    prompts = prompts_for(12, 4)
+    eng = gate_engine(target, drafter, table, overlap=overlap, budget_lag=lag, min_predicted_gain=0.0,
+                      service_cost=False, plan_gate_warmup=2, plan_gate_probe_every=3)
+    G, seen = eng.block_size, []
+    record = eng.stats.record_step
+    eng.stats.record_step = lambda **kw: seen.append((kw["windows"], kw["decision"])) or record(**kw)
+    eng.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
+    trimmed = [(list(w), d) for w, d in seen if d is not None and d.trimmed]
+    assert trimmed and any(d is not None and not d.trimmed for _, d in seen)
+    assert sum(sum(w) == d.budget for w, d in trimmed) > len(trimmed) // 2
+    for windows, decision in seen:
+        if decision is not None and decision.trimmed:
+            assert sum(windows) <= decision.budget, (windows, decision)
+        else:
+            assert list(windows) == [G] * len(windows), (windows, decision)

@@ -73,10 +73,13 @@ def test_record_step_refuses_inconsistent_inputs():
 
 def test_plan_reasons_and_predictions():
     s = EngineStats()
-    s.record_plan(PlanDecision((2,), True, "trimmed", 0.1, 2.5, 3.0, 2), plan_ms=0.2)
-    s.record_step(request_ids=[0], windows=[2], accepted=[2], block=4, mode="ragged", step_ms=3.5)
-    s.record_plan(PlanDecision((4,), False, "declined_no_table", 0.0, None, None, 4))
-    s.record_step(request_ids=[0], windows=[4], accepted=[0], block=4, mode="full")
+    trim = PlanDecision((2,), True, "trimmed", 0.1, 2.5, 3.0, 2)
+    s.record_plan(trim, plan_ms=0.2)
+    s.record_step(request_ids=[0], windows=[2], accepted=[2], block=4, mode="ragged", step_ms=3.5, decision=trim)
+    untabled = PlanDecision((4,), False, "declined_no_table", 0.0, None, None, 4)
+    s.record_plan(untabled)
+    s.record_step(request_ids=[0], windows=[4], accepted=[0], block=4, mode="full", decision=untabled)
+    s.record_step(request_ids=[0], windows=[4], accepted=[0], block=4, mode="full", step_ms=9.0)  # no decision
     out = s.summary()
     assert out["plan_reason.trimmed"] == 1 and out["plan_reason.declined_no_table"] == 1
     assert out["predicted_tokens_total"] == 2.5 and out["realised_tokens_on_predicted"] == 3
@@ -85,21 +88,37 @@ def test_plan_reasons_and_predictions():
 
 
 def test_a_decision_valued_at_the_service_price_is_checked_against_it():
-    from dspark.service_cost import ServiceCost
-
     s = EngineStats()
-    service = ServiceCost(floor_ms=1.0, extra_ms=0.5, scale=2.0)
-    s.record_plan(PlanDecision((2,), True, "trimmed", 0.1, 2.5, 3.0, 2), service=service)
-    s.record_step(request_ids=[0], windows=[2], accepted=[2], block=4, mode="ragged", step_ms=6.0)
-    s.record_plan(PlanDecision((4,), False, "declined_below_min_gain", 0.0, 4.0, 0.2, 4), service=service)
-    s.record_step(request_ids=[0], windows=[4], accepted=[1], block=4, mode="ragged", step_ms=1.5)
-    s.record_plan(PlanDecision((4,), False, "declined_below_min_gain", 0.0, 4.0, 5.0, 4), service=service)
-    s.record_step(request_ids=[0], windows=[4], accepted=[1], block=4, mode="ragged")  # not measured: left out
+    trim = PlanDecision((2,), True, "trimmed", 0.1, 2.5, 3.0, 2, priced_ms=6.5)
+    cheap = PlanDecision((4,), False, "declined_below_min_gain", 0.0, 4.0, 0.2, 4, priced_ms=1.0)
+    dear = PlanDecision((4,), False, "declined_below_min_gain", 0.0, 4.0, 5.0, 4, priced_ms=10.5)
+    for d in (trim, cheap, dear):
+        s.record_plan(d)
+    s.record_step(request_ids=[0], windows=[2], accepted=[2], block=4, mode="ragged", step_ms=6.0, decision=trim)
+    s.record_step(request_ids=[0], windows=[4], accepted=[1], block=4, mode="ragged", step_ms=1.5, decision=cheap)
+    s.record_step(request_ids=[0], windows=[4], accepted=[1], block=4, mode="ragged", decision=dear)  # not measured
     out = s.summary()
-    # 2 * 3.0 + 0.5 = 6.5, and the floor 1.0 over 2 * 0.2 + 0.5 = 0.9
     assert out["priced_ms_on_measured"] == pytest.approx(7.5)
     assert out["predicted_ms_on_measured"] == pytest.approx(3.2) and out["predicted_ms_total"] == pytest.approx(8.2)
     assert out["measured_ms_on_predicted"] == pytest.approx(7.5)
+
+
+def test_each_step_is_checked_against_its_own_decision_when_the_next_is_planned_first():
+    """With the overlap scheduler step N+1 is planned (record_plan) before step N commits (record_step): each
+    step's prediction check reads the decision it ran, not the last one planned."""
+    s = EngineStats()
+    first = PlanDecision((2,), True, "trimmed", 0.2, 3.0, 2.0, 2, priced_ms=2.5)
+    second = PlanDecision((4,), False, "declined_below_min_gain", 0.0, 4.0, 4.0, 4, priced_ms=5.0)
+    s.record_plan(first)
+    s.record_plan(second)  # planned while the first is in flight
+    s.record_step(request_ids=[0], windows=[2], accepted=[2], block=4, mode="ragged", step_ms=2.5, decision=first)
+    out = s.summary()
+    assert out["predicted_tokens_total"] == 3.0 and out["predicted_ms_total"] == 2.0
+    assert out["priced_ms_on_measured"] == 2.5 and out["measured_ms_on_predicted"] == 2.5
+    s.record_step(request_ids=[0], windows=[4], accepted=[3], block=4, mode="ragged", step_ms=5.0, decision=second)
+    out = s.summary()
+    assert out["predicted_tokens_total"] == 7.0 and out["realised_tokens_on_predicted"] == 3 + 4
+    assert out["priced_ms_on_measured"] == 7.5 and out["predicted_ms_on_measured"] == 6.0
 
 
 def test_assert_active_fails_when_every_step_declined():
