@@ -132,6 +132,8 @@ class PlanGate:
         self.planned_steps = 0
         self.skipped_steps = 0
         self.probe_steps = 0  # planned steps the rule alone would have skipped
+        # per bucket: [planned, skipped, probes, cost samples charged (the host set the period)]
+        self._bucket_counts: dict[int, list[int]] = {}
         self._benefit_decided_ms = 0.0  # sums over decided steps of the estimates the decision read
         self._cost_decided_ms = 0.0
 
@@ -144,6 +146,7 @@ class PlanGate:
     def should_plan(self, bucket: int) -> bool:
         """Decide (and count) whether the step about to launch at ``bucket`` runs the planner."""
         est = self.estimate(bucket)
+        counts = self._counts_of(bucket)
         self._benefit_decided_ms += est.benefit_ms
         self._cost_decided_ms += est.cost_ms
         warm = est.benefit_samples >= self.warmup and est.cost_samples >= self.warmup
@@ -155,14 +158,23 @@ class PlanGate:
             plan = est.skipped_in_a_row + 1 >= interval
             if plan:  # a probe; if the rule still says skip after it, the next one waits twice as long
                 self.probe_steps += 1
+                counts[2] += 1
                 est.probe_interval = min(2 * interval, self.probe_every_max)
         if plan:
             est.skipped_in_a_row = 0
             self.planned_steps += 1
+            counts[0] += 1
         else:
             est.skipped_in_a_row += 1
             self.skipped_steps += 1
+            counts[1] += 1
         return plan
+
+    def _counts_of(self, bucket: int) -> list[int]:
+        counts = self._bucket_counts.get(bucket)
+        if counts is None:
+            counts = self._bucket_counts[bucket] = [0, 0, 0, 0]
+        return counts
 
     def _mean(self, mean: float, samples: int, value: float) -> float:
         return mean + (value - mean) / min(samples, self.horizon)
@@ -173,7 +185,9 @@ class PlanGate:
         if not math.isfinite(plan_ms):
             return
         est = self.estimate(bucket)
-        cost = max(plan_ms, 0.0) if waited_ms < self.device_bound_wait_ms else 0.0
+        charged = waited_ms < self.device_bound_wait_ms
+        cost = max(plan_ms, 0.0) if charged else 0.0
+        self._counts_of(bucket)[3] += int(charged)
         est.cost_samples += 1
         est.cost_ms = self._mean(est.cost_ms, est.cost_samples, cost)
 
@@ -189,12 +203,22 @@ class PlanGate:
 
     def summary(self) -> dict[str, float]:
         """Counts since :meth:`reset_counts`, and the mean over its decided steps of the benefit and cost
-        estimates each decision read (ms per step)."""
+        estimates each decision read (ms per step). Per batch bucket decided since then
+        (``plan_gate/b<bucket>/...``): its planned, skipped and probe steps, how many of its planner calls were
+        charged (the host set the period), and its benefit and cost estimates as they stand."""
         decided = self.planned_steps + self.skipped_steps
-        return {"plan_gate/planned_steps": self.planned_steps, "plan_gate/skipped_steps": self.skipped_steps,
-                "plan_gate/probe_steps": self.probe_steps,
-                "plan_gate/benefit_ms_per_step": self._benefit_decided_ms / decided if decided else 0.0,
-                "plan_gate/cost_ms_per_step": self._cost_decided_ms / decided if decided else 0.0}
+        out = {"plan_gate/planned_steps": self.planned_steps, "plan_gate/skipped_steps": self.skipped_steps,
+               "plan_gate/probe_steps": self.probe_steps,
+               "plan_gate/benefit_ms_per_step": self._benefit_decided_ms / decided if decided else 0.0,
+               "plan_gate/cost_ms_per_step": self._cost_decided_ms / decided if decided else 0.0}
+        for bucket in sorted(self._bucket_counts):
+            planned, skipped, probes, charged = self._bucket_counts[bucket]
+            est = self.buckets[bucket]
+            key = f"plan_gate/b{bucket}/"
+            out.update({key + "planned_steps": planned, key + "skipped_steps": skipped, key + "probe_steps": probes,
+                        key + "charged_costs": charged, key + "benefit_ms_estimate": est.benefit_ms,
+                        key + "cost_ms_estimate": est.cost_ms})
+        return out
 
 
 __all__ = ["SKIPPED_REASON", "BucketEstimate", "PlanGate", "backlog_ms", "check_plan_gate_settings"]

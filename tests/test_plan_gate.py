@@ -333,3 +333,20 @@ def test_each_committed_step_is_recorded_with_the_decision_it_ran(tmp_path, over
             assert sum(windows) <= decision.budget, (windows, decision)
         else:
             assert list(windows) == [G] * len(windows), (windows, decision)
+
+
+def test_the_summary_breaks_the_decisions_down_per_bucket():
+    gate = PlanGate(warmup=1, probe_every=3)
+    planned(gate, 16, cost_ms=0.5, waited_ms=HOST_BOUND)  # warm-up: charged, no gain
+    for _ in range(5):
+        gate.should_plan(16)  # skips twice, probes, skips twice
+    planned(gate, 256, cost_ms=0.5, waited_ms=1.0, gain=0.1)  # hidden under the device step
+    out = gate.summary()
+    assert (out["plan_gate/b16/planned_steps"], out["plan_gate/b16/skipped_steps"],
+            out["plan_gate/b16/probe_steps"], out["plan_gate/b16/charged_costs"]) == (2, 4, 1, 1)
+    assert out["plan_gate/b16/cost_ms_estimate"] == pytest.approx(0.5)
+    assert out["plan_gate/b16/benefit_ms_estimate"] == 0.0
+    assert out["plan_gate/b256/charged_costs"] == 0 and out["plan_gate/b256/benefit_ms_estimate"] > 0.0
+    assert out["plan_gate/planned_steps"] == 3 and out["plan_gate/skipped_steps"] == 4
+    gate.reset_counts()
+    assert not any(k.startswith(("plan_gate/b16/", "plan_gate/b256/")) for k in gate.summary())
