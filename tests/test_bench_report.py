@@ -2,10 +2,12 @@
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 import pytest
 from rich.console import Console
 
@@ -270,6 +272,24 @@ def test_report_shows_the_cost_tables_predictions_against_the_planned_steps(tmp_
     text = write_report(tmp_path / "report2", summary, blocks, requests)["report"].read_text()
     assert ("arm B priced its steps with `/t/smollm2.json` (reused from cache, fingerprint ab12; fit R² 0.997, "
             "largest residual 4.1%)") in text
+
+
+
+def test_report_shows_the_plan_gate_per_bucket(tmp_path):
+    summary, blocks, requests = build_experiment()
+    text = write_report(tmp_path / "report0", summary, blocks, requests)["report"].read_text()
+    assert "the plan gate per batch bucket" not in text  # no gate counters: no table
+    gate = {"plan_gate/planned_steps": 9, "plan_gate/b256/planned_steps": 5, "plan_gate/b256/skipped_steps": 95,
+            "plan_gate/b256/probe_steps": 5, "plan_gate/b256/charged_costs": 4,
+            "plan_gate/b256/benefit_ms_estimate": 0.3, "plan_gate/b256/cost_ms_estimate": 0.51,
+            "plan_gate/b16/planned_steps": 4, "plan_gate/b16/skipped_steps": 0, "plan_gate/b16/probe_steps": 0,
+            "plan_gate/b16/charged_costs": 0, "plan_gate/b16/benefit_ms_estimate": 0.0,
+            "plan_gate/b16/cost_ms_estimate": 0.0}
+    summary["counters"] = {**summary.get("counters", {}), "B": {**summary.get("counters", {}).get("B", {}), **gate}}
+    text = re.sub(r" +", " ", write_report(tmp_path / "report1", summary, blocks, requests)["report"].read_text())
+    assert "- arm B, the plan gate per batch bucket" in text
+    assert "| 16 | 4 | 0 | 0 | 0 | 0 | 0 |" in text and "| 256 | 5 | 95 | 5 | 4 | 0.3 | 0.51 |" in text
+    assert text.index("| 16 | 4 |") < text.index("| 256 | 5 |")
 
 
 LABELLED_ARMS = {

@@ -762,6 +762,26 @@ def _statistics_section(summary: Mapping[str, Any]) -> list[str]:
                     "(t distribution, blocks - 1 degrees of freedom).", ""]
 
 
+PLAN_GATE_FIELDS = ("planned_steps", "skipped_steps", "probe_steps", "charged_costs", "benefit_ms_estimate",
+                    "cost_ms_estimate")
+
+
+def plan_gate_rows(summary: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per arm with a plan gate, its per-bucket counters (``plan_gate/b<bucket>/<field>``) as rows by bucket."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for arm, counters in (summary.get("counters") or {}).items():
+        buckets: dict[int, dict[str, Any]] = {}
+        for key, value in counters.items():
+            parts = key.split("/")
+            if len(parts) == 3 and parts[0] == "plan_gate" and parts[1][:1] == "b" and parts[1][1:].isdigit() \
+                    and parts[2] in PLAN_GATE_FIELDS:
+                buckets.setdefault(int(parts[1][1:]), {"bucket": int(parts[1][1:])})[parts[2]] = value
+        rows = [{f: row.get(f) for f in ("bucket", *PLAN_GATE_FIELDS)} for _, row in sorted(buckets.items())]
+        if rows:
+            out[arm] = rows
+    return out
+
+
 def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> list[str]:
     from dspark.bench.guards import DECLINE_HINTS
 
@@ -785,6 +805,14 @@ def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> l
                      if service is not None else "")
                   + (" **FLAGGED** (beyond +/-{:.0%}): {}".format(h["tolerance"], "; ".join(h["flags"]))
                      if h.get("flags") else " (within +/-{:.0%})".format(h["tolerance"]))]
+    for arm, rows in plan_gate_rows(summary).items():
+        lines += ["", f"- arm {arm}, the plan gate per batch bucket (engine.plan_gate: it plans where the benefit "
+                  "estimate covers the cost estimate; a charged cost is a planner call whose host time set the "
+                  "step's period):", "",
+                  _markdown(["bucket", "planned", "skipped", "probes", "charged costs", "benefit ms/step",
+                             "cost ms/step"],
+                            [[r["bucket"], *("-" if r[f] is None else r[f] for f in PLAN_GATE_FIELDS[:4]),
+                              _fmt(r["benefit_ms_estimate"]), _fmt(r["cost_ms_estimate"])] for r in rows])]
     if "cost_table_plot" in paths:
         lines += ["", "The cost table the planner priced each step with (predicted step time against the tokens "
                   "a step sends to the target, per batch size): trimming pays only where the curve rises.", "",
