@@ -41,7 +41,10 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FORMAT_VERSION = 1
 # Fingerprint fields that must agree for a table to describe this run's step cost.
