@@ -282,10 +282,7 @@ class CostTable:
                 raise CostTableError(
                     f"M={num_tokens} tokens is above the table's largest measured count {tc[-1]}; profile up to "
                     f"max_num_seqs * (block + 1) tokens, or pass extrapolate=True to extend the last slope")
-            if len(tc) == 1:
-                return self.theta_ms[0] * num_tokens / tc[0]
-            slope = max(0.0, (self.theta_ms[-1] - self.theta_ms[-2]) / (tc[-1] - tc[-2]))
-            return self.theta_ms[-1] + slope * (num_tokens - tc[-1])
+            return self._beyond_table(num_tokens)
         lo, hi = 0, len(tc) - 1
         while lo < hi:  # smallest index with tc[i] >= num_tokens
             mid = (lo + hi) // 2
@@ -294,6 +291,15 @@ class CostTable:
             else:
                 lo = mid + 1
         return self.theta_ms[lo]
+
+    def _beyond_table(self, num_tokens):
+        """theta above the largest measured count (an int, or an int array): the last slope extended, never below
+        flat; with one measured count, proportional to M."""
+        tc, th = self.token_counts, self.theta_ms
+        if len(tc) == 1:
+            return th[0] * num_tokens / tc[0]
+        slope = max(0.0, (th[-1] - th[-2]) / (tc[-1] - tc[-2]))
+        return th[-1] + slope * (num_tokens - tc[-1])
 
     def _staircase(self, values: tuple[float, ...] | None, batch_size: int) -> float:
         """The value at the smallest listed batch size >= batch_size, or the last one; 0 if none listed."""
@@ -335,13 +341,9 @@ class CostTable:
                 f"M={int(m.max())} tokens is above the table's largest measured count {tc[-1]}; profile up to "
                 f"max_num_seqs * (block + 1) tokens, or pass extrapolate=True to extend the last slope")
         theta = th[np.minimum(np.searchsorted(tc, m, side="left"), len(tc) - 1)]
-        if above.any():  # theta_at's extension of the last slope, over the array
+        if above.any():
             theta = theta.copy()
-            if len(tc) == 1:
-                theta[above] = th[0] * m[above] / tc[0]
-            else:
-                slope = max(0.0, float(th[-1] - th[-2]) / float(tc[-1] - tc[-2]))
-                theta[above] = th[-1] + slope * (m[above] - tc[-1])
+            theta[above] = self._beyond_table(m[above])
         return self.fixed_overhead_ms + self.batch_overhead(batch_size) + theta + (
             self.trim_overhead(batch_size) if trimmed else 0.0)
 

@@ -94,6 +94,16 @@ def backlog_ms(catch_up_ms: float, queued_steps: int, refit_ms: float = 0.0, ref
 
 
 @dataclass(slots=True)
+class BucketCounts:
+    """One batch bucket's decisions since :meth:`PlanGate.reset_counts`."""
+
+    planned: int = 0
+    skipped: int = 0
+    probes: int = 0  # planned steps the rule alone would have skipped
+    charged: int = 0  # planner calls whose host time was charged (the host set the step's period)
+
+
+@dataclass(slots=True)
 class BucketEstimate:
     """One batch bucket's estimates and counts."""
 
@@ -129,11 +139,7 @@ class PlanGate:
 
     def reset_counts(self) -> None:
         """Zero the counts :meth:`summary` reports (the estimates are kept)."""
-        self.planned_steps = 0
-        self.skipped_steps = 0
-        self.probe_steps = 0  # planned steps the rule alone would have skipped
-        # per bucket: [planned, skipped, probes, cost samples charged (the host set the period)]
-        self._bucket_counts: dict[int, list[int]] = {}
+        self._bucket_counts: dict[int, BucketCounts] = {}
         self._benefit_decided_ms = 0.0  # sums over decided steps of the estimates the decision read
         self._cost_decided_ms = 0.0
 
@@ -157,23 +163,20 @@ class PlanGate:
             interval = est.probe_interval or self.probe_every
             plan = est.skipped_in_a_row + 1 >= interval
             if plan:  # a probe; if the rule still says skip after it, the next one waits twice as long
-                self.probe_steps += 1
-                counts[2] += 1
+                counts.probes += 1
                 est.probe_interval = min(2 * interval, self.probe_every_max)
         if plan:
             est.skipped_in_a_row = 0
-            self.planned_steps += 1
-            counts[0] += 1
+            counts.planned += 1
         else:
             est.skipped_in_a_row += 1
-            self.skipped_steps += 1
-            counts[1] += 1
+            counts.skipped += 1
         return plan
 
-    def _counts_of(self, bucket: int) -> list[int]:
+    def _counts_of(self, bucket: int) -> BucketCounts:
         counts = self._bucket_counts.get(bucket)
         if counts is None:
-            counts = self._bucket_counts[bucket] = [0, 0, 0, 0]
+            counts = self._bucket_counts[bucket] = BucketCounts()
         return counts
 
     def _mean(self, mean: float, samples: int, value: float) -> float:
@@ -187,7 +190,7 @@ class PlanGate:
         est = self.estimate(bucket)
         charged = waited_ms < self.device_bound_wait_ms
         cost = max(plan_ms, 0.0) if charged else 0.0
-        self._counts_of(bucket)[3] += int(charged)
+        self._counts_of(bucket).charged += int(charged)
         est.cost_samples += 1
         est.cost_ms = self._mean(est.cost_ms, est.cost_samples, cost)
 
@@ -206,19 +209,20 @@ class PlanGate:
         estimates each decision read (ms per step). Per batch bucket decided since then
         (``plan_gate/b<bucket>/...``): its planned, skipped and probe steps, how many of its planner calls were
         charged (the host set the period), and its benefit and cost estimates as they stand."""
-        decided = self.planned_steps + self.skipped_steps
-        out = {"plan_gate/planned_steps": self.planned_steps, "plan_gate/skipped_steps": self.skipped_steps,
-               "plan_gate/probe_steps": self.probe_steps,
+        counts = self._bucket_counts
+        planned = sum(c.planned for c in counts.values())
+        skipped = sum(c.skipped for c in counts.values())
+        decided = planned + skipped
+        out = {"plan_gate/planned_steps": planned, "plan_gate/skipped_steps": skipped,
+               "plan_gate/probe_steps": sum(c.probes for c in counts.values()),
                "plan_gate/benefit_ms_per_step": self._benefit_decided_ms / decided if decided else 0.0,
                "plan_gate/cost_ms_per_step": self._cost_decided_ms / decided if decided else 0.0}
-        for bucket in sorted(self._bucket_counts):
-            planned, skipped, probes, charged = self._bucket_counts[bucket]
-            est = self.buckets[bucket]
-            key = f"plan_gate/b{bucket}/"
-            out.update({key + "planned_steps": planned, key + "skipped_steps": skipped, key + "probe_steps": probes,
-                        key + "charged_costs": charged, key + "benefit_ms_estimate": est.benefit_ms,
-                        key + "cost_ms_estimate": est.cost_ms})
+        for bucket in sorted(counts):
+            c, est, key = counts[bucket], self.buckets[bucket], f"plan_gate/b{bucket}/"
+            out.update({key + "planned_steps": c.planned, key + "skipped_steps": c.skipped,
+                        key + "probe_steps": c.probes, key + "charged_costs": c.charged,
+                        key + "benefit_ms_estimate": est.benefit_ms, key + "cost_ms_estimate": est.cost_ms})
         return out
 
 
-__all__ = ["SKIPPED_REASON", "BucketEstimate", "PlanGate", "backlog_ms", "check_plan_gate_settings"]
+__all__ = ["SKIPPED_REASON", "BucketCounts", "BucketEstimate", "PlanGate", "backlog_ms", "check_plan_gate_settings"]

@@ -1091,7 +1091,8 @@ def _sum_counters(rows: list[dict]) -> dict:
                 values.setdefault(k.split("/", 1)[1], []).append(v)
     out: dict[str, float] = {}
     for name, vs in values.items():
-        additive = (all(isinstance(v, int) for v in vs) or name.endswith(("_total", "_on_predicted", "_on_measured", "_ms"))) \
+        additive = (all(isinstance(v, int) for v in vs)
+                    or name.endswith(("_total", "_on_predicted", "_on_measured", "_ms"))) \
             and not name.endswith("_per_ms") and name not in GAUGE_COUNTERS
         out[name] = sum(vs) if additive else sum(vs) / len(vs)
     if out.get("ceiling_tokens"):
