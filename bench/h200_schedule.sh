@@ -10,6 +10,8 @@
 #   scheduled:  ab=full_vs_scheduled (verify-all vs ragged + service price + depth down to zero) at the same
 #               concurrencies and workloads
 #   estimate:   ab=head_vs_max_prob at the same concurrencies and workloads
+#   online:     ab=scheduled_vs_online_calibration (the scheduled arm against the same arm with the head's
+#               calibration corrected online, engine.online_calibration) at the same concurrencies and workloads
 #   safeguards: ab=target_vs_scheduled (target-only vs DSpark ragged + service price + depth down to zero) at
 #               SAFE_CONCS (default "1 16 128 256")
 #   served:     ab=in_process_vs_served (the engine in process vs behind a launched runners.serve, both verify-all)
@@ -60,7 +62,7 @@ if fl:
           fl.get("ci_high_pct"), fl.get("wilcoxon_p")))
 for arm, c in s["counters"].items():
     keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "plan_gate/", "sched/trim_ratio", "draft_free/",
-                                         "host/", "device/"))] + \
+                                         "host/", "device/", "online_calibration/"))] + \
            ["trimmed_steps", "draft_free_steps", "depth_zero_rows", "decode_steps", "mean_running_batch", "accept_rate"]
     print(arm, s["arms"][arm]["label"], {k: round(c[k], 4) if isinstance(c.get(k), float) else c.get(k) for k in keys})
 print("guards", [(g["name"], g["passed"]) for g in s["guards"]], "prediction", json.dumps(s.get("prediction_health"))[:300])
@@ -72,6 +74,7 @@ for w in ${WORKLOADS:-mixed_chat agentic}; do
     has ragged && run ragged "$w" "$c" "${T_RUN:-300}" ab=full_vs_ragged "+ab.arms.B.engine.service_cost=${SERVICE_COST:-true}" ${B_EXTRA:-}
     has scheduled && run scheduled "$w" "$c" "${T_RUN:-300}" ab=full_vs_scheduled
     has estimate && run estimate "$w" "$c" "${T_RUN:-300}" ab=head_vs_max_prob
+    has online && run online "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_online_calibration
   done
   if has safeguards; then
     for c in ${SAFE_CONCS:-1 16 128 256}; do run safeguards "$w" "$c" "${T_RUN:-300}" ab=target_vs_scheduled; done

@@ -305,6 +305,10 @@ class EngineConfig:
     # Let a speculative engine decode a step target-only (no drafting) when its measured rate at that batch
     # size says drafting does not pay (dspark/draft_free.py); counted as draft_free_steps.
     draft_free_steps: bool = False
+    # Correct the confidence head's calibration in service: a logit offset per block position, refitted every 16
+    # steps from the acceptances the engine observes (dspark/online_calibration.py), so the planner's survival
+    # follows the traffic it serves. Needs a scheduling verify mode and acceptance_estimate=head.
+    online_calibration: bool = False
     force_verify_len: int | None = None  # profiling/debug override of the decision (must be on the ladder)
     force_trimmed_path: bool = False  # profiling: run a forced verify length (even the full block) as a trimmed step
     force_budget_frac: float | None = None  # profiling/debug override (ragged): budget = frac * R * G cells
@@ -362,6 +366,11 @@ class EngineConfig:
         _check(not (self.spec == "off" and self.verify != "full"), "engine.verify",
                f"verify={self.verify!r} schedules drafted tokens but engine.spec=off drafts none; set engine.spec=dspark "
                "or engine.verify=full")
+        _check(not self.online_calibration or (self.verify in ("uniform", "ragged", "cap_accept")
+                                                and self.acceptance_estimate == "head"), "engine.online_calibration",
+               f"corrects the confidence head's survival that the planner reads: it needs engine.verify uniform, "
+               f"ragged or cap_accept and engine.acceptance_estimate=head (got verify={self.verify!r}, "
+               f"acceptance_estimate={self.acceptance_estimate!r}); set it to false")
         _check(self.confidence_calibration is None or self.spec == "dspark", "engine.confidence_calibration",
                "calibrates the drafter's confidence head, and engine.spec=off has no drafter; set it to null")
         if self.tiers is not None:

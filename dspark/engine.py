@@ -223,7 +223,8 @@ class Engine:
                                   max_prefill_tokens=self.cfg.max_num_batched_tokens,
                                   acceptance_estimate=self.cfg.acceptance_estimate,
                                   prefill_stream=self.cfg.cuda_graphs and self.cfg.prefill_stream,
-                                  draft_free_steps=self.cfg.draft_free_steps)
+                                  draft_free_steps=self.cfg.draft_free_steps,
+                                  confidence_offsets=self.cfg.online_calibration and bool(self.block_size))
         self.graph = self.steps if self.cfg.cuda_graphs else None  # the device-resident path
         # engine.acceptance_estimate=draft_max_prob: the online calibration of the drafter's top probabilities. It is
         # calibration, not request state: reset() keeps it, so a run's warm-up trains it for the timed blocks.
@@ -232,6 +233,13 @@ class Engine:
             from dspark.acceptance_estimate import OnlineAcceptanceEstimate
 
             self.acceptance_estimate = OnlineAcceptanceEstimate(self.block_size)
+        # engine.online_calibration: logit offsets on the head's confidence, refitted from observed acceptance
+        # (kept across reset like the other online estimates).
+        self.online_calibration = None
+        if self.block_size and self.cfg.online_calibration:
+            from dspark.online_calibration import OnlineHeadCalibration
+
+            self.online_calibration = OnlineHeadCalibration(self.block_size)
         self._graph_table_lens: dict[int, int] = {}
         self._prefilled: list[Request] = []  # prefilled on the prefill stream, joining the rows next call
         # engine.draft_free_steps: the per-step choice between drafting and a target-only step (kept across reset,
@@ -382,6 +390,8 @@ class Engine:
             c.update(self.plan_gate.summary())
         if self.draft_free is not None:
             c.update(self.draft_free.summary())
+        if self.online_calibration is not None:
+            c.update(self.online_calibration.counters())
         if self._eager_step_ms:
             e = sorted(self._eager_step_ms)
             c["eager_step_ms_median"] = e[len(e) // 2]
@@ -616,6 +626,9 @@ class Engine:
             if self.acceptance_estimate is not None and not free:
                 self._learn_acceptance(steps.max_prob[: len(decodes)].cpu().numpy(),
                                        [G] * len(decodes) if cap else windows, uncapped if cap else accepted)
+            if self.online_calibration is not None and not free:
+                self._learn_calibration(steps.survival[: len(decodes)].cpu().numpy(),
+                                        [G] * len(decodes) if cap else windows, uncapped if cap else accepted)
             self._count_rows(windows, accepted, drafted=not free)
             finished += self._commit_rows([(req, w, k, new) for req, w, (k, _, new) in zip(decodes, windows, results)],
                                           now)
@@ -1040,6 +1053,8 @@ class Engine:
                                    f"{diag}")
             # distinct slots (the slot map) and rows in range (tested above): the planner need not check them again
             self.planner.push_checked_snapshot(slots, snapshot)
+            if self.online_calibration is not None and not free:
+                self._learn_calibration(snapshot, windows, accepted)
         decision = launched.decision
         if decision is not None and decision.trimmed:
             self._counts["trimmed_steps"] += 1
@@ -1068,6 +1083,12 @@ class Engine:
             for rid in gone:
                 self._graph_table_lens.pop(rid, None)
         return finished
+
+    def _learn_calibration(self, survival, windows: list[int], accepted: list[int]) -> None:
+        """Count a committed step's verified rows in the online calibration; after a refit, send the device the new
+        offsets (engine.online_calibration)."""
+        if self.online_calibration.update(survival, windows, accepted):
+            self.steps.set_confidence_offsets(self.online_calibration.offsets)
 
     def _learn_acceptance(self, max_prob, windows: list[int], accepted: list[int]) -> None:
         """Count a committed step's rows in the online acceptance estimate and send the device the new table."""
@@ -1270,6 +1291,8 @@ class Engine:
                 self.planner.reset_slot(slot)
         if self.plan_gate is not None:
             self.plan_gate.reset_counts()  # its estimates persist: a run's warm-up trains them for the timed blocks
+        if self.online_calibration is not None:
+            self.online_calibration.reset_counts()  # its offsets persist, like the gate's estimates
         self._plan_cost = None
         self._free_slots = list(range(self.cfg.max_num_seqs - 1, -1, -1))
         self._slot_of.clear()

@@ -105,7 +105,7 @@ class GraphDecoder:
                  token_buckets: tuple[int, ...] | None = None, min_verify_len: int = 1, window_impl: str = "torch",
                  metadata_impl: str = "torch", max_prefill_tokens: int = 2048, max_prefill_segments: int = 16,
                  acceptance_estimate: str = "head", estimate_bins: int = 10, prefill_stream: bool = False,
-                 draft_free_steps: bool = False):
+                 draft_free_steps: bool = False, confidence_offsets: bool = False):
         self.runner = runner
         self.kernels = runner.kernels
         self.target = runner.target
@@ -142,6 +142,9 @@ class GraphDecoder:
         # engine.acceptance_estimate=draft_max_prob table (block slot x probability bin) of acceptance estimates the
         # host calibrates online (set_estimate_table), a head calibration that weighs it (sts_max_prob), a step trace.
         self.estimate = acceptance_estimate
+        # engine.online_calibration: a logit offset per block slot added to the head's calibrated confidence, refitted
+        # on the host from observed acceptance (set_confidence_offsets); None: the drafter's calibration alone.
+        self.confidence_offsets = torch.zeros(G1, dtype=torch.float32, device=dev) if confidence_offsets else None
         self.max_prob = torch.zeros((S, G1), dtype=torch.float32, device=dev)
         self.trace_max_prob = False  # Engine.start_step_trace: keep max_prob for the trace (eager steps only)
         centres = (torch.arange(estimate_bins, dtype=torch.float32) + 0.5) / estimate_bins
@@ -506,7 +509,7 @@ class GraphDecoder:
             self.confidence_logits[:R].copy_(out.confidence_logits.float())
             # an sts_max_prob calibration weighs the top probabilities (kept above); the drafter raises without them
             conf = self.drafter.calibrated_confidence(out.confidence_logits.float(),
-                                                      self.max_prob[:R] if keep_top else None)
+                                                      self.max_prob[:R] if keep_top else None, self.confidence_offsets)
             surv = prefix_survival(conf)
             self.survival[:R].copy_(torch.where(act[:, None], surv, 0.0))
 
@@ -889,6 +892,13 @@ class GraphDecoder:
         commit with the device at every step."""
         src = torch.as_tensor(table, dtype=torch.float32)
         copy_from_host(self.estimate_table[: src.shape[0]], src)
+
+    def set_confidence_offsets(self, offsets) -> None:
+        """The logit offsets per block slot the next steps add to the head's confidence (engine.online_calibration);
+        queued behind any step in flight, from a fresh pinned buffer on CUDA (as set_estimate_table)."""
+        if self.confidence_offsets is None:
+            raise RuntimeError("this decoder was built without confidence offsets (confidence_offsets=False)")
+        copy_from_host(self.confidence_offsets, torch.as_tensor(offsets, dtype=torch.float32))
 
     def set_table_entries(self, updates: list[tuple[int, int, int]]) -> None:
         """tables[row, col] = page for each (row, col, page): new pages of running requests."""

@@ -41,10 +41,12 @@ def max_prob_logit(max_prob: torch.Tensor, eps: float = MAX_PROB_EPS) -> torch.T
 
 def calibrated_confidence(conf_logits: torch.Tensor, temperatures: torch.Tensor,
                           biases: torch.Tensor | None = None, max_prob: torch.Tensor | None = None,
-                          max_prob_weights: torch.Tensor | None = None) -> torch.Tensor:
-    """sigmoid(z_k / T_k + b_k + w_k * logit(p_k)): conf_logits [B, G], temperatures [G] (positive), biases [G] or
-    None (zeros), max_prob [B, G] (the drafter's top-token probability per slot) and max_prob_weights [G], or
-    None (sts / sts_bias: no max-probability term) -> [B, G] float32.
+                          max_prob_weights: torch.Tensor | None = None,
+                          offsets: torch.Tensor | None = None) -> torch.Tensor:
+    """sigmoid(z_k / T_k + b_k + w_k * logit(p_k) + o_k): conf_logits [B, G], temperatures [G] (positive), biases
+    [G] or None (zeros), max_prob [B, G] (the drafter's top-token probability per slot) and max_prob_weights [G], or
+    None (sts / sts_bias: no max-probability term), offsets [G] or None (zeros: an engine's online correction,
+    dspark/online_calibration.py) -> [B, G] float32.
 
     With ``max_prob_weights`` the max probabilities are required (ValueError without them); without weights a
     given ``max_prob`` is not used. Sync-free (no value checks on device tensors): the calibration is validated
@@ -73,6 +75,10 @@ def calibrated_confidence(conf_logits: torch.Tensor, temperatures: torch.Tensor,
                              f"{tuple(max_prob.shape)}")
         w = max_prob_weights.to(device=conf_logits.device, dtype=torch.float32)
         z = z + w * max_prob_logit(max_prob.to(device=conf_logits.device, dtype=torch.float32))
+    if offsets is not None:
+        if offsets.dim() != 1 or offsets.shape[0] != conf_logits.shape[1]:
+            raise ValueError(f"offsets must be [G={conf_logits.shape[1]}], got shape {tuple(offsets.shape)}")
+        z = z + offsets.to(device=conf_logits.device, dtype=torch.float32)
     return torch.sigmoid(z)
 
 

@@ -1354,7 +1354,8 @@ def arm_did_nothing_guard(arm: str, ecfg: EngineConfig, block_rows: list[dict]) 
                              expects_graphs=ecfg.cuda_graphs and ecfg.device.startswith("cuda"),
                              expects_speculation=ecfg.spec != "off",
                              expects_draft_free=ecfg.draft_free_steps and ecfg.spec != "off",
-                             expects_service_cost=ecfg.service_cost and ecfg.verify != "full")
+                             expects_service_cost=ecfg.service_cost and ecfg.verify != "full",
+                             expects_online_calibration=ecfg.online_calibration)
 
 
 @runner_main("ab")

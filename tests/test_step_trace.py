@@ -181,3 +181,25 @@ def test_the_replay_plans_as_the_engine_did_and_scores_traces_as_they_ran(models
     r = pr.replay_as_traced(full, perfect, table, 0, zero_lag, warmup=1)
     assert r["ragged_emitted_ratio"] == 1.0 and r["ragged_share"] == pytest.approx(1.0)
     assert r["full_tokens_per_step"] == pytest.approx(own["tokens_per_step"])
+
+
+def test_a_shifted_head_costs_the_planner_and_the_online_calibration_wins_it_back():
+    """A calibrated synthetic head made over-confident by 1.5 logits loses replayed gain; the engine's online
+    calibration, learning offsets from the ragged arm's tested drafts, recovers most of it."""
+    rng = np.random.default_rng(5)
+    block = 4
+    seqs = [(None, a) for a in rng.integers(0, block + 1, size=(200, 40))]
+    base = pr.head_quality([(np.ones((40, block)), a) for _, a in seqs], block)["base_rate_per_position"]
+    head = pr.synthetic_survival(seqs, block, pr.separation_for_auc(0.9), base, rng)
+    assert np.allclose(pr.shifted_survival(head[0], 0.0), head[0])
+    config = PlannerConfig(block=block, min_verify_len=0, min_predicted_gain=0.0, temperature_positive=False)
+    table = _table()
+
+    def gain(**kw):
+        return pr.replay(seqs, head, block, table, 128, 150, 0, config, seed=2, **kw)["ragged_gain"]
+
+    calibrated, shifted, corrected = gain(), gain(shift=1.5), gain(shift=1.5, online=True)
+    assert shifted < calibrated - 0.01
+    assert corrected > shifted + 0.5 * (calibrated - shifted)
+    # a lagged budget: lanes that start inside a request size on its rows as traced (shifted), then on history
+    assert pr.replay(seqs, head, block, table, 128, 20, 2, config, seed=2, shift=1.5, online=True)["steps"] == 20

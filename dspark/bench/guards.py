@@ -173,7 +173,7 @@ def _why_no_trim(counters: Mapping[str, Any]) -> str:
 def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Mapping[str, Any], *,
                       expects_trim: bool, expects_graphs: bool, expects_speculation: bool,
                       forces_trim: bool = False, expects_draft_free: bool = False,
-                      expects_service_cost: bool = False) -> GuardResult:
+                      expects_service_cost: bool = False, expects_online_calibration: bool = False) -> GuardResult:
     """Fail when an arm's configured feature could not run, according to the engine's counters.
 
     Counters read: ``trimmed_steps``, ``trim_ratio`` and the planner's decisions
@@ -183,7 +183,8 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
     ``expects_speculation``), ``draft_free_steps`` and the per-bucket choice counts ``draft_free/b<n>/*``
     (when ``expects_draft_free``: the choice must have been made; choosing to draft every step is an
     answer), ``service_cost/extra_steps`` and ``service_cost/floor_steps`` (when ``expects_service_cost``:
-    some step must have been measured), and ``decode_steps`` if reported. A counter the check
+    some step must have been measured), ``online_calibration/refits`` (when ``expects_online_calibration``: the
+    offsets must have been refitted at least once), and ``decode_steps`` if reported. A counter the check
     needs but the engine did not report is itself a failure: absence of evidence is
     not evidence that the feature ran.
 
@@ -216,7 +217,7 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
     measured_drafting = sum(float(v) for k, v in counters.items()
                             if str(k).startswith("draft_free/b") and str(k).endswith("/draft_steps"))
     if draft_free_all:
-        expects_trim = expects_speculation = False
+        expects_trim = expects_speculation = expects_online_calibration = False
         if measured_drafting == 0:
             problems.append("every step ran draft-free, but the choice never measured a drafting step")
     if "decode_steps" in counters and float(counters["decode_steps"]) == 0:
@@ -266,10 +267,16 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
         measured = [need("service_cost/extra_steps"), need("service_cost/floor_steps")]
         if all(m is not None for m in measured) and not any(measured):
             problems.append("engine.service_cost enabled but no committed step was measured for it")
+    if expects_online_calibration:
+        refits = need("online_calibration/refits")
+        if refits == 0:
+            problems.append("engine.online_calibration enabled but its offsets were never refitted (fewer verified "
+                            "steps than one refit needs)")
 
     expectations = {"expects_trim": expects_trim, "expects_graphs": expects_graphs,
                     "expects_speculation": expects_speculation, "forces_trim": forces_trim,
-                    "expects_draft_free": expects_draft_free, "expects_service_cost": expects_service_cost}
+                    "expects_draft_free": expects_draft_free, "expects_service_cost": expects_service_cost,
+                    "expects_online_calibration": expects_online_calibration}
     expected = [k.removeprefix("expects_") for k, v in expectations.items() if v and k.startswith("expects_")]
     if forces_trim:
         expected.append("forced trim")

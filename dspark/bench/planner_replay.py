@@ -146,8 +146,10 @@ class _ArmTally:
         self.trimmed = {"ragged": 0, "uniform": 0}
         self.acc_steps: list[list[int]] = []
 
-    def step(self, fresh: np.ndarray, sizing: np.ndarray, acc: np.ndarray) -> None:
+    def step(self, fresh: np.ndarray, sizing: np.ndarray, acc: np.ndarray) -> np.ndarray:
+        """Score one step on every arm; returns the ragged arm's windows."""
         R, G, table = len(acc), self.block, self.table
+        chosen = np.full(R, G)
         self.acc_steps.append(acc.tolist())
         self.tok["full"] += float((acc + 1).sum())
         self.ms["full"] += table.step_ms(R * (G + 1), R)
@@ -160,6 +162,9 @@ class _ArmTally:
             self.ms[arm] += table.step_ms(int(w.sum()) + R, R, trimmed=bool((w < G).any()))
             self.verified[arm] += int(w.sum())
             self.trimmed[arm] += int(d.trimmed)
+            if arm == "ragged":
+                chosen = w
+        return chosen
 
     def result(self, batch: int, lag: int) -> dict:
         n = len(self.acc_steps)
@@ -196,9 +201,25 @@ class _LagRows:
         return out
 
 
+def shifted_survival(survival: np.ndarray, shift) -> np.ndarray:
+    """Prefix survival [..., G] whose conditional confidences are moved by ``shift`` in logit space (a scalar or
+    one value per position): a head made over-confident (shift > 0) or under-confident (shift < 0)."""
+    c = np.clip(conditional(np.atleast_2d(survival)), 1e-9, 1 - 1e-9)
+    moved = 1.0 / (1.0 + np.exp(-(np.log(c / (1 - c)) + shift)))
+    return np.cumprod(moved, axis=-1).reshape(np.shape(survival))
+
+
 def replay(seqs, survivals, block: int, table: CostTable, batch: int, steps: int, lag: int,
-           config: PlannerConfig, seed: int) -> dict:
-    """Lanes of `batch` requests stepped together; each arm scored on the same acceptances."""
+           config: PlannerConfig, seed: int, shift: float = 0.0, online: bool = False) -> dict:
+    """Lanes of `batch` requests stepped together; each arm scored on the same acceptances. ``shift``: every
+    conditional confidence moved by this much in logit space (a miscalibrated head); ``online``: the engine's
+    online calibration (dspark/online_calibration.py) learns logit offsets from the ragged arm's tested drafts
+    and every later step's survival carries them (the lagged sizing rows as they were when fresh)."""
+    from dspark.online_calibration import OnlineHeadCalibration
+
+    calibration = OnlineHeadCalibration(block) if online else None
+    offsets = np.zeros(block)
+    history: dict[tuple[int, int], np.ndarray] = {}
     rng = np.random.default_rng(seed)
     queue: list[int] = []
 
@@ -212,10 +233,22 @@ def replay(seqs, survivals, block: int, table: CostTable, batch: int, steps: int
     lane_t = [int(rng.integers(len(seqs[r][1]))) for r in lane_req]
     neutral = np.asarray(neutral_survival_row(block))
     tally = _ArmTally(table, config)
+    adjusted = bool(shift) or online
     for _ in range(steps):
         fresh = np.stack([survivals[r][t] for r, t in zip(lane_req, lane_t)])
-        sizing = np.stack([survivals[r][t - lag] if t >= lag else neutral for r, t in zip(lane_req, lane_t)])
-        tally.step(fresh, sizing, np.array([seqs[r][1][t] for r, t in zip(lane_req, lane_t)]))
+        if adjusted:
+            fresh = shifted_survival(fresh, shift + offsets)
+            history.update(((r, t), row) for r, t, row in zip(lane_req, lane_t, fresh))
+            # a lane that starts inside a request has no history before its start: its row as traced, adjusted now
+            sizing = np.stack([(history[(r, t - lag)] if (r, t - lag) in history
+                                else shifted_survival(survivals[r][t - lag], shift + offsets)) if t >= lag else neutral
+                               for r, t in zip(lane_req, lane_t)])
+        else:
+            sizing = np.stack([survivals[r][t - lag] if t >= lag else neutral for r, t in zip(lane_req, lane_t)])
+        acc = np.array([seqs[r][1][t] for r, t in zip(lane_req, lane_t)])
+        windows = tally.step(fresh, sizing, acc)
+        if calibration is not None and calibration.update(fresh, windows.tolist(), np.minimum(acc, windows).tolist()):
+            offsets = calibration.offsets.copy()
         for i in range(batch):  # advance; a finished request hands its lane to the next one
             lane_t[i] += 1
             if lane_t[i] >= len(seqs[lane_req[i]][1]):
@@ -345,6 +378,12 @@ def main(argv: list[str] | None = None) -> dict:
                     help="also replay each trace's own steps as they ran (its batch, its order), scored on its "
                          "full-batch steps after --warmup, as runners.bench_decode times a run")
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--shifts", type=float, nargs="+", default=[0.0],
+                    help="replay each head with its conditional confidences moved by these logits (over-confident "
+                         "> 0, under-confident < 0): what a miscalibrated head costs the planner")
+    ap.add_argument("--online-calibration", action="store_true",
+                    help="also replay each (shifted) head with engine.online_calibration's offsets learnt as the "
+                         "lanes run (dspark/online_calibration.py)")
     ap.add_argument("--first-requests", type=int, nargs="*", default=[None],
                     help="--as-traced on the requests with the N lowest ids only (what a verify=full run of the "
                          "same prompts at batch N serves); several values: one replay each")
@@ -379,17 +418,20 @@ def main(argv: list[str] | None = None) -> dict:
     for name, survivals in heads.items():
         q = head_quality(list(zip(survivals, [a for _, a in seqs])), block)
         per_pos = [v for v in q["auc_conditional_per_position"] if v == v]
-        for batch in args.batches:
-            for lag in args.lags:
-                runs = [replay(seqs, survivals, block, table, batch, args.steps, lag, config, seed)
-                        for seed in range(args.seeds)]
-                row = {"head": name, **{k: (float(np.median([r[k] for r in runs])) if isinstance(runs[0][k], float)
-                                            else runs[0][k]) for k in runs[0]}}
-                row["head_auc_pooled"] = q["auc_conditional_all"]
-                row["head_auc_per_position_mean"] = float(np.mean(per_pos))
-                rows.append(row)
-                print(f"{name:>22} b{batch:<4} lag {lag}: {_summary(row)}  uniform {row['uniform_gain']:+.2%} "
-                      f"(share {row['uniform_share']:.0%})", flush=True)
+        variants = [(shift, online) for shift in args.shifts for online in (False, True)
+                    if args.online_calibration or not online]
+        for batch, lag, (shift, online) in ((b, lg, v) for b in args.batches for lg in args.lags for v in variants):
+            runs = [replay(seqs, survivals, block, table, batch, args.steps, lag, config, seed, shift=shift,
+                           online=online) for seed in range(args.seeds)]
+            label = name + (f" shifted {shift:+g}" if shift else "") + (" + online calibration" if online else "")
+            row = {"head": label, **{k: (float(np.median([r[k] for r in runs])) if isinstance(runs[0][k], float)
+                                         else runs[0][k]) for k in runs[0]}}
+            row["head_auc_pooled"] = q["auc_conditional_all"]
+            row["head_auc_per_position_mean"] = float(np.mean(per_pos))
+            row.update(shift=shift, online_calibration=online)
+            rows.append(row)
+            print(f"{label:>22} b{batch:<4} lag {lag}: {_summary(row)}  uniform {row['uniform_gain']:+.2%} "
+                  f"(share {row['uniform_share']:.0%})", flush=True)
     if args.as_traced:
         for path, n in ((p, n) for p in args.traces for n in args.first_requests):
             trace = first_requests(StepTrace.load(path), n)

@@ -329,12 +329,13 @@ class DSparkDrafter(nn.Module):
         return DraftOutput(torch.stack(tokens, dim=1), torch.stack(logits_all, dim=1) if keep_logits else None,
                            conf_out)
 
-    def calibrated_confidence(self, confidence_logits: torch.Tensor,
-                              max_prob: torch.Tensor | None = None) -> torch.Tensor:
-        """c_k = sigmoid(z_k / T_k + b_k + w_k * logit(p_k)) for confidence_logits [..., gamma] (temperatures from
-        STS, default 1; biases from sts_bias / sts_max_prob, default 0; max-probability weights w_k from
+    def calibrated_confidence(self, confidence_logits: torch.Tensor, max_prob: torch.Tensor | None = None,
+                              offsets: torch.Tensor | None = None) -> torch.Tensor:
+        """c_k = sigmoid(z_k / T_k + b_k + w_k * logit(p_k) + o_k) for confidence_logits [..., gamma] (temperatures
+        from STS, default 1; biases from sts_bias / sts_max_prob, default 0; max-probability weights w_k from
         sts_max_prob). ``max_prob`` [..., gamma]: the drafter's top-token probability per slot, REQUIRED while
-        :attr:`confidence_uses_max_prob` (ValueError without it) and not used otherwise."""
+        :attr:`confidence_uses_max_prob` (ValueError without it) and not used otherwise. ``offsets`` [gamma]: an
+        engine's own logit offsets (engine.online_calibration), None for none; the drafter keeps no such state."""
         from dspark.survival import calibrated_confidence
 
         flat = confidence_logits.reshape(-1, confidence_logits.shape[-1])
@@ -345,7 +346,7 @@ class DSparkDrafter(nn.Module):
                                  "probability of every slot: pass max_prob (the max of its softmax at each slot)")
             weights, top = self.confidence_max_prob_weights, max_prob.reshape(flat.shape)
         return calibrated_confidence(flat, self.confidence_temperatures, self.confidence_biases, top,
-                                     weights).reshape(confidence_logits.shape)
+                                     weights, offsets).reshape(confidence_logits.shape)
 
     @property
     def confidence_calibration_method(self) -> str:
