@@ -292,6 +292,19 @@ def test_report_shows_the_plan_gate_per_bucket(tmp_path):
     assert text.index("| 16 | 4 |") < text.index("| 256 | 5 |")
 
 
+def test_report_shows_the_online_calibration_per_position(tmp_path):
+    summary, blocks, requests = build_experiment()
+    text = write_report(tmp_path / "report0", summary, blocks, requests)["report"].read_text()
+    assert "engine.online_calibration" not in text  # no such counters: no table
+    online = {"online_calibration/refits": 12, "online_calibration/tested": 4000,
+              "online_calibration/offset.1": -0.25, "online_calibration/offset.2": 0.5,
+              "online_calibration/observed_over_predicted.1": 0.91, "online_calibration/observed_over_predicted.2": 1.02}
+    summary["counters"] = {**summary.get("counters", {}), "B": {**summary.get("counters", {}).get("B", {}), **online}}
+    text = re.sub(r" +", " ", write_report(tmp_path / "report1", summary, blocks, requests)["report"].read_text())
+    assert "- arm B, the head's calibration corrected in service (engine.online_calibration): 12 refits over" in text
+    assert "| 1 | -0.25 | 0.91 |" in text and "| 2 | 0.5 | 1.02 |" in text
+
+
 LABELLED_ARMS = {
     "A": {"label": "verify_all", "engine": {"spec": "dspark", "verify": "full", "max_num_seqs": 4,
                                             "kernels": {"fused_layers": True, "l2_prefetch": False}}},

@@ -782,6 +782,22 @@ def plan_gate_rows(summary: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]
     return out
 
 
+def online_calibration_rows(summary: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Per arm with engine.online_calibration, per block position its offset (``online_calibration/offset.<k>``)
+    and observed over predicted acceptance (``online_calibration/observed_over_predicted.<k>``) as rows."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for arm, counters in (summary.get("counters") or {}).items():
+        positions: dict[int, dict[str, Any]] = {}
+        for key, value in counters.items():
+            name, _, k = key.removeprefix("online_calibration/").rpartition(".")
+            if key.startswith("online_calibration/") and name in ("offset", "observed_over_predicted") and k.isdigit():
+                positions.setdefault(int(k), {"position": int(k), "offset": None, "observed_over_predicted": None})[
+                    name] = value
+        if positions:
+            out[arm] = [row for _, row in sorted(positions.items())]
+    return out
+
+
 def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> list[str]:
     from dspark.bench.guards import DECLINE_HINTS
 
@@ -813,6 +829,14 @@ def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> l
                              "cost ms/step"],
                             [[r["bucket"], *("-" if r[f] is None else r[f] for f in PLAN_GATE_FIELDS[:4]),
                               _fmt(r["benefit_ms_estimate"]), _fmt(r["cost_ms_estimate"])] for r in rows])]
+    for arm, rows in online_calibration_rows(summary).items():
+        c = summary["counters"][arm]
+        lines += ["", f"- arm {arm}, the head's calibration corrected in service (engine.online_calibration): "
+                  f"{_fmt(c.get('online_calibration/refits'))} refits over {_fmt(c.get('online_calibration/tested'))} "
+                  "tested drafts; per block position the logit offset it ended with and the tested drafts' observed "
+                  "over predicted acceptance (1: calibrated as the steps saw it):", "",
+                  _markdown(["position", "offset", "observed / predicted"],
+                            [[r["position"], _fmt(r["offset"]), _fmt(r["observed_over_predicted"])] for r in rows])]
     if "cost_table_plot" in paths:
         lines += ["", "The cost table the planner priced each step with (predicted step time against the tokens "
                   "a step sends to the target, per batch size): trimming pays only where the curve rises.", "",
