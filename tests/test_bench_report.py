@@ -298,7 +298,8 @@ def test_report_shows_the_online_calibration_per_position(tmp_path):
     assert "engine.online_calibration" not in text  # no such counters: no table
     online = {"online_calibration/refits": 12, "online_calibration/tested": 4000,
               "online_calibration/offset.1": -0.25, "online_calibration/offset.2": 0.5,
-              "online_calibration/observed_over_predicted.1": 0.91, "online_calibration/observed_over_predicted.2": 1.02}
+              "online_calibration/observed_over_predicted.1": 0.91,
+              "online_calibration/observed_over_predicted.2": 1.02}
     summary["counters"] = {**summary.get("counters", {}), "B": {**summary.get("counters", {}).get("B", {}), **online}}
     text = re.sub(r" +", " ", write_report(tmp_path / "report1", summary, blocks, requests)["report"].read_text())
     assert "- arm B, the head's calibration corrected in service (engine.online_calibration): 12 refits over" in text
