@@ -25,6 +25,9 @@
 # finish phase then evaluates the starting drafter on the same held-out prompts as the baseline
 # of the paired comparison (instead of the DFlash ablation, which would not have the same steps).
 #
+# A deeper drafter from the shipped one: GROW_LAYERS=N (with INIT_FROM) trains N draft layers, the starting
+# drafter's in the first ones and the rest starting as identities (runners.train_drafter init_grow_layers).
+#
 # SOURCES (default the seven training sources, as a Hydra list "[a,b,...]"): the data's prompt sources, e.g.
 # "[poetry,arena_hard,hard_questions]" to spend a data budget on the workloads a drafter lags on.
 #
@@ -169,11 +172,12 @@ if has train; then
     train.max_len=${MAX_LEN:-2048} train.bucket_batches=${BUCKET:-16} train.warmup_steps=$(( STEPS / 20 + 1 ))
     train.save_every=500 train.keep_last=1
     train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=32
-    ${LR:+train.lr=$LR} ${ANCHORS:+train.anchors_per_seq=$ANCHORS}"
+    ${LR:+train.lr=$LR} ${ANCHORS:+train.anchors_per_seq=$ANCHORS} ${GROW_LAYERS:+drafter_arch.num_layers=$GROW_LAYERS}"
   k=0; pids=()
   for style in $STYLES; do
     resume=false; ls -d "$WORK/run_$style"/checkpoint-* >/dev/null 2>&1 && resume=true
-    init=""; [[ $style == dspark && -n "$INIT_FROM" ]] && init="init_from=$INIT_FROM"
+    init=""
+    [[ $style == dspark && -n "$INIT_FROM" ]] && init="init_from=$INIT_FROM${GROW_LAYERS:+ init_grow_layers=true}"
     CUDA_VISIBLE_DEVICES=$(gpu $k) python3 -m runners.train_drafter $common style=$style resume=$resume $init \
       train.output_dir="$WORK/run_$style" hydra.run.dir="$WORK/hydra/train_$style" > "$WORK/train_$style.log" 2>&1 &
     pids+=($!); k=$((k + 1))

@@ -15,6 +15,7 @@ seeded part of the data out of training for ``runners.calibrate`` (same fraction
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
@@ -32,6 +33,8 @@ from runners.hydra_main import runner_main
 from runners.schema import ModelSchema
 
 STYLES = ("dspark", "dflash")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -117,6 +120,10 @@ class TrainDrafterSchema:
     # start from these drafter weights, a folder or builtin:NAME, of the same architecture (fresh optimizer and
     # schedule); ignored with resume=true
     init_from: Optional[str] = None
+    # with init_from: a deeper drafter (drafter_arch.num_layers above the checkpoint's, all else equal) starts from the
+    # checkpoint's weights with its extra layers appended as identities (their attention and MLP output projections
+    # zero), so it starts as the checkpoint's function; false: the architectures must be identical
+    init_grow_layers: bool = False
     # stop with a checkpoint at this step, before train.max_steps (resume=true continues); null: train.max_steps
     stop_at_step: Optional[int] = None
 
@@ -163,17 +170,33 @@ def load_target_and_tokenizer(cfg: Any):
     return target, tokenizer
 
 
-def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel) -> None:
-    """Copy a saved drafter's weights into ``drafter``; the architectures must be identical."""
+def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_layers: bool = False) -> None:
+    """Copy a saved drafter's weights into ``drafter``; the architectures must be identical, or with
+    ``grow_layers`` differ only in ``drafter`` having more layers: the checkpoint's layers fill the first ones and
+    each extra layer starts as an identity on the residual stream (attention and MLP output projections zero,
+    the rest as initialised), so the grown drafter computes what the checkpoint did."""
     from runners.common import resolve_drafter_path
 
     source = DSparkDrafter.load(resolve_drafter_path(path, key="init_from"), target.cfg, device="cpu", dtype=torch.float32)
     want, got = drafter.cfg.to_dict(), source.cfg.to_dict()
     diff = {k: (got.get(k), want.get(k)) for k in set(want) | set(got) if want.get(k) != got.get(k)}
-    if diff:
+    grows = grow_layers and set(diff) == {"num_layers"} and want["num_layers"] > got["num_layers"]
+    if diff and not grows:
+        hint = (" (init_grow_layers=true grows only num_layers, to more layers than the checkpoint's)" if grow_layers
+                else "")
         raise ConfigError(f"init_from={path!r}: its architecture differs from drafter_arch/style "
-                          f"(key: (checkpoint, configured)): {diff}")
-    drafter.load_state_dict(source.state_dict())
+                          f"(key: (checkpoint, configured)): {diff}{hint}")
+    if not grows:
+        drafter.load_state_dict(source.state_dict())
+        return
+    state = drafter.state_dict()
+    state.update(source.state_dict())  # every tensor of the checkpoint, its layers as the first ones
+    for i in range(got["num_layers"], want["num_layers"]):
+        state[f"layers.{i}.self_attn.o_proj.weight"].zero_()
+        state[f"layers.{i}.mlp.down_proj.weight"].zero_()
+    drafter.load_state_dict(state)
+    log.info("init_from=%s: grown from %d to %d layers (the extra layers start as identities)", path,
+             got["num_layers"], want["num_layers"])
 
 
 def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
@@ -192,8 +215,9 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     drafter = DSparkDrafter(target.cfg, drafter_cfg)
     init_from = cfg.get("init_from")
     if init_from and not cfg.resume:
-        init_weights(drafter, init_from, target)
-    extra = {"init_from": init_from, "style": cfg.style, "data": str(cfg.data), "data_holdout_fraction": float(cfg.data_holdout_fraction),
+        init_weights(drafter, init_from, target, grow_layers=bool(cfg.get("init_grow_layers", False)))
+    extra = {"init_from": init_from, "init_grow_layers": bool(cfg.get("init_grow_layers", False)),
+             "style": cfg.style, "data": str(cfg.data), "data_holdout_fraction": float(cfg.data_holdout_fraction),
              "data_holdout_seed": int(cfg.data_holdout_seed)}
     trainer = DrafterTrainer(target, drafter, dataset, train_cfg, extra_state=extra)
     resumed_from = None

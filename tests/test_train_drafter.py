@@ -611,6 +611,42 @@ def test_init_from_copies_weights_and_refuses_another_architecture(tmp_path, tar
         init_weights(other, str(tmp_path / "src"), target)
 
 
+def test_init_grow_layers_starts_a_deeper_drafter_as_the_checkpoint(tmp_path, target):
+    """A two-layer drafter grown from a one-layer checkpoint drafts what the checkpoint drafts (the same accepted
+    tokens and confidence in an engine run) while its extra layer has weights to train; growth is refused without
+    the switch, towards fewer layers, and with any other difference."""
+    from dspark.config import SamplingParams
+    from dspark.engine import Engine
+    from runners.train_drafter import init_weights
+    from test_engine_lossless import prompts_for
+    from tiny import tiny_engine_config
+
+    source = tiny_drafter(target, seed=0, block_size=4)
+    source.save(tmp_path / "src")
+    deeper = tiny_drafter(target, seed=1, block_size=4, num_layers=2)
+    with pytest.raises(ConfigError, match="num_layers"):
+        init_weights(deeper, str(tmp_path / "src"), target)
+    init_weights(deeper, str(tmp_path / "src"), target, grow_layers=True)
+    grown = deeper.state_dict()
+    assert not grown["layers.1.self_attn.o_proj.weight"].any() and not grown["layers.1.mlp.down_proj.weight"].any()
+    assert grown["layers.1.self_attn.q_proj.weight"].abs().sum() > 0  # trainable from its initialisation
+
+    def drafted(drafter):
+        eng = Engine(target, None, tiny_engine_config(), drafter)
+        eng.generate(prompts_for(7, 3), SamplingParams(max_tokens=16, ignore_eos=True))
+        c = eng.counters()
+        return c["accepted_tokens"], c["decode_steps"], eng.steps.survival[:3].clone()
+
+    (acc_a, steps_a, surv_a), (acc_b, steps_b, surv_b) = drafted(source), drafted(deeper)
+    assert (acc_a, steps_a) == (acc_b, steps_b)
+    assert torch.allclose(surv_a, surv_b, atol=1e-5)
+    deeper.save(tmp_path / "deep")
+    with pytest.raises(ConfigError, match="init_grow_layers=true grows only num_layers"):
+        init_weights(tiny_drafter(target, block_size=4), str(tmp_path / "deep"), target, grow_layers=True)
+    with pytest.raises(ConfigError, match="block_size"):
+        init_weights(tiny_drafter(target, block_size=5, num_layers=2), str(tmp_path / "src"), target, grow_layers=True)
+
+
 @pytest.mark.parametrize("sources, warned", [(["hard_questions", "tool_calls"], False), (["agentic"], True)])
 def test_calibration_data_from_an_eval_split_is_warned_of_only_when_a_benchmark_draws_from_it(tmp_path, capsys,
                                                                                               sources, warned):
