@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from dspark.acceptance_estimate import OnlineAcceptanceEstimate, estimated_confidence
-from dspark.config import ConfigError, SamplingParams
+from dspark.config import ConfigError
 from dspark.engine import Engine
-from test_engine_lossless import prompts_for, run
-from test_engine_scheduling import steep_table
+from test_engine_scheduling import scheduled_and_target_only
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
 
@@ -59,15 +58,8 @@ def test_a_headless_drafter_needs_the_estimate_to_schedule(headless, tmp_path):
 @pytest.mark.parametrize("graphs", [False, True])
 def test_scheduling_on_the_estimate_is_lossless_and_trims(headless, tmp_path, graphs):
     target, drafter = headless
-    kw = dict(cuda_graphs=True, overlap=True, budget_lag=2) if graphs else {}
-    probe = Engine(target, None, tiny_engine_config(**kw), drafter)  # the table's step path is the engine's
-    table = steep_table(probe, tmp_path / "table.json")
-    prompts = prompts_for(33, 6)
-    sp = SamplingParams(max_tokens=24, ignore_eos=True)
-    base = run(target, None, prompts, sp)
-    eng = Engine(target, None, tiny_engine_config(verify="ragged", cost_table=table, acceptance_estimate="draft_max_prob",
-                                                  **kw), drafter)
-    out = eng.generate(prompts, sp)
+    eng, out, base = scheduled_and_target_only(target, drafter, tmp_path, graphs, seed=33, max_tokens=24,
+                                               acceptance_estimate="draft_max_prob")
     assert [o.token_ids for o in out] == [b.token_ids for b in base]
     assert eng.counters()["trimmed_steps"] > 0
     est = eng.acceptance_estimate

@@ -21,6 +21,19 @@ def steep_table(engine: Engine, path) -> str:
     return str(path)
 
 
+def scheduled_and_target_only(target, drafter, tmp_path, graphs: bool, seed: int, max_tokens: int, **engine_kw):
+    """(a ragged engine on a steep table with ``engine_kw``, its greedy outputs on 6 prompts, target-only's outputs
+    on them): eager, or device-resident with overlap (budget lag 2) when ``graphs``."""
+    kw = dict(cuda_graphs=True, overlap=True, budget_lag=2) if graphs else {}
+    probe = Engine(target, None, tiny_engine_config(**kw), drafter)  # the table's step path is the engine's
+    table = steep_table(probe, tmp_path / "table.json")
+    prompts = prompts_for(seed, 6)
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    base = run(target, None, prompts, sp)
+    eng = Engine(target, None, tiny_engine_config(verify="ragged", cost_table=table, **engine_kw, **kw), drafter)
+    return eng, eng.generate(prompts, sp), base
+
+
 def device_step_models_and_table(tmp_path, overlap: bool):
     """(target, drafter, budget_lag, steep table path) for device-resident scheduling tests: tiny models with a
     block of 4, the smallest budget lag the captured path accepts, and a table profiled on their fingerprint."""

@@ -7,12 +7,11 @@ import pytest
 import torch
 
 from dspark.bench.guards import did_nothing_guard
-from dspark.config import ConfigError, SamplingParams
+from dspark.config import ConfigError
 from dspark.engine import Engine
 from dspark.online_calibration import OnlineHeadCalibration
 from dspark.survival import calibrated_confidence
-from test_engine_lossless import prompts_for, run
-from test_engine_scheduling import steep_table
+from test_engine_scheduling import scheduled_and_target_only
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
 
@@ -120,24 +119,17 @@ def test_an_engine_learns_offsets_while_scheduling_losslessly(models, tmp_path, 
         return plain_confidence(z, max_prob, offsets)
 
     monkeypatch.setattr(drafter, "calibrated_confidence", spy)
-    kw = dict(cuda_graphs=True, overlap=True, budget_lag=2) if graphs else {}
-    probe = Engine(target, None, tiny_engine_config(**kw), drafter)  # the table's step path is the engine's
-    table = steep_table(probe, tmp_path / "table.json")
-    prompts = prompts_for(43, 6)
-    sp = SamplingParams(max_tokens=40, ignore_eos=True)
-    base = run(target, None, prompts, sp)
-    eng = Engine(target, None, tiny_engine_config(verify="ragged", cost_table=table, online_calibration=True, **kw),
-                 drafter)
-    given.clear()
-    out = eng.generate(prompts, sp)
+    eng, out, base = scheduled_and_target_only(target, drafter, tmp_path, graphs, seed=43, max_tokens=40,
+                                               online_calibration=True)
     assert [o.token_ids for o in out] == [b.token_ids for b in base]
     c = eng.counters()
     assert c["online_calibration/refits"] > 0 and c["online_calibration/tested"] > 0
     cal = eng.online_calibration
     assert np.abs(cal.offsets).max() > 0  # a tiny random head is far from calibrated
     assert torch.allclose(eng.steps.confidence_offsets.cpu(), torch.tensor(cal.offsets, dtype=torch.float32))
-    assert given and all(o is eng.steps.confidence_offsets for o in given)
+    offsets = eng.steps.confidence_offsets
+    assert given and all(o is offsets for o in given)  # (the table's probe and target-only draft nothing)
     # Without the option the decoder keeps no offsets and the engine reports no such counters.
-    plain = Engine(target, None, tiny_engine_config(verify="ragged", cost_table=table, **kw), drafter)
+    plain = Engine(target, None, tiny_engine_config(verify="ragged"), drafter)
     assert plain.steps.confidence_offsets is None and plain.online_calibration is None
     assert not any(k.startswith("online_calibration/") for k in plain.counters())
