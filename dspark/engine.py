@@ -704,8 +704,8 @@ class Engine:
         raw = self.steps.confidence_logits[:n].clone()  # the buffers are the next step's too
         top = self.steps.max_prob[:n].clone()
         # the survival the planner read, recomputed on the host from the raw logits (and, for an sts_max_prob
-        # calibration, the max probabilities)
-        survival = prefix_survival(self.drafter.calibrated_confidence(raw, top))
+        # calibration, the max probabilities; with engine.online_calibration, the offsets this step drafted with)
+        survival = prefix_survival(self.drafter.calibrated_confidence(raw, top, self.steps.confidence_offsets))
         self.step_trace.record([r.req_id for r in decodes], survival.cpu().numpy(), windows,
                                [int(k) for k in accepted], confidence_logits=raw.cpu().numpy(),
                                draft_max_prob=top.cpu().numpy())

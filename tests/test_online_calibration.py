@@ -7,10 +7,11 @@ import pytest
 import torch
 
 from dspark.bench.guards import did_nothing_guard
-from dspark.config import ConfigError
+from dspark.config import ConfigError, SamplingParams
 from dspark.engine import Engine
 from dspark.online_calibration import OnlineHeadCalibration
 from dspark.survival import calibrated_confidence
+from test_engine_lossless import prompts_for
 from test_engine_scheduling import scheduled_and_target_only
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
@@ -133,3 +134,21 @@ def test_an_engine_learns_offsets_while_scheduling_losslessly(models, tmp_path, 
     plain = Engine(target, None, tiny_engine_config(verify="ragged"), drafter)
     assert plain.steps.confidence_offsets is None and plain.online_calibration is None
     assert not any(k.startswith("online_calibration/") for k in plain.counters())
+
+
+def test_a_step_trace_records_the_survival_with_the_offsets_it_drafted_with(models, tmp_path):
+    """An eager engine with the correction on traces, at every step, the survival its planner read: the head's
+    calibrated confidence with the offsets of that step (the last step's rows are still in the decoder's buffer)."""
+    target, drafter = models
+    eng, _, _ = scheduled_and_target_only(target, drafter, tmp_path, False, seed=44, max_tokens=4,
+                                          online_calibration=True)
+    eng.online_calibration.offsets[:] = [0.5, -0.5, 1.0, -1.0]
+    eng.steps.set_confidence_offsets(eng.online_calibration.offsets)
+    eng.online_calibration.refit_every = 10 ** 6  # the offsets stay as set for the traced steps
+    trace = eng.start_step_trace()
+    eng.generate(prompts_for(45, 3), SamplingParams(max_tokens=12, ignore_eos=True))
+    last = trace.survival[-1]
+    rows = len(last)
+    np.testing.assert_allclose(last, eng.steps.survival[:rows].cpu().numpy(), atol=1e-6)
+    plain = np.cumprod(drafter.calibrated_confidence(torch.from_numpy(trace.confidence_logits[-1])).numpy(), axis=-1)
+    assert np.abs(plain - last).max() > 1e-3  # the offsets moved it
