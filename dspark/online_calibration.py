@@ -26,7 +26,10 @@ import numpy as np
 
 
 class OnlineHeadCalibration:
-    """Per-position logit offsets on the head's calibrated confidence, refitted from observed acceptance."""
+    """Per-position logit offsets on the head's calibrated confidence, refitted from observed acceptance.
+
+    A step's rows are queued (a copy of the survival, windows and accepted counts: a few microseconds on the
+    host's commit) and counted together when a refit or the counters need them."""
 
     def __init__(self, block_size: int, refit_every: int = 16, max_step: float = 0.5, max_offset: float = 3.0):
         if block_size < 1 or refit_every < 1 or max_step <= 0 or max_offset <= 0:
@@ -40,47 +43,81 @@ class OnlineHeadCalibration:
         self._grad = np.zeros(self.block_size)
         self._curv = np.zeros(self.block_size)
         self._steps = 0  # steps counted since the last refit
-        self.reset_counts()
+        self._queued: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.refits = 0
+        self._tested = np.zeros(self.block_size, dtype=np.int64)  # tested positions counted since reset_counts
+        self._accepted = np.zeros(self.block_size, dtype=np.int64)
+        self._predicted = np.zeros(self.block_size)  # their summed conditional confidence, as the steps saw it
 
     def reset_counts(self) -> None:
         """Start the counts the counters report (refits, tested positions); the offsets and the sums towards the
         next refit stay (an engine's reset between a run's blocks)."""
+        self._count_queued()
         self.refits = 0
-        self.tested = np.zeros(self.block_size, dtype=np.int64)  # tested positions counted since reset_counts
-        self.accepted = np.zeros(self.block_size, dtype=np.int64)
-        self.predicted = np.zeros(self.block_size)  # their summed conditional confidence, as the steps saw it
+        self._tested[:] = 0
+        self._accepted[:] = 0
+        self._predicted[:] = 0.0
+
+    @property
+    def tested(self) -> np.ndarray:
+        """Tested positions per block position since :meth:`reset_counts`."""
+        self._count_queued()
+        return self._tested
+
+    @property
+    def accepted(self) -> np.ndarray:
+        """Accepted tested positions per block position since :meth:`reset_counts`."""
+        self._count_queued()
+        return self._accepted
+
+    @property
+    def predicted(self) -> np.ndarray:
+        """The tested positions' summed conditional confidence per block position since :meth:`reset_counts`."""
+        self._count_queued()
+        return self._predicted
 
     def update(self, survival: np.ndarray, windows, accepted) -> bool:
         """Count one committed step: ``survival`` [rows, G] (the prefix survival each verified row's window was
-        planned on), its ``windows`` and ``accepted`` drafts per row. Returns True when this step completed a
-        refit and :attr:`offsets` changed."""
-        surv = np.asarray(survival, dtype=np.float64)
+        planned on; copied, so the caller may reuse its buffer), its ``windows`` and ``accepted`` drafts per row.
+        Returns True when this step completed a refit and :attr:`offsets` changed."""
         G = self.block_size
-        if surv.ndim != 2 or surv.shape[1] != G or surv.shape[0] != len(windows) or len(windows) != len(accepted):
+        shape = np.shape(survival)
+        if len(shape) != 2 or shape[1] != G or shape[0] != len(windows) or len(windows) != len(accepted):
             raise ValueError(f"survival must be [rows, {G}] with one window and one accepted count per row, got "
-                             f"{surv.shape}, {len(windows)} windows, {len(accepted)} accepted")
-        if surv.shape[0]:
-            prev = np.concatenate([np.ones((surv.shape[0], 1)), surv[:, :-1]], axis=1)
-            k = np.arange(1, G + 1)[None, :]
-            acc = np.asarray(accepted, dtype=np.int64)[:, None]
-            # tested positions whose conditional is defined (a survival of 0 before them says nothing)
-            tested = (k <= np.asarray(windows, dtype=np.int64)[:, None]) & (k <= acc + 1) & (prev > 0)
-            cond = np.clip(np.divide(surv, prev, out=np.zeros_like(surv), where=prev > 0), 0.0, 1.0)
-            y = (k <= acc) & tested
-            c = np.where(tested, cond, 0.0)
-            self._grad += y.sum(axis=0) - c.sum(axis=0)
-            self._curv += (c * (1.0 - c)).sum(axis=0)
-            self.tested += tested.sum(axis=0)
-            self.accepted += y.sum(axis=0)
-            self.predicted += c.sum(axis=0)
+                             f"{shape}, {len(windows)} windows, {len(accepted)} accepted")
+        if shape[0]:
+            self._queued.append((np.array(survival, dtype=np.float32), np.asarray(windows, dtype=np.int64),
+                                 np.asarray(accepted, dtype=np.int64)))
         self._steps += 1
         if self._steps < self.refit_every:
             return False
+        self._count_queued()
         moved = self._refit()
         self._grad[:] = 0.0
         self._curv[:] = 0.0
         self._steps = 0
         return moved
+
+    def _count_queued(self) -> None:
+        """Add the queued steps' tested positions to the refit's sums and to the counts."""
+        if not self._queued:
+            return
+        queued, self._queued = self._queued, []
+        surv = np.concatenate([q[0] for q in queued]).astype(np.float64)
+        windows = np.concatenate([q[1] for q in queued])[:, None]
+        acc = np.concatenate([q[2] for q in queued])[:, None]
+        prev = np.concatenate([np.ones((surv.shape[0], 1)), surv[:, :-1]], axis=1)
+        k = np.arange(1, self.block_size + 1)[None, :]
+        # tested positions whose conditional is defined (a survival of 0 before them says nothing)
+        tested = (k <= windows) & (k <= acc + 1) & (prev > 0)
+        cond = np.clip(np.divide(surv, prev, out=np.zeros_like(surv), where=prev > 0), 0.0, 1.0)
+        y = (k <= acc) & tested
+        c = np.where(tested, cond, 0.0)
+        self._grad += y.sum(axis=0) - c.sum(axis=0)
+        self._curv += (c * (1.0 - c)).sum(axis=0)
+        self._tested += tested.sum(axis=0)
+        self._accepted += y.sum(axis=0)
+        self._predicted += c.sum(axis=0)
 
     def _refit(self) -> bool:
         """One Newton step per position with curvature (no tested rows: that position's offset stays)."""
