@@ -24,6 +24,25 @@ import torch
 ESTIMATES = ("head", "draft_max_prob")
 
 
+def verified_outcomes(windows, accepted, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tested, hit), bool [rows, block_size], of verified rows with these ``windows`` and ``accepted`` drafts: slot
+    j (0-based) is tested when every earlier draft was accepted and j is inside the window (j < min(accepted + 1,
+    window)), and a hit when it was accepted (j < accepted). Slots past the window, or after a rejection, are
+    untested."""
+    w = np.asarray(windows, dtype=np.int64)[:, None]
+    k = np.asarray(accepted, dtype=np.int64)[:, None]
+    slot = np.arange(block_size)[None, :]
+    return slot < np.minimum(k + 1, w), slot < k
+
+
+def conditional_confidence(survival: np.ndarray) -> np.ndarray:
+    """Per-position conditional confidence c_k = S_k / S_{k-1} from prefix survival S [rows, G] (S_0 = 1); 0 where
+    S_{k-1} is 0."""
+    survival = np.asarray(survival, dtype=np.float64)
+    prev = np.concatenate([np.ones((survival.shape[0], 1)), survival[:, :-1]], axis=1)
+    return np.divide(survival, prev, out=np.zeros_like(survival), where=prev > 0)
+
+
 class OnlineAcceptanceEstimate:
     """Per (block slot, max-probability bin) counts of tested and accepted drafts, and the table of
     conditional acceptance estimates they give."""
@@ -49,13 +68,9 @@ class OnlineAcceptanceEstimate:
         max_prob = np.asarray(max_prob, dtype=np.float64)
         if max_prob.ndim != 2 or max_prob.shape[1] != self.block_size:
             raise ValueError(f"max_prob must be [rows, {self.block_size}], got {max_prob.shape}")
-        w = np.asarray(windows, dtype=np.int64)[:, None]
-        k = np.asarray(accepted, dtype=np.int64)[:, None]
-        slot = np.arange(self.block_size)[None, :]
-        tested = slot < np.minimum(k + 1, w)  # accepted slots, and the first rejected one when inside the window
-        hit = slot < k
+        tested, hit = verified_outcomes(windows, accepted, self.block_size)
         b = self.bins(max_prob)
-        rows_slots = np.broadcast_to(slot, b.shape)
+        rows_slots = np.broadcast_to(np.arange(self.block_size)[None, :], b.shape)
         np.add.at(self.tested, (rows_slots[tested], b[tested]), 1.0)
         np.add.at(self.accepted, (rows_slots[hit], b[hit]), 1.0)
 

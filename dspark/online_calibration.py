@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from dspark.acceptance_estimate import conditional_confidence, verified_outcomes
+
 
 class OnlineHeadCalibration:
     """Per-position logit offsets on the head's calibrated confidence, refitted from observed acceptance.
@@ -104,15 +106,12 @@ class OnlineHeadCalibration:
             return
         queued, self._queued = self._queued, []
         surv = np.concatenate([q[0] for q in queued]).astype(np.float64)
-        windows = np.concatenate([q[1] for q in queued])[:, None]
-        acc = np.concatenate([q[2] for q in queued])[:, None]
-        prev = np.concatenate([np.ones((surv.shape[0], 1)), surv[:, :-1]], axis=1)
-        k = np.arange(1, self.block_size + 1)[None, :]
+        tested, hit = verified_outcomes(np.concatenate([q[1] for q in queued]), np.concatenate([q[2] for q in queued]),
+                                        self.block_size)
         # tested positions whose conditional is defined (a survival of 0 before them says nothing)
-        tested = (k <= windows) & (k <= acc + 1) & (prev > 0)
-        cond = np.clip(np.divide(surv, prev, out=np.zeros_like(surv), where=prev > 0), 0.0, 1.0)
-        y = (k <= acc) & tested
-        c = np.where(tested, cond, 0.0)
+        tested &= np.concatenate([np.ones((surv.shape[0], 1), dtype=bool), surv[:, :-1] > 0], axis=1)
+        y = hit & tested
+        c = np.where(tested, np.clip(conditional_confidence(surv), 0.0, 1.0), 0.0)
         self._grad += y.sum(axis=0) - c.sum(axis=0)
         self._curv += (c * (1.0 - c)).sum(axis=0)
         self._tested += tested.sum(axis=0)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark.acceptance_estimate import conditional_confidence, verified_outcomes
 from dspark.cost_table import CostTable
 from dspark.planner import PlannerConfig, oracle_bound, plan_budget
 from dspark.step_trace import StepTrace, full_block_requests
@@ -71,18 +72,11 @@ def sequences(paths: list[str], with_logits: bool = False) -> tuple[int, list[tu
                       if with_logits else ()) for seq in seqs]
 
 
-def conditional(survival: np.ndarray) -> np.ndarray:
-    """Per-position confidence c_k = a_k / a_{k-1} from prefix survival [N, G]."""
-    prev = np.concatenate([np.ones((survival.shape[0], 1)), survival[:, :-1]], axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(prev > 0, survival / np.where(prev > 0, prev, 1.0), 0.0)
-
-
 def observed(accepted: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """(mask [N, G] of positions whose conditional outcome is observed, outcome [N, G]): position k (1-based)
-    is observed when every earlier one was accepted (k <= accepted + 1); accepted iff k <= accepted."""
-    k = np.arange(1, block + 1)[None, :]
-    return k <= accepted[:, None] + 1, k <= accepted[:, None]
+    """(mask [N, G] of positions whose conditional outcome is observed, outcome [N, G]) of whole-block
+    verification: position k (1-based) is observed when every earlier one was accepted (k <= accepted + 1);
+    accepted iff k <= accepted."""
+    return verified_outcomes(np.full(len(accepted), block), accepted, block)
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -109,7 +103,7 @@ def head_quality(seqs, block: int) -> dict:
     surv = np.concatenate([s for s, _ in seqs])
     acc = np.concatenate([a for _, a in seqs])
     mask, y = observed(acc, block)
-    c = conditional(surv)
+    c = conditional_confidence(surv)
     per_pos = [auc(c[mask[:, k], k], y[mask[:, k], k]) for k in range(block)]
     return {"rows": int(len(acc)), "accept_length": float(acc.mean() + 1),
             "auc_conditional_all": auc(c[mask], y[mask]), "auc_conditional_per_position": per_pos,
@@ -204,7 +198,7 @@ class _LagRows:
 def shifted_survival(survival: np.ndarray, shift) -> np.ndarray:
     """Prefix survival [..., G] whose conditional confidences are moved by ``shift`` in logit space (a scalar or
     one value per position): a head made over-confident (shift > 0) or under-confident (shift < 0)."""
-    c = np.clip(conditional(np.atleast_2d(survival)), 1e-9, 1 - 1e-9)
+    c = np.clip(conditional_confidence(np.atleast_2d(survival)), 1e-9, 1 - 1e-9)
     moved = 1.0 / (1.0 + np.exp(-(np.log(c / (1 - c)) + shift)))
     return np.cumprod(moved, axis=-1).reshape(np.shape(survival))
 
@@ -247,7 +241,7 @@ def replay(seqs, survivals, block: int, table: CostTable, batch: int, steps: int
             sizing = np.stack([survivals[r][t - lag] if t >= lag else neutral for r, t in zip(lane_req, lane_t)])
         acc = np.array([seqs[r][1][t] for r, t in zip(lane_req, lane_t)])
         windows = tally.step(fresh, sizing, acc)
-        if calibration is not None and calibration.update(fresh, windows.tolist(), np.minimum(acc, windows).tolist()):
+        if calibration is not None and calibration.update(fresh, windows, np.minimum(acc, windows)):
             offsets = calibration.offsets.copy()
         for i in range(batch):  # advance; a finished request hands its lane to the next one
             lane_t[i] += 1
