@@ -213,10 +213,10 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
                           f"resume=true to continue that run or choose another train.output_dir")
     torch.manual_seed(train_cfg.seed)
     drafter = DSparkDrafter(target.cfg, drafter_cfg)
-    init_from = cfg.get("init_from")
+    init_from, grow = cfg.get("init_from"), bool(cfg.get("init_grow_layers", False))
     if init_from and not cfg.resume:
-        init_weights(drafter, init_from, target, grow_layers=bool(cfg.get("init_grow_layers", False)))
-    extra = {"init_from": init_from, "init_grow_layers": bool(cfg.get("init_grow_layers", False)),
+        init_weights(drafter, init_from, target, grow_layers=grow)
+    extra = {"init_from": init_from, "init_grow_layers": grow,
              "style": cfg.style, "data": str(cfg.data), "data_holdout_fraction": float(cfg.data_holdout_fraction),
              "data_holdout_seed": int(cfg.data_holdout_seed)}
     trainer = DrafterTrainer(target, drafter, dataset, train_cfg, extra_state=extra)
