@@ -11,7 +11,9 @@ Both arms run in this process over the same requests and seeds, in an order sche
 folder: requests.parquet, blocks.csv and requests/block<N>_<arm>.parquet (written after every
 arm-block, so a crash keeps the finished blocks), summary.json, report.md with plots, and offline
 W&B runs. SIGINT or SIGTERM during the timed blocks ends the run with the summary and report of the
-completed blocks, marked ``interrupted`` (exit 130 / 143). A multirun
+completed blocks, marked ``interrupted`` (exit 130 / 143); during the greedy replicas, the lossless control or
+the reference guards after the last block, it ends the run with the statistics of every block and those guards
+not judged, marked the same way. A multirun
 also gets sweep_summary.{md,csv} + sweep_gain.png in the sweep folder
 (:class:`runners.callbacks.SweepSummaryCallback`); ``python -m runners.report FOLDER``
 re-renders either kind of report later. In a multirun a job whose guards fail does not stop the
@@ -765,12 +767,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
             _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
                         blocks_csv, gc_pauses, compiles, http_arms, http_requests, texts)
         except (KeyboardInterrupt, RunInterrupted) as exc:
-            name = exc.signal_name if isinstance(exc, RunInterrupted) else "SIGINT"
-            interrupted = {"signal": name, "completed_arm_blocks": len(block_rows),
-                           "scheduled_arm_blocks": len(schedule)}
-            log.warning("%s after %d of %d arm-blocks: writing the summary of the completed blocks (marked "
-                        "interrupted); the same command measures again, keeping these files in unfinished-<n>/",
-                        name, len(block_rows), len(schedule))
+            interrupted = _interruption(exc, TIMED_BLOCKS, len(block_rows), len(schedule))
 
     # Greedy replicas: sampled workloads cannot be compared token by token, their greedy copies can.
     replica_outputs: dict[str, dict[str, list[int] | None]] = {}
@@ -782,31 +779,45 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
         if tok is not None:
             r_inputs = [tokenize_prompt(tok, p) for p in replicas]
             prompt_ids.update(zip(r_ids, r_inputs))
-        for arm in ARMS:
+        with interrupts_raise():
             try:
-                if arm in http_arms:
-                    results = _http_untimed(http_arms[arm], ab_http.http_requests(replicas, r_params), cfg)
-                    replica_outputs[arm] = {r.request_id: r.token_ids for r in results}
-                    replica_texts[arm] = {r.request_id: r.text for r in results}
-                    continue
-                engines[arm].reset()
-                outs = engines[arm].generate(r_inputs, r_params, ids=r_ids)
-            except Exception as exc:
-                logger.close()
-                raise ArmFailed(f"arm {arm} failed on the greedy replicas: {type(exc).__name__}: {exc}; all "
-                                f"{len(block_rows)} arm-blocks are in {blocks_csv}") from exc
-            replica_outputs[arm] = {str(o.user_id): list(o.token_ids) for o in outs}
-            replica_texts[arm] = {str(o.user_id): o.text for o in outs}
+                for arm in ARMS:
+                    try:
+                        if arm in http_arms:
+                            results = _http_untimed(http_arms[arm], ab_http.http_requests(replicas, r_params), cfg)
+                            replica_outputs[arm] = {r.request_id: r.token_ids for r in results}
+                            replica_texts[arm] = {r.request_id: r.text for r in results}
+                            continue
+                        engines[arm].reset()
+                        outs = engines[arm].generate(r_inputs, r_params, ids=r_ids)
+                    except Exception as exc:
+                        logger.close()
+                        raise ArmFailed(f"arm {arm} failed on the greedy replicas: {type(exc).__name__}: {exc}; "
+                                        f"all {len(block_rows)} arm-blocks are in {blocks_csv}") from exc
+                    replica_outputs[arm] = {str(o.user_id): list(o.token_ids) for o in outs}
+                    replica_texts[arm] = {str(o.user_id): o.text for o in outs}
+            except (KeyboardInterrupt, RunInterrupted) as exc:
+                interrupted = _interruption(exc, GREEDY_REPLICAS, len(block_rows), len(schedule))
 
     def reference() -> list[GuardResult]:
         """The guards that judge the outputs with arm A's target in this process, after A's lossless control run
-        (:func:`reference_guards`); an A/B with an HTTP arm calls them only where they can judge (ab_http)."""
-        control = None
-        if interrupted is None:
-            control = run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, replicas, tok,
-                                           logger, blocks_csv, len(block_rows))
-        return reference_guards(cfg, arm_cfgs["A"].dtype, engines, workload, outputs, replica_outputs, prompt_ids,
-                                control, dict(zip(ids, params)))
+        (:func:`reference_guards`); an A/B with an HTTP arm calls them only where they can judge (ab_http). An
+        interrupt after the timed blocks leaves them unjudged (the ``interrupted`` guard says so)."""
+        nonlocal interrupted
+        if interrupted is not None and interrupted["phase"] != TIMED_BLOCKS:
+            return []
+        with interrupts_raise():
+            try:
+                control = None
+                if interrupted is None:
+                    control = run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, replicas,
+                                                   tok, logger, blocks_csv, len(block_rows))
+                return reference_guards(cfg, arm_cfgs["A"].dtype, engines, workload, outputs, replica_outputs,
+                                        prompt_ids, control, dict(zip(ids, params)))
+            except (KeyboardInterrupt, RunInterrupted) as exc:
+                if interrupted is None:  # a second interrupt keeps the record of the first (timed blocks)
+                    interrupted = _interruption(exc, REFERENCE_GUARDS, len(block_rows), len(schedule))
+                return []
 
     blocks_df = pd.DataFrame(block_rows)
     requests_df = requests_dataframe(records)
@@ -834,10 +845,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     if length_stats is None:  # every arm over HTTP: the prompts' lengths as the servers counted them
         length_stats = _served_length_stats(workload, records)
     if interrupted is not None:
-        guards.append(GuardResult("interrupted", False,
-                                  f"{interrupted['signal']} after {interrupted['completed_arm_blocks']} of "
-                                  f"{interrupted['scheduled_arm_blocks']} arm-blocks: statistics and guards cover the "
-                                  "completed blocks only (no greedy replicas, no lossless control)", interrupted))
+        guards.append(interrupted_guard(interrupted))
     counters = {arm: _sum_counters([r for r in block_rows if r["arm"] == arm]) for arm in ARMS}
     summary = {
         "experiment": cfg.experiment,
@@ -912,8 +920,38 @@ def _paired_blocks(blocks_df: pd.DataFrame) -> pd.DataFrame:
     return blocks_df[blocks_df["block"].isin(both[both == len(ARMS)].index)]
 
 
+# Where an interrupt (SIGINT, SIGTERM) can end a run, in order; what the summary then holds differs.
+TIMED_BLOCKS, GREEDY_REPLICAS, REFERENCE_GUARDS = "timed blocks", "greedy replicas", "lossless control and guards"
+
+
+def _interruption(exc: BaseException, phase: str, done: int, scheduled: int) -> dict:
+    """The summary's ``interrupted`` record of an interrupt caught in ``phase``, logged."""
+    name = exc.signal_name if isinstance(exc, RunInterrupted) else "SIGINT"
+    if phase == TIMED_BLOCKS:
+        log.warning("%s after %d of %d arm-blocks: writing the summary of the completed blocks (marked "
+                    "interrupted); the same command measures again, keeping these files in unfinished-<n>/",
+                    name, done, scheduled)
+    else:
+        log.warning("%s during the %s, after all %d arm-blocks: writing the summary with their statistics and "
+                    "without the guards not yet judged (marked interrupted)", name, phase, done)
+    return {"signal": name, "phase": phase, "completed_arm_blocks": done, "scheduled_arm_blocks": scheduled}
+
+
+def interrupted_guard(interrupted: dict) -> GuardResult:
+    """The failing guard of an interrupted run: what its statistics and other guards cover."""
+    signal_name, done, scheduled = (interrupted[k] for k in ("signal", "completed_arm_blocks", "scheduled_arm_blocks"))
+    if interrupted.get("phase", TIMED_BLOCKS) == TIMED_BLOCKS:
+        message = (f"{signal_name} after {done} of {scheduled} arm-blocks: statistics and guards cover the "
+                   "completed blocks only (no greedy replicas, no lossless control)")
+    else:
+        message = (f"{signal_name} during the {interrupted['phase']}, after all {done} arm-blocks: the "
+                   "statistics cover every block; the lossless guard and the other guards judged with arm A's target "
+                   "were not judged")
+    return GuardResult("interrupted", False, message, interrupted)
+
+
 class RunInterrupted(BaseException):
-    """SIGTERM arrived while the timed blocks ran (a BaseException, like KeyboardInterrupt, so no
+    """SIGTERM arrived while the timed blocks or the guards ran (a BaseException, like KeyboardInterrupt, so no
     ``except Exception`` on the way up mistakes it for an arm failing)."""
 
     def __init__(self, signal_name: str):
@@ -922,8 +960,8 @@ class RunInterrupted(BaseException):
 
 
 class interrupts_raise:
-    """While the timed blocks run, SIGTERM raises :class:`RunInterrupted` in the main thread (SIGINT already
-    raises KeyboardInterrupt), so the run can write the summary of its completed blocks before it exits."""
+    """While the timed blocks or the guards run, SIGTERM raises :class:`RunInterrupted` in the main thread (SIGINT
+    already raises KeyboardInterrupt), so the run can write the summary of what it measured before it exits."""
 
     def __enter__(self):
         import signal

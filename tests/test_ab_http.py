@@ -176,7 +176,8 @@ def test_an_interrupt_in_an_http_block_keeps_the_finished_blocks_and_stops_the_s
         ab.run(cfg)
     assert info.value.code == 130 and calls == ["A", "B"]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["interrupted"] == {"signal": "SIGINT", "completed_arm_blocks": 1, "scheduled_arm_blocks": 2}
+    assert summary["interrupted"] == {"signal": "SIGINT", "phase": ab.TIMED_BLOCKS, "completed_arm_blocks": 1,
+                                      "scheduled_arm_blocks": 2}
     assert len(pd.read_csv(tmp_path / "blocks.csv")) == 1 and (tmp_path / "requests" / "block0_A.parquet").is_file()
     assert not any(answers(p) for p in ports)  # B was launched for its block and stopped on the way out
     # A rerun in the folder first moves the interrupted run's files, its servers' logs among them, to unfinished-1/.
