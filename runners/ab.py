@@ -52,6 +52,7 @@ the test suite. Its speed numbers mean nothing; never set it for a real measurem
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -761,63 +762,53 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     # The collector over the timed blocks (ab.gc_mode, default freeze: what is alive after the warm-up and
     # the captures is never scanned again, as serving engines do after start-up); its pauses per block
     # go to blocks.csv (gc/...), so a full collection inside a block is seen, not guessed.
-    interrupted: dict | None = None
-    with GcPauses(str(cfg.ab.gc_mode)) as gc_pauses, TritonCompiles() as compiles, interrupts_raise():
-        try:
-            _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
-                        blocks_csv, gc_pauses, compiles, http_arms, http_requests, texts)
-        except (KeyboardInterrupt, RunInterrupted) as exc:
-            interrupted = _interruption(exc, TIMED_BLOCKS, len(block_rows), len(schedule))
+    interrupts = _Interrupts(block_rows, len(schedule))
+    with (GcPauses(str(cfg.ab.gc_mode)) as gc_pauses, TritonCompiles() as compiles,
+          interrupts.catch(TIMED_BLOCKS)):
+        _run_blocks(bar, engines, inputs, params, ids, cfg, first_arm, logger, block_rows, records, outputs,
+                    blocks_csv, gc_pauses, compiles, http_arms, http_requests, texts)
 
     # Greedy replicas: sampled workloads cannot be compared token by token, their greedy copies can.
     replica_outputs: dict[str, dict[str, list[int] | None]] = {}
     replica_texts: dict[str, dict[str, str]] = {}
     prompt_ids = dict(token_ids)  # what the lossless guard re-scores outputs after (the replicas' join below)
-    if replicas and interrupted is None:
+    if replicas and interrupts.record is None:
         r_params = _replica_params(cfg, workload, replicas)
         r_ids = [p.id for p in replicas]
         if tok is not None:
             r_inputs = [tokenize_prompt(tok, p) for p in replicas]
             prompt_ids.update(zip(r_ids, r_inputs))
-        with interrupts_raise():
-            try:
-                for arm in ARMS:
-                    try:
-                        if arm in http_arms:
-                            results = _http_untimed(http_arms[arm], ab_http.http_requests(replicas, r_params), cfg)
-                            replica_outputs[arm] = {r.request_id: r.token_ids for r in results}
-                            replica_texts[arm] = {r.request_id: r.text for r in results}
-                            continue
-                        engines[arm].reset()
-                        outs = engines[arm].generate(r_inputs, r_params, ids=r_ids)
-                    except Exception as exc:
-                        logger.close()
-                        raise ArmFailed(f"arm {arm} failed on the greedy replicas: {type(exc).__name__}: {exc}; "
-                                        f"all {len(block_rows)} arm-blocks are in {blocks_csv}") from exc
-                    replica_outputs[arm] = {str(o.user_id): list(o.token_ids) for o in outs}
-                    replica_texts[arm] = {str(o.user_id): o.text for o in outs}
-            except (KeyboardInterrupt, RunInterrupted) as exc:
-                interrupted = _interruption(exc, GREEDY_REPLICAS, len(block_rows), len(schedule))
+        with interrupts.catch(GREEDY_REPLICAS):
+            for arm in ARMS:
+                try:
+                    if arm in http_arms:
+                        results = _http_untimed(http_arms[arm], ab_http.http_requests(replicas, r_params), cfg)
+                        replica_outputs[arm] = {r.request_id: r.token_ids for r in results}
+                        replica_texts[arm] = {r.request_id: r.text for r in results}
+                        continue
+                    engines[arm].reset()
+                    outs = engines[arm].generate(r_inputs, r_params, ids=r_ids)
+                except Exception as exc:
+                    logger.close()
+                    raise ArmFailed(f"arm {arm} failed on the greedy replicas: {type(exc).__name__}: {exc}; all "
+                                    f"{len(block_rows)} arm-blocks are in {blocks_csv}") from exc
+                replica_outputs[arm] = {str(o.user_id): list(o.token_ids) for o in outs}
+                replica_texts[arm] = {str(o.user_id): o.text for o in outs}
 
     def reference() -> list[GuardResult]:
         """The guards that judge the outputs with arm A's target in this process, after A's lossless control run
         (:func:`reference_guards`); an A/B with an HTTP arm calls them only where they can judge (ab_http). An
         interrupt after the timed blocks leaves them unjudged (the ``interrupted`` guard says so)."""
-        nonlocal interrupted
-        if interrupted is not None and interrupted["phase"] != TIMED_BLOCKS:
+        if interrupts.record is not None and interrupts.record["phase"] != TIMED_BLOCKS:
             return []
-        with interrupts_raise():
-            try:
-                control = None
-                if interrupted is None:
-                    control = run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, replicas,
-                                                   tok, logger, blocks_csv, len(block_rows))
-                return reference_guards(cfg, arm_cfgs["A"].dtype, engines, workload, outputs, replica_outputs,
-                                        prompt_ids, control, dict(zip(ids, params)))
-            except (KeyboardInterrupt, RunInterrupted) as exc:
-                if interrupted is None:  # a second interrupt keeps the record of the first (timed blocks)
-                    interrupted = _interruption(exc, REFERENCE_GUARDS, len(block_rows), len(schedule))
-                return []
+        with interrupts.catch(REFERENCE_GUARDS):
+            control = None
+            if interrupts.record is None:
+                control = run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, replicas, tok,
+                                               logger, blocks_csv, len(block_rows))
+            return reference_guards(cfg, arm_cfgs["A"].dtype, engines, workload, outputs, replica_outputs,
+                                    prompt_ids, control, dict(zip(ids, params)))
+        return []  # interrupted while judging
 
     blocks_df = pd.DataFrame(block_rows)
     requests_df = requests_dataframe(records)
@@ -844,6 +835,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
             cost_tables[arm] = served_table
     if length_stats is None:  # every arm over HTTP: the prompts' lengths as the servers counted them
         length_stats = _served_length_stats(workload, records)
+    interrupted = interrupts.record
     if interrupted is not None:
         guards.append(interrupted_guard(interrupted))
     counters = {arm: _sum_counters([r for r in block_rows if r["arm"] == arm]) for arm in ARMS}
@@ -924,23 +916,42 @@ def _paired_blocks(blocks_df: pd.DataFrame) -> pd.DataFrame:
 TIMED_BLOCKS, GREEDY_REPLICAS, REFERENCE_GUARDS = "timed blocks", "greedy replicas", "lossless control and guards"
 
 
-def _interruption(exc: BaseException, phase: str, done: int, scheduled: int) -> dict:
-    """The summary's ``interrupted`` record of an interrupt caught in ``phase``, logged."""
-    name = exc.signal_name if isinstance(exc, RunInterrupted) else "SIGINT"
-    if phase == TIMED_BLOCKS:
-        log.warning("%s after %d of %d arm-blocks: writing the summary of the completed blocks (marked "
-                    "interrupted); the same command measures again, keeping these files in unfinished-<n>/",
-                    name, done, scheduled)
-    else:
-        log.warning("%s during the %s, after all %d arm-blocks: writing the summary with their statistics and "
-                    "without the guards not yet judged (marked interrupted)", name, phase, done)
-    return {"signal": name, "phase": phase, "completed_arm_blocks": done, "scheduled_arm_blocks": scheduled}
+class _Interrupts:
+    """A run's first interrupt (SIGINT, SIGTERM) in a phase that may end it: ``record`` is the summary's
+    ``interrupted`` entry (None while uninterrupted); ``block_rows`` grows as the arm-blocks finish."""
+
+    def __init__(self, block_rows: list, scheduled: int):
+        self.record: dict | None = None
+        self._block_rows, self._scheduled = block_rows, scheduled
+
+    @contextlib.contextmanager
+    def catch(self, phase: str):
+        """Run the block with SIGTERM raising; an interrupt ends the block and is recorded (a later one keeps the
+        first one's record), and the run goes on to write its summary."""
+        with interrupts_raise():
+            try:
+                yield
+            except (KeyboardInterrupt, RunInterrupted) as exc:
+                if self.record is None:
+                    self.record = self._record(exc, phase)
+
+    def _record(self, exc: BaseException, phase: str) -> dict:
+        name = exc.signal_name if isinstance(exc, RunInterrupted) else "SIGINT"
+        done = len(self._block_rows)
+        if phase == TIMED_BLOCKS:
+            log.warning("%s after %d of %d arm-blocks: writing the summary of the completed blocks (marked "
+                        "interrupted); the same command measures again, keeping these files in unfinished-<n>/",
+                        name, done, self._scheduled)
+        else:
+            log.warning("%s during the %s, after all %d arm-blocks: writing the summary with their statistics and "
+                        "without the guards not yet judged (marked interrupted)", name, phase, done)
+        return {"signal": name, "phase": phase, "completed_arm_blocks": done, "scheduled_arm_blocks": self._scheduled}
 
 
 def interrupted_guard(interrupted: dict) -> GuardResult:
     """The failing guard of an interrupted run: what its statistics and other guards cover."""
     signal_name, done, scheduled = (interrupted[k] for k in ("signal", "completed_arm_blocks", "scheduled_arm_blocks"))
-    if interrupted.get("phase", TIMED_BLOCKS) == TIMED_BLOCKS:
+    if interrupted["phase"] == TIMED_BLOCKS:
         message = (f"{signal_name} after {done} of {scheduled} arm-blocks: statistics and guards cover the "
                    "completed blocks only (no greedy replicas, no lossless control)")
     else:

@@ -15,6 +15,13 @@ from test_ab_runner import TINY, tiny_factory
 from test_configs import compose_ab
 
 
+def _raise(how):
+    """Interrupt the run as ``how`` says: SIGTERM (whose handler raises inside the run) or SIGINT's KeyboardInterrupt."""
+    if how == "SIGTERM":
+        os.kill(os.getpid(), signal.SIGTERM)
+    raise KeyboardInterrupt
+
+
 def _interrupt_after_first_block(monkeypatch, interrupt):
     calls = []
     drive = ab.drive
@@ -30,12 +37,7 @@ def _interrupt_after_first_block(monkeypatch, interrupt):
 
 @pytest.mark.parametrize("how,code", [("SIGTERM", 143), ("SIGINT", 130)])
 def test_interrupt_after_block0_keeps_every_finished_block(tmp_path, monkeypatch, how, code):
-    if how == "SIGTERM":
-        interrupt = lambda: os.kill(os.getpid(), signal.SIGTERM)  # noqa: E731
-    else:
-        def interrupt():
-            raise KeyboardInterrupt
-    _interrupt_after_first_block(monkeypatch, interrupt)
+    _interrupt_after_first_block(monkeypatch, lambda: _raise(how))
     cfg = compose_ab(TINY, out_dir=tmp_path)
     with pytest.raises(SystemExit) as info:
         ab.run(cfg, engine_factory=tiny_factory())
@@ -66,12 +68,6 @@ def test_a_crashed_runs_blocks_are_kept_when_the_folder_is_reused(tmp_path):
     ab.run(compose_ab(TINY, out_dir=tmp_path), engine_factory=tiny_factory())
     assert (tmp_path / "unfinished-1" / "blocks.csv").read_text() == "block,arm\n0,A\n"
     assert len(pd.read_csv(tmp_path / "blocks.csv")) == 4
-
-
-def _raise(how):
-    if how == "SIGTERM":
-        os.kill(os.getpid(), signal.SIGTERM)
-    raise KeyboardInterrupt
 
 
 @pytest.mark.parametrize("how,code", [("SIGTERM", 143), ("SIGINT", 130)])
