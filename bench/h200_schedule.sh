@@ -12,6 +12,7 @@
 #   estimate:   ab=head_vs_max_prob at the same concurrencies and workloads
 #   online:     ab=scheduled_vs_online_calibration (the scheduled arm against the same arm with the head's
 #               calibration corrected online, engine.online_calibration) at the same concurrencies and workloads
+#   speculation: ab=spec_off_vs_dspark (target-only vs DSpark verify-all) at SPEC_CONCS (default "1")
 #   safeguards: ab=target_vs_scheduled (target-only vs DSpark ragged + service price + depth down to zero) at
 #               SAFE_CONCS (default "1 16 128 256")
 #   served:     ab=in_process_vs_served (the engine in process vs behind a launched runners.serve, both verify-all)
@@ -76,6 +77,9 @@ for w in ${WORKLOADS:-mixed_chat agentic}; do
     has estimate && run estimate "$w" "$c" "${T_RUN:-300}" ab=head_vs_max_prob
     has online && run online "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_online_calibration
   done
+  if has speculation; then
+    for c in ${SPEC_CONCS:-1}; do run speculation "$w" "$c" "${T_RUN:-300}" ab=spec_off_vs_dspark; done
+  fi
   if has safeguards; then
     for c in ${SAFE_CONCS:-1 16 128 256}; do run safeguards "$w" "$c" "${T_RUN:-300}" ab=target_vs_scheduled; done
   fi

@@ -20,7 +20,8 @@ one-launch decode kernel, kernels/decode_megakernel.py), ``mega66`` / ``mega32``
 programs instead of one per SM). Batch sizes: ``PROFILE_BATCHES`` (default 1,16,64,256); arms:
 ``PROFILE_SPECS`` (default off,dspark); prompt lengths: ``PROFILE_PROMPT_LENS``, a JSON file whose
 ``prompt_tokens`` list is cycled over the requests (bench/prompt_lengths_mixed_chat.json: the mixed_chat
-workload's), default 512 tokens each.
+workload's), default 512 tokens each. ``PROFILE_TRACE=1`` also keeps every kernel of each census in launch order
+(``trace`` in the JSON: name and device us), to find chains of small kernels worth fusing.
 """
 
 from __future__ import annotations
@@ -117,12 +118,21 @@ def profile(spec: str, batch: int, target, drafter, kernels: dict | None = None)
         count[name] += 1
     total_us = sum(by_name.values())
     top = [{"kernel": k, "calls": count[k], "us": round(v, 1)} for k, v in by_name.most_common(12)]
+    # PROFILE_TRACE=1: every kernel of the step in launch order (name, us), to find chains worth fusing.
+    import os
+
+    trace = None
+    if os.environ.get("PROFILE_TRACE"):
+        us = [(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total) for e in kernels]
+        trace = [{"kernel": e.name[:90], "us": round(t, 2)}
+                 for e, t in sorted(zip(kernels, us), key=lambda p: p[0].time_range.start)]
     del eng
     torch.cuda.empty_cache()
     return {"spec": spec, "batch": batch, "mean_prompt_tokens": sum(lens) / len(lens), "longest_prompt": max(lens),
             "tokens_per_step": R * gd.M, "kernels_per_step": len(kernels),
             "kernel_time_ms": total_us / 1e3, "graph_replay_ms": replay_ms, "overlapped_step_period_ms": period_ms,
-            "host_ms_per_step_median": host_ms, "megakernel_steps": megakernel_steps, "top_kernels": top}
+            "host_ms_per_step_median": host_ms, "megakernel_steps": megakernel_steps, "top_kernels": top,
+            **({"trace": trace} if trace is not None else {})}
 
 
 VARIANTS = {  # engine.kernels settings (dspark.config.KernelSwitches) of each variant
@@ -183,7 +193,7 @@ def main(out_dir: str, variants: list[str]) -> None:
                     break
                 r = {"variant": variant, "fused": variant != "plain", **measured}
                 rows.append(r)
-                print(json.dumps({k: v for k, v in r.items() if k != "top_kernels"}), flush=True)
+                print(json.dumps({k: v for k, v in r.items() if k not in ("top_kernels", "trace")}), flush=True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile_graph_step.json").write_text(json.dumps({"rows": rows, "torch": torch.__version__,

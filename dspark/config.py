@@ -146,7 +146,7 @@ class KernelSwitches:
     small_m_kernels: bool = True  # Triton GEMV kernels for steps of at most 16 tokens (else cuBLAS)
     fused_qkv_rope: bool = True  # the GEMV's QKV projection with the rotary + K/V-write epilogue
     small_m_tiles: str | None = None  # a device's GEMV tile table (bench/small_m_sweep.py); None: defaults
-    fused_step_metadata: bool = True  # graph steps' row packing and state commit as Triton kernels
+    fused_step_metadata: bool = True  # graph steps' row metadata, greedy acceptance and commit as Triton kernels
     triton_argmax: bool = True  # graph steps' greedy argmax through kernels/argmax.py (CUDA)
     fused_draft_logits: bool = True  # a draft slot's logits (backbone + Markov bias) in one pass (kernels/draft_logits.py)
     fused_draft_sampling: bool = True  # a sampled draft slot's softmax + inverse-CDF draw in one kernel (CUDA)

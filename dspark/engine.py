@@ -224,7 +224,8 @@ class Engine:
                                   acceptance_estimate=self.cfg.acceptance_estimate,
                                   prefill_stream=self.cfg.cuda_graphs and self.cfg.prefill_stream,
                                   draft_free_steps=self.cfg.draft_free_steps,
-                                  confidence_offsets=self.cfg.online_calibration and bool(self.block_size))
+                                  confidence_offsets=self.cfg.online_calibration and bool(self.block_size),
+                                  confidence=self.cfg.verify != "full")  # verify-all reads no survival
         self.graph = self.steps if self.cfg.cuda_graphs else None  # the device-resident path
         # engine.acceptance_estimate=draft_max_prob: the online calibration of the drafter's top probabilities. It is
         # calibration, not request state: reset() keeps it, so a run's warm-up trains it for the timed blocks.
@@ -374,7 +375,8 @@ class Engine:
         c["accept_rate"] = c["accepted_tokens"] / c["verified_tokens"] if c["verified_tokens"] else 0.0
         for why, n in self.eager_reasons.items():
             c[f"eager_reason/{why}"] = n
-        if self._confidence_calibration is not None:  # what the planner reads as survival (acceptance_estimate=head):
+        if self._confidence_calibration is not None and self.steps.runs_confidence_head():
+            # what the planner reads as survival (acceptance_estimate=head, an engine whose steps run the head):
             # the drafted steps whose survival came from this calibration (a count, so it sums across blocks)
             drafted = c["decode_steps"] - c["draft_free_steps"]
             c[f"confidence_calibration/{self._confidence_calibration}_steps"] = drafted

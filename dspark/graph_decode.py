@@ -105,7 +105,7 @@ class GraphDecoder:
                  token_buckets: tuple[int, ...] | None = None, min_verify_len: int = 1, window_impl: str = "torch",
                  metadata_impl: str = "torch", max_prefill_tokens: int = 2048, max_prefill_segments: int = 16,
                  acceptance_estimate: str = "head", estimate_bins: int = 10, prefill_stream: bool = False,
-                 draft_free_steps: bool = False, confidence_offsets: bool = False):
+                 draft_free_steps: bool = False, confidence_offsets: bool = False, confidence: bool = True):
         self.runner = runner
         self.kernels = runner.kernels
         self.target = runner.target
@@ -147,6 +147,10 @@ class GraphDecoder:
         self.confidence_offsets = torch.zeros(G1, dtype=torch.float32, device=dev) if confidence_offsets else None
         self.max_prob = torch.zeros((S, G1), dtype=torch.float32, device=dev)
         self.trace_max_prob = False  # Engine.start_step_trace: keep max_prob for the trace (eager steps only)
+        # Whether the draft stage runs the drafter's confidence head and writes survival (runs_confidence_head):
+        # an engine that plans reads it; a verify-all engine reads none of it and passes False (a step trace
+        # records it all the same).
+        self.confidence = confidence
         centres = (torch.arange(estimate_bins, dtype=torch.float32) + 0.5) / estimate_bins
         self.estimate_table = centres.repeat(G1, 1).to(dev)
         self.windows_in = torch.zeros(S, dtype=torch.int64, device=dev)  # explicit/cap_accept: the host's windows
@@ -178,7 +182,6 @@ class GraphDecoder:
             ladder.update(range(128, top + 128, 128))
             ladder.update(self.buckets)
         self.token_buckets = tuple(sorted(ladder))
-        self.ar_G = torch.arange(max(self.G, 1), device=dev)
         self.indptr_M = (torch.arange(S + 1, device=dev) * self.M).to(torch.int32)
         self.indptr_G = (torch.arange(S + 1, device=dev) * max(self.G, 1)).to(torch.int32)
         self.req_ids: tuple[int, ...] = ()
@@ -418,11 +421,6 @@ class GraphDecoder:
             self.drafter.context_kv(captured, self.pf_pos[:T], self.runner.draft_cache, meta)
 
     # ---- the step (capturable: no host reads, no allocation from host data) -------------------
-    def _slots(self, tables: torch.Tensor, pos: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-        from kernels.verify_packing import paged_slots
-
-        return paged_slots(tables, pos, act, self.page)
-
     def _rows(self, R: int):
         from dspark.sampling import RowSampling
 
@@ -437,11 +435,18 @@ class GraphDecoder:
         anchor_pos = torch.where(self.active[:R], self.seq_len[:R] - 1, 0)
         return step_uniforms(self.seed[:R], anchor_pos, self.G)
 
+    def runs_confidence_head(self) -> bool:
+        """Whether the draft stage runs the drafter's confidence head and writes self.survival (and the raw
+        self.confidence_logits): with a head, on the head's estimate (not draft_max_prob), for an engine that
+        reads survival (``confidence``) or a step trace."""
+        return (self.drafter is not None and self.drafter.confidence_head is not None and self.estimate == "head"
+                and (self.confidence or self.trace_max_prob))
+
     def keeps_max_prob(self) -> bool:
         """Whether the draft stage writes each slot's top-token probability into self.max_prob: for the
         draft_max_prob estimate, for a confidence calibration that weighs it (the drafter's
-        ``confidence_uses_max_prob``: sts_max_prob) and for a step trace."""
-        head_weighs_it = self.drafter.confidence_head is not None and self.drafter.confidence_uses_max_prob
+        ``confidence_uses_max_prob``: sts_max_prob) when the head runs, and for a step trace."""
+        head_weighs_it = self.runs_confidence_head() and self.drafter.confidence_uses_max_prob
         return self.estimate == "draft_max_prob" or head_weighs_it or self.trace_max_prob
 
     def _draft_stage(self, R: int) -> None:
@@ -452,16 +457,14 @@ class GraphDecoder:
         (the estimate, the drafter's calibration method), so a captured draft graph replays it."""
         G = self.G
         n, act, tables, anchor = self.seq_len[:R], self.active[:R], self.tables[:R], self.anchor[:R]
-        anchor_pos = torch.where(act, n - 1, 0)
-        pos_d = anchor_pos[:, None] + self.ar_G[None, :G]
-        meta_d = AttentionMetadata(qo_indptr=self.indptr_G[: R + 1],
-                                   kv_lens=torch.where(act, anchor_pos + G, 1).to(torch.int32),
-                                   block_tables=tables,
-                                   slot_mapping=self._slots(tables[:, None, :].expand(R, G, tables.shape[1]),
-                                                            pos_d[..., None], act[:, None, None]).reshape(-1),
-                                   causal=False, max_q_len=G, trash_slot=self.trash_slot, kernels=self.kernels)
-        hidden = self.drafter.forward_block(anchor, anchor_pos, self.runner.draft_cache, meta_d, self.target.embed)
+        rows = self._draft_rows(act, n, tables)
+        meta_d = AttentionMetadata(qo_indptr=self.indptr_G[: R + 1], kv_lens=rows.kv_lens, block_tables=tables,
+                                   slot_mapping=rows.slot_mapping, causal=False, max_q_len=G,
+                                   trash_slot=self.trash_slot, kernels=self.kernels)
+        hidden = self.drafter.forward_block(anchor, None, self.runner.draft_cache, meta_d, self.target.embed,
+                                            positions=rows.positions)
         by_max_prob = self.estimate == "draft_max_prob"
+        head = self.runs_confidence_head()
         keep_top = self.keeps_max_prob()
         from dspark.sampling import top_probability
 
@@ -474,7 +477,7 @@ class GraphDecoder:
                 return greedy_argmax(logits, self.kernels)
 
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
-                                     confidence=not by_max_prob, kernels=self.kernels)
+                                     confidence=head, kernels=self.kernels)
         else:
             from dspark.sampling import fused_draft_sampling_enabled, sample_rows
 
@@ -495,7 +498,7 @@ class GraphDecoder:
                 return tokens
 
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
-                                     confidence=not by_max_prob, kernels=self.kernels)
+                                     confidence=head, kernels=self.kernels)
         self.drafts[:R].copy_(out.tokens)
         if by_max_prob:
             from dspark.acceptance_estimate import estimated_confidence
@@ -577,11 +580,26 @@ class GraphDecoder:
             return
         from dspark.sampling import greedy_argmax
 
-        target_tok = greedy_argmax(logits, self.kernels)[rows_at]  # [R, M]
+        tokens = greedy_argmax(logits, self.kernels)
+        if self.metadata_impl == "triton" and mode != "cap_accept":  # acceptance and commit in one launch
+            from kernels.verify_packing import accept_commit_greedy_triton
+
+            accept_commit_greedy_triton(tokens=tokens, rows_at=rows_at, windows=w, active=act,
+                                        drafts=self.drafts[:R, :G], anchor=anchor, seq_len=self.seq_len[:R],
+                                        out=self.out[:R])
+            return
+        target_tok = tokens[rows_at]  # [R, M]
         k, nxt = self._accept_greedy(self.drafts[:R, :G], target_tok, w)
         if mode == "cap_accept":
             self.uncapped[:R].copy_(self._accept_greedy(self.drafts[:R, :G], target_tok, w_full)[0])
         self._commit_state(R, k, nxt, anchor, act, w)
+
+    def _draft_rows(self, act: torch.Tensor, n: torch.Tensor, tables: torch.Tensor):
+        """The draft block's positions, KV lengths and cache slots per row (kernels/verify_packing.py)."""
+        from kernels.verify_packing import draft_rows_reference, draft_rows_triton
+
+        rows = draft_rows_triton if self.metadata_impl == "triton" else draft_rows_reference
+        return rows(active=act, seq_len=n, tables=tables, block=self.G, page_size=self.page)
 
     def _pack_rows(self, R: int, mode: str, rows_in: dict):
         """The verify step's packed rows and metadata (kernels/verify_packing.py)."""
@@ -662,7 +680,7 @@ class GraphDecoder:
         host.copy_(self.out[:B], non_blocking=pin)
         surv = top = None
         drafted = self.G and mode != "draft_free"  # a draft-free step leaves no survival of its own
-        if drafted and (self.drafter.confidence_head is not None or self.estimate == "draft_max_prob"):
+        if drafted and (self.runs_confidence_head() or self.estimate == "draft_max_prob"):
             surv = torch.empty((B, self.G), dtype=torch.float32, pin_memory=pin)
             surv.copy_(self.survival[:B], non_blocking=pin)
         if drafted and self.estimate == "draft_max_prob":

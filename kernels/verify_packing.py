@@ -1,4 +1,10 @@
-"""A device-resident verify step's row bookkeeping: pack the rows onto the token axis, commit the result.
+"""A device-resident step's row bookkeeping: place the draft block's rows, pack the verify rows onto the token
+axis, commit the result.
+
+Draft rows (``draft_rows_reference``, the specification). Row r drafts a block of G tokens at positions
+``a[r] .. a[r] + G - 1``, where ``a[r] = n[r] - 1`` (its anchor's position) on an active row and 0 on an inactive
+one. Outputs: ``positions`` int64 [R*G] (row-major), ``kv_lens`` int32 [R] (``a + G`` on active rows, 1 on
+inactive ones) and ``slot_mapping`` int64 [R*G] (the cache slot of each position as below, -1 on inactive rows).
 
 Packing (``pack_verify_rows_reference``, the specification). Row r of a step verifies ``w[r]``
 drafted tokens after its anchor, so it occupies ``qlen[r] = w[r] + 1`` consecutive rows of the
@@ -19,7 +25,9 @@ Outputs:
 
 Committing (``commit_state_reference``): ``out[r] = [k, w, emitted...]`` where the emitted slots
 are the drafts with ``next`` at slot k (zero past the block), ``seq_len += k + 1`` and
-``anchor = next`` on active rows; in place on the decoder's persistent buffers.
+``anchor = next`` on active rows; in place on the decoder's persistent buffers. For greedy rows
+``accept_commit_greedy_triton`` also finds k and next (``dspark.verification.accept_greedy`` over the
+target's tokens at ``rows_at``, then the commit: that pair is its reference).
 
 The Triton versions compute the same integers (bitwise), one launch each, with no host reads and
 no allocation sized from device data, so they run inside a captured CUDA graph. The packing
@@ -51,6 +59,12 @@ _PAD_TOKENS_PER_PROGRAM = 1024
 _ROW_CHUNK = 1024  # rows summed per loop iteration when a program finds where its rows start
 
 
+class DraftRows(NamedTuple):
+    positions: torch.Tensor  # int64 [R*G]
+    kv_lens: torch.Tensor  # int32 [R]
+    slot_mapping: torch.Tensor  # int64 [R*G], -1 on inactive rows
+
+
 class PackedRows(NamedTuple):
     indptr: torch.Tensor  # int32 [R+1]
     windows: torch.Tensor  # int64 [R], after the cut at T
@@ -68,6 +82,36 @@ def paged_slots(tables: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor, pa
     pages = tables.long().gather(-1, torch.div(p, page, rounding_mode="floor"))
     slot = pages * page + torch.remainder(p, page)
     return torch.where(valid, slot, -1)
+
+
+def _check_draft_rows(active: torch.Tensor, seq_len: torch.Tensor, tables: torch.Tensor, block: int,
+                      page_size: int) -> int:
+    if active.dim() != 1 or active.dtype != torch.bool:
+        raise ValueError(f"active must be bool [R], got {active.dtype} {tuple(active.shape)}")
+    R = active.shape[0]
+    if R < 1 or int(block) < 1 or int(page_size) < 1:
+        raise ValueError(f"a draft step needs R >= 1 rows, a block >= 1 and a page size >= 1, got R={R}, "
+                         f"block={block}, page_size={page_size}")
+    if seq_len.shape != (R,) or seq_len.dtype != torch.int64:
+        raise ValueError(f"seq_len must be int64 [{R}], got {seq_len.dtype} {tuple(seq_len.shape)}")
+    if tables.dim() != 2 or tables.shape[0] != R or tables.dtype != torch.int32:
+        raise ValueError(f"tables must be int32 [{R}, pages], got {tables.dtype} {tuple(tables.shape)}")
+    devs = {t.device for t in (active, seq_len, tables)}
+    if len(devs) != 1:
+        raise ValueError(f"every input must be on one device, got {sorted(map(str, devs))}")
+    return R
+
+
+def draft_rows_reference(*, active: torch.Tensor, seq_len: torch.Tensor, tables: torch.Tensor, block: int,
+                         page_size: int) -> DraftRows:
+    """The specification (module docstring): each row's draft block, its KV length and its cache slots."""
+    R, G = _check_draft_rows(active, seq_len, tables, block, page_size), int(block)
+    start = torch.where(active, seq_len - 1, 0)
+    pos = start[:, None] + torch.arange(G, device=active.device)[None, :]
+    slots = paged_slots(tables[:, None, :].expand(R, G, tables.shape[1]), pos[..., None], active[:, None, None],
+                        page_size)
+    return DraftRows(positions=pos.reshape(-1), kv_lens=torch.where(active, start + G, 1).to(torch.int32),
+                     slot_mapping=slots.reshape(-1))
 
 
 def _check_rows(active: torch.Tensor, seq_len: torch.Tensor, anchor: torch.Tensor, drafts: torch.Tensor,
@@ -142,10 +186,10 @@ def commit_state_reference(*, accepted: torch.Tensor, next_token: torch.Tensor, 
 def triton_runnable(device: torch.device | str) -> None:
     """Raise, saying what to change, where the Triton kernels of this module cannot run."""
     if triton is None:
-        raise RuntimeError("the fused verify-step kernels need the triton package: install it, or run the torch "
+        raise RuntimeError("the fused step-metadata kernels need the triton package: install it, or run the torch "
                            "metadata path (engine.attention_backend=torch, or engine.kernels.fused_step_metadata=false)")
     if torch.device(device).type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"the fused verify-step kernels need CUDA tensors (got {device}); on the CPU set "
+        raise RuntimeError(f"the fused step-metadata kernels need CUDA tensors (got {device}); on the CPU set "
                            "TRITON_INTERPRET=1 before importing triton, or run the torch metadata path "
                            "(engine.attention_backend=torch, or engine.kernels.fused_step_metadata=false)")
 
@@ -222,6 +266,25 @@ if triton is not None:
         tl.store(slot_ptr + t, zero - 1, mask=pad)
 
     @triton.jit
+    def _draft_rows_kernel(act_ptr, n_ptr, tables_ptr, t_stride, num_pages, page, pos_ptr, kv_ptr, slot_ptr, R, G,
+                           BLOCK_R: tl.constexpr, BLOCK_G: tl.constexpr):
+        rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rm = rr < R
+        act = tl.load(act_ptr + rr, mask=rm, other=0) != 0
+        n = tl.load(n_ptr + rr, mask=rm, other=1)
+        start = tl.where(act, n - 1, 0)
+        tl.store(kv_ptr + rr, tl.where(act, start + G, 1).to(tl.int32), mask=rm)
+        j = tl.arange(0, BLOCK_G)
+        cell = rm[:, None] & (j[None, :] < G)
+        pos = start[:, None] + j[None, :]
+        pidx = pos // page
+        in_table = cell & act[:, None] & (pos >= 0) & (pidx < num_pages)
+        pg = tl.load(tables_ptr + rr[:, None] * t_stride + pidx, mask=in_table, other=0).to(tl.int64)
+        flat = rr[:, None].to(tl.int64) * G + j[None, :]
+        tl.store(pos_ptr + flat, pos, mask=cell)
+        tl.store(slot_ptr + flat, tl.where(in_table, pg * page + pos % page, -1), mask=cell)
+
+    @triton.jit
     def _commit_state_kernel(k_ptr, nxt_ptr, w_ptr, act_ptr, drafts_ptr, d_stride, anchor_ptr, seq_ptr,
                              out_ptr, out_stride, R, G,
                              BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -229,11 +292,35 @@ if triton is not None:
         rm = rr < R
         k = tl.load(k_ptr + rr, mask=rm, other=0).to(tl.int64)
         nxt = tl.load(nxt_ptr + rr, mask=rm, other=0).to(tl.int64)
-        w = tl.load(w_ptr + rr, mask=rm, other=0).to(tl.int64)
-        act = tl.load(act_ptr + rr, mask=rm, other=0) != 0
         j = tl.arange(0, BLOCK_M)
         drafted = tl.load(drafts_ptr + rr[:, None] * d_stride + j[None, :],
                           mask=rm[:, None] & (j[None, :] < G), other=0).to(tl.int64)
+        _commit_rows(rr, rm, j, k, nxt, drafted, w_ptr, act_ptr, anchor_ptr, seq_ptr, out_ptr, out_stride, G)
+
+    @triton.jit
+    def _accept_commit_greedy_kernel(tok_ptr, rows_at_ptr, ra_stride, w_ptr, act_ptr, drafts_ptr, d_stride,
+                                     anchor_ptr, seq_ptr, out_ptr, out_stride, R, G,
+                                     BLOCK_R: tl.constexpr, BLOCK_M: tl.constexpr):
+        rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rm = rr < R
+        j = tl.arange(0, BLOCK_M)
+        cell = rm[:, None] & (j[None, :] < G + 1)
+        at = tl.load(rows_at_ptr + rr[:, None] * ra_stride + j[None, :], mask=cell, other=0)
+        target = tl.load(tok_ptr + at, mask=cell, other=0).to(tl.int64)  # [BLOCK_R, BLOCK_M]: token after each
+        drafted = tl.load(drafts_ptr + rr[:, None] * d_stride + j[None, :],
+                          mask=rm[:, None] & (j[None, :] < G), other=0).to(tl.int64)
+        w = tl.load(w_ptr + rr, mask=rm, other=0).to(tl.int64)
+        # k: the first draft slot that is untested, past the block, or different from the target's token.
+        ok = (drafted == target) & (j[None, :] < w[:, None]) & (j[None, :] < G)
+        k = tl.min(tl.where(ok, BLOCK_M, j[None, :]), axis=1).to(tl.int64)
+        nxt = tl.sum(tl.where(j[None, :] == k[:, None], target, 0), axis=1)
+        _commit_rows(rr, rm, j, k, nxt, drafted, w_ptr, act_ptr, anchor_ptr, seq_ptr, out_ptr, out_stride, G)
+
+    @triton.jit
+    def _commit_rows(rr, rm, j, k, nxt, drafted, w_ptr, act_ptr, anchor_ptr, seq_ptr, out_ptr, out_stride, G):
+        """commit_state_reference's writes for rows rr (k, nxt [BLOCK_R]; drafted [BLOCK_R, BLOCK_M], 0 past G)."""
+        w = tl.load(w_ptr + rr, mask=rm, other=0).to(tl.int64)
+        act = tl.load(act_ptr + rr, mask=rm, other=0) != 0
         emitted = tl.where(j[None, :] == k[:, None], nxt[:, None], drafted)
         row = out_ptr + rr * out_stride
         tl.store(row[:, None] + 2 + j[None, :], emitted, mask=rm[:, None] & (j[None, :] < G + 1))
@@ -251,6 +338,25 @@ def _check_out(name: str, t: torch.Tensor, shape: tuple, dtype: torch.dtype, dev
                          f"on {t.device}")
     if t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"out.{name} needs a unit stride on its last dim, got strides {t.stride()}")
+
+
+def draft_rows_triton(*, active: torch.Tensor, seq_len: torch.Tensor, tables: torch.Tensor, block: int,
+                      page_size: int) -> DraftRows:
+    """One launch computing ``draft_rows_reference``'s outputs, bitwise (a position past the row's page table,
+    which the reference refuses with an index error, gets slot -1)."""
+    R, G = _check_draft_rows(active, seq_len, tables, block, page_size), int(block)
+    dev = active.device
+    triton_runnable(dev)
+    for name, t in (("active", active), ("seq_len", seq_len), ("tables", tables)):
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} needs a unit stride on its last dim, got strides {t.stride()}")
+    out = DraftRows(positions=torch.empty(R * G, dtype=torch.int64, device=dev),
+                    kv_lens=torch.empty(R, dtype=torch.int32, device=dev),
+                    slot_mapping=torch.empty(R * G, dtype=torch.int64, device=dev))
+    _draft_rows_kernel[(triton.cdiv(R, _ROWS_PER_PROGRAM),)](
+        active, seq_len, tables, tables.stride(0), tables.shape[1], int(page_size), out.positions, out.kv_lens,
+        out.slot_mapping, R, G, BLOCK_R=_ROWS_PER_PROGRAM, BLOCK_G=triton.next_power_of_2(G))
+    return out
 
 
 def pack_verify_rows_triton(*, windows: torch.Tensor | int, active: torch.Tensor, seq_len: torch.Tensor,
@@ -308,10 +414,10 @@ def pack_verify_rows_triton(*, windows: torch.Tensor | int, active: torch.Tensor
     return out
 
 
-def commit_state_triton(*, accepted: torch.Tensor, next_token: torch.Tensor, windows: torch.Tensor,
-                        active: torch.Tensor, drafts: torch.Tensor, anchor: torch.Tensor, seq_len: torch.Tensor,
-                        out: torch.Tensor) -> None:
-    """One launch doing ``commit_state_reference``'s in-place writes (out int64 [R, G+3])."""
+def _check_commit(rows: dict, active: torch.Tensor, drafts: torch.Tensor, anchor: torch.Tensor,
+                  seq_len: torch.Tensor, out: torch.Tensor) -> tuple[int, int]:
+    """(R, G) of a commit's inputs, or ValueError naming the bad one (``rows``: more integer tensors [R] by
+    name)."""
     if active.dim() != 1 or active.dtype != torch.bool:
         raise ValueError(f"active must be bool [R], got {active.dtype} {tuple(active.shape)}")
     R, dev = active.shape[0], active.device
@@ -319,8 +425,7 @@ def commit_state_triton(*, accepted: torch.Tensor, next_token: torch.Tensor, win
         raise ValueError(f"drafts must be int64 [{R}, G] (G may be 0), got {drafts.dtype} {tuple(drafts.shape)}")
     G = drafts.shape[1]
     triton_runnable(dev)
-    for name, t in (("accepted", accepted), ("next_token", next_token), ("windows", windows), ("anchor", anchor),
-                    ("seq_len", seq_len)):
+    for name, t in {**rows, "anchor": anchor, "seq_len": seq_len}.items():
         if t.shape != (R,) or t.dtype.is_floating_point or t.dtype == torch.bool or t.device != dev:
             raise ValueError(f"{name} must be an integer tensor [{R}] on {dev}, got {t.dtype} {tuple(t.shape)} "
                              f"on {t.device}")
@@ -330,10 +435,19 @@ def commit_state_triton(*, accepted: torch.Tensor, next_token: torch.Tensor, win
     if out.shape != (R, G + 3) or out.dtype != torch.int64 or out.device != dev:
         raise ValueError(f"out must be int64 [{R}, {G + 3}] on {dev}, got {out.dtype} {tuple(out.shape)} "
                          f"on {out.device}")
-    for name, t in (("accepted", accepted), ("next_token", next_token), ("windows", windows), ("active", active),
-                    ("anchor", anchor), ("seq_len", seq_len), ("drafts", drafts), ("out", out)):
+    for name, t in {**rows, "active": active, "anchor": anchor, "seq_len": seq_len, "drafts": drafts,
+                    "out": out}.items():
         if t.shape[-1] > 1 and t.stride(-1) != 1:
             raise ValueError(f"{name} needs a unit stride on its last dim, got strides {t.stride()}")
+    return R, G
+
+
+def commit_state_triton(*, accepted: torch.Tensor, next_token: torch.Tensor, windows: torch.Tensor,
+                        active: torch.Tensor, drafts: torch.Tensor, anchor: torch.Tensor, seq_len: torch.Tensor,
+                        out: torch.Tensor) -> None:
+    """One launch doing ``commit_state_reference``'s in-place writes (out int64 [R, G+3])."""
+    R, G = _check_commit({"accepted": accepted, "next_token": next_token, "windows": windows}, active, drafts,
+                         anchor, seq_len, out)
     if R == 0:
         return
     block_r = 128
@@ -344,5 +458,33 @@ def commit_state_triton(*, accepted: torch.Tensor, next_token: torch.Tensor, win
     )
 
 
-__all__ = ["PackedRows", "paged_slots", "pack_verify_rows_reference", "pack_verify_rows_triton",
-           "commit_state_reference", "commit_state_triton", "triton_runnable"]
+def accept_commit_greedy_triton(*, tokens: torch.Tensor, rows_at: torch.Tensor, windows: torch.Tensor,
+                                active: torch.Tensor, drafts: torch.Tensor, anchor: torch.Tensor,
+                                seq_len: torch.Tensor, out: torch.Tensor) -> None:
+    """Greedy acceptance and the commit in one launch: row r's target tokens are ``tokens[rows_at[r]]`` (the
+    target's token after its anchor and after each draft; tokens: the step's argmax per packed token, rows_at
+    as packed), its accepted count k the longest prefix of its first ``windows[r]`` drafts equal to them
+    (``dspark.verification.accept_greedy``) and its next token the target's token at k; then
+    ``commit_state_reference``'s in-place writes with them, bitwise."""
+    R, G = _check_commit({"windows": windows}, active, drafts, anchor, seq_len, out)
+    dev = active.device
+    if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool or tokens.device != dev:
+        raise ValueError(f"tokens must be an integer tensor [T] on {dev}, got {tokens.dtype} {tuple(tokens.shape)}")
+    if rows_at.shape != (R, G + 1) or rows_at.dtype != torch.int64 or rows_at.device != dev:
+        raise ValueError(f"rows_at must be int64 [{R}, {G + 1}] on {dev}, got {rows_at.dtype} {tuple(rows_at.shape)}")
+    for name, t in (("tokens", tokens), ("rows_at", rows_at)):
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"{name} needs a unit stride on its last dim, got strides {t.stride()}")
+    if R == 0:
+        return
+    block_r = 128
+    _accept_commit_greedy_kernel[(triton.cdiv(R, block_r),)](
+        tokens, rows_at, rows_at.stride(0), windows, active, drafts if G else anchor, drafts.stride(0), anchor,
+        seq_len, out, out.stride(0), R, G,
+        BLOCK_R=block_r, BLOCK_M=triton.next_power_of_2(G + 1),
+    )
+
+
+__all__ = ["DraftRows", "PackedRows", "paged_slots", "draft_rows_reference", "draft_rows_triton",
+           "pack_verify_rows_reference", "pack_verify_rows_triton", "commit_state_reference", "commit_state_triton",
+           "accept_commit_greedy_triton", "triton_runnable"]

@@ -103,7 +103,7 @@ class KernelsSchema:
     small_m_kernels: bool = True  # Triton GEMV kernels for steps of at most 16 tokens; false: cuBLAS
     fused_qkv_rope: bool = True  # the QKV GEMV with the rotary + K/V-write epilogue as one kernel
     small_m_tiles: Optional[str] = None  # a device's GEMV tile table (bench/small_m_sweep.py); null: the defaults
-    fused_step_metadata: bool = True  # graph steps' row packing and state commit as Triton kernels
+    fused_step_metadata: bool = True  # graph steps' row metadata, greedy acceptance and commit as Triton kernels
     triton_argmax: bool = True  # graph steps' greedy argmax as a Triton kernel (CUDA); false: torch.argmax
     fused_draft_logits: bool = True  # a draft slot's fp32 logits in one Triton pass (CUDA); false: PyTorch ops
     fused_draft_sampling: bool = True  # a sampled draft slot's softmax + draw as one Triton kernel (CUDA); false: PyTorch

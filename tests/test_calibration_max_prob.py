@@ -335,6 +335,14 @@ def _spy_draft_stage(monkeypatch):
     return seen
 
 
+def head_engine(target, drafter, **kw) -> Engine:
+    """An engine whose draft stage runs the confidence head and writes survival, as a planning engine's does
+    (GraphDecoder.confidence), without the cost table a planner needs: the draft stage is what these tests check."""
+    eng = Engine(target, None, tiny_engine_config(**kw), drafter)
+    eng.steps.confidence = True
+    return eng
+
+
 def _per_request(seen) -> dict[int, list[torch.Tensor]]:
     out: dict[int, list[torch.Tensor]] = {}
     for step in seen:
@@ -354,7 +362,7 @@ def test_graph_and_host_paths_feed_the_max_probability_and_agree(models, monkeyp
     per_path = {}
     for graphs in (False, True):
         seen = _spy_draft_stage(monkeypatch)
-        eng = Engine(target, None, tiny_engine_config(cuda_graphs=graphs, max_num_seqs=4), drafter)
+        eng = head_engine(target, drafter, cuda_graphs=graphs, max_num_seqs=4)
         outs = eng.generate(prompts, params)
         assert eng.steps.keeps_max_prob()
         c = eng.counters()
@@ -387,7 +395,7 @@ def test_graph_and_host_paths_feed_the_max_probability_and_agree(models, monkeyp
 def test_the_draft_stage_refuses_to_drop_the_max_probability(models, monkeypatch, graphs):
     target, drafter = models
     monkeypatch.setattr(GraphDecoder, "keeps_max_prob", lambda self: False)
-    eng = Engine(target, None, tiny_engine_config(cuda_graphs=graphs), drafter)
+    eng = head_engine(target, drafter, cuda_graphs=graphs)
     with pytest.raises(ValueError, match="sts_max_prob.*pass max_prob"):
         eng.generate(prompts_for(3, 2), SamplingParams(max_tokens=8, ignore_eos=True))
 
@@ -430,7 +438,7 @@ def test_an_engine_calibration_file_with_weights_is_what_the_planner_reads(model
     prompts = prompts_for(23, 3)
     sp = SamplingParams(max_tokens=12, ignore_eos=True)
     base = run(target, None, prompts, sp)
-    eng = Engine(target, None, tiny_engine_config(confidence_calibration=str(tmp_path)), plain)
+    eng = head_engine(target, plain, confidence_calibration=str(tmp_path))
     assert eng.drafter.confidence_uses_max_prob and not plain.confidence_uses_max_prob
     assert eng.drafter.confidence_max_prob_weights.tolist() == pytest.approx(W_ENGINE)
     assert [o.token_ids for o in eng.generate(prompts, sp)] == [b.token_ids for b in base]
@@ -438,6 +446,9 @@ def test_an_engine_calibration_file_with_weights_is_what_the_planner_reads(model
     assert counters["confidence_calibration/sts_max_prob_steps"] == counters["decode_steps"] > 0
     assert not any(k.startswith("confidence_calibration/") and k != "confidence_calibration/sts_max_prob_steps"
                    for k in counters)
-    assert Engine(target, None, tiny_engine_config(), plain).counters()["confidence_calibration/none_steps"] == 0
+    assert head_engine(target, plain).counters()["confidence_calibration/none_steps"] == 0
+    # a verify-all engine reads no survival: its steps skip the head, and it names no calibration
+    assert not any(k.startswith("confidence_calibration/") for k in Engine(target, None, tiny_engine_config(),
+                                                                           plain).counters())
     by_prob = Engine(target, None, tiny_engine_config(acceptance_estimate="draft_max_prob"), plain).counters()
     assert not any(k.startswith("confidence_calibration/") for k in by_prob)

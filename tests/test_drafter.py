@@ -193,6 +193,11 @@ def test_markov_bias_uses_previous_token_and_greedy_argmax():
         prev = torch.cat((torch.tensor([[3], [50]]), out.tokens[:, :-1]), dim=1)
         torch.testing.assert_close(out.logits - base, head.w2(head.w1(prev)), atol=1e-5, rtol=1e-5)
         assert torch.equal(out.tokens, out.logits.argmax(-1))
+        # Slot k's confidence reads its hidden state and the token before it (the anchor, then the drawn tokens),
+        # computed once over the block: the per-slot definition z_k = head([h_k, W1[x_{k-1}]]).
+        per_slot = torch.stack([drafter.confidence_head(torch.cat((hidden[:, k], head.w1(prev[:, k])), -1))[:, 0]
+                                for k in range(GAMMA)], dim=1)
+        torch.testing.assert_close(out.confidence_logits, per_slot, atol=1e-5, rtol=1e-5)
         # Another anchor changes slot 0's logits exactly by the difference of the two biases.
         other = drafter.draft(hidden, torch.tensor([4, 50]), target.lm_head_weight, greedy)
         delta = head.w2(head.w1(torch.tensor(4))) - head.w2(head.w1(torch.tensor(3)))

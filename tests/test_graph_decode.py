@@ -156,6 +156,32 @@ def test_confidence_scheduled_device_steps_trim_and_stay_lossless(tmp_path, veri
     assert c["eager_steps"] < c["steps"] and c.get("sched/trimmed_steps", 1) > 0
 
 
+def test_verify_all_steps_skip_the_confidence_head_that_planning_steps_run(tmp_path):
+    """A verify-all engine reads no survival: its draft stage never calls the confidence head, copies no survival
+    to the host, and emits the same tokens as with the head on; a planning engine's steps run the head."""
+    from test_engine_scheduling import device_step_models_and_table
+
+    target, drafter, lag, table = device_step_models_and_table(tmp_path, overlap=True)
+    calls = []
+    hook = drafter.confidence_head.register_forward_hook(lambda *_: calls.append(1))
+    prompts = prompts_for(14, 5)
+    params = [SamplingParams(max_tokens=12, ignore_eos=True)] * len(prompts)
+    try:
+        plain, eng = generate(target, drafter, prompts, params, max_num_seqs=4, cuda_graphs=True, overlap=True,
+                              budget_lag=lag)
+        assert not eng.steps.runs_confidence_head() and calls == [] and not eng.steps.survival.any()
+        assert eng.graph.launch(1).survival is None and eng.counters()["graph_eager_steps"] > 0
+        eng = Engine(target, None, tiny_engine_config(max_num_seqs=4, cuda_graphs=True, overlap=True,
+                                                      budget_lag=lag), drafter)
+        eng.steps.confidence = True  # the head on, as a planning engine runs it: the same tokens
+        assert [o.token_ids for o in eng.generate(prompts, params)] == plain and calls and eng.steps.survival.any()
+        planning = Engine(target, None, tiny_engine_config(max_num_seqs=4, verify="ragged", cost_table=table,
+                                                           cuda_graphs=True, overlap=True, budget_lag=lag), drafter)
+        assert planning.steps.runs_confidence_head()
+    finally:
+        hook.remove()
+
+
 def test_confidence_scheduled_graph_configs_refused():
     with pytest.raises(ConfigError, match="budget_lag=2"):
         EngineConfig(cuda_graphs=True, overlap=True, verify="ragged", budget_lag=1)

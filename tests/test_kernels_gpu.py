@@ -323,6 +323,17 @@ class TestVerifyPackingCuda:
                 got = pack_verify_rows_triton(windows=w, num_tokens=T, page_size=page, **state)
                 self._assert_same(got, want, (G, page, R, T))
 
+    @pytest.mark.parametrize("G", [1, 7, 15])
+    @pytest.mark.parametrize("page", [16, 32])
+    def test_draft_rows_match_reference(self, G, page):
+        from kernels.verify_packing import draft_rows_reference, draft_rows_triton
+
+        for i, R in enumerate((1, 3, 64, 255, 512)):
+            state, _ = self._state(R, G, page, seed=7000 + 1000 * G + 10 * page + i, p_active=(0.8, 1.0)[i % 2])
+            rows_in = dict(active=state["active"], seq_len=state["seq_len"], tables=state["tables"], block=G,
+                           page_size=page)
+            self._assert_same(draft_rows_triton(**rows_in), draft_rows_reference(**rows_in), (G, page, R))
+
     @pytest.mark.parametrize("G", [0, 7, 15])
     def test_commit_matches_reference(self, G):
         from kernels.verify_packing import commit_state_reference, commit_state_triton
@@ -340,6 +351,38 @@ class TestVerifyPackingCuda:
             for fn in (commit_state_reference, commit_state_triton):
                 b = (seq.clone(), anchor.clone(), torch.full((R + 4, G + 3), -7, dtype=torch.int64, device=DEV))
                 fn(**case, seq_len=b[0][:R], anchor=b[1][:R], out=b[2][:R])
+                res.append(b)
+            for name, a, b in zip(("seq_len", "anchor", "out"), *res):
+                assert torch.equal(a, b), (name, G, R)
+
+    @pytest.mark.parametrize("G", [0, 7, 15])
+    def test_accept_commit_greedy_matches_accept_then_commit(self, G):
+        from dspark.verification import accept_greedy
+        from kernels.verify_packing import accept_commit_greedy_triton, commit_state_reference
+
+        g = torch.Generator().manual_seed(50 + G)
+        M = G + 1
+        for R in (1, 100, 512):
+            act = torch.rand(R, generator=g) < 0.8
+            w = torch.where(act, torch.randint(0, G + 1, (R,), generator=g), 0)
+            drafts = torch.randint(0, 150000, (R, G), generator=g)
+            T = R * M + 5
+            rows_at = (torch.arange(R)[:, None] * M + torch.arange(M)[None, :]).clamp(max=T - 1)
+            tokens = torch.randint(0, 150000, (T,), generator=g)
+            agree = torch.randint(0, G + 1, (R,), generator=g)
+            for r in range(R):  # the target's tokens agree with a prefix of each row's drafts
+                tokens[rows_at[r, : agree[r]]] = drafts[r, : agree[r]]
+            tokens, rows_at, w, act, drafts = (t.to(DEV) for t in (tokens, rows_at, w, act, drafts))
+            seq, anchor = torch.randint(1, 9000, (R + 4,), device=DEV), torch.randint(0, 150000, (R + 4,), device=DEV)
+            res = []
+            for fused in (False, True):
+                b = (seq.clone(), anchor.clone(), torch.full((R + 4, G + 3), -7, dtype=torch.int64, device=DEV))
+                kw = dict(windows=w, active=act, drafts=drafts, seq_len=b[0][:R], anchor=b[1][:R], out=b[2][:R])
+                if fused:
+                    accept_commit_greedy_triton(tokens=tokens, rows_at=rows_at, **kw)
+                else:
+                    k, nxt = accept_greedy(drafts, tokens[rows_at], w)
+                    commit_state_reference(accepted=k, next_token=nxt, **kw)
                 res.append(b)
             for name, a, b in zip(("seq_len", "anchor", "out"), *res):
                 assert torch.equal(a, b), (name, G, R)

@@ -633,8 +633,10 @@ def test_init_grow_layers_starts_a_deeper_drafter_as_the_checkpoint(tmp_path, ta
 
     def drafted(drafter):
         eng = Engine(target, None, tiny_engine_config(), drafter)
+        eng.steps.confidence = True  # the head's survival too, as a planning engine's draft stage writes it
         eng.generate(prompts_for(7, 3), SamplingParams(max_tokens=16, ignore_eos=True))
         c = eng.counters()
+        assert eng.steps.survival[:3].abs().sum() > 0
         return c["accepted_tokens"], c["decode_steps"], eng.steps.survival[:3].clone()
 
     (acc_a, steps_a, surv_a), (acc_b, steps_b, surv_b) = drafted(source), drafted(deeper)

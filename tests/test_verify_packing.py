@@ -1,5 +1,5 @@
-"""Verify-step row packing and state commit: torch reference vs a per-token Python oracle, and the
-Triton kernels (CPU interpreter) vs the reference, bitwise, over random device states; the
+"""Draft-block rows, verify-step row packing and state commit: torch references vs per-token Python oracles,
+and the Triton kernels (CPU interpreter) vs the references, bitwise, over random device states; the
 decoder's fused metadata path end to end. On CUDA see tests/test_kernels_gpu.py."""
 
 import random
@@ -11,8 +11,10 @@ from interpreter_only import interpreter_module  # noqa: E402  (tests/interprete
 
 interpreter_module()
 
-from kernels.verify_packing import (PackedRows, commit_state_reference, commit_state_triton,  # noqa: E402
-                                    pack_verify_rows_reference, pack_verify_rows_triton, triton_runnable)
+from kernels.verify_packing import (DraftRows, PackedRows, accept_commit_greedy_triton,  # noqa: E402
+                                    commit_state_reference, commit_state_triton, draft_rows_reference,
+                                    draft_rows_triton, pack_verify_rows_reference, pack_verify_rows_triton,
+                                    triton_runnable)
 
 POISON = -7
 
@@ -95,6 +97,56 @@ def test_reference_matches_a_per_token_oracle(seed):
         want = oracle(state, w.tolist(), T)
         for name, value in want.items():
             assert getattr(got, name).tolist() == value, (name, T, state, w)
+
+
+def draft_oracle(state, G):
+    """Per-position Python placement of each row's draft block (the module docstring's rule)."""
+    act, n, tables, page = state["active"].tolist(), state["seq_len"].tolist(), state["tables"].tolist(), \
+        state["page_size"]
+    pos, slots, kv = [], [], []
+    for r in range(len(act)):
+        start = n[r] - 1 if act[r] else 0
+        kv.append(start + G if act[r] else 1)
+        for j in range(G):
+            pos.append(start + j)
+            slots.append(tables[r][(start + j) // page] * page + (start + j) % page if act[r] else -1)
+    return dict(positions=pos, kv_lens=kv, slot_mapping=slots)
+
+
+@pytest.mark.parametrize("G", [1, 4, 7, 15])
+@pytest.mark.parametrize("page", [4, 16])
+def test_draft_rows_reference_and_triton_match_a_per_position_oracle(G, page):
+    """Active rows' blocks cross page boundaries; inactive rows (stale lengths, 0 included) get the 0-based block,
+    KV length 1 and no slot; the kernel writes what the reference computes, bitwise, dtypes and shapes included."""
+    gen = random.Random(G * 10 + page)
+    for case in range(6):
+        R = [1, 2, gen.randint(3, 20), gen.randint(65, 130), 64, gen.randint(1, 64)][case]
+        p_active = [1.0, 0.5, 0.75, 0.9, 0.0, 0.3][case]
+        state, _ = random_state(gen, R, G, page, p_active=p_active)
+        rows_in = dict(active=state["active"], seq_len=state["seq_len"], tables=state["tables"], block=G,
+                       page_size=page)
+        want = draft_rows_reference(**rows_in)
+        for name, value in draft_oracle(state, G).items():
+            assert getattr(want, name).tolist() == value, (name, G, page, case)
+        got = draft_rows_triton(**rows_in)
+        for name in DraftRows._fields:
+            g, w = getattr(got, name), getattr(want, name)
+            assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), (name, g, w, G, page, case)
+
+
+def test_draft_rows_refuse_bad_inputs():
+    gen = random.Random(1)
+    state, _ = random_state(gen, 4, 3, 16)
+    rows_in = dict(active=state["active"], seq_len=state["seq_len"], tables=state["tables"], block=3, page_size=16)
+    for fn in (draft_rows_reference, draft_rows_triton):
+        with pytest.raises(ValueError, match="tables must be int32"):
+            fn(**{**rows_in, "tables": state["tables"].long()})
+        with pytest.raises(ValueError, match="seq_len must be int64"):
+            fn(**{**rows_in, "seq_len": state["seq_len"].int()})
+        with pytest.raises(ValueError, match="block >= 1"):
+            fn(**{**rows_in, "block": 0})
+        with pytest.raises(ValueError, match="active must be bool"):
+            fn(**{**rows_in, "active": state["active"].long()})
 
 
 def _buckets(gen, R, total):
@@ -182,6 +234,61 @@ def test_commit_triton_matches_reference(G):
         assert (ref["out"][R:] == POISON).all() and torch.equal(ref["seq_len"][R:], seq[R:])
 
 
+@pytest.mark.parametrize("G", [0, 1, 7, 15])
+def test_accept_commit_greedy_matches_accept_greedy_then_commit(G):
+    """The fused greedy kernel writes what dspark.verification.accept_greedy followed by commit_state_reference
+    write: target tokens read through rows_at (packed rows, padding after them), drafts that match a prefix of
+    any length (0, inside the window, the whole window, past it), inactive rows left as they are."""
+    from dspark.verification import accept_greedy
+
+    gen = random.Random(100 + G)
+    seen = []
+    for R in (1, 5, 64, 300):
+        case = _commit_case(gen, R, G)
+        act, w, drafts = case["active"], case["windows"], case["drafts"]
+        M, T = G + 1, R * (G + 1) + 9
+        rows_at = (torch.arange(R)[:, None] * M + torch.arange(M)[None, :]).clamp(max=T - 1)
+        tokens = torch.randint(0, 50000, (T,))
+        for r in range(R):  # the target agrees with a prefix of the drafts of random length (up to all G)
+            agree = gen.randint(0, G)
+            tokens[rows_at[r, :agree]] = drafts[r, :agree]
+        S = R + 3
+        seq, anchor = torch.randint(1, 5000, (S,)), torch.randint(0, 50000, (S,))
+        bufs = {}
+        for impl in ("torch", "triton"):
+            b = dict(seq_len=seq.clone(), anchor=anchor.clone(), out=torch.full((S, G + 3), POISON, dtype=torch.int64))
+            kw = dict(windows=w, active=act, drafts=drafts, seq_len=b["seq_len"][:R], anchor=b["anchor"][:R],
+                      out=b["out"][:R])
+            if impl == "torch":
+                k, nxt = accept_greedy(drafts, tokens[rows_at], w)
+                commit_state_reference(accepted=k, next_token=nxt, **kw)
+            else:
+                accept_commit_greedy_triton(tokens=tokens, rows_at=rows_at, **kw)
+            bufs[impl] = b
+        for name in ("seq_len", "anchor", "out"):
+            assert torch.equal(bufs["triton"][name], bufs["torch"][name]), (name, G, R)
+        seen.append((bufs["torch"]["out"][:R, 0], w))
+    k, w = torch.cat([a for a, _ in seen]), torch.cat([b for _, b in seen])
+    if G:  # the cases happened: a partial prefix (G > 1), a whole window accepted
+        assert bool(((k == w) & (w > 0)).any()) and (G == 1 or bool(((k > 0) & (k < w)).any())), (k, w)
+
+
+def test_accept_commit_greedy_refuses_bad_inputs():
+    gen = random.Random(3)
+    case = _commit_case(gen, 4, 3)
+    kw = dict(windows=case["windows"], active=case["active"], drafts=case["drafts"],
+              seq_len=torch.ones(4, dtype=torch.int64), anchor=torch.zeros(4, dtype=torch.int64),
+              out=torch.zeros((4, 6), dtype=torch.int64))
+    rows_at = torch.arange(16).view(4, 4)
+    with pytest.raises(ValueError, match="rows_at must be int64"):
+        accept_commit_greedy_triton(tokens=torch.zeros(16, dtype=torch.int64), rows_at=rows_at[:, :3], **kw)
+    with pytest.raises(ValueError, match="tokens must be an integer tensor"):
+        accept_commit_greedy_triton(tokens=torch.zeros(16), rows_at=rows_at, **kw)
+    with pytest.raises(ValueError, match="out must be int64"):
+        accept_commit_greedy_triton(tokens=torch.zeros(16, dtype=torch.int64), rows_at=rows_at,
+                                    **{**kw, "out": torch.zeros((4, 5), dtype=torch.int64)})
+
+
 def test_refusals_say_what_to_change(monkeypatch):
     gen = random.Random(0)
     state, raw = random_state(gen, 4, 3, 16)
@@ -202,7 +309,7 @@ def test_refusals_say_what_to_change(monkeypatch):
 
 def test_graph_decoder_fused_metadata_emits_what_the_eager_engine_emits(tmp_path, monkeypatch):
     """The decoder with metadata_impl="triton" (full and ragged steps) emits the eager engine's tokens,
-    and its verify steps ran the kernels, not the torch ops."""
+    and its draft and verify steps ran the kernels, not the torch ops."""
     import kernels.verify_packing as vp
     from dspark.config import SamplingParams
     from dspark.engine import Engine
@@ -216,7 +323,7 @@ def test_graph_decoder_fused_metadata_emits_what_the_eager_engine_emits(tmp_path
     prompts = [[3 + (7 * i + j) % 90 for j in range(5 + 3 * i)] for i in range(5)]
     params = [SamplingParams(max_tokens=10 + 3 * (i % 2), ignore_eos=True) for i in range(5)]
     base = [o.token_ids for o in Engine(target, None, tiny_engine_config(), drafter).generate(prompts, params)]
-    calls = {"pack": 0, "commit": 0}
+    calls = {"pack": 0, "commit": 0, "draft": 0, "accept_commit": 0}
 
     def counted(name, fn):
         def wrapper(**kw):
@@ -226,7 +333,9 @@ def test_graph_decoder_fused_metadata_emits_what_the_eager_engine_emits(tmp_path
 
     monkeypatch.setattr(vp, "pack_verify_rows_triton", counted("pack", vp.pack_verify_rows_triton))
     monkeypatch.setattr(vp, "commit_state_triton", counted("commit", vp.commit_state_triton))
-    for name in ("pack_verify_rows_reference", "commit_state_reference"):
+    monkeypatch.setattr(vp, "draft_rows_triton", counted("draft", vp.draft_rows_triton))
+    monkeypatch.setattr(vp, "accept_commit_greedy_triton", counted("accept_commit", vp.accept_commit_greedy_triton))
+    for name in ("pack_verify_rows_reference", "commit_state_reference", "draft_rows_reference"):
         monkeypatch.setattr(vp, name, lambda **kw: pytest.fail("the torch metadata path ran"))
     for verify in ("full", "ragged"):
         kw = dict(verify=verify, cost_table=table, budget_lag=1) if verify != "full" else {}
@@ -236,8 +345,10 @@ def test_graph_decoder_fused_metadata_emits_what_the_eager_engine_emits(tmp_path
         outs = [o.token_ids for o in eng.generate(prompts, params)]
         assert outs == base, verify
         c = eng.counters()
-        assert c["graph_eager_steps"] > 0 and calls["pack"] == calls["commit"] == c["graph_eager_steps"]
-        calls.update(pack=0, commit=0)
+        # greedy rows: acceptance and commit in one launch; every step drafted (no draft-free steps here)
+        assert c["graph_eager_steps"] > 0 and calls["pack"] == calls["accept_commit"] == c["graph_eager_steps"]
+        assert calls["draft"] == c["graph_eager_steps"] and calls["commit"] == 0
+        calls.update(pack=0, commit=0, draft=0, accept_commit=0)
         if verify == "ragged":
             assert c["trimmed_steps"] > 0
 

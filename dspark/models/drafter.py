@@ -241,11 +241,14 @@ class DSparkDrafter(nn.Module):
             k_cache, v_cache = cache.layer(i)
             layer.self_attn.write_context_kv(ctx, positions, k_cache, v_cache, meta)
 
-    def forward_block(self, anchor_ids: torch.Tensor, start_positions: torch.Tensor, cache: KVCache,
-                      meta: AttentionMetadata, embed_fn: EmbedFn) -> torch.Tensor:
+    def forward_block(self, anchor_ids: torch.Tensor, start_positions: torch.Tensor | None, cache: KVCache,
+                      meta: AttentionMetadata, embed_fn: EmbedFn, positions: torch.Tensor | None = None
+                      ) -> torch.Tensor:
         """One block forward over the paged cache -> hidden [B, gamma, d] (final norm applied).
 
-        anchor_ids int64 [B]; start_positions int64 [B] (= n-1, the anchor's position);
+        anchor_ids int64 [B]; start_positions int64 [B] (= n-1, the anchor's position), or None with
+        ``positions``, the block's positions already laid out (int64 [B*gamma]: start..start+gamma-1 per
+        request, as kernels/verify_packing.py's draft_rows gives them with the metadata);
         meta: causal=False, qo_indptr = arange(B+1)*gamma, kv_lens = start+gamma, slot_mapping
         for positions start..start+gamma-1 of each request (the block's K/V are written there).
         """
@@ -256,8 +259,13 @@ class DSparkDrafter(nn.Module):
         if meta.num_tokens != batch * gamma or meta.batch_size != batch:
             raise ValueError(f"metadata describes {meta.batch_size} requests / {meta.num_tokens} tokens, "
                              f"expected {batch} requests x block_size {gamma} = {batch * gamma} tokens")
-        offsets = torch.arange(gamma, device=anchor_ids.device)
-        positions = (start_positions.long()[:, None] + offsets).reshape(-1)  # [B*gamma]
+        if positions is None:
+            if start_positions is None:
+                raise ValueError("forward_block needs start_positions or positions")
+            offsets = torch.arange(gamma, device=anchor_ids.device)
+            positions = (start_positions.long()[:, None] + offsets).reshape(-1)  # [B*gamma]
+        elif positions.shape != (batch * gamma,):
+            raise ValueError(f"positions must be [{batch * gamma}] (batch x block_size), got {tuple(positions.shape)}")
         x = self._block_inputs(anchor_ids, embed_fn).reshape(batch * gamma, self.hidden_size)
         hidden, _ = run_decoder_stack(self.layers, x, positions, cache, meta, self.norm)
         return hidden.view(batch, gamma, self.hidden_size)
@@ -271,27 +279,28 @@ class DSparkDrafter(nn.Module):
         logits = F.linear(hidden.to(lm_head_weight.dtype), lm_head_weight)
         return logits.float() if widen else logits
 
-    def _slot_head(self, h: torch.Tensor, base_logits: torch.Tensor, prev_tokens: torch.Tensor,
-                   state: torch.Tensor | None, with_confidence: bool = True, fused: bool = False
-                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    def _slot_logits(self, h: torch.Tensor, base_logits: torch.Tensor, prev_tokens: torch.Tensor,
+                     state: torch.Tensor | None, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One slot for M rows: h [M, d], base_logits [M, V] (any float dtype: widened here), prev_tokens
-        x_{k-1} [M] -> (logits float32 [M, V] with the Markov bias, confidence logit float32 [M] or None, new rnn
-        state). ``fused``: widen and add in one Triton pass (kernels/draft_logits.py; the same bits)."""
+        x_{k-1} [M] -> (logits float32 [M, V] with the Markov bias, new rnn state). ``fused``: widen and add in
+        one Triton pass (kernels/draft_logits.py; the same bits)."""
         from kernels.draft_logits import draft_slot_logits
 
-        prev_emb = None
-        head = self.confidence_head if with_confidence else None
+        if self.markov_head is None:
+            return base_logits.float(), state
+        prev_emb = self.markov_head.w1(prev_tokens)
+        bias, gate, state = self.markov_head.bias_parts(h, prev_emb, state)
+        return draft_slot_logits(base_logits, bias, gate, fused=fused), state
+
+    def confidence_logits(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+        """The confidence head's raw logits z_k of every slot at once: hidden [..., gamma, d] and the token before
+        each slot, prev_tokens x_{k-1} [..., gamma] (the anchor, then the block's tokens) -> float32 [..., gamma].
+        A slot's confidence reads no token drawn at that slot, so the head runs once over the block after the
+        slots are drawn, not once per slot (at batch 1 the per-slot head was five of a slot's nine launches)."""
+        feats = hidden
         if self.markov_head is not None:
-            prev_emb = self.markov_head.w1(prev_tokens)
-            bias, gate, state = self.markov_head.bias_parts(h, prev_emb, state)
-            logits = draft_slot_logits(base_logits, bias, gate, fused=fused)
-        else:
-            logits = base_logits.float()
-        conf = None
-        if head is not None:
-            feats = h if prev_emb is None else torch.cat((h, prev_emb), dim=-1)
-            conf = head(feats).float().squeeze(-1)
-        return logits, conf, state
+            feats = torch.cat((hidden, self.markov_head.w1(prev_tokens)), dim=-1)
+        return self.confidence_head(feats).float().squeeze(-1)
 
     def draft(self, hidden: torch.Tensor, anchor_ids: torch.Tensor, lm_head_weight: torch.Tensor,
               sample_fn: SampleFn, keep_logits: bool = True, confidence: bool = True,
@@ -314,9 +323,9 @@ class DSparkDrafter(nn.Module):
         # [B, gamma, V] in the head's dtype; each slot is widened to fp32 when its bias is added
         # (the same values as widening all of it first, without the fp32 copy of the whole block).
         base = self._base_logits(hidden, lm_head_weight, widen=False)
-        tokens, logits_all, conf_all = [], [], []
+        tokens, logits_all = [], []
         for k in range(gamma):
-            logits, conf, state = self._slot_head(hidden[:, k], base[:, k], prev, state, confidence, fused)
+            logits, state = self._slot_logits(hidden[:, k], base[:, k], prev, state, fused)
             drawn = sample_fn(logits, k)
             if drawn.shape != (batch,):
                 raise ValueError(f"sample_fn returned shape {tuple(drawn.shape)} for slot {k}, expected ({batch},)")
@@ -324,10 +333,11 @@ class DSparkDrafter(nn.Module):
             tokens.append(prev)
             if keep_logits:
                 logits_all.append(logits)
-            conf_all.append(conf)
-        conf_out = torch.stack(conf_all, dim=1) if self.confidence_head is not None and confidence else None
-        return DraftOutput(torch.stack(tokens, dim=1), torch.stack(logits_all, dim=1) if keep_logits else None,
-                           conf_out)
+        chain = torch.stack([anchor_ids.long(), *tokens], dim=1)  # [B, gamma + 1]: the anchor, then the block
+        conf_out = None
+        if self.confidence_head is not None and confidence:
+            conf_out = self.confidence_logits(hidden, chain[:, :gamma])  # x_{k-1} of every slot
+        return DraftOutput(chain[:, 1:], torch.stack(logits_all, dim=1) if keep_logits else None, conf_out)
 
     def calibrated_confidence(self, confidence_logits: torch.Tensor, max_prob: torch.Tensor | None = None,
                               offsets: torch.Tensor | None = None) -> torch.Tensor:
@@ -480,13 +490,12 @@ class DSparkDrafter(nn.Module):
         flat_prev = prev_tokens.reshape(rows, gamma)
         base = self._base_logits(flat_hidden, lm_head_weight)  # [N*A, gamma, V]
         state = self.markov_head.initial_state(rows, flat_hidden) if self.markov_head is not None else None
-        logits_all, conf_all = [], []
+        logits_all = []
         for k in range(gamma):
-            logits, conf, state = self._slot_head(flat_hidden[:, k], base[:, k], flat_prev[:, k], state)
+            logits, state = self._slot_logits(flat_hidden[:, k], base[:, k], flat_prev[:, k], state)
             logits_all.append(logits)
-            conf_all.append(conf)
         logits = torch.stack(logits_all, dim=1).view(n_seq, n_anchor, gamma, -1)
-        confidence = (torch.stack(conf_all, dim=1).view(n_seq, n_anchor, gamma)
+        confidence = (self.confidence_logits(flat_hidden, flat_prev).view(n_seq, n_anchor, gamma)
                       if self.confidence_head is not None else None)
         return TrainOutput(logits, confidence, hidden)
 
