@@ -151,6 +151,7 @@ class KernelSwitches:
     fused_draft_logits: bool = True  # a draft slot's logits (backbone + Markov bias) in one pass (kernels/draft_logits.py)
     fused_draft_sampling: bool = True  # a sampled draft slot's softmax + inverse-CDF draw in one kernel (CUDA)
     triton_top_probability: bool = True  # draft slots' top-token probability in one pass (kernels/top_probability.py)
+    fused_confidence: bool = True  # a drafted block's confidence head, calibration and survival in one kernel (CUDA)
     # KV chunks per (request, kv head, query tile) in paged attention; None: from the grid size alone
     # (kernels.paged_attention.default_num_splits). More splits spread a long request's keys over more SMs.
     attention_splits: int | None = None
@@ -165,8 +166,8 @@ class KernelSwitches:
     def __post_init__(self) -> None:
         p = self.PREFIX
         for name in ("fused_layers", "small_m_kernels", "fused_qkv_rope", "fused_step_metadata", "triton_argmax",
-                     "fused_draft_logits", "fused_draft_sampling", "triton_top_probability", "l2_prefetch",
-                     "decode_megakernel"):
+                     "fused_draft_logits", "fused_draft_sampling", "triton_top_probability", "fused_confidence",
+                     "l2_prefetch", "decode_megakernel"):
             value = getattr(self, name)
             _check(isinstance(value, bool), f"{p}.{name}", f"must be true or false, got {value!r}")
         tiles = self.small_m_tiles

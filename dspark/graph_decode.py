@@ -442,6 +442,16 @@ class GraphDecoder:
         return (self.drafter is not None and self.drafter.confidence_head is not None and self.estimate == "head"
                 and (self.confidence or self.trace_max_prob))
 
+    def _fused_confidence(self) -> bool:
+        """Whether the head, its calibration and the survival run as kernels/confidence_survival.py's one kernel:
+        ``engine.kernels.fused_confidence`` on the Triton backend on CUDA, for a head with a bias and a calibration
+        that does not weigh the max probability (sts, sts_bias)."""
+        from kernels.switches import cuda_switch_on
+
+        head = self.drafter.confidence_head
+        return (cuda_switch_on(self.kernels, "fused_confidence", self.device) and head.bias is not None
+                and not self.drafter.confidence_uses_max_prob)
+
     def keeps_max_prob(self) -> bool:
         """Whether the draft stage writes each slot's top-token probability into self.max_prob: for the
         draft_max_prob estimate, for a confidence calibration that weighs it (the drafter's
@@ -452,19 +462,21 @@ class GraphDecoder:
     def _draft_stage(self, R: int) -> None:
         """Draft a block for rows [:R]; writes self.drafts, self.draft_probs (sampled rows), self.max_prob (when
         :meth:`keeps_max_prob`: :func:`dspark.sampling.top_probability` of each slot's logits, greedy and sampled
-        rows alike, written slot by slot) and
-        (with a confidence head) self.survival. No host sync: what it computes is decided by Python state
-        (the estimate, the drafter's calibration method), so a captured draft graph replays it."""
+        rows alike, written slot by slot) and, where :meth:`runs_confidence_head`, self.survival and the raw
+        self.confidence_logits (one kernel on CUDA: :meth:`_fused_confidence`). No host sync: what it computes is
+        decided by Python state (the estimate, the drafter's calibration method), so a captured draft graph replays
+        it."""
         G = self.G
         n, act, tables, anchor = self.seq_len[:R], self.active[:R], self.tables[:R], self.anchor[:R]
-        rows = self._draft_rows(act, n, tables)
-        meta_d = AttentionMetadata(qo_indptr=self.indptr_G[: R + 1], kv_lens=rows.kv_lens, block_tables=tables,
-                                   slot_mapping=rows.slot_mapping, causal=False, max_q_len=G,
+        block = self._draft_rows(act, n, tables)
+        meta_d = AttentionMetadata(qo_indptr=self.indptr_G[: R + 1], kv_lens=block.kv_lens, block_tables=tables,
+                                   slot_mapping=block.slot_mapping, causal=False, max_q_len=G,
                                    trash_slot=self.trash_slot, kernels=self.kernels)
         hidden = self.drafter.forward_block(anchor, None, self.runner.draft_cache, meta_d, self.target.embed,
-                                            positions=rows.positions)
+                                            positions=block.positions)
         by_max_prob = self.estimate == "draft_max_prob"
         head = self.runs_confidence_head()
+        fused_head = head and self._fused_confidence()  # the head after the draw, in one kernel (below)
         keep_top = self.keeps_max_prob()
         from dspark.sampling import top_probability
 
@@ -477,7 +489,7 @@ class GraphDecoder:
                 return greedy_argmax(logits, self.kernels)
 
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
-                                     confidence=head, kernels=self.kernels)
+                                     confidence=head and not fused_head, kernels=self.kernels)
         else:
             from dspark.sampling import fused_draft_sampling_enabled, sample_rows
 
@@ -498,7 +510,7 @@ class GraphDecoder:
                 return tokens
 
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
-                                     confidence=head, kernels=self.kernels)
+                                     confidence=head and not fused_head, kernels=self.kernels)
         self.drafts[:R].copy_(out.tokens)
         if by_max_prob:
             from dspark.acceptance_estimate import estimated_confidence
@@ -506,6 +518,16 @@ class GraphDecoder:
 
             surv = prefix_survival(estimated_confidence(self.max_prob[:R], self.estimate_table))
             self.survival[:R].copy_(torch.where(act[:, None], surv, 0.0))
+        elif fused_head:
+            from kernels.confidence_survival import BlockConfidence, confidence_survival_triton
+
+            d = self.drafter
+            confidence_survival_triton(
+                hidden=hidden, anchor=anchor, tokens=self.drafts[:R, :G],
+                embedding=d.markov_head.w1.weight if d.markov_head is not None else None,
+                head_weight=d.confidence_head.weight, head_bias=d.confidence_head.bias,
+                temperatures=d.confidence_temperatures, biases=d.confidence_biases, offsets=self.confidence_offsets,
+                active=act, out=BlockConfidence(self.confidence_logits[:R], self.survival[:R]))
         elif out.confidence_logits is not None:
             from dspark.survival import prefix_survival
 

@@ -108,6 +108,7 @@ class KernelsSchema:
     fused_draft_logits: bool = True  # a draft slot's fp32 logits in one Triton pass (CUDA); false: PyTorch ops
     fused_draft_sampling: bool = True  # a sampled draft slot's softmax + draw as one Triton kernel (CUDA); false: PyTorch
     triton_top_probability: bool = True  # draft slots' top-token probability in one Triton pass (CUDA); false: PyTorch
+    fused_confidence: bool = True  # a block's confidence head + calibration + survival in one kernel (CUDA)
     attention_splits: Optional[int] = None  # KV splits in paged attention (1 to 32); null: from the grid and max_model_len
     l2_prefetch: bool = False  # experimental: decode-sized steps read the next layer's weights into L2 (CUDA)
     l2_prefetch_programs: int = 16  # programs per weight matrix of that prefetch (1 to 64)

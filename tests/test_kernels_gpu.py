@@ -668,6 +668,56 @@ class TestDraftLogitsCuda:
         assert len(set(g0.tokens[:, 1:].flatten().tolist())) > 20  # real draws, not one repeated token
 
 
+class TestConfidenceSurvivalCuda:
+    """kernels/confidence_survival.py on CUDA at the shipped drafter's shapes (d 576, Markov rank 32, block 7,
+    bf16): the head's logits are the layer's value reduced in fp32 and rounded once to bf16 (one unit away at
+    most, where the order of the reduction rounds apart), within a few units of cuBLAS's bf16 layer, and the
+    survival is the calibration's prefix product of them; inside a CUDA graph too."""
+
+    def test_matches_the_reference_at_the_drafters_shapes(self):
+        from kernels.confidence_survival import (BlockConfidence, confidence_survival_reference,
+                                                 confidence_survival_triton)
+
+        g = torch.Generator().manual_seed(5)
+        G, d, rank, V = 7, 576, 32, 49152
+        weights = dict(embedding=(torch.randn(V, rank, generator=g) * 0.3).to(DEV, torch.bfloat16),
+                       head_weight=(torch.randn(1, d + rank, generator=g) * 0.05).to(DEV, torch.bfloat16),
+                       head_bias=torch.tensor([0.2]).to(DEV, torch.bfloat16),
+                       temperatures=(torch.rand(G, generator=g) + 0.6).to(DEV),
+                       biases=(torch.randn(G, generator=g) * 0.2).to(DEV), offsets=None)
+        same = total = 0
+        for R in (1, 64, 256):
+            case = dict(hidden=torch.randn(R, G, d, generator=g).to(DEV, torch.bfloat16),
+                        anchor=torch.randint(0, V, (R,), generator=g).to(DEV),
+                        tokens=torch.randint(0, V, (R, G), generator=g).to(DEV),
+                        active=(torch.rand(R, generator=g) < 0.8).to(DEV), **weights)
+            want = confidence_survival_reference(**case)
+            out = BlockConfidence(torch.zeros(R, G, device=DEV), torch.zeros(R, G, device=DEV))
+            graph = torch.cuda.CUDAGraph()
+            confidence_survival_triton(**case, out=out)  # compile outside the capture
+            with torch.cuda.graph(graph):
+                confidence_survival_triton(**case, out=out)
+            out.logits.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            # The layer's value with an fp32 reduction, rounded once to bf16 (cuBLAS may reduce in bf16:
+            # torch's allow_bf16_reduced_precision_reduction), is what the kernel computes, up to its order.
+            G_ = torch.arange(G, device=DEV)
+            before = torch.where(G_ == 0, case["anchor"][:, None], case["tokens"][:, (G_ - 1).clamp(min=0)])
+            feats = torch.cat((case["hidden"], F.embedding(before, case["embedding"])), -1).float()
+            exact = F.linear(feats, case["head_weight"].float(), case["head_bias"].float()).squeeze(-1)
+            exact = exact.to(torch.bfloat16).float()
+            ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(1e-3))) - 7)
+            assert ((out.logits - exact).abs() <= ulp).all(), (R, (out.logits - exact).abs().max())
+            assert ((out.logits - want.logits).abs() <= 4 * ulp).all(), (R, (out.logits - want.logits).abs().max())
+            same += int((out.logits == exact).sum())
+            total += exact.numel()
+            x = out.logits / case["temperatures"] + case["biases"]
+            from_logits = torch.where(case["active"][:, None], torch.cumprod(torch.sigmoid(x), 1), 0.0)
+            torch.testing.assert_close(out.survival, from_logits, rtol=1e-5, atol=1e-6)
+        assert same >= 0.9 * total, (same, total)
+
+
 class TestDraftSamplingCuda:
     """kernels/draft_sampling.py on CUDA at SmolLM2's vocabulary: the reference's tokens (a neighbour only where
     the uniform falls within rounding of a boundary) and probabilities, written into a slot of a [R, G, V]
