@@ -336,6 +336,7 @@ def test_draft_stage_keeps_the_kernels_top_probability(monkeypatch, sampled):
             m.setattr("kernels.top_probability.top_probability_triton", kernel)
             m.setattr(sampling, "triton_top_probability_enabled", lambda kernels, device: forced)
             eng = Engine(target, None, tiny_engine_config(max_num_seqs=4), drafter)
+            eng.steps.confidence = True  # the head runs, as a planning engine's does: its calibration reads max_prob
             outs = eng.generate(prompts, params)
         assert eng.steps.keeps_max_prob() and seen
         return [o.token_ids for o in outs], seen, calls
