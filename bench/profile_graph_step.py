@@ -110,11 +110,12 @@ def profile(spec: str, batch: int, target, drafter, kernels: dict | None = None)
     gd.seq_len.copy_(saved[0])
     gd.anchor.copy_(saved[1])
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    us = [e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total for e in kernels]
     by_name: Counter = Counter()
     count: Counter = Counter()
-    for e in kernels:
+    for e, t in zip(kernels, us):
         name = e.name[:60]
-        by_name[name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        by_name[name] += t
         count[name] += 1
     total_us = sum(by_name.values())
     top = [{"kernel": k, "calls": count[k], "us": round(v, 1)} for k, v in by_name.most_common(12)]
@@ -123,7 +124,6 @@ def profile(spec: str, batch: int, target, drafter, kernels: dict | None = None)
 
     trace = None
     if os.environ.get("PROFILE_TRACE"):
-        us = [(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total) for e in kernels]
         trace = [{"kernel": e.name[:90], "us": round(t, 2)}
                  for e, t in sorted(zip(kernels, us), key=lambda p: p[0].time_range.start)]
     del eng

@@ -8,8 +8,8 @@ logit is ``z = round_to_dtype(w . feats + b)``. The survival the planner reads i
     c_k = sigmoid(z_k / T_k + b_k + o_k),    survival_k = c_1 * ... * c_k    (0 on inactive rows)
 
 with the calibration's temperatures T and biases b and an engine's online offsets o
-(``dspark.survival.calibrated_confidence`` and ``prefix_survival``: the sts and sts_bias methods; sts_max_prob,
-which also weighs the drafter's top probability, is not covered).
+(``dspark.survival.calibrated_confidence`` and ``prefix_survival``, which the reference calls: the sts and sts_bias
+methods; sts_max_prob, which also weighs the drafter's top probability, is not covered).
 
 :func:`confidence_survival_reference` is the specification in PyTorch: a gather, a concatenation, the linear
 layer, then the elementwise calibration, a cumulative product and a mask, about fifteen launches per step.
@@ -74,10 +74,9 @@ def confidence_survival_reference(*, hidden: torch.Tensor, anchor: torch.Tensor,
         before = torch.cat((anchor[:, None], tokens[:, : G - 1]), dim=1)
         feats = torch.cat((hidden, F.embedding(before, embedding)), dim=-1)
     z = F.linear(feats, head_weight, head_bias).float().squeeze(-1)
-    x = z / temperatures.float() + biases.float()
-    if offsets is not None:
-        x = x + offsets.float()
-    survival = torch.cumprod(torch.sigmoid(x), dim=1)
+    from dspark.survival import calibrated_confidence, prefix_survival  # the engine's own calibration and product
+
+    survival = prefix_survival(calibrated_confidence(z, temperatures, biases, offsets=offsets))
     return BlockConfidence(z, torch.where(active[:, None], survival, 0.0))
 
 
