@@ -10,6 +10,9 @@
 #   scheduled:  ab=full_vs_scheduled (verify-all vs ragged + service price + depth down to zero) at the same
 #               concurrencies and workloads
 #   estimate:   ab=head_vs_max_prob at the same concurrencies and workloads
+#   maxprob:    ab=scheduled_vs_max_prob_calibration (the scheduled arm against the same arm with the sts_max_prob
+#               calibration in MP_CAL, a temperatures.json from runners.calibrate method=sts_max_prob) at the same
+#               concurrencies and workloads
 #   online:     ab=scheduled_vs_online_calibration (the scheduled arm against the same arm with the head's
 #               calibration corrected online, engine.online_calibration) at the same concurrencies and workloads
 #   speculation: ab=spec_off_vs_dspark (target-only vs DSpark verify-all) at SPEC_CONCS (default "1")
@@ -63,7 +66,7 @@ if fl:
           fl.get("ci_high_pct"), fl.get("wilcoxon_p")))
 for arm, c in s["counters"].items():
     keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "plan_gate/", "sched/trim_ratio", "draft_free/",
-                                         "host/", "device/", "online_calibration/"))] + \
+                                         "host/", "device/", "online_calibration/", "confidence_calibration/"))] + \
            ["trimmed_steps", "draft_free_steps", "depth_zero_rows", "decode_steps", "mean_running_batch", "accept_rate"]
     print(arm, s["arms"][arm]["label"], {k: round(c[k], 4) if isinstance(c.get(k), float) else c.get(k) for k in keys})
 print("guards", [(g["name"], g["passed"]) for g in s["guards"]], "prediction", json.dumps(s.get("prediction_health"))[:300])
@@ -76,6 +79,8 @@ for w in ${WORKLOADS:-mixed_chat agentic}; do
     has scheduled && run scheduled "$w" "$c" "${T_RUN:-300}" ab=full_vs_scheduled
     has estimate && run estimate "$w" "$c" "${T_RUN:-300}" ab=head_vs_max_prob
     has online && run online "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_online_calibration
+    has maxprob && run maxprob "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_max_prob_calibration \
+      "ab.arms.B.engine.confidence_calibration=${MP_CAL:?set MP_CAL for PARTS=maxprob}"
   done
   if has speculation; then
     for c in ${SPEC_CONCS:-1}; do run speculation "$w" "$c" "${T_RUN:-300}" ab=spec_off_vs_dspark; done

@@ -444,13 +444,12 @@ class GraphDecoder:
 
     def _fused_confidence(self) -> bool:
         """Whether the head, its calibration and the survival run as kernels/confidence_survival.py's one kernel:
-        ``engine.kernels.fused_confidence`` on the Triton backend on CUDA, for a head with a bias and a calibration
-        that does not weigh the max probability (sts, sts_bias)."""
+        ``engine.kernels.fused_confidence`` on the Triton backend on CUDA, for a head with a bias (any calibration:
+        sts, sts_bias, sts_max_prob with the slots' top probabilities)."""
         from kernels.switches import cuda_switch_on
 
         head = self.drafter.confidence_head
-        return (cuda_switch_on(self.kernels, "fused_confidence", self.device) and head.bias is not None
-                and not self.drafter.confidence_uses_max_prob)
+        return cuda_switch_on(self.kernels, "fused_confidence", self.device) and head.bias is not None
 
     def keeps_max_prob(self) -> bool:
         """Whether the draft stage writes each slot's top-token probability into self.max_prob: for the
@@ -484,9 +483,9 @@ class GraphDecoder:
             from dspark.sampling import greedy_argmax
 
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
-                if keep_top:  # the drafter's top-token probability, into slot k's column
-                    top_probability(logits, self.kernels, out=self.max_prob[:R, k])
-                return greedy_argmax(logits, self.kernels)
+                # with keep_top the drafter's top-token probability goes into slot k's column (on the Triton
+                # backend in the argmax's own pass over the logits)
+                return greedy_argmax(logits, self.kernels, top_out=self.max_prob[:R, k] if keep_top else None)
 
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
                                      confidence=head and not fused_head, kernels=self.kernels)
@@ -527,7 +526,10 @@ class GraphDecoder:
                 embedding=d.markov_head.w1.weight if d.markov_head is not None else None,
                 head_weight=d.confidence_head.weight, head_bias=d.confidence_head.bias,
                 temperatures=d.confidence_temperatures, biases=d.confidence_biases, offsets=self.confidence_offsets,
-                active=act, out=BlockConfidence(self.confidence_logits[:R], self.survival[:R]))
+                active=act, out=BlockConfidence(self.confidence_logits[:R], self.survival[:R]),
+                # sts_max_prob: the slots' top probabilities, kept above (keeps_max_prob)
+                max_prob=self.max_prob[:R] if d.confidence_uses_max_prob else None,
+                max_prob_weights=d.confidence_max_prob_weights if d.confidence_uses_max_prob else None)
         elif out.confidence_logits is not None:
             from dspark.survival import prefix_survival
 

@@ -119,14 +119,23 @@ def _row_kernel_input(logits: torch.Tensor) -> bool:
             and logits.shape[1] > 0 and (logits.shape[1] == 1 or logits.stride(1) == 1))
 
 
-def greedy_argmax(logits: torch.Tensor, kernels: KernelConfig | None = None) -> torch.Tensor:
+def greedy_argmax(logits: torch.Tensor, kernels: KernelConfig | None = None,
+                  top_out: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.argmax(logits, dim=-1)``, through kernels/argmax.py for 2-D float logits on CUDA
     where ``kernels`` (the engine's settings) say so (same index, ties and NaN included; capture-safe).
-    Without ``kernels``: ``torch.argmax``."""
+    Without ``kernels``: ``torch.argmax``. ``top_out`` (float32 [T], any stride): also write each row's
+    :func:`top_probability` there; the argmax kernel computes it in the same pass over the logits where
+    both ``triton_argmax`` and ``triton_top_probability`` are on, :func:`top_probability` does otherwise."""
     if _row_kernel_input(logits) and triton_argmax_enabled(kernels, logits.device):
         from kernels.argmax import argmax_triton
 
-        return argmax_triton(logits)
+        if top_out is None:
+            return argmax_triton(logits)
+        if top_out.dim() == 1 and top_out.dtype == torch.float32 and triton_top_probability_enabled(
+                kernels, logits.device):
+            return argmax_triton(logits, top_out=top_out)
+    if top_out is not None:
+        top_probability(logits, kernels, out=top_out)
     return torch.argmax(logits, dim=-1)
 
 

@@ -61,10 +61,12 @@ def argmax_reference(logits: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 
 class _Workspace:
-    def __init__(self, rows: int, device: torch.device):
+    def __init__(self, rows: int, device: torch.device, partials: int = 0):
         self.rows = rows
         self.cells = torch.full((rows,), _INT64_MIN, dtype=torch.int64, device=device)
         self.counts = torch.zeros(rows, dtype=torch.int32, device=device)
+        # top probability (argmax_triton's top_out): each chunk's softmax state (max, sum), rows x chunks
+        self.partials = torch.zeros(2, partials, dtype=torch.float32, device=device)
 
 
 _WORKSPACES: dict[torch.device, _Workspace] = {}
@@ -75,18 +77,21 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _workspace(device: torch.device, rows: int) -> _Workspace:
+def _workspace(device: torch.device, rows: int, partials: int = 0) -> _Workspace:
+    """The device's workspace with room for ``rows`` rows and ``partials`` chunk states (grown when short)."""
     ws = _WORKSPACES.get(device)
-    if ws is not None and ws.rows >= rows:
+    if ws is not None and ws.rows >= rows and ws.partials.shape[1] >= partials:
         return ws
     if _capturing(device):
-        have = 0 if ws is None else ws.rows
-        raise RuntimeError(f"argmax_triton needs a workspace for {rows} rows on {device} but has {have}, and "
-                           "it cannot be allocated during CUDA-graph capture: call argmax_triton once with at "
-                           "least this many rows before capturing")
+        have = "none" if ws is None else f"{ws.rows} rows and {ws.partials.shape[1]} chunk states"
+        raise RuntimeError(f"argmax_triton needs a workspace for {rows} rows and {partials} chunk states on "
+                           f"{device} but has {have}, and it cannot be allocated during CUDA-graph capture: call "
+                           "argmax_triton once with at least this many rows (and top_out) before capturing")
     if ws is not None:
         _RETIRED.append(ws)
-    ws = _Workspace(max(_MIN_WORKSPACE_ROWS, triton.next_power_of_2(rows)), device)
+        partials = max(partials, ws.partials.shape[1])
+    size = max(_MIN_WORKSPACE_ROWS, triton.next_power_of_2(rows), 0 if ws is None else ws.rows)
+    ws = _Workspace(size, device, triton.next_power_of_2(partials) if partials else 0)
     _WORKSPACES[device] = ws
     return ws
 
@@ -105,8 +110,24 @@ def _ordered_key(x):
 
 
 @triton.jit
-def _argmax_kernel(x_ptr, out_ptr, cell_ptr, count_ptr, V, stride_t, num_chunks,
-                   TILES: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
+def _softmax_state(m, s, nan):
+    """A program's chunk as one softmax state: (its maximum M, sum of exp(x - M), whether it saw a NaN)."""
+    top = tl.max(m, 0)
+    scale = tl.where(m == -float("inf"), 0.0, tl.exp(m - top))  # lanes of only -inf hold s = 0
+    return top, tl.sum(s * scale, 0), tl.max(nan, 0) > 0
+
+
+@triton.jit
+def _top_probability(top, total, nan):
+    """1 / sum exp(x - max): the top softmax probability, NaN where top_probability_reference has NaN."""
+    bad = nan | (top == -float("inf")) | (top == float("inf"))
+    return tl.where(bad, float("nan"), 1.0 / total)
+
+
+@triton.jit
+def _argmax_kernel(x_ptr, out_ptr, cell_ptr, count_ptr, p_ptr, p_stride, part_ptr, part_n, V, stride_t, num_chunks,
+                   TILES: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, WITH_PROB: tl.constexpr,
+                   CHUNKS: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     row_ptr = x_ptr + row.to(tl.int64) * stride_t
@@ -116,6 +137,11 @@ def _argmax_kernel(x_ptr, out_ptr, cell_ptr, count_ptr, V, stride_t, num_chunks,
     # larger, so each lane keeps the first index of its maximum.
     best_key = tl.full([BLOCK], -2147483648, dtype=tl.int32)
     best_idx = tl.full([BLOCK], 0, dtype=tl.int32) + V
+    # WITH_PROB, per lane: an online softmax state (largest value m, sum of exp(value - m), a NaN seen), as
+    # kernels/top_probability.py keeps it
+    m = tl.full([BLOCK], -float("inf"), dtype=tl.float32)
+    s = tl.zeros([BLOCK], dtype=tl.float32)
+    nan = tl.zeros([BLOCK], dtype=tl.int32)
     for t in range(TILES):
         idx = start + t * BLOCK + offs
         ok = idx < V
@@ -124,21 +150,44 @@ def _argmax_kernel(x_ptr, out_ptr, cell_ptr, count_ptr, V, stride_t, num_chunks,
         better = key > best_key
         best_key = tl.where(better, key, best_key)
         best_idx = tl.where(better, idx, best_idx)
+        if WITH_PROB:
+            xs = tl.where(ok, x, -float("inf"))
+            nan = nan | (xs != xs).to(tl.int32)
+            hi = tl.maximum(xs, m)
+            lo = tl.minimum(xs, m)
+            e = tl.where(hi == -float("inf"), 0.0, tl.exp(lo - hi))  # both -inf: weighs nothing
+            s = tl.where(xs > m, s * e + 1.0, s + e)
+            m = hi
     top = tl.max(best_key, 0)
     first = tl.min(tl.where(best_key == top, best_idx, V), 0)
     if SINGLE:
         tl.store(out_ptr + row, first.to(tl.int64))
+        if WITH_PROB:
+            c_top, c_sum, c_nan = _softmax_state(m, s, nan)
+            tl.store(p_ptr + row * p_stride, _top_probability(c_top, c_sum, c_nan))
     else:
+        if WITH_PROB:  # this chunk's state, read by the row's last program (a NaN chunk stores a NaN maximum)
+            c_top, c_sum, c_nan = _softmax_state(m, s, nan)
+            slot = row * num_chunks + chunk
+            tl.store(part_ptr + slot, tl.where(c_nan, float("nan"), c_top))
+            tl.store(part_ptr + part_n + slot, c_sum)
         low_mask = tl.full([], 0xFFFFFFFF, dtype=tl.int64)
         packed = (top.to(tl.int64) << 32) | (low_mask - first.to(tl.int64))
         tl.atomic_max(cell_ptr + row, packed)
-        tl.debug_barrier()  # the cell update is ordered before this program's arrival
+        tl.debug_barrier()  # the cell update (and the chunk state) are ordered before this program's arrival
         arrived = tl.atomic_add(count_ptr + row, 1)  # acq_rel, gpu scope
         if arrived == num_chunks - 1:  # the last program of the row: every chunk is in the cell
             final = tl.atomic_xchg(cell_ptr + row, tl.full([], -9223372036854775808, dtype=tl.int64))
             index = low_mask - (final & low_mask)
             tl.store(out_ptr + row, index)
             tl.store(count_ptr + row, 0)
+            if WITH_PROB:  # combine the chunks' states, read past L1 (other SMs wrote them)
+                cc = tl.arange(0, CHUNKS)
+                here = part_ptr + row * num_chunks + cc
+                c_m = tl.load(here, mask=cc < num_chunks, other=-float("inf"), cache_modifier=".cg")
+                c_s = tl.load(here + part_n, mask=cc < num_chunks, other=0.0, cache_modifier=".cg")
+                r_top, r_sum, r_nan = _softmax_state(c_m, c_s, (c_m != c_m).to(tl.int32))
+                tl.store(p_ptr + row * p_stride, _top_probability(r_top, r_sum, r_nan))
 
 
 # --------------------------------------------------------------------------------------
@@ -167,18 +216,24 @@ def _check(logits: torch.Tensor, out: torch.Tensor | None) -> tuple[int, int]:
                             out_dtype=torch.int64, contiguous_out=True)
 
 
-def argmax_triton(logits: torch.Tensor, out: torch.Tensor | None = None, *, tiles: int | None = None,
-                  block: int = BLOCK) -> torch.Tensor:
+def argmax_triton(logits: torch.Tensor, out: torch.Tensor | None = None, *, top_out: torch.Tensor | None = None,
+                  tiles: int | None = None, block: int = BLOCK) -> torch.Tensor:
     """First index of each row's maximum of ``logits`` [T, V] (float32/bfloat16/float16, unit
     stride on V, any row stride) as int64 [T], equal to ``torch.argmax(logits, dim=-1)``.
 
-    Writes into ``out`` (int64 [T], contiguous) when given and returns it. Reads nothing on the
-    host and allocates nothing but ``out`` (and, on first use or for more rows, the workspace:
-    see the module docstring), so it can be captured in a CUDA graph.
+    Writes into ``out`` (int64 [T], contiguous) when given and returns it. ``top_out`` (float32 [T], any
+    stride: e.g. one slot's column of a [rows, slots] buffer): also write each row's top softmax probability
+    there, :func:`kernels.top_probability.top_probability_reference` up to rounding (NaN where it is), in the
+    same pass over the logits (each chunk keeps an online softmax state; the row's last program combines them).
+    Reads nothing on the host and allocates nothing but ``out`` (and, on first use or for more rows, the
+    workspace: see the module docstring), so it can be captured in a CUDA graph.
     block, tiles: elements per tile and tiles per program (powers of two; tests use small ones to
     split short rows); tiles defaults by the row count and the SM count.
     """
     T, V = _check(logits, out)
+    if top_out is not None:
+        check_row_logits(logits, top_out, kernel="argmax_triton", result="top probability",
+                         columns="column offsets", out_dtype=torch.float32, contiguous_out=False)
     if out is None:
         out = torch.empty(T, dtype=torch.int64, device=logits.device)
     if T == 0:
@@ -189,11 +244,15 @@ def argmax_triton(logits: torch.Tensor, out: torch.Tensor | None = None, *, tile
         tiles *= 2
     num_chunks = triton.cdiv(V, tiles * block)
     single = num_chunks == 1
+    with_prob = top_out is not None
     if single:
-        cells, counts = out, out  # never dereferenced
+        cells, counts, parts = out, out, out  # never dereferenced
     else:
-        ws = _workspace(logits.device, T)
-        cells, counts = ws.cells, ws.counts
-    _argmax_kernel[(T, num_chunks)](logits, out, cells, counts, V, logits.stride(0), num_chunks,
-                                    TILES=tiles, BLOCK=block, SINGLE=single, num_warps=4)
+        ws = _workspace(logits.device, T, T * num_chunks if with_prob else 0)
+        cells, counts, parts = ws.cells, ws.counts, ws.partials
+    p_out, p_stride = (top_out, top_out.stride(0)) if with_prob else (out, 0)
+    part_n = parts.shape[1] if (with_prob and not single) else 0
+    _argmax_kernel[(T, num_chunks)](logits, out, cells, counts, p_out, p_stride, parts, part_n, V,
+                                    logits.stride(0), num_chunks, TILES=tiles, BLOCK=block, SINGLE=single,
+                                    WITH_PROB=with_prob, CHUNKS=triton.next_power_of_2(num_chunks), num_warps=4)
     return out

@@ -5,11 +5,12 @@ for k = 0, then the block's drawn tokens). The head is one linear unit over ``[h
 head's embedding of that token; the hidden state alone without one), computed in the head's dtype, so its raw
 logit is ``z = round_to_dtype(w . feats + b)``. The survival the planner reads is
 
-    c_k = sigmoid(z_k / T_k + b_k + o_k),    survival_k = c_1 * ... * c_k    (0 on inactive rows)
+    c_k = sigmoid(z_k / T_k + b_k + w_k * logit(p_k) + o_k),    survival_k = c_1 * ... * c_k    (0 on inactive rows)
 
-with the calibration's temperatures T and biases b and an engine's online offsets o
-(``dspark.survival.calibrated_confidence`` and ``prefix_survival``, which the reference calls: the sts and sts_bias
-methods; sts_max_prob, which also weighs the drafter's top probability, is not covered).
+with the calibration's temperatures T and biases b, an engine's online offsets o, and for the sts_max_prob
+calibration its weights w on the logit of the drafter's top-token probability p_k at each slot (p clamped to
+[1e-6, 1 - 1e-6]; the term is absent for sts and sts_bias): ``dspark.survival.calibrated_confidence`` and
+``prefix_survival``, which the reference calls.
 
 :func:`confidence_survival_reference` is the specification in PyTorch: a gather, a concatenation, the linear
 layer, then the elementwise calibration, a cumulative product and a mask, about fifteen launches per step.
@@ -42,7 +43,8 @@ class BlockConfidence(NamedTuple):
     survival: torch.Tensor  # float32 [R, G]: the calibrated prefix survival, 0 on inactive rows
 
 
-def _check(hidden, anchor, tokens, embedding, head_weight, head_bias, temperatures, biases, offsets, active) -> None:
+def _check(hidden, anchor, tokens, embedding, head_weight, head_bias, temperatures, biases, offsets, active,
+           max_prob=None, max_prob_weights=None) -> None:
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be [R, G, d], got shape {tuple(hidden.shape)}")
     R, G, d = hidden.shape
@@ -58,16 +60,28 @@ def _check(hidden, anchor, tokens, embedding, head_weight, head_bias, temperatur
             raise ValueError(f"{name} must be [{G}] (one per slot), got shape {tuple(t.shape)}")
     if active.shape != (R,) or active.dtype != torch.bool:
         raise ValueError(f"active must be bool [{R}], got {active.dtype} {tuple(active.shape)}")
+    if (max_prob is None) != (max_prob_weights is None):
+        raise ValueError("max_prob and max_prob_weights come together (an sts_max_prob calibration) or not at all")
+    if max_prob is not None:
+        if max_prob.shape != (R, G) or max_prob.dtype != torch.float32 or max_prob.stride(-1) != 1:
+            raise ValueError(f"max_prob must be float32 [{R}, {G}] with a unit last stride, got {max_prob.dtype} "
+                             f"{tuple(max_prob.shape)} strides {max_prob.stride()}")
+        if max_prob_weights.shape != (G,):
+            raise ValueError(f"max_prob_weights must be [{G}] (one per slot), got shape "
+                             f"{tuple(max_prob_weights.shape)}")
 
 
 def confidence_survival_reference(*, hidden: torch.Tensor, anchor: torch.Tensor, tokens: torch.Tensor,
                                   embedding: torch.Tensor | None, head_weight: torch.Tensor, head_bias: torch.Tensor,
                                   temperatures: torch.Tensor, biases: torch.Tensor, offsets: torch.Tensor | None,
-                                  active: torch.Tensor) -> BlockConfidence:
+                                  active: torch.Tensor, max_prob: torch.Tensor | None = None,
+                                  max_prob_weights: torch.Tensor | None = None) -> BlockConfidence:
     """The specification (module docstring). hidden [R, G, d] and the weights in the head's dtype; anchor int64
     [R]; tokens int64 [R, G] (the block); embedding: the Markov head's W1 [V, r] or None; temperatures, biases,
-    offsets float32 [G] (offsets may be None); active bool [R]."""
-    _check(hidden, anchor, tokens, embedding, head_weight, head_bias, temperatures, biases, offsets, active)
+    offsets float32 [G] (offsets may be None); active bool [R]; max_prob float32 [R, G] and max_prob_weights
+    float32 [G] for an sts_max_prob calibration (both None otherwise)."""
+    _check(hidden, anchor, tokens, embedding, head_weight, head_bias, temperatures, biases, offsets, active,
+           max_prob, max_prob_weights)
     G = hidden.shape[1]
     feats = hidden
     if embedding is not None:
@@ -76,7 +90,7 @@ def confidence_survival_reference(*, hidden: torch.Tensor, anchor: torch.Tensor,
     z = F.linear(feats, head_weight, head_bias).float().squeeze(-1)
     from dspark.survival import calibrated_confidence, prefix_survival  # the engine's own calibration and product
 
-    survival = prefix_survival(calibrated_confidence(z, temperatures, biases, offsets=offsets))
+    survival = prefix_survival(calibrated_confidence(z, temperatures, biases, max_prob, max_prob_weights, offsets))
     return BlockConfidence(z, torch.where(active[:, None], survival, 0.0))
 
 
@@ -84,9 +98,9 @@ if triton is not None:
 
     @triton.jit
     def _confidence_survival_kernel(h_ptr, h_sr, h_sk, anchor_ptr, tok_ptr, tok_sr, emb_ptr, emb_sr, w_ptr, hb_ptr,
-                                    temp_ptr, bias_ptr, off_ptr, act_ptr, z_ptr, z_sr, s_ptr, s_sr, G, D, RANK,
-                                    HAS_EMB: tl.constexpr, HAS_OFF: tl.constexpr, BLOCK_D: tl.constexpr,
-                                    BLOCK_E: tl.constexpr):
+                                    temp_ptr, bias_ptr, off_ptr, act_ptr, mp_ptr, mp_sr, mpw_ptr, mp_eps, z_ptr, z_sr,
+                                    s_ptr, s_sr, G, D, RANK, HAS_EMB: tl.constexpr, HAS_OFF: tl.constexpr,
+                                    HAS_MP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
         r = tl.program_id(0)
         active = tl.load(act_ptr + r) != 0
         dd = tl.arange(0, BLOCK_D)
@@ -105,6 +119,9 @@ if triton is not None:
                 acc += tl.sum(e * w_e, axis=0)
             z = (acc + head_bias).to(w_ptr.dtype.element_ty).to(tl.float32)  # the layer's output dtype
             x = z / tl.load(temp_ptr + k) + tl.load(bias_ptr + k)
+            if HAS_MP:  # sts_max_prob: w_k * logit(p_k), p clamped as dspark.survival.max_prob_logit does
+                p = tl.minimum(tl.maximum(tl.load(mp_ptr + r * mp_sr + k), mp_eps), 1.0 - mp_eps)
+                x = x + tl.load(mpw_ptr + k) * tl.log(p / (1.0 - p))
             if HAS_OFF:
                 x = x + tl.load(off_ptr + k)
             survival = survival * (1.0 / (1.0 + tl.exp(-x)))
@@ -116,10 +133,12 @@ if triton is not None:
 def confidence_survival_triton(*, hidden: torch.Tensor, anchor: torch.Tensor, tokens: torch.Tensor,
                                embedding: torch.Tensor | None, head_weight: torch.Tensor, head_bias: torch.Tensor,
                                temperatures: torch.Tensor, biases: torch.Tensor, offsets: torch.Tensor | None,
-                               active: torch.Tensor, out: BlockConfidence) -> BlockConfidence:
+                               active: torch.Tensor, out: BlockConfidence, max_prob: torch.Tensor | None = None,
+                               max_prob_weights: torch.Tensor | None = None) -> BlockConfidence:
     """One launch computing :func:`confidence_survival_reference`'s values into ``out`` (float32 [R, G] each,
     unit stride on the last dim, e.g. rows of persistent buffers); returns ``out``. Capture-safe."""
-    _check(hidden, anchor, tokens, embedding, head_weight, head_bias, temperatures, biases, offsets, active)
+    _check(hidden, anchor, tokens, embedding, head_weight, head_bias, temperatures, biases, offsets, active,
+           max_prob, max_prob_weights)
     if triton is None:
         raise RuntimeError("the fused confidence kernel needs the triton package: install it, or set "
                            "engine.kernels.fused_confidence=false")
@@ -133,12 +152,17 @@ def confidence_survival_triton(*, hidden: torch.Tensor, anchor: torch.Tensor, to
             raise ValueError(f"{name} needs a unit stride on its last dim, got strides {t.stride()}")
     rank = 0 if embedding is None else embedding.shape[1]
     weight = head_weight.reshape(-1)
+    has_mp = max_prob is not None
+    from dspark.survival import MAX_PROB_EPS
+
     _confidence_survival_kernel[(R,)](
         hidden, hidden.stride(0), hidden.stride(1), anchor, tokens, tokens.stride(0),
         embedding if embedding is not None else weight, embedding.stride(0) if embedding is not None else 0,
         weight, head_bias, temperatures, biases, offsets if offsets is not None else temperatures, active,
+        max_prob if has_mp else temperatures, max_prob.stride(0) if has_mp else 0,
+        max_prob_weights if has_mp else temperatures, MAX_PROB_EPS,
         out.logits, out.logits.stride(0), out.survival, out.survival.stride(0), G, D, rank,
-        HAS_EMB=embedding is not None, HAS_OFF=offsets is not None, BLOCK_D=triton.next_power_of_2(D),
+        HAS_EMB=embedding is not None, HAS_OFF=offsets is not None, HAS_MP=has_mp, BLOCK_D=triton.next_power_of_2(D),
         BLOCK_E=triton.next_power_of_2(max(rank, 1)))
     return out
 

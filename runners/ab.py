@@ -1404,7 +1404,19 @@ def arm_did_nothing_guard(arm: str, ecfg: EngineConfig, block_rows: list[dict]) 
                              expects_speculation=ecfg.spec != "off",
                              expects_draft_free=ecfg.draft_free_steps and ecfg.spec != "off",
                              expects_service_cost=ecfg.service_cost and ecfg.verify != "full",
-                             expects_online_calibration=ecfg.online_calibration)
+                             expects_online_calibration=ecfg.online_calibration,
+                             expects_calibration=_configured_calibration(ecfg))
+
+
+def _configured_calibration(ecfg: EngineConfig) -> str | None:
+    """The method of the arm's engine.confidence_calibration where its planner reads the head's survival (so the
+    engine counts the steps whose survival came from it), None otherwise."""
+    if ecfg.confidence_calibration is None or ecfg.spec == "off" or ecfg.verify == "full" \
+            or ecfg.acceptance_estimate != "head":
+        return None
+    from dspark.training.calibration import calibration_method_of
+
+    return calibration_method_of(ecfg.confidence_calibration)
 
 
 @runner_main("ab")

@@ -279,3 +279,80 @@ def test_switch_and_kernel_set():
     off = KernelConfig(attention_backend="triton", triton_argmax=False)
     assert not triton_argmax_enabled(off, "cuda")
     assert "argmax" not in kernel_set(off, "cuda").split("+")
+
+
+# --------------------------------------------------------------------------------------
+# top_out: the top softmax probability in the same pass
+# --------------------------------------------------------------------------------------
+
+def check_top(x, **kw):
+    """argmax_triton(x, top_out=...) must give torch.argmax's index and top_probability_reference's value
+    (rtol 1e-5, NaN where it is NaN), with the workspace left clean."""
+    from kernels.top_probability import top_probability_reference
+
+    top = torch.full((x.shape[0],), -1.0)
+    got = argmax_triton(x, top_out=top, **kw)
+    assert torch.equal(got, torch.argmax(x, dim=-1))
+    torch.testing.assert_close(top, top_probability_reference(x), rtol=1e-5, atol=0.0, equal_nan=True)
+    assert workspace_is_clean()
+    return top
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,V,block,tiles", RANDOM_SHAPES)
+def test_top_probability_random_shapes(T, V, block, tiles, dtype):
+    g = torch.Generator().manual_seed(T * 1000 + V + 7)
+    check_top((torch.randn(T, V, generator=g) * 3).to(dtype), block=block, tiles=tiles)
+
+
+def test_top_probability_special_rows_across_chunks():
+    """A NaN, +inf, only -inf, -inf beside finite values, one dominant value, a flat row: each split over
+    chunks so that the row's last program combines states of every kind (a chunk of only -inf among them)."""
+    x = torch.randn(7, 70)
+    x[0, 45] = NAN
+    x[1, 3] = INF
+    x[2] = -INF
+    x[3, :40] = -INF
+    x[4, 66] = 80.0
+    x[5] = 1.5
+    x[6, 20:] = -INF
+    top = check_top(x, block=16, tiles=1)
+    assert top[:3].isnan().all() and top[3:].isfinite().all()
+    assert top[4].item() == pytest.approx(1.0) and top[5].item() == pytest.approx(1 / 70)
+    check_top(x, block=128, tiles=1)  # the same rows in one chunk each
+
+
+def test_top_probability_into_a_strided_column():
+    """top_out may be one slot's column of a [rows, slots] buffer (the draft stage's max_prob); the other
+    columns are untouched."""
+    x = torch.randn(5, 90)
+    buf = torch.full((5, 3), -2.0)
+    argmax_triton(x, top_out=buf[:, 1], block=16, tiles=2)
+    from kernels.top_probability import top_probability_reference
+
+    torch.testing.assert_close(buf[:, 1], top_probability_reference(x), rtol=1e-5, atol=0.0)
+    assert (buf[:, [0, 2]] == -2.0).all()
+
+
+def test_top_probability_grows_the_chunk_states(monkeypatch):
+    """A workspace made without chunk states (argmax alone) is replaced by one with room for them, keeping
+    its rows; a later argmax-only call keeps using it."""
+    cpu = torch.device("cpu")
+    before = argmax_mod._Workspace(8, cpu)
+    monkeypatch.setitem(argmax_mod._WORKSPACES, cpu, before)
+    monkeypatch.setattr(argmax_mod, "_RETIRED", [])
+    monkeypatch.setattr(argmax_mod, "_MIN_WORKSPACE_ROWS", 8)
+    x = torch.randn(6, 64)
+    check_top(x, block=16, tiles=1)  # 4 chunks per row: 24 states
+    after = argmax_mod._WORKSPACES[cpu]
+    assert after.rows == 8 and after.partials.shape == (2, 32) and argmax_mod._RETIRED == [before]
+    check(x, block=16, tiles=1)
+    assert argmax_mod._WORKSPACES[cpu] is after
+
+
+def test_top_probability_rejects_a_bad_output():
+    x = torch.randn(4, 50)
+    with pytest.raises(TypeError, match="float32"):
+        argmax_triton(x, top_out=torch.zeros(4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"shape \(4,\)"):
+        argmax_triton(x, top_out=torch.zeros(3))

@@ -156,6 +156,40 @@ def test_did_nothing_guard_on_draft_free_steps_and_service_cost():
     assert not missing.passed and "service_cost/extra_steps" in missing.message
 
 
+def test_did_nothing_guard_on_a_configured_calibration(tmp_path):
+    """An arm whose engine.confidence_calibration should steer its planner passes only when drafted steps read
+    survival from a calibration of that file's method; runners.ab derives the method from the file."""
+    import json
+
+    from dspark.config import EngineConfig
+    from runners.ab import _configured_calibration
+
+    base = {"graph_replays": 10, "drafted_tokens": 90, "decode_steps": 10}
+    kw = dict(expects_trim=False, expects_graphs=False, expects_speculation=True)
+    ok = did_nothing_guard("B", {}, {**base, "confidence_calibration/sts_max_prob_steps": 10},
+                           expects_calibration="sts_max_prob", **kw)
+    assert ok.passed and "calibration sts_max_prob" in ok.message
+    other = did_nothing_guard("B", {}, {**base, "confidence_calibration/sts_bias_steps": 10},
+                              expects_calibration="sts_max_prob", **kw)
+    assert not other.passed and "confidence_calibration/sts_max_prob_steps" in other.message
+    unread = did_nothing_guard("B", {}, {**base, "confidence_calibration/sts_max_prob_steps": 0},
+                               expects_calibration="sts_max_prob", **kw)
+    assert not unread.passed and "no drafted step" in unread.message
+    path = tmp_path / "temperatures.json"
+    path.write_text(json.dumps({"method": "head_and_max_prob_logistic_regression", "temperatures": [1.2, 1.0],
+                                "biases": [0.1, 0.0], "max_prob_weights": [0.5, 0.6]}))
+    planning = dict(spec="dspark", verify="ragged", confidence_calibration=str(path))
+    assert _configured_calibration(EngineConfig(**planning)) == "sts_max_prob"
+    assert _configured_calibration(EngineConfig(**{**planning, "confidence_calibration": str(tmp_path)})) \
+        == "sts_max_prob"
+    path.write_text(json.dumps({"temperatures": [1.2, 1.0], "biases": [0.1, 0.0]}))
+    assert _configured_calibration(EngineConfig(**planning)) == "sts_bias"
+    # a verify-all arm, or one planning on the max probability, reads no head survival: nothing to expect
+    assert _configured_calibration(EngineConfig(**{**planning, "verify": "full"})) is None
+    assert _configured_calibration(EngineConfig(**{**planning, "acceptance_estimate": "draft_max_prob"})) is None
+    assert _configured_calibration(EngineConfig(spec="dspark", verify="ragged")) is None
+
+
 def test_did_nothing_guard_accepts_an_arm_that_ran_every_step_draft_free():
     """Every step draft-free after the choice measured drafting: an answer (the work of target-only decoding),
     like a planner that declined every step; without a measured drafting step it is a failure."""

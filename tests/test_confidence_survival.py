@@ -1,7 +1,7 @@
 """kernels/confidence_survival.py: the reference is the engine's own path (the drafter's head over the block, its
 calibration, the prefix survival, the mask), and the Triton kernel (CPU interpreter) computes the reference's
-values over random blocks, fp32 and bf16, with and without a Markov embedding and online offsets. On CUDA see
-tests/test_kernels_gpu.py."""
+values over random blocks, fp32 and bf16, with and without a Markov embedding, online offsets and an sts_max_prob
+calibration's max-probability term. On CUDA see tests/test_kernels_gpu.py."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from kernels.confidence_survival import (BlockConfidence, confidence_survival_re
                                          confidence_survival_triton)
 
 
-def block_case(R, G, d, rank, dtype, seed, offsets=False):
+def block_case(R, G, d, rank, dtype, seed, offsets=False, max_prob=False):
     g = torch.Generator().manual_seed(seed)
     V = 300
     case = dict(hidden=torch.randn(R, G, d, generator=g).to(dtype),
@@ -25,6 +25,10 @@ def block_case(R, G, d, rank, dtype, seed, offsets=False):
                 temperatures=torch.rand(G, generator=g) + 0.5, biases=torch.randn(G, generator=g) * 0.3,
                 offsets=torch.randn(G, generator=g) * 0.2 if offsets else None,
                 active=torch.rand(R, generator=g) < 0.7)
+    if max_prob:  # top probabilities from (0, 1], 0 and 1 among them (the clamp), and weights of both signs
+        p = torch.rand(R, G, generator=g)
+        p.view(-1)[:2] = torch.tensor([0.0, 1.0])[: p.numel()]
+        case.update(max_prob=p, max_prob_weights=torch.randn(G, generator=g) * 0.4)
     case["active"][0] = True
     return case
 
@@ -36,30 +40,36 @@ def test_the_reference_is_the_engines_torch_path():
     from tiny import tiny_drafter, tiny_target
 
     drafter = tiny_drafter(tiny_target(0), 3, block_size=4)
-    drafter.set_confidence_temperatures([0.7, 0.9, 1.2, 1.5], biases=[0.1, -0.2, 0.3, 0.0])
+    drafter.set_confidence_temperatures([0.7, 0.9, 1.2, 1.5], biases=[0.1, -0.2, 0.3, 0.0],
+                                        max_prob_weights=[0.5, -0.3, 0.8, 0.1])
     R, G, d = 6, 4, drafter.hidden_size
     g = torch.Generator().manual_seed(1)
     hidden, anchor = torch.randn(R, G, d, generator=g), torch.randint(3, 90, (R,), generator=g)
     tokens, act = torch.randint(3, 90, (R, G), generator=g), torch.tensor([True, False, True, True, False, True])
     offsets = torch.tensor([0.05, -0.1, 0.0, 0.2])
+    top = torch.rand(R, G, generator=g)
     with torch.no_grad():
         z = drafter.confidence_logits(hidden, torch.cat((anchor[:, None], tokens[:, :-1]), 1))
-        want = torch.where(act[:, None], prefix_survival(drafter.calibrated_confidence(z, offsets=offsets)), 0.0)
+        want = torch.where(act[:, None], prefix_survival(drafter.calibrated_confidence(z, top, offsets)), 0.0)
         got = confidence_survival_reference(
             hidden=hidden, anchor=anchor, tokens=tokens, embedding=drafter.markov_head.w1.weight,
             head_weight=drafter.confidence_head.weight, head_bias=drafter.confidence_head.bias,
             temperatures=drafter.confidence_temperatures, biases=drafter.confidence_biases, offsets=offsets,
-            active=act)
+            active=act, max_prob=top, max_prob_weights=drafter.confidence_max_prob_weights)
     assert torch.equal(got.logits, z) and torch.equal(got.survival, want)
-    assert torch.equal(calibrated_confidence(z, drafter.confidence_temperatures, drafter.confidence_biases,
-                                             offsets=offsets), drafter.calibrated_confidence(z, offsets=offsets))
+    assert torch.equal(calibrated_confidence(z, drafter.confidence_temperatures, drafter.confidence_biases, top,
+                                             drafter.confidence_max_prob_weights, offsets),
+                       drafter.calibrated_confidence(z, top, offsets=offsets))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rank,offsets", [(0, False), (8, False), (32, True)])
-def test_triton_computes_the_reference(dtype, rank, offsets):
+@pytest.mark.parametrize("rank,offsets,max_prob", [(0, False, False), (8, False, True), (32, True, False),
+                                                   (32, True, True)])
+def test_triton_computes_the_reference(dtype, rank, offsets, max_prob):
+    from dspark.survival import max_prob_logit
+
     for i, (R, G, d) in enumerate(((1, 1, 16), (5, 4, 64), (37, 7, 96))):
-        case = block_case(R, G, d, rank, dtype, seed=10 * i + rank, offsets=offsets)
+        case = block_case(R, G, d, rank, dtype, seed=10 * i + rank, offsets=offsets, max_prob=max_prob)
         want = confidence_survival_reference(**case)
         out = BlockConfidence(torch.full((R + 2, G), -7.0)[:R], torch.full((R + 2, G), -7.0)[:R])
         got = confidence_survival_triton(**case, out=out)
@@ -71,6 +81,8 @@ def test_triton_computes_the_reference(dtype, rank, offsets):
             assert ((got.logits - want.logits).abs() <= ulp).all(), (got.logits - want.logits).abs().max()
         # the survival is the calibration's prefix product of the kernel's own logits (so, in fp32, the reference's)
         x = got.logits / case["temperatures"] + case["biases"] + (case["offsets"] if offsets else 0.0)
+        if max_prob:
+            x = x + case["max_prob_weights"] * max_prob_logit(case["max_prob"])
         from_logits = torch.where(case["active"][:, None], torch.cumprod(torch.sigmoid(x), 1), 0.0)
         torch.testing.assert_close(got.survival, from_logits, rtol=1e-5, atol=1e-6)
         if dtype == torch.float32:
@@ -88,5 +100,11 @@ def test_refusals_name_the_input():
         confidence_survival_reference(**{**case, "head_weight": case["head_weight"][:, :10]})
     with pytest.raises(ValueError, match="temperatures must be"):
         confidence_survival_reference(**{**case, "temperatures": torch.ones(3)})
+    with pytest.raises(ValueError, match="come together"):
+        confidence_survival_reference(**case, max_prob=torch.rand(3, 4))
+    with pytest.raises(ValueError, match="max_prob must be float32"):
+        confidence_survival_triton(**case, out=out, max_prob=torch.rand(3, 4).double(), max_prob_weights=torch.ones(4))
+    with pytest.raises(ValueError, match="max_prob_weights must be"):
+        confidence_survival_reference(**case, max_prob=torch.rand(3, 4), max_prob_weights=torch.ones(3))
     with pytest.raises(ValueError, match="out.survival"):
         confidence_survival_triton(**case, out=BlockConfidence(torch.zeros(3, 4), torch.zeros(3, 4).double()))

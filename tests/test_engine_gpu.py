@@ -224,6 +224,40 @@ def test_cuda_graph_confidence_scheduled_steps_are_lossless_and_trim(tmp_path, s
         assert c["graph_replays"] > 0 and c["trimmed_steps"] > 0 and c["window_tokens"] < c["ceiling_tokens"]
 
 
+def test_sts_max_prob_survival_from_one_pass_and_one_kernel_in_graphs(tmp_path):
+    """A drafter calibrated with sts_max_prob on CUDA graphs: the greedy draft's top probabilities come from the
+    argmax kernel's own pass (greedy_argmax with top_out), the head, the calibration with its max-probability
+    term and the survival from kernels/confidence_survival.py; the survival the planner reads is the drafter's
+    calibration of the raw logits and top probabilities the step wrote, outputs stay the target's, and the
+    engine trims."""
+    from dspark.survival import prefix_survival
+
+    target = tiny_target(45)
+    drafter = tiny_drafter(target, 46, block_size=4)
+    drafter.set_confidence_temperatures([0.8, 1.0, 1.2, 0.9], biases=[0.1, 0.0, -0.2, 0.3],
+                                        max_prob_weights=[0.6, 0.4, -0.2, 0.8])
+    prompts = prompts_for(45, 11, lo=2, hi=60)
+    params = [SamplingParams(max_tokens=16 + 7 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
+    base = [o.token_ids for o in cuda_engine(target, None, spec="off", max_num_seqs=8).generate(prompts, params)]
+    eng = graph_engine(tmp_path, target, drafter, "dspark", "ragged", max_num_seqs=8, overlap=True, budget_lag=2)
+    assert eng.steps._fused_confidence() and eng.steps.keeps_max_prob()
+    assert [o.token_ids for o in eng.generate(prompts, params)] == base
+    c = eng.counters()
+    assert c["graph_replays"] > 0 and c["trimmed_steps"] > 0
+    eng.reset()
+    for p in prompts[:6]:
+        eng.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True))
+    for _ in range(12):
+        eng.step()
+    torch.cuda.synchronize()
+    st = eng.steps
+    act = st.active[:6]
+    top = st.max_prob[:6]
+    assert act.all() and ((top > 0) & (top <= 1)).all() and top.unique().numel() > 6
+    want = prefix_survival(drafter.calibrated_confidence(st.confidence_logits[:6], top))
+    torch.testing.assert_close(st.survival[:6], want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("spec,verify", GRAPH_MODES)
 def test_steady_graph_steps_never_sync_the_host(tmp_path, spec, verify):
     target = tiny_target(43)

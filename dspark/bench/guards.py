@@ -173,7 +173,8 @@ def _why_no_trim(counters: Mapping[str, Any]) -> str:
 def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Mapping[str, Any], *,
                       expects_trim: bool, expects_graphs: bool, expects_speculation: bool,
                       forces_trim: bool = False, expects_draft_free: bool = False,
-                      expects_service_cost: bool = False, expects_online_calibration: bool = False) -> GuardResult:
+                      expects_service_cost: bool = False, expects_online_calibration: bool = False,
+                      expects_calibration: str | None = None) -> GuardResult:
     """Fail when an arm's configured feature could not run, according to the engine's counters.
 
     Counters read: ``trimmed_steps``, ``trim_ratio`` and the planner's decisions
@@ -184,7 +185,9 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
     (when ``expects_draft_free``: the choice must have been made; choosing to draft every step is an
     answer), ``service_cost/extra_steps`` and ``service_cost/floor_steps`` (when ``expects_service_cost``:
     some step must have been measured), ``online_calibration/refits`` (when ``expects_online_calibration``: the
-    offsets must have been refitted at least once), and ``decode_steps`` if reported. A counter the check
+    offsets must have been refitted at least once), ``confidence_calibration/<method>_steps`` (when
+    ``expects_calibration`` names the method of the arm's engine.confidence_calibration: some drafted step's
+    survival must have come from it), and ``decode_steps`` if reported. A counter the check
     needs but the engine did not report is itself a failure: absence of evidence is
     not evidence that the feature ran.
 
@@ -218,6 +221,7 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
                             if str(k).startswith("draft_free/b") and str(k).endswith("/draft_steps"))
     if draft_free_all:
         expects_trim = expects_speculation = expects_online_calibration = False
+        expects_calibration = None
         if measured_drafting == 0:
             problems.append("every step ran draft-free, but the choice never measured a drafting step")
     if "decode_steps" in counters and float(counters["decode_steps"]) == 0:
@@ -273,13 +277,20 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
             problems.append("engine.online_calibration enabled but its offsets were never refitted (fewer verified "
                             "steps than one refit needs)")
 
+    if expects_calibration is not None:
+        read = need(f"confidence_calibration/{expects_calibration}_steps")
+        if read == 0:
+            problems.append(f"engine.confidence_calibration ({expects_calibration}) configured but no drafted step's "
+                            "survival came from it")
     expectations = {"expects_trim": expects_trim, "expects_graphs": expects_graphs,
                     "expects_speculation": expects_speculation, "forces_trim": forces_trim,
                     "expects_draft_free": expects_draft_free, "expects_service_cost": expects_service_cost,
-                    "expects_online_calibration": expects_online_calibration}
+                    "expects_online_calibration": expects_online_calibration,
+                    "expects_calibration": expects_calibration}
     expected = [k.removeprefix("expects_") for k, v in expectations.items() if v and k.startswith("expects_")]
     if forces_trim:
         expected.append("forced trim")
+    expected = [f"calibration {expects_calibration}" if e == "calibration" else e for e in expected]
     if problems:
         message = f"arm {arm_name}: " + "; ".join(problems)
     elif draft_free_all:

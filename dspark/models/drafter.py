@@ -363,13 +363,10 @@ class DSparkDrafter(nn.Module):
         """The calibration in effect, by its config name: ``sts_max_prob`` (max-probability weights),
         ``sts_bias`` (a bias not 0), ``sts`` (a temperature not 1) or ``none`` (the raw head). Reads the
         buffers on the host: for reports, not for steps."""
-        if self.confidence_uses_max_prob:
-            return "sts_max_prob"
-        if any(b != 0.0 for b in self.confidence_biases.tolist()):
-            return "sts_bias"
-        if any(t != 1.0 for t in self.confidence_temperatures.tolist()):
-            return "sts"
-        return "none"
+        from dspark.training.calibration import calibration_method
+
+        return calibration_method(self.confidence_temperatures.tolist(), self.confidence_biases.tolist(),
+                                  self.confidence_uses_max_prob)
 
     def calibration_values(self) -> tuple[list[float], list[float], list[float] | None]:
         """(temperatures, biases, max-probability weights or None) as host lists, as

@@ -69,6 +69,34 @@ class Calibration(NamedTuple):
     biases: Tensor
     max_prob_weights: Tensor | None
 
+    @property
+    def method(self) -> str:
+        """What this calibration does, by its config name: ``sts_max_prob`` (max-probability weights),
+        ``sts_bias`` (a bias not 0), ``sts`` (a temperature not 1) or ``none`` (the raw head)."""
+        return calibration_method(self.temperatures.tolist(), self.biases.tolist(), self.max_prob_weights is not None)
+
+
+def calibration_method_of(path: str | Path) -> str:
+    """The config name of what the calibration file ``path`` (a temperatures.json or its folder) does, read as
+    :func:`load_calibration` reads it but without a block size to check against (a drafter loading it checks)."""
+    where = Path(path)
+    payload = json.loads((where.parent if where.name == TEMPERATURES_FILE else where).joinpath(TEMPERATURES_FILE)
+                         .read_text())
+    return calibration_method([float(t) for t in payload["temperatures"]],
+                              [float(b) for b in payload.get("biases") or []],
+                              payload.get("max_prob_weights") is not None)
+
+
+def calibration_method(temperatures: list[float], biases: list[float], weighs_max_prob: bool) -> str:
+    """The config name of what a calibration with these values does (the name the engine's counters use)."""
+    if weighs_max_prob:
+        return "sts_max_prob"
+    if any(b != 0.0 for b in biases):
+        return "sts_bias"
+    if any(t != 1.0 for t in temperatures):
+        return "sts"
+    return "none"
+
 
 def _as_float64(x: Any, name: str) -> Tensor:
     t = x.detach().to("cpu", torch.float64) if isinstance(x, Tensor) else torch.as_tensor(x, dtype=torch.float64)
