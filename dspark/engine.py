@@ -1010,17 +1010,19 @@ class Engine:
         now = time.perf_counter()
         G = self.block_size
         track = launched.survival is not None and self.planner is not None
-        requests = self._requests
-        rows, live_at, live_ids, windows, accepted = [], [], [], [], []
-        for i, (rid, (k, w, new)) in enumerate(zip(launched.req_ids, results)):
-            req = requests.get(rid)
-            if req is None or req.finish_reason is not None:
-                continue  # it finished in the step before: its tokens are dropped (counted below)
-            rows.append((req, w, k, new))
-            live_at.append(i)
-            live_ids.append(rid)
-            windows.append(w)
-            accepted.append(k)
+        # A row whose request finished in the step before is dropped with its tokens (counted below); in the
+        # common step every row is live, and the columns are built without a per-row branch.
+        reqs = list(map(self._requests.get, launched.req_ids))
+        live_at = [i for i, req in enumerate(reqs) if req is not None and req.finish_reason is None]
+        if len(live_at) == len(reqs):
+            live_ids, live_reqs, live_results = list(launched.req_ids), reqs, results
+        else:
+            live_ids = [launched.req_ids[i] for i in live_at]
+            live_reqs = [reqs[i] for i in live_at]
+            live_results = [results[i] for i in live_at]
+        accepted = [r[0] for r in live_results]
+        windows = [r[1] for r in live_results]
+        rows = [(req, r[1], r[0], r[2]) for req, r in zip(live_reqs, live_results)]
         self._counts["discarded_row_steps"] += len(results) - len(rows)
         # Slots first: committing finishes requests, and a finished request gives its slot back.
         slots = [self._slot(r) for r, _, _, _ in rows] if track else []
@@ -1131,30 +1133,35 @@ class Engine:
             out = req.output_ids
             n_prompt, n_out = len(req.prompt_ids), len(out)
             req.num_computed = n_prompt + n_out + k  # anchor + accepted drafts are now in the cache
-            room = min(p.max_tokens - n_out, max_len - n_prompt - n_out)
-            if room < len(new):
+            room, m = p.max_tokens - n_out, len(new)  # m: tokens this row emits
+            if max_len - n_prompt - n_out < room:
+                room = max_len - n_prompt - n_out
+            if room < m:
                 new = new[:max(room, 0)]
+                m = len(new)
             reason = None
             if eos and not p.ignore_eos and not eos.isdisjoint(new):
                 for j, t in enumerate(new):
                     if t in eos:
                         new = new[: j + 1]
+                        m = j + 1
                         reason = "stop"
                         break
-            if reason is None and p.stop and stops_apply and new:
+            if reason is None and p.stop and stops_apply and m:
                 # Token by token, as a one-token-per-step decode would stop: the accepted block is cut
                 # after the token that completes a stop string, so every arm emits the same token ids.
                 cut = self._stop_cut(out, new, p.stop)
                 if cut is not None:
                     new = new[:cut]
+                    m = len(new)
                     reason = "stop"
-            if new:
+            if m:
                 out.extend(new)
-                n_out += len(new)
+                n_out += m
                 if req.first_token_time is None:
                     req.first_token_time = now
                 req.chunk_times.append(now)
-                req.chunk_sizes.append(len(new))
+                req.chunk_sizes.append(m)
             if reason is None and (n_out >= p.max_tokens or n_prompt + n_out >= max_len):
                 reason = "length"
             if reason is not None:

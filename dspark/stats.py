@@ -56,6 +56,9 @@ def _as_list(x: Any) -> list:
     return list(x)
 
 
+_FOLD_STEPS = 64  # EngineStats folds its pending steps into the per-request sums at this many
+
+
 @dataclass
 class EngineStats:
     """Counters the engine feeds once per verify step (``record_step``) and the planner per plan."""
@@ -91,6 +94,9 @@ class EngineStats:
     eager_reasons: Counter = field(default_factory=Counter)
     block_accept_exact: bool = True
     _per_request: dict = field(default_factory=dict)  # id -> [steps, committed, accepted, verified, block_accepted]
+    # steps recorded but not yet folded into _per_request: (ids, accepted, windows, block-accepted) arrays, folded
+    # every _FOLD_STEPS steps and before _per_request is read (one vector pass instead of a loop over every row)
+    _pending: list = field(default_factory=list)
     _distinct_windows: set = field(default_factory=set)
 
     def record_plan(self, decision: Any, plan_ms: float = 0.0) -> None:
@@ -115,13 +121,15 @@ class EngineStats:
         it was valued at) are compared with what the step committed and its measured ``step_ms``. The caller
         passes it: with the overlap scheduler the next step is planned before this one commits.
         """
-        ids, w, k = list(request_ids), [int(v) for v in _as_list(windows)], [int(v) for v in _as_list(accepted)]
+        # One vector pass per conversion, check and count (this runs on the host once per step, for every row).
+        ids = list(request_ids)
         n = len(ids)
-        G = [int(block)] * n if isinstance(block, int) else [int(v) for v in _as_list(block)]
+        wa, ka = (np.asarray(_as_list(v), dtype=np.int64).reshape(-1) for v in (windows, accepted))
+        ga = (np.full(n, int(block), dtype=np.int64) if isinstance(block, int)
+              else np.asarray(_as_list(block), dtype=np.int64).reshape(-1))
+        w, k, G = wa.tolist(), ka.tolist(), ga.tolist()
         if not (len(w) == len(k) == len(G) == n):
             raise ValueError(f"record_step: {n} request ids, {len(w)} windows, {len(k)} accepted, {len(G)} blocks")
-        # One vector pass per check and count (this runs on the host once per step, for every row).
-        wa, ka, ga = (np.asarray(v, dtype=np.int64).reshape(-1) for v in (w, k, G))
         bad = np.nonzero((wa < 0) | (wa > ga))[0]
         if bad.size:
             i = int(bad[0])
@@ -152,8 +160,12 @@ class EngineStats:
         self.delivered_tokens += window_sum + n
         self.committed_tokens += int(ka.sum()) + n
         self.request_steps += n
-        self.verify_len_hist.update(w)
-        self._distinct_windows.update(w)
+        if n:  # the windows' histogram, by value (windows are in [0, block], checked above)
+            counts = np.bincount(wa)
+            seen = np.nonzero(counts)[0].tolist()
+            for v, c in zip(seen, counts[seen].tolist()):
+                self.verify_len_hist[v] += c
+            self._distinct_windows.update(seen)
         if bucket is not None:
             self.token_bucket_hist[int(bucket)] += 1
         if graph_replay is True:
@@ -175,17 +187,10 @@ class EngineStats:
                 at_least = np.cumsum(np.bincount(reach, minlength=depth + 1)[::-1])[::-1]  # rows with reach >= p
                 for p_ in range(1, depth + 1):
                     counts[p_ - 1] += int(at_least[p_])
-        per_request = self._per_request
-        for i in range(n):
-            ki = k[i]
-            per = per_request.get(ids[i])
-            if per is None:
-                per = per_request[ids[i]] = [0, 0, 0, 0, 0]
-            per[0] += 1
-            per[1] += ki + 1
-            per[2] += ki
-            per[3] += w[i]
-            per[4] += (u[i] if u is not None else ki) + 1
+        if n:
+            self._pending.append((ids, ka, wa, ka if u is None else np.asarray(u, dtype=np.int64)))
+            if len(self._pending) >= _FOLD_STEPS:
+                self._fold_requests()
         if decision is not None and decision.predicted_tokens is not None and decision.predicted_ms is not None:
             self.predicted_tokens_total += decision.predicted_tokens
             self.predicted_ms_total += decision.predicted_ms
@@ -210,7 +215,44 @@ class EngineStats:
     def per_position_acceptance(self) -> list[float | None]:
         return [None if r == 0 else a / r for a, r in zip(self.accepted_at, self.reached_at)]
 
+    def _fold_requests(self) -> None:
+        """Add the pending steps' rows to the per-request sums: one group-by over the steps' rows (numpy), then one
+        update per distinct request; ids that are not all integers are summed row by row."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        per_request = self._per_request
+        k = np.concatenate([p[1] for p in pending])
+        w = np.concatenate([p[2] for p in pending])
+        u = np.concatenate([p[3] for p in pending])
+        ids = [i for p in pending for i in p[0]]
+        arr = np.asarray(ids)
+        if arr.dtype.kind not in "iu":  # ids other than integers (the engine's are): the same sums, row by row
+            for i, rid in enumerate(ids):
+                per = per_request.setdefault(rid, [0, 0, 0, 0, 0])
+                ki = int(k[i])
+                per[0] += 1
+                per[1] += ki + 1
+                per[2] += ki
+                per[3] += int(w[i])
+                per[4] += int(u[i]) + 1
+            return
+        keys, inverse = np.unique(arr, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        steps = np.bincount(inverse, minlength=len(keys))
+        sums = [np.bincount(inverse, weights=v, minlength=len(keys)).astype(np.int64) for v in (k, w, u)]
+        for rid, n_steps, sk, sw, su in zip(keys.tolist(), steps.tolist(), *(x.tolist() for x in sums)):
+            per = per_request.get(rid)
+            if per is None:
+                per = per_request[rid] = [0, 0, 0, 0, 0]
+            per[0] += n_steps
+            per[1] += sk + n_steps
+            per[2] += sk
+            per[3] += sw
+            per[4] += su + n_steps
+
     def _request_mean(self, num: int, den: int) -> float | None:
+        self._fold_requests()
         vals = [p[num] / p[den] for p in self._per_request.values() if p[den] > 0]
         return None if not vals else sum(vals) / len(vals)
 

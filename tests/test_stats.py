@@ -192,3 +192,43 @@ def test_vector_counts_match_a_row_by_row_count(seed):
     assert s.reached_at == want["reached"] and s.accepted_at == want["accepted"]
     assert (s.trimmed_requests, s.trimmed_whole_window) == (want["trimmed"], want["whole"])
     assert s.block_accept_exact == want["exact"] and s.committed_tokens == want["committed"]
+
+
+@pytest.mark.parametrize("ids", ["int", "str", "mixed"])
+def test_per_request_sums_are_folded_as_a_row_by_row_count(ids, monkeypatch):
+    """The per-request sums (steps, committed, accepted, verified, block-accepted) are folded from pending steps in
+    one group-by every few steps and before they are read; they equal a row-by-row count, across several folds,
+    with cap-accept's uncapped counts, and for ids that are strings or of mixed kinds (summed row by row)."""
+    import random
+
+    import dspark.stats as stats_mod
+
+    monkeypatch.setattr(stats_mod, "_FOLD_STEPS", 3)
+    rnd = random.Random(7)
+    s = EngineStats()
+    want: dict = {}
+    for step in range(12):
+        n = rnd.randint(1, 9)
+        rids = rnd.sample(range(15), n)
+        if ids == "str":
+            rids = [f"r{r}" for r in rids]
+        elif ids == "mixed":
+            rids = [r if r % 2 else f"r{r}" for r in rids]
+        w = [rnd.randint(0, 6) for _ in range(n)]
+        k = [rnd.randint(0, x) for x in w]
+        u = [ki if ki < wi else rnd.randint(wi, 6) for ki, wi in zip(k, w)] if step % 2 else None
+        s.record_step(request_ids=rids, windows=w, accepted=k, block=6, mode="ragged", uncapped_accepted=u)
+        for i, rid in enumerate(rids):
+            per = want.setdefault(rid, [0, 0, 0, 0, 0])
+            per[0] += 1
+            per[1] += k[i] + 1
+            per[2] += k[i]
+            per[3] += w[i]
+            per[4] += (u[i] if u is not None else k[i]) + 1
+        if step == 4:  # a read in between folds what is pending
+            s.summary()
+            assert not s._pending
+    assert len(s._pending) == 1  # seven steps after the read, folded every 3: one still pending
+    mean = sum(p[1] / p[0] for p in want.values()) / len(want)
+    assert s.summary()["accept_length"] == pytest.approx(mean)
+    assert s._per_request == want and all(type(r) in (int, str) for r in s._per_request)
