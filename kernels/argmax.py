@@ -29,6 +29,14 @@ Calls that share a device must not run concurrently on different streams (they w
 cells); one stream, or one graph at a time, is how the engine runs them. A row that fits in
 one chunk skips the workspace and writes its index directly.
 
+With ``top_out`` the same pass also gives each row's top softmax probability (what
+kernels/top_probability.py computes on its own): every program keeps an online softmax state per
+lane (largest value, sum of exponentials, a NaN seen) beside its argmax, stores its chunk's
+(maximum, sum) in the workspace before it arrives, and the row's last program combines the
+chunks' states into ``1 / sum exp(x - max)`` (NaN for a row with a NaN, +inf or only -inf, as
+the reference). A greedy draft reads its argmax anyway, so the probability costs no second
+read of the logits.
+
 The kernel is the engine's greedy token choice on the Triton backend through
 :func:`dspark.sampling.greedy_argmax` (CUDA tensors only). ``engine.kernels.triton_argmax=false``
 switches it off there (``torch.argmax`` is used instead).
