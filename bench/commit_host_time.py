@@ -58,9 +58,9 @@ def main(argv: list[str]) -> None:
     calls, repeats = int(kv.get("CALLS", 200)), int(kv.get("REPEATS", 7))
     M = G + 1
     target = tiny_target(0)
-    engine = Engine(target, None, tiny_engine_config(max_num_seqs=R, spec="dspark", verify="full",
-                                                     max_model_len=1 << 20, num_kv_blocks=64,
-                                                     max_num_batched_tokens=2048), tiny_drafter(target, 1, block_size=G))
+    cfg = tiny_engine_config(max_num_seqs=R, spec="dspark", verify="full", max_model_len=1 << 20, num_kv_blocks=64,
+                             max_num_batched_tokens=2048)
+    engine = Engine(target, None, cfg, tiny_drafter(target, 1, block_size=G))
     for i in range(R):
         engine._requests[i] = Request(req_id=i, prompt_ids=[5] * 50, block_size=G,
                                       params=SamplingParams(max_tokens=1 << 40, ignore_eos=True))
