@@ -174,13 +174,9 @@ class Engine:
     @staticmethod
     def _recalibrated(drafter, path: str):
         """The drafter with the calibration in ``path`` (engine.confidence_calibration), its weights shared."""
-        from pathlib import Path
+        from dspark.training.calibration import calibration_dir, load_calibration
 
-        from dspark.training.calibration import TEMPERATURES_FILE, load_calibration
-
-        where = Path(path)
-        if where.name == TEMPERATURES_FILE:
-            where = where.parent
+        where = calibration_dir(path)
         if drafter.confidence_head is None:
             raise ConfigError("engine.confidence_calibration: this drafter has no confidence head to calibrate "
                               "(a DFlash-style ablation); set it to null")

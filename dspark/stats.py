@@ -216,32 +216,19 @@ class EngineStats:
         return [None if r == 0 else a / r for a, r in zip(self.accepted_at, self.reached_at)]
 
     def _fold_requests(self) -> None:
-        """Add the pending steps' rows to the per-request sums: one group-by over the steps' rows (numpy), then one
-        update per distinct request; ids that are not all integers are summed row by row."""
+        """Add the pending steps' rows to the per-request sums: the rows' ids numbered in order of first sight,
+        one bincount per sum, then one update per distinct request."""
         pending, self._pending = self._pending, []
         if not pending:
             return
+        number: dict = {}
+        inverse = np.fromiter((number.setdefault(rid, len(number)) for p in pending for rid in p[0]),
+                              dtype=np.int64)
+        k, w, u = (np.concatenate([p[i] for p in pending]) for i in (1, 2, 3))
+        steps = np.bincount(inverse, minlength=len(number)).tolist()
+        sums = [np.bincount(inverse, weights=v, minlength=len(number)).astype(np.int64).tolist() for v in (k, w, u)]
         per_request = self._per_request
-        k = np.concatenate([p[1] for p in pending])
-        w = np.concatenate([p[2] for p in pending])
-        u = np.concatenate([p[3] for p in pending])
-        ids = [i for p in pending for i in p[0]]
-        arr = np.asarray(ids)
-        if arr.dtype.kind not in "iu":  # ids other than integers (the engine's are): the same sums, row by row
-            for i, rid in enumerate(ids):
-                per = per_request.setdefault(rid, [0, 0, 0, 0, 0])
-                ki = int(k[i])
-                per[0] += 1
-                per[1] += ki + 1
-                per[2] += ki
-                per[3] += int(w[i])
-                per[4] += int(u[i]) + 1
-            return
-        keys, inverse = np.unique(arr, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        steps = np.bincount(inverse, minlength=len(keys))
-        sums = [np.bincount(inverse, weights=v, minlength=len(keys)).astype(np.int64) for v in (k, w, u)]
-        for rid, n_steps, sk, sw, su in zip(keys.tolist(), steps.tolist(), *(x.tolist() for x in sums)):
+        for rid, n_steps, sk, sw, su in zip(number, steps, *sums):
             per = per_request.get(rid)
             if per is None:
                 per = per_request[rid] = [0, 0, 0, 0, 0]

@@ -182,7 +182,8 @@ def test_did_nothing_guard_on_a_configured_calibration(tmp_path):
     assert _configured_calibration(EngineConfig(**planning)) == "sts_max_prob"
     assert _configured_calibration(EngineConfig(**{**planning, "confidence_calibration": str(tmp_path)})) \
         == "sts_max_prob"
-    path.write_text(json.dumps({"temperatures": [1.2, 1.0], "biases": [0.1, 0.0]}))
+    path.write_text(json.dumps({"method": "sequential_temperature_bias_scaling", "temperatures": [1.2, 1.0],
+                                "biases": [0.1, 0.0]}))
     assert _configured_calibration(EngineConfig(**planning)) == "sts_bias"
     # a verify-all arm, or one planning on the max probability, reads no head survival: nothing to expect
     assert _configured_calibration(EngineConfig(**{**planning, "verify": "full"})) is None

@@ -76,15 +76,17 @@ class Calibration(NamedTuple):
         return calibration_method(self.temperatures.tolist(), self.biases.tolist(), self.max_prob_weights is not None)
 
 
-def calibration_method_of(path: str | Path) -> str:
-    """The config name of what the calibration file ``path`` (a temperatures.json or its folder) does, read as
-    :func:`load_calibration` reads it but without a block size to check against (a drafter loading it checks)."""
+def calibration_dir(path: str | Path) -> Path:
+    """The folder of a calibration given as its temperatures.json or as the folder holding it
+    (engine.confidence_calibration takes either)."""
     where = Path(path)
-    payload = json.loads((where.parent if where.name == TEMPERATURES_FILE else where).joinpath(TEMPERATURES_FILE)
-                         .read_text())
-    return calibration_method([float(t) for t in payload["temperatures"]],
-                              [float(b) for b in payload.get("biases") or []],
-                              payload.get("max_prob_weights") is not None)
+    return where.parent if where.name == TEMPERATURES_FILE else where
+
+
+def calibration_method_of(path: str | Path) -> str:
+    """The config name of what the calibration at ``path`` (a temperatures.json or its folder) does, as
+    :func:`load_calibration` reads it (checked against its own length: a drafter loading it checks the block)."""
+    return load_calibration(calibration_dir(path), None).method
 
 
 def calibration_method(temperatures: list[float], biases: list[float], weighs_max_prob: bool) -> str:
@@ -802,9 +804,10 @@ def _number_list(path: Path, payload: dict, key: str, block_size: int, what: str
     return torch.tensor([float(v) for v in raw], dtype=torch.float32)
 
 
-def load_calibration(directory: str | Path, block_size: int) -> Calibration:
+def load_calibration(directory: str | Path, block_size: int | None) -> Calibration:
     """Read ``temperatures.json``: a :class:`Calibration` (float32 temperatures [block_size], biases
-    [block_size], max_prob_weights [block_size] or None).
+    [block_size], max_prob_weights [block_size] or None). ``block_size`` None: the file's own number of
+    temperatures (for reading what a file holds; a drafter passes its block size).
 
     Files without a "biases" list (STS, and every file written before biases existed) read as
     zero biases; files without "max_prob_weights" (sts, sts_bias) read as None: no max-probability
@@ -825,6 +828,8 @@ def load_calibration(directory: str | Path, block_size: int) -> Calibration:
     if method not in CONFIG_NAMES:
         raise ValueError(f"{path} was written by method {method!r}, expected one of {sorted(CONFIG_NAMES)}")
     values = payload["temperatures"]
+    if block_size is None and isinstance(values, list):
+        block_size = len(values)
     if not isinstance(values, list) or len(values) != block_size:
         n = len(values) if isinstance(values, list) else type(values).__name__
         raise ValueError(f"{path} holds {n} temperatures but the drafter block size is {block_size}; "
@@ -847,8 +852,9 @@ def load_calibration(directory: str | Path, block_size: int) -> Calibration:
 
 __all__ = [
     "CONFIG_NAMES", "Calibration", "METHODS", "STS_BIAS_METHOD", "STS_MAX_PROB_METHOD", "STS_METHOD",
-    "TEMPERATURES_FILE", "bias_grid", "bootstrap_ece",
-    "calibrated_confidence", "calibration_report", "conditional_auc", "cumulative_survival", "reached_cells",
+    "TEMPERATURES_FILE", "bias_grid", "bootstrap_ece", "calibration_dir", "calibration_method",
+    "calibration_method_of", "calibrated_confidence", "calibration_report", "conditional_auc", "cumulative_survival",
+    "reached_cells",
     "expected_calibration_error", "fit_max_prob_calibration",
     "fit_sequential_temperatures", "fit_sequential_temperatures_biases", "load_calibration", "load_temperatures",
     "reliability_plot", "roc_auc", "save_temperatures", "split_sequences", "survival_indicator", "temperature_grid",
