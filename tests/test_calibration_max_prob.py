@@ -452,3 +452,19 @@ def test_an_engine_calibration_file_with_weights_is_what_the_planner_reads(model
                                                                            plain).counters())
     by_prob = Engine(target, None, tiny_engine_config(acceptance_estimate="draft_max_prob"), plain).counters()
     assert not any(k.startswith("confidence_calibration/") for k in by_prob)
+
+
+def test_the_shipped_sts_max_prob_calibration_loads_for_the_shipped_drafter():
+    """dspark/assets/dspark-smollm2/sts_max_prob/ (the option the model card and runners.ab's
+    scheduled_vs_max_prob_calibration name) is an sts_max_prob file of the shipped drafter's block size, given as
+    its folder or as the file."""
+    from pathlib import Path
+
+    from dspark.training.calibration import calibration_method_of, load_calibration
+
+    asset = Path(__file__).resolve().parents[1] / "dspark" / "assets" / "dspark-smollm2"
+    block = json.loads((asset / "config.json").read_text())["drafter"]["block_size"]
+    cal = load_calibration(asset / "sts_max_prob", block)
+    assert cal.max_prob_weights is not None and cal.method == "sts_max_prob"
+    assert calibration_method_of(asset / "sts_max_prob" / "temperatures.json") == "sts_max_prob"
+    assert calibration_method_of(asset) == "sts_bias"  # the drafter's own calibration
