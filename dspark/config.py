@@ -281,6 +281,11 @@ class EngineConfig:
     # 0.03: on the H200 (bench/results/h200-2026-11-30-traces) predicted gains are optimistic by about 3
     # points (closed loop); at batch 4 a predicted +2.6% trim realised -2%, and 0.03 costs nothing at 128/256.
     min_predicted_gain: float = 0.03
+    # Steps with fewer decoding requests than this verify the whole block without planning (plan reason
+    # declined_small_batch). Below a few dozen rows a step's time is set by weights, launches and KV reads, not by
+    # the verified tokens: a trim there saves a few microseconds while the rows it cuts are often the ones the
+    # step's period waits for (a closed-loop block's tail), and the planner's host time is charged to every such step.
+    plan_min_rows: int = 32
     # A confidence calibration (temperatures.json, or the folder holding it) that replaces the drafter's
     # own for this engine, e.g. one fitted on the workload's step traces (runners.calibrate traces=...).
     confidence_calibration: str | None = None
@@ -400,6 +405,8 @@ class EngineConfig:
                    f"captured steps size the budget from survival the host has already read back: at least "
                    f"{need} step(s) old {'with the overlap scheduler ' if self.overlap else ''}(got "
                    f"{self.budget_lag}); set engine.budget_lag={need}")
+        _check(isinstance(self.plan_min_rows, int) and self.plan_min_rows >= 0, "engine.plan_min_rows",
+               f"must be an integer >= 0 (0: plan steps of any size), got {self.plan_min_rows!r}")
         for name, problem in check_plan_gate_settings(warmup=self.plan_gate_warmup,
                                                       probe_every=self.plan_gate_probe_every,
                                                       probe_every_max=self.plan_gate_probe_every_max).items():

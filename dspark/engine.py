@@ -19,6 +19,7 @@ from dspark.kv_cache import BlockManager
 from dspark.model_runner import DTYPES, ModelRunner, Segment
 from dspark.models.llama import TargetModel
 from dspark.plan_gate import SKIPPED_REASON, backlog_ms
+from dspark.planner import SMALL_BATCH_REASON, UNPLANNED_REASONS
 from dspark.request import Request, RequestOutput
 from dspark.scheduler import Scheduler
 from dspark.stats import HOST_PHASES, EngineStats, check_step_consistency
@@ -125,7 +126,8 @@ class Engine:
         self.planner = None
         self.service_cost = None  # engine.service_cost: the online price of a service step (kept across reset)
         self.plan_gate = None  # engine.plan_gate: whether planning a device-resident step pays (kept across reset)
-        self._skipped_decisions: dict[int, object] = {}  # rows -> the PlanDecision of a step the gate skipped
+        # (rows, reason) -> the PlanDecision of a step that ran the full block without a planner call
+        self._full_block_decisions: dict[tuple[int, str], object] = {}
         self._plan_cost = None  # (bucket, host ms) of the planner call the step() in progress made
         self._build_planner()
         self._free_slots = list(range(self.cfg.max_num_seqs - 1, -1, -1))
@@ -221,8 +223,12 @@ class Engine:
                                   prefill_stream=self.cfg.cuda_graphs and self.cfg.prefill_stream,
                                   draft_free_steps=self.cfg.draft_free_steps,
                                   confidence_offsets=self.cfg.online_calibration and bool(self.block_size),
-                                  confidence=self.cfg.verify != "full")  # verify-all reads no survival
+                                  confidence=self.cfg.verify != "full",  # verify-all reads no survival
+                                  # no planning below engine.plan_min_rows, so no head there (a forced decision
+                                  # allocates from survival at every size)
+                                  confidence_min_rows=0 if self._forced_decisions() else self.cfg.plan_min_rows)
         self.graph = self.steps if self.cfg.cuda_graphs else None  # the device-resident path
+        self._head_steps_base = 0  # self.steps.head_steps at the last reset()
         # engine.acceptance_estimate=draft_max_prob: the online calibration of the drafter's top probabilities. It is
         # calibration, not request state: reset() keeps it, so a run's warm-up trains it for the timed blocks.
         self.acceptance_estimate = None
@@ -274,7 +280,7 @@ class Engine:
             block=self.block_size, mode="uniform" if cfg.verify == "uniform" else "ragged",
             algorithm=cfg.planner_algorithm, budget_lag=cfg.budget_lag, allowed_verify_lens=cfg.tiers,
             min_verify_len=cfg.min_verify_len, min_predicted_gain=cfg.min_predicted_gain,
-            skip_mixed_trim=cfg.skip_mixed_trim, temperature_positive=not fresh_global,
+            min_rows=cfg.plan_min_rows, skip_mixed_trim=cfg.skip_mixed_trim, temperature_positive=not fresh_global,
             force_verify_len=cfg.force_verify_len, force_budget_frac=cfg.force_budget_frac,
             force_trimmed_path=cfg.force_trimmed_path)
         self.planner = Planner(self.planner_config, self.cost_table, stats=self.stats)
@@ -282,12 +288,16 @@ class Engine:
             from dspark.service_cost import ServiceCostEstimate
 
             self.service_cost = ServiceCostEstimate()
-        forced = cfg.force_verify_len is not None or cfg.force_budget_frac is not None
-        if cfg.plan_gate and cfg.cuda_graphs and not forced:  # a forced decision applies to every step
+        # a forced decision applies to every step: no gate
+        if cfg.plan_gate and cfg.cuda_graphs and not self._forced_decisions():
             from dspark.plan_gate import PlanGate
 
             self.plan_gate = PlanGate(warmup=cfg.plan_gate_warmup, probe_every=cfg.plan_gate_probe_every,
                                       probe_every_max=cfg.plan_gate_probe_every_max)
+
+    def _forced_decisions(self) -> bool:
+        """Whether engine.force_verify_len / force_budget_frac replace every planner decision."""
+        return self.cfg.force_verify_len is not None or self.cfg.force_budget_frac is not None
 
     def fingerprint(self) -> dict:
         """What a cost table must have been profiled on to be valid here."""
@@ -371,11 +381,13 @@ class Engine:
         c["accept_rate"] = c["accepted_tokens"] / c["verified_tokens"] if c["verified_tokens"] else 0.0
         for why, n in self.eager_reasons.items():
             c[f"eager_reason/{why}"] = n
-        if self._confidence_calibration is not None and self.steps.runs_confidence_head():
-            # what the planner reads as survival (acceptance_estimate=head, an engine whose steps run the head):
-            # the drafted steps whose survival came from this calibration (a count, so it sums across blocks)
-            drafted = c["decode_steps"] - c["draft_free_steps"]
-            c[f"confidence_calibration/{self._confidence_calibration}_steps"] = drafted
+        if self.steps.runs_confidence_head():
+            # steps whose draft stage ran the confidence head (none below engine.plan_min_rows on the device path)
+            c["confidence_head_steps"] = self.steps.head_steps - self._head_steps_base
+            if self._confidence_calibration is not None:
+                # what the planner reads as survival (acceptance_estimate=head): the steps whose survival came
+                # from this calibration (a count, so it sums across blocks)
+                c[f"confidence_calibration/{self._confidence_calibration}_steps"] = c["confidence_head_steps"]
         # Steps whose target forward ran the decode megakernel (kernels/decode_megakernel.py):
         # graph replays of steps captured with it, plus eager calls (captures' own calls excluded).
         c["megakernel_steps"] = self._megakernel_raw() - self._megakernel_base
@@ -921,11 +933,17 @@ class Engine:
         engine.plan_gate, only where planning is expected to pay (a skipped step runs the full block)."""
         if self.planner is None:
             return "full", None, None, None
+        if len(running) < self.planner_config.min_rows and not self._forced_decisions():
+            # engine.plan_min_rows: the planner's own decline, without its host time (nor the gate's, which
+            # learns only where the planner may trim)
+            decision = self._full_block_decision(len(running), SMALL_BATCH_REASON)
+            self.stats.record_plan(decision)
+            return "full", None, None, decision
         gate = self.plan_gate
         if gate is not None:
             bucket = self.graph.bucket_for(len(running))
             if not gate.should_plan(bucket):
-                decision = self._skipped_decision(len(running))
+                decision = self._full_block_decision(len(running), SKIPPED_REASON)
                 self.stats.record_plan(decision)
                 return "full", None, None, decision
         from dspark.planner import plan_budget
@@ -954,10 +972,11 @@ class Engine:
             return "uniform", decision.windows[0], None, decision
         return "ragged", None, decision.extra_cells, decision
 
-    def _skipped_decision(self, rows: int):
-        """The decision of a step of ``rows`` requests that the plan gate ran without the planner: the full
-        block, priced by the cost table as a declined decision is (the service price learns from it)."""
-        decision = self._skipped_decisions.get(rows)
+    def _full_block_decision(self, rows: int, reason: str):
+        """The decision of a step of ``rows`` requests that ran the full block without a planner call (``reason``:
+        the plan gate skipped it, or engine.plan_min_rows), priced by the cost table as a declined decision is
+        (the service price learns from it)."""
+        decision = self._full_block_decisions.get((rows, reason))
         if decision is None:
             from dspark.planner import PlanDecision
 
@@ -965,8 +984,8 @@ class Engine:
             ms = None
             if self.cost_table is not None:
                 ms = self.cost_table.step_ms(rows * (G + 1), rows, extrapolate=self.planner_config.extrapolate_cost)
-            decision = PlanDecision(tuple([G] * rows), False, SKIPPED_REASON, 0.0, None, ms, rows * G)
-            self._skipped_decisions[rows] = decision
+            decision = PlanDecision(tuple([G] * rows), False, reason, 0.0, None, ms, rows * G)
+            self._full_block_decisions[(rows, reason)] = decision
         return decision
 
     def _count_plan_cost(self, waited_ms: float, device_ran: bool) -> None:
@@ -1062,7 +1081,7 @@ class Engine:
         bucket = self.graph.bucket_for(len(launched.req_ids))
         self._learn_step_cost(bucket, free, sum(accepted) + len(live_ids),
                               step_ms, decision, waited_ms=waited_ms, host_ms=max(0.0, step_ms - waited_ms))
-        if self.plan_gate is not None and decision is not None and decision.reason != SKIPPED_REASON:
+        if self.plan_gate is not None and decision is not None and decision.reason not in UNPLANNED_REASONS:
             self.plan_gate.record_benefit(bucket, trimmed=decision.trimmed, predicted_gain=decision.predicted_gain,
                                           period_ms=step_ms)
         if G and live_ids and not free:  # a draft-free step verifies nothing: not a scheduling step
@@ -1286,6 +1305,7 @@ class Engine:
         self.num_steps = 0
         self._counts = self._zero_counts()
         self._megakernel_base = self._megakernel_raw()
+        self._head_steps_base = self.steps.head_steps
         self._oracle_steps = []
         self.step_trace = None
         self.steps.trace_max_prob = False

@@ -105,7 +105,8 @@ class GraphDecoder:
                  token_buckets: tuple[int, ...] | None = None, min_verify_len: int = 1, window_impl: str = "torch",
                  metadata_impl: str = "torch", max_prefill_tokens: int = 2048, max_prefill_segments: int = 16,
                  acceptance_estimate: str = "head", estimate_bins: int = 10, prefill_stream: bool = False,
-                 draft_free_steps: bool = False, confidence_offsets: bool = False, confidence: bool = True):
+                 draft_free_steps: bool = False, confidence_offsets: bool = False, confidence: bool = True,
+                 confidence_min_rows: int = 0):
         self.runner = runner
         self.kernels = runner.kernels
         self.target = runner.target
@@ -151,6 +152,11 @@ class GraphDecoder:
         # an engine that plans reads it; a verify-all engine reads none of it and passes False (a step trace
         # records it all the same).
         self.confidence = confidence
+        # Device-resident steps whose draft graph has fewer rows than this skip the head: the engine plans no step
+        # of fewer requests (engine.plan_min_rows), so nothing would read their survival. Host-driven steps
+        # (draft_rows) always run it; a step trace keeps it on every step.
+        self.confidence_min_rows = int(confidence_min_rows)
+        self.head_steps = 0  # launched and host-driven steps whose draft stage ran the head (counters)
         centres = (torch.arange(estimate_bins, dtype=torch.float32) + 0.5) / estimate_bins
         self.estimate_table = centres.repeat(G1, 1).to(dev)
         self.windows_in = torch.zeros(S, dtype=torch.int64, device=dev)  # explicit/cap_accept: the host's windows
@@ -435,12 +441,14 @@ class GraphDecoder:
         anchor_pos = torch.where(self.active[:R], self.seq_len[:R] - 1, 0)
         return step_uniforms(self.seed[:R], anchor_pos, self.G)
 
-    def runs_confidence_head(self) -> bool:
+    def runs_confidence_head(self, rows: int | None = None) -> bool:
         """Whether the draft stage runs the drafter's confidence head and writes self.survival (and the raw
         self.confidence_logits): with a head, on the head's estimate (not draft_max_prob), for an engine that
-        reads survival (``confidence``) or a step trace."""
+        reads survival (``confidence``) or a step trace; on a device-resident step of ``rows`` draft rows, only
+        from ``confidence_min_rows`` rows up (None: a host-driven step, or whether any step runs it)."""
         return (self.drafter is not None and self.drafter.confidence_head is not None and self.estimate == "head"
-                and (self.confidence or self.trace_max_prob))
+                and (self.confidence or self.trace_max_prob)
+                and (rows is None or self.trace_max_prob or rows >= self.confidence_min_rows))
 
     def _fused_confidence(self) -> bool:
         """Whether the head, its calibration and the survival run as kernels/confidence_survival.py's one kernel:
@@ -458,13 +466,13 @@ class GraphDecoder:
         head_weighs_it = self.runs_confidence_head() and self.drafter.confidence_uses_max_prob
         return self.estimate == "draft_max_prob" or head_weighs_it or self.trace_max_prob
 
-    def _draft_stage(self, R: int) -> None:
+    def _draft_stage(self, R: int, host_driven: bool = False) -> None:
         """Draft a block for rows [:R]; writes self.drafts, self.draft_probs (sampled rows), self.max_prob (when
         :meth:`keeps_max_prob`: :func:`dspark.sampling.top_probability` of each slot's logits, greedy and sampled
         rows alike, written slot by slot) and, where :meth:`runs_confidence_head`, self.survival and the raw
         self.confidence_logits (one kernel on CUDA: :meth:`_fused_confidence`). No host sync: what it computes is
         decided by Python state (the estimate, the drafter's calibration method), so a captured draft graph replays
-        it."""
+        it. A device-resident stage (not ``host_driven``) runs the head only from confidence_min_rows rows up."""
         G = self.G
         n, act, tables, anchor = self.seq_len[:R], self.active[:R], self.tables[:R], self.anchor[:R]
         block = self._draft_rows(act, n, tables)
@@ -474,7 +482,7 @@ class GraphDecoder:
         hidden = self.drafter.forward_block(anchor, None, self.runner.draft_cache, meta_d, self.target.embed,
                                             positions=block.positions)
         by_max_prob = self.estimate == "draft_max_prob"
-        head = self.runs_confidence_head()
+        head = self.runs_confidence_head(None if host_driven else R)
         fused_head = head and self._fused_confidence()  # the head after the draw, in one kernel (below)
         keep_top = self.keeps_max_prob()
         from dspark.sampling import top_probability
@@ -679,7 +687,8 @@ class GraphDecoder:
             if bucket is None:
                 raise ValueError(f"{B} requests x {self.M} tokens exceed the largest bucket {self.buckets[-1]}")
             num_tokens = B * self.M
-            self._run(("step", bucket, self.sampling), lambda: self._step(bucket // self.M))
+            r_draft = bucket // self.M
+            self._run(("step", bucket, self.sampling), lambda: self._step(r_draft))
         else:
             if mode == "draft_free":
                 num_tokens = B
@@ -693,10 +702,10 @@ class GraphDecoder:
             if bucket is None:
                 raise ValueError(f"{num_tokens} tokens exceed the largest token bucket {self.token_buckets[-1]}")
             r_verify = min(bucket, self.S)
+            r_draft = _first_at_least(self.batch_buckets, B)
             if mode != "draft_free":
                 src = torch.tensor([value], dtype=torch.int64)
                 target_buf.copy_(src.pin_memory() if pin else src, non_blocking=pin)
-                r_draft = _first_at_least(self.batch_buckets, B)
                 self._run(("draft", r_draft, self.sampling), lambda: self._draft_stage(r_draft))
             self._run(("verify", bucket, mode, self.sampling), lambda: self._verify_stage(bucket, r_verify, mode))
         self._close_step_timing(mode, _first_at_least(self.batch_buckets, B) or B)
@@ -704,7 +713,9 @@ class GraphDecoder:
         host.copy_(self.out[:B], non_blocking=pin)
         surv = top = None
         drafted = self.G and mode != "draft_free"  # a draft-free step leaves no survival of its own
-        if drafted and (self.runs_confidence_head() or self.estimate == "draft_max_prob"):
+        head = drafted and self.runs_confidence_head(r_draft)
+        self.head_steps += bool(head)
+        if head or (drafted and self.estimate == "draft_max_prob"):
             surv = torch.empty((B, self.G), dtype=torch.float32, pin_memory=pin)
             surv.copy_(self.survival[:B], non_blocking=pin)
         if drafted and self.estimate == "draft_max_prob":
@@ -721,7 +732,8 @@ class GraphDecoder:
         """The draft stage over rows [:num_rows], uncaptured (a host-driven step: the host plans on this
         step's survival before it verifies)."""
         if self.G:
-            self._draft_stage(num_rows)
+            self._draft_stage(num_rows, host_driven=True)
+            self.head_steps += self.runs_confidence_head()
 
     def verify_rows(self, windows: list[int], num_tokens: int, cap_accept: bool = False
                     ) -> list[tuple[int, int, list[int]]]:

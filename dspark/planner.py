@@ -46,8 +46,12 @@ MODES = ("uniform", "ragged")
 ALGORITHMS = ("global", "greedy_stop")
 BUDGET_LAGS = (0, 1, 2)
 # SKIPPED_REASON: a device-resident step the plan gate ran without the planner (dspark/plan_gate.py).
-REASONS = ("trimmed", "declined_flat_cost", "declined_no_table", "declined_below_min_gain", "declined_mixed_step",
-           "declined_snapshot_not_ready", "forced", SKIPPED_REASON)
+# A step of fewer requests than PlannerConfig.min_rows (engine.plan_min_rows): the full block, not planned.
+SMALL_BATCH_REASON = "declined_small_batch"
+REASONS = ("trimmed", "declined_flat_cost", "declined_no_table", "declined_below_min_gain", SMALL_BATCH_REASON,
+           "declined_mixed_step", "declined_snapshot_not_ready", "forced", SKIPPED_REASON)
+# Steps that verified the full block without the planner's search: the plan gate learns nothing from them.
+UNPLANNED_REASONS = (SMALL_BATCH_REASON, SKIPPED_REASON)
 
 
 class PlannerConfigError(ConfigError):
@@ -72,6 +76,7 @@ class PlannerConfig:
     # Algorithm 1 starts every request at 0). The default 1 keeps every request drafting.
     min_verify_len: int = 1
     min_predicted_gain: float = 0.03  # relative: trim only if predicted tokens/ms beats the full block by this
+    min_rows: int = 0  # steps of fewer requests verify the whole block (declined_small_batch); 0: any size
     flat_rel_tol: float = 0.02  # a table whose theta varies less than this is "flat" (trimming looks free)
     skip_mixed_trim: bool = True  # decline on steps that also carry a prefill (their cost is not the table's)
     temperature_positive: bool = True  # may any request sample? (conservative default: yes)
@@ -90,6 +95,8 @@ class PlannerConfig:
         _need(isinstance(self.min_predicted_gain, (int, float)) and math.isfinite(self.min_predicted_gain)
               and self.min_predicted_gain >= 0, "min_predicted_gain", f"must be finite and >= 0, got {self.min_predicted_gain!r}")
         _need(self.flat_rel_tol >= 0, "flat_rel_tol", f"must be >= 0, got {self.flat_rel_tol!r}")
+        _need(isinstance(self.min_rows, int) and self.min_rows >= 0, "min_rows",
+              f"must be an integer >= 0, got {self.min_rows!r}")
         ladder = self.allowed_verify_lens
         if ladder is not None:
             ladder = tuple(ladder)
@@ -383,6 +390,8 @@ def plan_budget(*, ranking_survival: Any, sizing_survival: Any, table: CostTable
         return decline("declined_no_table")
     if table.is_flat(config.flat_rel_tol):
         return decline("declined_flat_cost")
+    if R < config.min_rows:
+        return decline(SMALL_BATCH_REASON)
     if is_mixed_step and config.skip_mixed_trim:
         return decline("declined_mixed_step")
     if not snapshot_ready:
@@ -693,5 +702,5 @@ def oracle_bound(accepted_per_step: Sequence[Sequence[int]], batch_sizes: Sequen
     return out
 
 
-__all__ = ["MODES", "ALGORITHMS", "BUDGET_LAGS", "REASONS", "PlannerConfigError", "PlannerConfig", "PlanDecision",
-           "plan_budget", "Planner", "oracle_bound"]
+__all__ = ["MODES", "ALGORITHMS", "BUDGET_LAGS", "REASONS", "SMALL_BATCH_REASON", "UNPLANNED_REASONS",
+           "PlannerConfigError", "PlannerConfig", "PlanDecision", "plan_budget", "Planner", "oracle_bound"]

@@ -143,6 +143,7 @@ class EngineSchema:
     tiers: Optional[List[int]] = None  # uniform verification's ladder of verify lengths (the tiers group); null: any
     min_verify_len: int = 1  # the shortest verify window the planner chooses
     min_predicted_gain: float = 0.03  # the planner trims only where the cost table predicts at least this gain
+    plan_min_rows: int = 32  # steps with fewer decoding requests verify the whole block without planning
     confidence_calibration: Optional[str] = None  # temperatures.json (or its folder) replacing the drafter's own
     skip_mixed_trim: bool = True  # decline to trim steps that also carry a prefill
     acceptance_estimate: str = "head"  # head: the confidence head; draft_max_prob: drafter top probability, calibrated online

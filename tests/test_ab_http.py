@@ -31,7 +31,8 @@ from test_bench_http import FAKE, free_port
 from test_configs import ROOT, compose_ab
 
 TINY = ["+workload=agentic", "workload.num_prompts=2", "workload.max_tokens=6", "ab.n_blocks=2",
-        "ab.warmup_requests=1", "ab.n_boot=200", "load.concurrency=2", "wandb.mode=disabled"]
+        "ab.warmup_requests=1", "ab.n_boot=200", "load.concurrency=2", "wandb.mode=disabled",
+        "engine.plan_min_rows=0"]  # two rows: the planner runs there only below the default engine.plan_min_rows
 
 
 def serve_arm(cfg, arm: str, verify: str, out, *extra: str) -> int:
@@ -40,7 +41,7 @@ def serve_arm(cfg, arm: str, verify: str, out, *extra: str) -> int:
     node = cfg.ab.arms[arm].http
     node.base_url, node.metrics_url = f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{port}/metrics"
     node.launch = [sys.executable, "-m", "runners.serve", f"port={port}", "log_level=warning", f"engine.verify={verify}",
-                   "engine.max_num_seqs=2", f"hydra.run.dir={out}/servers/{arm}", *extra]
+                   "engine.max_num_seqs=2", "engine.plan_min_rows=0", f"hydra.run.dir={out}/servers/{arm}", *extra]
     node.env = {TINY_MODELS_ENV: "1", "PYTHONPATH": str(ROOT)}
     node.cwd = str(out)
     return port

@@ -20,7 +20,8 @@ from test_configs import ROOT, compose_ab
 from tiny import tiny_drafter, tiny_target
 
 TINY = ["ab=spec_off_vs_dspark", "+workload=agentic", "workload.num_prompts=2", "workload.max_tokens=6", "ab.n_blocks=2",
-        "ab.warmup_requests=1", "ab.n_boot=200", "load.concurrency=2", "wandb.mode=disabled"]
+        "ab.warmup_requests=1", "ab.n_boot=200", "load.concurrency=2", "wandb.mode=disabled",
+        "engine.plan_min_rows=0"]  # two rows: the planner runs there only below the default engine.plan_min_rows
 
 
 class FakeTokenizer:

@@ -321,9 +321,9 @@ def _spy_draft_stage(monkeypatch):
             return sample_fn(logits, k)
         return real_draft(self, hidden, anchor_ids, lm_head_weight, watch, *args, **kw)
 
-    def stage(self, R):
+    def stage(self, R, host_driven=False):
         probs.clear()
-        real_stage(self, R)
+        real_stage(self, R, host_driven)
         live = self.active[:R].clone()
         ids = [rid for rid, on in zip(self.req_ids, live.tolist()) if on]
         seen.append({"ids": ids, "survival": self.survival[:R][live].clone(),

@@ -224,6 +224,25 @@ def test_cuda_graph_confidence_scheduled_steps_are_lossless_and_trim(tmp_path, s
         assert c["graph_replays"] > 0 and c["trimmed_steps"] > 0 and c["window_tokens"] < c["ceiling_tokens"]
 
 
+def test_captured_draft_graphs_below_plan_min_rows_skip_the_head_and_stay_lossless(tmp_path):
+    """engine.plan_min_rows=4 on CUDA graphs (overlap): draft graphs of 1-2 rows are captured without the
+    confidence head and their steps plan nothing; graphs of 4 and 8 rows run it, plan and trim; outputs stay the
+    target's."""
+    target = tiny_target(45)
+    drafter = tiny_drafter(target, 46, block_size=4)
+    prompts = prompts_for(45, 11, lo=2, hi=60)
+    params = [SamplingParams(max_tokens=16 + 7 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
+    base = [o.token_ids for o in cuda_engine(target, None, spec="off", max_num_seqs=8).generate(prompts, params)]
+    eng = graph_engine(tmp_path, target, drafter, "dspark", "ragged", max_num_seqs=8, overlap=True, budget_lag=2,
+                       plan_min_rows=4)
+    assert [o.token_ids for o in eng.generate(prompts, params)] == base
+    c = eng.counters()
+    assert c["graph_replays"] > 0 and c["trimmed_steps"] > 0
+    assert c["trimmed_steps"] <= c["confidence_head_steps"] < c["decode_steps"]
+    assert c["sched/plan_reason.declined_small_batch"] > 0
+    assert not eng.steps.runs_confidence_head(2) and eng.steps.runs_confidence_head(4)
+
+
 def test_sts_max_prob_survival_from_one_pass_and_one_kernel_in_graphs(tmp_path):
     """A drafter calibrated with sts_max_prob on CUDA graphs: the greedy draft's top probabilities come from the
     argmax kernel's own pass (greedy_argmax with top_out), the head, the calibration with its max-probability

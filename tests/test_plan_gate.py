@@ -8,7 +8,7 @@ from dspark.bench.report import verdict_note
 from dspark.config import ConfigError, EngineConfig, SamplingParams
 from dspark.engine import Engine
 from dspark.plan_gate import SKIPPED_REASON, BucketEstimate, PlanGate
-from dspark.planner import REASONS
+from dspark.planner import REASONS, SMALL_BATCH_REASON
 from test_engine_lossless import prompts_for
 from test_engine_scheduling import device_step_models_and_table
 from tiny import tiny_engine_config
@@ -131,6 +131,11 @@ def test_gate_settings_are_validated():
     assert cfg.plan_gate is True and cfg.plan_gate_warmup == 8 and cfg.plan_gate_probe_every == 16
     assert cfg.plan_gate_probe_every_max == 64
     assert SKIPPED_REASON in REASONS
+    from runners.schema import EngineSchema
+
+    assert cfg.plan_min_rows == EngineSchema().plan_min_rows == 32
+    with pytest.raises(ConfigError, match=r"engine.plan_min_rows: must be an integer >= 0"):
+        EngineConfig(plan_min_rows=-1)
 
 
 def test_an_arm_whose_gate_skipped_every_step_reads_as_declined_not_as_a_trim():
@@ -150,6 +155,47 @@ def gate_engine(target, drafter, table, **cfg):
     settings = dict(max_num_seqs=4, verify="ragged", cost_table=table, cuda_graphs=True, min_verify_len=0,
                     service_cost=True)
     return Engine(target, None, tiny_engine_config(**{**settings, **cfg}), drafter)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_steps_below_plan_min_rows_run_the_full_block_without_planning(tmp_path, overlap):
+    """engine.plan_min_rows above the batch: every device-resident step runs the verify-all engine's block
+    without a planner call (the gate neither plans, skips nor learns) nor the confidence head, and is counted as
+    the planner's decline, which the did_nothing guard reads as "trimming does not pay here"; at a lower setting
+    the same engine trims, and runs the head on the draft graphs of that many rows or more. Host-driven steps
+    run the head whatever the batch."""
+    target, drafter, lag, table = device_step_models_and_table(tmp_path, overlap)
+    prompts = prompts_for(12, 4)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    base = Engine(target, None, tiny_engine_config(max_num_seqs=4), drafter)
+    expected = [o.token_ids for o in base.generate(prompts, params)]
+    kw = dict(overlap=overlap, budget_lag=lag, min_predicted_gain=0.0, plan_gate_warmup=10**6)
+
+    small = gate_engine(target, drafter, table, plan_min_rows=5, **kw)
+    assert [o.token_ids for o in small.generate(prompts, params)] == expected
+    c = small.counters()
+    assert c[f"sched/plan_reason.{SMALL_BATCH_REASON}"] == c["decode_steps"] > 0
+    assert c["plan_gate/planned_steps"] == c["plan_gate/skipped_steps"] == 0
+    assert c["trimmed_steps"] == 0 and c["window_tokens"] == c["ceiling_tokens"]
+    assert c["service_cost/floor_steps"] == c["decode_steps"]  # the service price still learns from every step
+    assert c["confidence_head_steps"] == 0 and not small.steps.survival.any()
+    guard = did_nothing_guard("B", {}, c, expects_trim=True, expects_graphs=False, expects_speculation=True)
+    assert guard.passed and guard.details["declined_all"], guard.message
+    assert "engine.plan_min_rows" in guard.message
+
+    planning = gate_engine(target, drafter, table, plan_min_rows=4, **kw)
+    assert [o.token_ids for o in planning.generate(prompts, params)] == expected
+    c = planning.counters()
+    assert c["trimmed_steps"] > 0 and c["plan_gate/planned_steps"] > 0
+    # the steps of fewer than four rows (the last requests, once the queue is empty) were not planned
+    assert 0 < c.get(f"sched/plan_reason.{SMALL_BATCH_REASON}", 0) < c["decode_steps"]
+    assert c["trimmed_steps"] <= c["confidence_head_steps"] < c["decode_steps"]  # 1-2 rows: graphs of 1 and 2
+
+    host = Engine(target, None, tiny_engine_config(max_num_seqs=4, verify="ragged", cost_table=table, min_verify_len=0,
+                                                   plan_min_rows=5, allow_foreign_cost_table=True), drafter)
+    assert [o.token_ids for o in host.generate(prompts, params)] == expected
+    c = host.counters()
+    assert c["confidence_head_steps"] == c["decode_steps"] == c[f"sched/plan_reason.{SMALL_BATCH_REASON}"]
 
 
 @pytest.mark.parametrize("overlap", [False, True])

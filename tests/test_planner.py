@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from dspark.cost_table import CostTable
-from dspark.planner import Planner, PlannerConfig, PlannerConfigError, oracle_bound, plan_budget
+from dspark.planner import (REASONS, SMALL_BATCH_REASON, UNPLANNED_REASONS, Planner, PlannerConfig, PlannerConfigError,
+                            oracle_bound, plan_budget)
 from dspark.stats import EngineStats
 
 # One request, G = 4, prefix survival 0.9 0.8 0.7 0.6 (each admitted cell adds its survival to tau).
@@ -70,6 +71,20 @@ def test_mixed_step_and_snapshot_declines():
     assert plan(cfg(), is_mixed_step=True).reason == "declined_mixed_step"
     assert plan(cfg(skip_mixed_trim=False), is_mixed_step=True).reason == "trimmed"
     assert plan(cfg(), snapshot_ready=False).reason == "declined_snapshot_not_ready"
+
+
+def test_steps_below_min_rows_verify_the_whole_block():
+    """PlannerConfig.min_rows (engine.plan_min_rows): a step of fewer requests declines with its own reason and
+    the full block's prices; at or above it the decision is the one the planner makes without the setting."""
+    small = plan(cfg(min_rows=2))
+    assert small.reason == SMALL_BATCH_REASON and not small.trimmed and small.windows == (4,)
+    assert small.predicted_ms == STAIRS.step_ms(5, 1) and small.predicted_tokens == pytest.approx(4.0)
+    assert SMALL_BATCH_REASON in REASONS and SMALL_BATCH_REASON in UNPLANNED_REASONS
+    free = plan(cfg())
+    assert free.trimmed and plan(cfg(min_rows=1)) == free
+    assert plan(cfg(min_rows=2), table=None).reason == "declined_no_table"  # a missing table shows first
+    with pytest.raises(PlannerConfigError, match="planner.min_rows: must be an integer >= 0"):
+        cfg(min_rows=-1)
 
 
 # Two requests, G = 2. Sizing (lagged) and fresh survival favour different requests.

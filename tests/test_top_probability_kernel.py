@@ -321,9 +321,9 @@ def test_draft_stage_keeps_the_kernels_top_probability(monkeypatch, sampled):
                 return sample_fn(logits, k)
             return real_draft(self, hidden, anchor_ids, lm_head_weight, watch, *args, **kw)
 
-        def stage(self, R):
+        def stage(self, R, host_driven=False):
             probs.clear()
-            real_stage(self, R)
+            real_stage(self, R, host_driven)
             seen.append((self.max_prob[:R].clone(), torch.stack(probs, 1)))
 
         def kernel(logits, out=None):

@@ -47,7 +47,8 @@ def tiny_drafter(target: TargetModel, seed: int = 1, **kw):
 
 
 def tiny_engine_config(**kw) -> EngineConfig:
+    # plan_min_rows=0: tiny engines run a few rows, and their tests exercise the planner there
     base = dict(device="cpu", dtype="float32", kv_block_size=8, max_model_len=256, max_num_seqs=8,
-                max_num_batched_tokens=64, spec="dspark")
+                max_num_batched_tokens=64, spec="dspark", plan_min_rows=0)
     base.update(kw)
     return EngineConfig(**base)

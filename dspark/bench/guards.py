@@ -126,6 +126,8 @@ DECLINE_HINTS = {
                                "keeps the tail, or shorter steps cost about as much as the full block)",
     "declined_flat_cost": "the cost table prices every verify length alike at this batch size, so trimming saves "
                           "no time on this node",
+    "declined_small_batch": "steps ran fewer requests than engine.plan_min_rows, below which the full block is "
+                            "verified without planning",
     "declined_mixed_step": "steps carried a prefill and engine.skip_mixed_trim declines those",
     "declined_snapshot_not_ready": "the survival snapshot that sizes the budget was not ready (engine.budget_lag)",
     "skipped_plan_not_paying": "the plan gate (engine.plan_gate) skipped the planner on these steps: at their "
@@ -138,11 +140,13 @@ DECLINE_HINTS = {
 # configuration asks it to (engine.skip_mixed_trim), or where the plan gate measured that planning does not pay
 # and ran the full block without planning (engine.plan_gate): an arm whose every step declined for one
 # of these is a correct answer ("trimming does not pay here"), not a feature that failed to run.
-NO_GAIN_REASONS = ("declined_below_min_gain", "declined_flat_cost", "declined_mixed_step", "skipped_plan_not_paying")
+NO_GAIN_REASONS = ("declined_below_min_gain", "declined_flat_cost", "declined_small_batch", "declined_mixed_step",
+                   "skipped_plan_not_paying")
 # The same declines in words, for the message of an arm that declined every step.
 NO_GAIN_WORDS = {
     "declined_below_min_gain": "predicted gain below engine.min_predicted_gain at this batch depth on this node",
     "declined_flat_cost": "the cost table prices every verify length alike at this batch size (flat cost)",
+    "declined_small_batch": "batches below engine.plan_min_rows, which verify the whole block without planning",
     "declined_mixed_step": "steps carrying a prefill, which engine.skip_mixed_trim declines",
     "skipped_plan_not_paying": "planning measured to cost more host time than its trims saved (engine.plan_gate)",
 }
