@@ -174,7 +174,11 @@ def test_did_nothing_guard_on_a_configured_calibration(tmp_path):
     assert not other.passed and "confidence_calibration/sts_max_prob_steps" in other.message
     unread = did_nothing_guard("B", {}, {**base, "confidence_calibration/sts_max_prob_steps": 0},
                                expects_calibration="sts_max_prob", **kw)
-    assert not unread.passed and "no drafted step" in unread.message
+    assert not unread.passed and "no drafted step" in unread.message and "plan_min_rows" not in unread.message
+    small = did_nothing_guard("B", {}, {**base, "confidence_calibration/sts_max_prob_steps": 0,
+                                        "sched/plan_reason.declined_small_batch": 10},
+                              expects_calibration="sts_max_prob", **kw)
+    assert not small.passed and "engine.plan_min_rows, which run no confidence head" in small.message
     path = tmp_path / "temperatures.json"
     path.write_text(json.dumps({"method": "head_and_max_prob_logistic_regression", "temperatures": [1.2, 1.0],
                                 "biases": [0.1, 0.0], "max_prob_weights": [0.5, 0.6]}))

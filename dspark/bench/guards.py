@@ -284,8 +284,11 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
     if expects_calibration is not None:
         read = need(f"confidence_calibration/{expects_calibration}_steps")
         if read == 0:
+            small = float(counters.get(PLAN_REASON_PREFIX + "declined_small_batch", 0) or 0)
+            why = (" (every step ran fewer requests than engine.plan_min_rows, which run no confidence head: lower it "
+                   "or raise the concurrency)" if small and small == float(counters.get("decode_steps", -1)) else "")
             problems.append(f"engine.confidence_calibration ({expects_calibration}) configured but no drafted step's "
-                            "survival came from it")
+                            "survival came from it" + why)
     expectations = {"expects_trim": expects_trim, "expects_graphs": expects_graphs,
                     "expects_speculation": expects_speculation, "forces_trim": forces_trim,
                     "expects_draft_free": expects_draft_free, "expects_service_cost": expects_service_cost,
