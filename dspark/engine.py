@@ -119,6 +119,7 @@ class Engine:
         self._counts = self._zero_counts()
         self._megakernel_base = self._megakernel_raw()
         self._oracle_steps: list[list[int]] = []
+        self._oracle_step_ms: list[float] = []  # each of those steps' measured time (StepInfo.step_ms)
         self.step_trace = None  # a StepTrace while start_step_trace() is in effect (eager steps only)
         self.stats = EngineStats()
         self.last_step: StepInfo | None = None
@@ -445,7 +446,7 @@ class Engine:
 
             try:
                 ob = oracle_bound(self._oracle_steps, [len(s) for s in self._oracle_steps], self.cost_table,
-                                  block=self.block_size, extrapolate=True)
+                                  block=self.block_size, measured_ms=self._oracle_step_ms, extrapolate=True)
                 c.update({f"oracle/{k}": v for k, v in ob.items() if isinstance(v, (int, float))})
             except ValueError as e:  # a step outside the table: say so instead of guessing
                 c["oracle/unavailable"] = str(e)
@@ -629,6 +630,7 @@ class Engine:
                                        bucket=bucket, graph_replay=False, eager_reason=self._eager_reason,
                                        step_ms=step_ms, decision=decision)
                 self._oracle_steps.append(list(uncapped if uncapped is not None else accepted))
+                self._oracle_step_ms.append(step_ms)
                 counts["trimmed_steps"] += int(decision is not None and decision.trimmed)
                 if self.step_trace is not None:
                     self._trace_step(decodes, windows if not cap else [G] * len(decodes),
@@ -1092,6 +1094,7 @@ class Engine:
                                    decision=decision)
             if self.cfg.verify == "full":
                 self._oracle_steps.append(list(accepted))
+                self._oracle_step_ms.append(step_ms)
         self.last_step = StepInfo(num_decodes=len(live_ids), num_prefill_tokens=launched.num_prefill_tokens,
                                   num_tokens=launched.num_tokens, bucket=launched.bucket,
                                   windows=tuple(windows),
@@ -1307,6 +1310,7 @@ class Engine:
         self._megakernel_base = self._megakernel_raw()
         self._head_steps_base = self.steps.head_steps
         self._oracle_steps = []
+        self._oracle_step_ms = []
         self.step_trace = None
         self.steps.trace_max_prob = False
         self.stats = EngineStats()

@@ -663,7 +663,9 @@ def oracle_bound(accepted_per_step: Sequence[Sequence[int]], batch_sizes: Sequen
     paying the table's trim overhead, or keeps the full block on a step where that is cheaper.
     It commits the same accepted + 1 tokens per request as the full block.
     Returns tokens, full-block and oracle ms and tokens/ms, and headroom = oracle/full - 1
-    (plus the same against ``measured_ms`` when given).
+    (plus the same against ``measured_ms`` when given). With ``measured_ms`` (the steps' measured times, in service
+    longer than the table's steady-decode prices) also ``headroom_in_service``: measured / (measured - (full -
+    oracle)) - 1, the gain if each trim saved the milliseconds the table says it saves and nothing else moved.
     """
     if len(accepted_per_step) != len(batch_sizes):
         raise ValueError(f"{len(accepted_per_step)} steps of acceptances but {len(batch_sizes)} batch sizes")
@@ -699,6 +701,9 @@ def oracle_bound(accepted_per_step: Sequence[Sequence[int]], batch_sizes: Sequen
         out["measured_ms"] = meas
         out["measured_tokens_per_ms"] = tokens / meas
         out["headroom_vs_measured"] = meas / oracle_ms - 1.0
+        saved = full_ms - oracle_ms
+        if meas > saved:
+            out["headroom_in_service"] = meas / (meas - saved) - 1.0
     return out
 
 

@@ -134,7 +134,8 @@ def declined_experiment(tmp_path):
     summary = {**summary, "guards": [*summary["guards"], guard.to_dict()],
                "arms": {"A": {"label": "verify_all", "engine": {"spec": "dspark", "verify": "full"}},
                         "B": {"label": "ragged", "engine": {"spec": "dspark", "verify": "ragged"}}},
-               "counters": {"A": {"drafted_tokens": 384}, "B": counters_b},
+               "counters": {"A": {"drafted_tokens": 384, "oracle/headroom_vs_full_block": 0.131,
+                                  "oracle/headroom_in_service": 0.075}, "B": counters_b},
                "cost_tables": {"A": {"path": str(tmp_path / "table.json"), "how": "shared for the oracle bound"},
                                "B": {"path": str(tmp_path / "table.json"), "how": "reused"}},
                "finish_reasons": {"A": {"length": 12, "stop": 52}, "B": {"stop": 52, "length": 12}},
@@ -162,6 +163,8 @@ def test_declined_everything_is_said_next_to_the_verdict_with_the_planner_and_th
             "trim_ratio 0.000") in text
     assert "- `declined_below_min_gain`: the planner predicted less than engine.min_predicted_gain" in text
     assert "(cost_table.png)" in text
+    assert ("- arm A, the oracle bound over its full-block steps (a trim to exactly the drafts each request accepted, "
+            "on the same acceptances): +13.1% at the cost table's prices; +7.5% of the steps' measured time") in text
     console = Console(file=io.StringIO(), width=200, record=True)
     render_console_table(summary, console=console)
     out = console.export_text()

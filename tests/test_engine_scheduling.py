@@ -229,6 +229,9 @@ def test_the_oracle_over_a_benchmarks_timed_steps_is_priced_on_those_steps_alone
     everything = eng.oracle_bound_over(range(eng.oracle_steps_recorded))
     c = eng.counters()
     assert everything["oracle_ms"] == pytest.approx(c["oracle/oracle_ms"])
+    # the counters' bound also holds the steps' measured time, and the headroom in it where the saving fits
+    saved = c["oracle/full_block_ms"] - c["oracle/oracle_ms"]
+    assert c["oracle/measured_ms"] > 0 and ("oracle/headroom_in_service" in c) == (c["oracle/measured_ms"] > saved)
     assert everything["steps"] > timed["steps"] and timed["tokens"] < everything["tokens"]
     assert eng.oracle_bound_over([]) is None
     ragged = make_engine(target, drafter, table_path, verify="ragged", **extra)

@@ -204,6 +204,12 @@ def test_oracle_bound_hand_computed():
     assert out["oracle_ms"] == pytest.approx(8.0)
     assert out["headroom_vs_full_block"] == pytest.approx(0.5)
     assert out["headroom_vs_measured"] == pytest.approx(12.5 / 8.0 - 1.0)
+    # in service the steps took 12.5 ms; the oracle would save the table's 4 ms of them: 12.5 / 8.5
+    assert out["headroom_in_service"] == pytest.approx(12.5 / 8.5 - 1.0)
+    slow = oracle_bound([[0, 4], [1, 2]], [2, 2], table, block=4, measured_ms=[30.0, 30.0])
+    assert slow["headroom_in_service"] == pytest.approx(60.0 / 56.0 - 1.0)
+    assert slow["headroom_in_service"] < out["headroom_in_service"]
+    assert "headroom_in_service" not in oracle_bound([[0, 4], [1, 2]], [2, 2], table, block=4)
     incl = oracle_bound([[0, 4], [1, 2]], [2, 2], table, block=4, include_rejected_draft=True)
     # windows (1, 4) -> M 7 -> 8 -> 5 ms ; (2, 3) -> M 7 -> 5 ms
     assert incl["oracle_ms"] == pytest.approx(10.0)

@@ -821,6 +821,13 @@ def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> l
                      if service is not None else "")
                   + (" **FLAGGED** (beyond +/-{:.0%}): {}".format(h["tolerance"], "; ".join(h["flags"]))
                      if h.get("flags") else " (within +/-{:.0%})".format(h["tolerance"]))]
+    for arm, c in (summary.get("counters") or {}).items():
+        table_headroom, service = c.get("oracle/headroom_vs_full_block"), c.get("oracle/headroom_in_service")
+        if isinstance(table_headroom, (int, float)):
+            lines += ["", f"- arm {arm}, the oracle bound over its full-block steps (a trim to exactly the drafts each "
+                      f"request accepted, on the same acceptances): {table_headroom:+.1%} at the cost table's prices"
+                      + (f"; {service:+.1%} of the steps' measured time, if each trim saved in service the "
+                         "milliseconds the table says it saves" if isinstance(service, (int, float)) else "")]
     for arm, rows in plan_gate_rows(summary).items():
         lines += ["", f"- arm {arm}, the plan gate per batch bucket (engine.plan_gate: it plans where the benefit "
                   "estimate covers the cost estimate; a charged cost is a planner call whose host time set the "
