@@ -13,6 +13,8 @@
 #   maxprob:    ab=scheduled_vs_max_prob_calibration (the scheduled arm against the same arm with the sts_max_prob
 #               calibration in MP_CAL, a temperatures.json from runners.calibrate method=sts_max_prob) at the same
 #               concurrencies and workloads
+#   forcedtrim: ab=full_vs_forced_trim (verify-all vs the same engine verifying FORCE_FRAC, default 0.75, of every
+#               step's drafted cells: what a trim saves in service) at the same concurrencies and workloads
 #   online:     ab=scheduled_vs_online_calibration (the scheduled arm against the same arm with the head's
 #               calibration corrected online, engine.online_calibration) at the same concurrencies and workloads
 #   speculation: ab=spec_off_vs_dspark (target-only vs DSpark verify-all) at SPEC_CONCS (default "1")
@@ -79,6 +81,8 @@ for w in ${WORKLOADS:-mixed_chat agentic}; do
     has scheduled && run scheduled "$w" "$c" "${T_RUN:-300}" ab=full_vs_scheduled
     has estimate && run estimate "$w" "$c" "${T_RUN:-300}" ab=head_vs_max_prob
     has online && run online "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_online_calibration
+    has forcedtrim && run forcedtrim "$w" "$c" "${T_RUN:-300}" ab=full_vs_forced_trim \
+      "ab.arms.B.engine.force_budget_frac=${FORCE_FRAC:-0.75}"
     has maxprob && run maxprob "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_max_prob_calibration \
       "ab.arms.B.engine.confidence_calibration=${MP_CAL:?set MP_CAL for PARTS=maxprob}"
   done

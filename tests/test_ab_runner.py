@@ -296,6 +296,28 @@ def test_default_arms_trim_with_a_table_and_guards_pass(tmp_path):
     assert any(k.startswith("oracle/") for k in summary["counters"]["A"]), sorted(summary["counters"]["A"])
 
 
+def test_forced_trim_arm_verifies_a_fixed_share_of_every_step_and_its_guard_reads_the_force(tmp_path):
+    """ab=full_vs_forced_trim: B verifies three quarters of every step's drafted cells (no planner), stays
+    lossless, and its did_nothing guard checks the forced trims instead of a planner's decisions."""
+    from test_engine_scheduling import steep_table
+
+    target = tiny_target(seed=0, scale=TARGET_SCALE)
+    drafter = tiny_drafter(target, seed=1)
+    base = [o for o in TINY if not o.startswith("ab=")] + ["ab=full_vs_forced_trim"]
+    arm_b = ab.arm_engine_configs(compose_ab(base, out_dir=tmp_path))["B"]
+    assert arm_b.force_budget_frac == 0.75 and arm_b.verify == "ragged"
+    probe = Engine(target, FakeTokenizer(), replace(arm_b, cost_table=None, force_budget_frac=None), drafter)
+    table = steep_table(probe, tmp_path / "steep.json")
+    summary = ab.run(compose_ab([*base, f"+ab.arms.B.engine.cost_table={table}"], out_dir=tmp_path / "run"),
+                     engine_factory=tiny_factory())
+    assert summary["arms"]["B"]["label"] == "forced_trim" and summary["guards_passed"], summary["guards"]
+    c = summary["counters"]["B"]
+    assert c["trimmed_steps"] == c["decode_steps"] > 0 and c["sched/plan_reason.forced"] == c["decode_steps"]
+    assert 0.0 < c["trim_ratio"] <= 0.3 and summary["counters"]["A"]["trimmed_steps"] == 0
+    guard = {g["name"]: g for g in summary["guards"]}["did_nothing[B]"]
+    assert "forced trim" in guard["message"]
+
+
 def test_target_vs_scheduled_runs_every_safeguard_and_passes_its_guards(tmp_path):
     """ab=target_vs_scheduled with draft-free steps added to B (engine.draft_free_steps): target-only against
     DSpark with ragged verification priced at the service step (engine.service_cost); B makes both choices, its
