@@ -15,6 +15,8 @@
 #               concurrencies and workloads
 #   forcedtrim: ab=full_vs_forced_trim (verify-all vs the same engine verifying FORCE_FRAC, default 0.75, of every
 #               step's drafted cells: what a trim saves in service) at the same concurrencies and workloads
+#   share:      ab=full_vs_verify_share (verify-all vs the measured choice between the whole block and SHARE, default
+#               0.75, of its cells) at the same concurrencies and workloads
 #   online:     ab=scheduled_vs_online_calibration (the scheduled arm against the same arm with the head's
 #               calibration corrected online, engine.online_calibration) at the same concurrencies and workloads
 #   speculation: ab=spec_off_vs_dspark (target-only vs DSpark verify-all) at SPEC_CONCS (default "1")
@@ -68,7 +70,8 @@ if fl:
           fl.get("ci_high_pct"), fl.get("wilcoxon_p")))
 for arm, c in s["counters"].items():
     keys = [k for k in c if k.startswith(("oracle/headroom", "service_cost/", "plan_gate/", "sched/trim_ratio", "draft_free/",
-                                         "host/", "device/", "online_calibration/", "confidence_calibration/"))] + \
+                                         "host/", "device/", "online_calibration/", "confidence_calibration/",
+                                         "verify_share/"))] + \
            ["trimmed_steps", "draft_free_steps", "depth_zero_rows", "decode_steps", "mean_running_batch", "accept_rate"]
     print(arm, s["arms"][arm]["label"], {k: round(c[k], 4) if isinstance(c.get(k), float) else c.get(k) for k in keys})
 print("guards", [(g["name"], g["passed"]) for g in s["guards"]], "prediction", json.dumps(s.get("prediction_health"))[:300])
@@ -81,6 +84,7 @@ for w in ${WORKLOADS:-mixed_chat agentic}; do
     has scheduled && run scheduled "$w" "$c" "${T_RUN:-300}" ab=full_vs_scheduled
     has estimate && run estimate "$w" "$c" "${T_RUN:-300}" ab=head_vs_max_prob
     has online && run online "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_online_calibration
+    has share && run share "$w" "$c" "${T_RUN:-300}" ab=full_vs_verify_share "ab.arms.B.engine.verify_share=${SHARE:-0.75}"
     has forcedtrim && run forcedtrim "$w" "$c" "${T_RUN:-300}" ab=full_vs_forced_trim \
       "ab.arms.B.engine.force_budget_frac=${FORCE_FRAC:-0.75}"
     has maxprob && run maxprob "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_max_prob_calibration \

@@ -311,6 +311,10 @@ class EngineConfig:
     # Let a speculative engine decode a step target-only (no drafting) when its measured rate at that batch
     # size says drafting does not pay (dspark/draft_free.py); counted as draft_free_steps.
     draft_free_steps: bool = False
+    # Instead of the planner: from plan_min_rows rows up, each step verifies the whole drafted block or this share of
+    # its cells (the cells of highest fresh survival, picked on the device), whichever measured the higher output
+    # rate at its batch bucket (dspark/verify_share.py). Needs verify=ragged; None: the planner.
+    verify_share: float | None = None
     # Correct the confidence head's calibration in service: a logit offset per block position, refitted every 16
     # steps from the acceptances the engine observes (dspark/online_calibration.py), so the planner's survival
     # follows the traffic it serves. Needs a scheduling verify mode and acceptance_estimate=head.
@@ -405,6 +409,16 @@ class EngineConfig:
                    f"captured steps size the budget from survival the host has already read back: at least "
                    f"{need} step(s) old {'with the overlap scheduler ' if self.overlap else ''}(got "
                    f"{self.budget_lag}); set engine.budget_lag={need}")
+        if self.verify_share is not None:
+            from dspark.verify_share import check_verify_share
+
+            problem = check_verify_share(self.verify_share)
+            _check(problem is None, "engine.verify_share", problem or "")
+            _check(self.verify == "ragged", "engine.verify_share",
+                   f"picks each step's cells from fresh survival as a ragged step does: it needs engine.verify=ragged "
+                   f"(got {self.verify!r})")
+            _check(self.force_verify_len is None and self.force_budget_frac is None, "engine.verify_share",
+                   "replaces the planner's decisions, as engine.force_verify_len / force_budget_frac do: set one")
         _check(isinstance(self.plan_min_rows, int) and self.plan_min_rows >= 0, "engine.plan_min_rows",
                f"must be an integer >= 0 (0: plan steps of any size), got {self.plan_min_rows!r}")
         for name, problem in check_plan_gate_settings(warmup=self.plan_gate_warmup,

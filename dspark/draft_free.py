@@ -16,84 +16,24 @@ so sampled requests keep the target's distribution.
 
 from __future__ import annotations
 
-import statistics
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-
-class _Recent:
-    """One step kind's output tokens per ms over its last steps; its rate is their median, so that a step
-    timed long (a stall elsewhere in the host's cycle) or short does not move it."""
-
-    def __init__(self, window: int):
-        self.rates: deque[float] = deque(maxlen=window)
-        self.n = 0  # steps counted, all time
-
-    def add(self, tokens: int, ms: float) -> None:
-        self.rates.append(tokens / ms)
-        self.n += 1
-
-    @property
-    def rate(self) -> float:
-        """Median output tokens per millisecond of the recent steps (0 before any step)."""
-        return statistics.median(self.rates) if self.rates else 0.0
+from dspark.measured_choice import MeasuredChoice
 
 
 @dataclass
-class _Rates:
-    """One batch bucket: its drafting and its draft-free steps, and its decisions."""
-
-    draft: _Recent
-    free: _Recent
-    steps: int = 0  # decisions taken for this bucket
-
-
-@dataclass
-class DraftFreeChoice:
-    """Per batch bucket: draft this step, or decode it target-only (see the module docstring)."""
-
-    window: int = 32
-    min_steps: int = 8
-    explore_every: int = 100
-    _buckets: dict[int, _Rates] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.window < 1:
-            raise ValueError(f"window must be >= 1, got {self.window}")
-        if self.min_steps < 1 or self.explore_every < 2:
-            raise ValueError(f"min_steps must be >= 1 and explore_every >= 2, got {self.min_steps}, {self.explore_every}")
+class DraftFreeChoice(MeasuredChoice):
+    """Per batch bucket: draft this step, or decode it target-only (see the module docstring); the rule is
+    :class:`dspark.measured_choice.MeasuredChoice`'s, with drafting as the usual kind."""
 
     def draft_free(self, bucket: int) -> bool:
         """True: run this step of ``bucket`` rows without drafting."""
-        r = self._bucket(bucket)
-        r.steps += 1
-        if r.draft.n < self.min_steps:
-            return False
-        if r.free.n < self.min_steps:
-            return True
-        better_free = r.free.rate > r.draft.rate
-        if r.steps % self.explore_every == 0:
-            return not better_free  # one step of the other kind keeps its rate current
-        return better_free
+        return self.alternative(bucket)
 
     def update(self, bucket: int, *, draft_free: bool, tokens: int, step_ms: float) -> None:
         """Count a committed step of ``bucket`` rows: its output tokens and its measured time."""
-        if step_ms <= 0.0:
-            return
-        r = self._bucket(bucket)
-        (r.free if draft_free else r.draft).add(tokens, step_ms)
-
-    def _bucket(self, bucket: int) -> _Rates:
-        r = self._buckets.get(bucket)
-        if r is None:
-            r = self._buckets[bucket] = _Rates(_Recent(self.window), _Recent(self.window))
-        return r
+        self.record(bucket, alternative=draft_free, tokens=tokens, step_ms=step_ms)
 
     def summary(self) -> dict[str, float]:
         """Per bucket: the rates (tokens/ms) and how many steps of each kind were counted."""
-        out: dict[str, float] = {}
-        for b, r in sorted(self._buckets.items()):
-            out.update({f"draft_free/b{b}/draft_tok_per_ms": round(r.draft.rate, 4),
-                        f"draft_free/b{b}/free_tok_per_ms": round(r.free.rate, 4),
-                        f"draft_free/b{b}/draft_steps": r.draft.n, f"draft_free/b{b}/free_steps": r.free.n})
-        return out
+        return self.rate_summary("draft_free", "draft", "free")

@@ -127,6 +127,7 @@ class Engine:
         self.planner = None
         self.service_cost = None  # engine.service_cost: the online price of a service step (kept across reset)
         self.plan_gate = None  # engine.plan_gate: whether planning a device-resident step pays (kept across reset)
+        self.share_choice = None  # engine.verify_share: the measured choice that replaces the planner (kept across reset)
         # (rows, reason) -> the PlanDecision of a step that ran the full block without a planner call
         self._full_block_decisions: dict[tuple[int, str], object] = {}
         self._plan_cost = None  # (bucket, host ms) of the planner call the step() in progress made
@@ -289,8 +290,12 @@ class Engine:
             from dspark.service_cost import ServiceCostEstimate
 
             self.service_cost = ServiceCostEstimate()
-        # a forced decision applies to every step: no gate
-        if cfg.plan_gate and cfg.cuda_graphs and not self._forced_decisions():
+        if cfg.verify_share is not None:
+            from dspark.verify_share import VerifyShareChoice
+
+            self.share_choice = VerifyShareChoice(share=cfg.verify_share)
+        # a forced decision applies to every step, and a measured share calls no planner: no gate
+        if cfg.plan_gate and cfg.cuda_graphs and not self._forced_decisions() and self.share_choice is None:
             from dspark.plan_gate import PlanGate
 
             self.plan_gate = PlanGate(warmup=cfg.plan_gate_warmup, probe_every=cfg.plan_gate_probe_every,
@@ -401,6 +406,8 @@ class Engine:
             c.update(self.plan_gate.summary())
         if self.draft_free is not None:
             c.update(self.draft_free.summary())
+        if self.share_choice is not None:
+            c.update(self.share_choice.summary())
         if self.online_calibration is not None:
             c.update(self.online_calibration.counters())
         if self._eager_step_ms:
@@ -665,6 +672,12 @@ class Engine:
             self._counts["draft_free_steps"] += 1
         if self.draft_free is not None and tokens:
             self.draft_free.update(bucket, draft_free=free, tokens=tokens, step_ms=step_ms)
+        if self.share_choice is not None and decision is not None and tokens:
+            from dspark.verify_share import SHARE_FULL_REASON, SHARE_REASON
+
+            if decision.reason in (SHARE_REASON, SHARE_FULL_REASON):
+                self.share_choice.record(bucket, alternative=decision.reason == SHARE_REASON, tokens=tokens,
+                                         step_ms=step_ms)
         if self.service_cost is not None and decision is not None:
             # (the planner reads the price right before it plans: _service_price)
             self.service_cost.update(step_ms=step_ms, table_ms=decision.predicted_ms, host_ms=host_ms,
@@ -941,6 +954,8 @@ class Engine:
             decision = self._full_block_decision(len(running), SMALL_BATCH_REASON)
             self.stats.record_plan(decision)
             return "full", None, None, decision
+        if self.share_choice is not None:
+            return self._share_decision(len(running))
         gate = self.plan_gate
         if gate is not None:
             bucket = self.graph.bucket_for(len(running))
@@ -973,6 +988,24 @@ class Engine:
         if self.cfg.verify == "uniform":
             return "uniform", decision.windows[0], None, decision
         return "ragged", None, decision.extra_cells, decision
+
+    def _share_decision(self, rows: int):
+        """engine.verify_share: this step's (mode, tier, extra, decision) from the measured choice at its batch
+        bucket, the whole block or the share's cells (allocated from fresh survival: on the device on the
+        device-resident path, by the host-driven step's allocation otherwise)."""
+        from dspark.planner import PlanDecision
+        from dspark.verify_share import SHARE_FULL_REASON, SHARE_REASON
+
+        choice = self.share_choice
+        if not choice.alternative(self.steps.bucket_for(rows)):
+            decision = self._full_block_decision(rows, SHARE_FULL_REASON)
+            self.stats.record_plan(decision)
+            return "full", None, None, decision
+        budget = choice.budget(rows, self.block_size)
+        extra = max(0, budget - rows * self.planner_config.min_verify_len)
+        decision = PlanDecision(None, True, SHARE_REASON, 0.0, None, None, budget, extra)
+        self.stats.record_plan(decision)
+        return "ragged", None, extra, decision
 
     def _full_block_decision(self, rows: int, reason: str):
         """The decision of a step of ``rows`` requests that ran the full block without a planner call (``reason``:
@@ -1126,8 +1159,11 @@ class Engine:
             self._slot(r)
         self._service_price()
         survival = self.steps.survival[: len(decodes)].tolist()
-        decision = self.planner.plan(survival, [self._slot_of[r.req_id] for r in decodes],
-                                     temperature_positive=not all_greedy, is_mixed_step=plan.is_mixed)
+        if self.share_choice is not None and len(decodes) >= self.planner_config.min_rows:
+            decision = self._share_decision(len(decodes))[3]
+        else:
+            decision = self.planner.plan(survival, [self._slot_of[r.req_id] for r in decodes],
+                                         temperature_positive=not all_greedy, is_mixed_step=plan.is_mixed)
         if decision.windows is None:  # the planner left the allocation to the device kernel
             from kernels.window_allocation import allocate_windows
 

@@ -41,6 +41,7 @@ from dspark.cost_table import CostTable
 from dspark.plan_gate import SKIPPED_REASON
 from dspark.service_cost import ServiceCost
 from dspark.survival import check_survival, neutral_survival_row
+from dspark.verify_share import SHARE_FULL_REASON, SHARE_REASON
 
 MODES = ("uniform", "ragged")
 ALGORITHMS = ("global", "greedy_stop")
@@ -49,7 +50,8 @@ BUDGET_LAGS = (0, 1, 2)
 # A step of fewer requests than PlannerConfig.min_rows (engine.plan_min_rows): the full block, not planned.
 SMALL_BATCH_REASON = "declined_small_batch"
 REASONS = ("trimmed", "declined_flat_cost", "declined_no_table", "declined_below_min_gain", SMALL_BATCH_REASON,
-           "declined_mixed_step", "declined_snapshot_not_ready", "forced", SKIPPED_REASON)
+           "declined_mixed_step", "declined_snapshot_not_ready", "forced", SKIPPED_REASON,
+           SHARE_REASON, SHARE_FULL_REASON)  # the last two: engine.verify_share's choice, not the planner's
 # Steps that verified the full block without the planner's search: the plan gate learns nothing from them.
 UNPLANNED_REASONS = (SMALL_BATCH_REASON, SKIPPED_REASON)
 

@@ -318,6 +318,26 @@ def test_forced_trim_arm_verifies_a_fixed_share_of_every_step_and_its_guard_read
     assert "forced trim" in guard["message"]
 
 
+def test_verify_share_arm_runs_without_a_planner_and_passes_its_guards(tmp_path):
+    """ab=full_vs_verify_share on the tiny models: B's steps are the measured choice's (the share or the whole
+    block), none the planner's, outputs match A's, and every guard passes."""
+    from test_engine_scheduling import steep_table
+
+    target = tiny_target(seed=0, scale=TARGET_SCALE)
+    drafter = tiny_drafter(target, seed=1)
+    base = [o for o in TINY if not o.startswith("ab=")] + ["ab=full_vs_verify_share", "workload.max_tokens=24"]
+    arm_b = ab.arm_engine_configs(compose_ab(base, out_dir=tmp_path))["B"]
+    assert arm_b.verify_share == 0.75 and arm_b.min_verify_len == 0
+    probe = Engine(target, FakeTokenizer(), replace(arm_b, cost_table=None, verify_share=None), drafter)
+    table = steep_table(probe, tmp_path / "steep.json")
+    summary = ab.run(compose_ab([*base, f"+ab.arms.B.engine.cost_table={table}"], out_dir=tmp_path / "run"),
+                     engine_factory=tiny_factory())
+    assert summary["arms"]["B"]["label"] == "verify_share" and summary["guards_passed"], summary["guards"]
+    reasons = {k.split(".", 1)[1] for k, v in summary["counters"]["B"].items()
+               if k.startswith("sched/plan_reason.") and v}
+    assert reasons <= {"verify_share", "share_choice_full_block"} and "share_choice_full_block" in reasons
+
+
 def test_target_vs_scheduled_runs_every_safeguard_and_passes_its_guards(tmp_path):
     """ab=target_vs_scheduled with draft-free steps added to B (engine.draft_free_steps): target-only against
     DSpark with ragged verification priced at the service step (engine.service_cost); B makes both choices, its

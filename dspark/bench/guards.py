@@ -133,6 +133,8 @@ DECLINE_HINTS = {
     "skipped_plan_not_paying": "the plan gate (engine.plan_gate) skipped the planner on these steps: at their "
                                "batch size its trims saved less time than its host time cost, so they verified "
                                "the whole block",
+    "share_choice_full_block": "engine.verify_share's measured choice verified the whole block on these steps: "
+                               "while it measured the whole block, or where the share measured slower",
     "forced": "engine.force_verify_len / engine.force_budget_frac replaced every decision, and the forced windows "
               "never cut the block",
 }
@@ -141,7 +143,7 @@ DECLINE_HINTS = {
 # and ran the full block without planning (engine.plan_gate): an arm whose every step declined for one
 # of these is a correct answer ("trimming does not pay here"), not a feature that failed to run.
 NO_GAIN_REASONS = ("declined_below_min_gain", "declined_flat_cost", "declined_small_batch", "declined_mixed_step",
-                   "skipped_plan_not_paying")
+                   "skipped_plan_not_paying", "share_choice_full_block")
 # The same declines in words, for the message of an arm that declined every step.
 NO_GAIN_WORDS = {
     "declined_below_min_gain": "predicted gain below engine.min_predicted_gain at this batch depth on this node",
@@ -149,6 +151,7 @@ NO_GAIN_WORDS = {
     "declined_small_batch": "batches below engine.plan_min_rows, which verify the whole block without planning",
     "declined_mixed_step": "steps carrying a prefill, which engine.skip_mixed_trim declines",
     "skipped_plan_not_paying": "planning measured to cost more host time than its trims saved (engine.plan_gate)",
+    "share_choice_full_block": "the whole block measured faster than engine.verify_share's share",
 }
 PLAN_REASON_PREFIX = "sched/plan_reason."
 

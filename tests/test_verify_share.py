@@ -1,0 +1,88 @@
+"""engine.verify_share: per batch bucket, the whole drafted block or a fixed share of its cells, whichever measured
+faster; the rule, its settings, and the engine running it on the device path without a planner."""
+
+import pytest
+
+from dspark.bench.guards import did_nothing_guard
+from dspark.config import ConfigError, EngineConfig, SamplingParams
+from dspark.engine import Engine
+from dspark.planner import REASONS
+from dspark.verify_share import SHARE_FULL_REASON, SHARE_REASON, VerifyShareChoice
+from test_engine_lossless import prompts_for
+from test_engine_scheduling import device_step_models_and_table
+from tiny import tiny_engine_config
+
+
+def test_the_choice_measures_both_kinds_then_keeps_the_faster_and_explores():
+    choice = VerifyShareChoice(share=0.75, min_steps=2, explore_every=5)
+    kinds = []
+    for step in range(12):
+        share = choice.alternative(256)
+        kinds.append(share)
+        # the share commits 10 tokens in 1 ms, the whole block 10 tokens in 2 ms
+        choice.record(256, alternative=share, tokens=10, step_ms=1.0 if share else 2.0)
+    assert kinds[:4] == [False, False, True, True]  # the whole block first, then the share, min_steps each
+    assert kinds[5:9] == [True, True, True, True] and kinds[4] is False and kinds[9] is False  # explores every 5th
+    s = choice.summary()
+    assert s["verify_share/b256/share_tok_per_ms"] == 10.0 and s["verify_share/b256/full_tok_per_ms"] == 5.0
+    assert s["verify_share/b256/share_steps"] + s["verify_share/b256/full_steps"] == 12
+    assert choice.budget(256, 7) == round(0.75 * 256 * 7)
+    assert SHARE_REASON in REASONS and SHARE_FULL_REASON in REASONS
+
+
+@pytest.mark.parametrize("share", [0.0, 1.0, 1.5, -0.2, True, "half"])
+def test_a_share_outside_the_open_unit_interval_is_refused(share):
+    with pytest.raises(ConfigError, match="engine.verify_share: must be a number in"):
+        EngineConfig(verify="ragged", cuda_graphs=True, verify_share=share)
+    if not isinstance(share, (bool, str)):
+        with pytest.raises(ValueError, match="share must be a number in"):
+            VerifyShareChoice(share=share)
+
+
+def test_the_share_needs_a_ragged_engine_and_no_forced_decision():
+    with pytest.raises(ConfigError, match="engine.verify_share: picks each step's cells from fresh survival"):
+        EngineConfig(verify="full", cuda_graphs=True, verify_share=0.75)
+    with pytest.raises(ConfigError, match="force_budget_frac do: set one"):
+        EngineConfig(verify="ragged", cuda_graphs=True, verify_share=0.75, force_budget_frac=0.5)
+    assert EngineConfig(verify="ragged", cuda_graphs=True, verify_share=0.75).verify_share == 0.75
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_engine_runs_the_share_on_the_device_path_without_a_planner_and_stays_lossless(tmp_path, overlap):
+    """Both kinds run at each batch bucket, the share's steps verify fewer cells, outputs are verify-all's,
+    no planner call is made (no plan gate, no planner host time), and the did_nothing guard reads the share's
+    trims."""
+    target, drafter, lag, table = device_step_models_and_table(tmp_path, overlap)
+    prompts = prompts_for(12, 4)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    base = Engine(target, None, tiny_engine_config(max_num_seqs=4), drafter)
+    expected = [o.token_ids for o in base.generate(prompts, params)]
+    eng = Engine(target, None, tiny_engine_config(max_num_seqs=4, verify="ragged", cost_table=table, cuda_graphs=True,
+                                                  overlap=overlap, budget_lag=lag, min_verify_len=0,
+                                                  verify_share=0.5), drafter)
+    eng.share_choice.min_steps = 2
+    assert [o.token_ids for o in eng.generate(prompts, params)] == expected
+    c = eng.counters()
+    assert eng.plan_gate is None and c["sched/plan_ms_total"] == 0.0
+    share_steps = c[f"sched/plan_reason.{SHARE_REASON}"]
+    assert c["trimmed_steps"] == share_steps > 0 and c[f"sched/plan_reason.{SHARE_FULL_REASON}"] > 0
+    assert c["window_tokens"] < c["ceiling_tokens"]
+    assert sum(v for k, v in c.items() if k.startswith("verify_share/b") and k.endswith("/share_steps")) > 0
+    guard = did_nothing_guard("B", {}, c, expects_trim=True, expects_graphs=False, expects_speculation=True)
+    assert guard.passed and not guard.details.get("declined_all"), guard.message
+
+
+def test_host_driven_steps_run_the_share_too(tmp_path):
+    """Without CUDA graphs each step is host-driven: the choice decides the same way and the host allocates the
+    share's cells from the step's fresh survival; outputs stay verify-all's."""
+    target, drafter, _, table = device_step_models_and_table(tmp_path, False)
+    prompts = prompts_for(12, 4)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    expected = [o.token_ids for o in Engine(target, None, tiny_engine_config(max_num_seqs=4), drafter).generate(
+        prompts, params)]
+    eng = Engine(target, None, tiny_engine_config(max_num_seqs=4, verify="ragged", cost_table=table, min_verify_len=0,
+                                                  verify_share=0.5, allow_foreign_cost_table=True), drafter)
+    eng.share_choice.min_steps = 2
+    assert [o.token_ids for o in eng.generate(prompts, params)] == expected
+    c = eng.counters()
+    assert c["trimmed_steps"] == c[f"sched/plan_reason.{SHARE_REASON}"] > 0 and c["window_tokens"] < c["ceiling_tokens"]
