@@ -127,7 +127,7 @@ class Engine:
         self.planner = None
         self.service_cost = None  # engine.service_cost: the online price of a service step (kept across reset)
         self.plan_gate = None  # engine.plan_gate: whether planning a device-resident step pays (kept across reset)
-        self.share_choice = None  # engine.verify_share: the measured choice that replaces the planner (kept across reset)
+        self.share_choice = None  # engine.verify_share: the measured choice replacing the planner (kept across reset)
         # (rows, reason) -> the PlanDecision of a step that ran the full block without a planner call
         self._full_block_decisions: dict[tuple[int, str], object] = {}
         self._plan_cost = None  # (bucket, host ms) of the planner call the step() in progress made

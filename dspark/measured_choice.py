@@ -56,7 +56,8 @@ class MeasuredChoice:
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
         if self.min_steps < 1 or self.explore_every < 2:
-            raise ValueError(f"min_steps must be >= 1 and explore_every >= 2, got {self.min_steps}, {self.explore_every}")
+            raise ValueError(f"min_steps must be >= 1 and explore_every >= 2, got {self.min_steps}, "
+                             f"{self.explore_every}")
 
     def alternative(self, bucket: int) -> bool:
         """True: run this step of ``bucket`` as the alternative kind."""

@@ -153,7 +153,7 @@ class EngineSchema:
     plan_gate_probe_every: int = 16  # while a bucket skips planning, every n-th step plans anyway (1: every step)
     plan_gate_probe_every_max: int = 64  # each probe that leaves a bucket skipping doubles its interval, up to this
     draft_free_steps: bool = False  # decode a step target-only when drafting measured slower at its batch size (spec engines)
-    verify_share: Optional[float] = None  # instead of the planner: whole block or this share of the cells, the faster measured
+    verify_share: Optional[float] = None  # instead of the planner: the whole block or this share, the faster measured
     online_calibration: bool = False  # correct the head's confidence in service from observed acceptance
     force_verify_len: Optional[int] = None  # profiling/debug: every step verifies this many tokens
     force_trimmed_path: bool = False  # profiling: run a forced verify length as a trimmed step
