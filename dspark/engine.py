@@ -956,6 +956,17 @@ class Engine:
             return "full", None, None, decision
         if self.share_choice is not None:
             return self._share_decision(len(running))
+        pc = self.planner_config
+        if pc.force_budget_frac is not None and pc.min_verify_len == 0 and pc.mode == "ragged":
+            # A forced share with no minimum window: every cell of its budget is an extra cell, whatever the
+            # survival, so the planner's host work (lagged rows, service price) would only add to the step.
+            from dspark.planner import PlanDecision
+
+            cells = len(running) * self.block_size
+            budget = int(round(pc.force_budget_frac * cells))
+            decision = PlanDecision(None, True, "forced", 0.0, None, None, budget, min(max(budget, 0), cells))
+            self.stats.record_plan(decision)
+            return "ragged", None, decision.extra_cells, decision
         gate = self.plan_gate
         if gate is not None:
             bucket = self.graph.bucket_for(len(running))

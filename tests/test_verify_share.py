@@ -86,3 +86,31 @@ def test_host_driven_steps_run_the_share_too(tmp_path):
     assert [o.token_ids for o in eng.generate(prompts, params)] == expected
     c = eng.counters()
     assert c["trimmed_steps"] == c[f"sched/plan_reason.{SHARE_REASON}"] > 0 and c["window_tokens"] < c["ceiling_tokens"]
+
+
+def test_a_forced_share_without_a_minimum_window_decides_as_the_planner_would_without_its_host_work(tmp_path):
+    """engine.force_budget_frac with min_verify_len=0 on the device path (ab=full_vs_forced_trim's B): the engine's
+    decision is plan_budget's forced decision for any survival (its extra cells are its budget), it is recorded
+    with no planner time, and outputs stay verify-all's."""
+    import numpy as np
+
+    from dspark.planner import PlannerConfig, plan_budget
+
+    rng = np.random.default_rng(0)
+    for rows, frac in ((3, 0.5), (8, 0.75), (5, 0.1)):
+        surv = np.sort(rng.random((rows, 4)), axis=1)[:, ::-1]
+        want = plan_budget(ranking_survival=None, sizing_survival=surv, table=None, temperature_positive=False,
+                           config=PlannerConfig(block=4, budget_lag=2, min_verify_len=0, force_budget_frac=frac))
+        assert want.extra_cells == want.budget == round(frac * rows * 4) and want.trimmed and want.windows is None
+    target, drafter, lag, table = device_step_models_and_table(tmp_path, True)
+    prompts = prompts_for(12, 4)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    expected = [o.token_ids for o in Engine(target, None, tiny_engine_config(max_num_seqs=4), drafter).generate(
+        prompts, params)]
+    eng = Engine(target, None, tiny_engine_config(max_num_seqs=4, verify="ragged", cost_table=table, cuda_graphs=True,
+                                                  overlap=True, budget_lag=lag, min_verify_len=0,
+                                                  force_budget_frac=0.5), drafter)
+    assert [o.token_ids for o in eng.generate(prompts, params)] == expected
+    c = eng.counters()
+    assert c["sched/plan_reason.forced"] == c["trimmed_steps"] == c["decode_steps"] > 0
+    assert c["sched/plan_ms_total"] == 0.0 and c["window_tokens"] < c["ceiling_tokens"]
