@@ -335,7 +335,9 @@ def test_verify_share_arm_runs_without_a_planner_and_passes_its_guards(tmp_path)
     assert summary["arms"]["B"]["label"] == "verify_share" and summary["guards_passed"], summary["guards"]
     reasons = {k.split(".", 1)[1] for k, v in summary["counters"]["B"].items()
                if k.startswith("sched/plan_reason.") and v}
-    assert reasons <= {"verify_share", "share_choice_full_block"} and "share_choice_full_block" in reasons
+    # which kind the timed blocks ran depends on the rates the warm-up measured (the choice is kept across blocks)
+    assert reasons and reasons <= {"verify_share", "share_choice_full_block"}
+    assert any(k.startswith("verify_share/b") for k in summary["counters"]["B"])
 
 
 def test_target_vs_scheduled_runs_every_safeguard_and_passes_its_guards(tmp_path):
