@@ -19,11 +19,12 @@ from dspark.kv_cache import BlockManager
 from dspark.model_runner import DTYPES, ModelRunner, Segment
 from dspark.models.llama import TargetModel
 from dspark.plan_gate import SKIPPED_REASON, backlog_ms
-from dspark.planner import SMALL_BATCH_REASON, UNPLANNED_REASONS
+from dspark.planner import SMALL_BATCH_REASON, UNPLANNED_REASONS, PlanDecision
 from dspark.request import Request, RequestOutput
 from dspark.scheduler import Scheduler
 from dspark.stats import HOST_PHASES, EngineStats, check_step_consistency
 from dspark.survival import prefix_survival
+from dspark.verify_share import SHARE_FULL_REASON, SHARE_REASON, share_budget
 
 PromptLike = str | list[int] | list[dict]
 
@@ -672,12 +673,10 @@ class Engine:
             self._counts["draft_free_steps"] += 1
         if self.draft_free is not None and tokens:
             self.draft_free.update(bucket, draft_free=free, tokens=tokens, step_ms=step_ms)
-        if self.share_choice is not None and decision is not None and tokens:
-            from dspark.verify_share import SHARE_FULL_REASON, SHARE_REASON
-
-            if decision.reason in (SHARE_REASON, SHARE_FULL_REASON):
-                self.share_choice.record(bucket, alternative=decision.reason == SHARE_REASON, tokens=tokens,
-                                         step_ms=step_ms)
+        if (self.share_choice is not None and decision is not None and tokens
+                and decision.reason in (SHARE_REASON, SHARE_FULL_REASON)):
+            self.share_choice.record(bucket, alternative=decision.reason == SHARE_REASON, tokens=tokens,
+                                     step_ms=step_ms)
         if self.service_cost is not None and decision is not None:
             # (the planner reads the price right before it plans: _service_price)
             self.service_cost.update(step_ms=step_ms, table_ms=decision.predicted_ms, host_ms=host_ms,
@@ -960,13 +959,7 @@ class Engine:
         if pc.force_budget_frac is not None and pc.min_verify_len == 0 and pc.mode == "ragged":
             # A forced share with no minimum window: every cell of its budget is an extra cell, whatever the
             # survival, so the planner's host work (lagged rows, service price) would only add to the step.
-            from dspark.planner import PlanDecision
-
-            cells = len(running) * self.block_size
-            budget = int(round(pc.force_budget_frac * cells))
-            decision = PlanDecision(None, True, "forced", 0.0, None, None, budget, min(max(budget, 0), cells))
-            self.stats.record_plan(decision)
-            return "ragged", None, decision.extra_cells, decision
+            return self._cell_share_decision(len(running), pc.force_budget_frac, "forced")
         gate = self.plan_gate
         if gate is not None:
             bucket = self.graph.bucket_for(len(running))
@@ -1004,28 +997,29 @@ class Engine:
         """engine.verify_share: this step's (mode, tier, extra, decision) from the measured choice at its batch
         bucket, the whole block or the share's cells (allocated from fresh survival: on the device on the
         device-resident path, by the host-driven step's allocation otherwise)."""
-        from dspark.planner import PlanDecision
-        from dspark.verify_share import SHARE_FULL_REASON, SHARE_REASON
-
         choice = self.share_choice
         if not choice.alternative(self.steps.bucket_for(rows)):
             decision = self._full_block_decision(rows, SHARE_FULL_REASON)
             self.stats.record_plan(decision)
             return "full", None, None, decision
-        budget = choice.budget(rows, self.block_size)
+        return self._cell_share_decision(rows, choice.share, SHARE_REASON)
+
+    def _cell_share_decision(self, rows: int, share: float, reason: str):
+        """(mode, tier, extra, decision) of a ragged step verifying ``share`` of its ``rows`` x block drafted cells
+        (engine.verify_share, or a forced share without a minimum window): min_verify_len per row, then the extra
+        cells of highest fresh survival, picked by the allocation; recorded as ``reason``, with no prediction."""
+        budget = share_budget(share, rows, self.block_size)
         extra = max(0, budget - rows * self.planner_config.min_verify_len)
-        decision = PlanDecision(None, True, SHARE_REASON, 0.0, None, None, budget, extra)
+        decision = PlanDecision(None, True, reason, 0.0, None, None, budget, extra)
         self.stats.record_plan(decision)
         return "ragged", None, extra, decision
 
     def _full_block_decision(self, rows: int, reason: str):
         """The decision of a step of ``rows`` requests that ran the full block without a planner call (``reason``:
-        the plan gate skipped it, or engine.plan_min_rows), priced by the cost table as a declined decision is
-        (the service price learns from it)."""
+        the plan gate skipped it, engine.plan_min_rows, or engine.verify_share's choice), priced by the cost table
+        as a declined decision is (the service price learns from it)."""
         decision = self._full_block_decisions.get((rows, reason))
         if decision is None:
-            from dspark.planner import PlanDecision
-
             G = self.block_size
             ms = None
             if self.cost_table is not None:
@@ -1168,11 +1162,11 @@ class Engine:
             return None
         for r in decodes:
             self._slot(r)
-        self._service_price()
         survival = self.steps.survival[: len(decodes)].tolist()
         if self.share_choice is not None and len(decodes) >= self.planner_config.min_rows:
             decision = self._share_decision(len(decodes))[3]
         else:
+            self._service_price()  # (the measured share reads no price)
             decision = self.planner.plan(survival, [self._slot_of[r.req_id] for r in decodes],
                                          temperature_positive=not all_greedy, is_mixed_step=plan.is_mixed)
         if decision.windows is None:  # the planner left the allocation to the device kernel

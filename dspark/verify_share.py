@@ -4,7 +4,7 @@ of its cells, whichever measured faster in service.
 The planner (dspark/planner.py) sizes each step's budget from a cost table and a service price it fits online;
 on the H200 at concurrency 256 a trim saved on the device more than twice what the table says, and a fixed
 75% of every step's cells, allocated on the device by fresh survival, ran faster than the planner's arm
-(bench/results/h200-2026-12-04-plan-min-rows/). This choice needs neither: from ``engine.plan_min_rows``
+(`ab=full_vs_forced_trim`; bench/README.md lists the runs). This choice needs neither: from ``engine.plan_min_rows``
 rows up, each step of a bucket verifies either the whole block or ``round(share * R * G)`` cells (the cells
 of highest fresh survival, picked on the device as a ragged step's are), and
 :class:`dspark.measured_choice.MeasuredChoice` keeps the kind with the higher measured output rate. No planner
@@ -22,6 +22,12 @@ from dspark.measured_choice import MeasuredChoice
 # whole block (while the choice measures it, or where the share measured slower: a "no gain" decline).
 SHARE_REASON = "verify_share"
 SHARE_FULL_REASON = "share_choice_full_block"
+
+
+def share_budget(share: float, rows: int, block: int) -> int:
+    """Cells to verify in a step of ``rows`` requests drafting ``block`` tokens each when ``share`` of them are
+    verified (engine.verify_share, and engine.force_budget_frac's forced share)."""
+    return int(round(share * rows * block))
 
 
 def check_verify_share(share: float) -> str | None:
@@ -45,11 +51,11 @@ class VerifyShareChoice(MeasuredChoice):
 
     def budget(self, rows: int, block: int) -> int:
         """Cells to verify in a step of ``rows`` requests drafting ``block`` tokens each."""
-        return int(round(self.share * rows * block))
+        return share_budget(self.share, rows, block)
 
     def summary(self) -> dict[str, float]:
         """Per bucket: the rates (tokens/ms) of whole-block and share steps and how many of each were counted."""
         return self.rate_summary("verify_share", "full", "share")
 
 
-__all__ = ["SHARE_REASON", "SHARE_FULL_REASON", "VerifyShareChoice", "check_verify_share"]
+__all__ = ["SHARE_REASON", "SHARE_FULL_REASON", "VerifyShareChoice", "check_verify_share", "share_budget"]
