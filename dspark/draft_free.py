@@ -7,11 +7,10 @@ no drafts: every row commits the target's next token, as a target-only engine wo
 context is still written, so the next drafting step has it.
 
 :class:`DraftFreeChoice` decides per step from what the engine measured, per batch bucket (the device's
-step shape): the output tokens per millisecond of drafting steps and of draft-free steps, each the median
-over the kind's last ``window`` steps of this bucket. It drafts until a bucket has ``min_steps``
-drafting steps, then runs ``min_steps`` draft-free steps, then takes the kind with the higher rate, and
-every ``explore_every`` steps of the bucket runs the other kind once so that the rates follow the load. The choice reads only past steps, never the drafts it would make,
-so sampled requests keep the target's distribution.
+step shape): the output rates of drafting and draft-free steps, compared on adjacent steps
+(:class:`dspark.measured_choice.MeasuredChoice`'s rule: the two kinds in turn at first, then the one the
+comparisons favour, with a step of the other kind every ``explore_every``). The choice reads only past steps,
+never the drafts it would make, so sampled requests keep the target's distribution.
 """
 
 from __future__ import annotations

@@ -1,31 +1,40 @@
 """A per-step choice between an engine's usual kind of step and an alternative, from measured output rates.
 
 Used where a cost model would have to predict what only the service shows: draft-free steps
-(dspark/draft_free.py) and a fixed verify share (dspark/verify_share.py). Per batch bucket (the device's step
-shape) :class:`MeasuredChoice` keeps each kind's output tokens per millisecond over its last ``window``
-committed steps (their median, so that one step timed long or short does not move it). It runs the usual kind
-until a bucket has ``min_steps`` of them, then ``min_steps`` of the alternative, then the kind with the higher
-rate, and every ``explore_every`` steps of the bucket the other kind once, so that the rates follow the load.
-It reads only committed steps, never what the step it decides will draft, so sampled requests keep the target's
-distribution.
+(dspark/draft_free.py) and a fixed verify share (dspark/verify_share.py).
+
+The two kinds are compared on adjacent steps. A step's output rate (tokens per millisecond of its measured
+period) moves with the load far more than with its kind: the batch fills and drains, prefills join, acceptance
+changes with the prompts in flight. Two kinds' rates taken at different times (each kind's recent median, say)
+compare two phases of the load, not two kinds: on the H200 at concurrency 256 such medians had the share twice
+as fast as the whole block while the A/B measured it 1.5% slower. So, per batch bucket (the device's step shape),
+:class:`MeasuredChoice` keeps the log ratio alternative / usual of every two consecutive committed steps of the
+bucket that ran different kinds, and takes the alternative while the median of the last ``window`` ratios is
+positive. It alternates the kinds for the first ``2 * min_steps`` decisions of a bucket (each consecutive pair is
+a comparison), then runs the kind the ratios favour, and every ``explore_every`` decisions of the bucket the
+other kind once (two more comparisons: with the step before it and the step after), so that the choice follows
+the load. It reads only committed steps, never what the step it decides will draft, so sampled requests keep the
+target's distribution.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 
 class RecentRate:
-    """One step kind's output tokens per ms over its last steps; its rate is their median."""
+    """One step kind's output tokens per ms over its last steps; its rate is their median (reported, not compared:
+    see the module docstring)."""
 
     def __init__(self, window: int):
         self.rates: deque[float] = deque(maxlen=window)
         self.n = 0  # steps counted, all time
 
-    def add(self, tokens: int, ms: float) -> None:
-        self.rates.append(tokens / ms)
+    def add(self, rate: float) -> None:
+        self.rates.append(rate)
         self.n += 1
 
     @property
@@ -36,11 +45,19 @@ class RecentRate:
 
 @dataclass
 class BucketRates:
-    """One batch bucket: its usual and its alternative steps, and how many decisions it took."""
+    """One batch bucket: its usual and its alternative steps, the adjacent-step comparisons, and its decisions."""
 
     usual: RecentRate
     alternative: RecentRate
-    steps: int = 0
+    log_ratios: deque  # log(alternative rate / usual rate) of consecutive steps of different kinds, last `window`
+    pairs: int = 0  # comparisons made, all time
+    steps: int = 0  # decisions taken
+    last: tuple[bool, float] | None = None  # the bucket's newest committed step: (alternative?, its rate)
+
+    @property
+    def log_ratio(self) -> float | None:
+        """Median log ratio alternative / usual over the recent comparisons (None before any)."""
+        return statistics.median(self.log_ratios) if self.log_ratios else None
 
 
 @dataclass
@@ -63,27 +80,34 @@ class MeasuredChoice:
         """True: run this step of ``bucket`` as the alternative kind."""
         r = self.bucket(bucket)
         r.steps += 1
-        if r.usual.n < self.min_steps:
-            return False
-        if r.alternative.n < self.min_steps:
-            return True
-        better = r.alternative.rate > r.usual.rate
+        ratio = r.log_ratio
+        if r.steps <= 2 * self.min_steps or ratio is None:
+            return r.steps % 2 == 0  # the usual kind first, then one of each in turn
+        better = ratio > 0.0
         if r.steps % self.explore_every == 0:
-            return not better  # one step of the other kind keeps its rate current
+            return not better  # one step of the other kind: two fresh comparisons
         return better
 
     def record(self, bucket: int, *, alternative: bool, tokens: int, step_ms: float) -> None:
-        """Count a committed step of ``bucket``: its kind, its output tokens and its measured time."""
-        if step_ms <= 0.0:
+        """Count a committed step of ``bucket``: its kind, its output tokens and its measured time. Call in commit
+        order: a step whose bucket's previous committed step ran the other kind is compared with it."""
+        if step_ms <= 0.0 or tokens <= 0:
             return
         r = self.bucket(bucket)
-        (r.alternative if alternative else r.usual).add(tokens, step_ms)
+        rate = tokens / step_ms
+        (r.alternative if alternative else r.usual).add(rate)
+        if r.last is not None and r.last[0] != alternative:
+            alt, usual = (rate, r.last[1]) if alternative else (r.last[1], rate)
+            r.log_ratios.append(math.log(alt / usual))
+            r.pairs += 1
+        r.last = (alternative, rate)
 
     def bucket(self, bucket: int) -> BucketRates:
         """The rates of ``bucket`` (created empty on first use)."""
         r = self._buckets.get(bucket)
         if r is None:
-            r = self._buckets[bucket] = BucketRates(RecentRate(self.window), RecentRate(self.window))
+            r = self._buckets[bucket] = BucketRates(RecentRate(self.window), RecentRate(self.window),
+                                                    deque(maxlen=self.window))
         return r
 
     def buckets(self) -> list[tuple[int, BucketRates]]:
@@ -91,13 +115,18 @@ class MeasuredChoice:
         return sorted(self._buckets.items())
 
     def rate_summary(self, prefix: str, usual: str, alternative: str) -> dict[str, float]:
-        """Per bucket, ``<prefix>/b<bucket>/<kind>_tok_per_ms`` (the rate) and ``<kind>_steps`` (steps counted) for
-        the usual and the alternative kind, under the names given."""
+        """Per bucket, ``<prefix>/b<bucket>/<kind>_tok_per_ms`` (the kind's recent median rate) and ``<kind>_steps``
+        (steps counted) for the usual and the alternative kind, under the names given; ``pairs`` (adjacent-step
+        comparisons) and, once there is one, ``<alternative>_vs_<usual>_pct`` (the median comparison the choice
+        reads, as a percentage change)."""
         out: dict[str, float] = {}
         for b, r in self.buckets():
             for name, kind in ((usual, r.usual), (alternative, r.alternative)):
                 out[f"{prefix}/b{b}/{name}_tok_per_ms"] = round(kind.rate, 4)
                 out[f"{prefix}/b{b}/{name}_steps"] = kind.n
+            out[f"{prefix}/b{b}/pairs"] = r.pairs
+            if r.log_ratio is not None:
+                out[f"{prefix}/b{b}/{alternative}_vs_{usual}_pct"] = round(100.0 * math.expm1(r.log_ratio), 3)
         return out
 
 

@@ -7,9 +7,10 @@ on the H200 at concurrency 256 a trim saved on the device more than twice what t
 (`ab=full_vs_forced_trim`; bench/README.md lists the runs). This choice needs neither: from ``engine.plan_min_rows``
 rows up, each step of a bucket verifies either the whole block or ``round(share * R * G)`` cells (the cells
 of highest fresh survival, picked on the device as a ragged step's are), and
-:class:`dspark.measured_choice.MeasuredChoice` keeps the kind with the higher measured output rate. No planner
-call, no cost table: the host's work is the choice's few comparisons. The budget depends only on committed
-steps, never on the survival of the block it cuts, so sampled requests keep the target's distribution.
+:class:`dspark.measured_choice.MeasuredChoice` keeps the kind that measured the higher output rate on adjacent
+steps. No planner call, no cost table: the host's work is the choice's few comparisons. The budget depends only
+on committed steps, never on the survival of the block it cuts, so sampled requests keep the target's
+distribution.
 """
 
 from __future__ import annotations

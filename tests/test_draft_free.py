@@ -10,35 +10,49 @@ from test_graph_decode import generate, prompts_for
 from tiny import tiny_drafter, tiny_target
 
 
-def test_choice_drafts_then_tries_draft_free_then_keeps_the_faster_and_explores():
-    choice = DraftFreeChoice(window=1, min_steps=2, explore_every=5)
+def test_choice_alternates_then_keeps_the_faster_and_explores():
+    choice = DraftFreeChoice(window=4, min_steps=2, explore_every=7)
     picks = []
-    for _ in range(2):
-        picks.append(choice.draft_free(8))
-        choice.update(8, draft_free=False, tokens=16, step_ms=4.0)  # drafting: 4 tokens/ms
-    for _ in range(2):
-        picks.append(choice.draft_free(8))
-        choice.update(8, draft_free=True, tokens=8, step_ms=1.0)  # draft-free: 8 tokens/ms
-    assert picks == [False, False, True, True]
-    later = [choice.draft_free(8) for _ in range(6)]  # decisions 5..10 of bucket 8
-    assert later == [False, True, True, True, True, False]  # 5 and 10: one drafting step to keep its rate
+    for _ in range(4):
+        free = choice.draft_free(8)
+        picks.append(free)
+        # drafting: 4 tokens/ms, draft-free: 8 tokens/ms
+        choice.update(8, draft_free=free, tokens=8 if free else 16, step_ms=1.0 if free else 4.0)
+    assert picks == [False, True, False, True]  # the two kinds in turn, drafting first
+    later = [choice.draft_free(8) for _ in range(8)]  # decisions 5..12 of bucket 8
+    assert later == [True, True, False, True, True, True, True, True]  # 7: one drafting step to keep comparing
     assert choice.draft_free(16) is False  # another bucket starts over
     s = choice.summary()
     assert s["draft_free/b8/free_tok_per_ms"] == 8.0 and s["draft_free/b8/draft_steps"] == 2
+    assert s["draft_free/b8/pairs"] == 3 and s["draft_free/b8/free_vs_draft_pct"] == 100.0
     with pytest.raises(ValueError, match="window"):
         DraftFreeChoice(window=0)
 
 
+def test_the_choice_compares_adjacent_steps_not_two_phases_of_the_load():
+    """The load lifts every step's rate 5% a step; at equal load drafting is 10% faster. Each draft-free step,
+    taken after the drafting steps it is compared with, out-rates them, yet beside its neighbours it is slower:
+    the choice keeps drafting, with a draft-free step only to explore."""
+    choice = DraftFreeChoice(window=8, min_steps=2, explore_every=3)
+    picks = []
+    for step in range(30):
+        free = choice.draft_free(8)
+        picks.append(free)
+        rate = 1.05 ** step * (1.0 if free else 1.1)
+        choice.update(8, draft_free=free, tokens=int(1000 * rate), step_ms=10.0)
+    assert -10.0 < choice.summary()["draft_free/b8/free_vs_draft_pct"] < 0.0
+    assert picks[:4] == [False, True, False, True]
+    assert picks[4:] == [i % 3 == 1 for i in range(26)]  # decisions 6, 9, ...: a draft-free step to explore
+
+
 def test_one_step_timed_long_does_not_turn_the_choice():
-    """The rates are medians of the recent steps: one drafting step whose period caught a host stall (here
-    200 ms) leaves drafting the faster kind, where an average seeded with it would not."""
+    """The comparisons' median: one drafting step whose period caught a host stall (here 200 ms) leaves drafting
+    the faster kind."""
     choice = DraftFreeChoice(window=16, min_steps=3, explore_every=100)
-    for ms in (200.0, 4.0, 4.0, 4.0):
-        choice.draft_free(8)
-        choice.update(8, draft_free=False, tokens=16, step_ms=ms)
-    for _ in range(3):
-        assert choice.draft_free(8)
-        choice.update(8, draft_free=True, tokens=8, step_ms=3.0)
+    for ms in (200.0, 3.0, 4.0, 3.0, 4.0, 3.0):
+        free = choice.draft_free(8)
+        # drafting: 16 tokens per 4 ms (the first one stalled); draft-free: 8 tokens per 3 ms
+        choice.update(8, draft_free=free, tokens=8 if free else 16, step_ms=ms)
     assert [choice.draft_free(8) for _ in range(10)] == [False] * 10
     assert choice.summary()["draft_free/b8/draft_tok_per_ms"] == 4.0
 

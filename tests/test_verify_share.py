@@ -13,7 +13,7 @@ from test_engine_scheduling import device_step_models_and_table
 from tiny import tiny_engine_config
 
 
-def test_the_choice_measures_both_kinds_then_keeps_the_faster_and_explores():
+def test_the_choice_measures_both_kinds_in_turn_then_keeps_the_faster_and_explores():
     choice = VerifyShareChoice(share=0.75, min_steps=2, explore_every=5)
     kinds = []
     for step in range(12):
@@ -21,11 +21,12 @@ def test_the_choice_measures_both_kinds_then_keeps_the_faster_and_explores():
         kinds.append(share)
         # the share commits 10 tokens in 1 ms, the whole block 10 tokens in 2 ms
         choice.record(256, alternative=share, tokens=10, step_ms=1.0 if share else 2.0)
-    assert kinds[:4] == [False, False, True, True]  # the whole block first, then the share, min_steps each
+    assert kinds[:4] == [False, True, False, True]  # the whole block first, then one of each in turn
     assert kinds[5:9] == [True, True, True, True] and kinds[4] is False and kinds[9] is False  # explores every 5th
     s = choice.summary()
     assert s["verify_share/b256/share_tok_per_ms"] == 10.0 and s["verify_share/b256/full_tok_per_ms"] == 5.0
     assert s["verify_share/b256/share_steps"] + s["verify_share/b256/full_steps"] == 12
+    assert s["verify_share/b256/share_vs_full_pct"] == 100.0 and s["verify_share/b256/pairs"] == 7
     assert choice.budget(256, 7) == round(0.75 * 256 * 7)
     assert SHARE_REASON in REASONS and SHARE_FULL_REASON in REASONS
 
