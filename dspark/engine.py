@@ -248,6 +248,10 @@ class Engine:
             self.online_calibration = OnlineHeadCalibration(self.block_size)
         self._graph_table_lens: dict[int, int] = {}
         self._prefilled: list[Request] = []  # prefilled on the prefill stream, joining the rows next call
+        if self.graph is not None and self._decides_without_planner() and self.online_calibration is None:
+            # nothing on the host reads the steps' survival (no lagged rows, no calibration to refit): the launch
+            # copies none back and the commit checks and queues none
+            self.graph.read_survival = False
         # engine.draft_free_steps: the per-step choice between drafting and a target-only step (kept across reset,
         # like the other online estimates: a run's warm-up trains it for the timed blocks).
         self.draft_free = None
@@ -305,6 +309,15 @@ class Engine:
     def _forced_decisions(self) -> bool:
         """Whether engine.force_verify_len / force_budget_frac replace every planner decision."""
         return self.cfg.force_verify_len is not None or self.cfg.force_budget_frac is not None
+
+    def _decides_without_planner(self) -> bool:
+        """Whether no device-resident step calls the planner: engine.verify_share's measured choice, or a forced
+        share with no minimum window (every cell of its budget is an extra cell, whatever the survival)."""
+        if self.planner is None:
+            return False
+        pc = self.planner_config
+        return self.share_choice is not None or (pc.force_budget_frac is not None and pc.min_verify_len == 0
+                                                 and pc.mode == "ragged")
 
     def fingerprint(self) -> dict:
         """What a cost table must have been profiled on to be valid here."""
@@ -956,7 +969,7 @@ class Engine:
         if self.share_choice is not None:
             return self._share_decision(len(running))
         pc = self.planner_config
-        if pc.force_budget_frac is not None and pc.min_verify_len == 0 and pc.mode == "ragged":
+        if self._decides_without_planner():
             # A forced share with no minimum window: every cell of its budget is an extra cell, whatever the
             # survival, so the planner's host work (lagged rows, service price) would only add to the step.
             return self._cell_share_decision(len(running), pc.force_budget_frac, "forced")

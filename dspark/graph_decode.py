@@ -156,6 +156,10 @@ class GraphDecoder:
         # of fewer requests (engine.plan_min_rows), so nothing would read their survival. Host-driven steps
         # (draft_rows) always run it; a step trace keeps it on every step.
         self.confidence_min_rows = int(confidence_min_rows)
+        # Whether a launched step copies the head's survival back to the host (Launched.survival): the engine turns
+        # it off where no host work reads it (a measured or forced share decided without the planner), and the
+        # device's own allocation reads it in place.
+        self.read_survival = True
         self.head_steps = 0  # launched and host-driven steps whose draft stage ran the head (counters)
         centres = (torch.arange(estimate_bins, dtype=torch.float32) + 0.5) / estimate_bins
         self.estimate_table = centres.repeat(G1, 1).to(dev)
@@ -715,7 +719,7 @@ class GraphDecoder:
         drafted = self.G and mode != "draft_free"  # a draft-free step leaves no survival of its own
         head = drafted and self.runs_confidence_head(r_draft)
         self.head_steps += bool(head)
-        if head or (drafted and self.estimate == "draft_max_prob"):
+        if (head and self.read_survival) or (drafted and self.estimate == "draft_max_prob"):
             surv = torch.empty((B, self.G), dtype=torch.float32, pin_memory=pin)
             surv.copy_(self.survival[:B], non_blocking=pin)
         if drafted and self.estimate == "draft_max_prob":

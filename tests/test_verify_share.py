@@ -69,6 +69,9 @@ def test_the_engine_runs_the_share_on_the_device_path_without_a_planner_and_stay
     assert c["trimmed_steps"] == share_steps > 0 and c[f"sched/plan_reason.{SHARE_FULL_REASON}"] > 0
     assert c["window_tokens"] < c["ceiling_tokens"]
     assert sum(v for k, v in c.items() if k.startswith("verify_share/b") and k.endswith("/share_steps")) > 0
+    # the two kinds compared on adjacent committed steps (in commit order, with or without overlap)
+    assert sum(v for k, v in c.items() if k.startswith("verify_share/b") and k.endswith("/pairs")) > 0
+    assert any(k.endswith("/share_vs_full_pct") for k in c)
     guard = did_nothing_guard("B", {}, c, expects_trim=True, expects_graphs=False, expects_speculation=True)
     assert guard.passed and not guard.details.get("declined_all"), guard.message
 
@@ -115,3 +118,35 @@ def test_a_forced_share_without_a_minimum_window_decides_as_the_planner_would_wi
     c = eng.counters()
     assert c["sched/plan_reason.forced"] == c["trimmed_steps"] == c["decode_steps"] > 0
     assert c["sched/plan_ms_total"] == 0.0 and c["window_tokens"] < c["ceiling_tokens"]
+
+
+@pytest.mark.parametrize("decider", ["share", "forced", "planner", "share_online_calibration"])
+def test_the_launch_copies_survival_back_only_where_the_host_reads_it(tmp_path, decider):
+    """A measured share and a forced share without a minimum window decide without the planner: their launched
+    steps copy no survival back (the device's allocation reads it in place) and the planner queues no snapshot,
+    while they still trim and stay lossless. The planner's arm, and a share whose head is calibrated online, read
+    it."""
+    target, drafter, lag, table = device_step_models_and_table(tmp_path, True)
+    prompts = prompts_for(12, 4)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    expected = [o.token_ids for o in Engine(target, None, tiny_engine_config(max_num_seqs=4), drafter).generate(
+        prompts, params)]
+    extra = {"share": dict(verify_share=0.5, min_verify_len=0), "forced": dict(force_budget_frac=0.5, min_verify_len=0),
+             "planner": {}, "share_online_calibration": dict(verify_share=0.5, min_verify_len=0,
+                                                             online_calibration=True)}[decider]
+    eng = Engine(target, None, tiny_engine_config(max_num_seqs=4, verify="ragged", cost_table=table, cuda_graphs=True,
+                                                  overlap=True, budget_lag=lag, **extra), drafter)
+    if eng.share_choice is not None:
+        eng.share_choice.min_steps = 2
+    launched = []
+    launch = eng.graph.launch
+    eng.graph.launch = lambda *a, **kw: launched.append(launch(*a, **kw)) or launched[-1]
+    pushed = []
+    push = eng.planner.push_checked_snapshot
+    eng.planner.push_checked_snapshot = lambda slots, rows: pushed.append(len(slots)) or push(slots, rows)
+    assert [o.token_ids for o in eng.generate(prompts, params)] == expected
+    reads = decider in ("planner", "share_online_calibration")
+    assert eng.graph.read_survival is reads
+    assert any(s.survival is not None for s in launched) is reads and bool(pushed) is reads
+    if decider != "planner":
+        assert eng.counters()["trimmed_steps"] > 0
