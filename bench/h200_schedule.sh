@@ -33,6 +33,10 @@
 # AB_EXTRA: overrides for every run (e.g. "ab.profile.batch_sizes=[1,2,4,8,16,32,64,128,256]": one cost table for
 # every concurrency, profiled once). agentic (304 eval prompts) and arena_hard (57) repeat their prompts to fill a block.
 # Each run's folder is packed into $OUT/<part>_<workload>_c<C>.tar.gz as soon as it ends (requests/ left out).
+# T_RUN (default 300 s) bounds each run; what runs took on the H200 with 8 blocks, the cost table already profiled
+# (profiling it adds about 60 s to the first run) and the lossless control and guards included: agentic 256
+# 150-175 s, mixed_chat 256 105-115 s, 128 80-90 s, 16 35-45 s (6 blocks), 1 about 45 s. A run cut at T_RUN keeps
+# its finished blocks (summary.json marked interrupted, the guards it had not judged left unjudged).
 set -uo pipefail
 PARTS=" ${PARTS:-ragged} "; has() { [[ "$PARTS" == *" $1 "* ]]; }
 OUT=${OUT:?set OUT}; WORK=${WORK:-/tmp/dspark-schedule}
