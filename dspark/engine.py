@@ -1376,6 +1376,9 @@ class Engine:
             self.plan_gate.reset_counts()  # its estimates persist: a run's warm-up trains them for the timed blocks
         if self.online_calibration is not None:
             self.online_calibration.reset_counts()  # its offsets persist, like the gate's estimates
+        for choice in (self.share_choice, self.draft_free):  # their rates and comparisons persist too
+            if choice is not None:
+                choice.reset_counts()
         self._plan_cost = None
         self._free_slots = list(range(self.cfg.max_num_seqs - 1, -1, -1))
         self._slot_of.clear()

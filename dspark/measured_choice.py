@@ -32,10 +32,12 @@ class RecentRate:
     def __init__(self, window: int):
         self.rates: deque[float] = deque(maxlen=window)
         self.n = 0  # steps counted, all time
+        self.counted = 0  # steps counted since MeasuredChoice.reset_counts (reported)
 
     def add(self, rate: float) -> None:
         self.rates.append(rate)
         self.n += 1
+        self.counted += 1
 
     @property
     def rate(self) -> float:
@@ -50,7 +52,7 @@ class BucketRates:
     usual: RecentRate
     alternative: RecentRate
     log_ratios: deque  # log(alternative rate / usual rate) of consecutive steps of different kinds, last `window`
-    pairs: int = 0  # comparisons made, all time
+    pairs: int = 0  # comparisons made since MeasuredChoice.reset_counts (reported)
     steps: int = 0  # decisions taken
     last: tuple[bool, float] | None = None  # the bucket's newest committed step: (alternative?, its rate)
 
@@ -102,6 +104,14 @@ class MeasuredChoice:
             r.pairs += 1
         r.last = (alternative, rate)
 
+    def reset_counts(self) -> None:
+        """Start the reported step and comparison counts again (an engine's reset: one run's counters); the rates,
+        the comparisons and the decisions persist, so a run's warm-up trains the choice for the timed blocks. The
+        next committed step is compared with none before it (the steps either side of a reset are not adjacent)."""
+        for r in self._buckets.values():
+            r.usual.counted = r.alternative.counted = r.pairs = 0
+            r.last = None
+
     def bucket(self, bucket: int) -> BucketRates:
         """The rates of ``bucket`` (created empty on first use)."""
         r = self._buckets.get(bucket)
@@ -116,14 +126,14 @@ class MeasuredChoice:
 
     def rate_summary(self, prefix: str, usual: str, alternative: str) -> dict[str, float]:
         """Per bucket, ``<prefix>/b<bucket>/<kind>_tok_per_ms`` (the kind's recent median rate) and ``<kind>_steps``
-        (steps counted) for the usual and the alternative kind, under the names given; ``pairs`` (adjacent-step
-        comparisons) and, once there is one, ``<alternative>_vs_<usual>_pct`` (the median comparison the choice
-        reads, as a percentage change)."""
+        (steps counted since :meth:`reset_counts`) for the usual and the alternative kind, under the names given;
+        ``pairs`` (adjacent-step comparisons since then) and, once there is one, ``<alternative>_vs_<usual>_pct``
+        (the median comparison the choice reads, as a percentage change)."""
         out: dict[str, float] = {}
         for b, r in self.buckets():
             for name, kind in ((usual, r.usual), (alternative, r.alternative)):
                 out[f"{prefix}/b{b}/{name}_tok_per_ms"] = round(kind.rate, 4)
-                out[f"{prefix}/b{b}/{name}_steps"] = kind.n
+                out[f"{prefix}/b{b}/{name}_steps"] = kind.counted
             out[f"{prefix}/b{b}/pairs"] = r.pairs
             if r.log_ratio is not None:
                 out[f"{prefix}/b{b}/{alternative}_vs_{usual}_pct"] = round(100.0 * math.expm1(r.log_ratio), 3)

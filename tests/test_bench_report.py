@@ -309,6 +309,22 @@ def test_report_shows_the_online_calibration_per_position(tmp_path):
     assert "| 1 | -0.25 | 0.91 |" in text and "| 2 | 0.5 | 1.02 |" in text
 
 
+def test_report_shows_the_measured_choice_per_bucket(tmp_path):
+    summary, blocks, requests = build_experiment()
+    text = write_report(tmp_path / "report0", summary, blocks, requests)["report"].read_text()
+    assert "the measured choice per batch bucket" not in text  # no such counters: no table
+    share = {"verify_share/b1024/full_steps": 40, "verify_share/b1024/share_steps": 1960,
+             "verify_share/b1024/pairs": 75, "verify_share/b1024/share_vs_full_pct": 2.46,
+             "verify_share/b1024/full_tok_per_ms": 67.1, "verify_share/b1024/share_tok_per_ms": 93.2,
+             "verify_share/b256/full_steps": 30, "verify_share/b256/share_steps": 0, "verify_share/b256/pairs": 0,
+             "verify_share/b256/full_tok_per_ms": 20.5, "verify_share/b256/share_tok_per_ms": 0.0}
+    summary["counters"] = {**summary.get("counters", {}), "B": {**summary.get("counters", {}).get("B", {}), **share}}
+    text = re.sub(r" +", " ", write_report(tmp_path / "report1", summary, blocks, requests)["report"].read_text())
+    assert "- arm B, the measured choice per batch bucket (engine.verify_share" in text
+    assert "| 256 | 30 | 0 | 0 | - | 20.5 | 0 |" in text and "| 1024 | 40 | 1,960 | 75 | +2.5% | 67.1 | 93.2 |" in text
+    assert text.index("| 256 | 30 |") < text.index("| 1024 | 40 |")
+
+
 LABELLED_ARMS = {
     "A": {"label": "verify_all", "engine": {"spec": "dspark", "verify": "full", "max_num_seqs": 4,
                                             "kernels": {"fused_layers": True, "l2_prefetch": False}}},

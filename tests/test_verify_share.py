@@ -31,6 +31,20 @@ def test_the_choice_measures_both_kinds_in_turn_then_keeps_the_faster_and_explor
     assert SHARE_REASON in REASONS and SHARE_FULL_REASON in REASONS
 
 
+def test_reset_counts_restarts_the_reported_counts_and_keeps_the_choice():
+    choice = VerifyShareChoice(share=0.75, min_steps=1, explore_every=50)
+    for _ in range(6):
+        share = choice.alternative(64)
+        choice.record(64, alternative=share, tokens=10, step_ms=1.0 if share else 2.0)
+    assert choice.summary()["verify_share/b64/pairs"] == 1  # the warm-up's whole block, then its share
+    choice.reset_counts()
+    s = choice.summary()
+    assert s["verify_share/b64/share_steps"] == s["verify_share/b64/full_steps"] == s["verify_share/b64/pairs"] == 0
+    assert s["verify_share/b64/share_vs_full_pct"] == 100.0 and choice.alternative(64)  # the choice persists
+    choice.record(64, alternative=True, tokens=10, step_ms=1.0)
+    assert choice.summary()["verify_share/b64/pairs"] == 0  # the step before the reset is not its neighbour
+
+
 @pytest.mark.parametrize("share", [0.0, 1.0, 1.5, -0.2, True, "half"])
 def test_a_share_outside_the_open_unit_interval_is_refused(share):
     with pytest.raises(ConfigError, match="engine.verify_share: must be a number in"):
@@ -74,6 +88,14 @@ def test_the_engine_runs_the_share_on_the_device_path_without_a_planner_and_stay
     assert any(k.endswith("/share_vs_full_pct") for k in c)
     guard = did_nothing_guard("B", {}, c, expects_trim=True, expects_graphs=False, expects_speculation=True)
     assert guard.passed and not guard.details.get("declined_all"), guard.message
+    # a second run after reset() (an A/B's next block): the counts are that run's, the choice carries over
+    eng.reset()
+    assert [o.token_ids for o in eng.generate(prompts, params)] == expected
+    c = eng.counters()
+    counted = sum(v for k, v in c.items()
+                  if k.startswith("verify_share/b") and k.endswith(("share_steps", "full_steps")))
+    decided = c.get(f"sched/plan_reason.{SHARE_REASON}", 0) + c.get(f"sched/plan_reason.{SHARE_FULL_REASON}", 0)
+    assert 0 < counted <= decided
 
 
 def test_host_driven_steps_run_the_share_too(tmp_path):

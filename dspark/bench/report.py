@@ -798,6 +798,31 @@ def online_calibration_rows(summary: Mapping[str, Any]) -> dict[str, list[dict[s
     return out
 
 
+# The measured choices' counters (dspark/measured_choice.py): prefix -> (usual kind, alternative kind, what it is)
+MEASURED_CHOICES = {"verify_share": ("full", "share", "engine.verify_share: the whole block or the share of its cells"),
+                    "draft_free": ("draft", "free", "engine.draft_free_steps: drafting or a target-only step")}
+
+
+def measured_choice_rows(summary: Mapping[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    """Per (arm, choice prefix) with a measured choice, its per-bucket counters (``<prefix>/b<bucket>/...``) as rows:
+    steps of each kind, adjacent-step comparisons, the median comparison (%) and each kind's recent rate."""
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for arm, counters in (summary.get("counters") or {}).items():
+        for prefix, (usual, alt, _) in MEASURED_CHOICES.items():
+            buckets: dict[int, dict[str, Any]] = {}
+            for key, value in counters.items():
+                parts = key.split("/")
+                if len(parts) == 3 and parts[0] == prefix and parts[1][:1] == "b" and parts[1][1:].isdigit():
+                    buckets.setdefault(int(parts[1][1:]), {"bucket": int(parts[1][1:])})[parts[2]] = value
+            rows = [{"bucket": b, "usual_steps": r.get(f"{usual}_steps"), "alternative_steps": r.get(f"{alt}_steps"),
+                     "pairs": r.get("pairs"), "change_pct": r.get(f"{alt}_vs_{usual}_pct"),
+                     "usual_rate": r.get(f"{usual}_tok_per_ms"), "alternative_rate": r.get(f"{alt}_tok_per_ms")}
+                    for b, r in sorted(buckets.items())]
+            if rows:
+                out[(arm, prefix)] = rows
+    return out
+
+
 def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> list[str]:
     from dspark.bench.guards import DECLINE_HINTS
 
@@ -836,6 +861,17 @@ def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> l
                              "cost ms/step"],
                             [[r["bucket"], *("-" if r[f] is None else r[f] for f in PLAN_GATE_FIELDS[:4]),
                               _fmt(r["benefit_ms_estimate"]), _fmt(r["cost_ms_estimate"])] for r in rows])]
+    for (arm, prefix), rows in measured_choice_rows(summary).items():
+        usual, alt, what = MEASURED_CHOICES[prefix]
+        lines += ["", f"- arm {arm}, the measured choice per batch bucket ({what}): its steps of each kind, the "
+                  "comparisons of adjacent steps of different kinds, and their median (the choice takes the "
+                  f"{alt} kind while it is above 0); each kind's recent output rate for reference (tokens/ms, "
+                  "rates of different moments of the load):", "",
+                  _markdown(["bucket", f"{usual} steps", f"{alt} steps", "comparisons", f"{alt} vs {usual}",
+                             f"{usual} tok/ms", f"{alt} tok/ms"],
+                            [[r["bucket"], _count(r["usual_steps"]), _count(r["alternative_steps"]),
+                              _count(r["pairs"]), "-" if r["change_pct"] is None else f"{r['change_pct']:+.1f}%",
+                              _fmt(r["usual_rate"]), _fmt(r["alternative_rate"])] for r in rows])]
     for arm, rows in online_calibration_rows(summary).items():
         c = summary["counters"][arm]
         lines += ["", f"- arm {arm}, the head's calibration corrected in service (engine.online_calibration): "
