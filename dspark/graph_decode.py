@@ -708,8 +708,7 @@ class GraphDecoder:
             r_verify = min(bucket, self.S)
             r_draft = _first_at_least(self.batch_buckets, B)
             if mode != "draft_free":
-                src = torch.tensor([value], dtype=torch.int64)
-                target_buf.copy_(src.pin_memory() if pin else src, non_blocking=pin)
+                target_buf.fill_(value)  # a fill kernel on the step's stream: no host tensor, pinned copy or sync
                 self._run(("draft", r_draft, self.sampling), lambda: self._draft_stage(r_draft))
             self._run(("verify", bucket, mode, self.sampling), lambda: self._verify_stage(bucket, r_verify, mode))
         self._close_step_timing(mode, _first_at_least(self.batch_buckets, B) or B)
