@@ -205,6 +205,10 @@ def test_did_nothing_guard_accepts_an_arm_that_ran_every_step_draft_free():
     assert ok.passed and "draft-free" in ok.message and ok.details["draft_free_all"]
     unmeasured = did_nothing_guard("B", {}, {**counters, "draft_free/b8/draft_steps": 0}, **kw)
     assert not unmeasured.passed and "never measured a drafting step" in unmeasured.message
+    # a timed block counts its steps anew, but the choice's comparison of the kinds (from the warm-up) persists
+    compared = {**counters, "draft_free/b8/draft_steps": 0, "draft_free/b8/pairs": 0,
+                "draft_free/b8/free_vs_draft_pct": 12.5}
+    assert did_nothing_guard("B", {}, compared, **kw).passed
 
 
 class _TieScorer:

@@ -224,8 +224,11 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
     # when the choice measured drafting first.
     draft_free_all = bool(expects_draft_free and float(counters.get("decode_steps", 0) or 0) > 0
                           and float(counters.get("draft_free_steps", 0) or 0) == float(counters["decode_steps"]))
+    # Drafting measured: drafting steps counted in this run, or a comparison of the two kinds on adjacent steps,
+    # which the choice keeps across an engine's reset (an A/B's warm-up measures it; its timed blocks count anew).
     measured_drafting = sum(float(v) for k, v in counters.items()
-                            if str(k).startswith("draft_free/b") and str(k).endswith("/draft_steps"))
+                            if str(k).startswith("draft_free/b") and str(k).endswith(("/draft_steps", "/pairs"))) \
+        + sum(1 for k in counters if str(k).startswith("draft_free/b") and str(k).endswith("/free_vs_draft_pct"))
     if draft_free_all:
         expects_trim = expects_speculation = expects_online_calibration = False
         expects_calibration = None
