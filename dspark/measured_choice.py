@@ -36,12 +36,10 @@ class RecentRate:
 
     def __init__(self, window: int):
         self.rates: deque[float] = deque(maxlen=window)
-        self.n = 0  # steps counted, all time
         self.counted = 0  # steps counted since MeasuredChoice.reset_counts (reported)
 
     def add(self, rate: float) -> None:
         self.rates.append(rate)
-        self.n += 1
         self.counted += 1
 
     @property

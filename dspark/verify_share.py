@@ -50,10 +50,6 @@ class VerifyShareChoice(MeasuredChoice):
         if problem:
             raise ValueError(f"share {problem}")
 
-    def budget(self, rows: int, block: int) -> int:
-        """Cells to verify in a step of ``rows`` requests drafting ``block`` tokens each."""
-        return share_budget(self.share, rows, block)
-
     def summary(self) -> dict[str, float]:
         """Per bucket: the rates (tokens/ms) of whole-block and share steps and how many of each were counted."""
         return self.rate_summary("verify_share", "full", "share")

@@ -7,7 +7,7 @@ from dspark.bench.guards import did_nothing_guard
 from dspark.config import ConfigError, EngineConfig, SamplingParams
 from dspark.engine import Engine
 from dspark.planner import REASONS
-from dspark.verify_share import SHARE_FULL_REASON, SHARE_REASON, VerifyShareChoice
+from dspark.verify_share import SHARE_FULL_REASON, SHARE_REASON, VerifyShareChoice, share_budget
 from test_engine_lossless import prompts_for
 from test_engine_scheduling import device_step_models_and_table
 from tiny import tiny_engine_config
@@ -27,7 +27,7 @@ def test_the_choice_measures_both_kinds_in_turn_then_keeps_the_faster_and_explor
     assert s["verify_share/b256/share_tok_per_ms"] == 10.0 and s["verify_share/b256/full_tok_per_ms"] == 5.0
     assert s["verify_share/b256/share_steps"] + s["verify_share/b256/full_steps"] == 12
     assert s["verify_share/b256/share_vs_full_pct"] == 100.0 and s["verify_share/b256/pairs"] == 7
-    assert choice.budget(256, 7) == round(0.75 * 256 * 7)
+    assert share_budget(choice.share, 256, 7) == round(0.75 * 256 * 7)
     assert SHARE_REASON in REASONS and SHARE_FULL_REASON in REASONS
 
 

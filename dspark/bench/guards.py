@@ -227,7 +227,7 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
     # Drafting measured: drafting steps counted in this run, or a comparison of the two kinds on adjacent steps,
     # which the choice keeps across an engine's reset (an A/B's warm-up measures it; its timed blocks count anew).
     measured_drafting = sum(float(v) for k, v in counters.items()
-                            if str(k).startswith("draft_free/b") and str(k).endswith(("/draft_steps", "/pairs"))) \
+                            if str(k).startswith("draft_free/b") and str(k).endswith("/draft_steps")) \
         + sum(1 for k in counters if str(k).startswith("draft_free/b") and str(k).endswith("/free_vs_draft_pct"))
     if draft_free_all:
         expects_trim = expects_speculation = expects_online_calibration = False
