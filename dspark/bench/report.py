@@ -60,6 +60,8 @@ from scipy import stats as sps
 
 from dspark.bench import report_plots
 from dspark.bench.statistics import reassess, verdict_sentence
+from dspark.bench.trim_ledger import (LEDGER_HEADERS, ledger_cells, ledger_record, ledger_sentence, ledger_table,
+                                      measured_change, trim_ledger)
 from dspark.stats import HOST_PHASES
 
 APPENDIX = "report_appendix.md"
@@ -853,6 +855,7 @@ def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> l
                       f"request accepted, on the same acceptances): {table_headroom:+.1%} at the cost table's prices"
                       + (f"; {service:+.1%} of the steps' measured time, if each trim saved in service the "
                          "milliseconds the table says it saves" if isinstance(service, (int, float)) else "")]
+    lines += trim_ledger_lines(summary)
     for arm, rows in plan_gate_rows(summary).items():
         lines += ["", f"- arm {arm}, the plan gate per batch bucket (engine.plan_gate: it plans where the benefit "
                   "estimate covers the cost estimate; a charged cost is a planner call whose host time set the "
@@ -885,6 +888,22 @@ def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> l
                   "a step sends to the target, per batch size): trimming pays only where the curve rises.", "",
                   f"![cost table]({paths['cost_table_plot'].name})"]
     return lines + [""]
+
+
+def trim_ledger_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The trimming arm's ledger against the whole-block arm (:mod:`dspark.bench.trim_ledger`) as markdown lines
+    of the Planner section: its table and a sentence with the A/B's measured changes; [] without such a pair."""
+    ledger = trim_ledger(summary)
+    if ledger is None:
+        return []
+    names = arm_names(summary, (ledger.full.arm, ledger.trim.arm))
+    measured = {what: measured_change(summary, metric, ledger.trim.arm)
+                for metric, what in ((FULL_LOAD_METRIC, "at full load"),
+                                     (summary.get("headline_metric"), "over whole blocks"))}
+    headers, rows = ledger_table(ledger, names)
+    return ["", f"- What {names[ledger.trim.arm]}'s trims bought and cost against {names[ledger.full.arm]} (engine "
+            "counters over the timed blocks; a row-step is one request in one decode step):", "",
+            _markdown(headers, rows), "", ledger_sentence(ledger, names, measured)]
 
 
 def _key_counters_section(summary: Mapping[str, Any]) -> list[str]:
@@ -1047,6 +1066,7 @@ def compare_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
             row["verdict_sentence"] = verdict_sentence(s, names["A"], names["B"])
             for name, value in (summary.get("sweep_params") or {}).items():
                 row[f"param/{name}"] = value
+            row.update({f"trim_ledger/{k}": v for k, v in (ledger_record(summary, FULL_LOAD_METRIC) or {}).items()})
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -1079,6 +1099,26 @@ def frontier_table(summary_paths: Sequence[str | Path]) -> pd.DataFrame:
                 row.update(goodput_tokens_per_s=good[0], goodput_low=good[1], goodput_high=good[2])
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _sweep_ledger_lines(headline: pd.DataFrame) -> list[str]:
+    """The trim ledger of each job with a trimming arm against a whole-block arm, one row per job; [] if none."""
+    prefix = "trim_ledger/"
+    columns = [c for c in headline.columns if c.startswith(prefix)]
+    if not columns:
+        return []
+    rows = []
+    for r in headline.to_dict("records"):
+        record = {c[len(prefix):]: (None if isinstance(r[c], float) and math.isnan(r[c]) else r[c]) for c in columns}
+        if record.get("trim_arm") is not None:
+            record["rows"] = None if record.get("rows") is None else int(record["rows"])
+            rows.append([r["job"], record["trim_arm"], *ledger_cells(record)])
+    return ["", "## What the trims bought and cost", "",
+            _markdown(["job", "trimming arm", *LEDGER_HEADERS], rows), "",
+            "Per job, the trimming arm against the whole-block arm (each report's Planner section): at the deepest "
+            "batch bucket both timed, the device step the trims saved against the tokens a row-step lost; "
+            "device-bound, the two together with the prefills' device time hidden beside the steps or serial with "
+            "them; measured, the A/B's change (trim vs whole block)."]
 
 
 def write_sweep_report(sweep_dir: str | Path) -> dict[str, Path]:
@@ -1125,7 +1165,7 @@ def write_sweep_report(sweep_dir: str | Path) -> dict[str, Path]:
     text = [f"# Sweep summary: {root}", "", f"{len(summaries)} job(s); headline metric per job.", "",
             _markdown(["job", "metric", "B vs A", "CI", "Wilcoxon p", "MDE", "blocks", "verdict", "guards"], md_rows),
             "", *[f"- {r['job']}: {r['verdict_sentence']}." for r in headline.to_dict("records")],
-            "", f"![gain per job]({paths['plot'].name})", *frontier_lines, "",
+            "", f"![gain per job]({paths['plot'].name})", *frontier_lines, *_sweep_ledger_lines(headline), "",
             f"All metrics of all jobs, with each job's overrides: `{paths['csv'].name}`."]
     paths["markdown"].write_text("\n".join(text) + "\n")
     return paths
