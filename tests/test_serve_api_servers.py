@@ -266,6 +266,10 @@ def single_server_outputs(cfg):
 
 def test_two_api_servers_serve_a_single_servers_token_ids_to_concurrent_clients(launched, single_server_outputs):
     assert launched.engine_pid not in launched.api_server_pids
+    # the server is announced once both API servers accept connections, not when their processes start
+    announced = next(i for i, line in enumerate(launched.log) if re.search(r"serving \S+ at http", line))
+    assert {f"API server {i} serving" for i in (0, 1)} <= {m.group(0) for line in launched.log[:announced]
+                                                           if (m := re.search(r"API server \d serving", line))}
     got = requests_of(launched)  # completions and chat, plain and streamed, 16 at once
     assert got == single_server_outputs  # token ids, texts and usage: exact (fp32, greedy)
     assert all(len(ids) == 24 for ids, _, _ in got)

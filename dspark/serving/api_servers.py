@@ -9,7 +9,9 @@ process with one pair of pipes per API server (``engine_process.start_engine_pro
 is ready, raising what the child raised when it could not build it), then spawns N API server processes, each
 given its pipes, the socket, the ServerConfig and the engine's ready message. Each builds the app over an
 ``EngineClient`` of its pipes and runs uvicorn on the socket (``server.serve``): the kernel hands each new
-connection to one of them. The engine process keys every request by its API server, routes its events back there,
+connection to one of them. The supervisor announces the server ("serving <model> at <url>") once every API server
+accepts connections (each sets its event when uvicorn has started): until then a connection could wait in the
+socket's backlog for a process still importing its modules. The engine process keys every request by its API server, routes its events back there,
 and ends when the last API server detached (engine_process's docstring says how).
 
 Metrics: the supervisor creates a fresh PROMETHEUS_MULTIPROC_DIR before spawning the API servers (removed when it
@@ -76,19 +78,21 @@ def serve_api_servers(factory: Callable[[], Any], config: ServerConfig, sock, gc
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with _environment(MULTIPROC_DIR_ENV, metrics_dir):  # read as the API servers import prometheus_client
+            started = [context.Event() for _ in pipes]
             for index, (commands, events) in enumerate(pipes):
                 server = context.Process(target=_api_server_main, name=f"dspark-api-server-{index}",
                                          args=(index, commands, events, ready, process.pid, sock, config, level,
-                                               gc_freeze, os.getpid()))
+                                               gc_freeze, os.getpid(), started[index]))
                 server.start()
                 commands.close()  # the API server's now: its exit is the engine process's end of file
                 events.close()
                 servers.append(server)
                 if received:  # a signal came while the others started
                     _terminate(server)
-        host, port = sock.getsockname()[:2]
-        log.info("serving %s at http://%s:%d/v1 (%d API servers, pids %s)", config.served_model_name, host, port,
-                 n, ", ".join(str(server.pid) for server in servers))
+        if _wait_started(servers, started, received):
+            host, port = sock.getsockname()[:2]
+            log.info("serving %s at http://%s:%d/v1 (%d API servers, pids %s)", config.served_model_name, host, port,
+                     n, ", ".join(str(server.pid) for server in servers))
         exited = _wait(servers, received)
         if exited is not None:
             log.error("API server %s (pid %d) %s while serving; shutting the server down", exited.name, exited.pid,
@@ -115,6 +119,16 @@ def serve_api_servers(factory: Callable[[], Any], config: ServerConfig, sock, gc
         if received[0] == signal.SIGTERM:
             signal.raise_signal(signal.SIGTERM)
         log.info("stopped (%s)", signal.Signals(received[0]).name)
+
+
+def _wait_started(servers: list, started: list, received: list[int]) -> bool:
+    """Wait until every API server accepts connections (True), or one has exited or a signal asked for the shutdown
+    (False; :func:`_wait` then reports it)."""
+    while not all(event.is_set() for event in started):
+        if received or any(server.exitcode is not None for server in servers):
+            return False
+        multiprocessing.connection.wait([server.sentinel for server in servers], timeout=0.05)
+    return True
 
 
 def _wait(servers: list, received: list[int]):
@@ -161,7 +175,7 @@ def _environment(name: str, value: str):
 # ---- in an API server process ----------------------------------------------------------------------
 
 def _api_server_main(index: int, commands, events, ready: dict, engine_pid: int, sock, config: ServerConfig,
-                     log_level: int, gc_freeze: bool, supervisor_pid: int) -> None:
+                     log_level: int, gc_freeze: bool, supervisor_pid: int, started) -> None:
     logging.basicConfig(level=log_level, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     from dspark.serving.app import create_app
     from dspark.serving.engine_process import EngineClient
@@ -172,8 +186,12 @@ def _api_server_main(index: int, commands, events, ready: dict, engine_pid: int,
         gc.collect()
         gc.freeze()
     threading.Thread(target=_watch_supervisor, args=(supervisor_pid,), name="supervisor-watch", daemon=True).start()
+    serve(app, config, sock, on_started=lambda: _started(index, started))
+
+
+def _started(index: int, started) -> None:
     log.info("API server %d serving (pid %d)", index, os.getpid())
-    serve(app, config, sock)
+    started.set()
 
 
 def _watch_supervisor(supervisor_pid: int) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import socket
 from types import FrameType
+from typing import Callable
 
 import uvicorn
 
@@ -24,11 +25,18 @@ log = logging.getLogger(__name__)
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server; its exit signal also makes the app's engine loop refuse new requests."""
+    """uvicorn's server; its exit signal also makes the app's engine loop refuse new requests. ``on_started`` is
+    called once it accepts connections (the app's startup done, the socket served)."""
 
-    def __init__(self, config: uvicorn.Config, engine_loop):
+    def __init__(self, config: uvicorn.Config, engine_loop, on_started: Callable[[], None] | None = None):
         super().__init__(config)
         self.engine_loop = engine_loop
+        self.on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.engine_loop.begin_drain()
@@ -55,17 +63,18 @@ def bind_socket(config: ServerConfig) -> socket.socket:
     return sock
 
 
-def build_server(app, config: ServerConfig) -> DrainingServer:
+def build_server(app, config: ServerConfig, on_started: Callable[[], None] | None = None) -> DrainingServer:
     uv = uvicorn.Config(app, log_level=config.log_level, timeout_graceful_shutdown=config.graceful_shutdown_s,
                         lifespan="on")
-    return DrainingServer(uv, app.state.engine_loop)
+    return DrainingServer(uv, app.state.engine_loop, on_started)
 
 
-def serve(app, config: ServerConfig, sock: socket.socket) -> None:
-    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM. uvicorn shuts down gracefully, then raises the signal
-    again: SIGTERM ends the process with its status, SIGINT's KeyboardInterrupt (Ctrl-C, the usual way to stop
-    a server in a terminal) ends it quietly here, the shutdown already logged."""
+def serve(app, config: ServerConfig, sock: socket.socket, on_started: Callable[[], None] | None = None) -> None:
+    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM (``on_started``: called once it accepts connections).
+    uvicorn shuts down gracefully, then raises the signal again: SIGTERM ends the process with its status,
+    SIGINT's KeyboardInterrupt (Ctrl-C, the usual way to stop a server in a terminal) ends it quietly here, the
+    shutdown already logged."""
     try:
-        build_server(app, config).run(sockets=[sock])
+        build_server(app, config, on_started).run(sockets=[sock])
     except KeyboardInterrupt:
         log.info("stopped (SIGINT)")
