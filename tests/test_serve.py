@@ -636,7 +636,7 @@ def test_ctrl_c_ends_the_server_quietly_after_its_shutdown(monkeypatch, caplog):
         def run(self, sockets):
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(server_module, "build_server", lambda app, config: Interrupted())
+    monkeypatch.setattr(server_module, "build_server", lambda app, config, on_started=None: Interrupted())
     with caplog.at_level(logging.INFO, logger="dspark.serving.server"):
         server_module.serve(object(), ServerConfig(port=0), sock=None)
     assert "stopped (SIGINT)" in caplog.text
