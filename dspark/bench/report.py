@@ -1116,7 +1116,8 @@ def _sweep_ledger_lines(headline: pd.DataFrame) -> list[str]:
     return ["", "## What the trims bought and cost", "",
             _markdown(["job", "trimming arm", *LEDGER_HEADERS], rows), "",
             "Per job, the trimming arm against the whole-block arm (each report's Planner section): at the deepest "
-            "batch bucket both timed, the device step the trims saved against the tokens a row-step lost; "
+            "batch bucket where one timed whole-block steps and the other trimmed ones, the device step the trims "
+            "saved against the tokens a row-step lost; "
             "device-bound, the two together with the prefills' device time hidden beside the steps or serial with "
             "them; measured, the A/B's change (trim vs whole block)."]
 

@@ -11,8 +11,9 @@ given its pipes, the socket, the ServerConfig and the engine's ready message. Ea
 ``EngineClient`` of its pipes and runs uvicorn on the socket (``server.serve``): the kernel hands each new
 connection to one of them. The supervisor announces the server ("serving <model> at <url>") once every API server
 accepts connections (each sets its event when uvicorn has started): until then a connection could wait in the
-socket's backlog for a process still importing its modules. The engine process keys every request by its API server, routes its events back there,
-and ends when the last API server detached (engine_process's docstring says how).
+socket's backlog for a process still importing its modules. The engine process keys every request by its API
+server, routes its events back there, and ends when the last API server detached (engine_process's docstring says
+how).
 
 Metrics: the supervisor creates a fresh PROMETHEUS_MULTIPROC_DIR before spawning the API servers (removed when it
 exits); their per-request metrics are prometheus_client's multiprocess values, so a scrape of any one reports every
