@@ -59,9 +59,10 @@ from rich.table import Table
 from scipy import stats as sps
 
 from dspark.bench import report_plots
+from dspark.bench.draft_ledger import draft_ledger, draft_ledger_sentence, draft_ledger_table
 from dspark.bench.statistics import reassess, verdict_sentence
 from dspark.bench.trim_ledger import (LEDGER_HEADERS, ledger_cells, ledger_record, ledger_sentence, ledger_table,
-                                      measured_change, trim_ledger)
+                                      measured_changes, trim_ledger)
 from dspark.stats import HOST_PHASES
 
 APPENDIX = "report_appendix.md"
@@ -725,6 +726,7 @@ def where_time_went(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[st
                   "commit), commit (tokens, stops, statistics, retirements), caller (the runner's work between "
                   "calls). Cycle: their sum, the mean period of a call; the device bounds it where wait > 0."]
     lines += _device_step_table(rows)
+    lines += draft_ledger_lines(summary)
     kv = [f"{r['label']} {r['kv_pool_tokens']:,.0f}" for r in rows if r["kv_pool_tokens"] is not None]
     if kv:
         lines += ["", f"KV pool (tokens): {', '.join(kv)}."]
@@ -890,6 +892,9 @@ def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> l
     return lines + [""]
 
 
+LEDGER_NOTE = "engine counters over the timed blocks; a row-step is one request in one decode step"
+
+
 def trim_ledger_lines(summary: Mapping[str, Any]) -> list[str]:
     """The trimming arm's ledger against the whole-block arm (:mod:`dspark.bench.trim_ledger`) as markdown lines
     of the Planner section: its table and a sentence with the A/B's measured changes; [] without such a pair."""
@@ -897,13 +902,23 @@ def trim_ledger_lines(summary: Mapping[str, Any]) -> list[str]:
     if ledger is None:
         return []
     names = arm_names(summary, (ledger.full.arm, ledger.trim.arm))
-    measured = {what: measured_change(summary, metric, ledger.trim.arm)
-                for metric, what in ((FULL_LOAD_METRIC, "at full load"),
-                                     (summary.get("headline_metric"), "over whole blocks"))}
     headers, rows = ledger_table(ledger, names)
-    return ["", f"- What {names[ledger.trim.arm]}'s trims bought and cost against {names[ledger.full.arm]} (engine "
-            "counters over the timed blocks; a row-step is one request in one decode step):", "",
-            _markdown(headers, rows), "", ledger_sentence(ledger, names, measured)]
+    return ["", f"- What {names[ledger.trim.arm]}'s trims bought and cost against {names[ledger.full.arm]} "
+            f"({LEDGER_NOTE}):", "", _markdown(headers, rows), "",
+            ledger_sentence(ledger, names, measured_changes(summary, ledger.trim.arm, FULL_LOAD_METRIC))]
+
+
+def draft_ledger_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The drafting arm's ledger against the target-only arm (:mod:`dspark.bench.draft_ledger`) as markdown lines
+    of "Where the time went"; [] without such a pair."""
+    ledger = draft_ledger(summary)
+    if ledger is None:
+        return []
+    names = arm_names(summary, (ledger.target_only.arm, ledger.drafting.arm))
+    headers, rows = draft_ledger_table(ledger, names)
+    return ["", f"What drafting bought and cost: {names[ledger.drafting.arm]} against {names[ledger.target_only.arm]} "
+            f"({LEDGER_NOTE}):", "", _markdown(headers, rows), "",
+            draft_ledger_sentence(ledger, names, measured_changes(summary, ledger.drafting.arm, FULL_LOAD_METRIC))]
 
 
 def _key_counters_section(summary: Mapping[str, Any]) -> list[str]:

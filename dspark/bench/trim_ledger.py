@@ -14,8 +14,10 @@ step ran at that depth and the device set the pace: tokens per row-step x steps 
 Prefills run beside the decode steps (``engine.prefill_stream``) on the same device, the same work in both arms:
 where they hide entirely beside the steps the change is that product; where they run beside none, each step also
 carries its rows' share of the prefills' device time (``prefill_graph_replays`` x ``device/prefill_step_ms_median``
-per row-step, times the rows), which dilutes it. A device-bound service lies between the two; the A/B's measured
-change also counts steps at fewer rows and host time the device waited for.
+per row-step, times the rows), which dilutes it. A device-bound service lies between the two. (A prefill is timed
+beside the decode steps, so its time holds what it waited for them: the serial estimate dilutes somewhat more than
+serial prefills would.) The A/B's measured change also counts steps at fewer rows and host time the device waited
+for.
 
 Everything is read from the arms' engine counters summed over their timed blocks (``summary["counters"]``), so a
 committed ``summary.json`` is enough: ``python bench/trim_ledger.py SUMMARY...``.
@@ -110,36 +112,40 @@ class TrimLedger:
         return (self.full_step_ms - self.trimmed_step_ms) * 1e3 / (self.rows * left_out)
 
 
-def _float(counters: Mapping[str, Any], name: str) -> float | None:
+def counter(counters: Mapping[str, Any], name: str) -> float | None:
+    """A numeric counter as a float; None where it is absent or not a number."""
     v = counters.get(name)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _steps_by_rows(counters: Mapping[str, Any]) -> dict[int, dict[str, tuple[float, float]]]:
-    """{rows: {mode: (median device ms, steps)}} of the decode steps, from the per-bucket device counters."""
+def steps_by_rows(counters: Mapping[str, Any], modes: tuple[str, ...] = ("full", *TRIMMED_MODES)
+                  ) -> dict[int, dict[str, tuple[float, float]]]:
+    """{rows: {mode: (median device ms, steps)}} of the decode steps of ``modes``, from the per-bucket device
+    counters."""
     out: dict[int, dict[str, tuple[float, float]]] = {}
     for name in counters:
         m = _STEP.match(name)
-        if m is None or m["mode"] not in ("full", *TRIMMED_MODES):
+        if m is None or m["mode"] not in modes:
             continue
-        ms, steps = _float(counters, name), _float(counters, f"device/{m['mode']}_b{m['rows']}_steps")
+        ms, steps = counter(counters, name), counter(counters, f"device/{m['mode']}_b{m['rows']}_steps")
         if ms is not None and steps:
             out.setdefault(int(m["rows"]), {})[m["mode"]] = (ms, steps)
     return out
 
 
 def _is_drafting(c: Mapping[str, Any]) -> bool:
-    return bool(_float(c, "request_steps")) and bool(_float(c, "verified_tokens")) and bool(_float(c, "emitted_tokens"))
+    return all(counter(c, name) for name in ("request_steps", "verified_tokens", "emitted_tokens"))
 
 
-def _side(arm: str, c: Mapping[str, Any]) -> ArmLedger:
-    row_steps = _float(c, "request_steps")
-    replays, prefill_ms = _float(c, "prefill_graph_replays"), _float(c, "device/prefill_step_ms_median")
+def arm_ledger(arm: str, c: Mapping[str, Any]) -> ArmLedger:
+    """One arm's side of a ledger from its counters (``request_steps`` must be positive)."""
+    row_steps = counter(c, "request_steps")
+    replays, prefill_ms = counter(c, "prefill_graph_replays"), counter(c, "device/prefill_step_ms_median")
     prefill = replays * prefill_ms * 1e3 / row_steps if replays is not None and prefill_ms is not None else None
-    return ArmLedger(arm=arm, decode_steps=_float(c, "decode_steps") or 0.0, row_steps=row_steps,
-                     verified_per_row_step=_float(c, "verified_tokens") / row_steps,
-                     tokens_per_row_step=_float(c, "emitted_tokens") / row_steps,
-                     device_idle=_float(c, "device_idle_fraction"), prefill_us_per_row_step=prefill)
+    return ArmLedger(arm=arm, decode_steps=counter(c, "decode_steps") or 0.0, row_steps=row_steps,
+                     verified_per_row_step=counter(c, "verified_tokens") / row_steps,
+                     tokens_per_row_step=counter(c, "emitted_tokens") / row_steps,
+                     device_idle=counter(c, "device_idle_fraction"), prefill_us_per_row_step=prefill)
 
 
 def trim_ledger(summary: Mapping[str, Any]) -> TrimLedger | None:
@@ -147,13 +153,13 @@ def trim_ledger(summary: Mapping[str, Any]) -> TrimLedger | None:
     and the other drafted and trimmed none."""
     counters = summary.get("counters") or {}
     drafting = {arm: c for arm, c in counters.items() if isinstance(c, Mapping) and _is_drafting(c)}
-    trims = [arm for arm, c in drafting.items() if (_float(c, "trimmed_steps") or 0) > 0]
-    fulls = [arm for arm, c in drafting.items() if (_float(c, "trimmed_steps") or 0) == 0]
+    trims = [arm for arm, c in drafting.items() if (counter(c, "trimmed_steps") or 0) > 0]
+    fulls = [arm for arm, c in drafting.items() if (counter(c, "trimmed_steps") or 0) == 0]
     if len(trims) != 1 or len(fulls) != 1:
         return None
     f, t = drafting[fulls[0]], drafting[trims[0]]
-    f_steps = {r: modes["full"] for r, modes in _steps_by_rows(f).items() if "full" in modes}
-    t_steps = _steps_by_rows(t)
+    f_steps = {r: modes["full"] for r, modes in steps_by_rows(f).items() if "full" in modes}
+    t_steps = steps_by_rows(t)
     common = sorted(r for r in set(f_steps) & set(t_steps) if any(m in t_steps[r] for m in TRIMMED_MODES))
     rows = common[-1] if common else None
     full_ms = trimmed_ms = share = None
@@ -163,20 +169,36 @@ def trim_ledger(summary: Mapping[str, Any]) -> TrimLedger | None:
         trimmed_ms = sum(ms * n for ms, n in trimmed) / n_trimmed
         share = n_trimmed / (n_trimmed + t_steps[rows].get("full", (0.0, 0.0))[1])
         full_ms = f_steps[rows][0]
-    decode = _float(t, "decode_steps")
-    return TrimLedger(full=_side(fulls[0], f), trim=_side(trims[0], t), rows=rows, full_step_ms=full_ms,
+    decode = counter(t, "decode_steps")
+    return TrimLedger(full=arm_ledger(fulls[0], f), trim=arm_ledger(trims[0], t), rows=rows, full_step_ms=full_ms,
                       trimmed_step_ms=trimmed_ms, trimmed_share_at_rows=share,
-                      trimmed_share_of_steps=(_float(t, "trimmed_steps") or 0.0) / decode if decode else 0.0)
+                      trimmed_share_of_steps=(counter(t, "trimmed_steps") or 0.0) / decode if decode else 0.0)
 
 
-def measured_change(summary: Mapping[str, Any], metric: str | None, trim_arm: str) -> float | None:
-    """The A/B's measured change of ``metric`` (``summary["statistics"]``, B vs A) turned to trim vs whole block,
-    in %; None where the run did not compare that metric."""
+def measured_change(summary: Mapping[str, Any], metric: str | None, arm: str) -> float | None:
+    """The A/B's measured change of ``metric`` (``summary["statistics"]``, B vs A) turned to ``arm`` against the
+    other, in %; None where the run did not compare that metric."""
     change = (summary.get("statistics") or {}).get(metric, {}).get("change_pct") if metric else None
     if not isinstance(change, (int, float)):
         return None
     ratio = 1.0 + change / 100.0
-    return 100.0 * ((ratio if trim_arm == "B" else 1.0 / ratio) - 1.0)
+    return 100.0 * ((ratio if arm == "B" else 1.0 / ratio) - 1.0)
+
+
+def measured_changes(summary: Mapping[str, Any], arm: str, full_load_metric: str) -> dict[str, float | None]:
+    """The A/B's measured changes for ``arm`` against the other, in %: {"at full load": ..., "over whole blocks": ...}
+    (None where the run did not compare that metric)."""
+    return {"at full load": measured_change(summary, full_load_metric, arm),
+            "over whole blocks": measured_change(summary, summary.get("headline_metric"), arm)}
+
+
+def measured_clause(measured: Mapping[str, float | None]) -> str:
+    """". Measured in the A/B: ..." with the changes of :func:`measured_changes` ("" where none was measured)."""
+    shown = [f"{v:+.2f}% {what}" for what, v in measured.items() if v is not None]
+    if not shown:
+        return ""
+    return (f". Measured in the A/B: {', '.join(shown)}, which also count steps at fewer rows and host time the "
+            "device waited for")
 
 
 def ledger_record(summary: Mapping[str, Any], full_load_metric: str) -> dict[str, Any] | None:
@@ -186,14 +208,14 @@ def ledger_record(summary: Mapping[str, Any], full_load_metric: str) -> dict[str
     if ledger is None:
         return None
     pct = lambda v: None if v is None else 100.0 * v  # noqa: E731
+    measured = measured_changes(summary, ledger.trim.arm, full_load_metric)
     return {"trim_arm": ledger.trim.arm, "rows": ledger.rows,
             "verified_per_row_step_full": ledger.full.verified_per_row_step,
             "verified_per_row_step_trim": ledger.trim.verified_per_row_step,
             "token_cost_pct": pct(ledger.token_cost), "step_saving_pct": pct(ledger.step_saving),
             "us_per_trimmed_draft": ledger.us_per_trimmed_draft,
             "device_bound_pct": pct(ledger.device_bound_change), "serial_bound_pct": pct(ledger.serial_bound_change),
-            "measured_full_load_pct": measured_change(summary, full_load_metric, ledger.trim.arm),
-            "measured_pct": measured_change(summary, summary.get("headline_metric"), ledger.trim.arm)}
+            "measured_full_load_pct": measured["at full load"], "measured_pct": measured["over whole blocks"]}
 
 
 LEDGER_HEADERS = ["rows", "drafts verified / row-step", "token cost", "step saved", "us / draft left out",
@@ -272,8 +294,4 @@ def ledger_sentence(ledger: TrimLedger, names: Mapping[str, str], measured: Mapp
                 f"Breaking even takes a step {ledger.token_cost:.1%} shorter. Were every step at {ledger.rows} rows "
                 f"and the device the bound, the two net {_pct(ledger.device_bound_change)} against {names[f.arm]} "
                 f"(tokens per row-step x steps per ms){serial_text}")
-    shown = [f"{v:+.2f}% {what}" for what, v in measured.items() if v is not None]
-    if shown:
-        text += (f". Measured in the A/B: {', '.join(shown)}, which also count steps at fewer rows and host time "
-                 "the device waited for")
-    return text + "."
+    return text + measured_clause(measured) + "."
