@@ -18,8 +18,8 @@ target's distribution.
 
 A limit of the comparison: with overlap a step's period runs from the previous commit to its own, and so holds the
 host's launch of the step after it, not its own. Where the kinds' launches cost the host differently and the host
-sets the period, the step before a costlier launch reads that much slower (on the H200 a trimmed step's launch
-cost about 0.1 ms more, 2% of a 256-row period, before its survival copy and pinned upload were dropped).
+sets the period, the step before a costlier launch reads that much slower (a trimmed step launches two graphs
+where a whole-block step may launch one).
 """
 
 from __future__ import annotations

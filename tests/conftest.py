@@ -18,17 +18,14 @@ try:
 
     if not _torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Under pytest-xdist (the README's `-n 2`) every worker is a process of its own, and torch's intra-op pool
+    # would start one thread per core in each: the workers share the machine's cores instead.
+    _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if _WORKERS > 1:
+        _torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 except ImportError:
     pass
 os.environ.setdefault("WANDB_SILENT", "true")
-
-# Under pytest-xdist (the README's `-n 2`) every worker is a process of its own, and torch's intra-op pool would
-# start one thread per core in each: the workers share the machine's cores instead.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
-if _WORKERS > 1:
-    import torch as _torch
-
-    _torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
 
 
 def pytest_collection_modifyitems(config, items):
