@@ -40,7 +40,11 @@ def main(paths: list[str]) -> int:
         return 2
     trims, drafts, skipped = [], [], []
     for path in paths:
-        summary = json.loads(Path(path).read_text())
+        try:
+            summary = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            print(f"cannot read A/B summary {path}: {exc}", file=sys.stderr)
+            return 2
         name = Path(path).parent.name
         record, ledger = ledger_record(summary, FULL_LOAD_METRIC), draft_ledger(summary)
         if record is not None:
