@@ -47,7 +47,8 @@ class StepInfo:
     wait_ms: float = 0.0
 
 
-# Environment switches the kernels used to read; each is an engine setting now (engine.kernels.*, or gone).
+# Environment variables this engine refuses to read: each names the engine setting that does the job
+# (engine.kernels.*), or None where there is none.
 RETIRED_ENV_SWITCHES = {
     "DSPARK_FUSED_KERNELS": "engine.kernels.fused_layers", "DSPARK_SMALL_M_KERNELS": "engine.kernels.small_m_kernels",
     "DSPARK_FUSED_QKV_ROPE": "engine.kernels.fused_qkv_rope", "DSPARK_SMALL_M_TILES": "engine.kernels.small_m_tiles",
@@ -354,6 +355,27 @@ class Engine:
             fp["step_timing"] = "step-call"
         return fp
 
+    def models(self) -> dict:
+        """The weights this engine runs: the target's and the drafter's architecture and the checkpoint each was
+        loaded from (``origin``, :mod:`dspark.models.provenance`; None for a model built in memory), and the
+        confidence calibration in effect (``engine.confidence_calibration``'s file, else the drafter's own)."""
+        tc = self.target.cfg
+        out = {"target": {"arch": f"{tc.arch}-h{tc.hidden_size}-L{tc.num_layers}-V{tc.vocab_size}",
+                          "dtype": self.cfg.dtype, "origin": self.target.origin}, "drafter": None}
+        if self.drafter is not None:
+            dc = self.drafter.cfg
+            origin = self.drafter.origin
+            if self.cfg.confidence_calibration is not None:
+                from dspark.models.provenance import calibration_record
+                from dspark.training.calibration import calibration_dir
+
+                calibration = calibration_record(calibration_dir(self.cfg.confidence_calibration))
+            else:
+                calibration = None if origin is None else origin.get("calibration")
+            out["drafter"] = {"arch": f"block{dc.block_size}-L{dc.num_layers}-r{dc.markov_rank}-{dc.markov_variant}",
+                              "origin": origin, "calibration": calibration}
+        return out
+
     def _megakernel_raw(self) -> int:
         mk = self.target.megakernel_launches  # (the model may have served other engines before)
         graph = getattr(self, "graph", None)
@@ -477,11 +499,14 @@ class Engine:
     @classmethod
     def from_pretrained(cls, model: str = "smollm2", drafter: str | None = None, config: EngineConfig | None = None,
                         cache_dir: str | None = None) -> "Engine":
-        from dspark.models.loading import load_target_weights
+        from dspark.models.loading import load_hf_folder, target_folder
+        from dspark.models.provenance import target_record
 
-        mcfg, state, tokenizer = load_target_weights(model, cache_dir=cache_dir)
+        folder = target_folder(model, cache_dir=cache_dir)
+        mcfg, state, tokenizer = load_hf_folder(folder)
         target = TargetModel(mcfg)
         target.load_hf_state_dict(state)
+        target.origin = target_record(folder)
         draft_model = None
         config = config or EngineConfig()
         if config.spec == "dspark":

@@ -714,8 +714,9 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     http_requests = ab_http.http_requests(prompts, params)
 
     config_dict = OmegaConf.to_container(cfg, resolve=True)
-    for arm in ARMS:
-        logger.start_arm(arm, config=config_dict)
+    for arm in ARMS:  # an in-process arm's config also names the checkpoints it runs (Engine.models)
+        logger.start_arm(arm, config={**config_dict, "models": engines[arm].models()} if arm in engines
+                         else config_dict)
 
     # Warm-up per arm (first requests of the workload), then measured blocks.
     warm = int(cfg.ab.warmup_requests)
@@ -1111,7 +1112,7 @@ def timing_health(block_rows: list[dict], max_first_slowdown: float, captured_ah
 
 
 def _arm_description(cfg: DictConfig, arm: str, ecfg: EngineConfig, engine: Engine) -> dict:
-    out = {"label": cfg.ab.arms[arm].label, "engine": vars_of(ecfg)}
+    out = {"label": cfg.ab.arms[arm].label, "engine": vars_of(ecfg), "models": engine.models()}
     ran = vars_of(engine.cfg)
     if ran != out["engine"]:  # the factory built something else than configured: say so next to the result
         out["engine_ran"] = {k: v for k, v in ran.items() if out["engine"].get(k) != v}

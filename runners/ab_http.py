@@ -196,6 +196,8 @@ def describe(arm: HttpArm, label: str) -> dict[str, Any]:
     out: dict[str, Any] = {"label": label, "http": arm.describe()}
     if arm.server_info is not None:
         out["engine"] = arm.server_info["engine"]
+        if "models" in arm.server_info:  # runners.serve reports them; another server need not
+            out["models"] = arm.server_info["models"]
     return out
 
 

@@ -52,7 +52,8 @@ def build_engine(cfg: Any, engine_cfg: EngineConfig | None = None, seed: int = 0
     from dspark.model_runner import DTYPES
     from dspark.models.drafter import DSparkDrafter
     from dspark.models.llama import TargetModel
-    from dspark.models.loading import load_target_weights
+    from dspark.models.loading import load_hf_folder, target_folder
+    from dspark.models.provenance import target_record
 
     if engine_cfg is None:
         engine_cfg = to_engine_config(cfg.engine, spec=cfg.get("spec"))
@@ -60,9 +61,11 @@ def build_engine(cfg: Any, engine_cfg: EngineConfig | None = None, seed: int = 0
     if engine_cfg.spec == "dspark" and drafter_path is None:
         raise ConfigError("spec=dspark needs a drafter: choose drafter=dspark_smollm2 or set drafter.path, "
                           "or run spec=off")
-    mcfg, state, tokenizer = load_target_weights(cfg.model.source, cache_dir=cfg.model.cache_dir)
+    folder = target_folder(cfg.model.source, cache_dir=cfg.model.cache_dir)
+    mcfg, state, tokenizer = load_hf_folder(folder)
     target = TargetModel(mcfg)
     target.load_hf_state_dict(state)
+    target.origin = target_record(folder)
     drafter = None
     if drafter_path == "random":
         torch.manual_seed(seed)

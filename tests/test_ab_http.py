@@ -364,6 +364,8 @@ def test_a_served_arm_that_returns_token_ids_is_judged_by_the_in_process_guards(
     guards = {g["name"]: g for g in summary["guards"]}
     assert list(guards) == ["errors", "lossless", "did_nothing[A]", "did_nothing[B]"]
     assert summary["arms"]["B"]["engine"]["dtype"] == "bfloat16"
+    # The served arm names what it ran as the in-process arm does (from runners.serve's /dspark/engine).
+    assert summary["arms"]["B"]["models"] == summary["arms"]["A"]["models"]
     g = guards["lossless"]
     assert g["details"]["method"] == "evidence" and g["details"]["control"]["running_limit"] == 1
     assert set(g["details"]["rate_tests"]) == {"A", "B"}  # B's off-reference rate against the control's

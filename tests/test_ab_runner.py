@@ -97,6 +97,12 @@ def test_end_to_end_writes_every_output_and_guards_pass(tiny_run):
     assert summary["truncated"] == {arm: {"max_tokens": int((cut["arm"] == arm).sum()), "max_model_len": 0}
                                     for arm in ("A", "B")}
     assert summary["verdict_note"] is None  # spec off vs DSpark: no trimming arm
+    # What each arm ran: its models (built in memory here: architecture, no checkpoint), in the appendix too.
+    models = {arm: summary["arms"][arm]["models"] for arm in ("A", "B")}
+    assert models["A"]["drafter"] is None and models["B"]["drafter"]["arch"] == "block4-L1-r8-vanilla"
+    assert models["A"]["target"] == models["B"]["target"] == {"arch": "llama-h64-L4-V97", "dtype": "float32",
+                                                              "origin": None}
+    assert "models.drafter.arch" in (out / "report_appendix.md").read_text()
     # Each chunk's token count adds up to the output; the full-load throughput is measured and compared.
     assert all(sum(c) == n for c, n in zip(requests["chunk_tokens"], requests["output_tokens"]))
     blocks = pd.read_csv(out / "blocks.csv")

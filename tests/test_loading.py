@@ -389,6 +389,21 @@ def test_load_target_weights_dispatch(tiny_llama_folder, tmp_path):
         loading.load_target_weights("no/such/model")
 
 
+def test_engines_built_from_a_folder_name_its_checkpoint(tiny_llama_folder):
+    from omegaconf import OmegaConf
+
+    from dspark.config import EngineConfig
+    from dspark.engine import Engine
+    from runners.common import build_engine
+
+    engine = Engine.from_pretrained(str(tiny_llama_folder), config=EngineConfig(spec="off"))
+    origin = engine.models()["target"]["origin"]
+    assert origin["path"] == str(tiny_llama_folder.resolve()) and len(origin["weights_sha256"]) == 64
+    cfg = OmegaConf.create({"model": {"source": str(tiny_llama_folder), "cache_dir": None}, "drafter": {"path": None},
+                            "engine": {"max_model_len": 128}, "spec": "off"})
+    assert build_engine(cfg).models()["target"]["origin"] == origin
+
+
 # ------------------------------------------------------------------------------------------------
 # The real SmolLM2 file
 
@@ -412,3 +427,6 @@ def test_load_target_weights_smollm2_uses_the_cache(tmp_path_factory, monkeypatc
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is True
     assert os.listdir(cache) == [folder.name]
+    from dspark.models.provenance import target_record
+
+    assert target_record(folder)["source_sha256"] == loading.file_sha256(loading.smollm2_gguf_path())

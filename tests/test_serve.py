@@ -240,6 +240,7 @@ def test_return_token_ids_gives_the_engines_ids_and_a_chunk_per_step(models):
     assert "token_ids" not in without.choices[0].model_extra and "prompt_token_ids" not in without.model_extra
     assert described["engine"]["verify"] == "full" and described["block_size"] == 4
     assert described["served_model_name"] == MODEL and described["engine"]["max_num_seqs"] == engine.cfg.max_num_seqs
+    assert described["models"] == engine.models() and described["models"]["drafter"]["arch"].startswith("block4")
 
 
 def test_stop_strings_streamed_never_send_text_they_cut(models):

@@ -184,7 +184,8 @@ def test_the_engine_process_serves_the_thread_modes_token_ids_to_concurrent_clie
     assert delta(after, before, "vllm:spec_decode_num_draft_tokens_total") == drafted > 0
     assert after[("vllm:num_requests_running", ())] == 0 and after[("dspark:server_live_requests", ())] == 0
     assert httpx.get(f"{served_process.url}/health").status_code == 200
-    assert httpx.get(f"{served_process.url}/dspark/engine").json()["block_size"] == 4
+    described = httpx.get(f"{served_process.url}/dspark/engine").json()
+    assert described["block_size"] == 4 and described["models"]["drafter"]["arch"] == "block4-L1-r8-vanilla"
 
 
 def test_a_client_that_disconnects_aborts_its_request_in_the_engine_process(served_process):

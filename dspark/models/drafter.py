@@ -142,6 +142,7 @@ class DSparkDrafter(nn.Module):
                               f"[0, {target_cfg.vocab_size}); use a valid token id, or null for a learned "
                               f"mask embedding")
         self.target_cfg = target_cfg
+        self.origin: dict | None = None  # the checkpoint load() read (dspark.models.provenance); None in memory
         self.block_size = cfg.block_size
         d = target_cfg.hidden_size
         self.hidden_size = d
@@ -616,6 +617,9 @@ class DSparkDrafter(nn.Module):
                                                   None if weights is None else weights.tolist())
             except (ConfigError, ValueError) as err:
                 raise ConfigError(f"{temps_path}: {err}") from None
+        from dspark.models.provenance import drafter_record
+
+        model.origin = drafter_record(src)
         return model
 
 

@@ -50,6 +50,7 @@ class TargetModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        self.origin: dict | None = None  # the checkpoint it was loaded from (dspark.models.provenance), if any
         self.megakernel_launches = 0  # forward calls that ran the decode megakernel (eager or captured)
         self.model = Backbone(cfg)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

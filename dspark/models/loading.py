@@ -404,7 +404,8 @@ def model_config_from_hf(cfg: dict[str, Any], source: Path, generation_cfg: dict
     )
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
+def safetensors_files(folder: Path) -> list[Path]:
+    """The weights files of a Hugging Face folder: ``model.safetensors``, else the shards its index lists."""
     single = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
     if single.is_file():
@@ -428,7 +429,7 @@ def load_state_dict(folder: Path, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     fix = (f"Delete the folder {folder} and the next run converts the model again" if (folder / MANIFEST_NAME).is_file()
            else "Restore it (re-download or re-save the checkpoint)")
-    for shard in _safetensors_files(folder):
+    for shard in safetensors_files(folder):
         for name, tensor in read_safetensors(shard, fix).items():
             if name in state:
                 raise ConfigError(f"{shard}: tensor {name!r} appears in more than one shard")
@@ -489,18 +490,23 @@ def load_hf_folder(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tenso
     return cfg, state, tokenizer
 
 
-def load_target_weights(spec: str | Path, cache_dir: str | Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    """``(ModelConfig, state_dict, Tokenizer)`` for ``spec``: ``"smollm2"`` (the packaged default,
-    converted into ``cache_dir`` on first use) or a path to a local Hugging Face folder."""
+def target_folder(spec: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """The Hugging Face folder ``spec`` names: ``"smollm2"`` (the packaged default, converted into
+    ``cache_dir`` on first use) or a path to a local Hugging Face folder."""
     if str(spec) == SMOLLM2_SPEC:
-        return load_hf_folder(prepare_smollm2(cache_dir))
+        return prepare_smollm2(cache_dir)
     folder = Path(spec).expanduser()
     if not folder.is_dir():
         raise ConfigError(
             f"model: {str(spec)!r} is neither {SMOLLM2_SPEC!r} (the packaged SmolLM2-135M-Instruct) nor an existing "
             "folder with a Hugging Face Llama/Qwen2/Qwen3 checkpoint"
         )
-    return load_hf_folder(folder)
+    return folder
+
+
+def load_target_weights(spec: str | Path, cache_dir: str | Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """``(ModelConfig, state_dict, Tokenizer)`` for ``spec`` (:func:`target_folder`)."""
+    return load_hf_folder(target_folder(spec, cache_dir))
 
 
 __all__ = [
@@ -509,6 +515,7 @@ __all__ = [
     "prepare_smollm2",
     "load_hf_folder",
     "load_target_weights",
+    "target_folder",
     "model_config_from_hf",
     "load_state_dict",
     "write_converted_folder",

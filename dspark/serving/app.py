@@ -369,12 +369,13 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         return ModelList(data=[ModelCard(id=model_name, created=started, max_model_len=max_model_len)])
 
     engine_description = {"served_model_name": model_name, "block_size": block_size,
-                          "engine": dataclasses.asdict(engine_cfg)}
+                          "engine": dataclasses.asdict(engine_cfg), "models": engine_loop.models}
 
     @app.get("/dspark/engine")
     async def engine_configuration() -> dict:
-        """The engine's configuration (dspark.config.EngineConfig) and drafted block size: what an A/B over HTTP
-        (runners.ab with an HTTP arm) needs to check that the arm's configured features ran."""
+        """The engine's configuration (dspark.config.EngineConfig), drafted block size and models (the checkpoints
+        it runs, ``Engine.models()``): what an A/B over HTTP (runners.ab with an HTTP arm) needs to check that the
+        arm's configured features ran, and to record what it ran."""
         return engine_description
 
     @app.get("/health")

@@ -129,7 +129,8 @@ class BaseEngineLoop(abc.ABC):
     """What the app needs of an engine loop, thread or process. Called on the event loop unless said
     otherwise: ``start`` (at the app's startup), ``submit``, ``abort``, ``next_event``, ``snapshot``,
     ``begin_drain`` (also from a signal handler), ``stop`` (blocking: from a worker thread). ``tokenizer``,
-    ``cfg`` (the engine's EngineConfig) and ``block_size`` describe the engine; ``on_finish(output)`` is
+    ``cfg`` (the engine's EngineConfig), ``block_size`` and ``models`` (its ``Engine.models()``: the
+    checkpoints it runs) describe the engine; ``on_finish(output)`` is
     called in the server's process for every request that finishes (aborted ones included)."""
 
     def __init__(self, on_finish: Callable[[RequestOutput], None] | None = None):
@@ -141,6 +142,7 @@ class BaseEngineLoop(abc.ABC):
     tokenizer: Any
     cfg: Any
     block_size: int
+    models: dict
     where: str  # where the engine runs, for the log ("in a thread of this process", "in its own process, pid N")
 
     @property
@@ -221,6 +223,7 @@ class EngineLoop(BaseEngineLoop):
         self.tokenizer = engine.tokenizer
         self.cfg = engine.cfg
         self.block_size = engine.block_size
+        self.models = engine.models()
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

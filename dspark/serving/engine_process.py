@@ -206,6 +206,7 @@ class EngineClient(BaseEngineLoop):
         self._commands, self._events = commands, events
         self.pid: int = pid
         self.tokenizer, self.cfg, self.block_size = ready["tokenizer"], ready["cfg"], ready["block_size"]
+        self.models = ready["models"]
         self.where = f"in its own process, pid {pid}"
         atexit.register(self._at_exit)
 
@@ -447,7 +448,8 @@ def _child_main(factory: Callable[[], Any], pipes: list[tuple[Any, Any]], parent
 def _serve_until_stopped(engine, pipes: list[tuple[Any, Any]], parent_pid: int, exit_code: list[int],
                          messages_in_flight: int) -> None:
     try:
-        ready = {"tokenizer": engine.tokenizer, "cfg": engine.cfg, "block_size": engine.block_size}
+        ready = {"tokenizer": engine.tokenizer, "cfg": engine.cfg, "block_size": engine.block_size,
+                 "models": engine.models()}
         for _, events in pipes:
             _send(events, (_READY, ready))
         exit_code[0] = _serve(engine, pipes, parent_pid, messages_in_flight)
