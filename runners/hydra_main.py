@@ -3,8 +3,9 @@ config_path="../conf", config_name="ab")`` whose composition errors say what to 
 
 A key the typed schema does not declare (``ab.n_block=4``) fails at composition, as Hydra does it;
 the error then names the closest keys the schema declares (``Did you mean ab.n_blocks?``) instead of
-Hydra's advice to append the key with ``+``. An override under a config group that was not chosen
-(``workload.num_prompts=4`` without ``+workload=NAME``) says so instead of failing with a traceback.
+Hydra's advice to append the key with ``+``. An override under a null node (a config group that was not
+chosen, ``workload.num_prompts=4`` without ``+workload=NAME``, or a section the chosen config leaves null, such as
+an arm's ``http`` in an in-process A/B) says so instead of failing with a traceback.
 
 Hydra reports a composition error itself (``hydra._internal.utils.run_and_report``, which prints it
 and exits 1) before the decorated function could catch it, so while the runner's main runs, that
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import re
 from typing import Any, Callable, Iterator
 
 import hydra
@@ -29,8 +31,14 @@ import runners.sweep_dirs  # noqa: F401  (registers the sweep_job_name resolver 
 from dspark.config import ConfigError
 from runners.config_keys import allowed_keys, close_keys
 
-# What OmegaConf asserts when an override sets a key under a null node (a group that was not chosen).
+# What OmegaConf asserts when an override sets a key under a null node (a group that was not chosen, or a
+# section the chosen config leaves null).
 NULL_PARENT_ASSERTION = "Unexpected type for root: NoneType"
+# What OmegaConf raises when an override merges a mapping into such a null section ('ab.arms.A.http={...}').
+NULL_SECTION_MERGE = re.compile(r"full_key: (\S+)\n.*object_type=NoneType", re.DOTALL)
+NULL_SECTION_HINT = ("a section the chosen config leaves null cannot be set, key by key or as a whole (an arm's `http` "
+                     "is set only in `ab=http_full_vs_ragged` and `ab=in_process_vs_served`: choose one of those and "
+                     "override its keys, or write an `ab` config of your own)")
 
 
 class UnknownConfigKeyError(ConfigCompositionException, ConfigError):
@@ -70,8 +78,15 @@ def _with_key_hints(func: Callable[[], Any]) -> Any:
         if str(exc) != NULL_PARENT_ASSERTION:
             raise
         raise ConfigCompositionException(
-            "Could not override a key under a config group that was not chosen: choose the group first, e.g. "
-            "`+workload=poetry workload.num_prompts=4` (workload.* needs +workload=NAME)") from None
+            "Could not override a key under a null value: a config group that was not chosen needs choosing first "
+            "(`+workload=NAME` before `workload.*`: `+workload=poetry workload.num_prompts=4`), and "
+            f"{NULL_SECTION_HINT}") from None
+    except AttributeError as exc:  # OmegaConf merging a mapping into a null section of a typed schema
+        found = NULL_SECTION_MERGE.search(str(exc))  # OmegaConf writes the node into the message, not attributes
+        if found is None:
+            raise
+        key = found.group(1)
+        raise ConfigCompositionException(f"Could not set '{key}': {NULL_SECTION_HINT}") from None
 
 
 @contextlib.contextmanager

@@ -81,6 +81,8 @@ CLI_CASES = {
         ("unchosen", ["workload.num_prompts=3", "--cfg", "job"]),
         ("plain", ["workload=poetry", "--cfg", "job"]))},
     "ab/help": ("ab", ["--help"]),
+    "ab/http/key_under_null": ("ab", ["+workload=poetry", "ab.arms.A.http.base_url=http://x", "--cfg", "job"]),
+    "ab/http/null_section": ("ab", ["+workload=poetry", "ab.arms.A.http={base_url: http://x}", "--cfg", "job"]),
     "ab/help/overrides": ("ab", ["+workload=agentic", "ab.n_blocks=6", "--help"]),
     # ab runs the mistyped key as a run does; the others show the config (--cfg job), so that nothing could start a run.
     **{f"{runner}/mistyped": (runner, [typo] if runner == "ab" else [typo, "--cfg", "job"])
@@ -153,6 +155,13 @@ def test_the_workload_group_is_chosen_alike_in_both_runners(runner, cli_results)
     # A workload key without the group (workload.num_prompts=3 --cfg job): a message saying to choose it, no traceback.
     code, out, err = cli_results[f"{runner}/workload/unchosen"]
     assert code == 1 and "+workload=NAME" in err and "Traceback" not in err
+    # A key under a section the chosen config leaves null (an arm's http in an in-process A/B), key by key or
+    # as a whole: a message naming the A/B pairs that set it, no traceback.
+    if runner == "ab":
+        for case in ("key_under_null", "null_section"):
+            code, out, err = cli_results[f"ab/http/{case}"]
+            assert code == 1 and "ab=http_full_vs_ragged" in err and "Traceback" not in err, (case, err)
+        assert "Could not set 'ab.arms.A.http'" in cli_results["ab/http/null_section"][2]
     # The group without `+` (workload=poetry --cfg job): Hydra's own hint.
     code, out, err = cli_results[f"{runner}/workload/plain"]
     assert code == 1 and "+workload=poetry" in err
