@@ -278,7 +278,7 @@ class EngineConfig:
     budget_lag: int = 1  # 0, 1 or 2 steps between the confidence that sizes the budget and this step
     tiers: tuple[int, ...] | None = None  # uniform mode's tier ladder (verify lengths); None: any 1..block
     min_verify_len: int = 1
-    # 0.03: on the H200 (bench/results/h200-2026-11-30-traces) predicted gains are optimistic by about 3
+    # 0.03: on the H200 (the `traces` results folder) predicted gains are optimistic by about 3
     # points (closed loop); at batch 4 a predicted +2.6% trim realised -2%, and 0.03 costs nothing at 128/256.
     min_predicted_gain: float = 0.03
     # Steps with fewer decoding requests than this verify the whole block without planning (plan reason

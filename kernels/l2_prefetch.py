@@ -2,7 +2,7 @@
 
 At batch 1 every GEMV of a decode step reads its weight from HBM, and the H200 census showed each
 one near a latency floor that an L2-resident weight lowers by about a microsecond (o_proj 3.76 ->
-2.77 us, down_proj 5.24 -> 3.73 us, bench/results/h200-2026-11-30-gemv-split/). A layer's weights
+2.77 us, down_proj 5.24 -> 3.73 us, the `gemv-split` results folder). A layer's weights
 (about 7 MB for SmolLM2) fit the 50 MB L2 many times over. So, on a side stream forked from the
 step's stream at the start of layer i, one small kernel reads layer i+1's weight matrices with an
 evict-last hint: by the time layer i+1 runs, its GEMVs hit L2. The side stream only reads weights

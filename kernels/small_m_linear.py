@@ -406,7 +406,7 @@ def default_tiles(N: int, K: int, silu_mul: bool, rope: bool = False, norm: bool
     - ``any_m`` (the batch-invariant mode, any number of rows): never split, since the partial tiles of
       hundreds of row tiles would cost more than they save; the mode's choice is the same at every M.
 
-    H200, weights streamed from HBM (bench/results/h200-2026-11-30-gemv-split/): gate/up 7.11 -> 6.28 us
+    H200, weights streamed from HBM (the `gemv-split` results folder): gate/up 7.11 -> 6.28 us
     per launch at M=1, down 5.24 -> 4.74; a batch-1 target-only step 0.884 -> 0.843 ms. The QKV + rotary
     kernel gained at M=1 only, o_proj not at all: both keep the base settings."""
     block_k = max(16, min(256, 1 << max(K - 1, 1).bit_length()))

@@ -212,7 +212,7 @@ class ServeSchema:
     log_level: str = "info"  # the server's log level
     graceful_shutdown_s: float = 30.0  # on SIGINT/SIGTERM, how long requests in flight may take to finish
     # true: the engine is built and run in a process of its own, which never shares a GIL with the HTTP side (the
-    # serving stack's Python work no longer slows the engine's steps); false: in a thread of the server's process
+    # serving stack's Python work does not slow the engine's steps); false: in a thread of the server's process
     engine_process: bool = True
     # requests' prompts rendered and tokenized in this many worker processes, off the event loop that streams every
     # response (dspark/serving/prompt_workers.py); 0: on the event loop
@@ -260,7 +260,7 @@ class CostProfileSchema:
     max_rel_residual: float = 0.35  # refuse a fit with a median further than this fraction from its fitted cost
     time_budget_s: Optional[float] = None  # stop a sweep that runs or is projected to run longer; null: no limit
     # a fit below min_r2 / max_rel_residual (or a cell far above linear growth) is given this many more rounds, each
-    # measuring the quarter of the cells furthest from the fit again; then it is refused
+    # measuring every cell again and pooling the repeats; then it is refused
     remeasure_rounds: int = 2
 
 
