@@ -346,3 +346,42 @@ def test_an_api_server_that_dies_ends_the_server_with_an_error(tmp_path):
         assert server.metrics_dirs() == []
     finally:
         server.close()
+
+
+@pytest.mark.smollm2
+def test_ctrl_c_while_the_api_servers_start_ends_every_process(tmp_path, tmp_path_factory):
+    """SIGINT to the whole process group (a Ctrl-C) just after the engine is ready, while the API servers are being
+    spawned, on the real model: SmolLM2's tokenizer is in the engine's ready message, over a megabyte, which an API
+    server used to take as a spawn argument; a child the Ctrl-C killed while it read that left the supervisor blocked
+    writing it, for good. The server now ends, and every process with it."""
+    from dspark.models.loading import prepare_smollm2
+    from test_gguf_convert import SMOLLM2_CACHE
+
+    cache = tmp_path_factory.getbasetemp() / SMOLLM2_CACHE
+    prepare_smollm2(cache)  # converts unless another test module already did
+    env = {**os.environ, "DSPARK_CACHE": str(cache), "PYTHONPATH": ROOT, "TMPDIR": str(tmp_path)}
+    env.pop(TINY_MODELS_ENV, None)
+    process = subprocess.Popen([sys.executable, "-m", "runners.serve", "port=0", "api_servers=2",
+                                f"hydra.run.dir={tmp_path}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log: list[str] = []
+    try:
+        engine_pid = None
+        while engine_pid is None:
+            line = process.stdout.readline()
+            assert line, "".join(log)
+            log.append(line)
+            if m := re.search(r"engine in its own process, pid (\d+), serving 2 API servers", line):
+                engine_pid = int(m.group(1))
+        time.sleep(0.05)  # the first API server is being spawned
+        os.killpg(process.pid, signal.SIGINT)
+        assert process.wait(60) == 0, "".join(log)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
+        log.extend(process.stdout)
+        process.stdout.close()
+    wait_until(lambda: process_is_gone(engine_pid), timeout_s=10)
+    assert "stopped (SIGINT)" in "".join(log)
+    assert glob.glob(str(tmp_path / "dspark-engine-ready-*")) == glob.glob(str(tmp_path / "dspark-metrics-*")) == []

@@ -7,7 +7,9 @@ every client as fast as the engine steps, so N processes share that work.
 The calling process (the supervisor) holds the listening socket, bound before the model loads. It starts the engine
 process with one pair of pipes per API server (``engine_process.start_engine_process``: it returns once the engine
 is ready, raising what the child raised when it could not build it), then spawns N API server processes, each
-given its pipes, the socket, the ServerConfig and the engine's ready message. Each builds the app over an
+given its pipes, the socket, the ServerConfig and the path of the engine's ready message (a file: passed as an
+argument, its tokenizer would make the pickled arguments too large for a pipe's buffer, and a Ctrl-C that killed
+a child while it read them would leave the supervisor blocked writing them). Each builds the app over an
 ``EngineClient`` of its pipes and runs uvicorn on the socket (``server.serve``): the kernel hands each new
 connection to one of them. The supervisor announces the server ("serving <model> at <url>") once every API server
 accepts connections (each sets its event when uvicorn has started): until then a connection could wait in the
@@ -36,6 +38,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import shutil
 import signal
 import tempfile
@@ -76,13 +79,19 @@ def serve_api_servers(factory: Callable[[], Any], config: ServerConfig, sock, gc
             _terminate(server)
 
     metrics_dir = tempfile.mkdtemp(prefix="dspark-metrics-")
+    ready_dir = tempfile.mkdtemp(prefix="dspark-engine-ready-")
+    ready_path = os.path.join(ready_dir, "ready.pickle")
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        with open(ready_path, "wb") as f:
+            pickle.dump(ready, f)
         with _environment(MULTIPROC_DIR_ENV, metrics_dir):  # read as the API servers import prometheus_client
             started = [context.Event() for _ in pipes]
             for index, (commands, events) in enumerate(pipes):
+                if received:  # a signal came while the others started: start no more
+                    break
                 server = context.Process(target=_api_server_main, name=f"dspark-api-server-{index}",
-                                         args=(index, commands, events, ready, process.pid, sock, config, level,
+                                         args=(index, commands, events, ready_path, process.pid, sock, config, level,
                                                gc_freeze, os.getpid(), started[index]))
                 server.start()
                 commands.close()  # the API server's now: its exit is the engine process's end of file
@@ -113,6 +122,7 @@ def serve_api_servers(factory: Callable[[], Any], config: ServerConfig, sock, gc
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        shutil.rmtree(ready_dir, ignore_errors=True)
     if exited is not None:
         raise ApiServerExited(f"API server {exited.name} (pid {exited.pid}) {describe_exit(exited.exitcode)} while "
                               f"serving")
@@ -175,13 +185,15 @@ def _environment(name: str, value: str):
 
 # ---- in an API server process ----------------------------------------------------------------------
 
-def _api_server_main(index: int, commands, events, ready: dict, engine_pid: int, sock, config: ServerConfig,
+def _api_server_main(index: int, commands, events, ready_path: str, engine_pid: int, sock, config: ServerConfig,
                      log_level: int, gc_freeze: bool, supervisor_pid: int, started) -> None:
     logging.basicConfig(level=log_level, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     from dspark.serving.app import create_app
     from dspark.serving.engine_process import EngineClient
     from dspark.serving.server import serve
 
+    with open(ready_path, "rb") as f:  # the engine process's ready message, written by the supervisor
+        ready = pickle.load(f)
     app = create_app(EngineClient(commands, events, ready, engine_pid), config)
     if gc_freeze:  # as runners.serve does before serving
         gc.collect()
