@@ -87,7 +87,7 @@ from dspark.engine import Engine
 from runners import ab_http
 from runners.common import TINY_MODELS_ENV, TinyCharTokenizer, tiny_models, tiny_models_requested
 from runners.config_keys import allowed_keys, close_keys, nested_schema
-from runners.hydra_main import runner_main
+from runners.hydra_main import reported_errors, runner_main
 from runners.job_status import in_multirun, write_job_status
 from runners.schema import (ABSchema, EngineSchema, LoadMode, profile_context, to_engine_config,
                             to_profile_settings)
@@ -1422,9 +1422,11 @@ def _configured_calibration(ecfg: EngineConfig) -> str | None:
 
 @runner_main("ab")
 def main(cfg: DictConfig) -> dict:
-    """``python -m runners.ab``: :func:`run`. A job of a multirun whose guards fail (ab.fail_on_guard) records
-    exit code 1 in its job_status.json and returns instead of raising, so the remaining jobs run and the
-    sweep summary is written; the multirun then exits 1 (:class:`runners.callbacks.SweepSummaryCallback`)."""
+    """``python -m runners.ab``: :func:`run`. A job of a multirun whose guards fail (ab.fail_on_guard), or that
+    cannot run with its settings or inputs (a ConfigError or another of :func:`runners.hydra_main.reported_errors`:
+    sweep values are only checked as each job composes them), records exit code 1 and why in its job_status.json
+    and returns instead of raising, so the remaining jobs run and the sweep summary is written; the multirun then
+    exits 1 (:class:`runners.callbacks.SweepSummaryCallback`)."""
     if not in_multirun():
         return run(cfg)
     out_dir = Path(cfg.paths.output_dir)
@@ -1435,6 +1437,11 @@ def main(cfg: DictConfig) -> dict:
         log.error("guards failed: %s; this job is marked failed (%s), the sweep goes on and exits 1 at its end",
                   exc, out_dir / "job_status.json")
         return json.loads((out_dir / "summary.json").read_text())
+    except reported_errors() as exc:
+        write_job_status(out_dir, 1, f"{type(exc).__name__}: {exc}")
+        log.error("%s: %s; this job is marked failed (%s), the sweep goes on and exits 1 at its end",
+                  type(exc).__name__, exc, out_dir / "job_status.json")
+        return None
     write_job_status(out_dir, 0)
     return summary
 

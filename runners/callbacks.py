@@ -9,9 +9,9 @@ marks each job whose guards failed. Then, when a job recorded a non-zero exit co
 (its guards failed and ``ab.fail_on_guard`` is set: :mod:`runners.job_status`), it logs those jobs
 and ends the multirun with exit status 1.
 
-A job whose guards fail does not stop the sweep; a job that raises (an arm crashed, a configuration
-error) does, as in any Hydra sweep, and Hydra calls no ``on_multirun_end``: then
-``python -m runners.report SWEEP_DIR`` summarizes the jobs that finished.
+A job whose guards fail, or whose settings or inputs it cannot run with, does not stop the sweep (it records
+why in its job status); a job that raises anything else (an arm crashed) does, as in any Hydra sweep, and Hydra
+calls no ``on_multirun_end``: then ``python -m runners.report SWEEP_DIR`` summarizes the jobs that finished.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ Hydra's advice to append the key with ``+``. An override under a null node (a co
 chosen, ``workload.num_prompts=4`` without ``+workload=NAME``, or a section the chosen config leaves null, such as
 an arm's ``http`` in an in-process A/B) says so instead of failing with a traceback.
 
+An error that names the setting or input to change (:func:`reported_errors`: a ConfigError, a cost table that
+does not fit, a profile refused on a busy machine, failed guards) is printed as its message alone, exit status 1,
+without the traceback Hydra would print; a Ctrl-C before a runner handles it ends with "interrupted", status 130.
+
 Hydra reports a composition error itself (``hydra._internal.utils.run_and_report``, which prints it
 and exits 1) before the decorated function could catch it, so while the runner's main runs, that
 reporter is given the error with its message completed. Importing this module also registers the
@@ -19,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
 import re
+import sys
 from typing import Any, Callable, Iterator
 
 import hydra
-from hydra.errors import ConfigCompositionException
+from hydra.errors import CompactHydraException, ConfigCompositionException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 import runners.config_keys  # noqa: F401  (registers the config_keys resolver of --help)
@@ -39,6 +45,21 @@ NULL_SECTION_MERGE = re.compile(r"full_key: (\S+)\n.*object_type=NoneType", re.D
 NULL_SECTION_HINT = ("a section the chosen config leaves null cannot be set, key by key or as a whole (an arm's `http` "
                      "is set only in `ab=http_full_vs_ragged` and `ab=in_process_vs_served`: choose one of those and "
                      "override its keys, or write an `ab` config of your own)")
+
+
+class ReportedError(CompactHydraException):
+    """An error Hydra's reporter prints as its message alone (no traceback) before exiting 1."""
+
+
+def reported_errors() -> tuple[type[BaseException], ...]:
+    """The errors whose message says what to change: a setting or an input (ConfigError, WorkloadError and
+    DamagedFileError among them), a cost table that does not fit the engine, a profile refused on a machine busy
+    with other work, failed guards (the run's results are written first)."""
+    from dspark.bench.guards import ABGuardError
+    from dspark.cost_table import CostTableError
+    from dspark.profiler import ProfileRefusedError
+
+    return ConfigError, CostTableError, ProfileRefusedError, ABGuardError
 
 
 class UnknownConfigKeyError(ConfigCompositionException, ConfigError):
@@ -66,21 +87,48 @@ def unknown_key_message(exc: ConfigCompositionException) -> str | None:
     return f"Could not override '{key}': no such key; the keys here are {', '.join(nearby)} (--help lists every key)"
 
 
+SWEPT_GROUP = re.compile(r"^\+{0,2}(\w+)=[^=]*,")  # +workload=agentic,arena_hard: a group swept over options
+
+
+def swept_group_hint(args: list[str]) -> str | None:
+    """For a multirun that sweeps a config group and also sets keys under it (``-m +workload=a,b
+    workload.num_prompts=4``): what to write instead. Hydra composes a multirun's first config without its sweeps,
+    so the group is not chosen there and a plain key under it has nowhere to go; a one-value sweep
+    (``workload.num_prompts=choice(4)``) is applied in each job, after the job's group option. None otherwise."""
+    if not {"-m", "--multirun"} & set(args):
+        return None
+    groups = {m.group(1) for a in args if (m := SWEPT_GROUP.match(a))}
+    keys = [a for a in args if "=" in a and a.lstrip("+~").split(".", 1)[0] in groups and "." in a.split("=", 1)[0]
+            and "choice(" not in a]
+    if not keys:
+        return None
+    fixed = " ".join(f"'{k.split('=', 1)[0]}=choice({k.split('=', 1)[1]})'" for k in keys)
+    return (f"Could not override {', '.join(k.split('=', 1)[0] for k in keys)}: the sweep varies its group "
+            f"({', '.join(sorted(groups))}), and Hydra composes a sweep's first config without its sweeps, where the "
+            f"group is not chosen yet. Write each such key as a sweep of one value, which every job applies after "
+            f"choosing its option: {fixed}")
+
+
 def _with_key_hints(func: Callable[[], Any]) -> Any:
     try:
         return func()
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted (SIGINT)" + os.linesep)
+        raise SystemExit(130) from None
     except ConfigCompositionException as exc:
         message = unknown_key_message(exc)
         if message is None:
             raise
         raise UnknownConfigKeyError(message) from exc.__cause__
+    except reported_errors() as exc:
+        raise ReportedError(f"{type(exc).__name__}: {exc}") from exc
     except AssertionError as exc:
         if str(exc) != NULL_PARENT_ASSERTION:
             raise
-        raise ConfigCompositionException(
+        raise ConfigCompositionException(swept_group_hint(sys.argv[1:]) or (
             "Could not override a key under a null value: a config group that was not chosen needs choosing first "
             "(`+workload=NAME` before `workload.*`: `+workload=poetry workload.num_prompts=4`), and "
-            f"{NULL_SECTION_HINT}") from None
+            f"{NULL_SECTION_HINT}")) from None
     except AttributeError as exc:  # OmegaConf merging a mapping into a null section of a typed schema
         found = NULL_SECTION_MERGE.search(str(exc))  # OmegaConf writes the node into the message, not attributes
         if found is None:

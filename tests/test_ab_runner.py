@@ -233,6 +233,25 @@ def test_custom_workload_from_a_new_jsonl(tmp_path):
     assert (capped <= 4).all()  # the per-line max_tokens was applied
 
 
+@pytest.mark.slow
+def test_a_sweep_job_with_a_setting_it_cannot_run_fails_alone(tmp_path):
+    """A sweep over workloads whose workload keys are one-value sweeps (the form a swept group's keys need), and a
+    swept value a job cannot run with (load.concurrency=0): that job records the ConfigError in its job status, the
+    other runs and is summarized, and the multirun exits 1."""
+    sweep = tmp_path / "sweep"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), ab.TINY_MODELS_ENV: "1", "WANDB_MODE": "disabled"}
+    cmd = [sys.executable, "-m", "runners.ab", "-m", "ab=spec_off_vs_dspark", "+workload=arena_hard",
+           "workload.num_prompts=choice(2)", "workload.max_tokens=choice(4)", "ab.n_blocks=2", "ab.warmup_requests=0",
+           "ab.n_boot=200", "wandb.mode=disabled", "progress=false", "load.concurrency=0,2", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    failed, passed = sorted(p for p in sweep.iterdir() if p.is_dir())
+    status = json.loads((failed / "job_status.json").read_text())
+    assert status["exit_code"] == 1 and status["error"].startswith("ConfigError: load.concurrency")
+    assert not (failed / "summary.json").exists() and json.loads((passed / "summary.json").read_text())["guards_passed"]
+    assert "1 job(s)" in (sweep / "sweep_summary.md").read_text() and "Traceback" not in proc.stderr
+
+
 def test_engine_factory_must_return_both_arms(tmp_path):
     cfg = compose_ab([*TINY], out_dir=tmp_path)
     with pytest.raises(TypeError, match="'A': Engine, 'B': Engine"):

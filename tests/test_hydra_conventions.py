@@ -81,6 +81,8 @@ CLI_CASES = {
         ("unchosen", ["workload.num_prompts=3", "--cfg", "job"]),
         ("plain", ["workload=poetry", "--cfg", "job"]))},
     "ab/help": ("ab", ["--help"]),
+    "ab/config_error": ("ab", ["+workload=poetry", "ab.n_blocks=0"]),
+    "ab/sweep/key_of_swept_group": ("ab", ["-m", "+workload=poetry,arena_hard", "workload.num_prompts=2"]),
     "ab/http/key_under_null": ("ab", ["+workload=poetry", "ab.arms.A.http.base_url=http://x", "--cfg", "job"]),
     "ab/http/null_section": ("ab", ["+workload=poetry", "ab.arms.A.http={base_url: http://x}", "--cfg", "job"]),
     "ab/help/overrides": ("ab", ["+workload=agentic", "ab.n_blocks=6", "--help"]),
@@ -162,6 +164,10 @@ def test_the_workload_group_is_chosen_alike_in_both_runners(runner, cli_results)
             code, out, err = cli_results[f"ab/http/{case}"]
             assert code == 1 and "ab=http_full_vs_ragged" in err and "Traceback" not in err, (case, err)
         assert "Could not set 'ab.arms.A.http'" in cli_results["ab/http/null_section"][2]
+    # A sweep over workloads that also sets a plain workload key: how to write it (a one-value sweep).
+    if runner == "ab":
+        code, out, err = cli_results["ab/sweep/key_of_swept_group"]
+        assert code == 1 and "'workload.num_prompts=choice(2)'" in err and "Traceback" not in err, err
     # The group without `+` (workload=poetry --cfg job): Hydra's own hint.
     code, out, err = cli_results[f"{runner}/workload/plain"]
     assert code == 1 and "+workload=poetry" in err
@@ -226,6 +232,24 @@ def test_every_config_lists_each_key_of_its_schema_in_help(config):
     listed = {line.split()[0].split("=")[0] for line in listing.splitlines()}
     for key, _, _ in schema_keys(schema):
         assert key in listed or any(k.startswith(key + ".") for k in listed), key
+
+
+def test_an_error_that_names_a_setting_is_printed_without_a_traceback(cli_results):
+    """A ConfigError from a runner (here ab.n_blocks=0, refused before any model loads) is its message alone,
+    exit status 1."""
+    code, out, err = cli_results["ab/config_error"]
+    assert code == 1 and "ConfigError: ab.n_blocks: must be >= 1" in err and "Traceback" not in err, err
+
+
+def test_swept_group_hint_names_each_key_under_a_swept_group():
+    from runners.hydra_main import swept_group_hint
+
+    args = ["-m", "+workload=agentic,arena_hard", "workload.num_prompts=4", "++workload.seed=1", "load.concurrency=4,16"]
+    hint = swept_group_hint(args)
+    assert "'workload.num_prompts=choice(4)' '++workload.seed=choice(1)'" in hint and "load.concurrency" not in hint
+    assert swept_group_hint(args[1:]) is None  # not a multirun
+    assert swept_group_hint(["-m", "+workload=agentic", "workload.num_prompts=4"]) is None  # the group not swept
+    assert swept_group_hint(["-m", "+workload=a,b", "workload.num_prompts=choice(4)"]) is None  # already the fix
 
 
 def test_every_runners_command_line_answers_a_mistyped_key_and_help(cli_results):
