@@ -29,8 +29,9 @@ configuration (same config hash; ``ab.force_rerun``, ``ab.fail_on_guard`` and ``
 excluded), run() logs that and returns it without measuring again (still raising
 ABGuardError when its guards failed and ab.fail_on_guard is set); ``ab.force_rerun=true``
 measures anew. An unfinished run in the folder (interrupted, or blocks without a finished summary)
-is measured again from the start after its files move to ``unfinished-<n>/`` there: nothing it
-measured is overwritten.
+is measured again from the start after its files move to ``unfinished-<n>/`` there, and a finished run
+that a new one replaces (another config, or ab.force_rerun) moves to ``previous-<n>/``: nothing measured
+is overwritten.
 A rerun of a sweep with the same ``hydra.sweep.dir`` therefore only runs the jobs that
 did not finish.
 
@@ -355,10 +356,16 @@ def finished_summary(out_dir: Path, chash: str) -> dict | None:
     if summary.get("interrupted"):
         return None
     if summary["config_hash"] != chash:
-        log.warning("%s holds a run of another config (hash %s, this one %s): running again and overwriting it",
-                    path, summary["config_hash"][:12], chash[:12])
+        log.warning("%s holds a run of another config (hash %s, this one %s): running this one", path,
+                    summary["config_hash"][:12], chash[:12])
         return None
     return summary
+
+
+def finished_run(out_dir: Path) -> bool:
+    """Whether ``out_dir`` holds a finished run (a complete summary.json not marked interrupted)."""
+    summary, _ = _read_summary(out_dir)
+    return summary is not None and _is_complete(summary) and not summary.get("interrupted")
 
 
 def partial_run(out_dir: Path) -> str | None:
@@ -378,15 +385,21 @@ RESULT_FILES = ("summary.json", "blocks.csv", "blocks.parquet", "requests.parque
                 "report_appendix.md", "wandb", "servers")  # servers/: the logs of HTTP arms' launched servers
 
 
-def keep_unfinished_run(out_dir: Path) -> Path:
-    """Move an unfinished run's results (summary, blocks, per-block requests, report, plots, W&B runs, the logs of
-    its served arms) into
-    ``out_dir/unfinished-<n>/`` before a new run writes there: a rerun of an interrupted run, or of a
-    sweep whose job crashed, measures again without losing what the first attempt measured."""
+KEPT_RUN_PREFIXES = ("unfinished", "previous")  # out_dir/<prefix>-<n>/: an earlier run's files, kept
+
+
+def keep_unfinished_run(out_dir: Path, prefix: str = "unfinished") -> Path:
+    """Move a run's results (summary, blocks, per-block requests, report, plots, W&B runs, the logs of its served
+    arms) into ``out_dir/<prefix>-<n>/`` before a new run writes there: a rerun of an interrupted run, or of a
+    sweep whose job crashed, measures again without losing what the first attempt measured (``unfinished``); a
+    run of another config, or one measured again with ab.force_rerun, keeps the finished run it replaces
+    (``previous``)."""
+    if prefix not in KEPT_RUN_PREFIXES:
+        raise ValueError(f"prefix: one of {KEPT_RUN_PREFIXES}, got {prefix!r}")
     n = 1
-    while (out_dir / f"unfinished-{n}").exists():
+    while (out_dir / f"{prefix}-{n}").exists():
         n += 1
-    dest = out_dir / f"unfinished-{n}"
+    dest = out_dir / f"{prefix}-{n}"
     dest.mkdir()
     for p in [*(out_dir / name for name in RESULT_FILES), *out_dir.glob("*.png")]:
         if p.exists():
@@ -679,6 +692,9 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
         kept = keep_unfinished_run(out_dir)
         log.warning("%s held an unfinished run (%s): its files moved to %s; measuring from the start", out_dir,
                     partial, kept)
+    elif finished_run(out_dir):  # another config's, or this one's measured again (ab.force_rerun)
+        kept = keep_unfinished_run(out_dir, "previous")
+        log.warning("%s held a finished run this one replaces: its files moved to %s", out_dir, kept)
     prompts = workload.prompts()  # a bad custom file fails here, still before any model loads
     replicas = workload.greedy_replicas()
     ab_http.check_prompt_kinds(http_arms.endpoints, [*prompts, *replicas])
@@ -808,7 +824,8 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
                 control = run_lossless_control(cfg, arm_cfgs, engines, workload, inputs, params, ids, replicas, tok,
                                                logger, blocks_csv, len(block_rows))
             return reference_guards(cfg, arm_cfgs["A"].dtype, engines, workload, outputs, replica_outputs,
-                                    prompt_ids, control, dict(zip(ids, params)))
+                                    prompt_ids, control, dict(zip(ids, params)),
+                                    replicas_skipped=interrupts.record is not None)
         return []  # interrupted while judging
 
     blocks_df = pd.DataFrame(block_rows)
@@ -897,9 +914,10 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
         summary["wandb"] = logger.status()
         atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
     if interrupted is not None:
-        log.error("interrupted (%s): the %d completed arm-blocks are in %s (summary.json marked interrupted, "
-                  "blocks.csv, requests.parquet, requests/)", interrupted["signal"],
-                  interrupted["completed_arm_blocks"], out_dir)
+        kept = [name for name in ("summary.json", "report.md", "blocks.csv", "requests.parquet", "requests")
+                if (out_dir / name).exists()]
+        log.error("interrupted (%s): the %d completed arm-blocks are in %s (%s; summary.json marked interrupted)",
+                  interrupted["signal"], interrupted["completed_arm_blocks"], out_dir, ", ".join(kept))
         raise SystemExit(130 if interrupted["signal"] == "SIGINT" else 143)
     _raise_on_failed_guards(cfg, summary)
     return summary
@@ -1359,12 +1377,13 @@ def _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_i
 
 
 def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, prompt_ids, control=None,
-                     sampling_by_id=None) -> list[GuardResult]:
+                     sampling_by_id=None, replicas_skipped: bool = False) -> list[GuardResult]:
     """The guards that judge both arms' outputs with arm A's target in this process (``engines["A"]``): lossless on
     the greedy outputs (each block, or the greedy replicas of a sampled workload), in float32 (``dtype``, arm A's)
     identical token for token, in reduced precision on evidence (:func:`_evidence_guard`, with A's ``control``
     run), and on a sampled workload the distribution check of each arm. An arm's outputs are token ids, however
-    they were made (in process, or returned by a server: runners.ab_http.http_guards)."""
+    they were made (in process, or returned by a server: runners.ab_http.http_guards). ``replicas_skipped``: an
+    interrupt during the timed blocks left the greedy replicas unrun."""
     from dspark.bench.reference import ReferenceScorer
 
     guards: list[GuardResult] = []
@@ -1384,7 +1403,8 @@ def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, pr
     elif greedy_workload or replica_outputs:
         guards.append(_evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype))
     if not greedy_workload and not replica_outputs:
-        guards.append(nothing_compared_guard())
+        guards.append(GuardResult("lossless", False, "not judged: the run was interrupted before its greedy replicas "
+                                  "ran", {}) if replicas_skipped else nothing_compared_guard())
     if not greedy_workload:
         guards += _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_ids)
     return guards
@@ -1393,7 +1413,10 @@ def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, pr
 def arm_did_nothing_guard(arm: str, ecfg: EngineConfig, block_rows: list[dict]) -> GuardResult:
     """The did_nothing guard of one arm: what its engine configuration ``ecfg`` expects to run, against its
     counters summed over its blocks (in-process: the engine's; HTTP: its server's, by delta)."""
-    counters = _sum_counters([r for r in block_rows if r["arm"] == arm])
+    rows = [r for r in block_rows if r["arm"] == arm]
+    if not rows:  # an interrupt came before the arm's first block ended
+        return GuardResult(f"did_nothing[{arm}]", False, f"arm {arm}: not judged: it completed no block", {})
+    counters = _sum_counters(rows)
     # engine.force_verify_len / force_budget_frac replace the planner: such an arm must trim as forced.
     forced = ecfg.force_verify_len is not None or ecfg.force_budget_frac is not None
     return did_nothing_guard(arm, vars_of(ecfg), counters,

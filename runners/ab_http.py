@@ -173,7 +173,7 @@ def engine_config_of(arm: HttpArm) -> EngineConfig | None:
 
     if arm.server_info is None:
         return None
-    return to_engine_config(arm.server_info["engine"])
+    return to_engine_config(arm.server_info["engine"], local=False)  # the server's device, not this machine's
 
 
 def served_cost_table(arm: HttpArm) -> dict[str, Any] | None:

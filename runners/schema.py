@@ -430,15 +430,29 @@ class BenchDecodeSchema:
     progress: bool = True  # a progress bar over the runs
 
 
-def to_engine_config(engine: Any, spec: str | None = None) -> EngineConfig:
+def to_engine_config(engine: Any, spec: str | None = None, local: bool = True) -> EngineConfig:
+    """The EngineConfig of an engine group (``spec`` overriding its spec). ``local``: an engine this process
+    will build, whose device must exist here (False for an engine another process reports, e.g. a served arm's)."""
     d = dict(engine)
     if spec is not None:
         d["spec"] = spec
+    if local:
+        check_device_present(str(d.get("device", "cpu")))
     if d.get("kernels") is not None:  # a DictConfig / dict of the engine.kernels group
         d["kernels"] = KernelSwitches.from_dict({str(k): v for k, v in dict(d["kernels"]).items()})
     ecfg = EngineConfig(**d)
     check_pool_holds_a_request(ecfg)
     return ecfg
+
+
+def check_device_present(device: str) -> None:
+    """Refuse an engine on a CUDA device where torch sees none, before any other check reads the settings."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"engine.device={device}: torch sees no CUDA device here (torch {torch.__version__}, "
+                              "torch.cuda.is_available() is False); run engine=cpu, or on a machine with a GPU")
 
 
 def check_pool_holds_a_request(ecfg: EngineConfig) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -143,9 +144,10 @@ def test_blocks_csv_order_is_the_abba_schedule_that_ran(tiny_run):
     assert len(acceptance) == 4  # the tiny drafter's block size
 
 
-def test_rerun_returns_finished_summary_unless_forced(tiny_run, caplog):
-    out, summary = tiny_run
+def test_rerun_returns_finished_summary_unless_forced(tmp_path, caplog):
+    out = tmp_path / "run"  # a run of its own (the reruns below move its files)
     cfg = compose_ab([*TINY, "wandb.mode=offline"], out_dir=out)
+    ab.run(cfg, engine_factory=tiny_factory())
     calls: list = []
     with caplog.at_level("INFO", logger="runners.ab"):
         again = ab.run(cfg, engine_factory=tiny_factory(calls=calls))
@@ -160,8 +162,13 @@ def test_rerun_returns_finished_summary_unless_forced(tiny_run, caplog):
 
     with pytest.raises(Measured):  # force_rerun does not change the hash, but measures again
         ab.run(compose_ab([*TINY, "wandb.mode=offline", "ab.force_rerun=true"], out_dir=out), engine_factory=must_run)
+    # The finished run it replaces is kept, not overwritten.
+    assert json.loads((out / "previous-1" / "summary.json").read_text()) == again
+    assert not (out / "summary.json").exists() and (out / "previous-1" / "report.md").is_file()
+    shutil.copy(out / "previous-1" / "summary.json", out / "summary.json")
     with pytest.raises(Measured):  # another config in the same folder is measured, not skipped
         ab.run(compose_ab([*TINY, "wandb.mode=offline", "ab.seed=1"], out_dir=out), engine_factory=must_run)
+    assert (out / "previous-2" / "summary.json").is_file()
 
 
 def test_lossless_guard_fires_after_results_are_written(tmp_path):

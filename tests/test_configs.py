@@ -177,3 +177,18 @@ def test_cfg_job_via_compose_and_cli_agree():
     assert printed.ab.n_blocks == 6 and printed.workload.name == "poetry"
     assert OmegaConf.to_container(printed.ab) == OmegaConf.to_container(cfg.ab)
     assert "hydra" not in printed
+
+
+def test_an_engine_on_a_cuda_device_is_refused_where_there_is_none():
+    """engine.device=cuda where torch sees no GPU: one message naming it, before any other check of the settings
+    (on a CPU a ragged arm would otherwise be told about token buckets); a served arm's reported config is another
+    machine's and is not checked here."""
+    import torch
+
+    from runners.schema import to_engine_config
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(ConfigError, match=r"engine.device=cuda: torch sees no CUDA device here"):
+        to_engine_config({"device": "cuda", "verify": "ragged"})
+    assert to_engine_config({"device": "cuda", "cuda_graphs": True}, local=False).device == "cuda"

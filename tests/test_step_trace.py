@@ -146,8 +146,8 @@ def test_bench_decode_refuses_a_trace_of_graph_arms():
     from test_configs import CONF
 
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name="bench_decode"):
-        cfg = compose(config_name="bench_decode", overrides=["engine=h200_graphs", "step_trace=true",
-                                                             "output_dir=unused"])
+        cfg = compose(config_name="bench_decode", overrides=["engine=h200_graphs", "engine.device=cpu",
+                                                             "step_trace=true", "output_dir=unused"])
     with pytest.raises(ConfigError, match="cuda_graphs=false"):
         bench_decode.run(cfg)
 
