@@ -577,6 +577,31 @@ def test_shutdown_lets_requests_in_flight_finish_then_stops_the_engine_thread(mo
     assert final.counters["emitted_tokens"] >= 40
 
 
+def test_requests_still_running_when_the_grace_period_ends_get_a_503(models, caplog):
+    """SIGTERM with graceful_shutdown_s=1 while a plain and a streamed request decode slowly: shortly before the
+    grace period ends both are ended by the server, the plain one with a 503 OpenAI error body, the stream with
+    an error event and [DONE] (uvicorn would cancel their handlers: a bare 500 and a cut stream), and the engine
+    aborts them."""
+    engine = engine_for(models, spec="off", step_delay_s=0.05)  # a token per 50 ms step: 10 s for 200 tokens
+    body = {"model": MODEL, "prompt": "Dear diary", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+    with serving(engine, graceful_shutdown_s=1.0) as served, ThreadPoolExecutor(2) as pool:
+        plain = pool.submit(lambda: httpx.post(f"{served.url}/v1/completions", json=body, timeout=30))
+
+        def stream() -> list[str]:
+            with httpx.stream("POST", f"{served.url}/v1/completions", json={**body, "stream": True}, timeout=30) as r:
+                return [line for line in r.iter_lines() if line]
+
+        streamed = pool.submit(stream)
+        wait_until(lambda: served.metrics()[("vllm:num_requests_running", ())] == 2)
+        with caplog.at_level("WARNING", logger="dspark.serving.server"):
+            served.server.handle_exit(signal.SIGTERM, None)
+            answer, lines = plain.result(timeout=30), streamed.result(timeout=30)
+    assert answer.status_code == 503, answer.text
+    assert "the server shut down before this request finished" in answer.json()["error"]["message"]
+    assert lines[-1] == "data: [DONE]" and "the server shut down before this request finished" in lines[-2]
+    assert "2 request(s) still in flight" in caplog.text
+
+
 # ---- runners.serve -----------------------------------------------------------------------------
 
 def compose_serve(overrides=()):

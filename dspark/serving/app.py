@@ -218,7 +218,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
             raise ApiError(499, "the client closed the request", code="client_closed_request")
         event = result.result()
         if isinstance(event, Failed):
-            raise ApiError(500, event.message, type="server_error")
+            raise ApiError(event.status, event.message, type="server_error")
         output = event.output
         if output.finish_reason == "error":
             raise failure_status(output)

@@ -22,6 +22,7 @@ import concurrent.futures
 import logging
 import queue
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -58,7 +59,8 @@ class Finished:
 
 @dataclass(frozen=True)
 class Failed:
-    message: str  # the engine failed or stopped: a 5xx
+    message: str  # the engine failed or stopped, or the server ended the request: a 5xx
+    status: int = 500  # the HTTP status a request that is not streamed answers with
 
 
 Event = Admitted | Refused | NewTokens | Finished | Failed
@@ -138,6 +140,8 @@ class BaseEngineLoop(abc.ABC):
         self.accepting = False  # read and set on the event loop thread
         self.failure: str | None = None  # why the engine loop stopped on an error
         self.last_snapshot: EngineSnapshot | None = None
+        # The requests submitted and not yet ended (event loop only; a handle whose handler is gone drops out).
+        self._in_flight: weakref.WeakSet[RequestHandle] = weakref.WeakSet()
 
     tokenizer: Any
     cfg: Any
@@ -183,10 +187,31 @@ class BaseEngineLoop(abc.ABC):
         """The request's next event; ``Failed`` when the engine loop ended without sending one."""
         while True:
             try:
-                return await asyncio.wait_for(handle.events.get(), LIVENESS_CHECK_S)
+                event = await asyncio.wait_for(handle.events.get(), LIVENESS_CHECK_S)
             except asyncio.TimeoutError:
                 if not self.running and handle.events.empty():
-                    return Failed(self.failure or "the server stopped before the request finished")
+                    event = Failed(self.failure or "the server stopped before the request finished")
+                else:
+                    continue
+            if isinstance(event, (Refused, Finished, Failed)):
+                self._in_flight.discard(handle)
+            return event
+
+    def _track(self, handle: RequestHandle) -> RequestHandle:
+        """Count a submitted request in flight until its last event (call on the event loop, from ``submit``)."""
+        self._in_flight.add(handle)
+        return handle
+
+    def end_in_flight(self, message: str) -> int:
+        """End every request still in flight (call on the event loop): each handler gets ``Failed(message)``, a
+        503, at once, and the engine aborts the request. A shutdown whose grace period runs out uses it, so that
+        clients get an answer instead of a cancelled handler. Returns how many requests it ended."""
+        handles = list(self._in_flight)
+        for handle in handles:
+            handle.events.put_nowait(Failed(message, status=503))
+            self.abort(handle)
+        self._in_flight.clear()
+        return len(handles)
 
     async def _snapshot_reply(self, answer: asyncio.Future, forget: Callable[[], Any]) -> EngineSnapshot | None:
         """``answer`` (a snapshot asked of the loop) once it comes; the last snapshot taken when the loop ends
@@ -243,7 +268,7 @@ class EngineLoop(BaseEngineLoop):
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> RequestHandle:
         self._refuse_if_not_serving()
-        handle = RequestHandle(prompt_ids, params, stream)
+        handle = self._track(RequestHandle(prompt_ids, params, stream))
         self._commands.put(_Add(handle))
         return handle
 

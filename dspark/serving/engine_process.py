@@ -227,7 +227,7 @@ class EngineClient(BaseEngineLoop):
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, stream: bool) -> RequestHandle:
         self._refuse_if_not_serving()
-        handle = RequestHandle(prompt_ids, params, stream, req_id=next(self._ids))
+        handle = self._track(RequestHandle(prompt_ids, params, stream, req_id=next(self._ids)))
         self._handles[handle.req_id] = handle
         self._send((_ADD, handle.req_id, prompt_ids, params, stream))
         return handle

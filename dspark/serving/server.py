@@ -1,9 +1,10 @@
 """Running an app under uvicorn, with a shutdown that loses no request.
 
 On SIGINT/SIGTERM uvicorn stops listening and waits for the requests in flight (up to
-``graceful_shutdown_s``, then cancels them, which aborts them in the engine); ``DrainingServer``
-also tells the engine loop at once, so a request arriving meanwhile on an open connection gets a 503
-instead of starting. The app's lifespan then stops the engine loop (its thread, or its process) and logs the
+``graceful_shutdown_s``); ``DrainingServer`` also tells the engine loop at once, so a request arriving
+meanwhile on an open connection gets a 503 instead of starting, and shortly before the grace period ends it
+ends the requests still running with a 503 (a stream: an error event and ``[DONE]``), which aborts them in the
+engine. The app's lifespan then stops the engine loop (its thread, or its process) and logs the
 final counters.
 The listening socket is bound before the model loads (``bind_socket``), so a port in use is refused
 at start.
@@ -11,6 +12,7 @@ at start.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from types import FrameType
@@ -41,6 +43,28 @@ class DrainingServer(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.engine_loop.begin_drain()
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown. Shortly before its grace period runs out (``graceful_shutdown_s``, less a quarter
+        of it up to one second) the requests still in flight are ended with a 503, a streamed one with an error
+        event and ``[DONE]``: uvicorn would cancel their handlers, which answers a bare 500 or cuts a stream off."""
+        grace = self.config.timeout_graceful_shutdown
+        timer = None
+        if grace is not None:
+            timer = asyncio.get_running_loop().call_later(max(0.0, grace - min(1.0, grace / 4)), self._end_in_flight,
+                                                          grace)
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _end_in_flight(self, grace: float) -> None:
+        ended = self.engine_loop.end_in_flight(f"the server shut down before this request finished (its grace "
+                                               f"period for requests in flight, graceful_shutdown_s, is {grace:g} s)")
+        if ended:
+            log.warning("graceful shutdown: %d request(s) still in flight after %.1f s were ended with a 503", ended,
+                        grace - min(1.0, grace / 4))
 
 
 def bind_socket(config: ServerConfig) -> socket.socket:
