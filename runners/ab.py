@@ -898,12 +898,11 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     logger.log_statistics(summary["statistics"], summary["verdict"], HEADLINE)
     summary["wandb"] = logger.status()
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
-    if stats:
-        write_report(out_dir, summary, blocks_df, requests_df)
-        if cfg.progress:
-            from rich.console import Console
+    write_report(out_dir, summary, blocks_df, requests_df)  # (an interrupted run's too, saying so)
+    if cfg.progress:
+        from rich.console import Console
 
-            render_console_table(summary, Console(width=max(120, Console().width)))
+        render_console_table(summary, Console(width=max(120, Console().width)))
     logger.log_results(out_dir)  # summary.json, report.md, blocks.csv and the plots, as an artifact
     for arm in ARMS:
         logger.finish_arm(arm, {"verdict": summary["verdict"], "guards_passed": summary["guards_passed"],

@@ -34,12 +34,12 @@ class SweepSummaryCallback(Callback):
         from runners.job_status import JOB_STATUS_FILE, failed_jobs
 
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        try:
-            paths = write_sweep_report(sweep_dir)  # raises naming the folder when no job wrote a summary.json
+        failed = failed_jobs(sweep_dir)
+        try:  # (raises naming the folder when no job wrote a summary.json)
+            paths = write_sweep_report(sweep_dir, failed_jobs=failed)
             log.info("sweep summary: %s (all metrics: %s, plot: %s)", paths["markdown"], paths["csv"], paths["plot"])
         except Exception as exc:  # noqa: BLE001  (the jobs' own results stand; their status is still reported)
             log.warning("no sweep summary written: %s: %s", type(exc).__name__, exc)
-        failed = failed_jobs(sweep_dir)
         if failed:
             log.error("%d job(s) of the sweep failed (their %s; results and summary.json are in each folder): %s",
                       len(failed), JOB_STATUS_FILE, "; ".join(f"{job}: {why}" for job, why in failed.items()))

@@ -1,4 +1,4 @@
-"""Re-render the reports of finished A/B runs and sweeps (plain argparse; no Hydra, no models).
+"""Re-render the reports of A/B runs (finished or interrupted) and sweeps (plain argparse; no Hydra, no models).
 
     python -m runners.report outputs/ab/2026-01-01_12-00-00        # one run folder
     python -m runners.report multirun/ab/2026-01-01_12-00-00       # a sweep folder
@@ -8,12 +8,16 @@ A run folder (it holds ``summary.json``) gets ``report.md``, ``report_appendix.m
 plots rewritten from ``summary.json`` + ``blocks.parquet`` (runs that wrote none: ``blocks.csv``)
 + ``requests.parquet`` (optional: without it the latency CDFs are skipped, and the report says
 so). List columns are read as lists, whether stored as parquet lists or, by older runs, as JSON
-text. A sweep folder (``*/summary.json`` below it) gets ``sweep_summary.md``,
-``sweep_summary.csv`` and ``sweep_gain.png``, and a table on the console.
+text. A run marked interrupted is reported with what it has: without statistics when no block ran in both
+arms, without its per-block parts when no arm-block completed. A sweep folder (``*/summary.json`` below it;
+those in ``unfinished-<n>/`` and ``previous-<n>/`` folders are earlier attempts of a job, not jobs) gets
+``sweep_summary.md``, ``sweep_summary.csv`` and ``sweep_gain.png``, and a table on the console; a job whose
+summary.json cannot be read, and one that failed without results (its job_status.json), is listed with the
+reason.
 
 A W&B report (wandb-workspaces) is made only when the runs were logged online, an API key
 is configured and ``wandb_workspaces`` is installed; otherwise the command says which of
-these is missing and skips it. Exit status: 0 done, 2 bad folder.
+these is missing and skips it. Exit status: 0 done, 2 bad folder (or unreadable or incomplete summary.json).
 """
 
 from __future__ import annotations
@@ -31,28 +35,35 @@ from rich.console import Console
 from rich.table import Table
 
 from dspark.bench.metrics import REQUEST_LIST_COLUMNS
-from dspark.bench.report import compare_runs, render_console_table, verdict_line, write_report, write_sweep_report
+from dspark.bench.report import (UnreadableSummaryError, compare_runs, headline_rows, jobs_without_statistics,
+                                 read_summaries, read_summary, render_console_table, require_headline_statistics,
+                                 sweep_summary_paths, verdict_line, write_report, write_sweep_report)
+from runners.job_status import failed_jobs
 
 BLOCK_LIST_COLUMNS = ("per_position_acceptance",)
 
 
 class ReportError(ValueError):
-    """The folder is neither a run folder nor a sweep folder, or a run folder is incomplete."""
+    """The folder is neither a run folder nor a sweep folder, or a run folder's summary or blocks are unusable."""
 
 
 def folder_kind(folder: Path) -> str:
-    """'run' (holds summary.json) or 'sweep' (summary.json files below it); ReportError otherwise."""
+    """'run' (holds summary.json, whatever unfinished-<n>/ or previous-<n>/ folders it has) or 'sweep' (jobs'
+    summary.json files below it: :func:`sweep_summary_paths`); ReportError otherwise."""
     if not folder.is_dir():
         raise ReportError(f"{folder} is not a folder; give an A/B run folder (with summary.json) or a sweep folder "
                           "(with one sub-folder per job)")
     if (folder / "summary.json").is_file():
         return "run"
-    if any(folder.rglob("summary.json")):
+    if sweep_summary_paths(folder):
         return "sweep"
     present = sorted(p.name for p in folder.iterdir())[:10]
     raise ReportError(f"{folder} holds neither an A/B run (no summary.json) nor a sweep (no */summary.json below "
-                      f"it); it contains {present or 'nothing'}. A run writes summary.json only when it finishes: "
-                      "an interrupted run leaves just blocks.csv")
+                      f"it outside unfinished-<n>/ and previous-<n>/ folders); it contains {present or 'nothing'}. "
+                      "A run writes summary.json when it ends, an interrupted one too (marked interrupted): a run "
+                      "folder without it is a run killed before it could (SIGKILL, a crash), whose completed blocks "
+                      "are in blocks.csv. An earlier attempt kept in unfinished-<n>/ or previous-<n>/ is reported by "
+                      "giving that folder")
 
 
 def _as_list(value: Any) -> list:
@@ -71,18 +82,46 @@ def _lists_decoded(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
     return frame
 
 
-def read_blocks(folder: Path) -> pd.DataFrame:
+def read_blocks(folder: Path) -> pd.DataFrame | None:
     """The per-block table as the runner held it in memory: blocks.parquet, or blocks.csv (whose list cells
-    older runs wrote as JSON text) where a run wrote no parquet."""
+    older runs wrote as JSON text) where a run wrote no parquet; None when there is neither."""
     parquet, csv = folder / "blocks.parquet", folder / "blocks.csv"
     if parquet.is_file():
         frame = pd.read_parquet(parquet)
     elif csv.is_file():
         frame = pd.read_csv(csv)
     else:
-        raise ReportError(f"{csv} is missing (and {parquet.name} too): the run folder has summary.json but no "
-                          "per-block table; the report cannot be drawn without it")
+        return None
     return _lists_decoded(frame, BLOCK_LIST_COLUMNS)
+
+
+def read_run_summary(folder: Path) -> dict:
+    """The run folder's summary.json, checked to be reportable: readable, and with statistics on its headline
+    metric unless it is marked interrupted; ReportError naming the file otherwise."""
+    path = folder / "summary.json"
+    try:
+        summary = read_summary(path)
+        require_headline_statistics(summary)
+    except UnreadableSummaryError as exc:
+        raise ReportError(str(exc)) from exc
+    except KeyError as exc:
+        raise ReportError(f"{path}: {exc.args[0]}") from exc
+    return summary
+
+
+def run_blocks(folder: Path, summary: dict, console: Console) -> pd.DataFrame:
+    """The run's per-block table (:func:`read_blocks`); an empty one, said on the console, for an interrupted
+    run that left none; ReportError for any other run without one."""
+    blocks = read_blocks(folder)
+    if blocks is not None:
+        return blocks
+    missing = f"{folder / 'blocks.csv'} is missing (and blocks.parquet too)"
+    if not summary.get("interrupted"):
+        raise ReportError(f"{missing}: the run folder has summary.json but no per-block table; the report cannot "
+                          "be drawn without it")
+    console.print(f"[yellow]{missing}: the run was interrupted before an arm-block completed; the report leaves "
+                  "out the per-block results and plots[/yellow]")
+    return pd.DataFrame()
 
 
 def read_requests(path: Path) -> pd.DataFrame | None:
@@ -93,8 +132,8 @@ def read_requests(path: Path) -> pd.DataFrame | None:
 
 
 def render_run(folder: Path, console: Console) -> dict[str, Path]:
-    summary = json.loads((folder / "summary.json").read_text())
-    blocks = read_blocks(folder)
+    summary = read_run_summary(folder)
+    blocks = run_blocks(folder, summary, console)
     requests_path = folder / "requests.parquet"
     requests = read_requests(requests_path)
     if requests is None:
@@ -106,9 +145,9 @@ def render_run(folder: Path, console: Console) -> dict[str, Path]:
 
 
 def render_sweep(folder: Path, console: Console) -> dict[str, Path]:
-    paths = write_sweep_report(folder)
-    table = compare_runs(sorted(folder.rglob("summary.json")))
-    headline = table[table["is_headline"]]
+    paths = write_sweep_report(folder, failed_jobs=failed_jobs(folder))
+    readable, unreadable = read_summaries(sweep_summary_paths(folder))
+    headline = headline_rows(compare_runs(list(readable)))
     out = Table(title=f"sweep {folder}: B vs A on the headline metric")
     for col in ("job", "metric", "B vs A", "CI", "verdict", "guards"):
         out.add_column(col, justify="right" if col in ("B vs A", "CI") else "left")
@@ -120,6 +159,10 @@ def render_sweep(folder: Path, console: Console) -> dict[str, Path]:
     console.print(out)
     for r in headline.to_dict("records"):
         console.print(f"{r['job']}: {r['verdict_sentence']}", highlight=False, markup=False)
+    for job, verdict in jobs_without_statistics(readable).items():
+        console.print(f"[yellow]{job}: left out, no statistics ({verdict})[/yellow]", highlight=False)
+    for path, reason in unreadable.items():
+        console.print(f"[yellow]{path}: left out, unreadable: {reason}[/yellow]", highlight=False)
     console.print(f"sweep summary: {paths['markdown']} (all metrics: {paths['csv'].name}, plot: {paths['plot'].name})")
     return paths
 
@@ -166,8 +209,9 @@ def make_wandb_report(folder: Path, summaries: Sequence[dict]) -> str:
 
 
 def _summaries(folder: Path, kind: str) -> list[dict]:
-    files = [folder / "summary.json"] if kind == "run" else sorted(folder.rglob("summary.json"))
-    return [json.loads(p.read_text()) for p in files]
+    """The summaries the W&B report covers: the run's, or the readable ones of the sweep's jobs."""
+    files = [folder / "summary.json"] if kind == "run" else sweep_summary_paths(folder)
+    return list(read_summaries(files)[0].values())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -182,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             render_run(args.folder, console)
         else:
             render_sweep(args.folder, console)
-    except ReportError as exc:
+    except (ReportError, UnreadableSummaryError) as exc:
         parser.error(str(exc))
     if args.no_wandb_report:
         console.print("W&B report skipped: --no-wandb-report")

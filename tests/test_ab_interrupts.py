@@ -49,6 +49,8 @@ def test_interrupt_after_block0_keeps_every_finished_block(tmp_path, monkeypatch
     assert any(g["name"] == "interrupted" and not g["passed"] for g in summary["guards"])
     guards = {g["name"]: g for g in summary["guards"]}
     assert guards["did_nothing[B]"]["message"] == "arm B: not judged: it completed no block"  # B never ran a block
+    report = (tmp_path / "report.md").read_text()  # no statistics, and the report says why
+    assert "No verdict on output_tokens_per_s: no statistics" in report and "**Interrupted: " in report
     assert len(pd.read_csv(tmp_path / "blocks.csv")) == 1
     assert sorted(p.name for p in (tmp_path / "requests").iterdir()) == ["block0_A.parquet"]
     per_block = pd.read_parquet(tmp_path / "requests" / "block0_A.parquet")

@@ -256,7 +256,9 @@ def test_a_sweep_job_with_a_setting_it_cannot_run_fails_alone(tmp_path):
     status = json.loads((failed / "job_status.json").read_text())
     assert status["exit_code"] == 1 and status["error"].startswith("ConfigError: load.concurrency")
     assert not (failed / "summary.json").exists() and json.loads((passed / "summary.json").read_text())["guards_passed"]
-    assert "1 job(s)" in (sweep / "sweep_summary.md").read_text() and "Traceback" not in proc.stderr
+    summary_md = (sweep / "sweep_summary.md").read_text()
+    assert "2 job(s)" in summary_md and f"- {failed.name}: **FAIL**, no results: ConfigError: load.concurrency" \
+        in summary_md and "Traceback" not in proc.stderr
 
 
 def test_engine_factory_must_return_both_arms(tmp_path):

@@ -486,3 +486,140 @@ def test_sweep_jobs_are_named_as_their_folders_with_every_override_in_the_csv(tm
                                                                "seed=0,n_blocks=8,mode=disabled"}
     alone = write("alone/x", {})
     assert set(compare_runs([alone])["job"]) == {"gain0.1"} and set(compare_runs([alone])["overrides"]) == {""}
+
+
+def interrupted_summary(summary: dict, completed: int, scheduled: int = 16) -> dict:
+    """``summary`` as the A/B runner writes it after a SIGINT in the timed blocks: its ``interrupted`` record and
+    failing guard; before a block ran in both arms, with no statistics and the runner's verdict for that."""
+    record = {"signal": "SIGINT", "phase": "timed blocks", "completed_arm_blocks": completed,
+              "scheduled_arm_blocks": scheduled}
+    guard = {"name": "interrupted", "passed": False, "details": record,
+             "message": f"SIGINT after {completed} of {scheduled} arm-blocks: statistics and guards cover the "
+                        "completed blocks only (no greedy replicas, no lossless control)"}
+    out = {**summary, "interrupted": record, "guards": [*summary["guards"], guard], "guards_passed": False}
+    if completed < 2:
+        out |= {"statistics": {}, "verdict": "interrupted before a block ran in both arms"}
+    return out
+
+
+def test_report_of_a_run_interrupted_before_a_block_ran_in_both_arms(tmp_path):
+    """No statistics: the report says so in place of the verdict, says it was interrupted, and renders the rest."""
+    summary, blocks, _ = build_experiment()
+    summary = interrupted_summary(summary, completed=1)
+    one_arm = blocks[(blocks["block"] == 0) & (blocks["arm"] == "A")]
+    paths = write_report(tmp_path / "one", summary, one_arm, None)
+    lines = paths["report"].read_text().splitlines()
+    assert lines[2] == ("**No verdict on output_tokens_per_s: no statistics (interrupted before a block ran in both "
+                        "arms).**")
+    assert lines[4].startswith("**Interrupted: SIGINT after 1 of 16 arm-blocks: statistics and guards cover")
+    text = "\n".join(lines)
+    assert "## Statistics\n\nNone: interrupted before a block ran in both arms." in text
+    assert table_rows(text, "## Guards")[-1][:2] == ["interrupted", "**NO**"]
+    assert table_rows(text, "## Results per arm")[0] == ["metric", "A", "B vs A"]  # the one arm's block
+    assert "not drawn: per-block plot: blocks of arm A only: no block ran in both arms" in text
+    assert "per_block_plot" not in paths and paths["appendix"].is_file()
+    # No arm-block completed: the block-based parts say why they are empty.
+    text = write_report(tmp_path / "none", interrupted_summary(build_experiment()[0], completed=0), pd.DataFrame(),
+                        None)["report"].read_text()
+    assert "## Results per arm\n\nNo block completed: the run was interrupted before its first arm-block ended." in text
+    assert "not drawn: per-block plot: no block completed" in text
+    console = Console(file=io.StringIO(), width=200, record=True)
+    render_console_table(summary, console=console)
+    out = console.export_text()
+    assert "No verdict on output_tokens_per_s: no statistics (interrupted before a block ran in both arms)." in out
+    assert "Interrupted: SIGINT after 1 of 16 arm-blocks" in out and "FAILED: interrupted" in out
+    # A run that was not interrupted must have statistics on its headline metric.
+    with pytest.raises(KeyError, match="has no entry in statistics .* not marked interrupted"):
+        write_report(tmp_path / "bad", {**build_experiment()[0], "statistics": {}}, blocks, None)
+
+
+def test_report_of_an_interrupted_run_with_statistics_says_so_under_the_verdict(tmp_path):
+    summary, blocks, requests = build_experiment()
+    lines = write_report(tmp_path, interrupted_summary(summary, completed=8), blocks, requests)["report"] \
+        .read_text().splitlines()
+    assert lines[2].startswith("**Verdict on output_tokens_per_s: B faster than A by ")
+    assert lines[4] == ("**Interrupted: SIGINT after 8 of 16 arm-blocks: statistics and guards cover the completed "
+                        "blocks only (no greedy replicas, no lossless control); the same command measures the run "
+                        "again, keeping this attempt's files in unfinished-<n>/.**")
+    assert not any(line.startswith("**Interrupted") for line in
+                   write_report(tmp_path / "whole", summary, blocks, requests)["report"].read_text().splitlines())
+
+
+def test_read_summary_names_the_file_and_why_it_cannot_be_read(tmp_path):
+    from dspark.bench.report import UnreadableSummaryError, read_summaries, read_summary
+
+    summary, _, _ = build_experiment()
+    cases = {"empty": ("", "the file is empty"), "truncated": (json.dumps(summary)[:80], "not valid JSON, truncated?"),
+             "list": ("[]", "it holds a JSON list, not an object")}
+    for name, (text, reason) in cases.items():
+        (tmp_path / f"{name}.json").write_text(text)
+        with pytest.raises(UnreadableSummaryError, match=re.escape(f"{tmp_path / name}.json: {reason}")):
+            read_summary(tmp_path / f"{name}.json")
+    with pytest.raises(UnreadableSummaryError, match="missing.json"):
+        read_summary(tmp_path / "missing.json")
+    (tmp_path / "good.json").write_text(json.dumps(summary))
+    readable, unreadable = read_summaries(sorted(tmp_path.glob("*.json")))
+    assert list(readable) == [tmp_path / "good.json"] and readable[tmp_path / "good.json"] == summary
+    assert unreadable[tmp_path / "empty.json"] == "the file is empty" and len(unreadable) == 3
+
+
+def write_job(folder: Path, gain: float, seed: int = 0) -> Path:
+    """A sweep job's folder: summary.json (named by its sweep_job) and blocks.csv."""
+    summary, blocks, _ = build_experiment(gain=gain, seed=seed)
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({**summary, "sweep_job": folder.name.split("_", 1)[-1]}))
+    blocks.drop(columns="per_position_acceptance").to_csv(folder / "blocks.csv", index=False)
+    return folder / "summary.json"
+
+
+def test_sweep_leaves_out_the_unfinished_attempts_kept_in_a_jobs_folder(tmp_path):
+    """runners.ab keeps an unfinished run's files in <run folder>/unfinished-<n>/ before measuring it again, and a
+    finished run it replaces in previous-<n>/: such a summary.json is an earlier attempt of a job, not a job. A job
+    that failed without results (its job status) is listed and counted."""
+    from dspark.bench.report import sweep_summary_paths
+
+    jobs = [write_job(tmp_path / "0_x", 0.0), write_job(tmp_path / "1_y", 0.1, seed=1)]
+    write_job(tmp_path / "0_x" / "unfinished-1", 0.2)
+    write_job(tmp_path / "1_y" / "unfinished-12", 0.2)
+    write_job(tmp_path / "1_y" / "previous-1", 0.2)
+    assert sweep_summary_paths(tmp_path) == jobs
+    failed = write_sweep_report(tmp_path, failed_jobs={"1_y": "guards failed", "3_w": "ConfigError: bad"})
+    text = failed["markdown"].read_text()
+    assert "3 job(s)" in text and "- 3_w: **FAIL**, no results: ConfigError: bad" in text
+    assert "1_y: **FAIL**" not in text  # (a failed job with results is in the table, marked by its guards)
+    assert sweep_summary_paths(tmp_path) == jobs
+    paths = write_sweep_report(tmp_path)
+    assert "2 job(s)" in paths["markdown"].read_text()
+    assert set(pd.read_csv(paths["csv"])["job"]) == {"x", "y"}
+    assert set(pd.read_csv(paths["frontier_csv"])["job"]) == {"x", "y"}
+    # A folder merely named like one is a job where the name is not exactly unfinished-<n>.
+    write_job(tmp_path / "2_unfinished-run", 0.3)
+    assert len(sweep_summary_paths(tmp_path)) == 3
+
+
+def test_sweep_lists_an_unreadable_job_and_reports_the_others(tmp_path):
+    from dspark.bench.report import UnreadableSummaryError
+
+    write_job(tmp_path / "0_x", 0.0)
+    write_job(tmp_path / "1_y", 0.1, seed=1)
+    (tmp_path / "2_z").mkdir()
+    (tmp_path / "2_z" / "summary.json").write_text('{"experiment": "gain0.2", "statis')
+    paths = write_sweep_report(tmp_path)
+    text = paths["markdown"].read_text()
+    assert "3 job(s)" in text
+    assert f"- `{tmp_path / '2_z' / 'summary.json'}`: unreadable: not valid JSON, truncated?" in text
+    assert set(pd.read_csv(paths["csv"])["job"]) == {"x", "y"} and paths["plot"].is_file()
+    # A job interrupted before a block ran in both arms is listed too; with no job readable there is no summary.
+    summary, _, _ = build_experiment()
+    (tmp_path / "1_y" / "summary.json").write_text(json.dumps(interrupted_summary({**summary, "sweep_job": "y"}, 1)))
+    assert "- y: no statistics (interrupted before a block ran in both arms)" in \
+        write_sweep_report(tmp_path)["markdown"].read_text()
+    (tmp_path / "0_x" / "summary.json").write_text(json.dumps(interrupted_summary({**summary, "sweep_job": "x"}, 0)))
+    paths = write_sweep_report(tmp_path)  # no job with statistics: the jobs are listed, the tables are empty
+    assert "- x: no statistics (interrupted before a block ran in both arms)" in paths["markdown"].read_text()
+    assert pd.read_csv(paths["csv"]).empty and paths["plot"].is_file()
+    for job in ("0_x", "1_y"):
+        (tmp_path / job / "summary.json").write_text("")
+    with pytest.raises(UnreadableSummaryError, match="no job's summary.json can be read .*0_x/summary.json: the file "
+                                                     "is empty"):
+        write_sweep_report(tmp_path)

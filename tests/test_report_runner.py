@@ -167,3 +167,109 @@ def test_cli_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "runners.report", str(tmp_path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "holds neither" in proc.stderr
+
+
+def interrupted_run_folder(folder, completed: int, scheduled: int = 16):
+    """A run folder as the A/B runner leaves it after a SIGINT in the timed blocks, built by hand (no model):
+    summary.json marked interrupted (no statistics before a block ran in both arms) and blocks.parquet with
+    the ``completed`` arm-blocks (none: no per-block table)."""
+    from test_bench_report import build_experiment
+
+    summary, blocks, _ = build_experiment()
+    record = {"signal": "SIGINT", "phase": ab.TIMED_BLOCKS, "completed_arm_blocks": completed,
+              "scheduled_arm_blocks": scheduled}
+    summary |= {"interrupted": record, "guards": [*summary["guards"], ab.interrupted_guard(record).to_dict()],
+                "guards_passed": False}
+    if completed < 2:
+        summary |= {"statistics": {}, "verdict": "interrupted before a block ran in both arms"}
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    if completed:
+        blocks.head(completed).to_parquet(folder / "blocks.parquet", index=False)
+    return folder
+
+
+@pytest.mark.parametrize("completed", [1, 0])
+def test_run_interrupted_before_a_block_ran_in_both_arms_is_reported(tmp_path, capsys, completed):
+    folder = interrupted_run_folder(tmp_path / "run", completed)
+    assert report.main([str(folder), "--no-wandb-report"]) == 0
+    lines = (folder / "report.md").read_text().splitlines()
+    assert lines[2] == ("**No verdict on output_tokens_per_s: no statistics (interrupted before a block ran in both "
+                        "arms).**")
+    assert lines[4].startswith(f"**Interrupted: SIGINT after {completed} of 16 arm-blocks: ")
+    out = capsys.readouterr().out
+    assert "No verdict on output_tokens_per_s: no statistics" in out and "FAILED: interrupted" in out
+    if not completed:  # no per-block table: the report leaves out its per-block parts and says why
+        assert "blocks.csv is missing (and blocks.parquet too): the run was interrupted before an arm-block" in out
+        assert "No block completed: the run was interrupted" in (folder / "report.md").read_text()
+    # W&B: the summary without statistics is no obstacle either.
+    assert report.main([str(folder)]) == 0
+    assert "W&B report skipped" in capsys.readouterr().out
+
+
+def test_run_without_statistics_that_was_not_interrupted_is_refused(tmp_path, capsys):
+    folder = interrupted_run_folder(tmp_path / "run", completed=1)
+    summary = json.loads((folder / "summary.json").read_text())
+    del summary["interrupted"]
+    (folder / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(SystemExit) as info:
+        report.main([str(folder), "--no-wandb-report"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{folder / 'summary.json'}: headline_metric 'output_tokens_per_s' has no entry in statistics" in err
+    assert "not marked interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("text,reason", [("", "the file is empty"), ('{"experiment": "ab", "stat', "not valid JSON")])
+def test_run_with_an_unreadable_summary_is_refused_by_name(tmp_path, capsys, text, reason):
+    folder = interrupted_run_folder(tmp_path / "run", completed=4)
+    (folder / "summary.json").write_text(text)
+    with pytest.raises(SystemExit) as info:
+        report.main([str(folder)])
+    assert info.value.code == 2
+    assert f"cannot read A/B summary {folder / 'summary.json'}: {reason}" in capsys.readouterr().err
+
+
+def sweep_job(folder, job: str):
+    """A sweep job's folder built by hand: an interrupted run with statistics, named by its sweep_job."""
+    interrupted_run_folder(folder, completed=4)
+    summary = json.loads((folder / "summary.json").read_text())
+    (folder / "summary.json").write_text(json.dumps({**summary, "sweep_job": job}))
+    return folder
+
+
+def test_sweep_with_an_unreadable_job_reports_the_others_and_names_it(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    sweep_job(sweep / "0_x", "x")
+    sweep_job(sweep / "1_y", "y")
+    bad = sweep_job(sweep / "2_z", "z") / "summary.json"
+    bad.write_text(bad.read_text()[:50])
+    assert report.main([str(sweep)]) == 0  # the W&B report's summaries leave it out as well
+    assert set(pd.read_csv(sweep / "sweep_summary.csv")["job"]) == {"x", "y"}
+    assert f"- `{bad}`: unreadable: not valid JSON, truncated?" in (sweep / "sweep_summary.md").read_text()
+    out = capsys.readouterr().out
+    assert f"{bad}: left out, unreadable: not valid JSON" in out and "W&B report skipped" in out
+    for job in ("0_x", "1_y"):
+        (sweep / job / "summary.json").write_text("")
+    with pytest.raises(SystemExit) as info:
+        report.main([str(sweep), "--no-wandb-report"])
+    assert info.value.code == 2
+    assert "no job's summary.json can be read" in capsys.readouterr().err
+
+
+def test_unfinished_attempts_are_not_sweep_jobs_and_leave_a_run_folder_a_run(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    sweep_job(sweep / "0_x", "x")
+    sweep_job(sweep / "1_y", "y")
+    sweep_job(sweep / "0_x" / "unfinished-1", "x")  # the attempt runners.ab kept before measuring x again
+    assert report.folder_kind(sweep / "0_x") == "run"
+    assert report.main([str(sweep), "--no-wandb-report"]) == 0
+    assert "2 job(s)" in (sweep / "sweep_summary.md").read_text()
+    assert list(pd.read_csv(sweep / "sweep_summary.csv").drop_duplicates("job")["job"]) == ["x", "y"]
+    assert len(report._summaries(sweep, "sweep")) == 2
+    # A folder whose only summary.json is a kept attempt (the rerun was killed before writing its own) is neither.
+    (sweep / "0_x" / "summary.json").unlink()
+    with pytest.raises(SystemExit):
+        report.main([str(sweep / "0_x")])
+    err = capsys.readouterr().err
+    assert "outside unfinished-<n>/ and previous-<n>/ folders" in err and "killed before it could (SIGKILL, a crash)" in err

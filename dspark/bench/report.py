@@ -30,11 +30,12 @@ in the report instead of disappearing.
 ``report.md`` opens with the verdict as a sentence, then the arms' throughput and latency
 percentiles with their intervals over blocks, the settings in which the arms differ and the
 latency CDFs; statistics, guards, planner, "Where the time went", a few key counters and the
-other plots follow. ``report_appendix.md`` beside it holds what is long: every arm setting, every
-engine counter, the token-bucket and verify-length histograms and the node fingerprint. Arms are
-named by their labels (``summary["arms"][arm]["label"]``) with their key. Verdicts are worded from
-the stored statistics by :func:`dspark.bench.statistics.reassess`, so a run recorded under older
-rules is worded by the current ones when its report is rendered again.
+other plots follow. A run marked ``interrupted`` says so under the verdict; one interrupted before a block
+ran in both arms has no statistics and says that in place of the verdict. ``report_appendix.md``
+beside it holds what is long: every arm setting, every engine counter, the token-bucket and verify-length
+histograms and the node fingerprint. Arms are named by their labels (``summary["arms"][arm]["label"]``) with
+their key. Verdicts are worded from the stored statistics by :func:`dspark.bench.statistics.reassess`, so a
+run recorded under older rules is worded by the current ones when its report is rendered again.
 
 "Where the time went" (:func:`time_breakdown`) reads the engine's step-path counters from
 ``blocks_df`` (``counter/decode_steps``, ``counter/device_resident_share``,
@@ -117,7 +118,62 @@ def _require(summary: Mapping[str, Any], key: str) -> Any:
 
 def statistics_of(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """``summary["statistics"]`` with every verdict worded by the current rules (:func:`reassess`)."""
-    return {metric: reassess(s) for metric, s in _require(summary, "statistics").items()}
+    return {metric: reassess(s) for metric, s in (_require(summary, "statistics") or {}).items()}
+
+
+class UnreadableSummaryError(ValueError):
+    """A summary.json that cannot be read as a JSON object; ``path`` is the file, ``reason`` why."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"cannot read A/B summary {path}: {reason}; the A/B runner writes it whole when a run ends "
+                         "(interrupted runs too): copy it again from where the run wrote it, or measure the run again")
+        self.path, self.reason = path, reason
+
+
+def read_summary(path: str | Path) -> dict[str, Any]:
+    """A ``summary.json`` as a dict; :class:`UnreadableSummaryError` when it is missing, empty, truncated or not a
+    JSON object."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UnreadableSummaryError(path, str(exc)) from exc
+    if not text.strip():
+        raise UnreadableSummaryError(path, "the file is empty")
+    try:
+        summary = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UnreadableSummaryError(path, f"not valid JSON, truncated? ({exc})") from exc
+    if not isinstance(summary, dict):
+        raise UnreadableSummaryError(path, f"it holds a JSON {type(summary).__name__}, not an object")
+    return summary
+
+
+def read_summaries(paths: Iterable[str | Path]) -> tuple[dict[Path, dict[str, Any]], dict[Path, str]]:
+    """(readable, unreadable): the summaries that :func:`read_summary` reads, by path, and the reason each other
+    one cannot be read, by path."""
+    readable, unreadable = {}, {}
+    for path in map(Path, paths):
+        try:
+            readable[path] = read_summary(path)
+        except UnreadableSummaryError as exc:
+            unreadable[path] = exc.reason
+    return readable, unreadable
+
+
+def has_headline_statistics(summary: Mapping[str, Any]) -> bool:
+    """Whether ``summary["statistics"]`` has an entry for the headline metric."""
+    return _require(summary, "headline_metric") in (_require(summary, "statistics") or {})
+
+
+def require_headline_statistics(summary: Mapping[str, Any]) -> None:
+    """KeyError unless the summary has statistics on its headline metric or is marked ``interrupted``: a run
+    interrupted before a block ran in both arms has none, any other run must."""
+    if has_headline_statistics(summary) or summary.get("interrupted"):
+        return
+    raise KeyError(f"headline_metric {summary['headline_metric']!r} has no entry in statistics "
+                   f"({sorted(summary['statistics'] or {})}) and the run is not marked interrupted: the summary is "
+                   "incomplete; it must come whole from the A/B runner (measure the run again)")
 
 
 def arm_labels(summary: Mapping[str, Any], arms: Iterable[str]) -> dict[str, str]:
@@ -142,10 +198,39 @@ def arm_names(summary: Mapping[str, Any], arms: Iterable[str] = ("A", "B")) -> d
 
 
 def verdict_line(summary: Mapping[str, Any]) -> str:
-    """"Verdict on <headline metric>: <sentence>" with the arms named by their labels."""
+    """"Verdict on <headline metric>: <sentence>" with the arms named by their labels; for a run interrupted before
+    a block ran in both arms, "No verdict on <headline metric>: no statistics (<the summary's verdict>)"."""
     headline = _require(summary, "headline_metric")
+    require_headline_statistics(summary)
+    if not has_headline_statistics(summary):
+        return f"No verdict on {headline}: no statistics ({summary.get('verdict') or 'none recorded'})"
     names = arm_names(summary)
     return f"Verdict on {headline}: {verdict_sentence(statistics_of(summary)[headline], names['A'], names['B'])}"
+
+
+def interrupted_line(summary: Mapping[str, Any]) -> str | None:
+    """"Interrupted: <what the statistics and guards cover>" for a run marked ``interrupted`` (the message of its
+    ``interrupted`` guard, else the record's signal, phase and arm-blocks), None for a run that was not."""
+    record = summary.get("interrupted")
+    if not record:
+        return None
+    guard = next((g for g in summary.get("guards") or [] if g.get("name") == "interrupted" and g.get("message")), None)
+    if guard is not None:
+        what = guard["message"]
+    else:
+        fields = record if isinstance(record, Mapping) else {}
+        what = (f"{fields.get('signal', 'a signal')} during the {fields.get('phase', 'run')}, after "
+                f"{fields.get('completed_arm_blocks', '?')} of {fields.get('scheduled_arm_blocks', '?')} arm-blocks")
+    return (f"Interrupted: {what}; the same command measures the run again, keeping this attempt's files in "
+            "unfinished-<n>/")
+
+
+def no_blocks_text(summary: Mapping[str, Any], blocks_df: pd.DataFrame) -> str:
+    """What a section drawn from the blocks says when there are none: that none completed, for an interrupted run
+    without blocks, else that none were recorded."""
+    if blocks_df.empty and summary.get("interrupted"):
+        return "no block completed: the run was interrupted before its first arm-block ended"
+    return "no blocks recorded"
 
 
 FULL_LOAD_METRIC = "steady_output_tokens_per_s"
@@ -279,7 +364,8 @@ def truncation_line(summary: dict[str, Any], requests_df: pd.DataFrame | None = 
 
 def render_console_table(summary: dict[str, Any], console: Console | None = None) -> Table:
     """Print the verdict table of one experiment with rich and return it; below it, the verdict as a sentence,
-    what it means when an arm declined every step, what each planner decided and why, and truncated outputs."""
+    what the statistics cover when the run was interrupted, what it means when an arm declined every step, what
+    each planner decided and why, and truncated outputs."""
     names = arm_names(summary)
     table = Table(title=f"A/B {summary.get('experiment', '')}: {names['B']} vs {names['A']}".strip())
     for header in STAT_HEADERS:
@@ -296,6 +382,9 @@ def render_console_table(summary: dict[str, Any], console: Console | None = None
     console = console or Console()
     console.print(table)
     console.print(f"{verdict_line(summary)}.", highlight=False, markup=False)
+    interrupted = interrupted_line(summary)
+    if interrupted:
+        console.print(f"{interrupted}.", style="bold", highlight=False, markup=False)
     note = summary.get("verdict_note") or verdict_note(summary)
     if note:
         console.print(f"[bold]Verdict: {note}.[/bold]", highlight=False)
@@ -391,7 +480,7 @@ def results_section(summary: Mapping[str, Any], blocks_df: pd.DataFrame) -> list
     rows = arm_results(summary, blocks_df)
     lines = ["## Results per arm", ""]
     if not rows:
-        return lines + ["No blocks recorded.", ""]
+        return lines + [f"{no_blocks_text(summary, blocks_df).capitalize()}.", ""]
     arms = list(rows[0]["arms"])
     names = arm_names(summary, arms)
     table = [[r["name"], *[_cell(*r["arms"][a], r["kind"]) for a in arms],
@@ -694,7 +783,7 @@ def where_time_went(summary: dict[str, Any], blocks_df: pd.DataFrame) -> list[st
     rows = time_breakdown(summary, blocks_df)
     lines = ["## Where the time went", ""]
     if not rows:
-        return lines + ["No blocks recorded.", ""]
+        return lines + [f"{no_blocks_text(summary, blocks_df).capitalize()}.", ""]
     table = []
     for r in rows:
         prefill = ("-" if r["prefill_graph_replays"] is None and r["prefill_eager_steps"] is None
@@ -756,6 +845,8 @@ def _device_step_table(rows: list[dict[str, Any]]) -> list[str]:
 
 # ---- the report ------------------------------------------------------------------------------
 def _statistics_section(summary: Mapping[str, Any]) -> list[str]:
+    if not statistics_of(summary):
+        return ["## Statistics", "", f"None: {summary.get('verdict') or 'no statistics recorded'}.", ""]
     lines = ["## Statistics", "", _markdown(STAT_HEADERS, _statistics_rows(summary)), ""]
     for metric, s in statistics_of(summary).items():
         order = (f"order effect {_fmt(s.get('order_effect_pct'), '+.2f')}% (p={_fmt(s.get('order_effect_p'))}, "
@@ -936,25 +1027,39 @@ def _key_counters_section(summary: Mapping[str, Any]) -> list[str]:
                     f"[{APPENDIX}]({APPENDIX}#engine-counters).", ""]
 
 
+def per_block_plot_blocker(summary: Mapping[str, Any], blocks_df: pd.DataFrame) -> str | None:
+    """Why the per-block plot of the headline metric cannot be drawn from ``blocks_df``, None when it can."""
+    headline = summary["headline_metric"]
+    if blocks_df.empty:
+        return no_blocks_text(summary, blocks_df)
+    if not {"block", "arm", "first_arm", headline} <= set(blocks_df.columns):
+        return f"blocks table lacks block/arm/first_arm/{headline}"
+    arms = set(blocks_df["arm"])
+    if not {"A", "B"} <= arms:
+        return f"blocks of arm {', '.join(sorted(map(str, arms)))} only: no block ran in both arms"
+    return None
+
+
 def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.DataFrame,
                  requests_df: pd.DataFrame | None) -> dict[str, Path]:
     """Write ``report.md``, ``report_appendix.md`` and the PNG plots under ``out_dir``; return their paths by
-    name ("report", "appendix", and "<name>_plot" for each plot drawn)."""
+    name ("report", "appendix", and "<name>_plot" for each plot drawn). The summary must have statistics on its
+    headline metric unless it is marked interrupted (:func:`require_headline_statistics`); ``blocks_df`` is empty
+    for a run interrupted before an arm-block completed."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     headline = _require(summary, "headline_metric")
-    statistics = _require(summary, "statistics")
-    if headline not in statistics:
-        raise KeyError(f"headline_metric {headline!r} has no entry in statistics ({sorted(statistics)})")
+    require_headline_statistics(summary)
     labels = arm_names(summary)
     paths: dict[str, Path] = {}
     skipped: list[str] = []
 
-    if {"block", "arm", "first_arm", headline} <= set(blocks_df.columns):
+    per_block_blocker = per_block_plot_blocker(summary, blocks_df)
+    if per_block_blocker is None:
         paths["per_block_plot"] = out / "per_block.png"
         report_plots.plot_per_block(blocks_df, headline, labels, paths["per_block_plot"])
     else:
-        skipped.append(f"per-block plot: blocks table lacks block/arm/first_arm/{headline}")
+        skipped.append(f"per-block plot: {per_block_blocker}")
     samples = report_plots.latency_samples(requests_df) if requests_df is not None and "arm" in requests_df else {}
     if samples:
         paths["latency_cdf_plot"] = out / "latency_cdf.png"
@@ -964,6 +1069,8 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.Dat
     if "per_position_acceptance" in blocks_df and any(len(c) for c in blocks_df["per_position_acceptance"]):
         paths["acceptance_plot"] = out / "acceptance.png"
         report_plots.plot_acceptance(blocks_df, labels, paths["acceptance_plot"])
+    elif blocks_df.empty:
+        skipped.append(f"per-position acceptance: {no_blocks_text(summary, blocks_df)}")
     else:
         skipped.append("per-position acceptance: no acceptance recorded (target-only arms?)")
     cost_plot, cost_why = report_plots.plot_cost_tables(summary, out / "cost_table.png")
@@ -973,6 +1080,9 @@ def write_report(out_dir: str | Path, summary: dict[str, Any], blocks_df: pd.Dat
         skipped.append(f"cost table: {cost_why}")
 
     lines = [f"# A/B report: {summary.get('experiment', 'experiment')}", "", f"**{verdict_line(summary)}.**", ""]
+    interrupted = interrupted_line(summary)
+    if interrupted:
+        lines += [f"**{interrupted}.**", ""]
     full_load = full_load_verdict_line(summary)
     if full_load:
         lines += [f"{full_load}.", ""]
@@ -1054,18 +1164,35 @@ def job_labels(summaries: Sequence[Mapping[str, Any]], paths: Sequence[Path]) ->
     return [path.parent.name if label in shared else label for label, path in zip(labels, paths)]
 
 
+KEPT_RUN_FOLDER = re.compile(r"(unfinished|previous)-\d+")
+
+
+def sweep_summary_paths(sweep_dir: str | Path) -> list[Path]:
+    """The ``summary.json`` of each job under ``sweep_dir``, sorted. Those below a folder named ``unfinished-<n>``
+    or ``previous-<n>`` are left out: there the A/B runner keeps an earlier attempt of the run it measures again in
+    the folder above, unfinished or replaced (``runners.ab.keep_unfinished_run``), which is not a job of the
+    sweep."""
+    root = Path(sweep_dir)
+    return sorted(p for p in root.rglob("summary.json")
+                  if not any(KEPT_RUN_FOLDER.fullmatch(part) for part in p.relative_to(root).parts[:-1]))
+
+
+# compare_runs' columns from each metric's statistics.
+COMPARED_STATISTICS = ("direction", "n_blocks", "change_pct", "ci_low_pct", "ci_high_pct", "wilcoxon_p", "mde_pct",
+                       "order_effect_flagged", "verdict")
+COMPARISON_COLUMNS = ("job", "overrides", "experiment", "summary_path", "metric", "is_headline", "guards_passed",
+                      "declined_all", *COMPARED_STATISTICS, "verdict_sentence")
+
+
 def compare_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
     """One row per (job, metric) from several ``summary.json`` files, e.g. a sweep's jobs: ``job`` is the
-    job's short name (:func:`job_labels`), ``overrides`` all of its command-line overrides."""
+    job's short name (:func:`job_labels`), ``overrides`` all of its command-line overrides. A job without
+    statistics (interrupted before a block ran in both arms) has no row; with no row at all the table has
+    :data:`COMPARISON_COLUMNS`. :class:`UnreadableSummaryError` names a file that cannot be read."""
     if not paths:
         raise ValueError("compare_runs got no summary.json paths")
     paths = [Path(p) for p in paths]
-    summaries = []
-    for p in paths:
-        try:
-            summaries.append(json.loads(p.read_text()))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"cannot read A/B summary {p}: {exc}") from exc
+    summaries = [read_summary(p) for p in paths]
     rows = []
     for summary, p, job in zip(summaries, paths, job_labels(summaries, paths)):
         guards = summary.get("guards", [])
@@ -1075,15 +1202,27 @@ def compare_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
                    "summary_path": str(p), "metric": metric, "is_headline": metric == summary.get("headline_metric"),
                    "guards_passed": all(g["passed"] for g in guards) if guards else None,
                    "declined_all": ",".join(declined_arms(summary))}  # arms that declined every step
-            for key in ("direction", "n_blocks", "change_pct", "ci_low_pct", "ci_high_pct", "wilcoxon_p", "mde_pct",
-                        "order_effect_flagged", "verdict"):
+            for key in COMPARED_STATISTICS:
                 row[key] = s.get(key)
             row["verdict_sentence"] = verdict_sentence(s, names["A"], names["B"])
             for name, value in (summary.get("sweep_params") or {}).items():
                 row[f"param/{name}"] = value
             row.update({f"trim_ledger/{k}": v for k, v in (ledger_record(summary, FULL_LOAD_METRIC) or {}).items()})
             rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=list(COMPARISON_COLUMNS))
+
+
+def headline_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a :func:`compare_runs` table on each job's headline metric, renumbered from 0."""
+    return table[table["is_headline"].astype(bool)].reset_index(drop=True)
+
+
+def jobs_without_statistics(summaries: Mapping[Path, Mapping[str, Any]]) -> dict[str, str]:
+    """Job name (:func:`job_labels`) -> its summary's verdict, for the jobs whose summaries have no statistics on
+    their headline metric (runs interrupted before a block ran in both arms)."""
+    labels = job_labels(list(summaries.values()), list(summaries))
+    return {label: str(summary.get("verdict") or "no statistics recorded")
+            for label, summary in zip(labels, summaries.values()) if not has_headline_statistics(summary)}
 
 
 def frontier_table(summary_paths: Sequence[str | Path]) -> pd.DataFrame:
@@ -1092,7 +1231,7 @@ def frontier_table(summary_paths: Sequence[str | Path]) -> pd.DataFrame:
     (:func:`block_interval`), and goodput where the runs had a service level. Read from each job's blocks.csv
     (beside its summary.json); jobs without one are left out."""
     paths = [Path(p) for p in summary_paths]
-    summaries = [json.loads(p.read_text()) for p in paths]
+    summaries = [read_summary(p) for p in paths]
     rows = []
     for summary, path, job in zip(summaries, paths, job_labels(summaries, paths)):
         blocks_path = path.with_name("blocks.csv")
@@ -1137,18 +1276,38 @@ def _sweep_ledger_lines(headline: pd.DataFrame) -> list[str]:
             "them; measured, the A/B's change (trim vs whole block)."]
 
 
-def write_sweep_report(sweep_dir: str | Path) -> dict[str, Path]:
-    """Collect every ``summary.json`` under ``sweep_dir``; write sweep_summary.{md,csv} and a gain plot."""
+def _left_out_lines(unreadable: Mapping[Path, str], without_statistics: Mapping[str, str],
+                    failed: Mapping[str, str]) -> list[str]:
+    """The sweep summary's list of the jobs its tables leave out, and why; [] when none is."""
+    lines = [f"- {job}: **FAIL**, no results: {error}" for job, error in failed.items()]
+    lines += [f"- {job}: no statistics ({verdict})" for job, verdict in without_statistics.items()]
+    lines += [f"- `{path}`: unreadable: {reason}" for path, reason in unreadable.items()]
+    return ["Left out of the tables:", "", *lines, ""] if lines else []
+
+
+def write_sweep_report(sweep_dir: str | Path, failed_jobs: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """Collect the jobs' ``summary.json`` under ``sweep_dir`` (:func:`sweep_summary_paths`); write
+    sweep_summary.{md,csv} and a gain plot. A job whose summary cannot be read, or has no statistics, is listed as
+    left out, and so is each job of ``failed_jobs`` ({job folder: error}, the sweep's recorded job statuses) that
+    wrote no summary (one that could not run with its settings); :class:`UnreadableSummaryError` when no job's
+    summary can be read."""
     root = Path(sweep_dir)
-    summaries = sorted(root.rglob("summary.json"))
-    if not summaries:
+    summary_paths = sweep_summary_paths(root)
+    with_summary = {p.relative_to(root).parts[0] for p in summary_paths}
+    failed = {job: error for job, error in (failed_jobs or {}).items() if job not in with_summary}
+    if not summary_paths:
         raise FileNotFoundError(f"no summary.json under {root}; point at the sweep's output folder "
                                 "(the one holding one sub-folder per job)")
+    readable, unreadable = read_summaries(summary_paths)
+    if not readable:
+        reasons = "; ".join(f"{path}: {reason}" for path, reason in unreadable.items())
+        raise UnreadableSummaryError(root, f"no job's summary.json can be read ({reasons})")
+    summaries = list(readable)
     table = compare_runs(summaries)
     paths = {"csv": root / "sweep_summary.csv", "markdown": root / "sweep_summary.md", "plot": root / "sweep_gain.png"}
     table.to_csv(paths["csv"], index=False)
 
-    headline = table[table["is_headline"]].reset_index(drop=True)
+    headline = headline_rows(table)
     report_plots.plot_sweep_gain(headline, paths["plot"])
     frontier = frontier_table(summaries)
     frontier_lines: list[str] = []
@@ -1178,7 +1337,8 @@ def write_sweep_report(sweep_dir: str | Path) -> dict[str, Path]:
                                 if r["declined_all"] else ""),
                 {True: "pass", False: "**FAIL**", None: "none recorded"}[r["guards_passed"]]]
                for r in headline.to_dict("records")]
-    text = [f"# Sweep summary: {root}", "", f"{len(summaries)} job(s); headline metric per job.", "",
+    text = [f"# Sweep summary: {root}", "", f"{len(summary_paths) + len(failed)} job(s); headline metric per job.", "",
+            *_left_out_lines(unreadable, jobs_without_statistics(readable), failed),
             _markdown(["job", "metric", "B vs A", "CI", "Wilcoxon p", "MDE", "blocks", "verdict", "guards"], md_rows),
             "", *[f"- {r['job']}: {r['verdict_sentence']}." for r in headline.to_dict("records")],
             "", f"![gain per job]({paths['plot'].name})", *frontier_lines, *_sweep_ledger_lines(headline), "",
