@@ -424,6 +424,12 @@ HELLO = [{"role": "user", "content": "hello"}]
     (CHAT, {"model": MODEL}, 400, "messages", "missing_required_parameter"),
     (CHAT, {"messages": HELLO, "frobnicate": 1}, 400, "frobnicate", "unknown_parameter"),
     (CHAT, {"messages": HELLO, "max_tokens": "many"}, 400, "max_tokens", "invalid_type"),
+    (CHAT, {"messages": HELLO, "max_tokens": True}, 400, "max_tokens", "invalid_type"),  # strict types
+    (CHAT, {"messages": HELLO, "stream": "yes"}, 400, "stream", "invalid_type"),
+    (CHAT, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1e400}', 400, "temperature",
+     "invalid_value"),  # (infinite)
+    (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role", "invalid_value"),
+    ("/v1/completions", {"prompt": 5}, 400, "prompt", "invalid_type"),  # a union's member tags left out
     (CHAT, {"messages": HELLO, "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
     (CHAT, {"messages": HELLO, "temperature": -1}, 400, "temperature", "invalid_value"),
     (CHAT, {"messages": HELLO, "top_p": 0}, 400, "top_p", "invalid_value"),

@@ -36,10 +36,28 @@ def unavailable(message: str) -> ApiError:
     return ApiError(503, message, type="server_error", code="service_unavailable")
 
 
+# The names pydantic gives a union's members in an error's location (``prompt.str``, ``stop.list[str]``).
+UNION_MEMBER_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+def _parameter_path(loc) -> list[str]:
+    """The parameter an error's location names: without the leading ``body`` and without the union member tags
+    pydantic appends (``prompt.str`` is the parameter ``prompt``); list indices and nested fields stay."""
+    path = []
+    for part in loc:
+        part = str(part)
+        if part == "body" and not path:
+            continue
+        if part in UNION_MEMBER_TAGS or "[" in part:
+            break
+        path.append(part)
+    return path
+
+
 def error_from_validation(errors: list[dict[str, Any]]) -> ApiError:
     """The 400 for a body that failed validation (pydantic's error list), naming the first bad parameter."""
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    loc = _parameter_path(first.get("loc", ()))
     param = ".".join(loc) or None
     kind = first.get("type", "")
     if kind == "json_invalid":
@@ -58,15 +76,17 @@ def error_from_validation(errors: list[dict[str, Any]]) -> ApiError:
 # ---- requests ----------------------------------------------------------------------------------
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     include_usage: bool = False  # a last chunk with the request's usage and no choices
 
 
 class GenerationRequest(BaseModel):
-    """The parameters both endpoints share."""
+    """The parameters both endpoints share. Types are strict (``"stream": "yes"`` or ``"max_tokens": true`` is a
+    400, not a guess) and numbers finite (``"temperature": Infinity`` or ``1e400`` is a 400); JSON integers are
+    taken where a number is."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
     model: str | None = None  # None: the served model
     max_tokens: int | None = None
@@ -118,7 +138,7 @@ class TextContentPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_calls, ...: handed to the chat template
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextContentPart] | None = None
 
     def for_template(self) -> dict[str, Any]:
