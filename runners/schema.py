@@ -480,7 +480,10 @@ def to_sampling(sampling: Any) -> SamplingParams:
 
 
 def to_server_config(cfg: Any) -> ServerConfig:
-    """The serve config's server settings (ServerConfig checks them)."""
+    """The serve config's server settings (ServerConfig checks them; served_model_name null: model.name)."""
+    if cfg.served_model_name is not None and not str(cfg.served_model_name).strip():
+        raise ConfigError("served_model_name: empty; give the name clients send as `model`, or null for "
+                          f"model.name ({cfg.model.name!r})")
     return ServerConfig(host=cfg.host, port=cfg.port, served_model_name=cfg.served_model_name or cfg.model.name,
                         log_level=cfg.log_level, graceful_shutdown_s=cfg.graceful_shutdown_s,
                         engine_process=cfg.engine_process, prompt_workers=cfg.prompt_workers,

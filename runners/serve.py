@@ -41,6 +41,22 @@ CAPTURED_SAMPLING = ({}, {"temperature": 1.0}, {"temperature": 1.0, "top_p": 0.9
                      {"temperature": 1.0, "top_p": 0.9, "top_k": 50})
 
 
+def check_trimming_has_a_table(cfg: DictConfig) -> None:
+    """Refuse, before the model loads, a speculative engine whose planner would trim (engine.verify other than
+    full, no forced trim or measured share) but has no cost table to price its options: its planner would decline
+    every step, and the server would verify whole blocks while configured to trim."""
+    from dspark.config import ConfigError
+
+    e = cfg.engine
+    if cfg.get("spec", e.get("spec")) == "off" or e.verify == "full" or e.get("cost_table") is not None:
+        return
+    if any(e.get(k) is not None for k in ("force_verify_len", "force_budget_frac", "verify_share")):
+        return
+    raise ConfigError(f"engine.verify={e.verify} trims the verified block where this node's cost table predicts a "
+                      "gain, and there is none: set engine.cost_table=PATH, or find_cost_table=true for this node's "
+                      "table (profiled first when there is none)")
+
+
 def capture_graphs(engine) -> int:
     """Capture every graph requests may replay before the first request arrives (CUDA graphs only)."""
     from dspark.config import SamplingParams
@@ -60,6 +76,8 @@ def run(cfg: DictConfig, engine: Any = None) -> None:
     config = to_server_config(cfg)
     if cfg.find_cost_table:
         to_profile_settings(cfg.profile)  # checked before the model loads
+    elif engine is None:
+        check_trimming_has_a_table(cfg)
     if config.api_servers > 1 and engine is not None:
         raise ConfigError(f"api_servers={config.api_servers} serves the configured engine in a process of its own; "
                           f"an engine given in this process is served by this process alone (api_servers=1)")

@@ -638,6 +638,13 @@ def test_serve_config_composes_and_bad_settings_are_refused_before_any_model_loa
     with contextlib.closing(bind_socket(ServerConfig(port=0))) as taken:
         with pytest.raises(ConfigError, match="cannot listen"):
             serve.run(compose_serve([f"port={taken.getsockname()[1]}"]))
+    with pytest.raises(ConfigError, match="served_model_name: empty"):
+        serve.run(compose_serve(['served_model_name=""']))
+    # A trimming engine without a cost table would never trim: refused, unless it is given one or finds one.
+    with pytest.raises(ConfigError, match=r"engine.verify=ragged trims .* and there is none: set engine.cost_table"):
+        serve.run(compose_serve(["port=0", "engine.verify=ragged"]))
+    serve.check_trimming_has_a_table(compose_serve(["engine.verify=ragged", "engine.force_verify_len=2"]))
+    serve.check_trimming_has_a_table(compose_serve(["engine.verify=ragged", "spec=off"]))
 
 
 @pytest.mark.parametrize("freeze", [True, False])
