@@ -244,7 +244,8 @@ def test_an_error_that_names_a_setting_is_printed_without_a_traceback(cli_result
 def test_swept_group_hint_names_each_key_under_a_swept_group():
     from runners.hydra_main import swept_group_hint
 
-    args = ["-m", "+workload=agentic,arena_hard", "workload.num_prompts=4", "++workload.seed=1", "load.concurrency=4,16"]
+    args = ["-m", "+workload=agentic,arena_hard", "workload.num_prompts=4", "++workload.seed=1",
+            "load.concurrency=4,16"]
     hint = swept_group_hint(args)
     assert "'workload.num_prompts=choice(4)' '++workload.seed=choice(1)'" in hint and "load.concurrency" not in hint
     assert swept_group_hint(args[1:]) is None  # not a multirun

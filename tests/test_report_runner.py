@@ -272,4 +272,5 @@ def test_unfinished_attempts_are_not_sweep_jobs_and_leave_a_run_folder_a_run(tmp
     with pytest.raises(SystemExit):
         report.main([str(sweep / "0_x")])
     err = capsys.readouterr().err
-    assert "outside unfinished-<n>/ and previous-<n>/ folders" in err and "killed before it could (SIGKILL, a crash)" in err
+    assert "outside unfinished-<n>/ and previous-<n>/ folders" in err
+    assert "killed before it could (SIGKILL, a crash)" in err

@@ -504,7 +504,8 @@ def target_folder(spec: str | Path, cache_dir: str | Path | None = None) -> Path
     return folder
 
 
-def load_target_weights(spec: str | Path, cache_dir: str | Path | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+def load_target_weights(spec: str | Path, cache_dir: str | Path | None = None
+                        ) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
     """``(ModelConfig, state_dict, Tokenizer)`` for ``spec`` (:func:`target_folder`)."""
     return load_hf_folder(target_folder(spec, cache_dir))
 
