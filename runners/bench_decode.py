@@ -323,8 +323,9 @@ def _row(engine: Engine, batch: int, sets: int, decode_steps: list[float], outpu
 
 
 def run(cfg: DictConfig) -> dict:
-    from runners.common import build_engine
+    from runners.common import build_engine, writable_folder
 
+    writable_folder(cfg.output_dir, "output_dir")  # before any model loads
     base = to_engine_config(cfg.engine)
     engine_base = OmegaConf.to_container(cfg.engine, resolve=True)
 

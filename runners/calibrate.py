@@ -448,8 +448,18 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     """Calibrate cfg.checkpoint; ``target`` overrides loading cfg.model (tests pass a tiny one)."""
     if not cfg.checkpoint:
         raise ConfigError("checkpoint: give the drafter folder to calibrate, e.g. checkpoint=runs/dspark/final")
-    checkpoint = Path(cfg.checkpoint)
+    from runners.common import resolve_drafter_path, writable_folder
+
+    if str(cfg.checkpoint).startswith("builtin:"):  # the fit writes its temperatures.json into the checkpoint
+        raise ConfigError(f"checkpoint: {cfg.checkpoint} is the drafter the package ships, which calibrating would "
+                          "overwrite; copy its folder and calibrate the copy (checkpoint=COPY)")
+    checkpoint = Path(resolve_drafter_path(str(cfg.checkpoint), key="checkpoint"))
     check_options(cfg)
+
+    # Every output's folder before any work: a report it could not write after the fit left the checkpoint with
+    # a new temperatures.json and no calibration.json beside it.
+    for key, default in (("output_json", checkpoint), ("plot", checkpoint)):
+        writable_folder(Path(cfg[key]).parent if cfg.get(key) else default, key)
     dtype = DTYPES[cfg.dtype]
     if cfg.get("traces"):  # the engine already drafted and verified: no data, no replay, no target
         if cfg.get("data"):

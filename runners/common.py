@@ -76,6 +76,21 @@ def build_engine(cfg: Any, engine_cfg: EngineConfig | None = None, seed: int = 0
     return Engine(target, tokenizer, engine_cfg, drafter)
 
 
+def writable_folder(path: str | Path, key: str) -> Path:
+    """``path`` as a folder results can be written into (created when missing), or a ConfigError naming ``key``:
+    called before a model loads, so that a bad output path does not cost the work it was to hold."""
+    import tempfile
+
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot write into {folder} ({e.strerror or e}); choose another path") from None
+    return folder
+
+
 # ---- the tiny-model test hook --------------------------------------------------------------------------
 def tiny_models_requested() -> bool:
     return os.environ.get(TINY_MODELS_ENV, "") not in ("", "0")

@@ -568,6 +568,11 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
     checkpoint = Path(resolve_drafter_path(str(cfg.checkpoint), key="checkpoint"))  # a folder, or builtin:NAME
     if any(t < 0 for t in cfg.temperatures) or not cfg.temperatures:
         raise ConfigError(f"temperatures: need at least one value >= 0, got {list(cfg.temperatures)}")
+    if not 0.0 < float(cfg.ci_level) < 1.0:
+        raise ConfigError(f"ci_level: the bootstrap interval's level must lie in (0, 1), e.g. 0.95; got {cfg.ci_level}")
+    from runners.common import writable_folder
+
+    writable_folder(cfg.output_dir or checkpoint / "eval", "output_dir")  # before any model loads
     spec_cfg = to_engine_config(cfg.engine, spec="dspark")
     plain_cfg = to_engine_config(cfg.engine, spec="off")
     if target is None:

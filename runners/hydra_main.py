@@ -7,8 +7,9 @@ Hydra's advice to append the key with ``+``. An override under a null node (a co
 chosen, ``workload.num_prompts=4`` without ``+workload=NAME``, or a section the chosen config leaves null, such as
 an arm's ``http`` in an in-process A/B) says so instead of failing with a traceback.
 
-An error that names the setting or input to change (:func:`reported_errors`: a ConfigError, a cost table that
-does not fit, a profile refused on a busy machine, failed guards) is printed as its message alone, exit status 1,
+An error that names the setting or input to change (:func:`reported_errors`: a ConfigError, unusable training
+data, a missing file, a cost table that does not fit, a profile the engine cannot run or a busy machine refused,
+failed guards) is printed as its message alone, exit status 1,
 without the traceback Hydra would print; a Ctrl-C before a runner handles it ends with "interrupted", status 130.
 
 Hydra reports a composition error itself (``hydra._internal.utils.run_and_report``, which prints it
@@ -53,13 +54,15 @@ class ReportedError(CompactHydraException):
 
 def reported_errors() -> tuple[type[BaseException], ...]:
     """The errors whose message says what to change: a setting or an input (ConfigError, WorkloadError and
-    DamagedFileError among them), a cost table that does not fit the engine, a profile refused on a machine busy
-    with other work, failed guards (the run's results are written first)."""
+    DamagedFileError among them; training data that cannot be used; a file a setting names that is not there), a
+    cost table that does not fit the engine, profile settings the engine cannot run or a profile refused on a
+    machine busy with other work, failed guards (the run's results are written first)."""
     from dspark.bench.guards import ABGuardError
     from dspark.cost_table import CostTableError
-    from dspark.profiler import ProfileRefusedError
+    from dspark.profiler import ProfileError
+    from dspark.training.data import DataError
 
-    return ConfigError, CostTableError, ProfileRefusedError, ABGuardError
+    return ConfigError, DataError, FileNotFoundError, CostTableError, ProfileError, ABGuardError
 
 
 class UnknownConfigKeyError(ConfigCompositionException, ConfigError):

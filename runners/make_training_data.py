@@ -314,6 +314,12 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     """Generate and save the data; ``target``/``tokenizer`` override loading cfg.model (tests)."""
     from dspark.engine import Engine
 
+    from runners.common import writable_folder
+
+    if not str(cfg.output).endswith(".safetensors"):
+        raise ConfigError(f"output: {cfg.output} must be a .safetensors file, e.g. "
+                          "output=training_data/train.safetensors")
+    writable_folder(Path(cfg.output).parent, "output")  # before any model loads
     engine_cfg = to_engine_config(cfg.engine, spec="off")
     exclude, exclude_info = excluded_prompt_ids(cfg.get("exclude_prompts"))
     items = collect_prompts(list(cfg.sources), cfg.split, cfg.num_prompts_per_source, int(cfg.seed), exclude=exclude)

@@ -69,7 +69,13 @@ def _engine_from_cfg(cfg: DictConfig) -> Engine:
 
 def run(cfg: DictConfig, engine: Engine | None = None) -> dict:
     """Profile, write the table + plot + profile.json, return the summary. ``engine``: test hook."""
+    from runners.common import writable_folder
+
     settings = to_profile_settings(cfg)  # refuses a bad value before any model loads
+    writable_folder(Path(cfg.out).parent if cfg.out else cfg.paths.cost_tables,
+                    "out" if cfg.out else "paths.cost_tables")
+    if cfg.plot:
+        writable_folder(Path(cfg.plot).parent, "plot")
     engine = engine if engine is not None else _engine_from_cfg(cfg)
     settings = settings.resolved(engine)
     fingerprint = engine.fingerprint()

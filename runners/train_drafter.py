@@ -201,8 +201,14 @@ def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_la
 
 def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     """Train as configured; ``target`` overrides loading cfg.model (tests pass a tiny one)."""
+    from runners.common import writable_folder
+
     train_cfg = train_config_from(cfg)
     drafter_cfg = drafter_config_from(cfg)
+    if cfg.stop_at_step is not None and int(cfg.stop_at_step) < 1:
+        raise ConfigError(f"stop_at_step: the step to stop at with a checkpoint, >= 1 (or null: train.max_steps); "
+                          f"got {cfg.stop_at_step}")
+    writable_folder(train_cfg.output_dir, "train.output_dir")  # before the data and the model load
     dataset = load_training_data(cfg)
     if target is None:
         target, _ = load_target_and_tokenizer(cfg)
