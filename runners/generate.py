@@ -16,6 +16,7 @@ the partial file goes. The command exits 1 when any request errored (after writi
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +29,8 @@ from runners.common import build_engine
 from runners.hydra_main import runner_main
 from runners.schema import to_sampling
 from workloads.custom import load_custom_prompts
+
+log = logging.getLogger(__name__)
 
 
 class RequestsErrored(RuntimeError):
@@ -46,6 +49,12 @@ def checked_output(output: str, prompts_file: str) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         probe = path.with_name(path.name + ".partial")
+        if probe.is_file() and probe.stat().st_size:  # an interrupted run's generations: kept, not overwritten
+            n = 1
+            while probe.with_name(f"{probe.name}.{n}").exists():
+                n += 1
+            probe.rename(probe.with_name(f"{probe.name}.{n}"))
+            log.warning("%s held an interrupted run's generations: moved to %s.%d", probe, probe.name, n)
         probe.touch()
     except OSError as e:
         raise ConfigError(f"output: cannot write next to {output} ({e.strerror}); choose another path") from None
@@ -55,6 +64,8 @@ def checked_output(output: str, prompts_file: str) -> Path:
 def run(cfg: DictConfig) -> dict:
     if not cfg.prompts_file:
         raise ConfigError("prompts_file: give a JSONL file of prompts, e.g. prompts_file=prompts.jsonl")
+    if not Path(cfg.prompts_file).is_file():
+        raise ConfigError(f"prompts_file: {cfg.prompts_file} does not exist or is not a file")
     out_path = checked_output(cfg.output, cfg.prompts_file)
     prompts = load_custom_prompts(cfg.prompts_file)
     sampling = to_sampling(cfg.sampling)

@@ -51,6 +51,18 @@ def test_runners_generate_checks_output_before_generating(tmp_path, prompts, tin
     assert prompts.read_text() == before  # the input is never overwritten
 
 
+def test_runners_generate_names_a_missing_prompts_file_and_keeps_an_interrupted_runs_generations(tmp_path, prompts,
+                                                                                                 tiny_engine):
+    with pytest.raises(ConfigError, match=r"^prompts_file: .*nope.jsonl does not exist"):
+        generate.run(cfg_for(tmp_path / "nope.jsonl", tmp_path / "gen.jsonl"))
+    assert tiny_engine == [] and not (tmp_path / "gen.jsonl.partial").exists()
+    kept = tmp_path / "gen.jsonl.partial"  # what an interrupted run streamed
+    kept.write_text('{"index": 0, "id": "a"}\n')
+    generate.run(cfg_for(prompts, tmp_path / "gen.jsonl"))
+    assert (tmp_path / "gen.jsonl.partial.1").read_text() == '{"index": 0, "id": "a"}\n'
+    assert not kept.exists() and (tmp_path / "gen.jsonl").is_file()
+
+
 def test_runners_generate_streams_and_exits_nonzero_when_requests_errored(tmp_path, prompts, tiny_engine):
     out = tmp_path / "sub" / "gen.jsonl"
     seen = []
