@@ -5,7 +5,7 @@ measured, each beside the steady state of the same engine, from committed result
 
 RUN_DIR (default: bench/results/h200-2026-12-02-prefill-stream) holds one A/B run folder per
 concurrency, ``ab_c<C>/`` (runners.ab ab=spec_off_vs_dspark), and steady-state runs on the same prompts,
-``steady*/bench_decode.json`` (runners.bench_decode). Reads each A/B run's blocks.csv (median output
+``steady*/bench_decode.json`` (runners.bench_decode). Reads each A/B run's blocks.csv or blocks.csv.xz (median output
 tokens/s over its timed blocks, per arm, and the range over the blocks) and the steady state at the same
 batch where one was measured; prints a markdown table and writes OUT.png (default
 RUN_DIR/service_throughput.png).
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import json
+import lzma
 import statistics
 import sys
 from pathlib import Path
@@ -37,7 +38,10 @@ ARMS = {"A": ("target-only", "target_only"), "B": ("DSpark verify-all", "dspark_
 
 def service(run: Path) -> dict[str, list[float]]:
     """Output tokens/s of each timed block, per arm (A, B)."""
-    with open(run / "blocks.csv", newline="") as f:
+    path = run / "blocks.csv"
+    if not path.is_file() and path.with_suffix(".csv.xz").is_file():  # committed folders keep it xz-compressed
+        path = path.with_suffix(".csv.xz")
+    with (lzma.open(path, "rt", newline="") if path.suffix == ".xz" else open(path, newline="")) as f:
         rows = list(csv.DictReader(f))
     return {arm: [float(r["output_tokens_per_s"]) for r in rows if r["arm"] == arm] for arm in ARMS}
 
