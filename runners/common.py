@@ -76,12 +76,20 @@ def build_engine(cfg: Any, engine_cfg: EngineConfig | None = None, seed: int = 0
     return Engine(target, tokenizer, engine_cfg, drafter)
 
 
-def writable_folder(path: str | Path, key: str) -> Path:
+def writable_folder(path: str | Path, key: str, create: bool = True) -> Path:
     """``path`` as a folder results can be written into (created when missing), or a ConfigError naming ``key``:
-    called before a model loads, so that a bad output path does not cost the work it was to hold."""
+    called before a model loads, so that a bad output path does not cost the work it was to hold. ``create``
+    False: nothing is created; the folder, or its nearest existing parent, must be a folder this process may
+    write into (for an output that a refused run must not leave behind, such as the cost-table folder)."""
     import tempfile
 
     folder = Path(path)
+    if not create:
+        existing = next((p for p in (folder, *folder.parents) if p.exists()), Path("."))
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError(f"{key}: cannot write into {folder} ({existing} is not a folder this process may write "
+                              "into); choose another path")
+        return folder
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):

@@ -72,10 +72,11 @@ def run(cfg: DictConfig, engine: Engine | None = None) -> dict:
     from runners.common import writable_folder
 
     settings = to_profile_settings(cfg)  # refuses a bad value before any model loads
+    # (created only with the table: a refused profile leaves no cost-table folder behind)
     writable_folder(Path(cfg.out).parent if cfg.out else cfg.paths.cost_tables,
-                    "out" if cfg.out else "paths.cost_tables")
+                    "out" if cfg.out else "paths.cost_tables", create=False)
     if cfg.plot:
-        writable_folder(Path(cfg.plot).parent, "plot")
+        writable_folder(Path(cfg.plot).parent, "plot", create=False)
     engine = engine if engine is not None else _engine_from_cfg(cfg)
     settings = settings.resolved(engine)
     fingerprint = engine.fingerprint()

@@ -31,6 +31,11 @@ def test_writable_folder_creates_a_folder_or_names_the_key(tmp_path, blocked):
     assert [p.name for p in (tmp_path / "a" / "b").iterdir()] == []  # the write check leaves nothing behind
     with pytest.raises(ConfigError, match=r"^output_dir: cannot write into .*file/out"):
         writable_folder(blocked, "output_dir")
+    # Checked without creating anything: a missing folder under a writable one passes, one under a file does not.
+    assert writable_folder(tmp_path / "c" / "d", "out", create=False) == tmp_path / "c" / "d"
+    assert not (tmp_path / "c").exists()
+    with pytest.raises(ConfigError, match=r"^out: cannot write into .*file/out .*is not a folder"):
+        writable_folder(blocked, "out", create=False)
 
 
 @pytest.fixture
