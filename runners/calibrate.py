@@ -455,6 +455,9 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
                           "overwrite; copy its folder and calibrate the copy (checkpoint=COPY)")
     checkpoint = Path(resolve_drafter_path(str(cfg.checkpoint), key="checkpoint"))
     check_options(cfg)
+    from runners.schema import check_device_present
+
+    check_device_present(str(cfg.device), "device")
 
     # Every output's folder before any work: a report it could not write after the fit left the checkpoint with
     # a new temperatures.json and no calibration.json beside it.

@@ -445,13 +445,18 @@ def to_engine_config(engine: Any, spec: str | None = None, local: bool = True) -
     return ecfg
 
 
-def check_device_present(device: str) -> None:
-    """Refuse an engine on a CUDA device where torch sees none, before any other check reads the settings."""
+def check_device_present(device: str, key: str = "engine.device") -> None:
+    """Refuse a device that is not cpu, cuda or cuda:N, and a CUDA device where torch sees none, before any other
+    check reads the settings; ``key`` names the setting."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise ConfigError(f"{key}={device}: one of cpu, cuda or cuda:N")
     if device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError(f"engine.device={device}: torch sees no CUDA device here (torch {torch.__version__}, "
+            raise ConfigError(f"{key}={device}: torch sees no CUDA device here (torch {torch.__version__}, "
                               "torch.cuda.is_available() is False); run engine=cpu, or on a machine with a GPU")
 
 

@@ -202,9 +202,11 @@ def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_la
 def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     """Train as configured; ``target`` overrides loading cfg.model (tests pass a tiny one)."""
     from runners.common import writable_folder
+    from runners.schema import check_device_present
 
     train_cfg = train_config_from(cfg)
     drafter_cfg = drafter_config_from(cfg)
+    check_device_present(str(cfg.train.device), "train.device")
     if cfg.stop_at_step is not None and int(cfg.stop_at_step) < 1:
         raise ConfigError(f"stop_at_step: the step to stop at with a checkpoint, >= 1 (or null: train.max_steps); "
                           f"got {cfg.stop_at_step}")

@@ -64,6 +64,9 @@ def no_model(monkeypatch):
      r"stop_at_step: .* >= 1"),
     ("train_drafter", ["data={tmp}/train.safetensors", "train.output_dir={blocked}"],
      r"train.output_dir: cannot write into"),
+    ("train_drafter", ["data={tmp}/train.safetensors", "train.output_dir={tmp}/run", "train.device=gpu"],
+     r"train.device=gpu: one of cpu, cuda or cuda:N"),
+    ("calibrate", ["checkpoint={tmp}", "device=gpu"], r"device=gpu: one of cpu, cuda or cuda:N"),
 ])
 def test_a_bad_output_or_value_is_refused_before_any_model_loads(runner, overrides, message, tmp_path, blocked,
                                                                  no_model):
