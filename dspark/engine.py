@@ -335,17 +335,12 @@ class Engine:
             driver = str(torch.version.cuda)
         else:
             device_name, driver = f"cpu:{platform.processor() or platform.machine()}", "none"
-        drafter = None
-        if self.drafter is not None:
-            dc = self.drafter.cfg
-            drafter = f"block{dc.block_size}-L{dc.num_layers}-r{dc.markov_rank}-{dc.markov_variant}"
-        tc = self.target.cfg
         step_path = ("graphs+overlap" if self.cfg.overlap else "graphs") if self.cfg.cuda_graphs else "eager"
         from dspark.models.layers import kernel_set
 
         fp = {"device_name": device_name, "driver": driver, "torch": torch.__version__, "triton": triton_v,
               "step_path": step_path, "kernels": kernel_set(self.kernels, self.runner.device),
-              "model": f"{tc.arch}-h{tc.hidden_size}-L{tc.num_layers}-V{tc.vocab_size}", "drafter": drafter,
+              "model": self._target_arch(), "drafter": self._drafter_arch(),
               "dtype": self.cfg.dtype}
         if self.cfg.cuda_graphs and self.cfg.prefill_stream and self.runner.device.type == "cuda":
             fp["prefill_path"] = "side-stream"  # not a checked field: decode steps' cost does not depend on it
@@ -355,15 +350,23 @@ class Engine:
             fp["step_timing"] = "step-call"
         return fp
 
+    def _target_arch(self) -> str:
+        tc = self.target.cfg
+        return f"{tc.arch}-h{tc.hidden_size}-L{tc.num_layers}-V{tc.vocab_size}"
+
+    def _drafter_arch(self) -> str | None:
+        if self.drafter is None:
+            return None
+        dc = self.drafter.cfg
+        return f"block{dc.block_size}-L{dc.num_layers}-r{dc.markov_rank}-{dc.markov_variant}"
+
     def models(self) -> dict:
         """The weights this engine runs: the target's and the drafter's architecture and the checkpoint each was
         loaded from (``origin``, :mod:`dspark.models.provenance`; None for a model built in memory), and the
         confidence calibration in effect (``engine.confidence_calibration``'s file, else the drafter's own)."""
-        tc = self.target.cfg
-        out = {"target": {"arch": f"{tc.arch}-h{tc.hidden_size}-L{tc.num_layers}-V{tc.vocab_size}",
-                          "dtype": self.cfg.dtype, "origin": self.target.origin}, "drafter": None}
+        out = {"target": {"arch": self._target_arch(), "dtype": self.cfg.dtype, "origin": self.target.origin},
+               "drafter": None}
         if self.drafter is not None:
-            dc = self.drafter.cfg
             origin = self.drafter.origin
             if self.cfg.confidence_calibration is not None:
                 from dspark.models.provenance import calibration_record
@@ -372,8 +375,7 @@ class Engine:
                 calibration = calibration_record(calibration_dir(self.cfg.confidence_calibration))
             else:
                 calibration = None if origin is None else origin.get("calibration")
-            out["drafter"] = {"arch": f"block{dc.block_size}-L{dc.num_layers}-r{dc.markov_rank}-{dc.markov_variant}",
-                              "origin": origin, "calibration": calibration}
+            out["drafter"] = {"arch": self._drafter_arch(), "origin": origin, "calibration": calibration}
         return out
 
     def _megakernel_raw(self) -> int:

@@ -78,7 +78,8 @@ from dspark.bench.guards import (FULL_PRECISION_DTYPES, ABGuardError, GuardResul
                                  lossless_guard, nothing_compared_guard, trim_expected)
 from dspark.bench.metrics import (RequestRecord, aggregate_block, finish_reason_counts, prediction_health,
                                   requests_dataframe, truncation_counts)
-from dspark.bench.report import render_console_table, verdict_note, write_report
+from dspark.bench.report import (KEPT_RUN_PREFIXES, UnreadableSummaryError, read_summary, render_console_table,
+                                 verdict_note, write_report)
 from dspark.bench.schedule import build_schedule, first_arm_by_block
 from dspark.bench.statistics import compare_blocks
 from dspark.bench.wandb_log import WandbLogger
@@ -329,12 +330,9 @@ def _read_summary(out_dir: Path) -> tuple[dict | None, str | None]:
     if not path.exists():
         return None, "no summary.json"
     try:
-        summary = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        return None, f"{path} is unreadable ({exc})"
-    if not isinstance(summary, dict):
-        return None, f"{path} is not a JSON object"
-    return summary, None
+        return read_summary(path), None
+    except UnreadableSummaryError as exc:
+        return None, str(exc)
 
 
 def _is_complete(summary: dict | None) -> bool:
@@ -385,10 +383,7 @@ RESULT_FILES = ("summary.json", "blocks.csv", "blocks.parquet", "requests.parque
                 "report_appendix.md", "wandb", "servers")  # servers/: the logs of HTTP arms' launched servers
 
 
-KEPT_RUN_PREFIXES = ("unfinished", "previous")  # out_dir/<prefix>-<n>/: an earlier run's files, kept
-
-
-def keep_unfinished_run(out_dir: Path, prefix: str = "unfinished") -> Path:
+def keep_earlier_run(out_dir: Path, prefix: str = "unfinished") -> Path:
     """Move a run's results (summary, blocks, per-block requests, report, plots, W&B runs, the logs of its served
     arms) into ``out_dir/<prefix>-<n>/`` before a new run writes there: a rerun of an interrupted run, or of a
     sweep whose job crashed, measures again without losing what the first attempt measured (``unfinished``); a
@@ -689,11 +684,11 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
             return done
     partial = partial_run(out_dir)
     if partial:
-        kept = keep_unfinished_run(out_dir)
+        kept = keep_earlier_run(out_dir)
         log.warning("%s held an unfinished run (%s): its files moved to %s; measuring from the start", out_dir,
                     partial, kept)
     elif finished_run(out_dir):  # another config's, or this one's measured again (ab.force_rerun)
-        kept = keep_unfinished_run(out_dir, "previous")
+        kept = keep_earlier_run(out_dir, "previous")
         log.warning("%s held a finished run this one replaces: its files moved to %s", out_dir, kept)
     prompts = workload.prompts()  # a bad custom file fails here, still before any model loads
     replicas = workload.greedy_replicas()

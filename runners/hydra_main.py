@@ -112,7 +112,8 @@ def swept_group_hint(args: list[str]) -> str | None:
             f"choosing its option: {fixed}")
 
 
-def _with_key_hints(func: Callable[[], Any]) -> Any:
+def _with_clear_errors(func: Callable[[], Any]) -> Any:
+    """``func()`` with its errors answered as the module docstring says: key hints, reported errors, a Ctrl-C."""
     try:
         return func()
     except KeyboardInterrupt:
@@ -150,7 +151,7 @@ def _key_hints_in_hydra_reports() -> Iterator[None]:
         return
 
     def run_and_report(func: Callable[[], Any]) -> Any:
-        return report(lambda: _with_key_hints(func))
+        return report(lambda: _with_clear_errors(func))
 
     hydra_utils.run_and_report = run_and_report
     try:

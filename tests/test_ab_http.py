@@ -182,7 +182,7 @@ def test_an_interrupt_in_an_http_block_keeps_the_finished_blocks_and_stops_the_s
     assert len(pd.read_csv(tmp_path / "blocks.csv")) == 1 and (tmp_path / "requests" / "block0_A.parquet").is_file()
     assert not any(answers(p) for p in ports)  # B was launched for its block and stopped on the way out
     # A rerun in the folder first moves the interrupted run's files, its servers' logs among them, to unfinished-1/.
-    assert ab.partial_run(tmp_path) and ab.keep_unfinished_run(tmp_path) == tmp_path / "unfinished-1"
+    assert ab.partial_run(tmp_path) and ab.keep_earlier_run(tmp_path) == tmp_path / "unfinished-1"
     kept = tmp_path / "unfinished-1"
     assert len(pd.read_csv(kept / "blocks.csv")) == 1 and sorted(p.name for p in (kept / "servers").glob("*.log")) == [
         "A-1.log", "B-1.log"]

@@ -187,8 +187,11 @@ def test_an_engine_on_a_cuda_device_is_refused_where_there_is_none():
 
     from runners.schema import to_engine_config
 
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is present")
-    with pytest.raises(ConfigError, match=r"engine.device=cuda: torch sees no CUDA device here"):
-        to_engine_config({"device": "cuda", "verify": "ragged"})
+    if torch.cuda.is_available():  # (on a GPU machine: the device is present, and the check lets it through)
+        assert to_engine_config({"device": "cuda", "cuda_graphs": True}).device == "cuda"
+    else:
+        with pytest.raises(ConfigError, match=r"engine.device=cuda: torch sees no CUDA device here"):
+            to_engine_config({"device": "cuda", "verify": "ragged"})
+    with pytest.raises(ConfigError, match=r"engine.device=gpu: one of cpu, cuda or cuda:N"):
+        to_engine_config({"device": "gpu"})
     assert to_engine_config({"device": "cuda", "cuda_graphs": True}, local=False).device == "cuda"

@@ -1164,13 +1164,14 @@ def job_labels(summaries: Sequence[Mapping[str, Any]], paths: Sequence[Path]) ->
     return [path.parent.name if label in shared else label for label, path in zip(labels, paths)]
 
 
-KEPT_RUN_FOLDER = re.compile(r"(unfinished|previous)-\d+")
+KEPT_RUN_PREFIXES = ("unfinished", "previous")  # <run folder>/<prefix>-<n>/: an earlier attempt's files, kept
+KEPT_RUN_FOLDER = re.compile(rf"({'|'.join(KEPT_RUN_PREFIXES)})-\d+")
 
 
 def sweep_summary_paths(sweep_dir: str | Path) -> list[Path]:
     """The ``summary.json`` of each job under ``sweep_dir``, sorted. Those below a folder named ``unfinished-<n>``
     or ``previous-<n>`` are left out: there the A/B runner keeps an earlier attempt of the run it measures again in
-    the folder above, unfinished or replaced (``runners.ab.keep_unfinished_run``), which is not a job of the
+    the folder above, unfinished or replaced (``runners.ab.keep_earlier_run``), which is not a job of the
     sweep."""
     root = Path(sweep_dir)
     return sorted(p for p in root.rglob("summary.json")

@@ -51,20 +51,20 @@ class DrainingServer(uvicorn.Server):
         grace = self.config.timeout_graceful_shutdown
         timer = None
         if grace is not None:
-            timer = asyncio.get_running_loop().call_later(max(0.0, grace - min(1.0, grace / 4)), self._end_in_flight,
-                                                          grace)
+            after = max(0.0, grace - min(1.0, grace / 4))
+            timer = asyncio.get_running_loop().call_later(after, self._end_in_flight, grace, after)
         try:
             await super().shutdown(sockets=sockets)
         finally:
             if timer is not None:
                 timer.cancel()
 
-    def _end_in_flight(self, grace: float) -> None:
+    def _end_in_flight(self, grace: float, after: float) -> None:
         ended = self.engine_loop.end_in_flight(f"the server shut down before this request finished (its grace "
                                                f"period for requests in flight, graceful_shutdown_s, is {grace:g} s)")
         if ended:
             log.warning("graceful shutdown: %d request(s) still in flight after %.1f s were ended with a 503", ended,
-                        grace - min(1.0, grace / 4))
+                        after)
 
 
 def bind_socket(config: ServerConfig) -> socket.socket:
