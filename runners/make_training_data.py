@@ -13,7 +13,9 @@ sample greedy, its further samples, ``samples_per_prompt``, sampled). The result
 :class:`dspark.training.data.TokenDataset` (token ids only).
 
 Beside the output, ``OUTPUT_STEM.prompts.json`` lists the ids of every prompt the run admitted
-(a prompt record, :func:`write_prompt_record`). Calibration data that must not overlap a
+(a prompt record, :func:`write_prompt_record`). A Ctrl-C stops after the step in progress: the finished
+responses are written (``"interrupted"`` in the data's info), the record lists every admitted prompt, and the run
+exits as interrupted. Calibration data that must not overlap a
 drafter's training prompts is made from the same train split with ``exclude_prompts=`` those
 records (or ``builtin:NAME``, the record shipped with a drafter in ``dspark/assets/NAME``):
 
@@ -358,6 +360,10 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
                                        progress=bool(cfg.progress), time_budget_s=cfg.get("time_budget_s"),
                                        in_flight=cfg.get("in_flight"), refill_at=cfg.get("refill_at"))
     wall = time.perf_counter() - t0
+    interrupted = dataset.info.get("interrupted")
+    if interrupted is not None and len(dataset) == 0:
+        print("make_training_data: interrupted before any response finished; nothing written")
+        raise KeyboardInterrupt
     if len(dataset) == 0:
         raise RuntimeError(f"no prompt produced a response ({len(failed)} failed; first error: "
                            f"{failed[0]['error'] if failed else 'none'})")
@@ -388,6 +394,12 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     if failed:
         print(f"warning: {len(failed)} of {len(items)} prompts failed and are not in the data; first: "
               f"{summary['failures'][0]}")
+    if interrupted is not None:  # what finished is kept; the run still ends as interrupted
+        print(json.dumps(summary, indent=2))
+        print(f"make_training_data: interrupted; {len(dataset)} finished responses written to {out} "
+              f"({interrupted['unfinished']} unfinished and {summary['not_admitted']} never admitted left out; "
+              f"the prompt record lists every admitted prompt)")
+        raise KeyboardInterrupt
     return summary
 
 

@@ -8,7 +8,8 @@
 ``style=dflash`` trains the same backbone the same way without the Markov head
 (markov_rank 0) and without the confidence head. Checkpoints go to
 ``train.output_dir/checkpoint-NNNNNNN/`` (loadable as drafters); the final drafter alone
-is also written to ``train.output_dir/final/``. ``data_holdout_fraction`` > 0 keeps a
+is also written to ``train.output_dir/final/``. A Ctrl-C stops after the step in progress with a
+checkpoint of it (``resume=true`` continues). ``data_holdout_fraction`` > 0 keeps a
 seeded part of the data out of training for ``runners.calibrate`` (same fraction and seed).
 """
 

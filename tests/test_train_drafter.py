@@ -681,3 +681,96 @@ def test_make_training_data_greedy_first_answers_each_prompts_first_sample_greed
     plain = make_training_data.response_sampling(off.sampling, "p1", 8, 0)
     assert plain.temperature == 0.7 and plain.seed == first.seed == make_training_data.prompt_seed(0, "p1")
     assert second.seed == make_training_data.prompt_seed(0, "p1#1") != first.seed
+
+
+# ------------------------------------------------------------------------------ Ctrl-C
+
+
+def _sigint_during(obj, method: str, at_call: int, monkeypatch) -> None:
+    """Send this process a SIGINT from inside the ``at_call``-th call of ``obj.method`` (1-based), as a Ctrl-C
+    arriving in the middle of that step."""
+    import os
+    import signal
+
+    original = getattr(obj, method)
+    calls = {"n": 0}
+
+    def wrapped(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == at_call:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(obj, method, wrapped)
+
+
+def test_deferred_interrupt_waits_for_the_loop_and_a_second_ctrl_c_acts_at_once():
+    import os
+    import signal
+
+    from dspark.training.interrupt import DeferredInterrupt
+
+    before = signal.getsignal(signal.SIGINT)
+    with DeferredInterrupt() as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGINT)  # handled: no KeyboardInterrupt here
+        assert stop.requested
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_ctrl_c_in_training_saves_the_last_whole_step_and_resumes_from_it(tmp_path, target, greedy_data, capsys,
+                                                                           monkeypatch):
+    """A Ctrl-C in the middle of step 4 (in its forward pass) finishes that step, writes checkpoint 4
+    and raises KeyboardInterrupt; the checkpoint is the uninterrupted run's step 4, and resuming from it ends where
+    the uninterrupted run ends."""
+    cfg = small_train_config(tmp_path, max_steps=6, save_every=1000, keep_last=0)
+    ref = DrafterTrainer(target, tiny_drafter(target), greedy_data,
+                         small_train_config(tmp_path / "ref", max_steps=6, save_every=4, keep_last=0))
+    ref.train()
+
+    trainer = DrafterTrainer(target, tiny_drafter(target), greedy_data, cfg)
+    _sigint_during(trainer, "compute_loss", 4, monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert "interrupted at step 4 of 6" in capsys.readouterr().out
+    assert [c.name for c in complete_checkpoints(cfg.output_dir)] == ["checkpoint-0000004"]
+    saved = DSparkDrafter.load(Path(cfg.output_dir) / "checkpoint-0000004", target.cfg).state_dict()
+    at4 = DSparkDrafter.load(Path(ref.cfg.output_dir) / "checkpoint-0000004", target.cfg).state_dict()
+    assert all(torch.equal(saved[k], at4[k]) for k in at4)
+
+    resumed = DrafterTrainer(target, tiny_drafter(target, seed=9), greedy_data, cfg)
+    resumed.resume_latest()
+    resumed.train()
+    assert resumed.last_metrics["loss"] == ref.last_metrics["loss"]
+    for (name, p), q in zip(ref.drafter.named_parameters(), resumed.drafter.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_ctrl_c_in_make_training_data_keeps_the_finished_responses(tmp_path, target, capsys, monkeypatch):
+    from runners import make_training_data
+    from dspark.engine import Engine
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="make_training_data", overrides=[
+            "sources=[stdlib_prose,poetry]", "num_prompts_per_source=4", "max_tokens=6", "in_flight=2",
+            "refill_at=0", f"output={tmp_path / 'train.safetensors'}", "engine.max_model_len=64",
+            "engine.kv_block_size=8", "engine.max_num_batched_tokens=64", "progress=false"])
+    _sigint_during(Engine, "step", 9, monkeypatch)  # in the second wave of two requests
+    with pytest.raises(KeyboardInterrupt):
+        make_training_data.run(cfg, target=target, tokenizer=CharTokenizer())
+    out = capsys.readouterr().out
+    assert "make_training_data: interrupted; 2 finished responses written" in out
+    assert "2 unfinished and 4 never admitted left out" in out
+    ds = TokenDataset.load(tmp_path / "train.safetensors")
+    assert len(ds) == 2 and ds.info["interrupted"] == {"unfinished": 2} and ds.info["not_admitted"] == 4
+    record = json.loads(make_training_data.prompt_record_path(tmp_path / "train.safetensors").read_text())
+    assert len(record["prompt_ids"]) == 4  # every admitted prompt, the unfinished ones too: safe to exclude
+
+    # interrupted before anything finished: nothing written
+    (tmp_path / "train.safetensors").unlink()
+    _sigint_during(Engine, "step", 1, monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        make_training_data.run(cfg, target=target, tokenizer=CharTokenizer())
+    assert "nothing written" in capsys.readouterr().out and not (tmp_path / "train.safetensors").exists()

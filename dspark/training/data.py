@@ -27,6 +27,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from dspark.training.interrupt import DeferredInterrupt
+
 FORMAT_VERSION = "1"
 
 
@@ -329,7 +331,9 @@ def generate_dataset(engine, items: Sequence[tuple[str, Any]], sampling: Sequenc
     mixes prefill with decode cannot replay a captured decode graph; in waves, most steps are
     pure decode. With ``time_budget_s``, no new prompt is admitted once the
     budget is spent; the requests already admitted finish and are kept, the rest are
-    reported under ``info["not_admitted"]``. Returns the dataset (in item order) and the
+    reported under ``info["not_admitted"]``. A Ctrl-C (SIGINT) ends the loop after the step
+    in progress: the finished responses are returned, ``info["interrupted"]`` counts the
+    admitted requests left unfinished (not in the data), and raising is the caller's part. Returns the dataset (in item order) and the
     failed items (``{"index", "source", "error"}``); failures are never dropped silently.
     """
     import time
@@ -353,29 +357,30 @@ def generate_dataset(engine, items: Sequence[tuple[str, Any]], sampling: Sequenc
         bar = tqdm(total=len(items), desc="generate", unit="req")
     nxt = 0
     cut = False
-    while nxt < len(items) or engine.has_unfinished():
-        refill = len(index_of) <= low
-        while refill and nxt < len(items) and len(index_of) < limit and not cut:
-            if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
-                cut = True
+    with DeferredInterrupt() as interrupt:  # a Ctrl-C ends the loop between steps, keeping what finished
+        while (nxt < len(items) or engine.has_unfinished()) and not interrupt.requested:
+            refill = len(index_of) <= low
+            while refill and nxt < len(items) and len(index_of) < limit and not cut:
+                if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+                    cut = True
+                    break
+                source, prompt = items[nxt]
+                try:
+                    index_of[engine.add_request(prompt, sampling[nxt])] = nxt
+                except RequestError as e:
+                    failed.append({"index": nxt, "source": source, "error": str(e)})
+                    if bar is not None:
+                        bar.update(1)
+                nxt += 1
+            if cut and not engine.has_unfinished():
                 break
-            source, prompt = items[nxt]
-            try:
-                index_of[engine.add_request(prompt, sampling[nxt])] = nxt
-            except RequestError as e:
-                failed.append({"index": nxt, "source": source, "error": str(e)})
+            if not engine.has_unfinished():
+                continue
+            for out in engine.step():
+                k = index_of.pop(out.req_id)
+                outputs[k] = out
                 if bar is not None:
                     bar.update(1)
-            nxt += 1
-        if cut and not engine.has_unfinished():
-            break
-        if not engine.has_unfinished():
-            continue
-        for out in engine.step():
-            k = index_of.pop(out.req_id)
-            outputs[k] = out
-            if bar is not None:
-                bar.update(1)
     if bar is not None:
         bar.close()
     seqs, p_lens, sources = [], [], []
@@ -391,6 +396,8 @@ def generate_dataset(engine, items: Sequence[tuple[str, Any]], sampling: Sequenc
     failed.sort(key=lambda f: f["index"])
     info = dict(info or {})
     info["not_admitted"] = len(items) - nxt
+    if interrupt.requested:  # admitted requests still running are left out; the caller says so and stops
+        info["interrupted"] = {"unfinished": len(index_of)}
     info["generate_wall_s"] = round(time.perf_counter() - t0, 2)
     return TokenDataset.from_sequences(seqs, p_lens, sources, info=info), failed
 

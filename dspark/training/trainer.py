@@ -23,7 +23,9 @@ Checkpoints (``output_dir/checkpoint-NNNNNNN/``): the drafter (``DSparkDrafter.s
 + its own weights only, never the target's embedding or lm_head), the optimizer state as
 safetensors shards of at most ``max_shard_bytes`` each (large tensors split along their
 flattened length), and ``trainer_state.pt`` written last: a checkpoint without it is
-incomplete and ignored on resume.
+incomplete and ignored on resume. They are written every ``save_every`` steps, at the end, when
+``time_budget_s`` runs out, and on a Ctrl-C, which is answered after the step in progress
+(:class:`dspark.training.interrupt.DeferredInterrupt`) before ``train`` raises KeyboardInterrupt.
 
 :func:`greedy_block_acceptance` replays drafting + full-block greedy verification densely
 (the drafter drafts with its own argmax tokens, the target verifies ``[anchor, d_1..d_{G-1}]``
@@ -50,6 +52,7 @@ from dspark.models.loading import read_safetensors
 from dspark.models.llama import TargetModel
 from dspark.sampling import top_probability
 from dspark.training.data import TokenDataset, batch_indices, make_batch, trained_lengths
+from dspark.training.interrupt import DeferredInterrupt
 from dspark.training.loss import dspark_loss
 
 CHECKPOINT_PREFIX = "checkpoint-"
@@ -419,6 +422,7 @@ class DrafterTrainer:
         self.step = 0
         self.output_dir = Path(cfg.output_dir)
         self.last_metrics: dict[str, Any] = {}
+        self._saved_step: int | None = None  # the step of the last checkpoint this trainer wrote or loaded
 
     # ------------------------------------------------------------------ one step
 
@@ -488,27 +492,42 @@ class DrafterTrainer:
         bar = tqdm(total=stop, initial=self.step, desc="train drafter", unit="step", disable=not cfg.progress)
         log_path = self.output_dir / LOG_FILE
         started = time.perf_counter()
-        try:
-            while self.step < stop:
-                if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
-                    self.extra_state["stopped_by_time_budget"] = {"step": self.step, "budget_s": cfg.time_budget_s}
-                    print(f"train drafter: time budget {cfg.time_budget_s:.0f} s reached at step {self.step} "
-                          f"of {stop}; saving a checkpoint and stopping")
-                    self.save_checkpoint()
-                    break
-                metrics = self.train_step()
-                acc = " ".join("-" if v is None else f"{v:.2f}" for v in metrics["per_position_acceptance"])
-                bar.set_postfix_str(f"loss {metrics['loss']:.4f} tau {metrics['expected_accept_length']:.2f} "
-                                    f"acc [{acc}]")
-                bar.update(1)
-                if self.step % cfg.log_every == 0 or self.step == stop:
-                    with log_path.open("a") as f:
-                        f.write(json.dumps(metrics) + "\n")
-                if self.step % cfg.save_every == 0 or self.step == stop:
-                    self.save_checkpoint()
-        finally:
-            bar.close()
+        # A Ctrl-C is answered between steps: a checkpoint of the last whole step, then KeyboardInterrupt.
+        with DeferredInterrupt() as interrupt:
+            try:
+                self._train_loop(stop, bar, log_path, started, interrupt)
+            finally:
+                bar.close()
         return self.last_metrics
+
+    def _train_loop(self, stop: int, bar, log_path: Path, started: float, interrupt: DeferredInterrupt) -> None:
+        cfg = self.cfg
+        while self.step < stop:
+            if interrupt.requested:
+                bar.close()
+                if self.step == 0:
+                    print("train drafter: interrupted before the first step; nothing to save")
+                else:
+                    saved = self.save_checkpoint() if self._saved_step != self.step else self.checkpoint_dir(self.step)
+                    print(f"train drafter: interrupted at step {self.step} of {stop}; {saved} holds it "
+                          f"(resume=true continues from there)")
+                raise KeyboardInterrupt
+            if cfg.time_budget_s is not None and time.perf_counter() - started > cfg.time_budget_s:
+                self.extra_state["stopped_by_time_budget"] = {"step": self.step, "budget_s": cfg.time_budget_s}
+                print(f"train drafter: time budget {cfg.time_budget_s:.0f} s reached at step {self.step} "
+                      f"of {stop}; saving a checkpoint and stopping")
+                self.save_checkpoint()
+                break
+            metrics = self.train_step()
+            acc = " ".join("-" if v is None else f"{v:.2f}" for v in metrics["per_position_acceptance"])
+            bar.set_postfix_str(f"loss {metrics['loss']:.4f} tau {metrics['expected_accept_length']:.2f} "
+                                f"acc [{acc}]")
+            bar.update(1)
+            if self.step % cfg.log_every == 0 or self.step == stop:
+                with log_path.open("a") as f:
+                    f.write(json.dumps(metrics) + "\n")
+            if self.step % cfg.save_every == 0 or self.step == stop:
+                self.save_checkpoint()
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -544,6 +563,7 @@ class DrafterTrainer:
                                f"or raise train.max_shard_bytes")
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
+        self._saved_step = self.step
         if self.cfg.keep_last > 0:
             for old in complete_checkpoints(self.output_dir)[: -self.cfg.keep_last]:
                 shutil.rmtree(old)
@@ -577,6 +597,8 @@ class DrafterTrainer:
         if "cuda" in state["rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         self.step = int(state["step"])
+        # a checkpoint of this run's own folder already holds this step (one loaded from elsewhere does not)
+        self._saved_step = self.step if src.resolve() == self.checkpoint_dir(self.step).resolve() else None
         self.last_metrics = dict(state.get("last_metrics") or {})
         self.extra_state = dict(state.get("extra") or {})
 
