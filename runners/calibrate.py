@@ -33,7 +33,9 @@ With ``fit_fraction=F`` the sequences are split (seeded, by sequence) into a fit
 and a report part: STS is fitted on the fit part only, AUC / ECE before and after are reported
 on both (``in_sample`` = fit part, ``out_of_sample`` = report part), the top-level numbers are
 the out-of-sample ones, and a bootstrap over the report part's sequences gives a confidence
-interval for the out-of-sample ECE after STS, compared with ``target_ece``. The temperatures
+interval for the out-of-sample ECE after STS, compared with ``target_ece`` (``target_ece_verdict``: met, not
+met, undecided, or unresolvable where the interval cannot decide: a noise floor above the target, or reported
+blocks whose drafts were all rejected or all accepted, where a constant survival scores a perfect ECE). The temperatures
 written are the ones fitted on the fit part (documented choice: refitting on all data would
 leave no unbiased estimate of the temperatures that ship). Without ``fit_fraction`` STS is
 fitted and reported on the same blocks (in-sample only; the older behaviour).
@@ -221,8 +223,15 @@ def write_temperatures(checkpoint: Path, temperatures: torch.Tensor, drafter: DS
                              max_prob_weights=weights)
 
 
-def _verdict(interval: dict[str, Any], target: float) -> str:
+def _verdict(interval: dict[str, Any], target: float, accepted: torch.Tensor) -> str:
+    """The ECE interval against ``target``; ``accepted``: the reported blocks' acceptance labels [blocks, G]."""
     pct = f"{100 * interval['confidence']:.0f}%"
+    hits = int(accepted.sum())
+    if hits == 0 or hits == accepted.numel():
+        # a survival of 0 (or 1) everywhere scores a perfect ECE here and says nothing the planner could use
+        which = "no accepted" if hits == 0 else "no rejected"
+        return (f"unresolvable: the {interval['blocks']} reported blocks hold {which} draft, so no calibration "
+                f"can be told from a constant; use data the drafter was trained for")
     if interval.get("noise_floor", 0.0) >= target and interval["high"] > target:
         return (f"unresolvable: a perfectly calibrated predictor would score {100 * interval['noise_floor']:.2f}% "
                 f"on these {interval['blocks']} blocks (noise floor >= {100 * target:.2f}%); add held-out data")
@@ -436,7 +445,7 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
         report["bootstrap"] = interval
         if "ece_after" in interval:
             report["target_ece"] = float(cfg.get("target_ece", 0.02))
-            report["target_ece_verdict"] = _verdict(interval["ece_after"], report["target_ece"])
+            report["target_ece_verdict"] = _verdict(interval["ece_after"], report["target_ece"], accepted[rep])
     out_json = Path(cfg.output_json) if cfg.output_json else checkpoint / "calibration.json"
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(report, indent=2) + "\n")

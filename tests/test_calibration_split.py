@@ -536,3 +536,16 @@ def test_auc_head_vs_max_prob_script_fuses_both(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", [script, str(path), "--write-calibration", str(tmp_path / "x")])
     with pytest.raises(SystemExit, match="needs --fused"):
         runpy.run_path(script, run_name="__main__")
+
+
+def test_the_ece_verdict_is_unresolvable_when_every_reported_draft_is_rejected_or_every_one_accepted():
+    """A drafter that never drafts an accepted token scores a perfect ECE with a survival of 0: no verdict."""
+    from runners.calibrate import _verdict
+
+    interval = {"confidence": 0.95, "low": 0.0, "high": 0.001, "blocks": 40, "noise_floor": 0.0}
+    assert _verdict(interval, 0.02, torch.zeros(40, 4)).startswith("unresolvable: the 40 reported blocks hold no "
+                                                                   "accepted draft")
+    assert "no rejected draft" in _verdict(interval, 0.02, torch.ones(40, 4))
+    mixed = torch.zeros(40, 4)
+    mixed[:10, 0] = 1
+    assert _verdict(interval, 0.02, mixed).startswith("met:")
