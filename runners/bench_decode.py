@@ -323,9 +323,10 @@ def _row(engine: Engine, batch: int, sets: int, decode_steps: list[float], outpu
 
 
 def run(cfg: DictConfig) -> dict:
-    from runners.common import build_engine, writable_folder
+    from runners.common import build_engine, check_sampling, writable_folder
 
     writable_folder(cfg.output_dir, "output_dir")  # before any model loads
+    check_sampling({"max_tokens": "new_tokens"}, temperature=0.0, max_tokens=int(cfg.new_tokens))
     base = to_engine_config(cfg.engine)
     engine_base = OmegaConf.to_container(cfg.engine, resolve=True)
 

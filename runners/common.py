@@ -99,6 +99,23 @@ def writable_folder(path: str | Path, key: str, create: bool = True) -> Path:
     return folder
 
 
+def check_sampling(keys: dict[str, str], **values: Any) -> None:
+    """Check sampling values a runner takes under its own keys (``keys``: SamplingParams field -> the runner's
+    key) before any model loads, with SamplingParams' own rules: a bad value is a ConfigError that names the key
+    the user wrote, not ``sampling.<field>`` of a request built later."""
+    from dspark.config import SamplingParams
+
+    try:
+        SamplingParams(**values)
+    except ConfigError as e:
+        message = str(e)
+        for field, key in keys.items():
+            prefix = f"sampling.{field}:"
+            if message.startswith(prefix):
+                raise ConfigError(key + ":" + message[len(prefix):]) from None
+        raise
+
+
 # ---- the tiny-model test hook --------------------------------------------------------------------------
 def tiny_models_requested() -> bool:
     return os.environ.get(TINY_MODELS_ENV, "") not in ("", "0")

@@ -570,8 +570,10 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
         raise ConfigError(f"temperatures: need at least one value >= 0, got {list(cfg.temperatures)}")
     if not 0.0 < float(cfg.ci_level) < 1.0:
         raise ConfigError(f"ci_level: the bootstrap interval's level must lie in (0, 1), e.g. 0.95; got {cfg.ci_level}")
-    from runners.common import writable_folder
+    from runners.common import check_sampling, writable_folder
 
+    check_sampling({"top_p": "top_p", "top_k": "top_k", "max_tokens": "max_tokens"}, temperature=1.0,
+                   top_p=float(cfg.top_p), top_k=int(cfg.top_k), max_tokens=int(cfg.max_tokens))
     writable_folder(cfg.output_dir or checkpoint / "eval", "output_dir")  # before any model loads
     spec_cfg = to_engine_config(cfg.engine, spec="dspark")
     plain_cfg = to_engine_config(cfg.engine, spec="off")

@@ -53,11 +53,14 @@ def no_model(monkeypatch):
 
 @pytest.mark.parametrize("runner,overrides,message", [
     ("bench_decode", ["output_dir={blocked}"], r"output_dir: cannot write into"),
+    ("bench_decode", ["output_dir={tmp}/out", "new_tokens=0"], r"^new_tokens: must be >= 1, got 0"),
     ("profile", ["out={blocked}/table.json"], r"out: cannot write into"),
     ("make_training_data", ["output={tmp}/train.txt"], r"output: .*train.txt must be a .safetensors file"),
     ("make_training_data", ["output={blocked}/train.safetensors"], r"output: cannot write into"),
     ("eval_drafter", ["checkpoint=builtin:dspark-smollm2", "ci_level=1.5"], r"ci_level: .* must lie in \(0, 1\)"),
     ("eval_drafter", ["checkpoint=builtin:dspark-smollm2", "output_dir={blocked}"], r"output_dir: cannot write into"),
+    ("eval_drafter", ["checkpoint=builtin:dspark-smollm2", "top_p=1.5"], r"^top_p: must be in \(0, 1\], got 1.5"),
+    ("eval_drafter", ["checkpoint=builtin:dspark-smollm2", "max_tokens=0"], r"^max_tokens: must be >= 1"),
     ("calibrate", ["checkpoint=builtin:dspark-smollm2"], r"checkpoint: builtin:dspark-smollm2 is the drafter the "
                                                           r"package ships"),
     ("train_drafter", ["data={tmp}/train.safetensors", "train.output_dir={tmp}/run", "stop_at_step=-2"],

@@ -333,7 +333,8 @@ def generate_dataset(engine, items: Sequence[tuple[str, Any]], sampling: Sequenc
     budget is spent; the requests already admitted finish and are kept, the rest are
     reported under ``info["not_admitted"]``. A Ctrl-C (SIGINT) ends the loop after the step
     in progress: the finished responses are returned, ``info["interrupted"]`` counts the
-    admitted requests left unfinished (not in the data), and raising is the caller's part. Returns the dataset (in item order) and the
+    admitted requests left unfinished (not in the data), and raising is the caller's part.
+    Returns the dataset (in item order) and the
     failed items (``{"index", "source", "error"}``); failures are never dropped silently.
     """
     import time
