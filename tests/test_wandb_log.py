@@ -62,7 +62,7 @@ def wandb_records(path: Path):
 def offline_run(run_dir: Path) -> dict:
     """The run record, config, final summary (values logged nested under "a/b" keys) and artifacts of an offline run."""
     (log_file,) = Path(run_dir).glob("*.wandb")
-    out = {"run": None, "config": {}, "summary": {}, "artifacts": []}
+    out = {"run": None, "config": {}, "summary": {}, "artifacts": [], "history": []}
     for record in wandb_records(log_file):
         kind = record.WhichOneof("record_type")
         if kind == "run":
@@ -73,6 +73,9 @@ def offline_run(run_dir: Path) -> dict:
                 out["summary"]["/".join(item.nested_key) or item.key] = json.loads(item.value_json)
         elif kind == "artifact":
             out["artifacts"].append(record.artifact)
+        elif kind == "history":  # one committed row: its step and the keys logged in it
+            out["history"].append({"step": record.history.step.num,
+                                   "keys": sorted("/".join(i.nested_key) or i.key for i in record.history.item)})
     return out
 
 
@@ -141,6 +144,17 @@ def test_statistics_and_verdict_are_in_both_runs_summaries_and_a_table(offline_a
         assert table["columns"] == list(STATISTICS_COLUMNS)
         row = dict(zip(table["columns"], next(r for r in table["data"] if r[0] == "output_tokens_per_s")))
         assert row["change_pct"] == pytest.approx(headline["change_pct"]) and row["verdict"] == headline["verdict"]
+
+
+def test_the_history_holds_one_row_per_block_and_the_tables_in_the_last(offline_ab):
+    out, summary = offline_ab
+    for run_dir in summary["wandb"]["run_dirs"].values():
+        rows = offline_run(Path(run_dir))["history"]
+        steps = [r["step"] for r in rows]
+        assert steps == list(range(len(summary["schedule"]) // 2)), steps  # two schedule entries per block
+        assert all("block" in r["keys"] for r in rows)  # no row without a block
+        tables = {k.split("/")[0] for k in rows[-1]["keys"]} & {"requests", "statistics_table"}
+        assert tables == {"requests", "statistics_table"}, rows[-1]["keys"]
 
 
 def test_summary_report_and_plots_are_an_artifact_of_both_runs(offline_ab):

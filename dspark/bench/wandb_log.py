@@ -8,10 +8,10 @@ Each run gets:
 - config: the composed configuration of the job, plus the arm, its label, the job and the sweep;
 - history: one row per timed block of the arm (step = block index); nested values go to W&B as
   they are (W&B shows them as dotted keys, and stores NaN and infinities itself);
-- the table ``requests`` (one row per request of the arm);
+- the table ``requests`` (one row per request of the arm), logged into the last block's history row;
 - the B-vs-A statistics (:meth:`WandbLogger.log_statistics`): the summary's ``statistics`` (per
   metric: change, CI, Wilcoxon p, MDE, verdict, ...), ``verdict`` and ``headline_metric``, and the
-  table ``statistics_table``;
+  table ``statistics_table`` (in the last block's row too: the history has one row per block, no other);
 - the job's result files (summary.json, report.md, blocks.csv, the plots) as an artifact of type
   ``ab-results`` (:meth:`WandbLogger.log_results`).
 
@@ -124,6 +124,7 @@ class WandbLogger:
         self.stopped: dict[str, str] | None = None  # set once by a storage failure; see the module docstring
         self.report_status: dict[str, Any] | None = None  # set by close() when report=True
         self._runs: dict[str, Any] = {}
+        self._last_step: dict[str, int] = {}  # per arm: the last block's history step
         self._server_entity: str | None = None  # the entity an online run was logged to
         self._wandb = None
         self._stop_lock = threading.Lock()
@@ -279,8 +280,14 @@ class WandbLogger:
     def log_block(self, arm: str, block_index: int, metrics: Mapping[str, Any]) -> None:
         """Log one block's aggregate metrics of ``arm`` as a history row (step = block index)."""
         if self.enabled:
+            self._last_step[arm] = max(int(block_index), self._last_step.get(arm, 0))
             self._guarded("log_block", arm, lambda: self._run(arm).log(
                 {"block": block_index, **metrics}, step=int(block_index)))
+
+    def _log_at_last_block(self, arm: str, data: Mapping[str, Any]) -> None:
+        """Log ``data`` (tables) into the arm's last block row: the history keeps one row per block, none
+        after them holding only the tables."""
+        self._run(arm).log(dict(data), step=self._last_step.get(arm, 0))
 
     def log_requests(self, arm: str, records: Iterable[RequestRecord] | pd.DataFrame) -> None:
         """Log the per-request table of ``arm`` (a list of records or a requests DataFrame)."""
@@ -290,7 +297,7 @@ class WandbLogger:
         def log_table() -> None:
             frame = records if isinstance(records, pd.DataFrame) else requests_dataframe(records)
             frame = frame.astype(object).where(frame.notna(), None)
-            self._run(arm).log({"requests": self._wandb.Table(dataframe=frame)})
+            self._log_at_last_block(arm, {"requests": self._wandb.Table(dataframe=frame)})
 
         self._guarded("log_requests", arm, log_table)
 
@@ -305,7 +312,8 @@ class WandbLogger:
         for arm in list(self._runs):
             def log_arm(arm: str = arm) -> None:
                 run = self._run(arm)
-                run.log({"statistics_table": self._wandb.Table(columns=list(STATISTICS_COLUMNS), data=rows)})
+                self._log_at_last_block(arm, {"statistics_table": self._wandb.Table(columns=list(STATISTICS_COLUMNS),
+                                                                                    data=rows)})
                 run.summary.update({"statistics": {m: dict(s) for m, s in statistics.items()}, "verdict": verdict,
                                     "headline_metric": headline_metric})
 
