@@ -22,10 +22,12 @@ import textwrap
 import tokenize
 import typing
 from enum import Enum
+from pathlib import Path
 from typing import Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # the runners' config folder (runners.hydra_main)
 # The widest `key=value` column of the listing; a longer one pushes its description to the right.
 KEY_VALUE_WIDTH = 44
 
@@ -178,6 +180,35 @@ def help_listing(cfg: DictConfig) -> str:
     return "\n".join(f"  {k:<{width}}  {text}".rstrip() if text else f"  {k}" for k, text in rows)
 
 
+def group_package(group_dir: Path) -> str:
+    """The config package a group's options write into: a ``# @package X`` header of its first option (the
+    options of a group share one here), else the group's name."""
+    for option in sorted(group_dir.glob("*.yaml")):
+        for line in option.read_text().splitlines():
+            if line.startswith("# @package "):
+                return line[len("# @package "):].strip()
+        break
+    return group_dir.name
+
+
+def group_listing(cfg: DictConfig, conf_dir: Path = CONF_DIR) -> str:
+    """The config groups of ``conf_dir`` whose package is a top-level key of ``cfg``'s schema (the groups this
+    runner reads), one line each with its options: what ``--help`` lists instead of every group of every
+    runner."""
+    schema = OmegaConf.get_type(cfg)
+    keys = set(_fields(schema)) if dataclasses.is_dataclass(schema) else set(cfg.keys())
+    lines = []
+    for group_dir in sorted(p for p in conf_dir.iterdir() if p.is_dir() and p.name != "hydra"):
+        if group_package(group_dir).split(".")[0] in keys:
+            options = sorted(p.stem for p in group_dir.glob("*.yaml"))
+            lines.append(f"{group_dir.name}: {', '.join(options)}")
+    return "\n".join(lines) if lines else "(none: set keys directly)"
+
+
+def _config_groups_resolver(*, _root_: DictConfig) -> str:
+    return group_listing(_root_).replace("$", "$$")
+
+
 def _config_keys_resolver(*, _root_: DictConfig) -> str:
     # Hydra fills the help template with string.Template: a `$` of a value (an interpolation) is doubled.
     return help_listing(_root_).replace("$", "$$")
@@ -185,3 +216,5 @@ def _config_keys_resolver(*, _root_: DictConfig) -> str:
 
 if not OmegaConf.has_resolver("config_keys"):
     OmegaConf.register_new_resolver("config_keys", _config_keys_resolver)
+if not OmegaConf.has_resolver("config_groups"):
+    OmegaConf.register_new_resolver("config_groups", _config_groups_resolver)

@@ -234,6 +234,27 @@ def test_every_config_lists_each_key_of_its_schema_in_help(config):
         assert key in listed or any(k.startswith(key + ".") for k in listed), key
 
 
+@pytest.mark.parametrize("config,listed,absent", [
+    ("ab", {"ab", "engine", "workload", "load", "tiers", "wandb"}, set()),
+    ("train_drafter", {"model"}, {"ab", "engine", "workload", "load", "tiers", "wandb", "drafter"}),
+    ("calibrate", {"model"}, {"ab", "workload", "load", "wandb"}),
+])
+def test_help_lists_the_groups_its_runner_reads_and_no_other(config, listed, absent):
+    """--help's groups are those whose package is a key of the runner's schema (``tiers`` writes into ``engine``):
+    train_drafter's help does not offer ab= or workload= groups that it would refuse."""
+    from hydra import compose, initialize_config_dir
+
+    from runners.config_keys import group_listing
+
+    runner = CONFIG_RUNNER[config]
+    importlib.import_module(f"runners.{runner}")
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name=runner):
+        cfg = compose(config_name=config, return_hydra_config=True)
+    assert "${config_groups:}" in OmegaConf.to_container(cfg.hydra.help)["template"]
+    groups = {line.split(":")[0] for line in group_listing(cfg).splitlines()}
+    assert listed <= groups and not (absent & groups), groups
+
+
 def test_an_error_that_names_a_setting_is_printed_without_a_traceback(cli_results):
     """A ConfigError from a runner (here ab.n_blocks=0, refused before any model loads) is its message alone,
     exit status 1."""
