@@ -34,9 +34,9 @@ and a report part: STS is fitted on the fit part only, AUC / ECE before and afte
 on both (``in_sample`` = fit part, ``out_of_sample`` = report part), the top-level numbers are
 the out-of-sample ones, and a bootstrap over the report part's sequences gives a confidence
 interval for the out-of-sample ECE after STS, compared with ``target_ece`` (``target_ece_verdict``: met, not
-met, undecided, or unresolvable where the interval cannot decide: a noise floor above the target, or reported
-blocks whose drafts were all rejected or all accepted, where a constant survival scores a perfect ECE). The temperatures
-written are the ones fitted on the fit part (documented choice: refitting on all data would
+met, undecided, or unresolvable where the interval cannot decide: a noise floor above the target that the
+interval reaches down to, or reported blocks whose drafts were all rejected or all accepted, where a constant
+survival scores a perfect ECE). The temperatures written are the ones fitted on the fit part (documented choice: refitting on all data would
 leave no unbiased estimate of the temperatures that ship). Without ``fit_fraction`` STS is
 fitted and reported on the same blocks (in-sample only; the older behaviour).
 
@@ -232,8 +232,9 @@ def _verdict(interval: dict[str, Any], target: float, accepted: torch.Tensor) ->
         which = "no accepted" if hits == 0 else "no rejected"
         return (f"unresolvable: the {interval['blocks']} reported blocks hold {which} draft, so no calibration "
                 f"can be told from a constant; use data the drafter was trained for")
-    if interval.get("noise_floor", 0.0) >= target and interval["high"] > target:
-        return (f"unresolvable: a perfectly calibrated predictor would score {100 * interval['noise_floor']:.2f}% "
+    floor = interval.get("noise_floor", 0.0)
+    if floor >= target and interval["high"] > target and interval["low"] <= floor:
+        return (f"unresolvable: a perfectly calibrated predictor would score {100 * floor:.2f}% "
                 f"on these {interval['blocks']} blocks (noise floor >= {100 * target:.2f}%); add held-out data")
     if interval["high"] <= target:
         return f"met: the {pct} interval's upper end {100 * interval['high']:.2f}% is <= {100 * target:.2f}%"

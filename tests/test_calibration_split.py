@@ -270,7 +270,8 @@ def test_calibrate_runner_fit_report_split_and_bootstrap(tmp_path, target, data,
     b = saved["bootstrap"]["ece_after"]
     assert b["sequences"] == 8 and b["point"] == pytest.approx(saved["ece_after"], abs=1e-12)
     assert b["low"] <= b["high"] and saved["target_ece"] == 0.02
-    assert saved["target_ece_verdict"].split(":")[0] in ("met", "not met", "undecided", "unresolvable")
+    verdict = saved["target_ece_verdict"]  # judged on the interval saved beside it (each branch: the test below)
+    assert f"{100 * b['high']:.2f}%" in verdict or f"{100 * b['low']:.2f}%" in verdict, (verdict, b)
     assert saved["previous_temperatures"]["temperatures"] == pytest.approx([1.3, 0.9, 1.1, 2.0])
     temps = json.loads((checkpoint / "temperatures.json").read_text())
     assert temps["temperatures"] == saved["temperatures"] and temps["ece_after"] == saved["ece_after"]
@@ -548,4 +549,13 @@ def test_the_ece_verdict_is_unresolvable_when_every_reported_draft_is_rejected_o
     assert "no rejected draft" in _verdict(interval, 0.02, torch.ones(40, 4))
     mixed = torch.zeros(40, 4)
     mixed[:10, 0] = 1
-    assert _verdict(interval, 0.02, mixed).startswith("met:")
+    assert _verdict(interval, 0.02, mixed) == "met: the 95% interval's upper end 0.10% is <= 2.00%"
+    assert _verdict({**interval, "low": 0.03, "high": 0.05}, 0.02, mixed).startswith("not met: the 95% interval's "
+                                                                                    "lower end 3.00% is > 2.00%")
+    assert _verdict({**interval, "low": 0.01, "high": 0.05}, 0.02, mixed).startswith(
+        "undecided: the 95% interval [1.00%, 5.00%] straddles 2.00%")
+    assert _verdict({**interval, "low": 0.01, "high": 0.05, "noise_floor": 0.025}, 0.02, mixed).startswith(
+        "unresolvable: a perfectly calibrated predictor would score 2.50% on these 40 blocks")
+    # above the noise floor as well as the target: miscalibrated however few the blocks
+    assert _verdict({**interval, "low": 0.17, "high": 0.24, "noise_floor": 0.043}, 0.02, mixed).startswith(
+        "not met: the 95% interval's lower end 17.00% is > 2.00%")

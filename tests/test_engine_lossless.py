@@ -9,15 +9,11 @@ import math
 import pytest
 import torch
 
+from dspark.bench.planted_bugs import PLANTED_BUGS
 from dspark.config import SamplingParams
 from dspark.engine import Engine
-from tiny import tiny_drafter, tiny_engine_config, tiny_target
-
-
-def prompts_for(seed, n, lo=1, hi=30):
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(lo, hi, (n,), generator=g).tolist()
-    return [torch.randint(3, 97, (L,), generator=g).tolist() for L in lens]
+from tiny import random_prompts as prompts_for
+from tiny import tiny_drafter, tiny_engine_config, tiny_target, trained_tiny_pair
 
 
 def run(target, drafter, prompts, sampling, **cfg):
@@ -25,11 +21,18 @@ def run(target, drafter, prompts, sampling, **cfg):
     return eng.generate(prompts, sampling)
 
 
-@pytest.mark.parametrize("seed,block,variant,rank", [(0, 4, "vanilla", 8), (1, 3, "gated", 8), (2, 6, "rnn", 8),
-                                                     (3, 5, "vanilla", 0)])
+CASES = [(0, 4, "vanilla", 8), (1, 3, "gated", 8), (2, 6, "rnn", 8), (3, 5, "vanilla", 0)]
+
+
+def trained(seed, block, variant, rank):
+    return trained_tiny_pair(seed, block_size=block, markov_variant=variant, markov_rank=rank)
+
+
+@pytest.mark.parametrize("seed,block,variant,rank", CASES)
 def test_greedy_spec_equals_target_only(seed, block, variant, rank):
-    target = tiny_target(seed)
-    drafter = tiny_drafter(target, seed + 10, block_size=block, markov_variant=variant, markov_rank=rank)
+    """A drafter trained on the target's greedy text: the steps reject a first draft, accept some, and accept
+    whole blocks (bonus token included), and every output equals target-only greedy decoding."""
+    target, drafter = trained(seed, block, variant, rank)
     prompts = prompts_for(seed, 6)
     sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     base = run(target, None, prompts, sp)
@@ -38,26 +41,63 @@ def test_greedy_spec_equals_target_only(seed, block, variant, rank):
         assert b.error is None and s.error is None
         assert len(s.token_ids) == 24
         assert s.token_ids == b.token_ids
-    # the drafter really drafted: some step verified a full block
-    assert all(v == block for s in spec for v in s.verify_lens)
+    assert len({t for b in base for t in b.token_ids}) > 10  # the target's text varies: equality means something
+    accepts = {a for s in spec for a in s.accept_lengths}
+    assert 1 in accepts and max(accepts) == block + 1 and accepts - {1, block + 1}, accepts
+    assert all(v == block for s in spec for v in s.verify_lens)  # verify=full: every step verified its block
 
 
-def test_self_drafting_target_accepts_whole_blocks():
-    """A drafter that copies the target would accept everything; a random one accepts little.
-    Here: accept lengths are within [1, block+1] and accepted drafts are counted per position."""
-    target = tiny_target(4)
-    drafter = tiny_drafter(target, 5, block_size=4)
+@pytest.mark.parametrize("seed,block,variant,rank", CASES[:2])
+def test_a_random_drafter_against_a_varied_target_is_lossless(seed, block, variant, rank):
+    """The rejection path on every step: an untrained drafter against a target whose greedy text varies."""
+    target = tiny_target(seed, scale=4.0)
+    drafter = tiny_drafter(target, seed + 10, block_size=block, markov_variant=variant, markov_rank=rank)
+    prompts = prompts_for(seed, 6)
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    base, spec = run(target, None, prompts, sp), run(target, drafter, prompts, sp)
+    assert [s.token_ids for s in spec] == [b.token_ids for b in base]
+    assert len({t for b in base for t in b.token_ids}) > 10
+
+
+@pytest.mark.parametrize("bug", PLANTED_BUGS)
+def test_these_comparisons_catch_each_planted_bug(bug):
+    """The setups above are sensitive: the same comparison with a planted verification bug finds a difference
+    (a setup whose outputs never depend on the context, or whose drafts are never accepted, would not)."""
+    from dspark.bench.planted_bugs import plant_bug
+
+    target, drafter = trained(*CASES[0])
+    prompts = prompts_for(0, 6)
+    sp = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    base = run(target, None, prompts, sp)
+    eng = Engine(target, None, tiny_engine_config(spec="dspark"), drafter)
+    plant_bug(eng, bug)
+    assert [o.token_ids for o in eng.generate(prompts, sp)] != [b.token_ids for b in base]
+
+
+def test_accept_lengths_and_per_position_counts_agree():
+    """Each step's accept length is its accepted drafts + 1 (the target's own token), from 1 to block + 1, and
+    the per-position counts follow from them: position i is reached by the steps that accepted i drafts or more
+    and accepted by those that accepted more than i."""
+    target, drafter = trained(*CASES[0])
     out = run(target, drafter, prompts_for(4, 3), SamplingParams(max_tokens=20, ignore_eos=True))
+    seen = set()
     for o in out:
-        assert all(1 <= a <= 5 for a in o.accept_lengths)
-        assert sum(o.accept_lengths) >= 20  # the last step may overshoot max_tokens and is truncated
-        assert o.pos_reached[0] == len(o.accept_lengths)
-        assert all(o.pos_accepted[i] <= o.pos_reached[i] for i in range(4))
+        a = o.accept_lengths
+        seen |= set(a)
+        assert all(1 <= x <= 5 for x in a)
+        assert sum(a) >= 20  # the last step may overshoot max_tokens and is truncated
+        assert o.pos_reached == [sum(x >= i + 1 for x in a) for i in range(4)], (a, o.pos_reached)
+        assert o.pos_accepted == [sum(x >= i + 2 for x in a) for i in range(4)], (a, o.pos_accepted)
+    assert 5 in seen and 1 in seen, seen
 
 
-def test_batch_invariance_and_preemption():
-    target = tiny_target(7)
-    drafter = tiny_drafter(target, 8, block_size=4)
+@pytest.mark.parametrize("pair", ["trained", "random drafter"])
+def test_batch_invariance_and_preemption(pair):
+    if pair == "trained":
+        target, drafter = trained(*CASES[0])
+    else:
+        target = tiny_target(7, scale=4.0)
+        drafter = tiny_drafter(target, 8, block_size=4)
     prompts = prompts_for(7, 5, lo=2, hi=40)
     sp = SamplingParams(max_tokens=30, ignore_eos=True)
     alone = [run(target, drafter, [p], sp)[0].token_ids for p in prompts]
@@ -66,6 +106,7 @@ def test_batch_invariance_and_preemption():
     assert any(o.num_preemptions > 0 for o in batch), "the small pool should have forced a preemption"
     for a, b in zip(alone, batch):
         assert b.token_ids == a
+    assert len({t for a in alone for t in a}) > 10
 
 
 def test_bad_requests_get_errors_and_others_are_served():

@@ -15,7 +15,7 @@ from dspark.config import ConfigError, EngineConfig, SamplingParams
 from dspark.engine import Engine
 from dspark.stats import HOST_PHASES
 from test_engine_lossless import prompts_for as lossless_prompts
-from tiny import tiny_drafter, tiny_engine_config, tiny_target
+from tiny import tiny_drafter, tiny_engine_config, tiny_target, trained_tiny_pair
 
 
 def prompts_for(seed, n, lo=2, hi=30):
@@ -31,8 +31,8 @@ def generate(target, drafter, prompts, params, **cfg):
 @pytest.mark.parametrize("spec", ["off", "dspark"])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_device_resident_steps_emit_what_the_eager_engine_emits(spec, overlap):
-    target = tiny_target(3)
-    drafter = tiny_drafter(target, 7, block_size=4) if spec == "dspark" else None
+    target, drafter = trained_tiny_pair(3, block_size=4)  # varied text, drafts rejected and accepted
+    drafter = drafter if spec == "dspark" else None
     prompts = prompts_for(5, 7)
     # Different lengths: requests finish at different steps, so rows leave the device batch while
     # the waiting ones are admitted (max_num_seqs 4 < 7 requests), prefilled and join it: all of it
@@ -41,7 +41,10 @@ def test_device_resident_steps_emit_what_the_eager_engine_emits(spec, overlap):
     base, _ = generate(target, drafter, prompts, params, max_num_seqs=4)
     fast, eng = generate(target, drafter, prompts, params, max_num_seqs=4, cuda_graphs=True, overlap=overlap)
     assert fast == base
+    assert len({t for ids in base for t in ids}) > 10
     c = eng.counters()
+    if spec == "dspark":
+        assert 0 < c["accepted_tokens"] < c["drafted_tokens"], c  # some drafts accepted, some rejected
     assert c["graph_eager_steps"] > 0 and c["graph_replays"] == 0  # CPU: the step ran, uncaptured
     assert c["eager_reason/cpu"] == c["graph_eager_steps"]
     assert c["eager_steps"] == 0 and not any(k.startswith("eager_reason/") and k != "eager_reason/cpu" for k in c)
@@ -91,8 +94,7 @@ def test_host_phases_are_parts_of_the_step_calls_and_of_the_time_between_them():
 
 
 def test_eos_and_page_growth_inside_the_pipeline():
-    target = tiny_target(4)
-    drafter = tiny_drafter(target, 8, block_size=3)
+    target, drafter = trained_tiny_pair(4, block_size=3)
     prompts = prompts_for(9, 3, lo=14, hi=17)
     params = SamplingParams(max_tokens=40)  # EOS allowed: some requests stop early
     base, _ = generate(target, drafter, prompts, params, kv_block_size=4)

@@ -233,8 +233,10 @@ def test_survival_helpers_feed_the_planner():
     assert all(surv[0, j + 1] <= surv[0, j] for j in range(3))
     with pytest.raises(ValueError, match="one STS temperature per drafted position"):
         calibrated_confidence(logits, temps[:3])
-    # A torch tensor goes straight into the planner.
-    assert plan(cfg(), surv=surv).reason in ("trimmed", "declined_below_min_gain")
+    # A torch tensor goes straight into the planner, which reads its values as it reads a list's.
+    from_tensor, from_list = plan(cfg(), surv=surv), plan(cfg(), surv=surv.tolist())
+    assert from_tensor.windows == from_list.windows == (1,) and from_tensor.budget == from_list.budget
+    assert from_tensor.predicted_gain == pytest.approx(from_list.predicted_gain)
     buf = torch.full((3, 4), 0.1)
     reset_slot_(buf, 1)
     assert buf[1].tolist() == [1.0] * 4 and buf[0].tolist() == pytest.approx([0.1] * 4)

@@ -52,3 +52,54 @@ def tiny_engine_config(**kw) -> EngineConfig:
                 max_num_batched_tokens=64, spec="dspark", plan_min_rows=0)
     base.update(kw)
     return EngineConfig(**base)
+
+
+def random_prompts(seed: int, n: int, lo: int = 1, hi: int = 30) -> list[list[int]]:
+    """``n`` prompts of lo..hi-1 random token ids (3..96: no BOS/EOS), seeded."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(lo, hi, (n,), generator=g).tolist()
+    return [torch.randint(3, 97, (L,), generator=g).tolist() for L in lens]
+
+
+_TRAINED: dict[tuple, tuple[TargetModel, object]] = {}
+
+
+def trained_tiny_pair(seed: int = 0, scale: float = 2.0, steps: int = 120, **drafter_kw):
+    """(target, drafter): a tiny target whose greedy outputs vary (``scale`` 2), and a drafter trained ``steps``
+    steps on that target's greedy answers to random prompts, so that a speculative run rejects some drafts and
+    accepts others up to whole blocks (a random drafter against a random target accepts almost nothing, and a
+    target at scale 1 repeats one token: equality tests on either exercise little). Trained once per process;
+    each call returns its own copy."""
+    key = (seed, scale, steps, tuple(sorted(drafter_kw.items())))
+    if key not in _TRAINED:
+        import tempfile
+
+        from dspark.config import SamplingParams
+        from dspark.engine import Engine
+        from dspark.training.data import TokenDataset
+        from dspark.training.trainer import DrafterTrainer
+
+        target = tiny_target(seed, scale=scale)
+        outs = Engine(target, None, tiny_engine_config(spec="off", max_num_seqs=16)).generate(
+            random_prompts(100 + seed, 48), SamplingParams(max_tokens=28, ignore_eos=True))
+        data = TokenDataset.from_sequences([o.prompt_token_ids + o.token_ids for o in outs],
+                                           [len(o.prompt_token_ids) for o in outs], ["tiny"] * len(outs), info={})
+        drafter = tiny_drafter(target, seed + 10, **drafter_kw)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # small matmuls: one thread is faster, and xdist workers share the cores
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                DrafterTrainer(target, drafter, data, _train_config(out, steps)).train()
+        finally:
+            torch.set_num_threads(threads)
+        _TRAINED[key] = (target, drafter.eval())
+    import copy
+
+    return copy.deepcopy(_TRAINED[key])  # each caller its own models: a test may change its drafter's calibration
+
+
+def _train_config(output_dir: str, steps: int):
+    from dspark.training.trainer import TrainConfig
+
+    return TrainConfig(output_dir=output_dir, max_steps=steps, batch_size=8, max_len=64, anchors_per_seq=6, lr=1e-2,
+                       warmup_steps=4, save_every=10_000, log_every=10_000, progress=False, seed=0)
