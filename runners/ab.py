@@ -60,7 +60,6 @@ import logging
 import math
 import os
 import time
-import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -88,7 +87,7 @@ from dspark.config import ConfigError, EngineConfig
 from dspark.engine import Engine
 from runners import ab_http
 from runners.common import TINY_MODELS_ENV, TinyCharTokenizer, tiny_models, tiny_models_requested
-from runners.config_keys import allowed_keys, close_keys, nested_schema
+from runners.config_keys import schema_at, unknown_keys, unknown_keys_message
 from runners.hydra_main import reported_errors, runner_main
 from runners.job_status import in_multirun, write_job_status
 from runners.schema import (ABSchema, EngineSchema, LoadMode, profile_context, to_engine_config,
@@ -121,31 +120,10 @@ class ArmFailed(RuntimeError):
 
 
 # ---- configuration -------------------------------------------------------------------------
-def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
-    """Keys of ``node`` (a config mapping) that ``schema`` (a dataclass) does not declare, recursively.
-
-    Hydra refuses ``ab.n_blokcs=3`` by itself (naming the closest keys: :mod:`runners.hydra_main`), but
-    ``+engine.foo=1`` adds a key even to a typed group; this catches those, and the per-arm engine
-    overrides, which are a free-form dict.
-    """
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    hints = typing.get_type_hints(schema)
-    bad = []
-    for key in node:
-        path = f"{prefix}{key}"
-        if key not in fields:
-            bad.append(path)
-            continue
-        sub = nested_schema(hints[key])
-        value = node[key]
-        if sub is not None and isinstance(value, Mapping | DictConfig):
-            bad += unknown_keys(value, sub, prefix=f"{path}.")
-    return bad
-
-
 def check_keys(cfg: DictConfig) -> None:
-    """Refuse keys no schema declares, naming each one, the closest declared keys and those allowed next to it."""
-    bad = unknown_keys(cfg, ABSchema)
+    """Refuse keys no schema declares, naming each one, the closest declared keys and those allowed next to it;
+    the per-arm engine overrides (a free-form dict) are checked against the engine's schema."""
+    bad = unknown_keys(OmegaConf.to_container(cfg, resolve=False), ABSchema)
     engine_keys = {f.name for f in dataclasses.fields(EngineSchema)}
     for arm in ARMS:
         arms = cfg.get("ab", {}).get("arms", {})
@@ -154,29 +132,13 @@ def check_keys(cfg: DictConfig) -> None:
             if key not in engine_keys:
                 bad.append(f"ab.arms.{arm}.engine.{key}")
     if bad:
-        lines = []
-        for path in bad:
-            parent = path.rsplit(".", 1)[0] if "." in path else ""
-            prefix = f"{parent}." if parent else ""
-            schema = _schema_at(parent)
-            if schema is None:
-                lines.append(path)
-                continue
-            close = close_keys(path, schema, prefix)
-            hint = f"did you mean {' or '.join(close)}? " if close else ""
-            lines.append(f"{path} ({hint}allowed here: {', '.join(sorted(allowed_keys(schema, prefix)))})")
-        raise ConfigError("unknown config key(s): " + "; ".join(lines))
+        raise ConfigError(unknown_keys_message(bad, _schema_at))
 
 
 def _schema_at(path: str) -> type | None:
     if path.startswith("ab.arms.") and path.endswith(".engine"):
         return EngineSchema
-    schema: type | None = ABSchema
-    for part in [p for p in path.split(".") if p]:
-        if schema is None:
-            return None
-        schema = nested_schema(typing.get_type_hints(schema).get(part))
-    return schema
+    return schema_at(ABSchema, path)
 
 
 def in_process_arms(cfg: DictConfig) -> tuple[str, ...]:

@@ -130,6 +130,65 @@ def close_keys(key: str, schema: type, prefix: str = "", n: int = 3) -> list[str
     return found[:n]
 
 
+def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
+    """Keys of ``node`` (a config mapping) that ``schema`` (a dataclass) does not declare, recursively into its
+    nested schemas (a free-form ``Dict`` field is not looked into). Hydra refuses ``ab.n_blokcs=3`` by itself, but
+    ``+engine.foo=1`` or ``+foo=1`` adds a key even to a typed config: this finds those."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    hints = typing.get_type_hints(schema)
+    bad = []
+    for key in node:
+        path = f"{prefix}{key}"
+        if key not in fields:
+            bad.append(path)
+            continue
+        sub = nested_schema(hints[key])
+        value = node[key]
+        if sub is not None and isinstance(value, (dict, DictConfig)):
+            bad += unknown_keys(value, sub, prefix=f"{path}.")
+    return bad
+
+
+def schema_at(root: type, path: str) -> type | None:
+    """The nested schema that declares the keys under the dotted ``path`` of ``root`` ("" is ``root``), or None."""
+    schema: type | None = root
+    for part in [p for p in path.split(".") if p]:
+        if schema is None:
+            return None
+        schema = nested_schema(typing.get_type_hints(schema).get(part))
+    return schema
+
+
+def unknown_keys_message(bad: list[str], find_schema: Any) -> str:
+    """The error for the unknown keys ``bad``: each with the closest declared keys and those allowed beside it
+    (``find_schema(parent path)``: the schema declaring the keys under a parent, or None)."""
+    lines = []
+    for path in bad:
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        prefix = f"{parent}." if parent else ""
+        schema = find_schema(parent)
+        if schema is None:
+            lines.append(path)
+            continue
+        close = close_keys(path, schema, prefix)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        lines.append(f"{path} ({hint}allowed here: {', '.join(sorted(allowed_keys(schema, prefix)))})")
+    return "unknown config key(s): " + "; ".join(lines)
+
+
+def refuse_unknown_keys(cfg: DictConfig) -> None:
+    """A ConfigError naming every key of ``cfg`` its typed schema does not declare (nothing for an untyped
+    config): what every runner checks before it works (runners.hydra_main)."""
+    from dspark.config import ConfigError
+
+    schema = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(schema):
+        return
+    bad = unknown_keys(OmegaConf.to_container(cfg, resolve=False), schema)  # (no interpolation resolved)
+    if bad:
+        raise ConfigError(unknown_keys_message(bad, lambda parent: schema_at(schema, parent)))
+
+
 def allowed_keys(schema: type, prefix: str = "") -> list[str]:
     """The keys ``schema`` declares at its own level, named from ``prefix``."""
     return [f"{prefix}{name}" for name in _fields(schema)]

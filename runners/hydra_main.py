@@ -36,7 +36,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 import runners.config_keys  # noqa: F401  (registers the config_keys resolver of --help)
 import runners.sweep_dirs  # noqa: F401  (registers the sweep_job_name resolver of hydra.sweep.subdir)
 from dspark.config import ConfigError
-from runners.config_keys import allowed_keys, close_keys
+from runners.config_keys import allowed_keys, close_keys, refuse_unknown_keys
 
 # What OmegaConf asserts when an override sets a key under a null node (a group that was not chosen, or a
 # section the chosen config leaves null).
@@ -164,7 +164,12 @@ def runner_main(config_name: str) -> Callable[[Callable[[Any], Any]], Callable[.
     """``@hydra.main`` of a runner whose config is ``conf/<config_name>.yaml``, with the key hints above."""
 
     def decorate(task: Callable[[Any], Any]) -> Callable[..., Any]:
-        hydra_main = hydra.main(version_base="1.3", config_path="../conf", config_name=config_name)(task)
+        @functools.wraps(task)
+        def checked_task(cfg: Any) -> Any:
+            refuse_unknown_keys(cfg)  # +foo=1 or +engine.verfy=full: added even to a typed config
+            return task(cfg)
+
+        hydra_main = hydra.main(version_base="1.3", config_path="../conf", config_name=config_name)(checked_task)
 
         @functools.wraps(task)
         def main(cfg_passthrough: Any = None) -> Any:

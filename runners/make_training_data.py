@@ -113,6 +113,9 @@ class MakeTrainingDataSchema:
     # Prompt records (OUTPUT_STEM.prompts.json files, data files beside which they lie, or
     # builtin:NAME for a shipped drafter's training_prompts.json) whose prompt ids are left out.
     exclude_prompts: Optional[List[str]] = None
+    # A source's file setting (its workload's ``path``), by source: chat_followups takes the answers.jsonl of a
+    # runners.generate run, each answer's follow-up turn then a prompt, e.g. '++source_paths={chat_followups: A}'
+    source_paths: Dict[str, str] = field(default_factory=dict)
 
 
 PROMPT_RECORD_FORMAT = "dspark-prompt-ids/1"
@@ -259,8 +262,10 @@ def prompt_seed(seed: int, prompt_id: str) -> int:
 
 
 def collect_prompts(sources: list[str], split: str, num_prompts: int | None, seed: int,
-                    exclude: set[str] | None = None) -> list[tuple[str, str, list[dict]]]:
-    """(source workload, prompt id, chat messages) for every selected prompt, source by source.
+                    exclude: set[str] | None = None, paths: dict[str, str] | None = None
+                    ) -> list[tuple[str, str, list[dict]]]:
+    """(source workload, prompt id, chat messages) for every selected prompt, source by source; ``paths``: a
+    source's ``path`` setting (its file), by source.
 
     Prompts whose id is in ``exclude`` are dropped BEFORE the first ``num_prompts`` of each
     source are taken, so a source still gives ``num_prompts`` (or all it has left).
@@ -269,9 +274,14 @@ def collect_prompts(sources: list[str], split: str, num_prompts: int | None, see
         raise ConfigError(f"split: {split!r}; use 'train' (training data) or 'eval' (held-out calibration data)")
     if not sources:
         raise ConfigError(f"sources: give at least one workload, e.g. {DEFAULT_SOURCES}")
+    paths = dict(paths or {})
+    unused = sorted(set(paths) - set(sources))
+    if unused:
+        raise ConfigError(f"source_paths: {unused} are not among sources {list(sources)}")
     items = []
     for name in sources:
-        workload = build_workload(make_spec(name, split=split, num_prompts=None, seed=seed))
+        extra = {"path": paths[name]} if name in paths else {}
+        workload = build_workload(make_spec(name, split=split, num_prompts=None, seed=seed, **extra))
         prompts = workload.prompts()
         if exclude:
             prompts = [p for p in prompts if p.id not in exclude]
@@ -324,7 +334,9 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
     writable_folder(Path(cfg.output).parent, "output")  # before any model loads
     engine_cfg = to_engine_config(cfg.engine, spec="off")
     exclude, exclude_info = excluded_prompt_ids(cfg.get("exclude_prompts"))
-    items = collect_prompts(list(cfg.sources), cfg.split, cfg.num_prompts_per_source, int(cfg.seed), exclude=exclude)
+    source_paths = dict(cfg.get("source_paths") or {})
+    items = collect_prompts(list(cfg.sources), cfg.split, cfg.num_prompts_per_source, int(cfg.seed), exclude=exclude,
+                            paths=source_paths)
     if not items:
         hint = (f"; a drafter trained on the whole train split is calibrated on the eval split of the "
                 f"training-only sources: split=eval sources={CALIBRATION_EVAL_SOURCES}"
@@ -353,7 +365,7 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
             "sources": list(cfg.sources), "num_prompts_per_source": cfg.num_prompts_per_source,
             "shard": f"{shard_index}/{shard_count}",
             "samples_per_prompt": dict(cfg.get("samples_per_prompt") or {}),
-            "exclude_prompts": exclude_info or None,
+            "exclude_prompts": exclude_info or None, "source_paths": source_paths or None,
             "engine": {"device": engine_cfg.device, "dtype": engine_cfg.dtype, "max_num_seqs": engine_cfg.max_num_seqs}}
     t0 = time.perf_counter()
     dataset, failed = generate_dataset(engine, [(src, msgs) for src, _, msgs in items], params, info=info,

@@ -462,3 +462,27 @@ def test_wandb_mode_from_the_environment_is_checked_before_any_model_loads(tmp_p
     for word in ("wandb.mode", "WANDB_MODE", "cloud", "offline", "online", "disabled"):
         assert word in str(info.value), str(info.value)
     assert compose_ab(["+workload=agentic", "wandb.mode=offline"], out_dir=tmp_path).wandb.mode == "offline"
+
+
+@pytest.mark.parametrize("config,override,message", [
+    ("generate", "+foo=1", r"unknown config key\(s\): foo \(allowed here: drafter, engine,"),
+    ("make_training_data", "+path=O.jsonl", r"unknown config key\(s\): path \("),
+    ("serve", "+engine.verfy=full", r"engine.verfy \(did you mean engine.verify\?"),
+    ("generate", "+sampling.temprature=0.7", r"sampling.temprature \(did you mean sampling.temperature\?"),
+    ("train_drafter", "+train.lrr=0.1", r"train.lrr \(did you mean train.lr\?"),
+])
+def test_every_runner_refuses_a_key_its_schema_does_not_declare(config, override, message):
+    """``+key=value`` adds a key even to a typed config; runner_main refuses it before the runner works, naming the
+    closest keys (generate and make_training_data ran on, ignoring it)."""
+    from hydra import compose, initialize_config_dir
+
+    from runners.config_keys import refuse_unknown_keys
+
+    runner = CONFIG_RUNNER[config]
+    importlib.import_module(f"runners.{runner}")
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name=runner):
+        cfg = compose(config_name=config, overrides=[override])
+    with pytest.raises(ConfigError, match=message):
+        refuse_unknown_keys(cfg)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3", job_name=runner):
+        refuse_unknown_keys(compose(config_name=config))  # the config as shipped passes

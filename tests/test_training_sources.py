@@ -217,3 +217,22 @@ def test_chat_followups_are_question_answer_follow_up(workloads, tmp_path):
     answers.write_text(json.dumps({"id": held_out.id, "text": "x"}) + "\n")
     with pytest.raises(WorkloadError, match="not a train-split prompt"):
         ChatFollowupsWorkload(make_spec("chat_followups", path=str(answers))).pool()
+
+
+def test_make_training_data_gives_a_source_its_file(tmp_path):
+    """make_training_data's source_paths: chat_followups with the answers of a generation run (the workload's path=),
+    which the runner could not set before; a path for a source not asked for is refused."""
+    from dspark.config import ConfigError
+    from runners.make_training_data import collect_prompts
+
+    hard = build_workload(make_spec("hard_questions", split="train", num_prompts=None)).available("train")[:2]
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(json.dumps({"id": p.id, "text": f"Answer {i}."}) + "\n" for i, p in enumerate(hard)))
+    plain = collect_prompts(["chat_followups"], "train", None, 0)
+    items = collect_prompts(["chat_followups"], "train", None, 0, paths={"chat_followups": str(answers)})
+    added = {pid for _, pid, _ in items} - {pid for _, pid, _ in plain}
+    assert len(added) == 4 and all(pid.startswith("chat_followups/answers/") for pid in added), sorted(added)[:4]
+    with pytest.raises(ConfigError, match=r"source_paths: \['poetry'\] are not among sources"):
+        collect_prompts(["chat_followups"], "train", None, 0, paths={"poetry": str(answers)})
+    with pytest.raises(WorkloadError, match="missing.jsonl"):
+        collect_prompts(["chat_followups"], "train", None, 0, paths={"chat_followups": str(tmp_path / "missing.jsonl")})
