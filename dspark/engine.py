@@ -182,11 +182,11 @@ class Engine:
         """The drafter with the calibration in ``path`` (engine.confidence_calibration), its weights shared."""
         from dspark.training.calibration import calibration_dir, load_calibration
 
-        where = calibration_dir(path)
         if drafter.confidence_head is None:
             raise ConfigError("engine.confidence_calibration: this drafter has no confidence head to calibrate "
                               "(a DFlash-style ablation); set it to null")
         try:
+            where = calibration_dir(path)
             temperatures, biases, weights = load_calibration(where, drafter.block_size)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(f"engine.confidence_calibration: {e}") from None

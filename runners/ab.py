@@ -248,9 +248,26 @@ def check_config(cfg: DictConfig):
         to_profile_settings(cfg.ab.profile, context=2)  # a null prompt_len is the workload's context, known later
     except ConfigError as e:
         raise ConfigError(f"ab.profile.{e}") from e
+    check_calibration_files(cfg, arm_cfgs)
     workload = workload_from(cfg)
     schedule = build_schedule(cfg.ab.schedule, int(cfg.ab.n_blocks), seed=int(cfg.ab.seed))
     return arm_cfgs, workload, schedule
+
+
+def check_calibration_files(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig]) -> None:
+    """Each speculative arm's engine.confidence_calibration read now, before any model loads; an error names the
+    key that set it (the arm's override, or the engine group's)."""
+    from dspark.training.calibration import calibration_method_of
+
+    for arm, ecfg in arm_cfgs.items():
+        if ecfg.confidence_calibration is None or ecfg.spec != "dspark":
+            continue
+        own = "confidence_calibration" in (cfg.ab.arms[arm].get("engine") or {})
+        key = f"ab.arms.{arm}.engine.confidence_calibration" if own else "engine.confidence_calibration"
+        try:
+            calibration_method_of(ecfg.confidence_calibration)
+        except (FileNotFoundError, ValueError) as e:
+            raise ConfigError(f"{key}: {e}") from None
 
 
 def check_interpolations(cfg: DictConfig) -> None:

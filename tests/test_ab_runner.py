@@ -532,10 +532,11 @@ def test_every_shipped_ab_config_passes_the_config_check(tmp_path, ab, engine, m
 
     args = [f"ab={ab}" if a.startswith("ab=") else a for a in TINY]
     overrides = [*args, f"engine={engine}"]
-    if ab == "scheduled_vs_max_prob_calibration":  # B's calibration is required (???): an sts_max_prob file
+    if ab == "scheduled_vs_max_prob_calibration":  # B's calibration is required: an sts_max_prob file
         path = tmp_path / "max_prob" / "temperatures.json"
         path.parent.mkdir()
-        path.write_text(json.dumps({"temperatures": [1.0] * 4, "biases": [0.0] * 4, "max_prob_weights": [0.5] * 4}))
+        path.write_text(json.dumps({"method": "head_and_max_prob_logistic_regression", "temperatures": [1.0] * 4,
+                                    "biases": [0.0] * 4, "max_prob_weights": [0.5] * 4}))
         overrides.append(f"ab.arms.B.engine.confidence_calibration={path}")
     if ab != "in_process_vs_served":
         check_config(compose_ab(overrides, out_dir=tmp_path))
@@ -756,3 +757,17 @@ def test_the_prediction_checks_amounts_add_over_blocks():
     health = prediction_health({"B": c}, tolerance=0.15)["B"]
     assert health["step_ms_measured_over_service_price"] == pytest.approx(24.0 / 20.0)
     assert health["step_ms_measured_over_predicted"] == pytest.approx(24.0 / 16.0)
+
+
+def test_an_arms_calibration_file_is_read_before_any_model_loads_and_named_by_its_key(tmp_path):
+    from dspark.config import ConfigError
+    from runners.ab import check_config
+
+    args = ["ab=full_vs_scheduled" if a.startswith("ab=") else a for a in TINY]
+    renamed = tmp_path / "cal.json"
+    renamed.write_text(json.dumps({"method": "sequential_temperature_bias_scaling", "temperatures": [1.0] * 4,
+                                   "biases": [0.0] * 4}))
+    for path, words in [(renamed, "cal.json is a file, not a calibration"), (tmp_path / "none", "not found")]:
+        cfg = compose_ab([*args, f"+ab.arms.B.engine.confidence_calibration={path}"], out_dir=tmp_path)
+        with pytest.raises(ConfigError, match=f"^ab.arms.B.engine.confidence_calibration: .*{words}"):
+            check_config(cfg)

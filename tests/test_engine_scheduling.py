@@ -212,8 +212,12 @@ def test_an_engine_calibration_replaces_the_drafters_own_for_that_engine_only(mo
     assert [o.token_ids for o in confident.generate(prompts, sp)] == [b.token_ids for b in base]
     assert shipped.counters()["trimmed_steps"] > 0 and confident.counters()["trimmed_steps"] == 0
     assert [o.token_ids for o in out_shipped] == [b.token_ids for b in base]
-    with pytest.raises(ConfigError, match="confidence_calibration.*not found"):
+    with pytest.raises(ConfigError, match="confidence_calibration.*not found.*python -m runners.calibrate"):
         make_engine(target, drafter, table_path, verify="ragged", confidence_calibration=str(tmp_path / "none"))
+    renamed = tmp_path / "cal.json"  # a calibration file under another name: said so, not read as a folder
+    renamed.write_text((sure / "temperatures.json").read_text())
+    with pytest.raises(ConfigError, match="cal.json is a file, not a calibration: give the temperatures.json"):
+        make_engine(target, drafter, table_path, verify="ragged", confidence_calibration=str(renamed))
     with pytest.raises(ConfigError, match="spec=off"):
         tiny_engine_config(spec="off", confidence_calibration=str(tmp_path))
 

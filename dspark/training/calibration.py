@@ -80,7 +80,12 @@ def calibration_dir(path: str | Path) -> Path:
     """The folder of a calibration given as its temperatures.json or as the folder holding it
     (engine.confidence_calibration takes either)."""
     where = Path(path)
-    return where.parent if where.name == TEMPERATURES_FILE else where
+    if where.name == TEMPERATURES_FILE:
+        return where.parent
+    if where.is_file():
+        raise FileNotFoundError(f"{where} is a file, not a calibration: give the {TEMPERATURES_FILE} that "
+                                f"runners.calibrate writes (or the folder holding it)")
+    return where
 
 
 def calibration_method_of(path: str | Path) -> str:
@@ -816,8 +821,8 @@ def load_calibration(directory: str | Path, block_size: int | None) -> Calibrati
     """
     path = Path(directory) / TEMPERATURES_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: calibrate the drafter first (fit_sequential_temperatures "
-                                f"+ save_temperatures) or run without calibrated confidence")
+        raise FileNotFoundError(f"{path} not found: calibrate the drafter first (python -m runners.calibrate "
+                                f"checkpoint=...) or run without calibrated confidence")
     try:
         payload = json.loads(path.read_text())
     except json.JSONDecodeError as e:
