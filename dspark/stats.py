@@ -31,6 +31,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dspark.planner import UNPLANNED_REASONS
+
 log = logging.getLogger(__name__)
 
 
@@ -191,7 +193,10 @@ class EngineStats:
             self._pending.append((ids, ka, wa, ka if u is None else np.asarray(u, dtype=np.int64)))
             if len(self._pending) >= _FOLD_STEPS:
                 self._fold_requests()
-        if decision is not None and decision.predicted_tokens is not None and decision.predicted_ms is not None:
+        # Steps the planner priced: not those it was never asked about (too few rows, the plan gate's skips), whose
+        # survival it did not read (the head did not run there).
+        if decision is not None and decision.predicted_tokens is not None and decision.predicted_ms is not None \
+                and decision.reason not in UNPLANNED_REASONS:
             self.predicted_tokens_total += decision.predicted_tokens
             self.predicted_ms_total += decision.predicted_ms
             self.realised_tokens_on_predicted += int(ka.sum()) + n

@@ -143,8 +143,8 @@ def declined_experiment(tmp_path):
     return summary, blocks, requests
 
 
-NOTE = ("B declined every step (planner predicted no gain): A and B ran the same work; the measured difference is "
-        "noise, not an effect of trimming")
+NOTE = ("B declined every step (planner predicted no gain, steps with prefills): A and B ran the same work; the "
+        "measured difference is noise, not an effect of trimming")
 
 
 def test_declined_everything_is_said_next_to_the_verdict_with_the_planner_and_the_cost_table(tmp_path):
@@ -174,8 +174,12 @@ def test_declined_everything_is_said_next_to_the_verdict_with_the_planner_and_th
     assert "Truncated outputs (finish_reason length): A 12/64" in out
     # A verify-all arm that ran target-only is not the same work: the note says only what B did.
     other = {**summary, "arms": {**summary["arms"], "A": {"label": "target", "engine": {"spec": "off", "verify": "full"}}}}
-    assert verdict_note(other) == ("B declined every step (planner predicted no gain): B verified the whole drafted "
-                                   "block on every step; the measured difference is not an effect of trimming")
+    assert verdict_note(other) == ("B declined every step (planner predicted no gain, steps with prefills): B verified "
+                                   "the whole drafted block on every step; the measured difference is not an effect of "
+                                   "trimming")
+    # the reasons as the counters give them: a batch below plan_min_rows is not a predicted loss
+    small = {**summary, "counters": {**summary["counters"], "B": {"sched/plan_reason.declined_small_batch": 14}}}
+    assert verdict_note(small).startswith("B declined every step (fewer rows than engine.plan_min_rows): ")
     # A table that cannot be read is named, not fatal; a run whose B trimmed has no note.
     missing = {**summary, "cost_tables": {"B": {"path": str(tmp_path / "gone.json")}}}
     text = write_report(tmp_path / "missing", missing, blocks, requests)["report"].read_text()

@@ -232,3 +232,19 @@ def test_per_request_sums_are_folded_as_a_row_by_row_count(ids, monkeypatch):
     mean = sum(p[1] / p[0] for p in want.values()) / len(want)
     assert s.summary()["accept_length"] == pytest.approx(mean)
     assert s._per_request == want and all(type(r) in (int, str) for r in s._per_request)
+
+
+def test_prediction_totals_count_the_steps_the_planner_priced_and_no_unplanned_one():
+    """A step too small to plan (or one the plan gate skipped) carries the table's price of the whole block but the
+    planner never read its survival: counting it flagged arms that never planned (0.62x 'tokens per step')."""
+    from dspark.planner import SMALL_BATCH_REASON
+
+    s = EngineStats()
+    priced = PlanDecision((4, 4), False, "declined_below_min_gain", 0.0, 5.0, 2.0, 8)
+    small = PlanDecision((4, 4), False, SMALL_BATCH_REASON, 0.0, 9.0, 2.0, 8)
+    s.record_step(request_ids=["a", "b"], windows=[4, 4], accepted=[1, 2], block=4, mode="ragged", decision=priced,
+                  step_ms=2.5)
+    s.record_step(request_ids=["a", "b"], windows=[4, 4], accepted=[0, 0], block=4, mode="ragged", decision=small,
+                  step_ms=2.5)
+    assert s.predicted_tokens_total == 5.0 and s.realised_tokens_on_predicted == 1 + 2 + 2
+    assert s.predicted_ms_total == 2.0 and s.measured_ms_on_predicted == 2.5

@@ -282,6 +282,28 @@ def draft_free_arms(summary: Mapping[str, Any]) -> list[str]:
             if str(g.get("name", "")).startswith("did_nothing[") and (g.get("details") or {}).get("draft_free_all")]
 
 
+# Why a planner declined a step, in words (dspark.planner's reasons; the plan gate's skip).
+DECLINE_WORDS = {"declined_below_min_gain": "planner predicted no gain", "declined_flat_cost": "a flat cost table",
+                 "declined_no_table": "no cost table", "declined_small_batch": "fewer rows than engine.plan_min_rows",
+                 "skipped_plan_not_paying": "the plan gate skipped planning",
+                 "declined_mixed_step": "steps with prefills", "declined_snapshot_not_ready": "no survival yet"}
+
+
+def _declined_why(summary: Mapping[str, Any], arms: list[str]) -> str:
+    """The reasons the declining ``arms`` gave, most frequent first (planner predicted no gain where the summary
+    records none)."""
+    from dspark.bench.guards import plan_reasons
+
+    counters = summary.get("counters") or {}
+    reasons: dict[str, int] = {}
+    for arm in arms:
+        for reason, steps in plan_reasons(counters.get(arm) or {}).items():
+            if reason != "trimmed":
+                reasons[reason] = reasons.get(reason, 0) + steps
+    ordered = sorted(reasons, key=lambda r: -reasons[r])
+    return ", ".join(DECLINE_WORDS.get(r, r) for r in ordered) or "planner predicted no gain"
+
+
 def verdict_note(summary: dict[str, Any]) -> str | None:
     """What the verdict means when a trimming arm declined every step, or a speculative arm ran every step
     draft-free (None otherwise): the statistics stand, but they say nothing about trimming or drafting."""
@@ -297,7 +319,7 @@ def verdict_note(summary: dict[str, Any]) -> str | None:
     spec = engines.get(declined[0], {}).get("spec")
     others = [a for a in engines if a not in declined]
     who = " and ".join(declined)
-    head = f"{who} declined every step (planner predicted no gain)"
+    head = f"{who} declined every step ({_declined_why(summary, declined)})"
     if engines and all(engines[o].get("verify") == "full" and engines[o].get("spec") == spec for o in others):
         both = " and ".join(engines)
         return f"{head}: {both} ran the same work; the measured difference is noise, not an effect of trimming"
