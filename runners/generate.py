@@ -27,7 +27,7 @@ from dspark.atomic import atomic_write_text
 from dspark.config import ConfigError
 from runners.common import build_engine
 from runners.hydra_main import runner_main
-from runners.schema import to_sampling
+from runners.schema import to_engine_config, to_sampling
 from workloads.custom import load_custom_prompts
 
 log = logging.getLogger(__name__)
@@ -66,10 +66,16 @@ def run(cfg: DictConfig) -> dict:
         raise ConfigError("prompts_file: give a JSONL file of prompts, e.g. prompts_file=prompts.jsonl")
     if not Path(cfg.prompts_file).is_file():
         raise ConfigError(f"prompts_file: {cfg.prompts_file} does not exist or is not a file")
-    out_path = checked_output(cfg.output, cfg.prompts_file)
     prompts = load_custom_prompts(cfg.prompts_file)
     sampling = to_sampling(cfg.sampling)
-    engine = build_engine(cfg)
+    try:  # every setting checked before the output
+        engine_cfg = to_engine_config(cfg.engine, spec=cfg.get("spec"))
+    except ConfigError as e:
+        if cfg.get("spec") is not None and str(e).startswith("engine.spec"):  # the key the user wrote
+            raise ConfigError("spec" + str(e)[len("engine.spec"):]) from None
+        raise
+    out_path = checked_output(cfg.output, cfg.prompts_file)  # (which leaves an empty .partial beside it)
+    engine = build_engine(cfg, engine_cfg)
     inputs = [p.messages if p.messages is not None else p.prompt for p in prompts]
     params = [replace(sampling, max_tokens=p.max_tokens) if p.max_tokens else sampling for p in prompts]
     ids = [p.id.removeprefix("custom/") for p in prompts]

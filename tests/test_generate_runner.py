@@ -13,10 +13,13 @@ from runners.ab import TinyCharTokenizer
 from tiny import tiny_engine_config, tiny_target
 
 
-def cfg_for(prompts_file, output):
+def cfg_for(prompts_file, output, **sampling):
+    from runners.schema import EngineSchema
+
     return OmegaConf.create({"prompts_file": str(prompts_file), "output": str(output), "progress": False,
+                             "spec": "off", "engine": OmegaConf.structured(EngineSchema),
                              "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_tokens": 5,
-                                          "ignore_eos": True, "stop": [], "seed": None}})
+                                          "ignore_eos": True, "stop": [], "seed": None, **sampling}})
 
 
 @pytest.fixture
@@ -31,7 +34,7 @@ def prompts(tmp_path):
 def tiny_engine(monkeypatch):
     built = []
 
-    def build(cfg):
+    def build(cfg, engine_cfg=None):
         target = tiny_target(2)
         eng = Engine(target, TinyCharTokenizer(target.cfg.vocab_size), tiny_engine_config(spec="off", max_model_len=24), None)
         built.append(eng)
@@ -49,6 +52,18 @@ def test_runners_generate_checks_output_before_generating(tmp_path, prompts, tin
         generate.run(cfg_for(prompts, output))
     assert tiny_engine == []  # refused before any model loaded
     assert prompts.read_text() == before  # the input is never overwritten
+
+
+@pytest.mark.parametrize("bad,message", [({"top_p": 2.0}, r"^sampling.top_p: must be in \(0, 1\]"),
+                                         ({"spec": "of"}, r"^spec: ")])
+def test_runners_generate_refuses_a_bad_setting_before_it_touches_the_output(tmp_path, prompts, tiny_engine, bad,
+                                                                            message):
+    cfg = cfg_for(prompts, tmp_path / "gen.jsonl", **{k: v for k, v in bad.items() if k != "spec"})
+    if "spec" in bad:
+        cfg.spec = bad["spec"]
+    with pytest.raises(ConfigError, match=message):
+        generate.run(cfg)
+    assert tiny_engine == [] and not (tmp_path / "gen.jsonl.partial").exists()  # no empty .partial left behind
 
 
 def test_runners_generate_names_a_missing_prompts_file_and_keeps_an_interrupted_runs_generations(tmp_path, prompts,
