@@ -807,9 +807,17 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
     atomic_write(out_dir / "requests.parquet", lambda tmp: requests_df.to_parquet(tmp, index=False))
     paired = _paired_blocks(blocks_df)
     compared = {HEADLINE: "higher", "requests_per_s": "higher"}
+    left_out = {}  # metrics recorded per block but not compared, and why
     for metric in (FULL_LOAD, "goodput_tokens_per_s", "goodput_requests_per_s"):  # (compared as ratios: every block above 0)
-        if metric in blocks_df and bool((pd.to_numeric(blocks_df[metric], errors="coerce") > 0).all()):
+        if metric not in blocks_df:
+            continue
+        values = pd.to_numeric(blocks_df[metric], errors="coerce")
+        if bool((values > 0).all()):
             compared[metric] = "higher"
+        else:
+            left_out[metric] = (f"{int((~(values > 0)).sum())} of {len(values)} arm-blocks at 0 or unmeasured: B vs A "
+                                "is a ratio of blocks, undefined there (blocks.csv holds the values)")
+            log.warning("%s not compared: %s", metric, left_out[metric])
     stats = (compare_blocks(paired, compared, n_boot=int(cfg.ab.n_boot), seed=int(cfg.ab.seed))
              if len(paired) else {})
     # Each arm's engine configuration: configured (in-process), reported by its server (HTTP), or None (unknown).
@@ -835,6 +843,7 @@ def _run_in(cfg: DictConfig, engine_factory, arm_cfgs, workload, schedule, out_d
         "experiment": cfg.experiment,
         "headline_metric": HEADLINE,
         "statistics": {k: v.to_dict() for k, v in stats.items()},
+        "statistics_left_out": left_out,
         "verdict": stats[HEADLINE].verdict if stats else "interrupted before a block ran in both arms",
         "guards": [g.to_dict() for g in guards],
         "guards_passed": all(g.passed for g in guards),

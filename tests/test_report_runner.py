@@ -114,8 +114,14 @@ def test_goodput_at_a_service_level(tmp_path, limit_ms, attained):
     if attained:
         assert (blocks["goodput_tokens_per_s"] == blocks["output_tokens_per_s"]).all()
         assert {"goodput_tokens_per_s", "goodput_requests_per_s"} <= set(summary["statistics"])
+        assert summary["statistics_left_out"] == {}
     else:
         assert (blocks["goodput_tokens_per_s"] == 0).all()
+        # no goodput to compare: said so in the summary and the report, not silently dropped
+        assert not {"goodput_tokens_per_s", "goodput_requests_per_s"} & set(summary["statistics"])
+        why = summary["statistics_left_out"]["goodput_tokens_per_s"]
+        assert why.startswith(f"{len(blocks)} of {len(blocks)} arm-blocks at 0 or unmeasured")
+        assert f"- goodput_tokens_per_s: not compared ({why})." in (out / "report.md").read_text()
     assert summary["sla"] == {"ttft_ms": limit_ms, "tpot_ms": limit_ms}
     text = (out / "report.md").read_text()
     assert "requests within the SLA" in text and f"TTFT <= {limit_ms:g} ms and TPOT <= {limit_ms:g} ms" in text

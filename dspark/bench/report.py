@@ -875,6 +875,8 @@ def _statistics_section(summary: Mapping[str, Any]) -> list[str]:
                  f"{s['order_effect_test']})" + (" **FLAGGED**" if s.get("order_effect_flagged") else ""))
         notes = "; ".join(s.get("notes", []))
         lines.append(f"- {metric}: {s['verdict_reason']}. {order}. {notes}")
+    for metric, why in (summary.get("statistics_left_out") or {}).items():
+        lines.append(f"- {metric}: not compared ({why}).")
     return lines + ["", "MDE: the smallest change the blocks detect with the stated power at the measured noise "
                     "(t distribution, blocks - 1 degrees of freedom).", ""]
 
