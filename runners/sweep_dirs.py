@@ -4,8 +4,8 @@
 ``python -m runners.ab -m +workload=agentic,arena_hard load.concurrency=4,16 ab.n_blocks=8``
 ``0_agentic,concurrency=4``, ``1_agentic,concurrency=16``, ``2_arena_hard,concurrency=4``, ...:
 
-- only the overrides the sweep varies (``a,b``, ``range(...)``, ``choice(...)`` on the command line or in
-  ``hydra.sweeper.params``, read from the sweep's ``multirun.yaml``); the overrides every job shares
+- only the overrides the sweep varies (``a,b``, ``range(...)``, ``choice(...)`` of several values on the command
+  line or in ``hydra.sweeper.params``, read from the sweep's ``multirun.yaml``); the overrides every job shares
   are in that file. When the sweep varies nothing (or its record cannot be read), every override of
   the job;
 - a config group's choice as the option alone (``agentic``), a key as ``name=value`` with the shortest
@@ -88,7 +88,17 @@ def swept_keys(sweep_overrides: Iterable[str], sweeper_params: Mapping[str, str]
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     lines = [*sweep_overrides, *(f"{k}={v}" for k, v in (sweeper_params or {}).items())]
-    return {o.key_or_group for o in OverridesParser.create().parse_overrides(lines) if o.is_sweep_override()}
+    return {o.key_or_group for o in OverridesParser.create().parse_overrides(lines)
+            if o.is_sweep_override() and _values(o) != 1}
+
+
+def _values(override) -> int | None:
+    """How many values a sweep override takes (None where it cannot be listed): ``choice(2)``, the one-value sweep
+    that sets a key of a swept group, takes one and names no job."""
+    try:
+        return len(list(override.sweep_string_iterator()))
+    except Exception:  # noqa: BLE001  (a sweep Hydra cannot list here: it names the job)
+        return None
 
 
 def _recorded_sweep(sweep_dir: Path) -> set[str] | None:

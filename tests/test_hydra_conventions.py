@@ -113,6 +113,9 @@ def test_a_job_is_named_after_what_the_sweep_varies():
     assert job_name(job, set(), groups=["workload"], exclude=["progress"]) == "arena_hard,concurrency=16,n_blocks=8"
     # hydra.sweeper.params sweeps too.
     assert swept_keys(["ab.n_blocks=8"], {"ab.seed": "0,1,2"}) == {"ab.seed"}
+    # A one-value sweep (the way to set a key of a swept group) varies nothing: it does not name the jobs.
+    assert swept_keys(["+workload=agentic,arena_hard", "workload.num_prompts=choice(2)", "ab.seed=range(0,1)",
+                       "load.concurrency=choice(1,4)"]) == {"workload", "load.concurrency"}
 
 
 def test_job_names_keep_keys_with_the_same_last_part_apart_and_stay_short():
