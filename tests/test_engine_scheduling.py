@@ -36,9 +36,9 @@ def scheduled_and_target_only(target, drafter, tmp_path, graphs: bool, seed: int
 
 def device_step_models_and_table(tmp_path, overlap: bool):
     """(target, drafter, budget_lag, steep table path) for device-resident scheduling tests: tiny models with a
-    block of 4, the smallest budget lag the captured path accepts, and a table profiled on their fingerprint."""
-    target = tiny_target(6)
-    drafter = tiny_drafter(target, 11, block_size=4)
+    block of 4 trained on the target's varied text (so a wrong trim or commit changes the tokens), the smallest
+    budget lag the captured path accepts, and a table profiled on their fingerprint."""
+    target, drafter = trained_tiny_pair(6, block_size=4)
     lag = 2 if overlap else 1
     probe = Engine(target, None, tiny_engine_config(cuda_graphs=True, overlap=overlap, budget_lag=lag), drafter)
     return target, drafter, lag, steep_table(probe, tmp_path / "table.json")
