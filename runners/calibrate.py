@@ -36,9 +36,9 @@ the out-of-sample ones, and a bootstrap over the report part's sequences gives a
 interval for the out-of-sample ECE after STS, compared with ``target_ece`` (``target_ece_verdict``: met, not
 met, undecided, or unresolvable where the interval cannot decide: a noise floor above the target that the
 interval reaches down to, or reported blocks whose drafts were all rejected or all accepted, where a constant
-survival scores a perfect ECE). The temperatures written are the ones fitted on the fit part (documented choice: refitting on all data would
-leave no unbiased estimate of the temperatures that ship). Without ``fit_fraction`` STS is
-fitted and reported on the same blocks (in-sample only; the older behaviour).
+survival scores a perfect ECE). The temperatures written are the ones fitted on the fit part (documented
+choice: refitting on all data would leave no unbiased estimate of the temperatures that ship). Without
+``fit_fraction`` STS is fitted and reported on the same blocks (in-sample only; the older behaviour).
 
 ``traces=[...]`` fits on step traces instead (``runners.bench_decode step_trace=true
 engine.cuda_graphs=false`` with ``verify=full``): the blocks the engine itself drafted and

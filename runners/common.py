@@ -108,12 +108,17 @@ def check_sampling(keys: dict[str, str], **values: Any) -> None:
     try:
         SamplingParams(**values)
     except ConfigError as e:
-        message = str(e)
-        for field, key in keys.items():
-            prefix = f"sampling.{field}:"
-            if message.startswith(prefix):
-                raise ConfigError(key + ":" + message[len(prefix):]) from None
-        raise
+        raise under_own_key(e, {f"sampling.{field}": key for field, key in keys.items()}) from None
+
+
+def under_own_key(error: ConfigError, keys: dict[str, str]) -> ConfigError:
+    """``error`` naming the key the user wrote where it names the key a check read it as (``keys``: the checked
+    key -> the user's key, e.g. ``engine.spec`` -> ``spec``); ``error`` itself where neither applies."""
+    message = str(error)
+    for checked, own in keys.items():
+        if message.startswith(checked + ":"):
+            return ConfigError(own + message[len(checked):])
+    return error
 
 
 # ---- the tiny-model test hook --------------------------------------------------------------------------

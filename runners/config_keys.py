@@ -134,15 +134,14 @@ def unknown_keys(node: Any, schema: type, prefix: str = "") -> list[str]:
     """Keys of ``node`` (a config mapping) that ``schema`` (a dataclass) does not declare, recursively into its
     nested schemas (a free-form ``Dict`` field is not looked into). Hydra refuses ``ab.n_blokcs=3`` by itself, but
     ``+engine.foo=1`` or ``+foo=1`` adds a key even to a typed config: this finds those."""
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    hints = typing.get_type_hints(schema)
+    fields = _fields(schema)
     bad = []
     for key in node:
         path = f"{prefix}{key}"
         if key not in fields:
             bad.append(path)
             continue
-        sub = nested_schema(hints[key])
+        sub = nested_schema(fields[key])
         value = node[key]
         if sub is not None and isinstance(value, (dict, DictConfig)):
             bad += unknown_keys(value, sub, prefix=f"{path}.")
@@ -155,7 +154,7 @@ def schema_at(root: type, path: str) -> type | None:
     for part in [p for p in path.split(".") if p]:
         if schema is None:
             return None
-        schema = nested_schema(typing.get_type_hints(schema).get(part))
+        schema = nested_schema(_fields(schema).get(part))
     return schema
 
 

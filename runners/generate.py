@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from dspark.atomic import atomic_write_text
 from dspark.config import ConfigError
-from runners.common import build_engine
+from runners.common import build_engine, under_own_key
 from runners.hydra_main import runner_main
 from runners.schema import to_engine_config, to_sampling
 from workloads.custom import load_custom_prompts
@@ -71,9 +71,7 @@ def run(cfg: DictConfig) -> dict:
     try:  # every setting checked before the output
         engine_cfg = to_engine_config(cfg.engine, spec=cfg.get("spec"))
     except ConfigError as e:
-        if cfg.get("spec") is not None and str(e).startswith("engine.spec"):  # the key the user wrote
-            raise ConfigError("spec" + str(e)[len("engine.spec"):]) from None
-        raise
+        raise (under_own_key(e, {"engine.spec": "spec"}) if cfg.get("spec") is not None else e) from None
     out_path = checked_output(cfg.output, cfg.prompts_file)  # (which leaves an empty .partial beside it)
     engine = build_engine(cfg, engine_cfg)
     inputs = [p.messages if p.messages is not None else p.prompt for p in prompts]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from dspark.config import DrafterConfig, EngineConfig, ModelConfig
@@ -93,8 +95,6 @@ def trained_tiny_pair(seed: int = 0, scale: float = 2.0, steps: int = 120, **dra
         finally:
             torch.set_num_threads(threads)
         _TRAINED[key] = (target, drafter.eval())
-    import copy
-
     return copy.deepcopy(_TRAINED[key])  # each caller its own models: a test may change its drafter's calibration
 
 

@@ -153,6 +153,13 @@ NO_GAIN_WORDS = {
     "skipped_plan_not_paying": "planning measured to cost more host time than its trims saved (engine.plan_gate)",
     "share_choice_full_block": "the whole block measured faster than engine.verify_share's share",
 }
+# Every decline reason in a few words, for the note under a verdict (dspark.bench.report.verdict_note).
+DECLINE_SHORT_WORDS = {
+    "declined_below_min_gain": "planner predicted no gain", "declined_flat_cost": "a flat cost table",
+    "declined_no_table": "no cost table", "declined_small_batch": "fewer rows than engine.plan_min_rows",
+    "skipped_plan_not_paying": "the plan gate skipped planning", "declined_mixed_step": "steps with prefills",
+    "declined_snapshot_not_ready": "no survival yet", "share_choice_full_block": "the share measured slower",
+}
 PLAN_REASON_PREFIX = "sched/plan_reason."
 
 

@@ -282,17 +282,10 @@ def draft_free_arms(summary: Mapping[str, Any]) -> list[str]:
             if str(g.get("name", "")).startswith("did_nothing[") and (g.get("details") or {}).get("draft_free_all")]
 
 
-# Why a planner declined a step, in words (dspark.planner's reasons; the plan gate's skip).
-DECLINE_WORDS = {"declined_below_min_gain": "planner predicted no gain", "declined_flat_cost": "a flat cost table",
-                 "declined_no_table": "no cost table", "declined_small_batch": "fewer rows than engine.plan_min_rows",
-                 "skipped_plan_not_paying": "the plan gate skipped planning",
-                 "declined_mixed_step": "steps with prefills", "declined_snapshot_not_ready": "no survival yet"}
-
-
 def _declined_why(summary: Mapping[str, Any], arms: list[str]) -> str:
     """The reasons the declining ``arms`` gave, most frequent first (planner predicted no gain where the summary
     records none)."""
-    from dspark.bench.guards import plan_reasons
+    from dspark.bench.guards import DECLINE_SHORT_WORDS, plan_reasons
 
     counters = summary.get("counters") or {}
     reasons: dict[str, int] = {}
@@ -301,7 +294,7 @@ def _declined_why(summary: Mapping[str, Any], arms: list[str]) -> str:
             if reason != "trimmed":
                 reasons[reason] = reasons.get(reason, 0) + steps
     ordered = sorted(reasons, key=lambda r: -reasons[r])
-    return ", ".join(DECLINE_WORDS.get(r, r) for r in ordered) or "planner predicted no gain"
+    return ", ".join(DECLINE_SHORT_WORDS.get(r, r) for r in ordered) or "planner predicted no gain"
 
 
 def verdict_note(summary: dict[str, Any]) -> str | None:
