@@ -131,7 +131,8 @@ def read_requests(path: Path) -> pd.DataFrame | None:
     return _lists_decoded(pd.read_parquet(path), REQUEST_LIST_COLUMNS)
 
 
-def render_run(folder: Path, console: Console) -> dict[str, Path]:
+def render_run(folder: Path, console: Console) -> tuple[dict[str, Path], list[dict]]:
+    """The run's report, tables and plots; (their paths, [the summary])."""
     summary = read_run_summary(folder)
     blocks = run_blocks(folder, summary, console)
     requests_path = folder / "requests.parquet"
@@ -141,13 +142,14 @@ def render_run(folder: Path, console: Console) -> dict[str, Path]:
     paths = write_report(folder, summary, blocks, requests)
     render_console_table(summary, console=console)
     console.print(f"report: {paths['report']} (appendix: {paths['appendix'].name})")
-    return paths
+    return paths, [summary]
 
 
-def render_sweep(folder: Path, console: Console) -> dict[str, Path]:
-    paths = write_sweep_report(folder, failed_jobs=failed_jobs(folder))
+def render_sweep(folder: Path, console: Console) -> tuple[dict[str, Path], list[dict]]:
+    """The sweep's summary, tables and plots; (their paths, the readable job summaries), each summary read once."""
     readable, unreadable = read_summaries(sweep_summary_paths(folder))
-    headline = headline_rows(compare_runs(list(readable)))
+    paths = write_sweep_report(folder, failed_jobs=failed_jobs(folder), read=(readable, unreadable))
+    headline = headline_rows(compare_runs(readable))
     out = Table(title=f"sweep {folder}: B vs A on the headline metric")
     for col in ("job", "metric", "B vs A", "CI", "verdict", "guards"):
         out.add_column(col, justify="right" if col in ("B vs A", "CI") else "left")
@@ -164,7 +166,7 @@ def render_sweep(folder: Path, console: Console) -> dict[str, Path]:
     for path, reason in unreadable.items():
         console.print(f"[yellow]{path}: left out, unreadable: {reason}[/yellow]", highlight=False)
     console.print(f"sweep summary: {paths['markdown']} (all metrics: {paths['csv'].name}, plot: {paths['plot'].name})")
-    return paths
+    return paths, list(readable.values())
 
 
 def wandb_report_blocker(summaries: Sequence[dict]) -> str | None:
@@ -208,12 +210,6 @@ def make_wandb_report(folder: Path, summaries: Sequence[dict]) -> str:
     return report.url
 
 
-def _summaries(folder: Path, kind: str) -> list[dict]:
-    """The summaries the W&B report covers: the run's, or the readable ones of the sweep's jobs."""
-    files = [folder / "summary.json"] if kind == "run" else sweep_summary_paths(folder)
-    return list(read_summaries(files)[0].values())
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runners.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="an A/B run folder (summary.json) or a sweep folder")
@@ -221,17 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console(soft_wrap=True)  # paths in messages stay on one line (greppable)
     try:
-        kind = folder_kind(args.folder)
-        if kind == "run":
-            render_run(args.folder, console)
-        else:
-            render_sweep(args.folder, console)
+        render = render_run if folder_kind(args.folder) == "run" else render_sweep
+        _, summaries = render(args.folder, console)  # what the W&B report covers: the run's, or the sweep's readable
     except (ReportError, UnreadableSummaryError) as exc:
         parser.error(str(exc))
     if args.no_wandb_report:
         console.print("W&B report skipped: --no-wandb-report")
         return 0
-    summaries = _summaries(args.folder, kind)
     blocker = wandb_report_blocker(summaries)
     if blocker is not None:
         console.print(f"W&B report skipped: {blocker}")

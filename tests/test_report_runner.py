@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -272,7 +273,7 @@ def test_unfinished_attempts_are_not_sweep_jobs_and_leave_a_run_folder_a_run(tmp
     assert report.main([str(sweep), "--no-wandb-report"]) == 0
     assert "2 job(s)" in (sweep / "sweep_summary.md").read_text()
     assert list(pd.read_csv(sweep / "sweep_summary.csv").drop_duplicates("job")["job"]) == ["x", "y"]
-    assert len(report._summaries(sweep, "sweep")) == 2
+    assert len(report.render_sweep(sweep, report.Console())[1]) == 2
     # A folder whose only summary.json is a kept attempt (the rerun was killed before writing its own) is neither.
     (sweep / "0_x" / "summary.json").unlink()
     with pytest.raises(SystemExit):
@@ -280,3 +281,23 @@ def test_unfinished_attempts_are_not_sweep_jobs_and_leave_a_run_folder_a_run(tmp
     err = capsys.readouterr().err
     assert "outside unfinished-<n>/ and previous-<n>/ folders" in err
     assert "killed before it could (SIGKILL, a crash)" in err
+
+
+def test_a_sweep_report_reads_each_summary_once(tmp_path, monkeypatch):
+    """runners.report reads every job's summary.json one time for the sweep's tables, plot, console table and
+    W&B report (a sweep of many long runs has large summaries)."""
+    import dspark.bench.report as bench_report
+
+    sweep = tmp_path / "sweep"
+    sweep_job(sweep / "0_x", "x")
+    sweep_job(sweep / "1_y", "y")
+    reads = []
+    real = bench_report.read_summary
+
+    def counting(path):
+        reads.append(Path(path).parent.name)
+        return real(path)
+
+    monkeypatch.setattr(bench_report, "read_summary", counting)
+    assert report.main([str(sweep)]) == 0  # the W&B report's check runs on the same summaries
+    assert sorted(reads) == ["0_x", "1_y"]

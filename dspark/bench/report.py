@@ -51,7 +51,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 import pandas as pd
@@ -1202,15 +1202,27 @@ COMPARISON_COLUMNS = ("job", "overrides", "experiment", "summary_path", "metric"
                       "declined_all", *COMPARED_STATISTICS, "verdict_sentence")
 
 
-def compare_runs(paths: Sequence[str | Path]) -> pd.DataFrame:
+SummarySource = Union[Sequence[Union[str, Path]], Mapping[Path, Mapping[str, Any]]]
+
+
+def _paths_and_summaries(runs: SummarySource) -> tuple[list[Path], list[Mapping[str, Any]]]:
+    """The summary paths and their summaries: read from the paths, or as already read (``{path: summary}``,
+    :func:`read_summaries`' readable part)."""
+    if isinstance(runs, Mapping):
+        return [Path(p) for p in runs], list(runs.values())
+    paths = [Path(p) for p in runs]
+    return paths, [read_summary(p) for p in paths]
+
+
+def compare_runs(runs: SummarySource) -> pd.DataFrame:
     """One row per (job, metric) from several ``summary.json`` files, e.g. a sweep's jobs: ``job`` is the
     job's short name (:func:`job_labels`), ``overrides`` all of its command-line overrides. A job without
     statistics (interrupted before a block ran in both arms) has no row; with no row at all the table has
-    :data:`COMPARISON_COLUMNS`. :class:`UnreadableSummaryError` names a file that cannot be read."""
-    if not paths:
+    :data:`COMPARISON_COLUMNS`. ``runs``: the summary paths, or ``{path: summary}`` already read.
+    :class:`UnreadableSummaryError` names a file that cannot be read."""
+    if not runs:
         raise ValueError("compare_runs got no summary.json paths")
-    paths = [Path(p) for p in paths]
-    summaries = [read_summary(p) for p in paths]
+    paths, summaries = _paths_and_summaries(runs)
     rows = []
     for summary, p, job in zip(summaries, paths, job_labels(summaries, paths)):
         guards = summary.get("guards", [])
@@ -1243,13 +1255,12 @@ def jobs_without_statistics(summaries: Mapping[Path, Mapping[str, Any]]) -> dict
             for label, summary in zip(labels, summaries.values()) if not has_headline_statistics(summary)}
 
 
-def frontier_table(summary_paths: Sequence[str | Path]) -> pd.DataFrame:
+def frontier_table(runs: SummarySource) -> pd.DataFrame:
     """The throughput against per-user speed frontier of a sweep: one row per (job, arm) with the arm's output
     tokens/s and its tokens/s per user (1 / TPOT p50) as geometric means over its blocks with t-intervals
     (:func:`block_interval`), and goodput where the runs had a service level. Read from each job's blocks.csv
-    (beside its summary.json); jobs without one are left out."""
-    paths = [Path(p) for p in summary_paths]
-    summaries = [read_summary(p) for p in paths]
+    (beside its summary.json); jobs without one are left out. ``runs`` as :func:`compare_runs` takes them."""
+    paths, summaries = _paths_and_summaries(runs)
     rows = []
     for summary, path, job in zip(summaries, paths, job_labels(summaries, paths)):
         blocks_path = path.with_name("blocks.csv")
@@ -1303,31 +1314,32 @@ def _left_out_lines(unreadable: Mapping[Path, str], without_statistics: Mapping[
     return ["Left out of the tables:", "", *lines, ""] if lines else []
 
 
-def write_sweep_report(sweep_dir: str | Path, failed_jobs: Mapping[str, str] | None = None) -> dict[str, Path]:
+def write_sweep_report(sweep_dir: str | Path, failed_jobs: Mapping[str, str] | None = None,
+                       read: tuple[Mapping[Path, Mapping[str, Any]], Mapping[Path, str]] | None = None
+                       ) -> dict[str, Path]:
     """Collect the jobs' ``summary.json`` under ``sweep_dir`` (:func:`sweep_summary_paths`); write
     sweep_summary.{md,csv} and a gain plot. A job whose summary cannot be read, or has no statistics, is listed as
     left out, and so is each job of ``failed_jobs`` ({job folder: error}, the sweep's recorded job statuses) that
     wrote no summary (one that could not run with its settings); :class:`UnreadableSummaryError` when no job's
-    summary can be read."""
+    summary can be read. ``read``: :func:`read_summaries` of those paths, where the caller has read them."""
     root = Path(sweep_dir)
-    summary_paths = sweep_summary_paths(root)
+    summary_paths = sweep_summary_paths(root) if read is None else [*read[0], *read[1]]
     with_summary = {p.relative_to(root).parts[0] for p in summary_paths}
     failed = {job: error for job, error in (failed_jobs or {}).items() if job not in with_summary}
     if not summary_paths:
         raise FileNotFoundError(f"no summary.json under {root}; point at the sweep's output folder "
                                 "(the one holding one sub-folder per job)")
-    readable, unreadable = read_summaries(summary_paths)
+    readable, unreadable = read_summaries(summary_paths) if read is None else read
     if not readable:
         reasons = "; ".join(f"{path}: {reason}" for path, reason in unreadable.items())
         raise UnreadableSummaryError(root, f"no job's summary.json can be read ({reasons})")
-    summaries = list(readable)
-    table = compare_runs(summaries)
+    table = compare_runs(readable)
     paths = {"csv": root / "sweep_summary.csv", "markdown": root / "sweep_summary.md", "plot": root / "sweep_gain.png"}
     table.to_csv(paths["csv"], index=False)
 
     headline = headline_rows(table)
     report_plots.plot_sweep_gain(headline, paths["plot"])
-    frontier = frontier_table(summaries)
+    frontier = frontier_table(readable)
     frontier_lines: list[str] = []
     if not frontier.empty:
         paths["frontier_csv"] = root / "sweep_frontier.csv"
