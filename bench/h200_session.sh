@@ -28,6 +28,13 @@
 # A deeper drafter from the shipped one: GROW_LAYERS=N (with INIT_FROM) trains N draft layers, the starting
 # drafter's in the first ones and the rest starting as identities (runners.train_drafter init_grow_layers).
 #
+# The DFlash ablation continued beside a shipped DSpark (the same data and steps as DSpark's later stages):
+# STYLES=dflash INIT_FROM_DFLASH=DIR starts it from its own previous stage's weights (RETURN_WEIGHTS=dflash sends them back);
+# MAX_REQUESTS=N makes a time-budgeted data run's data again (each shard answers the first N requests of its
+# shuffled list: the earlier run's prompts minus not_admitted), STOP_AT=S stops training at step S
+# (runners.train_drafter stop_at_step) with the schedule still set by STEPS, and SHARDS=n ONLY_SHARD=i answers one
+# shard of an n-GPU data run on one GPU (one call per shard). A run that trains no DSpark has no finish phase.
+#
 # SOURCES (default the seven training sources, as a Hydra list "[a,b,...]"): the data's prompt sources, e.g.
 # "[poetry,arena_hard,hard_questions]" to spend a data budget on the workloads a drafter lags on.
 #
@@ -72,15 +79,32 @@ SAMPLES=${SAMPLES:-"{agentic: 4, stdlib_prose: 4, arena_hard: 8, hard_questions:
 PHASES=${PHASES:-"data train finish"}
 STYLES=${STYLES:-"dspark dflash"}
 INIT_FROM=${INIT_FROM:-}
-if [[ -n "$INIT_FROM" && " $STYLES " == *" dflash "* ]]; then
-  echo "INIT_FROM=$INIT_FROM with the DFlash ablation: the two would not have the same steps; set STYLES=dspark"
-  exit 2
-fi
-[[ " $STYLES " == *" dspark "* ]] || { echo "STYLES=$STYLES: DSpark is the drafter this script ships"; exit 2; }
+INIT_FROM_DFLASH=${INIT_FROM_DFLASH:-}
 trained() { [[ " $STYLES " == *" $1 "* ]]; }
 has() { [[ " $PHASES " == *" $1 "* ]]; }
+if trained dflash && [[ -n "$INIT_FROM" && -z "$INIT_FROM_DFLASH" ]]; then
+  echo "INIT_FROM=$INIT_FROM with the DFlash ablation: the two would not have the same steps; set STYLES=dspark," \
+       "or continue the ablation from its own previous stage with INIT_FROM_DFLASH"
+  exit 2
+fi
+if [[ -n "$INIT_FROM_DFLASH" ]] && ! trained dflash; then
+  echo "INIT_FROM_DFLASH=$INIT_FROM_DFLASH: STYLES=$STYLES trains no DFlash ablation"; exit 2
+fi
+if ! trained dspark && has finish; then
+  echo "STYLES=$STYLES: the finish phase ships DSpark, which this run does not train; an ablation trained alone" \
+       "(beside a shipped DSpark) is evaluated with runners.eval_drafter (the model card's plan)"
+  exit 2
+fi
 gpu() { if [[ "$DEV" == cuda ]]; then echo $(( $1 % GPUS )); else echo ""; fi; }
-DATA_LIST=$(python3 -c "print('[' + ','.join('$WORK/data/train_%d.safetensors' % i for i in range($GPUS)) + ']')")
+# SHARDS=n (default: the GPUs) data shards, train_0..train_{n-1}, which training reads; ONLY_SHARD=i: this call
+# answers shard i alone, on the first GPU (a later call on the same machine answers another), so that one GPU
+# makes the data that n GPUs made in one call.
+NSHARDS=${SHARDS:-$GPUS}; ONLY_SHARD=${ONLY_SHARD:-}
+[[ "$NSHARDS" =~ ^[1-9][0-9]*$ ]] || { echo "SHARDS=$NSHARDS: a whole number >= 1"; exit 2; }
+if [[ -n "$ONLY_SHARD" ]] && ! [[ "$ONLY_SHARD" =~ ^[0-9]+$ ]] || (( ${ONLY_SHARD:-0} >= NSHARDS )); then
+  echo "ONLY_SHARD=$ONLY_SHARD: a shard index from 0 to SHARDS-1 ($(( NSHARDS - 1 )))"; exit 2
+fi
+DATA_LIST=$(python3 -c "print('[' + ','.join('$WORK/data/train_%d.safetensors' % i for i in range($NSHARDS)) + ']')")
 
 SITE="$WORK/site"
 if [[ -n "${RESTORE:-}" ]]; then
@@ -139,20 +163,27 @@ if has data && [[ "$DEV" == cuda && "${KERNEL_TESTS:-1}" == 1 ]]; then
 fi
 
 if has data; then
-  stamp "data: target-regenerated responses, train split, $GPUS shard(s)"
-  shard() {  # shard() I ENGINE LOG: answer shard I/GPUS on GPU I, in the background
-    CUDA_VISIBLE_DEVICES=$(gpu $1) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$2 \
+  stamp "data: target-regenerated responses, train split, ${ONLY_SHARD:+shard $ONLY_SHARD of }$NSHARDS shard(s)"
+  # MAX_REQUESTS=N: each shard answers only the first N requests of its shuffled list (make_training_data
+  # max_requests), the prefix an earlier time-budgeted run admitted (its log's prompts minus not_admitted)
+  shard() {  # shard() I ENGINE LOG: answer shard I/NSHARDS (on GPU I; the first with ONLY_SHARD), in the background
+    local dev=$1; [[ -n "$ONLY_SHARD" ]] && dev=0
+    CUDA_VISIBLE_DEVICES=$(gpu $dev) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$2 \
       engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \
-      time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$1/$GPUS output="$WORK/data/train_$1.safetensors" progress=false \
+      time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$1/$NSHARDS output="$WORK/data/train_$1.safetensors" \
+      progress=false ${MAX_REQUESTS:+max_requests=$MAX_REQUESTS} \
       sampling.greedy_first=${GREEDY_FIRST:-false} hydra.run.dir="$WORK/hydra/data$1" > "$3" 2>&1 &
     pids+=($!)
   }
+  mine() { [[ -z "$ONLY_SHARD" || "$1" == "$ONLY_SHARD" ]]; }  # the shards this call answers
   pids=()
-  for ((i = 0; i < GPUS; i++)); do
+  for ((i = 0; i < NSHARDS; i++)); do
+    mine $i || continue
     [[ -f "$WORK/data/train_$i.safetensors" ]] || shard $i $ENGINE "$WORK/data_$i.log"
   done
   for p in "${pids[@]}"; do wait "$p"; done
-  for ((i = 0; i < GPUS; i++)); do  # a shard that failed on captured steps is redone eagerly, and says so
+  for ((i = 0; i < NSHARDS; i++)); do  # a shard that failed on captured steps is redone eagerly, and says so
+    mine $i || continue
     [[ -f "$WORK/data/train_$i.safetensors" ]] && continue
     echo "DATA SHARD $i FAILED on engine=$ENGINE (log below); redoing it with engine=${EVAL_ENGINE}"; tail -5 "$WORK/data_$i.log"
     shard $i $EVAL_ENGINE "$WORK/data_${i}_eager.log"
@@ -161,23 +192,28 @@ if has data; then
   tail -n 30 "$WORK"/data_*.log | grep -v "^\s*\"" | tail -20
   grep -h -A 16 '"engine_steps"' "$WORK"/data_*.log | tr -d ' \n'; echo  # how the steps ran (graphs, eager, why)
   python3 -c "
+import sys
+from pathlib import Path
 from dspark.training.data import TokenDataset
-d = TokenDataset.load_many($(python3 -c "import sys; print(repr(sys.argv[1].strip('[]').split(',')))" "$DATA_LIST"))
-print('data', d.summary())"
+files = [f for f in sys.argv[1].strip('[]').split(',') if Path(f).is_file()]
+print('data', TokenDataset.load_many(files).summary(), f'({len(files)} of $NSHARDS shards here)')" "$DATA_LIST"
 fi
 
 if has train; then
-  stamp "train: $STYLES (GPUs from $(gpu 0)), same data, steps and seed${INIT_FROM:+; DSpark from $INIT_FROM}"
+  stamp "train: $STYLES (GPUs from $(gpu 0)), same data, steps and seed${INIT_FROM:+; DSpark from $INIT_FROM}$(
+    )${INIT_FROM_DFLASH:+; DFlash from $INIT_FROM_DFLASH}"
   common="data=$DATA_LIST data_holdout_fraction=$HOLDOUT train.device=$DEV train.max_steps=$STEPS train.batch_size=$BATCH
     train.max_len=${MAX_LEN:-2048} train.bucket_batches=${BUCKET:-16} train.warmup_steps=$(( STEPS / 20 + 1 ))
     train.save_every=500 train.keep_last=1
     train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=32
+    ${STOP_AT:+stop_at_step=$STOP_AT}
     ${LR:+train.lr=$LR} ${ANCHORS:+train.anchors_per_seq=$ANCHORS} ${GROW_LAYERS:+drafter_arch.num_layers=$GROW_LAYERS}"
   k=0; pids=()
   for style in $STYLES; do
     resume=false; ls -d "$WORK/run_$style"/checkpoint-* >/dev/null 2>&1 && resume=true
     init=""
     [[ $style == dspark && -n "$INIT_FROM" ]] && init="init_from=$INIT_FROM${GROW_LAYERS:+ init_grow_layers=true}"
+    [[ $style == dflash && -n "$INIT_FROM_DFLASH" ]] && init="init_from=$INIT_FROM_DFLASH"
     CUDA_VISIBLE_DEVICES=$(gpu $k) python3 -m runners.train_drafter $common style=$style resume=$resume $init \
       train.output_dir="$WORK/run_$style" hydra.run.dir="$WORK/hydra/train_$style" > "$WORK/train_$style.log" 2>&1 &
     pids+=($!); k=$((k + 1))

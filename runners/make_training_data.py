@@ -100,6 +100,10 @@ class MakeTrainingDataSchema:
     # Stop admitting prompts after this many seconds (admitted ones finish and are kept);
     # prompts are shuffled first so a cut keeps the sources' mix. null: no limit
     time_budget_s: Optional[float] = None
+    # Answer only the first this many requests of this process's shuffled list (its shard's, with shard=): the
+    # prefix a time-budgeted run admitted (its log's prompts minus not_admitted), so that run's data can be made
+    # again on another machine, e.g. for an ablation trained on the same data. null: every request
+    max_requests: Optional[int] = None
     # "i/n": answer only every n-th prompt of the shuffled list, starting at i (0-based), so n
     # processes (one per GPU) split the work; train on all shards with data=[shard0,shard1,...].
     shard: Optional[str] = None
@@ -348,6 +352,16 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
                             dict(cfg.get("samples_per_prompt") or {}), int(cfg.seed))
     shard_index, shard_count = parse_shard(cfg.get("shard"))
     tagged = tagged[shard_index::shard_count]
+    max_requests = cfg.get("max_requests")
+    if max_requests is not None:
+        if isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1:
+            raise ConfigError(f"max_requests: a whole number of requests >= 1 (or null: every request), "
+                              f"got {max_requests!r}")
+        if max_requests > len(tagged):
+            raise ConfigError(f"max_requests={max_requests}: this run has only {len(tagged)} requests (sources, "
+                              f"samples_per_prompt, num_prompts_per_source and shard decide them); a run that "
+                              f"admitted {max_requests} had other settings")
+        tagged = tagged[:max_requests]
     items = [(src, pid, msgs) for src, pid, (_, msgs) in tagged]
     base_ids = [base for _, _, (base, _) in tagged]
     if target is None:
@@ -363,7 +377,7 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
             "sampling": {"temperature": float(s.temperature), "top_p": float(s.top_p), "top_k": int(s.top_k),
                          "greedy_first": bool(s.greedy_first)},
             "sources": list(cfg.sources), "num_prompts_per_source": cfg.num_prompts_per_source,
-            "shard": f"{shard_index}/{shard_count}",
+            "shard": f"{shard_index}/{shard_count}", "max_requests": max_requests,
             "samples_per_prompt": dict(cfg.get("samples_per_prompt") or {}),
             "exclude_prompts": exclude_info or None, "source_paths": source_paths or None,
             "engine": {"device": engine_cfg.device, "dtype": engine_cfg.dtype, "max_num_seqs": engine_cfg.max_num_seqs}}

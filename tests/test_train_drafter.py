@@ -533,6 +533,21 @@ def test_make_training_data_samples_per_prompt_and_time_budget(tmp_path, target)
     # A spent budget admits nothing, and says so instead of writing an empty file.
     with pytest.raises(RuntimeError, match="no prompt produced"):
         make_training_data.run(compose_with("time_budget_s=0.0"), target=target, tokenizer=CharTokenizer())
+    # max_requests answers the prefix of the shuffled requests that a budgeted run admitted, and nothing else.
+    out = tmp_path / "prefix.safetensors"
+    summary = make_training_data.run(compose_with("++samples_per_prompt={stdlib_prose: 3}", "max_requests=3",
+                                                  f"output={out}"), target=target, tokenizer=CharTokenizer())
+    assert summary["sequences"] == summary["prompts"] == 3
+    prefix = TokenDataset.load(out)
+    assert prefix.info["max_requests"] == 3
+    assert [prefix.source(i) for i in range(3)] == [src for src, _, _ in expanded[:3]]
+    tok = CharTokenizer()
+    for i, (_, _, messages) in enumerate(expanded[:3]):
+        assert prefix.sequence(i)[: int(prefix.prompt_lens[i])].tolist() == tok.encode_chat(messages)
+    for bad, message in (("max_requests=9", "only 8 requests"), ("max_requests=0", ">= 1")):
+        with pytest.raises(ConfigError, match=message):
+            make_training_data.run(compose_with("++samples_per_prompt={stdlib_prose: 3}", bad), target=target,
+                                   tokenizer=CharTokenizer())
 
 
 def test_generate_dataset_admits_in_waves_so_most_steps_are_pure_decode(target):

@@ -1,0 +1,48 @@
+"""bench/h200_session.sh, the DFlash ablation continued beside a shipped DSpark: its settings (STYLES=dflash alone,
+INIT_FROM_DFLASH, SHARDS / ONLY_SHARD) are refused with a reason before anything runs when they cannot make the
+ablation's data or steps, and the accepted ones reach no phase (PHASES=none) without an error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def session(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    stage = tmp_path / "stage"
+    stage.mkdir(exist_ok=True)
+    (stage / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"not read: no phase runs")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # python3: this interpreter
+    return subprocess.run(["bash", str(REPO / "bench" / "h200_session.sh"), str(stage)], capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "PATH": path, "SMOKE": "1", "GPUS": "1", "OUT": str(tmp_path / "out"),
+                               "WORK": str(tmp_path / "work"), **env})
+
+
+@pytest.mark.parametrize("env, code, message", [
+    ({"STYLES": "dspark dflash", "INIT_FROM": "builtin:dspark-smollm2"}, 2, "continue the ablation from its own"),
+    ({"STYLES": "dspark", "INIT_FROM_DFLASH": "/w"}, 2, "trains no DFlash ablation"),
+    ({"STYLES": "dflash", "PHASES": "data train finish"}, 2, "the finish phase ships DSpark"),
+    ({"STYLES": "dflash", "PHASES": "data", "SHARDS": "0"}, 2, "SHARDS=0: a whole number >= 1"),
+    ({"STYLES": "dflash", "PHASES": "data", "SHARDS": "2", "ONLY_SHARD": "2"}, 2, "from 0 to SHARDS-1 (1)"),
+    ({"STYLES": "dflash", "PHASES": "data", "SHARDS": "2", "ONLY_SHARD": "x"}, 2, "ONLY_SHARD=x"),
+])
+def test_settings_that_cannot_make_the_ablation_are_refused_first(tmp_path, env, code, message):
+    refused = session(tmp_path, **env)
+    assert refused.returncode == code and message in refused.stdout, refused.stdout + refused.stderr
+    assert not (tmp_path / "work" / "site").exists()  # refused before the model was staged
+
+
+@pytest.mark.parametrize("env", [
+    {"STYLES": "dflash", "PHASES": "none", "INIT_FROM_DFLASH": "/w", "SHARDS": "2", "ONLY_SHARD": "1"},
+    {"STYLES": "dspark dflash", "PHASES": "none", "INIT_FROM": "/a", "INIT_FROM_DFLASH": "/b"},
+])
+def test_the_ablation_settings_are_accepted(tmp_path, env):
+    done = session(tmp_path, **env)
+    assert done.returncode == 0, done.stdout + done.stderr
