@@ -17,7 +17,9 @@ measured on the target-only outputs; a mismatch is a ``rounding_flip`` when both
 tokens at its first differing position are within ``delta`` of the reference's top logit,
 else a ``divergence``; any emitted token beyond ``delta`` fails the row. Mismatches are
 listed. Writes ``eval.json`` and ``eval.md`` (a model-card table) into ``output_dir``
-(default: CHECKPOINT/eval).
+(default: CHECKPOINT/eval). Each row also gives the accept length of each of its prompts' source labels
+(``accept_length_by_source``: arena-hard's categories, agentic's BFCL categories and HumanEval, poetry's
+forms), lowest first: the kinds of text a drafter lags on.
 
 Intervals: each row's mean accept length and p1 acceptance get a ``ci_level`` (95%) bootstrap
 interval over PROMPTS (``scipy.stats.bootstrap``, ``n_resamples`` resamples seeded by ``seed``):
@@ -188,9 +190,12 @@ def row_intervals(per_prompt: Mapping[str, Mapping[str, Any]], *, n_resamples: i
 
 
 def acceptance_metrics(outputs: Sequence[Any], block_size: int, ids: Sequence[str] | None = None, *,
-                       n_resamples: int = 2000, ci_level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+                       n_resamples: int = 2000, ci_level: float = 0.95, seed: int = 0,
+                       sources: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Request-averaged acceptance length and per-position acceptance of engine outputs, the prompt-bootstrap
-    intervals of the first and of p1 (:func:`row_intervals`), and every prompt's values (``per_prompt``)."""
+    intervals of the first and of p1 (:func:`row_intervals`), and every prompt's values (``per_prompt``).
+    ``sources`` ({prompt id: its workload's source label, e.g. "arena_hard:debugging"}) adds the accept length by
+    source (:func:`by_source`)."""
     ok = [o for o in outputs if _ok(o)]
     per_position = []
     for i in range(block_size):
@@ -199,6 +204,7 @@ def acceptance_metrics(outputs: Sequence[Any], block_size: int, ids: Sequence[st
     per_prompt = per_prompt_values(outputs, ids)
     return {
         **by_prompt_length(per_prompt),
+        **(by_source(per_prompt, sources) if sources is not None else {}),
         "requests": len(outputs),
         "errors": sum(o.error is not None for o in outputs),
         "mean_accept_length": _mean([o.mean_accept_length for o in ok]),
@@ -225,6 +231,21 @@ def by_prompt_length(per_prompt: Mapping[str, Mapping[str, Any]], threshold: int
     return {"accept_length_by_prompt_length": {"threshold_tokens": int(threshold),
                                                **{k: {"prompts": len(v), "mean_accept_length": _mean(v)}
                                                   for k, v in split.items()}}}
+
+
+def by_source(per_prompt: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str]) -> dict[str, Any]:
+    """Request-averaged accept length of each source label's prompts (a workload's categories: arena-hard's six,
+    agentic's BFCL categories and HumanEval, poetry's forms), lowest first, so that a drafter's weak kinds of
+    text show; empty where the row's prompts have fewer than two labels. A prompt id without a label is
+    "unlabelled"."""
+    groups: dict[str, list[float]] = {}
+    for pid, entry in per_prompt.items():
+        if entry.get("mean_accept_length") is not None:
+            groups.setdefault(str(sources.get(pid, "unlabelled")), []).append(entry["mean_accept_length"])
+    if len(groups) < 2:
+        return {}
+    rows = sorted(((name, len(v), _mean(v)) for name, v in groups.items()), key=lambda r: (r[2], r[0]))
+    return {"accept_length_by_source": {name: {"prompts": n, "mean_accept_length": m} for name, n, m in rows}}
 
 
 def greedy_mismatches(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids: Sequence[str]) -> list[dict]:
@@ -323,8 +344,9 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
              *, max_tokens: int, top_p: float = 1.0, top_k: int = 0, seed: int = 0, progress: bool = False,
              dtype: str | None = None, scorer=None,
              decode: Callable[[list[int]], str] | None = None, n_resamples: int = 2000,
-             ci_level: float = 0.95) -> dict[str, Any]:
-    """Run every (workload, temperature); ``prompt_sets`` maps workload -> [(id, prompt)] (messages or ids).
+             ci_level: float = 0.95, sources: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run every (workload, temperature); ``prompt_sets`` maps workload -> [(id, prompt)] (messages or ids);
+    ``sources`` labels the prompt ids (:func:`by_source`).
     ``seed`` also seeds the prompt bootstrap of each row's intervals. Each temperature-0 row is checked by
     :func:`greedy_check`: exactly in float32, on evidence in reduced precision (``dtype``; default the
     target-only engine's target's), with ``scorer`` (default one ``ReferenceScorer`` of that target, made here
@@ -352,7 +374,7 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
             wall = time.perf_counter() - t0
             row = {"workload": name, "temperature": float(temp), "wall_s": round(wall, 3),
                    **acceptance_metrics(spec_out, block, ids, n_resamples=n_resamples, ci_level=ci_level,
-                                        seed=seed)}
+                                        seed=seed, sources=sources)}
             if temp == 0:
                 plain_engine.reset()
                 plain_out = plain_engine.generate(prompts, params, progress=progress)
@@ -440,6 +462,13 @@ def markdown_table(report: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"Intervals: {boot['ci_level']:.0%} bootstrap over prompts ({boot['n_resamples']} resamples, "
                      f"seed {boot['seed']}) of the accept length and of p1.")
+    by = [r for r in report["results"] if r.get("accept_length_by_source")]
+    if by:
+        lines += ["", "Accept length by source, lowest first (prompts):", ""]
+        for r in by:
+            groups = ", ".join(f"{name} {_fmt(g['mean_accept_length'], 2)} ({g['prompts']})"
+                               for name, g in r["accept_length_by_source"].items())
+            lines.append(f"- {r['workload']}, T={r['temperature']:g}: {groups}")
     return "\n".join(lines) + "\n"
 
 
@@ -548,13 +577,22 @@ def run_compare(cfg: Any) -> dict[str, Any]:
     return comparison
 
 
-def eval_prompts(names: Sequence[str], num_prompts: int, seed: int) -> dict[str, list[tuple[str, Any]]]:
-    sets = {}
+def eval_prompt_sets(names: Sequence[str], num_prompts: int, seed: int
+                     ) -> tuple[dict[str, list[tuple[str, Any]]], dict[str, str]]:
+    """The eval-split prompts of each workload, {workload: [(id, messages or prompt)]}, and {id: source label}."""
+    sets, sources = {}, {}
     for name in names:
         workload = build_workload(make_spec(name, split="eval", num_prompts=int(num_prompts), seed=int(seed),
                                                   greedy_replica_count=0))
-        sets[name] = [(p.id, p.messages if p.messages is not None else p.prompt) for p in workload.prompts()]
-    return sets
+        prompts = workload.prompts()
+        sets[name] = [(p.id, p.messages if p.messages is not None else p.prompt) for p in prompts]
+        sources.update({p.id: p.source for p in prompts if p.source})
+    return sets, sources
+
+
+def eval_prompts(names: Sequence[str], num_prompts: int, seed: int) -> dict[str, list[tuple[str, Any]]]:
+    """The prompts of :func:`eval_prompt_sets`, without their labels."""
+    return eval_prompt_sets(names, num_prompts, seed)[0]
 
 
 def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple[str, Any]]] | None = None
@@ -582,8 +620,9 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
 
         target, tokenizer = load_target_and_tokenizer(cfg)
     drafter = DSparkDrafter.load(checkpoint, target.cfg, device=spec_cfg.device, dtype=DTYPES[spec_cfg.dtype])
+    sources = None
     if prompt_sets is None:
-        prompt_sets = eval_prompts(list(cfg.workloads), int(cfg.num_prompts), int(cfg.seed))
+        prompt_sets, sources = eval_prompt_sets(list(cfg.workloads), int(cfg.num_prompts), int(cfg.seed))
     spec_engine = Engine(target, tokenizer, spec_cfg, drafter)
     plain_engine = Engine(target, tokenizer, plain_cfg)
     decode = None  # renders the tokens the greedy check's evidence names
@@ -591,7 +630,7 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
         decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
     report = evaluate(spec_engine, plain_engine, prompt_sets, list(cfg.temperatures), max_tokens=int(cfg.max_tokens),
                       top_p=float(cfg.top_p), top_k=int(cfg.top_k), seed=int(cfg.seed), progress=bool(cfg.progress),
-                      dtype=spec_cfg.dtype, decode=decode,
+                      dtype=spec_cfg.dtype, decode=decode, sources=sources,
                       n_resamples=int(cfg.n_resamples), ci_level=float(cfg.ci_level))
     report.update({"checkpoint": str(checkpoint.resolve()), "drafter": drafter.cfg.to_dict(),
                    "engine": {"device": spec_cfg.device, "dtype": spec_cfg.dtype, "verify": spec_cfg.verify},

@@ -343,3 +343,30 @@ def test_reports_written_before_the_evidence_guard_still_read():
     assert ev.compare_reports(rep, rep, **FAST)["rows"][0]["change_pct"] == 0.0
     new = {"greedy_lossless": True, "greedy_rounding_flips": 2, "greedy_mismatches": [{}, {}]}
     assert ev.greedy_cell(new) == "yes (2 rounding flips)" and ev.greedy_cell({}) == "n/a"
+
+
+def test_a_row_gives_the_accept_length_of_each_source_lowest_first():
+    """eval_drafter's by-source breakdown (arena-hard's categories, say): each label's request-averaged accept
+    length over its prompts, lowest first, in eval.json and under the eval.md table; none with one label."""
+    outs = [fake_output([1, 1, 2]), fake_output([5, 5]), fake_output([3, 1]), fake_output([4]), fake_output([2])]
+    ids = ["a", "b", "c", "d", "e"]
+    labels = {"a": "arena_hard:debugging", "b": "arena_hard:writing", "c": "arena_hard:debugging",
+              "d": "arena_hard:math"}  # e has none
+    rep = report_of(outs, ids, sources=labels)
+    by = rep["results"][0]["accept_length_by_source"]
+    assert list(by) == ["arena_hard:debugging", "unlabelled", "arena_hard:math", "arena_hard:writing"]
+    assert by["arena_hard:debugging"] == {"prompts": 2, "mean_accept_length": pytest.approx((4 / 3 + 2) / 2)}
+    assert by["arena_hard:writing"] == {"prompts": 1, "mean_accept_length": 5.0}
+    assert "- w, T=0: arena_hard:debugging 1.67 (2), unlabelled 2.00 (1), arena_hard:math 4.00 (1), " \
+           "arena_hard:writing 5.00 (1)" in ev.markdown_table(rep)
+    one = report_of(outs, ids, sources=dict.fromkeys(ids, "poetry:sonnet"))
+    assert "accept_length_by_source" not in one["results"][0]
+    assert "by source" not in ev.markdown_table(one) and "by source" not in ev.markdown_table(report_of(outs, ids))
+
+
+def test_eval_prompt_sets_label_every_prompt_with_its_source():
+    sets, sources = ev.eval_prompt_sets(["arena_hard", "poetry"], 12, 0)
+    assert set(sources) == {pid for items in sets.values() for pid, _ in items}
+    assert {sources[pid].split(":")[0] for pid, _ in sets["arena_hard"]} == {"arena_hard"}
+    assert len({sources[pid] for pid, _ in sets["arena_hard"]}) > 1
+    assert ev.eval_prompts(["poetry"], 12, 0) == {"poetry": sets["poetry"]}
