@@ -19,12 +19,13 @@ from .mixed_chat import MixedChatWorkload
 from .poetry import PoetryWorkload
 from .stdlib_prose import StdlibProseWorkload
 from .tool_calls import ToolCallsWorkload
+from .worked_problems import WorkedProblemsWorkload
 
 WORKLOADS: dict[str, type[Workload]] = {
     cls.NAME: cls
     for cls in (AgenticWorkload, PoetryWorkload, ArenaHardWorkload, CustomWorkload, StdlibProseWorkload,
                 HardQuestionsWorkload, MixedChatWorkload, ToolCallsWorkload,
-                ChatFollowupsWorkload)
+                ChatFollowupsWorkload, WorkedProblemsWorkload)
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -56,6 +57,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # Drafter-training material only: question, existing answer, follow-up request (path: optional answers JSONL).
     "chat_followups": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                        "max_tokens": 256, "split": "train", "path": None, "greedy_replica_count": 0, "repeat": 1},
+    # Drafter-training material only: debugging snippets, math word problems and reasoning puzzles, worked step by
+    # step (long answers, as hard_questions).
+    "worked_problems": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                        "max_tokens": 512, "split": "train", "path": None, "greedy_replica_count": 0, "repeat": 1},
 }
 
 
