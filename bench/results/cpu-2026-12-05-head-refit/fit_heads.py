@@ -1,6 +1,7 @@
 """Out-of-sample AUC of acceptance scores on the blocks replay_features.py kept: the shipped head, the drafter's top
-probability, their per-position logistic fusion (what runners.calibrate method=sts_max_prob fits), and heads refitted
-on the head's own inputs (L2 logistic regression, a one-hidden-layer MLP), with and without the two scores.
+probability, their per-position logistic fusion (what runners.calibrate method=sts_max_prob fits), heads refitted
+on the head's own inputs (L2 logistic regression, a one-hidden-layer MLP), with and without the two scores, and the
+shipped head refitted with a pull towards its own weights (lam * |w - w0|^2 / 2, and a bias per position).
 Sequences are split in halves (seeded): fitted on one, reported on the other with a by-sequence bootstrap interval.
 
     python fit_heads.py FEATURES.pt
@@ -112,6 +113,35 @@ def mlp(X, hidden=128, epochs=60, wd=1e-3, seed=0):
 for ep in (20, 60):
     res[f"MLP on feats ({ep} ep)"] = mlp(design(feats, onehot), epochs=ep)
     res[f"MLP on feats + z + logit p ({ep} ep)"] = mlp(design(feats, conf[..., None], lp[..., None], onehot), epochs=ep)
+def warm_refit(lam):
+    """The shipped head's weights w0, b0 refitted on the fit half, pulled towards w0, plus a bias per position."""
+    from dspark.models.drafter import DSparkDrafter
+    from dspark.models.loading import load_target_weights
+    from runners.common import resolve_drafter_path
+
+    mcfg, _, _ = load_target_weights("smollm2")
+    drafter = DSparkDrafter.load(resolve_drafter_path("builtin:dspark-smollm2", key="checkpoint"), mcfg)
+    w0 = drafter.confidence_head.weight.detach().double().squeeze(0)
+    b0 = drafter.confidence_head.bias.detach().double().squeeze(0)
+    assert float(((feats.double() @ w0 + b0).float() - conf).abs().max()) < 1e-2  # the kept inputs give the head
+    Xf, yf, posf = feats[fit_m].double(), acc[fit_m].double(), pos[fit_m]
+    w, b = w0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
+    pb = torch.zeros(G, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b, pb], max_iter=300, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        nll = torch.nn.functional.binary_cross_entropy_with_logits(Xf @ w + b + pb[posf], yf, reduction="sum")
+        loss = nll + 0.5 * lam * ((w - w0) ** 2).sum()
+        loss.backward()
+        return loss
+    opt.step(closure)
+    with torch.no_grad():
+        return (feats.double() @ w + b + pb[pos]).float()
+
+
+for lam in (1e4, 1e3, 1e2, 10.0):
+    res[f"the shipped head refitted, pulled to it (lam={lam:g})"] = warm_refit(lam)
 for name, s in res.items():
     lo, hi = boot(s, rep_m)
     print(f"{name:50s} fit {auc(s, fit_m):.3f}  report {auc(s, rep_m):.3f} ({lo:.3f}-{hi:.3f})")
