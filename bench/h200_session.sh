@@ -35,6 +35,10 @@
 # (runners.train_drafter stop_at_step) with the schedule still set by STEPS, and SHARDS=n ONLY_SHARD=i answers one
 # shard of an n-GPU data run on one GPU (one call per shard). A run that trains no DSpark has no finish phase.
 #
+# TRAIN_ARGS: further runners.train_drafter settings for every run, e.g. "train.head_only=true
+# train.conf_target=greedy" (with INIT_FROM: the shipped drafter's confidence head trained again alone, its drafts
+# unchanged; bench/h200_calibration.sh DRAFTER=... then calibrates it).
+#
 # SOURCES (default the seven training sources, as a Hydra list "[a,b,...]"): the data's prompt sources, e.g.
 # "[poetry,arena_hard,hard_questions]" to spend a data budget on the workloads a drafter lags on.
 #
@@ -206,7 +210,7 @@ if has train; then
     train.max_len=${MAX_LEN:-2048} train.bucket_batches=${BUCKET:-16} train.warmup_steps=$(( STEPS / 20 + 1 ))
     train.save_every=500 train.keep_last=1
     train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=32
-    ${STOP_AT:+stop_at_step=$STOP_AT}
+    ${STOP_AT:+stop_at_step=$STOP_AT} ${TRAIN_ARGS:-}
     ${LR:+train.lr=$LR} ${ANCHORS:+train.anchors_per_seq=$ANCHORS} ${GROW_LAYERS:+drafter_arch.num_layers=$GROW_LAYERS}"
   k=0; pids=()
   for style in $STYLES; do

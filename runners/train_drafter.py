@@ -83,8 +83,16 @@ class TrainSchema:
     grad_clip: float = 1.0  # clip the gradients' global L2 norm to this (> 0)
     ce_weight: float = 0.1  # loss weight of the cross-entropy against the target's own response tokens
     tv_weight: float = 0.9  # loss weight of the L1 distance between the drafter's and the target's distributions
-    # loss weight of the confidence head's BCE against the analytical acceptance (trains that head only)
+    # loss weight of the confidence head's BCE against its label (train.conf_target); its gradient also reaches
+    # the drafter through the head's inputs, unless train.head_only
     conf_weight: float = 1.0
+    # the confidence head's label: analytical (1 - the total variation of the drafter's and the target's
+    # distributions: a sampled draft's acceptance, the paper's) | greedy (whether the drafter's top token is the
+    # target's: what T=0 verification accepts)
+    conf_target: str = "analytical"
+    # train the confidence head alone (every other weight frozen, CE and TV only reported): a trained drafter's
+    # head trained again, its drafts unchanged; needs init_from (or resume=true)
+    head_only: bool = False
     # block position k's loss weight is exp(-(k-1) / position_decay) (> 0); null: drafter_arch.block_size
     position_decay: Optional[float] = 4.0
     seed: int = 0  # seeds the drafter's initial weights, the data order and every step's anchors
@@ -211,6 +219,11 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     if cfg.stop_at_step is not None and int(cfg.stop_at_step) < 1:
         raise ConfigError(f"stop_at_step: the step to stop at with a checkpoint, >= 1 (or null: train.max_steps); "
                           f"got {cfg.stop_at_step}")
+    if train_cfg.head_only and not cfg.get("init_from") and not cfg.resume:
+        raise ConfigError("train.head_only trains the confidence head of a trained drafter with its other weights "
+                          "frozen: give init_from=DRAFTER (e.g. builtin:dspark-smollm2), or resume=true")
+    if train_cfg.head_only and cfg.style != "dspark":
+        raise ConfigError(f"train.head_only: style={cfg.style} has no confidence head to train; use style=dspark")
     writable_folder(train_cfg.output_dir, "train.output_dir")  # before the data and the model load
     dataset = load_training_data(cfg)
     if target is None:

@@ -324,6 +324,45 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, target, greedy_data):
         train_drafter.run(compose_train(tmp_path, data, "empty", "resume=true"), target=target)
 
 
+def test_head_only_trains_the_confidence_head_alone_and_keeps_the_drafts(tmp_path, target, greedy_data):
+    """train.head_only (from init_from): the confidence head is trained on train.conf_target and every other weight
+    stays bit for bit, so the drafter drafts exactly what it did; a whole-drafter run on the same settings moves
+    them (the check can fail). Bad settings are refused before anything loads; a checkpoint written before the two
+    settings existed resumes as one trained with their defaults."""
+    from runners import train_drafter
+
+    data = greedy_data.save(tmp_path / "data.safetensors")
+    start = train_drafter.run(compose_train(tmp_path, data, "start"), target=target)["final_drafter"]
+    before = DSparkDrafter.load(Path(start), target.cfg).state_dict()
+    moved = {}
+    for name, extra in (("head", ("train.head_only=true",)), ("whole", ())):
+        out = train_drafter.run(compose_train(tmp_path, data, name, f"init_from={start}", "train.conf_target=greedy",
+                                              *extra), target=target)
+        after = DSparkDrafter.load(Path(out["final_drafter"]), target.cfg).state_dict()
+        moved[name] = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved["head"] == {"confidence_head.weight", "confidence_head.bias"}
+    assert moved["whole"] > moved["head"]
+    cfg = json.loads((tmp_path / "head" / "run_config.json").read_text())["train"]
+    assert cfg["head_only"] is True and cfg["conf_target"] == "greedy"
+
+    for extra, message in ((("train.head_only=true",), "give init_from"),
+                           (("train.head_only=true", f"init_from={start}", "style=dflash"), "no confidence head"),
+                           (("train.head_only=true", f"init_from={start}", "train.conf_weight=0"), "conf_weight > 0"),
+                           (("train.conf_target=sampled",), "conf_target")):
+        with pytest.raises(ConfigError, match=message):
+            train_drafter.run(compose_train(tmp_path, data, "refused", *extra), target=target)
+    assert not (tmp_path / "refused").exists()
+
+    # A checkpoint without the two settings (written before they existed) resumes.
+    part = train_drafter.run(compose_train(tmp_path, data, "old", "stop_at_step=2"), target=target)
+    state_path = Path(part["checkpoint"]) / "trainer_state.pt"
+    state = torch.load(state_path, weights_only=False)
+    for key in ("conf_target", "head_only"):
+        del state["train_config"][key]
+    torch.save(state, state_path)
+    assert train_drafter.run(compose_train(tmp_path, data, "old", "resume=true"), target=target)["step"] == 6
+
+
 def carry_state(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
 

@@ -199,3 +199,23 @@ def test_loss_decreases_under_sgd():
         acceptance.append(out.per_position_acceptance.mean().item())
     assert losses[-1] < 0.8 * losses[0]
     assert acceptance[-1] > acceptance[0] + 0.05
+
+
+def test_the_greedy_confidence_label_is_whether_the_top_tokens_agree():
+    """conf_target="greedy": each cell's label is 1[argmax p_d = argmax p_t] (what T=0 verification accepts), the
+    BCE over the same weighted cells; the other terms and the reported acceptance (c*_k) do not change."""
+    draft, target, conf, mask, labels = _tiny_case(3)
+    target[0, 0, 0] = draft[0, 0, 0] + 0.1  # one cell whose top tokens certainly agree
+    analytical = dspark_loss(draft, target, conf, mask, targets=labels)
+    greedy = dspark_loss(draft, target, conf, mask, targets=labels, conf_target="greedy")
+    agree = (draft.argmax(-1) == target.argmax(-1)).float()
+    assert bool(agree[mask].min() == 0) and bool(agree[mask].max() == 1)  # both kinds of label occur
+    w = position_weights(2)[torch.arange(2).expand(mask.shape)[mask]]
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(conf[mask], agree[mask], reduction="none")
+    assert greedy.conf_bce.item() == pytest.approx(float((w * bce).sum() / w.sum()), rel=1e-6)
+    assert greedy.conf_bce.item() != pytest.approx(analytical.conf_bce.item(), rel=1e-3)
+    for name in ("ce", "tv"):
+        assert getattr(greedy, name).item() == getattr(analytical, name).item()
+    assert torch.equal(greedy.per_position_acceptance, analytical.per_position_acceptance)
+    with pytest.raises(ValueError, match="conf_target must be one of"):
+        dspark_loss(draft, target, conf, mask, conf_target="sampled")

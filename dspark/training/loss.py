@@ -17,7 +17,13 @@ p_t = softmax(target logits):
   probability that the target accepts a token drafted at k. It is per position, not
   cumulative: c_k is the probability that position k is accepted GIVEN that positions
   1..k-1 were, and the cumulative product of the c_k is the prefix survival. c*_k is
-  detached, so the confidence term trains the confidence head only.
+  detached (a label, not a path to the drafter's distribution); the term's gradient
+  reaches the head and, through the head's inputs h_k and W1[x_{k-1}], the backbone and
+  the Markov embedding. ``conf_target="greedy"`` labels a cell instead with whether the
+  drafter's top token is the target's top token, 1[argmax p_d_k = argmax p_t_k]: the
+  acceptance of the greedy draft under greedy verification, which is what a head that
+  schedules T=0 traffic estimates (the analytical label is the acceptance of a sampled draft
+  under rejection sampling).
 * total (eq. 12): L = ce_weight * L_ce + tv_weight * L_tv + conf_weight * L_conf,
   paper defaults 0.1, 0.9, 1.0.
 
@@ -39,6 +45,11 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+# The confidence head's label per cell: the analytical acceptance of a sampled draft, or whether the greedy draft
+# is the target's greedy token (dspark_loss).
+CONF_TARGETS = ("analytical", "greedy")
 
 
 class LossOutput(NamedTuple):
@@ -121,6 +132,7 @@ def dspark_loss(
     conf_weight: float = 1.0,
     position_decay: float | None = 4.0,
     targets: Tensor | None = None,
+    conf_target: str = "analytical",
 ) -> LossOutput:
     """DSpark drafter loss (see the module docstring for the equations).
 
@@ -128,9 +140,12 @@ def dspark_loss(
     G second to last); confidence_logits [N, A, G] or None (no confidence head: the term is
     0); valid_mask bool [N, A, G]; targets int64 [N, A, G] true next tokens (hard CE labels;
     values at invalid cells are ignored, e.g. -100) or None (soft CE against p_t).
-    target_logits is treated as a constant (detached).
+    target_logits is treated as a constant (detached). ``conf_target``: the confidence label,
+    "analytical" (c*_k) or "greedy" (the top tokens agree); ``per_position_acceptance`` stays c*_k.
     """
     _check_inputs(draft_logits, target_logits, confidence_logits, valid_mask, targets)
+    if conf_target not in CONF_TARGETS:
+        raise ValueError(f"conf_target must be one of {CONF_TARGETS}, got {conf_target!r}")
     for name, value in (("ce_weight", ce_weight), ("tv_weight", tv_weight), ("conf_weight", conf_weight)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number >= 0, got {value}")
@@ -168,8 +183,10 @@ def dspark_loss(
         ce = (cell_w * ce_cell).sum() / w_sum
         tv = (cell_w * l1_cell).sum() / w_sum
         if confidence_logits is not None:
+            label = acceptance if conf_target == "analytical" else (
+                (p_d.argmax(-1) == p_t.argmax(-1)).float())
             bce_cell = F.binary_cross_entropy_with_logits(
-                confidence_logits[valid_mask].float(), acceptance, reduction="none")
+                confidence_logits[valid_mask].float(), label, reduction="none")
             conf_bce = (cell_w * bce_cell).sum() / w_sum
         else:
             conf_bce = torch.zeros((), device=device)
@@ -182,4 +199,4 @@ def dspark_loss(
                       per_position_acceptance=per_position_acceptance, per_position_count=count, weights=weights)
 
 
-__all__ = ["LossOutput", "analytical_acceptance", "dspark_loss", "position_weights"]
+__all__ = ["CONF_TARGETS", "LossOutput", "analytical_acceptance", "dspark_loss", "position_weights"]

@@ -53,7 +53,7 @@ from dspark.models.llama import TargetModel
 from dspark.sampling import top_probability
 from dspark.training.data import TokenDataset, batch_indices, make_batch, trained_lengths
 from dspark.training.interrupt import DeferredInterrupt
-from dspark.training.loss import dspark_loss
+from dspark.training.loss import CONF_TARGETS, dspark_loss
 
 CHECKPOINT_PREFIX = "checkpoint-"
 TRAINER_STATE_FILE = "trainer_state.pt"
@@ -64,6 +64,11 @@ DEFAULT_MAX_SHARD_BYTES = 16 * 1024 * 1024
 # Settings a resumed run may change; every other TrainConfig field must match the checkpoint.
 RESUMABLE_CHANGES = ("output_dir", "save_every", "log_every", "keep_last", "progress", "max_shard_bytes",
                      "time_budget_s")
+
+
+# Train settings added after checkpoints had been written: an older checkpoint trained with their defaults.
+LATER_SETTINGS = ("conf_target", "head_only")
+HEAD_PREFIX = "confidence_head."  # the drafter's confidence head parameters (train.head_only trains these alone)
 
 
 @dataclass
@@ -89,6 +94,12 @@ class TrainConfig:
     tv_weight: float = 0.9
     conf_weight: float = 1.0
     position_decay: float | None = 4.0
+    # the confidence head's label: "analytical" (the acceptance of a sampled draft) or "greedy" (whether the
+    # drafter's top token is the target's: what T=0 verification accepts); see dspark.training.loss
+    conf_target: str = "analytical"
+    # train the confidence head alone: every other weight frozen and left out of the optimizer, so a trained
+    # drafter's drafts stay exactly as they were (its head is trained again, e.g. on another conf_target)
+    head_only: bool = False
     seed: int = 0
     device: str = "cpu"
     bf16_autocast: bool = True  # used on CUDA only; CPU runs stay float32
@@ -117,6 +128,10 @@ class TrainConfig:
         need(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", f"must be in [0, 1], got {self.min_lr_ratio}")
         need(self.weight_decay >= 0, "weight_decay", f"must be >= 0, got {self.weight_decay}")
         need(self.grad_clip > 0, "grad_clip", f"must be > 0, got {self.grad_clip}")
+        need(self.conf_target in CONF_TARGETS, "conf_target", f"one of {list(CONF_TARGETS)}, got {self.conf_target!r}")
+        need(not self.head_only or self.conf_weight > 0, "conf_weight",
+             f"head_only trains the confidence head on its loss term alone, which needs conf_weight > 0 "
+             f"(got {self.conf_weight})")
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
         need(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
              f"must be two numbers in [0, 1), got {self.betas}")
@@ -411,9 +426,16 @@ class DrafterTrainer:
         self.lengths = trained_lengths(dataset, cfg.max_len) if cfg.bucket_batches > 1 else None
         self.epoch_orders: dict[int, torch.Tensor] = {}  # batch_indices' epoch orders, computed once per epoch
         self.extra_state = dict(extra_state or {})
+        if cfg.head_only:
+            if drafter.confidence_head is None:
+                raise ConfigError("train.head_only: this drafter has no confidence head to train (style=dflash, or "
+                                  "drafter_arch.use_confidence_head=false)")
+            for name, p in self.drafter.named_parameters():  # frozen weights get no gradient and no weight decay
+                p.requires_grad_(name.startswith(HEAD_PREFIX))
         decay, no_decay = [], []
         for name, p in self.drafter.named_parameters():
-            (decay if p.dim() >= 2 and "mask_embedding" not in name else no_decay).append(p)
+            if p.requires_grad:
+                (decay if p.dim() >= 2 and "mask_embedding" not in name else no_decay).append(p)
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=cfg.betas)
@@ -452,9 +474,10 @@ class DrafterTrainer:
         with self._autocast():
             out = self.drafter.forward_train(captured, ids, anchors, self.target.embed, self.target.lm_head_weight,
                                              labels)
-        return dspark_loss(out.logits, target_logits, out.confidence_logits, valid, ce_weight=cfg.ce_weight,
-                           tv_weight=cfg.tv_weight, conf_weight=cfg.conf_weight,
-                           position_decay=cfg.position_decay, targets=labels)
+        weights = (0.0, 0.0) if cfg.head_only else (cfg.ce_weight, cfg.tv_weight)  # head_only: CE, TV reported only
+        return dspark_loss(out.logits, target_logits, out.confidence_logits, valid, ce_weight=weights[0],
+                           tv_weight=weights[1], conf_weight=cfg.conf_weight,
+                           position_decay=cfg.position_decay, targets=labels, conf_target=cfg.conf_target)
 
     def train_step(self) -> dict[str, Any]:
         loss = self.compute_loss(self.step)
@@ -576,7 +599,9 @@ class DrafterTrainer:
         if not state_path.is_file():
             raise FileNotFoundError(f"{state_path} not found: {src} is not a complete training checkpoint")
         state = torch.load(state_path, map_location="cpu", weights_only=True)
-        saved_cfg = dict(state["train_config"])
+        # a setting the checkpoint's version did not have yet (train.conf_target, train.head_only) had its default
+        saved_cfg = {**{f.name: f.default for f in fields(TrainConfig) if f.name in LATER_SETTINGS},
+                     **state["train_config"]}
         now = self.cfg.to_dict()
         changed = {k: (saved_cfg.get(k), now[k]) for k in now
                    if k not in RESUMABLE_CHANGES and saved_cfg.get(k) != now[k]}
