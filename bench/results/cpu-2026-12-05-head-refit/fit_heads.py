@@ -1,5 +1,6 @@
 """Out-of-sample AUC of acceptance scores on the blocks replay_features.py kept: the shipped head, the drafter's top
-probability, their per-position logistic fusion (what runners.calibrate method=sts_max_prob fits), heads refitted
+probability, their per-position logistic fusion (what runners.calibrate method=sts_max_prob fits), the drafter's
+top logit and the gap between its two largest logits (alone and fused with the head the same way), heads refitted
 on the head's own inputs (L2 logistic regression, a one-hidden-layer MLP), with and without the two scores, and the
 shipped head refitted with a pull towards its own weights (lam * |w - w0|^2 / 2, and a bias per position).
 Sequences are split in halves (seeded): fitted on one, reported on the other with a by-sequence bootstrap interval.
@@ -87,6 +88,12 @@ def logreg(X, C=1.0):
 
 res["sts_max_prob-like: [z, logit p] x position"] = logreg(design(conf[..., None] * onehot, lp[..., None] * onehot,
                                                                     onehot))
+top2 = d["top2_logits"]  # the drafter's two largest logits per slot: no softmax over the vocabulary needed
+gap = top2[..., 0] - top2[..., 1]
+res["draft top logit"] = top2[..., 0]
+res["draft top-2 logit gap"] = gap
+res["[z, top logit] x position"] = logreg(design(conf[..., None] * onehot, top2[..., 0, None] * onehot, onehot))
+res["[z, top-2 gap] x position"] = logreg(design(conf[..., None] * onehot, gap[..., None] * onehot, onehot))
 for C in (0.01, 0.1):
     res[f"linear refit on feats (C={C})"] = logreg(design(feats, onehot), C)
     res[f"linear refit on feats + z + logit p (C={C})"] = logreg(design(feats, conf[..., None], lp[..., None],
