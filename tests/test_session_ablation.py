@@ -4,25 +4,9 @@ ablation's data or steps, and the accepted ones reach no phase (PHASES=none) wit
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def session(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    stage = tmp_path / "stage"
-    stage.mkdir(exist_ok=True)
-    (stage / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"not read: no phase runs")
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # python3: this interpreter
-    return subprocess.run(["bash", str(REPO / "bench" / "h200_session.sh"), str(stage)], capture_output=True,
-                          text=True, timeout=300,
-                          env={**os.environ, "PATH": path, "SMOKE": "1", "GPUS": "1", "OUT": str(tmp_path / "out"),
-                               "WORK": str(tmp_path / "work"), **env})
+from session_script import run_session as session
 
 
 @pytest.mark.parametrize("env, code, message", [

@@ -7,22 +7,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from session_script import run_session
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def session(tmp_path: Path, weights_from: Path | str, **env: str) -> subprocess.CompletedProcess:
-    stage = tmp_path / "stage"
-    stage.mkdir(exist_ok=True)
-    (stage / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"not read: no phase runs")
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # python3: this interpreter
-    return subprocess.run(["bash", str(REPO / "bench" / "h200_session.sh"), str(stage)], capture_output=True,
-                          text=True, timeout=300,
-                          env={**os.environ, "PATH": path, "SMOKE": "1", "GPUS": "1", "STYLES": "dspark",
-                               "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"),
-                               "WEIGHTS_FROM": str(weights_from), **env})
+    return run_session(tmp_path, STYLES="dspark", WEIGHTS_FROM=str(weights_from), **env)
 
 
 def returned_parts(tmp_path: Path, files: dict[str, bytes]) -> list[Path]:
