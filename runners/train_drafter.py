@@ -133,7 +133,8 @@ class TrainDrafterSchema:
     # checkpoint's weights with its extra layers appended as identities (their attention and MLP output projections
     # zero), so it starts as the checkpoint's function; false: the architectures must be identical
     init_grow_layers: bool = False
-    # stop with a checkpoint at this step, before train.max_steps (resume=true continues); null: train.max_steps
+    # stop at this step, before train.max_steps, with a checkpoint (resume=true continues) and the drafter in final/
+    # (an ablation stopped at another run's step count); null: train.max_steps
     stop_at_step: Optional[int] = None
 
 
@@ -263,9 +264,12 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
         "last_metrics": metrics,
     }
     stopped_by_budget = "stopped_by_time_budget" in trainer.extra_state
+    stopped_at_step = cfg.stop_at_step is not None and trainer.step >= int(cfg.stop_at_step)
     summary["stopped_by_time_budget"] = stopped_by_budget
-    if trainer.step >= train_cfg.max_steps or stopped_by_budget:
-        # A budget-stopped run is still a usable drafter (its step count is in the summary and model card).
+    summary["stopped_at_step"] = stopped_at_step
+    if trainer.step >= train_cfg.max_steps or stopped_by_budget or stopped_at_step:
+        # A run stopped early (time budget, stop_at_step) is still a usable drafter: its step count is in the
+        # summary, and a resumed run writes final/ again when it ends.
         final = trainer.drafter.save(out / "final", max_shard_bytes=shard_data_budget(train_cfg.max_shard_bytes))
         summary["final_drafter"] = str(final.resolve())
     summary["checkpoint"] = str(complete_checkpoints(out)[-1].resolve()) if complete_checkpoints(out) else None

@@ -305,7 +305,12 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, target, greedy_data):
     assert full["step"] == 6 and Path(full["final_drafter"]).is_dir()
 
     part = train_drafter.run(compose_train(tmp_path, data, "split", "stop_at_step=3"), target=target)
-    assert part["step"] == 3 and "final_drafter" not in part
+    assert part["step"] == 3 and part["stopped_at_step"] and not part["stopped_by_time_budget"]
+    # the drafter it stopped with, in final/ (as a budget-stopped run's), the checkpoint's weights
+    at_3 = DSparkDrafter.load(Path(part["final_drafter"]), target.cfg).state_dict()
+    checkpoint_3 = DSparkDrafter.load(Path(part["checkpoint"]), target.cfg).state_dict()
+    assert part["checkpoint"].endswith("checkpoint-0000003") and all(torch.equal(at_3[k], checkpoint_3[k])
+                                                                     for k in at_3)
     with pytest.raises(ConfigError, match="resume=true"):
         train_drafter.run(compose_train(tmp_path, data, "split"), target=target)
     with pytest.raises(ConfigError, match="max_steps"):
@@ -379,7 +384,7 @@ def test_a_run_carried_to_another_machine_resumes_as_if_uninterrupted(tmp_path, 
     data = greedy_data.save(tmp_path / "data.safetensors")
     full = train_drafter.run(compose_train(tmp_path, data, "full"), target=target)
     train_drafter.run(compose_train(tmp_path, data, "gpu1/split", "stop_at_step=3"), target=target)
-    (tmp_path / "gpu1" / "split" / "final").mkdir()  # left out by EXCLUDE, as h200_session.sh packs runs
+    assert (tmp_path / "gpu1" / "split" / "final").is_dir()  # left out by EXCLUDE, as h200_session.sh packs runs
 
     pack = tmp_path / "pack"
     done = carry_state("pack", str(tmp_path / "gpu1" / "split"), "split", str(pack),
