@@ -17,9 +17,10 @@ c_k = sigmoid(a_k z_k + w_k logit(p_k) + b_k), a logistic regression fitted by m
 reached cells (:func:`dspark.training.calibration.fit_max_prob_calibration`); temperatures.json holds
 T_k = 1 / a_k, the biases and "max_prob_weights", and the engine then feeds each slot's top probability to
 the head's calibration. Its report's ``auc_per_position`` / ``auc_overall`` are the fused confidence's,
-``head_auc`` the head's alone, ``draft_max_prob_auc`` the max probability's alone. ``replay_cache=FILE.pt``
-keeps the greedy replay (the slow part) so that every method can be fitted on the same blocks without
-replaying twice.
+``head_auc`` the head's alone, ``draft_max_prob_auc`` the max probability's alone. A replay's report also gives
+``draft_top_gap_auc``: the AUC of the gap between the drafter's two largest logits, a score that needs no softmax
+(a replay cached before the replay kept the gap has none). ``replay_cache=FILE.pt`` keeps the greedy replay
+(the slow part) so that every method can be fitted on the same blocks without replaying twice.
 
 On held-out sequences (calibration data made by ``runners.make_training_data`` from train-split
 prompts the drafter never saw, ``exclude_prompts=`` the drafter's ``training_prompts.json``; or
@@ -367,6 +368,8 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
     report = dict(out_of_sample)  # top level: the reported part (out of sample when split)
     if "draft_max_prob" in replay:  # a head-free estimate on the same blocks: does the head rank acceptance better?
         report["draft_max_prob_auc"] = conditional_auc(replay["draft_max_prob"].double()[rep], accepted[rep])
+    if "draft_top_gap" in replay:  # the same question for a score that needs no softmax
+        report["draft_top_gap_auc"] = conditional_auc(replay["draft_top_gap"].double()[rep], accepted[rep])
     interval = None
     if int(cfg.get("bootstrap_resamples", 0)) > 0:
         boot_seed = seed if cfg.get("bootstrap_seed") is None else int(cfg.bootstrap_seed)
@@ -512,8 +515,9 @@ def main(cfg: DictConfig) -> None:
     if "ece_after" in report.get("bootstrap", {}):
         b = report["bootstrap"]["ece_after"]
         summary["ece_after_interval"] = [b["low"], b["high"]]
-    if "draft_max_prob_auc" in report:
-        summary["draft_max_prob_auc_overall"] = report["draft_max_prob_auc"]["auc_overall"]
+    for score in ("draft_max_prob", "draft_top_gap"):
+        if f"{score}_auc" in report:
+            summary[f"{score}_auc_overall"] = report[f"{score}_auc"]["auc_overall"]
     print(json.dumps(summary, indent=2))
 
 

@@ -375,6 +375,9 @@ def test_calibrate_runner_sts_max_prob_fits_the_head_and_the_max_probability(tmp
     assert saved["auc_overall"] == pytest.approx(conditional_auc(fused_c, accepted[rep])["auc_overall"], abs=1e-6)
     assert saved["head_auc"] == conditional_auc(torch.sigmoid(z[rep]), accepted[rep])
     assert saved["draft_max_prob_auc"] == conditional_auc(p[rep], accepted[rep])
+    # the gap between the two largest logits, kept by the same replay, ranked on the same blocks
+    gap = replay["draft_top_gap"].double()
+    assert bool((gap >= 0).all()) and saved["draft_top_gap_auc"] == conditional_auc(gap[rep], accepted[rep])
     three = (saved["auc_overall"], saved["head_auc"]["auc_overall"], saved["draft_max_prob_auc"]["auc_overall"])
     assert len(set(three)) == 3
     assert saved["out_of_sample"]["max_prob_weights"] == saved["max_prob_weights"]

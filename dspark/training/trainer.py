@@ -651,6 +651,12 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 @torch.no_grad()
+def top2_gap(logits: torch.Tensor) -> torch.Tensor:
+    """float32 [...]: the largest logit minus the second largest over the last axis of ``logits`` [..., V]."""
+    top = logits.float().topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
 def replay_blocks(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.Tensor, anchors: torch.Tensor,
                   anchor_chunk: int | None = None) -> dict[str, torch.Tensor]:
     """Greedy draft + full-block greedy verification at given anchors, as the engine would do them.
@@ -695,7 +701,9 @@ def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids:
     return {"tokens": tokens, "accepted": tokens == target_argmax, "conf_logits": conf,
             # the drafter's own confidence in each token it drafted (its argmax)
             # (dspark.sampling.top_probability: the engine's draft stage computes it the same way)
-            "draft_max_prob": top_probability(drafted.logits).view(n, a, gamma)}
+            "draft_max_prob": top_probability(drafted.logits).view(n, a, gamma),
+            # the gap between its two largest logits: a confidence that needs no softmax over the vocabulary
+            "draft_top_gap": top2_gap(drafted.logits).view(n, a, gamma)}
 
 
 @torch.no_grad()
@@ -710,7 +718,8 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
     of them. ``batch_size`` sequences share one context pass and ``anchor_chunk`` anchors per
     sequence share one draft + verify pass, which bounds memory however many anchors there are.
     Returns float32 ``conf_logits`` [M, G] (raw z_k of the drafted tokens), float32
-    ``draft_max_prob`` [M, G] (the drafter's softmax probability of each drafted token, its argmax: the
+    ``draft_top_gap`` [M, G] (the gap between the drafter's two largest logits at each slot: a confidence with no
+    softmax), ``draft_max_prob`` [M, G] (the drafter's softmax probability of each drafted token, its argmax: the
     confidence a head-free estimate has), float32 ``accepted`` [M, G], ``accept_length`` [M] (accepted prefix
     + 1 bonus), and int64
     ``seq_index`` [M] / ``anchor`` [M] (the dataset row and the position of each block's anchor)
@@ -724,7 +733,7 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
     gamma = drafter.block_size
     was_training = drafter.training
     drafter.eval()
-    conf_all, acc_all, seq_all, anchor_all, prob_all = [], [], [], [], []
+    conf_all, acc_all, seq_all, anchor_all, prob_all, gap_all = [], [], [], [], [], []
     starts = range(0, len(dataset), batch_size)
     try:
         for i, start in enumerate(tqdm(starts, desc="greedy replay", unit="batch", disable=not progress)):
@@ -741,6 +750,7 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
             conf_all.append(out["conf_logits"][valid_dev].float().cpu())
             acc_all.append(out["accepted"][valid_dev].float().cpu())
             prob_all.append(out["draft_max_prob"][valid_dev].float().cpu())
+            gap_all.append(out["draft_top_gap"][valid_dev].float().cpu())
             seq_all.append(torch.tensor(rows, dtype=torch.int64)[:, None].expand(valid.shape)[valid])
             anchor_all.append(anchors[valid])
     finally:
@@ -751,9 +761,11 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
     accepted = torch.cat(acc_all)
     accept_length = torch.cumprod(accepted, dim=-1).sum(-1) + 1.0
     return {"conf_logits": conf_logits, "accepted": accepted, "accept_length": accept_length,
-            "seq_index": torch.cat(seq_all), "anchor": torch.cat(anchor_all), "draft_max_prob": torch.cat(prob_all)}
+            "seq_index": torch.cat(seq_all), "anchor": torch.cat(anchor_all), "draft_max_prob": torch.cat(prob_all),
+            "draft_top_gap": torch.cat(gap_all)}
 
 
 __all__ = ["DrafterTrainer", "TrainConfig", "block_labels", "complete_checkpoints", "dense_target_forward",
            "expected_accept_length", "gather_positions", "greedy_block_acceptance", "load_tensor_shards",
-           "lr_lambda_factory", "replay_blocks", "sample_anchors", "save_tensor_shards", "target_verify_forward"]
+           "lr_lambda_factory", "replay_blocks", "sample_anchors", "save_tensor_shards", "target_verify_forward",
+           "top2_gap"]
