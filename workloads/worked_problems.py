@@ -30,22 +30,15 @@ measures held-out loss, and the benchmark's arena-hard-style workload stays ``ar
 
 from __future__ import annotations
 
-import hashlib
 import textwrap
 from dataclasses import dataclass
 from itertools import product
 from typing import Callable, Union
 
-from .base import Prompt, Workload, WorkloadError
+from .base import Prompt, Workload, WorkloadError, pick_by_id
 
 Value = Union[int, float, str]
 Fills = dict[str, str]
-
-
-def _pick(prompt_id: str, options: tuple[str, ...]) -> str:
-    """One of ``options``, chosen by the id's hash (stable across runs and list growth)."""
-    index = int.from_bytes(hashlib.sha1(prompt_id.encode("utf-8")).digest()[:2], "big") % len(options)
-    return options[index]
 
 
 def _fmt(value: Value) -> str:
@@ -721,7 +714,7 @@ def debug_text(snippet: str, ask: str, frame: str) -> str:
     """The prompt for one snippet x ask x frame (keys of ``SNIPPETS``, ``DEBUG_ASKS``, ``DEBUG_FRAMES``)."""
     s = SNIPPETS[snippet]
     prompt_id = f"worked_problems/debug/{snippet}/{ask}/{frame}"
-    return _pick(prompt_id, DEBUG_TEMPLATES).format(
+    return pick_by_id(prompt_id, DEBUG_TEMPLATES).format(
         frame=DEBUG_FRAMES[frame].format(language=s.language), language=s.language, symptom=s.symptom,
         fence=s.fence, code=s.code, ask=DEBUG_ASKS[ask])
 
