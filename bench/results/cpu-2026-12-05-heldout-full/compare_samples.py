@@ -12,18 +12,17 @@ sample's prompts the H200 run did not answer.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 
 from scipy.stats import wilcoxon
 
+from runners.eval_drafter import compare_rows, load_report
+
 
 def greedy_rows(path: str) -> dict[str, dict]:
     """workload -> its T=0 result row of one eval.json."""
-    with open(path) as f:
-        results = json.load(f)["results"]
-    return {r["workload"]: r for r in results if r["temperature"] == 0.0}
+    return {r["workload"]: r for r in load_report(path)["results"] if r["temperature"] == 0.0}
 
 
 def main(h200_path: str, cpu_paths: list[str]) -> None:
@@ -33,18 +32,24 @@ def main(h200_path: str, cpu_paths: list[str]) -> None:
     print("|---|---|---|---|---|---|---|")
     for path in cpu_paths:
         for name, row in greedy_rows(path).items():
-            cpu = {k: v["mean_accept_length"] for k, v in row["per_prompt"].items()}
-            ref = {k: v["mean_accept_length"] for k, v in h200[name]["per_prompt"].items()} if name in h200 else {}
-            common = [k for k in ref if k in cpu]
-            rest = [cpu[k] for k in cpu if k not in ref]
+            cpu = row["per_prompt"]
             ci = row["mean_accept_length_ci"]
-            p = wilcoxon([ref[k] for k in common], [cpu[k] for k in common]).pvalue if len(common) > 5 else None
+            cells = "- | - | -"
+            rest = list(cpu)
+            if name in h200:  # the prompts both answered, paired as runners.eval_drafter compare pairs them
+                pair = compare_rows(h200[name], row)
+                ref = h200[name]["per_prompt"]
+                shared = [k for k in cpu if k in ref and k not in pair["only_b"]]
+                rest = pair["only_b"]
+                p = (wilcoxon([ref[k]["mean_accept_length"] for k in shared],
+                              [cpu[k]["mean_accept_length"] for k in shared]).pvalue if len(shared) > 5 else None)
+                cells = (f"{pair['n_prompts']} | "
+                         + (f"{pair['a_mean_accept_length']:.3f} / {pair['b_mean_accept_length']:.3f}"
+                            if pair["n_prompts"] else "-")
+                         + f" | {'-' if p is None else f'{p:.2f}'}")
+            rest_mean = statistics.mean(cpu[k]["mean_accept_length"] for k in rest) if rest else None
             print(f"| {name} | {len(cpu)} | {row['mean_accept_length']:.3f} ({ci['low']:.3f} .. {ci['high']:.3f}) "
-                  f"| {len(common)} | "
-                  + (f"{statistics.mean(ref[k] for k in common):.3f} / {statistics.mean(cpu[k] for k in common):.3f}"
-                     if common else "-")
-                  + f" | {'-' if p is None else f'{p:.2f}'} | "
-                  + (f"{statistics.mean(rest):.3f} ({len(rest)})" if rest else "-") + " |")
+                  f"| {cells} | " + (f"{rest_mean:.3f} ({len(rest)})" if rest else "-") + " |")
 
 
 if __name__ == "__main__":
