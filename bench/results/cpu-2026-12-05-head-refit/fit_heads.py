@@ -10,7 +10,7 @@ Sequences are split in halves (seeded): fitted on one, reported on the other wit
 import sys
 import numpy as np
 import torch
-from dspark.training.calibration import roc_auc as _roc
+from dspark.training.calibration import reached_cells, roc_auc as _roc
 
 
 def roc_auc_score(y, x):
@@ -19,7 +19,7 @@ def roc_auc_score(y, x):
 d = torch.load(sys.argv[1])
 feats, conf, acc, maxp, seq = d["feats"].float(), d["conf"], d["acc"], d["maxp"], d["seq"]
 M, G, D = feats.shape
-reached = torch.cat([torch.ones(M, 1), torch.cumprod(acc, 1)[:, :-1]], 1).bool()
+reached = reached_cells(acc)
 print(f"blocks {M}, reached cells {int(reached.sum())}, accept rate {float(acc[reached].mean()):.3f}, "
       f"mean accept length {float(torch.cumprod(acc, 1).sum(1).mean() + 1):.3f}")
 rng = np.random.default_rng(0)
@@ -122,29 +122,12 @@ for ep in (20, 60):
     res[f"MLP on feats + z + logit p ({ep} ep)"] = mlp(design(feats, conf[..., None], lp[..., None], onehot), epochs=ep)
 def warm_refit(lam):
     """The shipped head's weights w0, b0 refitted on the fit half, pulled towards w0, plus a bias per position."""
-    from dspark.models.drafter import DSparkDrafter
-    from dspark.models.loading import load_target_weights
-    from runners.common import resolve_drafter_path
+    from refit import anchored_refit, shipped_head
 
-    mcfg, _, _ = load_target_weights("smollm2")
-    drafter = DSparkDrafter.load(resolve_drafter_path("builtin:dspark-smollm2", key="checkpoint"), mcfg)
-    w0 = drafter.confidence_head.weight.detach().double().squeeze(0)
-    b0 = drafter.confidence_head.bias.detach().double().squeeze(0)
+    w0, b0 = shipped_head()
     assert float(((feats.double() @ w0 + b0).float() - conf).abs().max()) < 1e-2  # the kept inputs give the head
-    Xf, yf, posf = feats[fit_m].double(), acc[fit_m].double(), pos[fit_m]
-    w, b = w0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
-    pb = torch.zeros(G, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b, pb], max_iter=300, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        nll = torch.nn.functional.binary_cross_entropy_with_logits(Xf @ w + b + pb[posf], yf, reduction="sum")
-        loss = nll + 0.5 * lam * ((w - w0) ** 2).sum()
-        loss.backward()
-        return loss
-    opt.step(closure)
-    with torch.no_grad():
-        return (feats.double() @ w + b + pb[pos]).float()
+    w, b, pb = anchored_refit(feats[fit_m].double(), acc[fit_m].double(), pos[fit_m], w0, b0, lam, G)
+    return (feats.double() @ w + b + pb[pos]).float()
 
 
 for lam in (1e4, 1e3, 1e2, 10.0):

@@ -12,26 +12,19 @@ import sys
 import numpy as np
 import torch
 
-from dspark.models.drafter import DSparkDrafter
-from dspark.models.loading import load_target_weights
-from dspark.training.calibration import roc_auc
-from runners.common import resolve_drafter_path
+from dspark.training.calibration import reached_cells, roc_auc
+from refit import anchored_refit, shipped_head
 
 
 def load(path):
     d = torch.load(path)
-    acc = d["acc"]
-    reached = torch.cat([torch.ones(len(acc), 1), torch.cumprod(acc, 1)[:, :-1]], 1).bool()
-    return d, reached
+    return d, reached_cells(d["acc"])
 
 
 train, train_reached = load(sys.argv[1])
 held, held_reached = load(sys.argv[2])
 G = train["acc"].shape[1]
-mcfg, _, _ = load_target_weights("smollm2")
-drafter = DSparkDrafter.load(resolve_drafter_path("builtin:dspark-smollm2", key="checkpoint"), mcfg)
-w0 = drafter.confidence_head.weight.detach().double().squeeze(0)
-b0 = drafter.confidence_head.bias.detach().double().squeeze(0)
+w0, b0 = shipped_head()
 pos_train = torch.arange(G).expand(train["acc"].shape)[train_reached]
 X = train["feats"][train_reached].double()
 labels = {"greedy": train["acc"][train_reached].double(), "analytical": train["analytical"][train_reached].double()}
@@ -61,16 +54,5 @@ def score_heldout(w, b, pb):
 print(f"the shipped head: held-out AUC {score_heldout(w0, b0, torch.zeros(G, dtype=torch.float64))[0]:.3f}")
 for lam in (1e3, 1e2, 10.0, 1.0):
     for name, y in labels.items():
-        w, b = w0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
-        pb = torch.zeros(G, dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.LBFGS([w, b, pb], max_iter=300, line_search_fn="strong_wolfe")
-
-        def closure():
-            opt.zero_grad()
-            nll = torch.nn.functional.binary_cross_entropy_with_logits(X @ w + b + pb[pos_train], y, reduction="sum")
-            loss = nll + 0.5 * lam * ((w - w0) ** 2).sum()
-            loss.backward()
-            return loss
-        opt.step(closure)
-        point, lo, hi = score_heldout(w.detach(), b.detach(), pb.detach())
+        point, lo, hi = score_heldout(*anchored_refit(X, y, pos_train, w0, b0, lam, G))
         print(f"lam={lam:g} {name:10s} label: held-out AUC {point:.3f} ({lo:.3f}-{hi:.3f})")

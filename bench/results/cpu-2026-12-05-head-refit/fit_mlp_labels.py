@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from dspark.training.calibration import roc_auc
+from dspark.training.calibration import reached_cells, roc_auc
 
 G = 7
 
@@ -15,7 +15,7 @@ G = 7
 def load(path):
     d = torch.load(path)
     acc = d["acc"]
-    reached = torch.cat([torch.ones(len(acc), 1), torch.cumprod(acc, 1)[:, :-1]], 1).bool()
+    reached = reached_cells(acc)
     pos = torch.nn.functional.one_hot(torch.arange(G).expand(acc.shape), G).float()
     return d, reached, torch.cat([d["feats"].float(), pos], -1)[reached]
 
