@@ -417,6 +417,9 @@ def test_an_engine_process_that_dies_fails_live_requests_with_its_exit_status(cf
             with httpx.stream("POST", f"{served.url}/v1/completions", json={**body, "stream": True}) as r:
                 lines = r.iter_lines()
                 assert next(lines).startswith("data: ")
+                # Both requests in the engine before the kill: a plain request still on its way would meet a dead
+                # engine (503) instead of failing as a live request (500).
+                wait_until(lambda: served.metrics()[("dspark:server_live_requests", ())] == 2)
                 os.kill(process.pid, signal.SIGKILL)
                 rest = [line for line in lines if line.startswith("data: ")]
             plain = plain.result()
