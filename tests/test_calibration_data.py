@@ -49,15 +49,16 @@ def shipped():
 def test_shipped_record_covers_the_drafters_lineage(shipped):
     """The shipped drafter was trained from scratch (the drafter4 data), then continued on two data runs of
     seven sources (A, then B: prefixes of the same seeded train-split order), then on a third (C: the same
-    sources and seed, other samples per prompt, each prompt's first sample greedy). Its record is a superset of
-    all four: the from-scratch record replays exactly, B's and C's ids are the records their machines wrote, and
-    every train-split prompt of the seven sources is in it (A's own ids were never written back)."""
+    sources and seed, other samples per prompt, each prompt's first sample greedy), then on a fourth (D: worked
+    problems added, at most 2,500 prompts per source, greedy first). Its record is a superset of all five: the
+    from-scratch record replays exactly, B's, C's and D's ids are the records their machines wrote, and every
+    train-split prompt of the seven sources is in it (A's own ids were never written back)."""
     logs = ROOT / "bench/results/h200-2026-11-30-drafter4"
     if logs.is_dir():  # the numbers above are the logs'
         summary = json.loads((logs / "data_summary.txt").read_text())
         assert summary["per_source"] == SHIPPED_PER_SOURCE and summary["sequences"] == sum(SHIPPED_ADMITTED)
         assert [p["not_admitted"] for p in summary["info"]["parts"]] == [0, 0]
-    scratch, data_a, data_b, data_c = shipped["recipe"]["lineage"]
+    scratch, data_a, data_b, data_c, data_d = shipped["recipe"]["lineage"]
     recipe = scratch["recipe"]
     assert recipe["split"] == "train" and recipe["seed"] == 0 and recipe["num_prompts_per_source"] is None
     assert [s["admitted"] for s in recipe["shards"]] == SHIPPED_ADMITTED
@@ -78,6 +79,11 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     assert set(sources) == set(SOURCES) | {"tool_calls", "chat_followups"}
     assert {pid for _, pid, _ in mtd.collect_prompts(sources, "train", None, 0)} <= trained
     _assert_never_evaluated(trained, [s for s in sources if s != "chat_followups"])
+    (recipe_d,) = data_d["recipe"]["shards"]
+    assert recipe_d["split"] == "train" and recipe_d["seed"] == 0 and "worked_problems" in recipe_d["sources"]
+    worked = {pid for pid in trained if pid.startswith("worked_problems/")}
+    assert worked and all(split_of(pid) == "train" for pid in worked)
+    _assert_never_evaluated(trained, ["worked_problems"])
     # chat_followups puts a stdlib object in train when its docstring appears in a train-split stdlib_prose
     # prompt, and docstrings differ between Python versions: B's machine (Python 3.12) saw a few stdlib items as
     # train that another Python may see as eval. No benchmark draws from that source, and calibration excludes the
