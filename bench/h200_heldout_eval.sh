@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Held-out accept length of a drafter on larger samples than bench/h200_session.sh's finish phase evaluates, and
 # of a baseline drafter paired with it by prompt: every arena-hard-style eval prompt (57) and the first 96 agentic
-# and poetry eval prompts by default. Each (drafter, workload) runs as its own runners.eval_drafter process, all of
-# up to PARALLEL of them side by side on the one GPU (T=0 and three workloads: about a minute per drafter on an H200). With a
+# and poetry eval prompts by default. Each (drafter, workload) runs as its own runners.eval_drafter process, up to
+# PARALLEL of them side by side on the one GPU (T=0 and three workloads: about a minute per drafter on an H200). With a
 # baseline, `runners.eval_drafter compare=[BASE,DRAFTER]` then gives the paired change per workload with its
 # bootstrap interval. Everything comes back as one tarball, $OUT/heldout.tar.gz.
 #
@@ -33,9 +33,9 @@ source "$(dirname "$0")/stage_model.sh" "${1:?stage dir with model.part1..N + mo
 
 runs=("drafter=$DRAFTER"); [[ -n "$BASE" ]] && runs+=("base=$BASE")
 stamp "evaluate ${runs[*]} on $SAMPLES at T=$TEMPS"
-pids=(); names=(); failed=(); next=0
-finish_one() {  # wait for the oldest evaluation still running, and note whether it failed
-  wait "${pids[$next]}" || failed+=("${names[$next]}"); next=$(( next + 1 ))
+pids=(); logs=(); failed=(); next=0
+finish_one() {  # wait for the oldest evaluation still running, and note its log when it failed
+  wait "${pids[$next]}" || failed+=("${logs[$next]}"); next=$(( next + 1 ))
 }
 for r in "${runs[@]}"; do
   run=${r%%=*}; ckpt=${r#*=}
@@ -45,7 +45,7 @@ for r in "${runs[@]}"; do
     timeout "$T_EVAL" python3 -m runners.eval_drafter checkpoint="$ckpt" engine="$ENGINE" "workloads=[$w]" \
       num_prompts="$n" max_tokens="$TOK" "temperatures=$TEMPS" progress=false output_dir="$EV/$run/$w" \
       hydra.run.dir="$WORK/hydra/${run}_$w" > "$EV/${run}_$w.log" 2>&1 &
-    pids+=($!); names+=("$run/$w")
+    pids+=($!); logs+=("$EV/${run}_$w.log")
   done
 done
 while (( next < ${#pids[@]} )); do finish_one; done
@@ -58,7 +58,7 @@ for s in $SAMPLES; do
       hydra.run.dir="$WORK/hydra/compare_$w" 2>&1 | tail -8
   fi
 done
-for f in "${failed[@]}"; do echo "FAILED: $f (log: ${f/\//_}.log)"; tail -5 "$EV/${f/\//_}.log"; done
+for log in "${failed[@]}"; do echo "FAILED: $log"; tail -5 "$log"; done
 tar czf "$OUT/heldout.tar.gz" -C "$WORK" heldout
 stamp "packed $OUT/heldout.tar.gz"
 (( ${#failed[@]} == 0 ))
