@@ -11,7 +11,8 @@
 # STAGE_DIR holds model.part1..N + model.sha256 (bench/stage_model.sh). Knobs (env, defaults below): DRAFTER (a
 # drafter folder or builtin:NAME; required), BASE (the same; empty: no comparison), SAMPLES (workload:prompts
 # pairs; the prompts are each workload's seeded choice, so a smaller count is a prefix of a larger one), TEMPS
-# (a Hydra list), TOK (new tokens per answer), ENGINE, T_EVAL (seconds per process), PARALLEL, WORK.
+# (a Hydra list), TOK (new tokens per answer), ENGINE, T_EVAL (seconds per process), PARALLEL and PER_EVAL_GIB
+# (below), WORK.
 set -uo pipefail
 OUT=${OUT:?set OUT}
 WORK=${WORK:-/tmp/dspark-heldout}
@@ -22,9 +23,27 @@ TEMPS=${TEMPS:-"[0.0]"}
 TOK=${TOK:-192}
 ENGINE=${ENGINE:-h200}
 T_EVAL=${T_EVAL:-300}
-PARALLEL=${PARALLEL:-3}  # evaluations at once: each engine=h200 process holds about 24 GiB (3 fit an H100)
+# PARALLEL: evaluations at once. Each engine=h200 process holds about 26 GiB at its peak (a KV pool of about 24 GiB and
+# its activations), PER_EVAL_GIB with a margin: unset, as many as fit in the GPU's free memory (at most 6); set higher
+# than fit, it is lowered to what fits, and the log says so (more would run out of memory and fail part of the runs).
+PER_EVAL_GIB=${PER_EVAL_GIB:-28}
 EV="$WORK/heldout"
-[[ "$PARALLEL" =~ ^[1-9][0-9]*$ ]] || { echo "PARALLEL=$PARALLEL: a whole number >= 1"; exit 2; }
+[[ -z "${PARALLEL:-}" || "$PARALLEL" =~ ^[1-9][0-9]*$ ]] || { echo "PARALLEL=$PARALLEL: a whole number >= 1"; exit 2; }
+[[ "$PER_EVAL_GIB" =~ ^[1-9][0-9]*$ ]] || { echo "PER_EVAL_GIB=$PER_EVAL_GIB: a whole number of GiB >= 1"; exit 2; }
+gpu=${CUDA_VISIBLE_DEVICES:-}; gpu=${gpu%%,*}
+free_mib=$(nvidia-smi ${gpu:+-i "$gpu"} --query-gpu=memory.free --format=csv,noheader,nounits 2>/dev/null | head -1)
+if [[ "$ENGINE" != cpu && "$free_mib" =~ ^[0-9]+$ ]]; then
+  fit=$(( free_mib / (PER_EVAL_GIB * 1024) )); (( fit < 1 )) && fit=1
+  if [[ -z "${PARALLEL:-}" ]]; then
+    PARALLEL=$(( fit < 6 ? fit : 6 ))
+    echo "PARALLEL=$PARALLEL: evaluations of about $PER_EVAL_GIB GiB each at once, for the GPU's $free_mib MiB free"
+  elif (( PARALLEL > fit )); then
+    echo "PARALLEL=$PARALLEL lowered to $fit: only $fit evaluations of about $PER_EVAL_GIB GiB each fit in the" \
+         "GPU's $free_mib MiB free"
+    PARALLEL=$fit
+  fi
+fi
+PARALLEL=${PARALLEL:-3}
 for s in $SAMPLES; do
   [[ "$s" =~ ^[a-z_]+:[1-9][0-9]*$ ]] || { echo "SAMPLES: '$s' is not workload:prompts (e.g. agentic:96)"; exit 2; }
 done

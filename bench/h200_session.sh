@@ -35,6 +35,10 @@
 # (runners.train_drafter stop_at_step) with the schedule still set by STEPS, and SHARDS=n ONLY_SHARD=i answers one
 # shard of an n-GPU data run on one GPU (one call per shard). A run that trains no DSpark has no finish phase.
 #
+# DATA_ARGS: further runners.make_training_data settings, e.g. "seed=5" (other prompts of a source whose train split
+# holds more than PER_SOURCE, and other samples of the same ones). SKIP_EVAL=1: the finish phase ships without
+# evaluating (bench/h200_heldout_eval.sh DRAFTER=$WORK/ship then evaluates it on larger samples).
+#
 # TRAIN_ARGS: further runners.train_drafter settings for every run, e.g. "train.head_only=true
 # train.conf_target=greedy" (with INIT_FROM: the shipped drafter's confidence head trained again alone, its drafts
 # unchanged; bench/h200_calibration.sh DRAFTER=... then calibrates it).
@@ -176,7 +180,7 @@ if has data; then
       engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \
       time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$1/$NSHARDS output="$WORK/data/train_$1.safetensors" \
       progress=false ${MAX_REQUESTS:+max_requests=$MAX_REQUESTS} \
-      sampling.greedy_first=${GREEDY_FIRST:-false} hydra.run.dir="$WORK/hydra/data$1" > "$3" 2>&1 &
+      sampling.greedy_first=${GREEDY_FIRST:-false} ${DATA_ARGS:-} hydra.run.dir="$WORK/hydra/data$1" > "$3" 2>&1 &
     pids+=($!)
   }
   mine() { [[ -z "$ONLY_SHARD" || "$1" == "$ONLY_SHARD" ]]; }  # the shards this call answers
@@ -282,36 +286,43 @@ if records:
                         {"shards": [r.get("recipe") for r in records]}, per_source)
 print("shipped", sorted(p.name for p in dst.iterdir()), sum(p.stat().st_size for p in dst.iterdir()))
 EOF
-python3 "$WORK/ship.py" "$WORK/run_dspark/final" "$WORK/ship" "$WORK/data"
+python3 "$WORK/ship.py" "$WORK/run_dspark/final" "$WORK/ship" "$WORK/data" \
+  || { echo "SHIP FAILED: no drafter to evaluate or send back (the log above says why)"; exit 6; }
 mkdir -p "$OUT/drafter"
 cp "$WORK"/ship/*.safetensors "$OUT/drafter/" 2>/dev/null
 if trained dflash; then
-  python3 "$WORK/ship.py" "$WORK/run_dflash/final" "$WORK/ship_dflash" "$WORK/data"
+  python3 "$WORK/ship.py" "$WORK/run_dflash/final" "$WORK/ship_dflash" "$WORK/data" \
+    || { echo "SHIP FAILED: the DFlash ablation (the log above says why)"; exit 6; }
   mkdir -p "$OUT/dflash"; cp "$WORK"/ship_dflash/*.safetensors "$OUT/dflash/" 2>/dev/null
   base="$WORK/ship_dflash"; base_name=dflash
 else  # the drafter this run started from (INIT_FROM) is the baseline; without one, nothing to compare
   base=${INIT_FROM:-}; base_name=start
 fi
 
-what="DSpark GPU $(gpu ${EVAL_GPU_DSPARK:-0})${base:+, $base_name GPU $(gpu ${EVAL_GPU_DFLASH:-1})}"
-stamp "evaluate: acceptance per workload at T=0 and 0.7 ($what)"
-ev="engine=$EVAL_ENGINE num_prompts=$EVAL_PROMPTS max_tokens=$EVAL_TOK progress=false"
-CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DSPARK:-0}) timeout $T_EVAL python3 -m runners.eval_drafter checkpoint="$WORK/ship" $ev \
-  output_dir="$WORK/eval_dspark" hydra.run.dir="$WORK/hydra/ev1" > "$WORK/eval_dspark.log" 2>&1 &
-pids=($!)
-if [[ -n "$base" ]]; then
-  CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DFLASH:-1}) timeout $T_EVAL \
-    python3 -m runners.eval_drafter checkpoint="$base" $ev \
-    output_dir="$WORK/eval_$base_name" hydra.run.dir="$WORK/hydra/ev2" > "$WORK/eval_$base_name.log" 2>&1 &
-  pids+=($!)
-fi
-for p in "${pids[@]}"; do wait "$p"; done
-cat "$WORK/eval_dspark/eval.md" ${base:+"$WORK/eval_$base_name/eval.md"} 2>/dev/null || tail -20 "$WORK"/eval_*.log
-if [[ -n "$base" && ! ( -f "$WORK/eval_dspark/eval.json" && -f "$WORK/eval_$base_name/eval.json" ) ]]; then
-  echo "EVALUATION INCOMPLETE (see eval_dspark.log, eval_$base_name.log; T_EVAL=$T_EVAL s): no comparison"
-elif [[ -n "$base" ]]; then  # DSpark against the baseline, paired by prompt (A: baseline, B: DSpark), bootstrap intervals
-  python3 -m runners.eval_drafter "compare=[$WORK/eval_$base_name,$WORK/eval_dspark]" output_dir="$WORK/eval_compare" \
-    hydra.run.dir="$WORK/hydra/cmp" 2>&1 | tail -12
+if [[ "${SKIP_EVAL:-0}" == 1 ]]; then  # bench/h200_heldout_eval.sh evaluates $WORK/ship on larger samples
+  stamp "evaluation skipped (SKIP_EVAL=1)"
+else
+  what="DSpark GPU $(gpu ${EVAL_GPU_DSPARK:-0})${base:+, $base_name GPU $(gpu ${EVAL_GPU_DFLASH:-1})}"
+  stamp "evaluate: acceptance per workload at T=0 and 0.7 ($what)"
+  ev="engine=$EVAL_ENGINE num_prompts=$EVAL_PROMPTS max_tokens=$EVAL_TOK progress=false"
+  CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DSPARK:-0}) timeout $T_EVAL \
+    python3 -m runners.eval_drafter checkpoint="$WORK/ship" $ev \
+    output_dir="$WORK/eval_dspark" hydra.run.dir="$WORK/hydra/ev1" > "$WORK/eval_dspark.log" 2>&1 &
+  pids=($!)
+  if [[ -n "$base" ]]; then
+    CUDA_VISIBLE_DEVICES=$(gpu ${EVAL_GPU_DFLASH:-1}) timeout $T_EVAL \
+      python3 -m runners.eval_drafter checkpoint="$base" $ev \
+      output_dir="$WORK/eval_$base_name" hydra.run.dir="$WORK/hydra/ev2" > "$WORK/eval_$base_name.log" 2>&1 &
+    pids+=($!)
+  fi
+  for p in "${pids[@]}"; do wait "$p"; done
+  cat "$WORK/eval_dspark/eval.md" ${base:+"$WORK/eval_$base_name/eval.md"} 2>/dev/null || tail -20 "$WORK"/eval_*.log
+  if [[ -n "$base" && ! ( -f "$WORK/eval_dspark/eval.json" && -f "$WORK/eval_$base_name/eval.json" ) ]]; then
+    echo "EVALUATION INCOMPLETE (see eval_dspark.log, eval_$base_name.log; T_EVAL=$T_EVAL s): no comparison"
+  elif [[ -n "$base" ]]; then  # DSpark against the baseline, paired by prompt (A: baseline, B: DSpark), with intervals
+    python3 -m runners.eval_drafter "compare=[$WORK/eval_$base_name,$WORK/eval_dspark]" \
+      output_dir="$WORK/eval_compare" hydra.run.dir="$WORK/hydra/cmp" 2>&1 | tail -12
+  fi
 fi
 
 stamp "pack results"

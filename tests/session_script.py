@@ -11,11 +11,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_session(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
-    """bench/h200_session.sh STAGE with OUT and WORK under ``tmp_path`` and ``env`` on top (PHASES, STYLES, ...)."""
-    stage = tmp_path / "stage"
-    stage.mkdir(exist_ok=True)
-    (stage / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"not read: no phase runs")
+def run_session(tmp_path: Path, stage: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    """bench/h200_session.sh STAGE with OUT and WORK under ``tmp_path`` and ``env`` on top (PHASES, STYLES, ...).
+    Without ``stage`` (a folder holding the GGUF), a stage folder whose model file is not a model."""
+    if stage is None:
+        stage = tmp_path / "stage"
+        stage.mkdir(exist_ok=True)
+        (stage / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"not read: no phase runs")
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # python3: this interpreter
     return subprocess.run(["bash", str(REPO / "bench" / "h200_session.sh"), str(stage)], capture_output=True,
                           text=True, timeout=300,

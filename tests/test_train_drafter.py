@@ -297,6 +297,23 @@ def compose_train(tmp_path: Path, data: Path, out: str, *extra: str):
         return compose(config_name="train_drafter", overrides=overrides)
 
 
+def test_a_budget_stop_is_not_reported_by_the_call_that_resumes_to_the_end(tmp_path, target, greedy_data):
+    """The first call runs out of its time budget; the second resumes from its checkpoint and reaches the last step,
+    so it reports no budget stop (the checkpoint's record of the first call's stop is not the second's)."""
+    from runners import train_drafter
+
+    data = greedy_data.save(tmp_path / "data.safetensors")
+    first = train_drafter.run(compose_train(tmp_path, data, "run", "train.time_budget_s=0"), target=target)
+    assert first["stopped_by_time_budget"] and first["step"] == 0
+    stopped = train_drafter.run(compose_train(tmp_path, data, "run2", "stop_at_step=2"), target=target)
+    assert stopped["step"] == 2
+    cut = train_drafter.run(compose_train(tmp_path, data, "run2", "resume=true", "stop_at_step=4",
+                                          "train.time_budget_s=0"), target=target)
+    assert cut["stopped_by_time_budget"] and cut["step"] == 2
+    done = train_drafter.run(compose_train(tmp_path, data, "run2", "resume=true"), target=target)
+    assert done["step"] == 6 and not done["stopped_by_time_budget"]
+
+
 def test_resume_reproduces_an_uninterrupted_run(tmp_path, target, greedy_data):
     from runners import train_drafter
 

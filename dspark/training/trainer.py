@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 import torch
 from safetensors.torch import save_file
+from torch.profiler import record_function
 
 from dspark.config import ConfigError
 from dspark.models.drafter import DSparkDrafter
@@ -400,6 +401,12 @@ def _freeze(target: TargetModel) -> TargetModel:
     return target
 
 
+# The profiler ranges of one training step, in order (DrafterTrainer.compute_loss and train_step; what is left of a
+# step is the metrics it reports, whose .item() calls wait for the device).
+STEP_PHASES = ("train/batch", "train/target_forward", "train/drafter_forward", "train/loss", "train/backward",
+               "train/optimizer")
+
+
 def expected_accept_length(per_position: torch.Tensor) -> float:
     """1 + sum_k prod_{i<=k} a_i: tokens per step implied by per-position acceptance (NaN -> 0)."""
     a = torch.nan_to_num(per_position.float().cpu(), nan=0.0)
@@ -452,43 +459,48 @@ class DrafterTrainer:
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
 
     def compute_loss(self, step: int):
-        """Loss of training step ``step`` (batch and anchors are functions of the seed and the step)."""
+        """Loss of training step ``step`` (batch and anchors are functions of the seed and the step). Its phases are
+        profiler ranges (:data:`STEP_PHASES`), as are :meth:`train_step`'s backward and optimizer step."""
         cfg = self.cfg
         gamma = self.drafter.block_size
-        rows = batch_indices(len(self.dataset), cfg.batch_size, step, cfg.seed, self.lengths, cfg.bucket_batches,
-                             self.epoch_orders)
-        batch = make_batch(self.dataset, rows, cfg.max_len, cfg.pad_id)
-        anchors, anchor_valid = sample_anchors(batch.lengths, batch.response_starts, cfg.anchors_per_seq, gamma,
-                                               step_generator(cfg.seed, step), cfg.require_full_block)
-        if not bool(anchor_valid.any()):
-            raise ValueError(f"step {step}: no sequence of the batch has a response token to train on; check the "
-                             f"data (rows {rows[:8]}) and train.max_len={cfg.max_len}")
-        ids = batch.input_ids.to(self.device)
-        lengths = batch.lengths.to(self.device)
-        anchors = anchors.to(self.device)
-        anchor_valid = anchor_valid.to(self.device)
-        labels, valid, target_pos = block_labels(ids, lengths, anchors, anchor_valid, gamma)
-        with torch.no_grad(), self._autocast():
+        with record_function("train/batch"):
+            rows = batch_indices(len(self.dataset), cfg.batch_size, step, cfg.seed, self.lengths,
+                                 cfg.bucket_batches, self.epoch_orders)
+            batch = make_batch(self.dataset, rows, cfg.max_len, cfg.pad_id)
+            anchors, anchor_valid = sample_anchors(batch.lengths, batch.response_starts, cfg.anchors_per_seq, gamma,
+                                                   step_generator(cfg.seed, step), cfg.require_full_block)
+            if not bool(anchor_valid.any()):
+                raise ValueError(f"step {step}: no sequence of the batch has a response token to train on; check "
+                                 f"the data (rows {rows[:8]}) and train.max_len={cfg.max_len}")
+            ids = batch.input_ids.to(self.device)
+            lengths = batch.lengths.to(self.device)
+            anchors = anchors.to(self.device)
+            anchor_valid = anchor_valid.to(self.device)
+            labels, valid, target_pos = block_labels(ids, lengths, anchors, anchor_valid, gamma)
+        with record_function("train/target_forward"), torch.no_grad(), self._autocast():
             hidden, captured, _ = dense_target_forward(self.target, ids, self.drafter.cfg.target_layer_ids)
             target_logits = self.target.compute_logits(gather_positions(hidden, target_pos))  # [B, A, G, V]
-        with self._autocast():
+        with record_function("train/drafter_forward"), self._autocast():
             out = self.drafter.forward_train(captured, ids, anchors, self.target.embed, self.target.lm_head_weight,
                                              labels)
         weights = (0.0, 0.0) if cfg.head_only else (cfg.ce_weight, cfg.tv_weight)  # head_only: CE, TV reported only
-        return dspark_loss(out.logits, target_logits, out.confidence_logits, valid, ce_weight=weights[0],
-                           tv_weight=weights[1], conf_weight=cfg.conf_weight,
-                           position_decay=cfg.position_decay, targets=labels, conf_target=cfg.conf_target)
+        with record_function("train/loss"):
+            return dspark_loss(out.logits, target_logits, out.confidence_logits, valid, ce_weight=weights[0],
+                               tv_weight=weights[1], conf_weight=cfg.conf_weight,
+                               position_decay=cfg.position_decay, targets=labels, conf_target=cfg.conf_target)
 
     def train_step(self) -> dict[str, Any]:
         loss = self.compute_loss(self.step)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.grad_clip)
-        if not torch.isfinite(loss.total.detach()):
-            raise FloatingPointError(f"step {self.step}: loss is {loss.total.item()}; lower train.lr "
-                                     f"(now {self.cfg.lr}) or check the data")
-        self.optimizer.step()
-        self.scheduler.step()
+        with record_function("train/backward"):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.total.backward()
+        with record_function("train/optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.cfg.grad_clip)
+            if not torch.isfinite(loss.total.detach()):
+                raise FloatingPointError(f"step {self.step}: loss is {loss.total.item()}; lower train.lr "
+                                         f"(now {self.cfg.lr}) or check the data")
+            self.optimizer.step()
+            self.scheduler.step()
         self.step += 1
         acc = loss.per_position_acceptance.detach().float().cpu()
         metrics = {
@@ -509,6 +521,9 @@ class DrafterTrainer:
         stop = cfg.max_steps if until_step is None else min(int(until_step), cfg.max_steps)
         if stop <= self.step:
             return self.last_metrics
+        # A budget stop belongs to the call that made it: a resumed run's checkpoint carries the earlier call's, which
+        # would otherwise be reported for a run that then reached its last step.
+        self.extra_state.pop("stopped_by_time_budget", None)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         from tqdm.auto import tqdm
 
