@@ -80,10 +80,12 @@ def profile_steps(trainer: DrafterTrainer, steps: int, profiled: int, top: int =
     kernels_us: Counter = Counter()
     kernel_calls: Counter = Counter()
     for e in prof.events():
-        if e.name in phases:
-            phases[e.name]["host_ms"] += e.cpu_time_total / 1e3 / profiled
-            phases[e.name]["device_ms"] += e.device_time_total / 1e3 / profiled
-        elif e.device_type == torch.autograd.DeviceType.CUDA:
+        on_device = e.device_type == torch.autograd.DeviceType.CUDA
+        if e.name in phases:  # a phase's range: its host time, and its kernels' device time (device_time_total)
+            if not on_device:  # (the range's copy on the device timeline spans its kernels, idle gaps included)
+                phases[e.name]["host_ms"] += e.cpu_time_total / 1e3 / profiled
+                phases[e.name]["device_ms"] += e.device_time_total / 1e3 / profiled
+        elif on_device:
             kernels_us[e.name[:100]] += e.device_time_total
             kernel_calls[e.name[:100]] += 1
     walls_t = torch.tensor(walls)
