@@ -50,15 +50,16 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     """The shipped drafter was trained from scratch (the drafter4 data), then continued on two data runs of
     seven sources (A, then B: prefixes of the same seeded train-split order), then on a third (C: the same
     sources and seed, other samples per prompt, each prompt's first sample greedy), then on a fourth (D: worked
-    problems added, at most 2,500 prompts per source, greedy first). Its record is a superset of all five: the
-    from-scratch record replays exactly, B's, C's and D's ids are the records their machines wrote, and every
+    problems added, at most 2,500 prompts per source, greedy first), then on a fifth (E: D's sources, seed 5, at
+    most 5,000 prompts per source, every request admitted). Its record is a superset of all six: the from-scratch
+    record and E replay exactly, B's, C's, D's and E's ids are the records their machines wrote, and every
     train-split prompt of the seven sources is in it (A's own ids were never written back)."""
     logs = ROOT / "bench/results/h200-2026-11-30-drafter4"
     if logs.is_dir():  # the numbers above are the logs'
         summary = json.loads((logs / "data_summary.txt").read_text())
         assert summary["per_source"] == SHIPPED_PER_SOURCE and summary["sequences"] == sum(SHIPPED_ADMITTED)
         assert [p["not_admitted"] for p in summary["info"]["parts"]] == [0, 0]
-    scratch, data_a, data_b, data_c, data_d = shipped["recipe"]["lineage"]
+    scratch, data_a, data_b, data_c, data_d, data_e = shipped["recipe"]["lineage"]
     recipe = scratch["recipe"]
     assert recipe["split"] == "train" and recipe["seed"] == 0 and recipe["num_prompts_per_source"] is None
     assert [s["admitted"] for s in recipe["shards"]] == SHIPPED_ADMITTED
@@ -84,6 +85,12 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     worked = {pid for pid in trained if pid.startswith("worked_problems/")}
     assert worked and all(split_of(pid) == "train" for pid in worked)
     _assert_never_evaluated(trained, ["worked_problems"])
+    (recipe_e,) = data_e["recipe"]["shards"]
+    assert recipe_e["seed"] == 5 and recipe_e["sources"] == recipe_d["sources"]
+    assert [s["admitted"] for s in recipe_e["shards"]] == [s["requests"] for s in recipe_e["shards"]]  # all of them
+    replayed = mtd.collect_prompts(recipe_e["sources"], "train", recipe_e["num_prompts_per_source"], 5)
+    assert {pid for _, pid, _ in replayed} <= trained
+    assert sum(recipe_e["samples_per_prompt"][src] for src, _, _ in replayed) == recipe_e["shards"][0]["requests"]
     # chat_followups puts a stdlib object in train when its docstring appears in a train-split stdlib_prose
     # prompt, and docstrings differ between Python versions: B's machine (Python 3.12) saw a few stdlib items as
     # train that another Python may see as eval. No benchmark draws from that source, and calibration excludes the
