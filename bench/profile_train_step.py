@@ -43,10 +43,8 @@ def synthetic_dataset(n: int, mean_len: int, prompt_share: float, vocab: int, se
     share = prompt_share - 0.2 + 0.4 * torch.rand(n, generator=g)
     prompt_lens = (lengths * share).long().clamp(1, None)
     prompt_lens = torch.minimum(prompt_lens, lengths - 2)
-    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
-    tokens = torch.randint(3, vocab, (int(offsets[-1]),), generator=g, dtype=torch.int32)
-    return TokenDataset(tokens=tokens, offsets=offsets, prompt_lens=prompt_lens.to(torch.int32),
-                        source_ids=torch.zeros(n, dtype=torch.int32), source_names=["synthetic"])
+    tokens = torch.randint(3, vocab, (int(lengths.sum()),), generator=g, dtype=torch.int32)
+    return TokenDataset.from_sequences(torch.split(tokens, lengths.tolist()), prompt_lens.tolist(), ["synthetic"] * n)
 
 
 def _sync(device: torch.device) -> None:
