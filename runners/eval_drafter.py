@@ -19,7 +19,8 @@ else a ``divergence``; any emitted token beyond ``delta`` fails the row. Mismatc
 listed. Writes ``eval.json`` and ``eval.md`` (a model-card table) into ``output_dir``
 (default: CHECKPOINT/eval). Each row also gives the accept length of each of its prompts' source labels
 (``accept_length_by_source``: arena-hard's categories, agentic's BFCL categories and HumanEval, poetry's
-forms), lowest first: the kinds of text a drafter lags on.
+forms), lowest first: the kinds of text a drafter lags on; and its rejected drafts by the kind of the target's
+token at each (``draft_misses_by_kind``: word starts, word pieces, numbers, punctuation, newlines, ...).
 
 Intervals: each row's mean accept length and p1 acceptance get a ``ci_level`` (95%) bootstrap
 interval over PROMPTS (``scipy.stats.bootstrap``, ``n_resamples`` resamples seeded by ``seed``):
@@ -50,6 +51,7 @@ import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
+from dspark.bench.draft_misses import draft_misses_by_kind, misses_line
 from dspark.bench.guards import FULL_PRECISION_DTYPES
 from dspark.config import ConfigError, SamplingParams
 from dspark.models.drafter import DSparkDrafter
@@ -333,6 +335,27 @@ def greedy_check(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids:
                              "real_divergences": d["real_divergences"]}}
 
 
+def misses_by_kind(outputs: Sequence[Any], ids: Sequence[str], text_of: Callable[[int], str],
+                   sources: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A row's rejected drafts by the kind of the target's token there (``draft_misses_by_kind``,
+    :func:`dspark.bench.draft_misses.draft_misses_by_kind`) and, where its prompts carry two or more source labels,
+    the same per label (``draft_misses_by_source``, by label). An output whose per-step record does not add up to
+    its tokens (an engine fault) leaves the tally out, with the reason in ``draft_misses_error``, rather than lose
+    the row's other measurements."""
+    try:
+        row: dict[str, Any] = {"draft_misses_by_kind": draft_misses_by_kind(outputs, text_of)}
+    except ValueError as exc:
+        return {"draft_misses_by_kind": None, "draft_misses_error": str(exc)}
+    if sources:
+        groups: dict[str, list[Any]] = {}
+        for pid, o in zip(ids, outputs):
+            groups.setdefault(str(sources.get(pid, "unlabelled")), []).append(o)
+        if len(groups) > 1:
+            row["draft_misses_by_source"] = {name: draft_misses_by_kind(outs, text_of)
+                                             for name, outs in sorted(groups.items())}
+    return row
+
+
 def _rescoring_bar(total: int) -> Callable[[int], Any]:
     """A progress bar's update(n), called with the outputs each packed forward of the re-scoring scored."""
     from tqdm.auto import tqdm
@@ -350,7 +373,9 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
     ``seed`` also seeds the prompt bootstrap of each row's intervals. Each temperature-0 row is checked by
     :func:`greedy_check`: exactly in float32, on evidence in reduced precision (``dtype``; default the
     target-only engine's target's), with ``scorer`` (default one ``ReferenceScorer`` of that target, made here
-    and re-used by every row); ``decode`` renders tokens in its evidence."""
+    and re-used by every row); ``decode`` renders tokens in its evidence, and with it each row also gives its
+    rejected drafts by the kind of the target's token there (``draft_misses_by_kind``,
+    :mod:`dspark.bench.draft_misses`)."""
     block = spec_engine.block_size
     if dtype is None:
         dtype = str(next(plain_engine.target.parameters()).dtype).removeprefix("torch.")
@@ -375,6 +400,8 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
             row = {"workload": name, "temperature": float(temp), "wall_s": round(wall, 3),
                    **acceptance_metrics(spec_out, block, ids, n_resamples=n_resamples, ci_level=ci_level,
                                         seed=seed, sources=sources)}
+            if decode is not None:
+                row.update(misses_by_kind(spec_out, ids, lambda token: decode([token]), sources))
             if temp == 0:
                 plain_engine.reset()
                 plain_out = plain_engine.generate(prompts, params, progress=progress)
@@ -469,6 +496,13 @@ def markdown_table(report: dict[str, Any]) -> str:
             groups = ", ".join(f"{name} {_fmt(g['mean_accept_length'], 2)} ({g['prompts']})"
                                for name, g in r["accept_length_by_source"].items())
             lines.append(f"- {r['workload']}, T={r['temperature']:g}: {groups}")
+    misses = [r for r in report["results"] if r.get("draft_misses_by_kind") or r.get("draft_misses_error")]
+    if misses:
+        lines += ["", "Rejected drafts by the kind of the target's token there: share of the rejections "
+                      "(rejection rate of the drafts verified at such tokens):", ""]
+        lines += [f"- {r['workload']}, T={r['temperature']:g}: "
+                  + (misses_line(r["draft_misses_by_kind"]) if r.get("draft_misses_by_kind")
+                     else f"not tallied: {r['draft_misses_error']}") for r in misses]
     return "\n".join(lines) + "\n"
 
 
