@@ -8,7 +8,8 @@ engine with ``spec=dspark`` (full-block verification): mean acceptance length (t
 committed per decode step, bonus included, averaged over requests) and per-position
 acceptance (accepted at i / drafts that reached i, per request, averaged over requests).
 At temperature 0 the same prompts also run target-only and the outputs are compared
-(:func:`greedy_check`): in float32 the token ids must be identical; in reduced precision
+(:func:`greedy_check`): in float32 the token ids must be identical (a difference fails the row, and a
+float64 copy of the target gives the gap between the two tokens at it: a near-tie or not); in reduced precision
 (bf16/fp16) a verify forward and a decode step round differently, so where the target's two
 best tokens are within that rounding the outputs may part. There each row is judged on
 evidence by ``dspark.bench.lossless.evidence_lossless_guard``: every output is re-scored
@@ -280,12 +281,39 @@ def _regret_at(scorer, prompt: Sequence[int], tokens: Sequence[int], idx: int) -
     return float(scorer.score(list(prompt), list(tokens)).regret[idx])
 
 
+def float64_ties(mismatches: list[dict], spec: Mapping[str, Sequence[int]], plain: Mapping[str, Sequence[int]],
+                 prompts: Mapping[str, Sequence[int]], target) -> None:
+    """Evidence for float32 mismatches: at each first difference inside both outputs, the logits a float64 copy of
+    ``target`` gives the two tokens after the shared prefix, added as ``float64_gap`` (|spec's - target-only's|)
+    and ``float64_prefers`` ("spec" or "target"). A gap within float32's rounding says the two forwards met a
+    near-tie; a large one says an engine emitted a token the target does not choose. Either way the row fails: in
+    float32 equality is demanded."""
+    import copy
+
+    import torch
+
+    from dspark.model_runner import last_position_logits
+
+    todo = [m for m in mismatches if "error" not in m
+            and m["first_difference"] < min(len(spec[m["id"]]), len(plain[m["id"]]))]
+    if not todo:
+        return
+    model = copy.deepcopy(target).to(torch.float64)
+    with torch.inference_mode():
+        for m in todo:
+            pid, idx = m["id"], m["first_difference"]
+            logits = last_position_logits(model, list(prompts[pid]) + list(plain[pid][:idx]))
+            a, b = float(logits[spec[pid][idx]]), float(logits[plain[pid][idx]])
+            m.update(float64_gap=abs(a - b), float64_prefers="spec" if a > b else "target")
+
+
 def greedy_check(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids: Sequence[str], *, dtype: str,
                  scorer=None, decode: Callable[[list[int]], str] | None = None,
-                 progress: Callable | None = None) -> dict[str, Any]:
+                 progress: Callable | None = None, float64_target=None) -> dict[str, Any]:
     """A temperature-0 row's check that the speculative greedy outputs are the target-only ones.
 
-    float32 (``scorer`` None): exact equality; every mismatch is a ``divergence``. Reduced precision: the
+    float32 (``scorer`` None): exact equality; every mismatch is a ``divergence``, and with ``float64_target``
+    (the target) each gets the float64 evidence of :func:`float64_ties`. Reduced precision: the
     evidence guard (``dspark.bench.lossless.evidence_lossless_guard``) over the runs "target" (arm A, whose
     outputs measure the forward noise: ``delta``) and "dspark" (arm B), re-scored by ``scorer`` (a
     ``ReferenceScorer`` of the target), without a control run. Each mismatch gets ``kind`` "rounding_flip"
@@ -301,10 +329,17 @@ def greedy_check(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids:
         for m in mism:
             if "error" not in m:
                 m["kind"] = "divergence"
+        if float64_target is not None:
+            by_id = {pid: (a, b) for pid, a, b in zip(ids, spec_outputs, plain_outputs)}
+            float64_ties(mism, {k: v[0].token_ids for k, v in by_id.items()},
+                         {k: v[1].token_ids for k, v in by_id.items()},
+                         {k: v[1].prompt_token_ids for k, v in by_id.items()}, float64_target)
         same = len(ids) - len(mism)
+        gaps = [f"{m['id']} at {m['first_difference']}: {m['float64_gap']:.2g}" for m in mism if "float64_gap" in m]
         return {"greedy_mismatches": mism, "greedy_rounding_flips": 0, "greedy_lossless": not mism,
                 "greedy_evidence": f"{dtype}: exact equality demanded; {same}/{len(ids)} identical"
-                                   + (f", {len(failed)} failed" if failed else "")}
+                                   + (f", {len(failed)} failed" if failed else "")
+                                   + (f"; float64 logit gap of the two tokens: {', '.join(gaps)}" if gaps else "")}
 
     from dspark.bench.lossless import RunOutputs, evidence_lossless_guard
 
@@ -406,7 +441,8 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
                 plain_engine.reset()
                 plain_out = plain_engine.generate(prompts, params, progress=progress)
                 row.update(greedy_check(spec_out, plain_out, ids, dtype=dtype, scorer=None if exact else scorer,
-                                        decode=decode, progress=rescoring))
+                                        decode=decode, progress=rescoring,
+                                        float64_target=plain_engine.target if exact else None))
             results.append(row)
     lossless = all(r.get("greedy_lossless", True) for r in results)
     return {"block_size": block, "results": results, "greedy_lossless": lossless,

@@ -221,17 +221,30 @@ def test_float32_demands_exact_equality_and_needs_no_scorer(monkeypatch):
         raise AssertionError("float32 needs no reference scorer")
 
     monkeypatch.setattr(reference, "ReferenceScorer", no_scorer)
+    import copy
+
+    from tiny import tiny_target
+
+    from dspark.model_runner import last_position_logits
+
     p = [5, 6]
     target = [greedy_output(p, [3, 4, 5]), greedy_output(p, [3, 4, 5])]
     spec = [greedy_output(p, [3, 4, 5]), greedy_output(p, [3, 9, 5])]  # one token off: a divergence in float32
-    fp32_target = torch.nn.Linear(1, 1)  # only its parameters' dtype is read
+    fp32_target = tiny_target(0)
     rep = ev.evaluate(FakeEngine([spec]), FakeEngine([target], fp32_target), {"w": [("a", p), ("b", p)]}, [0.0],
-                      max_tokens=3, n_resamples=50)  # dtype inferred from the target: float32
+                      max_tokens=3, n_resamples=1000)  # dtype inferred from the target: float32
     row = rep["results"][0]
-    assert row["greedy_mismatches"] == [{"id": "b", "first_difference": 1, "spec_len": 3, "target_len": 3,
-                                         "kind": "divergence"}]
+    (m,) = row["greedy_mismatches"]
+    assert {k: m[k] for k in ("id", "first_difference", "spec_len", "target_len", "kind")} == {
+        "id": "b", "first_difference": 1, "spec_len": 3, "target_len": 3, "kind": "divergence"}
+    # the evidence: the two tokens' logits after the shared prefix, from a float64 copy of the target
+    assert next(fp32_target.parameters()).dtype == torch.float32  # the check made its float64 copy
+    logits = last_position_logits(copy.deepcopy(fp32_target).double(), p + [3])
+    assert m["float64_gap"] == pytest.approx(abs(float(logits[9] - logits[4])), rel=1e-6)
+    assert m["float64_prefers"] == ("spec" if logits[9] > logits[4] else "target")
     assert row["greedy_rounding_flips"] == 0 and not row["greedy_lossless"] and not rep["greedy_lossless"]
-    assert row["greedy_evidence"] == "float32: exact equality demanded; 1/2 identical"
+    assert row["greedy_evidence"] == ("float32: exact equality demanded; 1/2 identical; float64 logit gap of the two "
+                                      f"tokens: b at 1: {m['float64_gap']:.2g}")
     assert "| NO (1 unexplained, 0 rounding flips) |" in ev.markdown_table(rep)
     same = ev.greedy_check(target, target, ["a", "b"], dtype="float32")
     assert same["greedy_lossless"] and same["greedy_mismatches"] == []
