@@ -1358,6 +1358,31 @@ def _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_i
     return guards
 
 
+def _float64_evidence(g: GuardResult, target, prompt_ids, outputs_a) -> None:
+    """A failed float32 lossless guard's evidence: each difference inside both outputs gets the two tokens' logit
+    gap in a float64 forward of arm A's target after the shared prefix (``float64_gap``, ``float64_prefers`` "A" or
+    "B"; :func:`dspark.bench.reference.float64_token_gaps`), and the message the gaps of the first five. The guard
+    still fails: a gap of 1e-5 names a near-tie that two batch compositions rounded apart, a gap of several logits
+    an arm that emitted a token the target does not choose."""
+    from dspark.bench.reference import float64_token_gaps
+
+    diffs = [d for d in g.details.get("differences", []) if d["token_a"] is not None and d["token_b"] is not None]
+    if g.passed or not diffs:
+        return
+    cases = [(prompt_ids[_key(prompt_ids, d)], list(outputs_a[_key(outputs_a, d)])[: d["first_diff_index"]],
+              d["token_a"], d["token_b"]) for d in diffs]
+    for d, gap in zip(diffs, float64_token_gaps(target, cases)):
+        d.update(float64_gap=gap["float64_gap"], float64_prefers="A" if gap["float64_prefers"] == "a" else "B")
+    shown = ", ".join(f"{d['request_id']}@{d['first_diff_index']} {d['float64_gap']:.2g} "
+                      f"(prefers {d['float64_prefers']})" for d in diffs[:5])
+    g.message += f"; float64 logit gap of the two tokens: {shown}"
+
+
+def _key(mapping, difference):
+    """The key of ``mapping`` that a guard's difference names (the guard writes request ids as strings)."""
+    return next(k for k in mapping if str(k) == difference["request_id"])
+
+
 def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, prompt_ids, control=None,
                      sampling_by_id=None, replicas_skipped: bool = False) -> list[GuardResult]:
     """The guards that judge both arms' outputs with arm A's target in this process (``engines["A"]``): lossless on
@@ -1373,14 +1398,16 @@ def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, pr
     # One scorer for both reference checks: its float32 copy of A's target is made once, when first needed.
     scorer = ReferenceScorer(engines["A"].target)
     if dtype in FULL_PRECISION_DTYPES:  # float32: the arms' greedy outputs must be identical, token for token
+        compared = []
         if greedy_workload:
             for block in sorted(set(outputs["A"]) & set(outputs["B"])):
-                g = lossless_guard(outputs["A"][block], outputs["B"][block], dtype=dtype)
-                g.name = f"lossless/block{block}"
-                guards.append(g)
+                compared.append((f"lossless/block{block}", outputs["A"][block], outputs["B"][block]))
         if replica_outputs:
-            g = lossless_guard(replica_outputs["A"], replica_outputs["B"], dtype=dtype)
-            g.name = "lossless/greedy_replicas"
+            compared.append(("lossless/greedy_replicas", replica_outputs["A"], replica_outputs["B"]))
+        for name, out_a, out_b in compared:
+            g = lossless_guard(out_a, out_b, dtype=dtype)
+            g.name = name
+            _float64_evidence(g, engines["A"].target, prompt_ids, out_a)
             guards.append(g)
     elif greedy_workload or replica_outputs:
         guards.append(_evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype))

@@ -283,28 +283,18 @@ def _regret_at(scorer, prompt: Sequence[int], tokens: Sequence[int], idx: int) -
 
 def float64_ties(mismatches: list[dict], spec: Mapping[str, Sequence[int]], plain: Mapping[str, Sequence[int]],
                  prompts: Mapping[str, Sequence[int]], target) -> None:
-    """Evidence for float32 mismatches: at each first difference inside both outputs, the logits a float64 copy of
-    ``target`` gives the two tokens after the shared prefix, added as ``float64_gap`` (|spec's - target-only's|)
-    and ``float64_prefers`` ("spec" or "target"). A gap within float32's rounding says the two forwards met a
-    near-tie; a large one says an engine emitted a token the target does not choose. Either way the row fails: in
-    float32 equality is demanded."""
-    import copy
-
-    import torch
-
-    from dspark.model_runner import last_position_logits
+    """Evidence for float32 mismatches: at each first difference inside both outputs, the two tokens' logit gap in a
+    float64 forward of ``target`` after the shared prefix (:func:`dspark.bench.reference.float64_token_gaps`), added
+    as ``float64_gap`` and ``float64_prefers`` ("spec" or "target"). Either way the row fails: in float32 equality is
+    demanded."""
+    from dspark.bench.reference import float64_token_gaps
 
     todo = [m for m in mismatches if "error" not in m
             and m["first_difference"] < min(len(spec[m["id"]]), len(plain[m["id"]]))]
-    if not todo:
-        return
-    model = copy.deepcopy(target).to(torch.float64)
-    with torch.inference_mode():
-        for m in todo:
-            pid, idx = m["id"], m["first_difference"]
-            logits = last_position_logits(model, list(prompts[pid]) + list(plain[pid][:idx]))
-            a, b = float(logits[spec[pid][idx]]), float(logits[plain[pid][idx]])
-            m.update(float64_gap=abs(a - b), float64_prefers="spec" if a > b else "target")
+    cases = [(prompts[m["id"]], plain[m["id"]][:m["first_difference"]], spec[m["id"]][m["first_difference"]],
+              plain[m["id"]][m["first_difference"]]) for m in todo]
+    for m, gap in zip(todo, float64_token_gaps(target, cases)):
+        m.update(float64_gap=gap["float64_gap"], float64_prefers="spec" if gap["float64_prefers"] == "a" else "target")
 
 
 def greedy_check(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids: Sequence[str], *, dtype: str,

@@ -171,3 +171,25 @@ class ReferenceScorer:
             self._cache[key] = ScoredOutput(tokens=toks_np[sl], top_tokens=top_i[sl], top_logits=top_v[sl],
                                             token_logits=tok_l[sl], noise=None if noise is None else noise[sl])
             at += n
+
+
+def float64_token_gaps(target: torch.nn.Module, cases: list[tuple[list[int], list[int], int, int]]
+                       ) -> list[dict[str, float | str]]:
+    """Where two greedy runs parted: for each (prompt, shared prefix, token a, token b), the logits a float64 copy
+    of ``target`` gives the two tokens after prompt + prefix, as ``float64_gap`` (|a - b|) and ``float64_prefers``
+    ("a" or "b"). The logits come out of the float64 forward rounded to float32, which resolves gaps above about
+    1e-6 at the logit sizes of a language model's top tokens. A gap within a float32 forward's rounding (about 1e-4
+    for SmolLM2) says two forwards met a near-tie; a large one says a run emitted a token the target does not
+    choose. The copy is made once per call, only when ``cases`` is not empty."""
+    from dspark.model_runner import last_position_logits
+
+    if not cases:
+        return []
+    model = copy.deepcopy(target).to(torch.float64)
+    found = []
+    with torch.inference_mode():
+        for prompt, prefix, a, b in cases:
+            logits = last_position_logits(model, list(prompt) + list(prefix))
+            la, lb = float(logits[a]), float(logits[b])
+            found.append({"float64_gap": abs(la - lb), "float64_prefers": "a" if la > lb else "b"})
+    return found
