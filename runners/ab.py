@@ -1358,29 +1358,31 @@ def _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_i
     return guards
 
 
-def _float64_evidence(g: GuardResult, target, prompt_ids, outputs_a) -> None:
-    """A failed float32 lossless guard's evidence: each difference inside both outputs gets the two tokens' logit
-    gap in a float64 forward of arm A's target after the shared prefix (``float64_gap``, ``float64_prefers`` "A" or
-    "B"; :func:`dspark.bench.reference.float64_token_gaps`), and the message the gaps of the first five. The guard
-    still fails: a gap of 1e-5 names a near-tie that two batch compositions rounded apart, a gap of several logits
-    an arm that emitted a token the target does not choose."""
+def _float64_evidence(checked: list[tuple[GuardResult, Mapping]], target, prompt_ids) -> None:
+    """The evidence of failed float32 lossless guards (``checked``: each guard with arm A's outputs it compared):
+    each difference inside both outputs gets the two tokens' logit gap in a float64 forward of arm A's target after
+    the shared prefix (``float64_gap``, ``float64_prefers`` "A" or "B";
+    :func:`dspark.bench.reference.float64_token_gaps`, one float64 copy for all the guards), and each guard's message
+    the gaps of its first five. The guards still fail: a gap of 1e-5 names a near-tie that two batch compositions
+    rounded apart, a gap of several logits an arm that emitted a token the target does not choose."""
     from dspark.bench.reference import float64_token_gaps
 
-    diffs = [d for d in g.details.get("differences", []) if d["token_a"] is not None and d["token_b"] is not None]
-    if g.passed or not diffs:
-        return
-    cases = [(prompt_ids[_key(prompt_ids, d)], list(outputs_a[_key(outputs_a, d)])[: d["first_diff_index"]],
-              d["token_a"], d["token_b"]) for d in diffs]
-    for d, gap in zip(diffs, float64_token_gaps(target, cases)):
-        d.update(float64_gap=gap["float64_gap"], float64_prefers="A" if gap["float64_prefers"] == "a" else "B")
-    shown = ", ".join(f"{d['request_id']}@{d['first_diff_index']} {d['float64_gap']:.2g} "
-                      f"(prefers {d['float64_prefers']})" for d in diffs[:5])
-    g.message += f"; float64 logit gap of the two tokens: {shown}"
-
-
-def _key(mapping, difference):
-    """The key of ``mapping`` that a guard's difference names (the guard writes request ids as strings)."""
-    return next(k for k in mapping if str(k) == difference["request_id"])
+    found, cases = [], []  # (guard, its differences with two tokens); their cases, in that order
+    for g, outputs_a in checked:
+        diffs = [d for d in g.details.get("differences", []) if d["token_a"] is not None and d["token_b"] is not None]
+        if g.passed or not diffs:
+            continue
+        key = {str(k): k for k in outputs_a}  # the guard names requests by str(id); prompt_ids shares the ids
+        found.append((g, diffs))
+        cases += [(prompt_ids[key[d["request_id"]]], list(outputs_a[key[d["request_id"]]])[: d["first_diff_index"]],
+                   d["token_a"], d["token_b"]) for d in diffs]
+    gaps = iter(float64_token_gaps(target, cases))
+    for g, diffs in found:
+        for d, gap in zip(diffs, gaps):
+            d.update(float64_gap=gap["float64_gap"], float64_prefers="A" if gap["float64_prefers"] == "a" else "B")
+        shown = ", ".join(f"{d['request_id']}@{d['first_diff_index']} {d['float64_gap']:.2g} "
+                          f"(prefers {d['float64_prefers']})" for d in diffs[:5])
+        g.message += f"; float64 logit gap of the two tokens: {shown}"
 
 
 def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, prompt_ids, control=None,
@@ -1404,11 +1406,13 @@ def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, pr
                 compared.append((f"lossless/block{block}", outputs["A"][block], outputs["B"][block]))
         if replica_outputs:
             compared.append(("lossless/greedy_replicas", replica_outputs["A"], replica_outputs["B"]))
+        checked = []
         for name, out_a, out_b in compared:
             g = lossless_guard(out_a, out_b, dtype=dtype)
             g.name = name
-            _float64_evidence(g, engines["A"].target, prompt_ids, out_a)
-            guards.append(g)
+            checked.append((g, out_a))
+        _float64_evidence(checked, engines["A"].target, prompt_ids)
+        guards += [g for g, _ in checked]
     elif greedy_workload or replica_outputs:
         guards.append(_evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype))
     if not greedy_workload and not replica_outputs:

@@ -41,6 +41,7 @@ same prompt indices drawn for both); with ``output_dir`` it also writes compare.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import zlib
@@ -281,18 +282,19 @@ def _regret_at(scorer, prompt: Sequence[int], tokens: Sequence[int], idx: int) -
     return float(scorer.score(list(prompt), list(tokens)).regret[idx])
 
 
-def float64_ties(mismatches: list[dict], spec: Mapping[str, Sequence[int]], plain: Mapping[str, Sequence[int]],
-                 prompts: Mapping[str, Sequence[int]], target) -> None:
-    """Evidence for float32 mismatches: at each first difference inside both outputs, the two tokens' logit gap in a
-    float64 forward of ``target`` after the shared prefix (:func:`dspark.bench.reference.float64_token_gaps`), added
-    as ``float64_gap`` and ``float64_prefers`` ("spec" or "target"). Either way the row fails: in float32 equality is
-    demanded."""
+def float64_ties(mismatches: list[dict], spec: Mapping[str, Any], plain: Mapping[str, Any], target) -> None:
+    """Evidence for float32 mismatches: at each first difference inside both outputs (``spec`` and ``plain``: engine
+    outputs by prompt id), the two tokens' logit gap in a float64 forward of ``target`` after the shared prefix
+    (:func:`dspark.bench.reference.float64_token_gaps`), added as ``float64_gap`` and ``float64_prefers`` ("spec" or
+    "target"). Either way the row fails: in float32 equality is demanded."""
     from dspark.bench.reference import float64_token_gaps
 
     todo = [m for m in mismatches if "error" not in m
-            and m["first_difference"] < min(len(spec[m["id"]]), len(plain[m["id"]]))]
-    cases = [(prompts[m["id"]], plain[m["id"]][:m["first_difference"]], spec[m["id"]][m["first_difference"]],
-              plain[m["id"]][m["first_difference"]]) for m in todo]
+            and m["first_difference"] < min(len(spec[m["id"]].token_ids), len(plain[m["id"]].token_ids))]
+    cases = []
+    for m in todo:
+        a, b, at = spec[m["id"]].token_ids, plain[m["id"]].token_ids, m["first_difference"]
+        cases.append((plain[m["id"]].prompt_token_ids, b[:at], a[at], b[at]))
     for m, gap in zip(todo, float64_token_gaps(target, cases)):
         m.update(float64_gap=gap["float64_gap"], float64_prefers="spec" if gap["float64_prefers"] == "a" else "target")
 
@@ -320,10 +322,7 @@ def greedy_check(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids:
             if "error" not in m:
                 m["kind"] = "divergence"
         if float64_target is not None:
-            by_id = {pid: (a, b) for pid, a, b in zip(ids, spec_outputs, plain_outputs)}
-            float64_ties(mism, {k: v[0].token_ids for k, v in by_id.items()},
-                         {k: v[1].token_ids for k, v in by_id.items()},
-                         {k: v[1].prompt_token_ids for k, v in by_id.items()}, float64_target)
+            float64_ties(mism, dict(zip(ids, spec_outputs)), dict(zip(ids, plain_outputs)), float64_target)
         same = len(ids) - len(mism)
         gaps = [f"{m['id']} at {m['first_difference']}: {m['float64_gap']:.2g}" for m in mism if "float64_gap" in m]
         return {"greedy_mismatches": mism, "greedy_rounding_flips": 0, "greedy_lossless": not mism,
@@ -367,6 +366,7 @@ def misses_by_kind(outputs: Sequence[Any], ids: Sequence[str], text_of: Callable
     the same per label (``draft_misses_by_source``, by label). An output whose per-step record does not add up to
     its tokens (an engine fault) leaves the tally out, with the reason in ``draft_misses_error``, rather than lose
     the row's other measurements."""
+    text_of = functools.lru_cache(maxsize=None)(text_of)  # each token's text read once for the row and its labels
     try:
         row: dict[str, Any] = {"draft_misses_by_kind": draft_misses_by_kind(outputs, text_of)}
     except ValueError as exc:
