@@ -73,7 +73,7 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
            scale: float) -> torch.Tensor:
     """q: [T, Hq, D] -> [T, Hq, D] over the paged cache of one layer, on ``meta.kernels``' backend
-    (the batch-invariant mode runs the Triton kernel unsplit)."""
+    (the batch-invariant mode runs the Triton kernel unsplit, or the plain backend row by row)."""
     kc = meta.kernels
     if kc.attention_backend == "triton":
         from kernels.paged_attention import paged_attention
@@ -82,5 +82,10 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: 
                                block_tables=meta.block_tables, scale=scale, causal=meta.causal,
                                max_q_len=meta.max_q_len, batch_invariant=kc.batch_invariant,
                                num_splits=None if kc.batch_invariant else kc.attention_splits)
+    if kc.batch_invariant:  # the plain backend's batch-invariant mode: row by row
+        from dspark.models.row_invariant import paged_attention_rowwise
+
+        return paged_attention_rowwise(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
+                                       block_tables=meta.block_tables, scale=scale, causal=meta.causal)
     return paged_attention_reference(q, k_cache, v_cache, qo_indptr=meta.qo_indptr, kv_lens=meta.kv_lens,
                                      block_tables=meta.block_tables, scale=scale, causal=meta.causal)

@@ -215,9 +215,6 @@ class KernelConfig(KernelSwitches):
         _check(isinstance(self.batch_invariant, bool), "engine.batch_invariant",
                f"must be true or false, got {self.batch_invariant!r}")
         triton = self.attention_backend == "triton"
-        _check(not self.batch_invariant or triton, "engine.batch_invariant",
-               "the batch-invariant kernels are Triton kernels: set engine.attention_backend=triton "
-               "(on CPU with TRITON_INTERPRET=1) or engine.batch_invariant=false")
         for name, what in (("l2_prefetch", "reads weights for the fused small-M (GEMV) layer kernels"),
                            ("decode_megakernel", "replaces the fused layer kernels of one-token steps")):
             if getattr(self, name):

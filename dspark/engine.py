@@ -86,7 +86,7 @@ class Engine:
         if self.cfg.spec == "off":
             drafter = None
         self.kernels = self.cfg.kernel_config()  # this engine's kernel settings, in every step's metadata
-        if self.cfg.batch_invariant and target.cfg.qk_norm:
+        if self.cfg.batch_invariant and self.kernels.triton and target.cfg.qk_norm:
             raise ConfigError("engine.batch_invariant: the batch-invariant layers cover Llama/Qwen2 attention; "
                               f"this {target.cfg.arch} target has q/k norms; set engine.batch_invariant=false")
         self.tokenizer = tokenizer

@@ -693,7 +693,8 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
                       dtype=spec_cfg.dtype, decode=decode, sources=sources,
                       n_resamples=int(cfg.n_resamples), ci_level=float(cfg.ci_level))
     report.update({"checkpoint": str(checkpoint.resolve()), "drafter": drafter.cfg.to_dict(),
-                   "engine": {"device": spec_cfg.device, "dtype": spec_cfg.dtype, "verify": spec_cfg.verify},
+                   "engine": {"device": spec_cfg.device, "dtype": spec_cfg.dtype, "verify": spec_cfg.verify,
+                              "kernels": spec_engine.fingerprint()["kernels"]},
                    "max_tokens": int(cfg.max_tokens)})
     out_dir = Path(cfg.output_dir) if cfg.output_dir else checkpoint / "eval"
     out_dir.mkdir(parents=True, exist_ok=True)

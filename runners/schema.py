@@ -133,7 +133,7 @@ class EngineSchema:
     verify: str = "full"  # full (the whole drafted block) | uniform | ragged | cap_accept
     seed: int = 0  # seeds sampling
     attention_backend: str = "torch"  # torch | triton
-    batch_invariant: bool = False  # fixed-tile GEMMs + unsplit attention (needs attention_backend=triton)
+    batch_invariant: bool = False  # a row's result independent of its step's other rows (fixed-tile GEMMs, ...)
     # The confidence-scheduled verification (engine.verify != full) prices its steps with these profiled step
     # costs; null: runners.ab looks the node's table up (or profiles it), elsewhere the planner never trims.
     cost_table: Optional[str] = None

@@ -29,6 +29,7 @@ from torch import nn
 
 from dspark.attention import AttentionMetadata, attend, write_kv
 from dspark.config import KernelConfig, ModelConfig
+from dspark.models.row_invariant import row_tiled_linear
 
 
 def use_fused_kernels(kernels: KernelConfig | None) -> bool:
@@ -54,6 +55,20 @@ def use_small_m_kernels(x: torch.Tensor, kernels: KernelConfig) -> bool:
     return kernels.small_m_kernels and x.shape[0] <= SMALL_M_MAX
 
 
+def use_row_invariant(kernels: KernelConfig | None) -> bool:
+    """The plain-PyTorch backend's batch-invariant mode (``engine.batch_invariant=true`` with
+    ``engine.attention_backend=torch``): GEMMs on fixed row tiles and attention row by row
+    (:mod:`dspark.models.row_invariant`)."""
+    return kernels is not None and kernels.batch_invariant and kernels.attention_backend == "torch"
+
+
+def project(linear: nn.Linear, x: torch.Tensor, kernels: KernelConfig | None = None) -> torch.Tensor:
+    """``linear(x)``, on row tiles in the plain backend's batch-invariant mode."""
+    if use_row_invariant(kernels):
+        return row_tiled_linear(x, linear.weight, linear.bias)
+    return linear(x)
+
+
 def l2_prefetch_applies(kernels: KernelConfig, device: torch.device) -> bool:
     """Whether decode-sized steps on ``device`` read the next layer's weights into L2 on a side
     stream (``engine.kernels.l2_prefetch``, experimental; CUDA only, kernels/l2_prefetch.py)."""
@@ -72,7 +87,7 @@ def kernel_set(kernels: KernelConfig, device: torch.device | str) -> str:
     prefetch). Cost tables and benchmark outputs record it: a step's cost depends on it. (The decode
     megakernel is not in it: DSpark steps never run it, and runs count its steps.)"""
     if kernels.attention_backend != "triton":
-        return kernels.attention_backend
+        return kernels.attention_backend + ("+batch_invariant" if kernels.batch_invariant else "")
     dev = torch.device(device)
     parts = ["triton"]
     if kernels.fused_layers:
@@ -178,8 +193,10 @@ class SwiGLUMLP(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, kernels: KernelConfig | None = None) -> torch.Tensor:
+        """``kernels``: the step's settings (the plain backend's batch-invariant mode tiles the GEMMs)."""
+        act = F.silu(project(self.gate_proj, x, kernels)) * project(self.up_proj, x, kernels)
+        return project(self.down_proj, act, kernels)
 
 
 class PagedSelfAttention(nn.Module):
@@ -218,8 +235,8 @@ class PagedSelfAttention(nn.Module):
     def project_kv(self, x: torch.Tensor, positions: torch.Tensor, kernels: KernelConfig | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         """K (normed, rotated) and V of x [..., T, hidden] at positions [..., T] -> [..., T, Hkv, D] each."""
-        k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        k = project(self.k_proj, x, kernels).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = project(self.v_proj, x, kernels).unflatten(-1, (self.num_kv_heads, self.head_dim))
         if self.k_norm is not None:
             k = self.k_norm(k, kernels)
         cos, sin = self._rotary(positions)
@@ -242,7 +259,7 @@ class PagedSelfAttention(nn.Module):
     def project_qkv(self, x: torch.Tensor, positions: torch.Tensor, kernels: KernelConfig | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [..., T, H, D], k and v [..., T, Hkv, D] with norms and rotary applied."""
-        q = self.q_proj(x).unflatten(-1, (self.num_heads, self.head_dim))
+        q = project(self.q_proj, x, kernels).unflatten(-1, (self.num_heads, self.head_dim))
         if self.q_norm is not None:
             q = self.q_norm(q, kernels)
         cos, sin = self._rotary(positions)
@@ -293,7 +310,7 @@ class PagedSelfAttention(nn.Module):
         q, k, v = self.project_qkv(x, positions, meta.kernels)
         write_kv(k_cache, v_cache, k, v, meta)
         out = attend(q, k_cache, v_cache, meta, self.scale)  # [T, H, D]
-        return self.o_proj(out.flatten(-2))
+        return project(self.o_proj, out.flatten(-2), meta.kernels)
 
     def forward_dense(self, x: torch.Tensor, positions: torch.Tensor, prefix_k: torch.Tensor | None,
                       prefix_v: torch.Tensor | None, visible: torch.Tensor | None) -> torch.Tensor:
@@ -347,7 +364,7 @@ class DecoderLayer(nn.Module):
                 meta: AttentionMetadata) -> torch.Tensor:
         kc = meta.kernels
         x = x + self.self_attn(self.input_layernorm(x, kc), positions, k_cache, v_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x, kc))
+        return x + self.mlp(self.post_attention_layernorm(x, kc), kc)
 
     def forward_carry(self, x: torch.Tensor, delta: torch.Tensor | None, positions: torch.Tensor,
                       k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
@@ -464,5 +481,6 @@ def run_decoder_stack(layers, x: torch.Tensor, positions: torch.Tensor, cache, m
     return final_norm(x, kc), captured  # type: ignore[return-value]
 
 
-__all__ = ["kernel_set", "l2_prefetch_applies", "use_fused_kernels", "use_small_m_kernels", "run_decoder_stack",
+__all__ = ["kernel_set", "l2_prefetch_applies", "project", "use_fused_kernels", "use_row_invariant",
+           "use_small_m_kernels", "run_decoder_stack",
            "RMSNorm", "rotary_cos_sin", "apply_rotary", "SwiGLUMLP", "PagedSelfAttention", "DecoderLayer"]

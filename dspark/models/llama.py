@@ -14,7 +14,8 @@ from torch.nn import functional as F
 from dspark.attention import AttentionMetadata
 from dspark.config import KernelConfig, ModelConfig
 from dspark.kv_cache import KVCache
-from dspark.models.layers import DecoderLayer, RMSNorm, run_decoder_stack, use_fused_kernels
+from dspark.models.layers import DecoderLayer, RMSNorm, run_decoder_stack, use_fused_kernels, use_row_invariant
+from dspark.models.row_invariant import row_tiled_linear
 
 
 class Backbone(nn.Module):
@@ -119,12 +120,15 @@ class TargetModel(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, kernels: KernelConfig | None = None) -> torch.Tensor:
         """hidden [N, d] -> float32 logits [N, V]. ``kernels``: the engine's settings (the step's
         ``meta.kernels``); in the batch-invariant mode the LM head runs the fixed-tile Triton GEMM, so
-        a row's logits do not depend on the step's row count. Without them: ``F.linear``."""
+        a row's logits do not depend on the step's row count (the plain backend: fixed row tiles,
+        :mod:`dspark.models.row_invariant`). Without them: ``F.linear``."""
         if kernels is not None and kernels.batch_invariant and use_fused_kernels(kernels) and hidden.dim() == 2:
             from kernels.small_m_linear import linear_triton
 
             return linear_triton(hidden, self.lm_head_weight.contiguous(), any_m=True,
                                  tiles=kernels.small_m_tiles).float()
+        if use_row_invariant(kernels):
+            return row_tiled_linear(hidden, self.lm_head_weight).float()
         return F.linear(hidden, self.lm_head_weight).float()
 
     def load_hf_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
