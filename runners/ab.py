@@ -1358,13 +1358,16 @@ def _distribution_guards(cfg, engines, scorer, outputs, sampling_by_id, prompt_i
     return guards
 
 
-def _float64_evidence(checked: list[tuple[GuardResult, Mapping]], target, prompt_ids) -> None:
+def _float64_evidence(checked: list[tuple[GuardResult, Mapping]], target, prompt_ids,
+                      batch_invariant: bool = False) -> None:
     """The evidence of failed float32 lossless guards (``checked``: each guard with arm A's outputs it compared):
     each difference inside both outputs gets the two tokens' logit gap in a float64 forward of arm A's target after
     the shared prefix (``float64_gap``, ``float64_prefers`` "A" or "B";
     :func:`dspark.bench.reference.float64_token_gaps`, one float64 copy for all the guards), and each guard's message
     the gaps of its first five. The guards still fail: a gap of 1e-5 names a near-tie that two batch compositions
-    rounded apart, a gap of several logits an arm that emitted a token the target does not choose."""
+    rounded apart, a gap of several logits an arm that emitted a token the target does not choose.
+    ``batch_invariant``: whether both arms ran ``engine.batch_invariant=true``, under which no rounding can part them
+    (each message says which)."""
     from dspark.bench.reference import float64_token_gaps
 
     found, cases = [], []  # (guard, its differences with two tokens); their cases, in that order
@@ -1383,6 +1386,9 @@ def _float64_evidence(checked: list[tuple[GuardResult, Mapping]], target, prompt
         shown = ", ".join(f"{d['request_id']}@{d['first_diff_index']} {d['float64_gap']:.2g} "
                           f"(prefers {d['float64_prefers']})" for d in diffs[:5])
         g.message += f"; float64 logit gap of the two tokens: {shown}"
+        g.message += ("; both arms batch-invariant (engine.batch_invariant=true): no rounding parts them"
+                      if batch_invariant else "; an arm ran without engine.batch_invariant=true: a tie closer than "
+                      "the rounding of its step sizes can part the arms (the mode rules that out)")
 
 
 def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, prompt_ids, control=None,
@@ -1411,7 +1417,8 @@ def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, pr
             g = lossless_guard(out_a, out_b, dtype=dtype)
             g.name = name
             checked.append((g, out_a))
-        _float64_evidence(checked, engines["A"].target, prompt_ids)
+        invariant = all(getattr(getattr(e, "cfg", None), "batch_invariant", False) for e in engines.values())
+        _float64_evidence(checked, engines["A"].target, prompt_ids, batch_invariant=invariant)
         guards += [g for g, _ in checked]
     elif greedy_workload or replica_outputs:
         guards.append(_evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype))

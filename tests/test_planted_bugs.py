@@ -61,10 +61,13 @@ def test_fp32_guard_fails_each_planted_bug(tmp_path, bug):
         ab.run(cfg, engine_factory=planted_engine_factory(bug, base=tiny_factory()))
 
 
-def test_fp32_guard_gives_float64_evidence_at_each_difference(tmp_path):
+@pytest.mark.parametrize("invariant", [True, False])
+def test_fp32_guard_gives_float64_evidence_at_each_difference(tmp_path, invariant):
     """A float32 difference is reported with the two tokens' logit gap in a float64 forward of the target: with a
-    rejected draft committed, the target chooses arm A's token, by far more than a rounding could part."""
-    cfg = compose_ab([*GREEDY_TINY, "ab.fail_on_guard=false"], out_dir=tmp_path)
+    rejected draft committed, the target chooses arm A's token, by far more than a rounding could part. The message
+    says whether both arms ran the batch-invariant mode (engine=cpu's default), where no rounding parts them."""
+    cfg = compose_ab([*GREEDY_TINY, "ab.fail_on_guard=false", f"engine.batch_invariant={str(invariant).lower()}"],
+                     out_dir=tmp_path)
     summary = ab.run(cfg, engine_factory=planted_engine_factory("accept_rejected", base=tiny_factory()))
     failed = [g for g in summary["guards"] if g["name"].startswith("lossless/") and not g["passed"]]
     assert failed
@@ -72,6 +75,7 @@ def test_fp32_guard_gives_float64_evidence_at_each_difference(tmp_path):
         diffs = g["details"]["differences"]
         assert diffs and all(d["float64_prefers"] == "A" and d["float64_gap"] > 1e-3 for d in diffs), diffs
         assert "float64 logit gap of the two tokens: " in g["message"] and "(prefers A)" in g["message"]
+        assert ("both arms batch-invariant" in g["message"]) == invariant, g["message"]
 
 
 def _bf16_factory(bug=None):
