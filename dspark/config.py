@@ -360,6 +360,10 @@ class EngineConfig:
         _check(isinstance(self.kernels, KernelSwitches), "engine.kernels",
                f"must be a KernelSwitches or a mapping of its keys, got {type(self.kernels).__name__}")
         self.kernel_config()  # validates the combination (backend, batch invariance, switches)
+        plain_off_cpu = self.attention_backend == "torch" and not str(self.device).startswith("cpu")
+        _check(not (self.batch_invariant and plain_off_cpu), "engine.batch_invariant",
+               f"on the torch backend the mode is the CPU's (tested with MKL's GEMM, not on {self.device!r}); "
+               "on a GPU set engine.attention_backend=triton, or engine.batch_invariant=false")
         _check(self.kv_block_size >= 1, "engine.kv_block_size", "must be >= 1")
         _check(self.max_model_len >= 2, "engine.max_model_len", "must be >= 2")
         _check(self.max_num_seqs >= 1, "engine.max_num_seqs", "must be >= 1")

@@ -142,6 +142,7 @@ def test_kernel_config_is_frozen_and_combines_the_engine_settings():
 @pytest.mark.parametrize("kw,key,words", [
     (dict(attention_backend="cuda"), "engine.attention_backend", ["'cuda'", "torch", "triton"]),
     (dict(batch_invariant="yes"), "engine.batch_invariant", ["true or false", "'yes'"]),
+    (dict(batch_invariant=True, device="cuda"), "engine.batch_invariant", ["the CPU's", "attention_backend=triton"]),
     (dict(kernels={"fused_layers": "no"}), "engine.kernels.fused_layers", ["true or false", "'no'"]),
     (dict(kernels={"triton_argmax": 1}), "engine.kernels.triton_argmax", ["true or false"]),
     (dict(kernels={"small_m_tiles": ""}), "engine.kernels.small_m_tiles", ["tile table"]),
