@@ -137,7 +137,7 @@ def emitted(target, drafter, n, temperature, seed0=0, prompt=(5, 17, 33), return
 
 def exact_marginals(target, temperature, prompt=(5, 17, 33)):
     """p(t1) and p(t2) = sum_t1 p(t1) p(t2 | t1), by enumeration with the paged reference driver."""
-    from test_llama import paged_logits  # checked against transformers in test_llama.py
+    from tiny import paged_logits  # checked against transformers in test_llama.py
 
     V = target.cfg.vocab_size
     p1 = torch.softmax(paged_logits(target, [list(prompt)], chunk=64)[0][-1] / temperature, -1)

@@ -5,7 +5,7 @@ import torch
 
 from dspark.attention import AttentionMetadata
 from dspark.kv_cache import BlockManager, KVCache
-from tiny import tiny_target
+from tiny import paged_logits, tiny_target
 
 transformers = pytest.importorskip("transformers")
 
@@ -29,43 +29,6 @@ def hf_reference(model):
     assert not [m for m in missing if "rotary" not in m], missing
     assert not unexpected, unexpected
     return ref.eval()
-
-
-def paged_logits(model, seqs, chunk, page=8):
-    """Run each sequence through the paged cache in chunks, all requests packed per step."""
-    cfg = model.cfg
-    pages = sum(-(-len(s) // page) for s in seqs) + 1
-    blocks = BlockManager(pages, page)
-    cache = KVCache(cfg.num_layers, pages, page, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
-    done = [0] * len(seqs)
-    out = [[] for _ in seqs]
-    while any(d < len(s) for d, s in zip(done, seqs)):
-        ids, pos, slots, indptr, lens, tables, owners = [], [], [], [0], [], [], []
-        for r, s in enumerate(seqs):
-            if done[r] >= len(s):
-                continue
-            n = min(chunk[r] if isinstance(chunk, list) else chunk, len(s) - done[r])
-            blocks.reserve(r, done[r] + n)
-            ids += s[done[r]: done[r] + n]
-            pos += list(range(done[r], done[r] + n))
-            slots += [blocks.slot(r, p) for p in range(done[r], done[r] + n)]
-            indptr.append(indptr[-1] + n)
-            lens.append(done[r] + n)
-            tables.append(blocks.table(r))
-            owners.append((r, n))
-            done[r] += n
-        width = max(len(t) for t in tables)
-        bt = torch.zeros(len(tables), width, dtype=torch.int32)
-        for i, t in enumerate(tables):
-            bt[i, : len(t)] = torch.tensor(t)
-        meta = AttentionMetadata(torch.tensor(indptr, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32), bt,
-                                 torch.tensor(slots, dtype=torch.int64))
-        with torch.no_grad():
-            h, _ = model(torch.tensor(ids), torch.tensor(pos), cache, meta)
-            logits = model.compute_logits(h)
-        for i, (r, n) in enumerate(owners):
-            out[r].append(logits[indptr[i]: indptr[i] + n])
-    return [torch.cat(o) for o in out]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

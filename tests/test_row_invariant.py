@@ -8,56 +8,14 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from dspark.attention import AttentionMetadata
 from dspark.config import ConfigError, KernelConfig, SamplingParams
-from dspark.kv_cache import BlockManager, KVCache
 from dspark.models.layers import kernel_set
 from dspark.models.row_invariant import ROW_TILE, paged_attention_rowwise, row_tiled_linear
 from kernels.paged_attention import paged_attention_reference
-from tiny import random_prompts, tiny_drafter, tiny_engine_config, tiny_target
+from tiny import paged_logits, random_prompts, tiny_drafter, tiny_engine_config, tiny_target
 
 INVARIANT = KernelConfig(attention_backend="torch", batch_invariant=True)
 PLAIN = KernelConfig(attention_backend="torch")
-
-
-def paged_logits(model, seqs, chunks, kernels, page=8):
-    """Each sequence through the paged cache, ``chunks[r]`` tokens of sequence r per step (a list per
-    sequence cycles), all requests packed into every step; the logits of every token, per sequence."""
-    cfg = model.cfg
-    pages = sum(-(-len(s) // page) for s in seqs) + 1
-    blocks = BlockManager(pages, page)
-    cache = KVCache(cfg.num_layers, pages, page, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
-    done, steps = [0] * len(seqs), [0] * len(seqs)
-    out = [[] for _ in seqs]
-    while any(d < len(s) for d, s in zip(done, seqs)):
-        ids, pos, slots, indptr, lens, tables, owners = [], [], [], [0], [], [], []
-        for r, s in enumerate(seqs):
-            if done[r] >= len(s):
-                continue
-            sizes = chunks[r] if isinstance(chunks[r], list) else [chunks[r]]
-            n = min(sizes[steps[r] % len(sizes)], len(s) - done[r])
-            steps[r] += 1
-            blocks.reserve(r, done[r] + n)
-            ids += s[done[r]: done[r] + n]
-            pos += list(range(done[r], done[r] + n))
-            slots += [blocks.slot(r, p) for p in range(done[r], done[r] + n)]
-            indptr.append(indptr[-1] + n)
-            lens.append(done[r] + n)
-            tables.append(blocks.table(r))
-            owners.append((r, n))
-            done[r] += n
-        width = max(len(t) for t in tables)
-        bt = torch.zeros(len(tables), width, dtype=torch.int32)
-        for i, t in enumerate(tables):
-            bt[i, : len(t)] = torch.tensor(t)
-        meta = AttentionMetadata(torch.tensor(indptr, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32), bt,
-                                 torch.tensor(slots, dtype=torch.int64), kernels=kernels)
-        with torch.no_grad():
-            h, _ = model(torch.tensor(ids), torch.tensor(pos), cache, meta)
-            logits = model.compute_logits(h, kernels)
-        for i, (r, n) in enumerate(owners):
-            out[r].append(logits[indptr[i]: indptr[i] + n])
-    return [torch.cat(o) for o in out]
 
 
 # Step compositions of the same three sequences: whole prefills, token by token, prefill then

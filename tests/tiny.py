@@ -34,6 +34,49 @@ def tiny_target(seed: int = 0, arch: str = "llama", scale: float = 1.0, **kw) ->
     return model.eval()
 
 
+def paged_logits(model: TargetModel, seqs: list[list[int]], chunk, kernels=None, page: int = 8) -> list[torch.Tensor]:
+    """Each sequence through the paged cache, all requests packed into every step, and the float32 logits of every
+    token, per sequence. ``chunk``: tokens per step, one int for all sequences or one entry per sequence (an int, or
+    a list of sizes taken in turn, step by step); ``kernels``: the steps' KernelConfig (None: the defaults)."""
+    from dspark.attention import AttentionMetadata
+    from dspark.kv_cache import BlockManager, KVCache
+
+    cfg = model.cfg
+    sizes = [c if isinstance(c, list) else [c] for c in (chunk if isinstance(chunk, list) else [chunk] * len(seqs))]
+    pages = sum(-(-len(s) // page) for s in seqs) + 1
+    blocks = BlockManager(pages, page)
+    cache = KVCache(cfg.num_layers, pages, page, cfg.num_kv_heads, cfg.head_dim, torch.float32, "cpu")
+    done, steps = [0] * len(seqs), [0] * len(seqs)
+    out: list[list[torch.Tensor]] = [[] for _ in seqs]
+    while any(d < len(s) for d, s in zip(done, seqs)):
+        ids, pos, slots, indptr, lens, tables, owners = [], [], [], [0], [], [], []
+        for r, s in enumerate(seqs):
+            if done[r] >= len(s):
+                continue
+            n = min(sizes[r][steps[r] % len(sizes[r])], len(s) - done[r])
+            steps[r] += 1
+            blocks.reserve(r, done[r] + n)
+            ids += s[done[r]: done[r] + n]
+            pos += list(range(done[r], done[r] + n))
+            slots += [blocks.slot(r, p) for p in range(done[r], done[r] + n)]
+            indptr.append(indptr[-1] + n)
+            lens.append(done[r] + n)
+            tables.append(blocks.table(r))
+            owners.append((r, n))
+            done[r] += n
+        bt = torch.zeros(len(tables), max(len(t) for t in tables), dtype=torch.int32)
+        for i, t in enumerate(tables):
+            bt[i, : len(t)] = torch.tensor(t)
+        meta = AttentionMetadata(torch.tensor(indptr, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32), bt,
+                                 torch.tensor(slots, dtype=torch.int64), kernels=kernels)
+        with torch.no_grad():
+            h, _ = model(torch.tensor(ids), torch.tensor(pos), cache, meta)
+            logits = model.compute_logits(h, kernels)
+        for i, (r, n) in enumerate(owners):
+            out[r].append(logits[indptr[i]: indptr[i] + n])
+    return [torch.cat(o) for o in out]
+
+
 def tiny_drafter(target: TargetModel, seed: int = 1, **kw):
     from dspark.models.drafter import DSparkDrafter
 
