@@ -29,9 +29,9 @@ SCHEDULES = {
 }
 
 
-def _model():
+def _model(arch: str = "llama"):
     # wide enough that the BLAS runs its blocked GEMM kernels (64-wide layers take other paths)
-    return tiny_target(4, hidden_size=256, intermediate_size=640, num_heads=8, num_kv_heads=2, head_dim=32,
+    return tiny_target(4, arch, hidden_size=256, intermediate_size=640, num_heads=8, num_kv_heads=2, head_dim=32,
                        num_layers=3, vocab=401)
 
 
@@ -40,8 +40,9 @@ def _sequences():
     return [torch.randint(3, 401, (n,), generator=g).tolist() for n in (40, 33, 20)]
 
 
-def test_logits_are_bitwise_independent_of_the_step_composition():
-    model, seqs = _model(), _sequences()
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])  # qwen2: q/k/v biases; qwen3: q/k norms
+def test_logits_are_bitwise_independent_of_the_step_composition(arch):
+    model, seqs = _model(arch), _sequences()
     runs = {name: paged_logits(model, seqs, chunks, INVARIANT) for name, chunks in SCHEDULES.items()}
     base = runs.pop("whole")
     for name, got in runs.items():
