@@ -509,6 +509,36 @@ def test_a_draining_server_refuses_new_requests_with_503(models):
     assert health.status_code == 503
 
 
+def test_a_supervised_server_takes_sigterm_and_leaves_sigint_to_its_supervisor():
+    """An API server (ignore_sigint) drains on SIGTERM only: the group's SIGINT of a Ctrl-C, reaching it after its
+    supervisor's SIGTERM, would otherwise be uvicorn's second exit signal, which skips the drain. A lone server
+    keeps that rule (a second Ctrl-C forces the exit)."""
+    import signal
+
+    import uvicorn
+
+    from dspark.serving.server import DrainingServer
+
+    class Loop:
+        drains = 0
+
+        def begin_drain(self):
+            self.drains += 1
+
+    config = uvicorn.Config(app=None)
+    supervised = DrainingServer(config, Loop(), ignore_sigint=True)
+    supervised.handle_exit(signal.SIGTERM, None)
+    supervised.handle_exit(signal.SIGINT, None)
+    assert supervised.should_exit and not supervised.force_exit and supervised.engine_loop.drains == 1
+    alone = DrainingServer(config, Loop(), ignore_sigint=True)
+    alone.handle_exit(signal.SIGINT, None)
+    assert not alone.should_exit and alone.engine_loop.drains == 0
+    lone = DrainingServer(config, Loop())
+    lone.handle_exit(signal.SIGINT, None)
+    lone.handle_exit(signal.SIGINT, None)
+    assert lone.should_exit and lone.force_exit
+
+
 def test_an_engine_that_fails_fails_its_requests_and_the_server_answers_503(models, caplog):
     engine = engine_for(models)
     step, calls = engine.step, []
@@ -675,7 +705,8 @@ def test_ctrl_c_ends_the_server_quietly_after_its_shutdown(monkeypatch, caplog):
         def run(self, sockets):
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(server_module, "build_server", lambda app, config, on_started=None: Interrupted())
+    monkeypatch.setattr(server_module, "build_server", lambda app, config, on_started=None, ignore_sigint=False:
+                        Interrupted())
     with caplog.at_level(logging.INFO, logger="dspark.serving.server"):
         server_module.serve(object(), ServerConfig(port=0), sock=None)
     assert "stopped (SIGINT)" in caplog.text

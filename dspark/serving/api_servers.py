@@ -25,7 +25,8 @@ Shutting down: on SIGINT/SIGTERM the supervisor sends SIGTERM to every API serve
 does (new requests 503, requests in flight finish, then it stops its half of the engine), waits for them, then
 for the engine process, and ends as a single server would (SIGINT: quietly, status 0; SIGTERM: by that signal).
 SIGTERM rather than the signal received: a Ctrl-C reaches every process of the group, and a second SIGINT makes
-uvicorn skip the drain. An API server that exits while the server is not shutting down is an error: the others are
+uvicorn skip the drain. The API servers ignore SIGINT for the same reason: the supervisor's SIGTERM can reach one
+before the group's SIGINT does, which would then be that second signal. An API server that exits while the server is not shutting down is an error: the others are
 told to shut down and the supervisor raises :class:`ApiServerExited` (a non-zero exit). An API server whose
 supervisor goes away shuts itself down; the engine process then ends as well.
 """
@@ -199,7 +200,7 @@ def _api_server_main(index: int, commands, events, ready_path: str, engine_pid: 
         gc.collect()
         gc.freeze()
     threading.Thread(target=_watch_supervisor, args=(supervisor_pid,), name="supervisor-watch", daemon=True).start()
-    serve(app, config, sock, on_started=lambda: _started(index, started))
+    serve(app, config, sock, on_started=lambda: _started(index, started), ignore_sigint=True)  # the supervisor's
 
 
 def _started(index: int, started) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import socket
 from types import FrameType
 from typing import Callable
@@ -28,12 +29,17 @@ log = logging.getLogger(__name__)
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's server; its exit signal also makes the app's engine loop refuse new requests. ``on_started`` is
-    called once it accepts connections (the app's startup done, the socket served)."""
+    called once it accepts connections (the app's startup done, the socket served). ``ignore_sigint``: SIGINT is
+    left to a supervising process, which stops this server with SIGTERM (an API server of
+    dspark.serving.api_servers: a Ctrl-C reaches every process of the group, and uvicorn takes a SIGINT after a
+    SIGTERM as a second exit signal, which skips the drain and cuts the streams in flight)."""
 
-    def __init__(self, config: uvicorn.Config, engine_loop, on_started: Callable[[], None] | None = None):
+    def __init__(self, config: uvicorn.Config, engine_loop, on_started: Callable[[], None] | None = None,
+                 ignore_sigint: bool = False):
         super().__init__(config)
         self.engine_loop = engine_loop
         self.on_started = on_started
+        self.ignore_sigint = ignore_sigint
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
@@ -41,6 +47,8 @@ class DrainingServer(uvicorn.Server):
             self.on_started()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.ignore_sigint and sig == signal.SIGINT:
+            return
         self.engine_loop.begin_drain()
         super().handle_exit(sig, frame)
 
@@ -87,18 +95,20 @@ def bind_socket(config: ServerConfig) -> socket.socket:
     return sock
 
 
-def build_server(app, config: ServerConfig, on_started: Callable[[], None] | None = None) -> DrainingServer:
+def build_server(app, config: ServerConfig, on_started: Callable[[], None] | None = None,
+                 ignore_sigint: bool = False) -> DrainingServer:
     uv = uvicorn.Config(app, log_level=config.log_level, timeout_graceful_shutdown=config.graceful_shutdown_s,
                         lifespan="on")
-    return DrainingServer(uv, app.state.engine_loop, on_started)
+    return DrainingServer(uv, app.state.engine_loop, on_started, ignore_sigint)
 
 
-def serve(app, config: ServerConfig, sock: socket.socket, on_started: Callable[[], None] | None = None) -> None:
-    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM (``on_started``: called once it accepts connections).
-    uvicorn shuts down gracefully, then raises the signal again: SIGTERM ends the process with its status,
-    SIGINT's KeyboardInterrupt (Ctrl-C, the usual way to stop a server in a terminal) ends it quietly here, the
-    shutdown already logged."""
+def serve(app, config: ServerConfig, sock: socket.socket, on_started: Callable[[], None] | None = None,
+          ignore_sigint: bool = False) -> None:
+    """Serve ``app`` on ``sock`` until SIGINT/SIGTERM (``on_started``: called once it accepts connections;
+    ``ignore_sigint``: until SIGTERM only, see :class:`DrainingServer`). uvicorn shuts down gracefully, then raises
+    the signal again: SIGTERM ends the process with its status, SIGINT's KeyboardInterrupt (Ctrl-C, the usual way to
+    stop a server in a terminal) ends it quietly here, the shutdown already logged."""
     try:
-        build_server(app, config, on_started).run(sockets=[sock])
+        build_server(app, config, on_started, ignore_sigint).run(sockets=[sock])
     except KeyboardInterrupt:
         log.info("stopped (SIGINT)")
