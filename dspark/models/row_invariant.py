@@ -5,7 +5,8 @@ Two operations of the plain forward are not batch-invariant on a CPU. A BLAS GEM
 the row count M (MKL rounds a row differently at M=1, M=2..15 and M>=16, and for a 1536-deep product
 again at M=64..128), so a verified token's logits differ in the last bits from the same token decoded
 alone. And the reference attention pads every request to the batch's longest context, so a row's
-reductions over its keys run over a length that depends on its neighbours. In float32 either can part two arms' greedy outputs at a near-tie.
+reductions over its keys run over a length that depends on its neighbours. In float32 either can part
+two arms' greedy outputs at a near-tie.
 
 - :func:`row_tiled_linear` runs every GEMM as a batch of tiles of :data:`ROW_TILE` rows (the last one
   padded with zeros): every tile is one GEMM problem of the same shape, and a row's result is the same

@@ -26,9 +26,10 @@ does (new requests 503, requests in flight finish, then it stops its half of the
 for the engine process, and ends as a single server would (SIGINT: quietly, status 0; SIGTERM: by that signal).
 SIGTERM rather than the signal received: a Ctrl-C reaches every process of the group, and a second SIGINT makes
 uvicorn skip the drain. The API servers ignore SIGINT for the same reason: the supervisor's SIGTERM can reach one
-before the group's SIGINT does, which would then be that second signal. An API server that exits while the server is not shutting down is an error: the others are
-told to shut down and the supervisor raises :class:`ApiServerExited` (a non-zero exit). An API server whose
-supervisor goes away shuts itself down; the engine process then ends as well.
+before the group's SIGINT does, which would then be that second signal. An API server that exits while the
+server is not shutting down is an error: the others are told to shut down and the supervisor raises
+:class:`ApiServerExited` (a non-zero exit). An API server whose supervisor goes away shuts itself down; the engine
+process then ends as well.
 """
 
 from __future__ import annotations
