@@ -65,7 +65,7 @@ def test_fp32_guard_fails_each_planted_bug(tmp_path, bug):
 def test_fp32_guard_gives_float64_evidence_at_each_difference(tmp_path, invariant):
     """A float32 difference is reported with the two tokens' logit gap in a float64 forward of the target: with a
     rejected draft committed, the target chooses arm A's token, by far more than a rounding could part. The message
-    says whether both arms ran the batch-invariant mode (engine=cpu's default), where no rounding parts them."""
+    says whether both arms ran the batch-invariant mode, where no rounding parts them."""
     cfg = compose_ab([*GREEDY_TINY, "ab.fail_on_guard=false", f"engine.batch_invariant={str(invariant).lower()}"],
                      out_dir=tmp_path)
     summary = ab.run(cfg, engine_factory=planted_engine_factory("accept_rejected", base=tiny_factory()))
