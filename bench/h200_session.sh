@@ -46,6 +46,8 @@
 # SOURCES (default the seven training sources, as a Hydra list "[a,b,...]"): the data's prompt sources, e.g.
 # "[poetry,arena_hard,hard_questions]" to spend a data budget on the workloads a drafter lags on.
 #
+# DATA_SEQS (default 256): requests the data engine runs at once (engine.max_num_seqs), per shard.
+#
 # GREEDY_FIRST=true: each prompt's first sample is the target's greedy answer (the rest sampled at T=0.7), the
 # continuations a drafter meets in the T=0 benchmarks (sampling.greedy_first of runners.make_training_data).
 #
@@ -78,7 +80,7 @@ if [[ "${SMOKE:-0}" == 1 ]]; then
   T_DATA=${T_DATA:-400}; T_TRAIN=${T_TRAIN:-60}; T_EVAL=400; T_CAL=300; SOURCES="[poetry,stdlib_prose,hard_questions]"
 else
   ENGINE=h200_graphs; EVAL_ENGINE=h200; DEV=cuda; DTYPE=bfloat16; PER_SOURCE=${PER_SOURCE:-null}; MAXTOK=256
-  STEPS=${STEPS:-4500}; BATCH=${BATCH:-32}; EVAL_PROMPTS=${EVAL_PROMPTS:-16}; EVAL_TOK=192; DATA_SEQS=256
+  STEPS=${STEPS:-4500}; BATCH=${BATCH:-32}; EVAL_PROMPTS=${EVAL_PROMPTS:-16}; EVAL_TOK=192; DATA_SEQS=${DATA_SEQS:-256}
   GPUS=${GPUS:-$(nvidia-smi -L | wc -l)}; HOLDOUT=${HOLDOUT:-0.015}
   T_DATA=${T_DATA:-120}; T_TRAIN=${T_TRAIN:-240}; T_EVAL=${T_EVAL:-170}; T_CAL=90
   SOURCES=${SOURCES:-"[agentic,poetry,arena_hard,stdlib_prose,hard_questions,tool_calls,chat_followups]"}

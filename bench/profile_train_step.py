@@ -3,10 +3,14 @@ batch 32, whole sequences, length-bucketed batches, bf16 autocast) on random wei
 shipped drafter's shapes (bench/profile_graph_step.py), on synthetic sequences with a real data run's lengths; then
 a torch.profiler census of a few steps: host and device ms per phase (the trainer's profiler ranges,
 dspark.training.trainer.STEP_PHASES) and the top kernels by device time. No model is staged: token values do not
-change a step's cost. Writes OUT_DIR/train_step_profile.json.
+change a step's cost. Writes OUT_DIR/NAME.json (name=train_step_profile by default).
 
     python bench/profile_train_step.py OUT_DIR [steps=30] [profiled=4] [batch=32] [max_len=2048] [top=20]
-        [mean_len=432] [prompt_share=0.52]                                              # on a CUDA machine
+        [mean_len=432] [prompt_share=0.52] [target_graphs=0] [warmup=3] [name=train_step_profile]  # on a CUDA machine
+
+``target_graphs=1`` replays the frozen target's forward from CUDA graphs (``train.target_graphs``); a graph is
+captured the first time a batch length (rounded up to 128) comes, so give the warm-up steps enough batches to meet
+every length (``warmup=40`` at max_len=2048); the result counts the graphs captured before and during the timing.
 
 The default lengths are the fifth training stage's data (bench/results/h100-2026-12-05-drafter15/: 432 tokens per
 sequence on average, 52% of them prompt): lengths uniform in [mean_len/3.6, 1.73 mean_len], each split at
@@ -120,7 +124,8 @@ def main(argv: list[str]) -> dict:
         raise SystemExit(__doc__)
     out_dir = Path(argv[0])
     kv = dict(a.split("=", 1) for a in argv[1:])
-    unknown = set(kv) - {"steps", "profiled", "batch", "max_len", "top", "mean_len", "prompt_share"}
+    unknown = set(kv) - {"steps", "profiled", "batch", "max_len", "top", "mean_len", "prompt_share", "target_graphs",
+                         "warmup", "name"}
     if unknown:
         raise SystemExit(f"unknown settings {sorted(unknown)}; see the usage:\n{__doc__}")
     from profile_graph_step import DRAFTER, SMOLLM2
@@ -133,13 +138,24 @@ def main(argv: list[str]) -> dict:
                              SMOLLM2.vocab_size)
     cfg = TrainConfig(output_dir=str(out_dir / "run"), max_steps=10**6, batch_size=batch, max_len=max_len,
                       bucket_batches=16, anchors_per_seq=32, lr=2e-4, warmup_steps=10, device="cuda",
-                      progress=False)
+                      progress=False, target_graphs=kv.get("target_graphs", "0") == "1")
     trainer = DrafterTrainer(TargetModel(SMOLLM2), DSparkDrafter(SMOLLM2, DRAFTER), data, cfg)
-    result = profile_steps(trainer, int(kv.get("steps", 30)), int(kv.get("profiled", 4)), int(kv.get("top", 20)))
+    graphs = trainer.target_graphs
+    warmup = int(kv.get("warmup", 3))
+    captured_in_warmup = None
+    if graphs is not None:
+        for _ in range(warmup):
+            trainer.train_step()
+        captured_in_warmup, warmup = graphs.captures, 0
+    result = profile_steps(trainer, int(kv.get("steps", 30)), int(kv.get("profiled", 4)), int(kv.get("top", 20)),
+                           warmup=warmup)
     result.update(device=torch.cuda.get_device_name(), batch=batch, max_len=max_len,
-                  mean_len=float((data.offsets[1:] - data.offsets[:-1]).float().mean()), torch=torch.__version__)
+                  mean_len=float((data.offsets[1:] - data.offsets[:-1]).float().mean()), torch=torch.__version__,
+                  target_graphs=graphs is not None)
+    if graphs is not None:
+        result.update(graphs_captured_in_warmup=captured_in_warmup, graphs_captured=graphs.captures)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "train_step_profile.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / f"{kv.get('name', 'train_step_profile')}.json").write_text(json.dumps(result, indent=2) + "\n")
     print("\n".join(report_lines(result)), flush=True)
     return result
 

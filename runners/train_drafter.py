@@ -109,6 +109,9 @@ class TrainSchema:
     # stop with a checkpoint after this many seconds (leased GPUs; the learning-rate schedule still follows
     # max_steps); null: no limit
     time_budget_s: Optional[float] = None
+    # CUDA only: replay the frozen target's forward from CUDA graphs, one per batch shape (length rounded up to a
+    # multiple of 128); the step is host-bound without them. A resumed run may switch it
+    target_graphs: bool = False
 
 
 @dataclass

@@ -64,7 +64,7 @@ LOG_FILE = "train_log.jsonl"
 DEFAULT_MAX_SHARD_BYTES = 16 * 1024 * 1024
 # Settings a resumed run may change; every other TrainConfig field must match the checkpoint.
 RESUMABLE_CHANGES = ("output_dir", "save_every", "log_every", "keep_last", "progress", "max_shard_bytes",
-                     "time_budget_s")
+                     "time_budget_s", "target_graphs")
 
 
 # Train settings added after checkpoints had been written: an older checkpoint trained with their defaults.
@@ -113,6 +113,9 @@ class TrainConfig:
     # Wall-clock budget: stop (with a checkpoint) once exceeded, even before max_steps. For
     # leased machines; the learning-rate schedule still follows max_steps, so size both.
     time_budget_s: float | None = None
+    # CUDA only: the frozen target's forward replayed from CUDA graphs, one per batch shape (its length rounded up
+    # to a multiple of 128): the same operations with one launch (dspark.training.target_graphs)
+    target_graphs: bool = False
 
     def __post_init__(self) -> None:
         def need(cond: bool, key: str, msg: str) -> None:
@@ -429,6 +432,14 @@ class DrafterTrainer:
         target_dtype = torch.bfloat16 if self.autocast else torch.float32
         self.target = _freeze(target.to(device=self.device, dtype=target_dtype))
         self.drafter = drafter.to(device=self.device, dtype=torch.float32).train()
+        self.target_graphs = None
+        if cfg.target_graphs:
+            if self.device.type != "cuda":
+                raise ConfigError(f"train.target_graphs: CUDA graphs need train.device=cuda, got {cfg.device!r}")
+            from dspark.training.target_graphs import TargetForwardGraphs
+
+            self.target_graphs = TargetForwardGraphs(self.target, tuple(drafter.cfg.target_layer_ids), self.autocast,
+                                                     pad_id=cfg.pad_id)
         self.dataset = dataset
         self.lengths = trained_lengths(dataset, cfg.max_len) if cfg.bucket_batches > 1 else None
         self.epoch_orders: dict[int, torch.Tensor] = {}  # batch_indices' epoch orders, computed once per epoch
@@ -478,7 +489,10 @@ class DrafterTrainer:
             anchor_valid = anchor_valid.to(self.device)
             labels, valid, target_pos = block_labels(ids, lengths, anchors, anchor_valid, gamma)
         with record_function("train/target_forward"), torch.no_grad(), self._autocast():
-            hidden, captured, _ = dense_target_forward(self.target, ids, self.drafter.cfg.target_layer_ids)
+            if self.target_graphs is not None:  # views into the graph's outputs, read within this step
+                hidden, captured = self.target_graphs(ids)
+            else:
+                hidden, captured, _ = dense_target_forward(self.target, ids, self.drafter.cfg.target_layer_ids)
             target_logits = self.target.compute_logits(gather_positions(hidden, target_pos))  # [B, A, G, V]
         with record_function("train/drafter_forward"), self._autocast():
             out = self.drafter.forward_train(captured, ids, anchors, self.target.embed, self.target.lm_head_weight,
