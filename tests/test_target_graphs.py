@@ -103,3 +103,34 @@ def test_a_trainer_with_graphs_takes_the_eager_trainers_steps(tmp_path):
     # follow the updates those losses made, so they agree as closely
     for a, b in zip(eager_losses, graph_losses):
         assert abs(a - b) <= 2e-2 * abs(a), (eager_losses, graph_losses)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_the_replay_and_the_drafters_forward_leave_the_host_free():
+    """Between the target's replay and the loss nothing reads the device back: the host launches the drafter's
+    forward while the device still runs the target's (the anchors are checked on the host beforehand)."""
+    target = _gpu_target()
+    drafter = tiny_drafter(target).to("cuda")
+    graphs = TargetForwardGraphs(target, tuple(drafter.cfg.target_layer_ids), autocast=True)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, 97, (2, 100), generator=g).cuda()
+    anchors = torch.tensor([[3, 40, 80], [10, 50, 90]], device="cuda")
+    targets = torch.randint(3, 97, (2, 3, drafter.block_size), generator=g).cuda()
+    graphs(ids)  # the capture itself may synchronise
+    torch.cuda.synchronize()
+
+    def step(checked: bool):
+        _, captured = graphs(ids)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return drafter.forward_train(captured, ids, anchors, target.embed, target.lm_head_weight, targets,
+                                         anchors_checked=checked)
+
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = step(True)
+        with pytest.raises(RuntimeError, match="synchroniz"):  # the device-side anchor check does read back
+            step(False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.logits.shape == (2, 3, drafter.block_size, 97)

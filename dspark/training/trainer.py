@@ -48,7 +48,7 @@ from safetensors.torch import save_file
 from torch.profiler import record_function
 
 from dspark.config import ConfigError
-from dspark.models.drafter import DSparkDrafter
+from dspark.models.drafter import DSparkDrafter, check_anchor_range
 from dspark.models.loading import read_safetensors
 from dspark.models.llama import TargetModel
 from dspark.sampling import top_probability
@@ -483,6 +483,8 @@ class DrafterTrainer:
             if not bool(anchor_valid.any()):
                 raise ValueError(f"step {step}: no sequence of the batch has a response token to train on; check "
                                  f"the data (rows {rows[:8]}) and train.max_len={cfg.max_len}")
+            # checked here on the host: the drafter's forward then need not read the device copy back (a sync)
+            check_anchor_range(anchors, batch.input_ids.shape[1])
             ids = batch.input_ids.to(self.device)
             lengths = batch.lengths.to(self.device)
             anchors = anchors.to(self.device)
@@ -496,7 +498,7 @@ class DrafterTrainer:
             target_logits = self.target.compute_logits(gather_positions(hidden, target_pos))  # [B, A, G, V]
         with record_function("train/drafter_forward"), self._autocast():
             out = self.drafter.forward_train(captured, ids, anchors, self.target.embed, self.target.lm_head_weight,
-                                             labels)
+                                             labels, anchors_checked=True)
         weights = (0.0, 0.0) if cfg.head_only else (cfg.ce_weight, cfg.tv_weight)  # head_only: CE, TV reported only
         with record_function("train/loss"):
             return dspark_loss(out.logits, target_logits, out.confidence_logits, valid, ce_weight=weights[0],
