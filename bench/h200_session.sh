@@ -46,7 +46,9 @@
 # SOURCES (default the seven training sources, as a Hydra list "[a,b,...]"): the data's prompt sources, e.g.
 # "[poetry,arena_hard,hard_questions]" to spend a data budget on the workloads a drafter lags on.
 #
-# DATA_SEQS (default 256): requests the data engine runs at once (engine.max_num_seqs), per shard.
+# DATA_SEQS (default 256): requests the data engine runs at once (engine.max_num_seqs), per process. PARTS=m
+# (default 1): m processes share each shard's requests on its GPU (make_training_data part=j/m): the data engine's
+# step is host-bound, and each process runs on its own core.
 #
 # GREEDY_FIRST=true: each prompt's first sample is the target's greedy answer (the rest sampled at T=0.7), the
 # continuations a drafter meets in the T=0 benchmarks (sampling.greedy_first of runners.make_training_data).
@@ -114,7 +116,13 @@ NSHARDS=${SHARDS:-$GPUS}; ONLY_SHARD=${ONLY_SHARD:-}
 if [[ -n "$ONLY_SHARD" ]] && ! [[ "$ONLY_SHARD" =~ ^[0-9]+$ ]] || (( ${ONLY_SHARD:-0} >= NSHARDS )); then
   echo "ONLY_SHARD=$ONLY_SHARD: a shard index from 0 to SHARDS-1 ($(( NSHARDS - 1 )))"; exit 2
 fi
-DATA_LIST=$(python3 -c "print('[' + ','.join('$WORK/data/train_%d.safetensors' % i for i in range($NSHARDS)) + ']')")
+# PARTS=m (default 1): m processes split each shard's requests on its GPU (make_training_data part=j/m), each
+# with its own host core, so one GPU makes a shard's data faster; shard i's data is then train_{i}p{j}, j < m.
+NPARTS=${PARTS:-1}
+[[ "$NPARTS" =~ ^[1-9][0-9]*$ ]] || { echo "PARTS=$NPARTS: a whole number >= 1"; exit 2; }
+tag() { if (( NPARTS > 1 )); then echo "${1}p${2}"; else echo "$1"; fi; }  # tag I J: the file tag of shard I, part J
+DATA_LIST=$(for ((i = 0; i < NSHARDS; i++)); do for ((j = 0; j < NPARTS; j++)); do
+  echo "$WORK/data/train_$(tag $i $j).safetensors"; done; done | paste -sd, | sed 's/^/[/; s/$/]/')
 
 SITE="$WORK/site"
 if [[ -n "${RESTORE:-}" ]]; then
@@ -176,27 +184,34 @@ if has data; then
   stamp "data: target-regenerated responses, train split, ${ONLY_SHARD:+shard $ONLY_SHARD of }$NSHARDS shard(s)"
   # MAX_REQUESTS=N: each shard answers only the first N requests of its shuffled list (make_training_data
   # max_requests), the prefix an earlier time-budgeted run admitted (its log's prompts minus not_admitted)
-  shard() {  # shard() I ENGINE LOG: answer shard I/NSHARDS (on GPU I; the first with ONLY_SHARD), in the background
-    local dev=$1; [[ -n "$ONLY_SHARD" ]] && dev=0
-    CUDA_VISIBLE_DEVICES=$(gpu $dev) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$2 \
+  shard() {  # shard() I J ENGINE LOG: answer part J of shard I/NSHARDS (on GPU I; the first with ONLY_SHARD), in the
+    local dev=$1 t; [[ -n "$ONLY_SHARD" ]] && dev=0  # background
+    t=$(tag $1 $2)
+    CUDA_VISIBLE_DEVICES=$(gpu $dev) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$3 \
       engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \
-      time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$1/$NSHARDS output="$WORK/data/train_$1.safetensors" \
-      progress=false ${MAX_REQUESTS:+max_requests=$MAX_REQUESTS} \
-      sampling.greedy_first=${GREEDY_FIRST:-false} ${DATA_ARGS:-} hydra.run.dir="$WORK/hydra/data$1" > "$3" 2>&1 &
+      time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$1/$NSHARDS output="$WORK/data/train_$t.safetensors" \
+      progress=false ${MAX_REQUESTS:+max_requests=$MAX_REQUESTS} $( (( NPARTS > 1 )) && echo "part=$2/$NPARTS") \
+      sampling.greedy_first=${GREEDY_FIRST:-false} ${DATA_ARGS:-} hydra.run.dir="$WORK/hydra/data$t" > "$4" 2>&1 &
     pids+=($!)
   }
   mine() { [[ -z "$ONLY_SHARD" || "$1" == "$ONLY_SHARD" ]]; }  # the shards this call answers
   pids=()
   for ((i = 0; i < NSHARDS; i++)); do
     mine $i || continue
-    [[ -f "$WORK/data/train_$i.safetensors" ]] || shard $i $ENGINE "$WORK/data_$i.log"
+    for ((j = 0; j < NPARTS; j++)); do
+      [[ -f "$WORK/data/train_$(tag $i $j).safetensors" ]] || shard $i $j $ENGINE "$WORK/data_$(tag $i $j).log"
+    done
   done
   for p in "${pids[@]}"; do wait "$p"; done
   for ((i = 0; i < NSHARDS; i++)); do  # a shard that failed on captured steps is redone eagerly, and says so
     mine $i || continue
-    [[ -f "$WORK/data/train_$i.safetensors" ]] && continue
-    echo "DATA SHARD $i FAILED on engine=$ENGINE (log below); redoing it with engine=${EVAL_ENGINE}"; tail -5 "$WORK/data_$i.log"
-    shard $i $EVAL_ENGINE "$WORK/data_${i}_eager.log"
+    for ((j = 0; j < NPARTS; j++)); do
+      t=$(tag $i $j)
+      [[ -f "$WORK/data/train_$t.safetensors" ]] && continue
+      echo "DATA SHARD $t FAILED on engine=$ENGINE (log below); redoing it with engine=${EVAL_ENGINE}"
+      tail -5 "$WORK/data_$t.log"
+      shard $i $j $EVAL_ENGINE "$WORK/data_${t}_eager.log"
+    done
   done
   for p in "${pids[@]}"; do wait "$p"; done  # (a bare wait would also wait for the log's tee)
   tail -n 30 "$WORK"/data_*.log | grep -v "^\s*\"" | tail -20
@@ -206,7 +221,8 @@ import sys
 from pathlib import Path
 from dspark.training.data import TokenDataset
 files = [f for f in sys.argv[1].strip('[]').split(',') if Path(f).is_file()]
-print('data', TokenDataset.load_many(files).summary(), f'({len(files)} of $NSHARDS shards here)')" "$DATA_LIST"
+wanted = sys.argv[1].count(chr(44)) + 1
+print('data', TokenDataset.load_many(files).summary(), f'({len(files)} of {wanted} files here)')" "$DATA_LIST"
 fi
 
 if has train; then

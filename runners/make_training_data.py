@@ -107,6 +107,10 @@ class MakeTrainingDataSchema:
     # "i/n": answer only every n-th prompt of the shuffled list, starting at i (0-based), so n
     # processes (one per GPU) split the work; train on all shards with data=[shard0,shard1,...].
     shard: Optional[str] = None
+    # "j/m": after shard and max_requests, answer only every m-th request of that list, starting at j, so m processes
+    # on one GPU split one shard's requests (each process's host work on its own core); the shard's data is the
+    # parts' files together. A time budget then cuts each part's list apart. null: the whole list
+    part: Optional[str] = None
     # Requests enter the engine in waves of in_flight (null: engine.max_num_seqs), the next wave
     # when at most refill_at are unfinished, so most steps are pure decode and replay captured
     # graphs (see dspark.training.data.generate_dataset).
@@ -240,8 +244,8 @@ def admitted_prompts(sources: list[str], split: str, num_prompts: int | None, se
     return chosen, requests
 
 
-def parse_shard(shard: Optional[str]) -> tuple[int, int]:
-    """(index, count) of ``shard`` = "i/n"; (0, 1) for None."""
+def parse_shard(shard: Optional[str], key: str = "shard") -> tuple[int, int]:
+    """(index, count) of ``shard`` = "i/n"; (0, 1) for None. ``key``: the setting named in errors (shard, part)."""
     if shard is None:
         return 0, 1
     parts = str(shard).split("/")
@@ -250,10 +254,11 @@ def parse_shard(shard: Optional[str]) -> tuple[int, int]:
         if len(parts) != 2:
             raise ValueError
     except (ValueError, IndexError):
-        raise ConfigError(f"shard: {shard!r}; write it as 'i/n' (0 <= i < n), e.g. shard=0/2 and shard=1/2 "
-                          f"for two GPUs") from None
+        example = ("shard=0/2 and shard=1/2 for two GPUs" if key == "shard"
+                   else f"{key}=0/2 and {key}=1/2 for two processes")
+        raise ConfigError(f"{key}: {shard!r}; write it as 'i/n' (0 <= i < n), e.g. {example}") from None
     if not 0 <= index < count:
-        raise ConfigError(f"shard: {shard!r}; the index must satisfy 0 <= i < n")
+        raise ConfigError(f"{key}: {shard!r}; the index must satisfy 0 <= i < n")
     return index, count
 
 
@@ -362,6 +367,11 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
                               f"samples_per_prompt, num_prompts_per_source and shard decide them); a run that "
                               f"admitted {max_requests} had other settings")
         tagged = tagged[:max_requests]
+    part_index, part_count = parse_shard(cfg.get("part"), "part")
+    tagged = tagged[part_index::part_count]
+    if not tagged:
+        raise ConfigError(f"part={cfg.get('part')}: this part of the {part_count} holds no request (the list has "
+                          f"fewer requests than parts)")
     items = [(src, pid, msgs) for src, pid, (_, msgs) in tagged]
     base_ids = [base for _, _, (base, _) in tagged]
     if target is None:
@@ -378,6 +388,7 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
                          "greedy_first": bool(s.greedy_first)},
             "sources": list(cfg.sources), "num_prompts_per_source": cfg.num_prompts_per_source,
             "shard": f"{shard_index}/{shard_count}", "max_requests": max_requests,
+            "part": f"{part_index}/{part_count}",
             "samples_per_prompt": dict(cfg.get("samples_per_prompt") or {}),
             "exclude_prompts": exclude_info or None, "source_paths": source_paths or None,
             "engine": {"device": engine_cfg.device, "dtype": engine_cfg.dtype, "max_num_seqs": engine_cfg.max_num_seqs}}
@@ -400,7 +411,8 @@ def run(cfg: Any, target=None, tokenizer=None) -> dict[str, Any]:
         per_source[src] = per_source.get(src, 0) + 1
     recipe = {k: info[k] for k in ("split", "seed", "sources", "num_prompts_per_source", "samples_per_prompt",
                                    "exclude_prompts")}
-    recipe["shards"] = [{"shard": f"{shard_index}/{shard_count}", "requests": len(items), "admitted": admitted}]
+    recipe["shards"] = [{"shard": f"{shard_index}/{shard_count}", "requests": len(items), "admitted": admitted,
+                         **({"part": f"{part_index}/{part_count}"} if part_count > 1 else {})}]
     record = write_prompt_record(prompt_record_path(cfg.output), base_ids[:admitted], recipe, per_source)
     counters = engine.counters()
     steps = int(counters["steps"])

@@ -1,5 +1,5 @@
 """bench/h200_session.sh, the DFlash ablation continued beside a shipped DSpark: its settings (STYLES=dflash alone,
-INIT_FROM_DFLASH, SHARDS / ONLY_SHARD) are refused with a reason before anything runs when they cannot make the
+INIT_FROM_DFLASH, SHARDS / ONLY_SHARD, PARTS) are refused with a reason before anything runs when they cannot make the
 ablation's data or steps, and the accepted ones reach no phase (PHASES=none) without an error."""
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from session_script import run_session as session
     ({"STYLES": "dflash", "PHASES": "data", "SHARDS": "0"}, 2, "SHARDS=0: a whole number >= 1"),
     ({"STYLES": "dflash", "PHASES": "data", "SHARDS": "2", "ONLY_SHARD": "2"}, 2, "from 0 to SHARDS-1 (1)"),
     ({"STYLES": "dflash", "PHASES": "data", "SHARDS": "2", "ONLY_SHARD": "x"}, 2, "ONLY_SHARD=x"),
+    ({"STYLES": "dflash", "PHASES": "data", "PARTS": "0"}, 2, "PARTS=0: a whole number >= 1"),
+    ({"STYLES": "dflash", "PHASES": "data", "PARTS": "two"}, 2, "PARTS=two: a whole number >= 1"),
 ])
 def test_settings_that_cannot_make_the_ablation_are_refused_first(tmp_path, env, code, message):
     refused = session(tmp_path, **env)

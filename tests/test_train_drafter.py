@@ -609,6 +609,25 @@ def test_make_training_data_samples_per_prompt_and_time_budget(tmp_path, target)
         with pytest.raises(ConfigError, match=message):
             make_training_data.run(compose_with("++samples_per_prompt={stdlib_prose: 3}", bad), target=target,
                                    tokenizer=CharTokenizer())
+    # part=j/m splits that prefix between m processes: together they answer it, each request once, each with the
+    # seed it has in one process (the same responses)
+    prefix_seqs = [prefix.sequence(i).tolist() for i in range(3)]
+    parts = []
+    for part in ("0/2", "1/2"):
+        out = tmp_path / f"part{part[0]}.safetensors"
+        make_training_data.run(compose_with("++samples_per_prompt={stdlib_prose: 3}", "max_requests=3",
+                                            f"part={part}", f"output={out}"), target=target, tokenizer=CharTokenizer())
+        parts.append(TokenDataset.load(out))
+        assert parts[-1].info["part"] == part and parts[-1].info["max_requests"] == 3
+        record = make_training_data.load_prompt_record(str(out).replace(".safetensors", ".prompts.json"))
+        assert record["recipe"]["shards"][0]["part"] == part
+    assert [len(p) for p in parts] == [2, 1]
+    assert [p.sequence(i).tolist() for p, i in ((parts[0], 0), (parts[1], 0), (parts[0], 1))] == prefix_seqs
+    for bad in ("2/2", "x"):
+        with pytest.raises(ConfigError, match="part: "):
+            make_training_data.run(compose_with(f"part={bad}"), target=target, tokenizer=CharTokenizer())
+    with pytest.raises(ConfigError, match="holds no request"):
+        make_training_data.run(compose_with("max_requests=1", "part=1/2"), target=target, tokenizer=CharTokenizer())
 
 
 def test_generate_dataset_admits_in_waves_so_most_steps_are_pure_decode(target):
