@@ -104,12 +104,36 @@ def profile_steps(trainer: DrafterTrainer, steps: int, profiled: int, top: int =
     }
 
 
+def step_lengths(trainer: DrafterTrainer, first: int, count: int) -> list[int]:
+    """The padded batch length of training steps first..first+count-1 (the trainer's own batch choice)."""
+    from dspark.training.data import batch_indices, make_batch
+
+    cfg, out = trainer.cfg, []
+    for step in range(first, first + count):
+        rows = batch_indices(len(trainer.dataset), cfg.batch_size, step, cfg.seed, trainer.lengths,
+                             cfg.bucket_batches, trainer.epoch_orders)
+        out.append(int(make_batch(trainer.dataset, rows, cfg.max_len, cfg.pad_id).input_ids.shape[1]))
+    return out
+
+
+def new_lengths(lengths: list[int], seen_before: int) -> int:
+    """How many of ``lengths[seen_before:]`` (the timed steps) have a batch length no earlier step had: a new shape
+    costs the libraries' kernel selection on the host, which a long run pays once per length."""
+    seen, new = set(lengths[:seen_before]), 0
+    for length in lengths[seen_before:]:
+        new += length not in seen
+        seen.add(length)
+    return new
+
+
 def report_lines(result: dict) -> list[str]:
     """The profile as lines of text: steps/s, each phase's host and device ms per step, the top kernels."""
     w = result["wall_ms_per_step"]
+    new = result.get("timed_steps_at_a_new_length")
     lines = [f"{result['steps_per_s']:.2f} steps/s: {w['median']:.1f} ms per step (median of "
              f"{result['steps_timed']}; {w['min']:.1f} .. {w['max']:.1f}); device busy "
-             f"{result['device_ms_per_step']:.1f} ms per step in {result['kernels_per_step']:.0f} kernels",
+             f"{result['device_ms_per_step']:.1f} ms per step in {result['kernels_per_step']:.0f} kernels"
+             + ("" if new is None else f"; {new} timed steps at a batch length not seen before"),
              f"{'phase':24} {'host ms':>9} {'device ms':>10}"]
     for name, v in result["phases"].items():
         lines.append(f"{name:24} {v['host_ms']:9.2f} {v['device_ms']:10.2f}")
@@ -147,8 +171,12 @@ def main(argv: list[str]) -> dict:
         for _ in range(warmup):
             trainer.train_step()
         captured_in_warmup, warmup = graphs.captures, 0
-    result = profile_steps(trainer, int(kv.get("steps", 30)), int(kv.get("profiled", 4)), int(kv.get("top", 20)),
-                           warmup=warmup)
+    start = trainer.step
+    steps = int(kv.get("steps", 30))
+    result = profile_steps(trainer, steps, int(kv.get("profiled", 4)), int(kv.get("top", 20)), warmup=warmup)
+    # the timed steps at a batch length none before them had (each pays a new shape's kernel selection once)
+    lengths = step_lengths(trainer, 0, start + warmup + steps)
+    result["timed_steps_at_a_new_length"] = new_lengths(lengths, start + warmup)
     result.update(device=torch.cuda.get_device_name(), batch=batch, max_len=max_len,
                   mean_len=float((data.offsets[1:] - data.offsets[:-1]).float().mean()), torch=torch.__version__,
                   target_graphs=graphs is not None)

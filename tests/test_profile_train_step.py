@@ -44,6 +44,13 @@ def test_every_phase_of_a_step_is_timed_on_a_tiny_model(tmp_path):
     assert lines[0].split()[1] == "steps/s:" and any(line.startswith("train/loss") for line in lines)
     with pytest.raises(ValueError, match="steps and profiled"):
         pts.profile_steps(trainer, steps=0, profiled=1)
+    # the batch lengths of the steps it ran, as the trainer chose them; the timed ones at a length not seen before
+    lengths = pts.step_lengths(trainer, 0, 5)
+    assert len(lengths) == 5 and all(2 <= n <= 64 for n in lengths)
+    assert lengths == pts.step_lengths(trainer, 0, 5)  # a pure function of the step
+    assert pts.new_lengths([5, 5, 6, 7, 6, 8], 2) == 3 and pts.new_lengths([5, 6], 2) == 0
+    result["timed_steps_at_a_new_length"] = 1
+    assert pts.report_lines(result)[0].endswith("; 1 timed steps at a batch length not seen before")
 
 
 def test_the_command_line_refuses_unknown_settings_and_a_machine_without_cuda(tmp_path, monkeypatch):
