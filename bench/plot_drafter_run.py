@@ -3,14 +3,24 @@ steps (DSpark and the DFlash ablation), and held-out accept length per workload 
 
     python bench/plot_drafter_run.py bench/results/h200-2026-11-30-drafter4
 
-Reads train_log_{dspark,dflash}.jsonl and eval_{dspark,dflash}/eval.json; writes drafter_run.png there.
+Reads train_log_{dspark,dflash}.jsonl (or its .xz, as results folders keep it) and eval_{dspark,dflash}/eval.json;
+writes drafter_run.png there.
 """
 
 from __future__ import annotations
 
 import json
+import lzma
 import sys
 from pathlib import Path
+
+
+def train_log(root: Path, style: str) -> Path | None:
+    """The run's train_log_STYLE.jsonl, or its .xz, or None."""
+    for name in (f"train_log_{style}.jsonl", f"train_log_{style}.jsonl.xz"):
+        if (root / name).is_file():
+            return root / name
+    return None
 
 
 def main(folder: str) -> Path:
@@ -20,12 +30,15 @@ def main(folder: str) -> Path:
     import matplotlib.pyplot as plt
 
     root = Path(folder)
-    styles = [s for s in ("dspark", "dflash") if (root / f"train_log_{s}.jsonl").exists()]
+    logs = {s: train_log(root, s) for s in ("dspark", "dflash")}
+    styles = [s for s, path in logs.items() if path is not None]
     if not styles:
-        raise SystemExit(f"{root}: no train_log_dspark.jsonl / train_log_dflash.jsonl")
+        raise SystemExit(f"{root}: no train_log_dspark.jsonl / train_log_dflash.jsonl (nor their .xz)")
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     for style in styles:
-        rows = [json.loads(line) for line in (root / f"train_log_{style}.jsonl").read_text().splitlines() if line]
+        path = logs[style]
+        text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
+        rows = [json.loads(line) for line in text.splitlines() if line]
         steps = [r["step"] for r in rows]
         tau = [r["expected_accept_length"] for r in rows]
         k = 8  # moving average over 8 log points (200 steps)
