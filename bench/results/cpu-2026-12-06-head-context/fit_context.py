@@ -7,6 +7,8 @@ reached cells), with a by-sequence bootstrap interval.
 import sys
 import numpy as np
 import torch
+from scipy.optimize import minimize
+from scipy.special import expit
 from dspark.training.calibration import reached_cells, roc_auc
 
 d = torch.load(sys.argv[1])
@@ -31,24 +33,20 @@ fit_m, rep_m = reached & is_fit[:, None], reached & ~is_fit[:, None]
 
 
 def fuse(*feats):
-    """per position: logistic regression on the features (each [M, G]); returns the fitted logit [M, G]."""
+    """per position: logistic regression on the features (each [M, G]) by maximum likelihood (scipy's L-BFGS-B);
+    returns the fitted logit [M, G]."""
     out = torch.zeros(M, G, dtype=torch.float64)
     for k in range(G):
-        X = torch.stack([f[:, k] for f in feats], -1)
-        m = fit_m[:, k]
-        mu, sd = X[m].mean(0), X[m].std(0) + 1e-9
-        Z = (X - mu) / sd
-        w = torch.zeros(X.shape[1], dtype=torch.float64, requires_grad=True)
-        b = torch.zeros((), dtype=torch.float64, requires_grad=True)
-        opt = torch.optim.LBFGS([w, b], max_iter=300, line_search_fn="strong_wolfe")
+        X = torch.stack([f[:, k] for f in feats], -1).numpy()
+        m = fit_m[:, k].numpy()
+        Z = np.column_stack([(X - X[m].mean(0)) / (X[m].std(0) + 1e-9), np.ones(M)])  # standardised, intercept
+        Zf, y = Z[m], acc[:, k].numpy()[m]
 
-        def closure():
-            opt.zero_grad()
-            loss = torch.nn.functional.binary_cross_entropy_with_logits(Z[m] @ w + b, acc[m, k], reduction="sum")
-            loss.backward()
-            return loss
-        opt.step(closure)
-        out[:, k] = (Z @ w + b).detach()
+        def nll(theta):
+            t = Zf @ theta
+            return float(np.sum(np.logaddexp(0.0, t) - y * t)), Zf.T @ (expit(t) - y)
+        theta = minimize(nll, np.zeros(Z.shape[1]), jac=True, method="L-BFGS-B").x
+        out[:, k] = torch.from_numpy(Z @ theta)
     return out
 
 
