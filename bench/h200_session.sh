@@ -184,8 +184,9 @@ if has data; then
   stamp "data: target-regenerated responses, train split, ${ONLY_SHARD:+shard $ONLY_SHARD of }$NSHARDS shard(s)"
   # MAX_REQUESTS=N: each shard answers only the first N requests of its shuffled list (make_training_data
   # max_requests), the prefix an earlier time-budgeted run admitted (its log's prompts minus not_admitted)
-  shard() {  # shard() I J ENGINE LOG: answer part J of shard I/NSHARDS (on GPU I; the first with ONLY_SHARD), in the
-    local dev=$1 t; [[ -n "$ONLY_SHARD" ]] && dev=0  # background
+  # shard() I J ENGINE LOG: answer part J of shard I/NSHARDS in the background (on GPU I; the first with ONLY_SHARD)
+  shard() {
+    local dev=$1 t; [[ -n "$ONLY_SHARD" ]] && dev=0
     t=$(tag $1 $2)
     CUDA_VISIBLE_DEVICES=$(gpu $dev) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$3 \
       engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \

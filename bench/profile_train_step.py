@@ -106,14 +106,7 @@ def profile_steps(trainer: DrafterTrainer, steps: int, profiled: int, top: int =
 
 def step_lengths(trainer: DrafterTrainer, first: int, count: int) -> list[int]:
     """The padded batch length of training steps first..first+count-1 (the trainer's own batch choice)."""
-    from dspark.training.data import batch_indices, make_batch
-
-    cfg, out = trainer.cfg, []
-    for step in range(first, first + count):
-        rows = batch_indices(len(trainer.dataset), cfg.batch_size, step, cfg.seed, trainer.lengths,
-                             cfg.bucket_batches, trainer.epoch_orders)
-        out.append(int(make_batch(trainer.dataset, rows, cfg.max_len, cfg.pad_id).input_ids.shape[1]))
-    return out
+    return [int(trainer.step_batch(step)[1].input_ids.shape[1]) for step in range(first, first + count)]
 
 
 def new_lengths(lengths: list[int], seen_before: int) -> int:

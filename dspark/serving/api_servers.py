@@ -201,7 +201,8 @@ def _api_server_main(index: int, commands, events, ready_path: str, engine_pid: 
         gc.collect()
         gc.freeze()
     threading.Thread(target=_watch_supervisor, args=(supervisor_pid,), name="supervisor-watch", daemon=True).start()
-    serve(app, config, sock, on_started=lambda: _started(index, started), ignore_sigint=True)  # the supervisor's
+    # SIGINT is the supervisor's to answer: it stops this server with SIGTERM (see the module docstring)
+    serve(app, config, sock, on_started=lambda: _started(index, started), ignore_sigint=True)
 
 
 def _started(index: int, started) -> None:

@@ -469,15 +469,20 @@ class DrafterTrainer:
     def _autocast(self):
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=self.autocast)
 
+    def step_batch(self, step: int):
+        """(dataset rows, padded batch) of training step ``step``: a function of the seed and the step."""
+        cfg = self.cfg
+        rows = batch_indices(len(self.dataset), cfg.batch_size, step, cfg.seed, self.lengths, cfg.bucket_batches,
+                             self.epoch_orders)
+        return rows, make_batch(self.dataset, rows, cfg.max_len, cfg.pad_id)
+
     def compute_loss(self, step: int):
         """Loss of training step ``step`` (batch and anchors are functions of the seed and the step). Its phases are
         profiler ranges (:data:`STEP_PHASES`), as are :meth:`train_step`'s backward and optimizer step."""
         cfg = self.cfg
         gamma = self.drafter.block_size
         with record_function("train/batch"):
-            rows = batch_indices(len(self.dataset), cfg.batch_size, step, cfg.seed, self.lengths,
-                                 cfg.bucket_batches, self.epoch_orders)
-            batch = make_batch(self.dataset, rows, cfg.max_len, cfg.pad_id)
+            rows, batch = self.step_batch(step)
             anchors, anchor_valid = sample_anchors(batch.lengths, batch.response_starts, cfg.anchors_per_seq, gamma,
                                                    step_generator(cfg.seed, step), cfg.require_full_block)
             if not bool(anchor_valid.any()):
