@@ -1417,7 +1417,7 @@ def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, pr
             g = lossless_guard(out_a, out_b, dtype=dtype)
             g.name = name
             checked.append((g, out_a))
-        invariant = all(getattr(getattr(e, "cfg", None), "batch_invariant", False) for e in engines.values())
+        invariant = all(e.cfg.batch_invariant for e in engines.values())
         _float64_evidence(checked, engines["A"].target, prompt_ids, batch_invariant=invariant)
         guards += [g for g, _ in checked]
     elif greedy_workload or replica_outputs:
