@@ -64,7 +64,9 @@ case "$cmd" in
       tmp=$(mktemp -d)
       find "$@" -maxdepth 1 -name "$name.tar.xz.[0-9][0-9][0-9]" -printf '%f %p\n' | sort -u -k1,1 | cut -d' ' -f2 \
         | xargs cat > "$tmp/$name.tar.xz"
-      (cd "$tmp" && sha256sum -c --quiet "$s") || { echo "carry_state unpack: $name: sha256 mismatch (a part missing?)" >&2; exit 3; }
+      # the sum file is opened before the cd, so FROM folders may be relative
+      (cd "$tmp" && sha256sum -c --quiet -) < "$s" \
+        || { echo "carry_state unpack: $name: sha256 mismatch (a part missing?)" >&2; exit 3; }
       xz -dc "$tmp/$name.tar.xz" | tar -C "$dest" -xf -
       rm -rf "$tmp"
       echo "unpacked $name into $dest"

@@ -235,6 +235,14 @@ if has train; then
     train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=32
     ${STOP_AT:+stop_at_step=$STOP_AT} ${TRAIN_ARGS:-}
     ${LR:+train.lr=$LR} ${ANCHORS:+train.anchors_per_seq=$ANCHORS} ${GROW_LAYERS:+drafter_arch.num_layers=$GROW_LAYERS}"
+  # the data files DATA_LIST names (SHARDS and PARTS as the data call set them) must all be here
+  missing=$(tr -d '[]' <<< "$DATA_LIST" | tr ',' '\n' | while read -r f; do [[ -f "$f" ]] || basename "$f"; done)
+  if [[ -n "$missing" ]]; then
+    echo "TRAIN: no $(paste -sd' ' <<< "$missing") in $WORK/data (SHARDS=$NSHARDS PARTS=$NPARTS name the files);" \
+         "the data here: $(cd "$WORK/data" 2>/dev/null && ls ./*.safetensors 2>/dev/null | paste -sd' ');" \
+         "set SHARDS and PARTS as the call that made it did"
+    exit 3
+  fi
   k=0; pids=()
   for style in $STYLES; do
     resume=false; ls -d "$WORK/run_$style"/checkpoint-* >/dev/null 2>&1 && resume=true
@@ -245,11 +253,14 @@ if has train; then
       train.output_dir="$WORK/run_$style" hydra.run.dir="$WORK/hydra/train_$style" > "$WORK/train_$style.log" 2>&1 &
     pids+=($!); k=$((k + 1))
   done
-  for p in "${pids[@]}"; do wait "$p"; done
+  failed=(); k=0
+  for style in $STYLES; do wait "${pids[$k]}" || failed+=("$style"); k=$((k + 1)); done
   for style in $STYLES; do
     echo "--- $style"; grep -v "^\s*\"\|^{" "$WORK/train_$style.log" | tail -4
-    tail -n 1 "$WORK/run_$style/train_log.jsonl"
+    tail -n 1 "$WORK/run_$style/train_log.jsonl" 2>/dev/null
   done
+  # a run that stopped on an error returns no weights: the latest ones would be an earlier call's or none
+  (( ${#failed[@]} == 0 )) || { echo "TRAINING FAILED: ${failed[*]} (logs above, $WORK/train_STYLE.log)"; exit 6; }
   # RETURN_WEIGHTS=STYLE: that run's latest weights (fp32, no optimizer state) come back packed by
   # bench/carry_state.sh (final_STYLE.tar.xz.NNN parts of 15 MiB and final_STYLE.sha256), a folder
   # returned_STYLE/ holding final/ and prompts/ (the data shards' prompt records), so a machine lost before the

@@ -128,3 +128,29 @@ def test_the_ablation_makes_each_stage_data_again_from_the_shipped_record():
         assert (int(seed.group(1)) if seed else 0) == shard["seed"]
     greedy = {e["recipe"]["shards"][0]["shards"][0]["admitted"] for e in lineage[3:]}  # C, D, E: greedy first
     assert {int(r["MAX_REQUESTS"]) for r in runs if r.get("GREEDY_FIRST") == "true"} == greedy
+
+
+def test_each_ablation_train_call_names_the_data_its_work_folder_holds():
+    """A train call finds its data by SHARDS and PARTS (train_0, or train_0p0 and train_0p1, ...): one that follows a
+    data call in the same WORK must set them as that call did, or bench/h200_session.sh refuses it (it did once, in
+    a call that left PARTS=2 out). Data unpacked from carried parts (RESTORE) is trusted to the command's own
+    setting."""
+    shell: dict[str, str] = {}
+    made: dict[str, tuple[str, str]] = {}  # WORK -> (SHARDS, PARTS) of the last data call there
+    checked = 0
+    for command in bash_commands(CARD.read_text()):
+        found = assignments(command)
+        if found and "bench/" not in command:
+            shell.update(found)
+            continue
+        if "bench/h200_session.sh" not in command or found.get("STYLES") != "dflash":
+            continue
+        found = {k: re.sub(r"\$(\w+)", lambda m: shell.get(m.group(1), m.group(0)), v) for k, v in found.items()}
+        work, phases = found.get("WORK", "/tmp/dspark-session"), found["PHASES"].split()
+        layout = (found.get("SHARDS", "1"), found.get("PARTS", "1"))
+        if "data" in phases:
+            made[work] = layout
+        elif "train" in phases and work in made and "RESTORE" not in found:
+            assert layout == made[work], f"SHARDS/PARTS {layout} after data made as {made[work]}: {command}"
+            checked += 1
+    assert checked >= 3, checked  # stage 1's second train call, stage 4's and stage 5's resumed one

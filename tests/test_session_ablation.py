@@ -32,3 +32,30 @@ def test_settings_that_cannot_make_the_ablation_are_refused_first(tmp_path, env,
 def test_the_ablation_settings_are_accepted(tmp_path, env):
     done = session(tmp_path, **env)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def fake_data(tmp_path, *tags: str) -> None:
+    data = tmp_path / "work" / "data"
+    data.mkdir(parents=True)
+    for tag in tags:
+        (data / f"train_{tag}.safetensors").write_bytes(b"not read")
+
+
+def test_a_train_call_without_the_data_calls_parts_is_refused_with_the_files_it_found(tmp_path):
+    """Data made with PARTS=2 is train_0p0 and train_0p1: a train call that leaves PARTS out names train_0, which
+    is not there, and is refused before any training starts, with the files that are."""
+    fake_data(tmp_path, "0p0", "0p1")
+    refused = session(tmp_path, STYLES="dflash", PHASES="train")
+    assert refused.returncode == 3, refused.stdout + refused.stderr
+    assert "TRAIN: no train_0.safetensors" in refused.stdout and "./train_0p0.safetensors" in refused.stdout
+    assert "PARTS=1" in refused.stdout and not (tmp_path / "work" / "train_dflash.log").exists()
+
+
+def test_a_training_run_that_fails_fails_the_call_and_returns_no_weights(tmp_path):
+    """The training process's error is the call's: it exits non-zero and RETURN_WEIGHTS sends nothing back (the
+    run has no weights of this call's)."""
+    fake_data(tmp_path, "0p0", "0p1")
+    failed = session(tmp_path, STYLES="dflash", PHASES="train", PARTS="2", RETURN_WEIGHTS="dflash")
+    assert failed.returncode == 6 and "TRAINING FAILED: dflash" in failed.stdout, failed.stdout + failed.stderr
+    assert (tmp_path / "work" / "train_dflash.log").exists()  # it did start
+    assert not list((tmp_path / "out").glob("final_dflash*"))

@@ -385,11 +385,24 @@ def test_head_only_trains_the_confidence_head_alone_and_keeps_the_drafts(tmp_pat
     assert train_drafter.run(compose_train(tmp_path, data, "old", "resume=true"), target=target)["step"] == 6
 
 
-def carry_state(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def carry_state(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     import os
 
     return subprocess.run(["bash", str(REPO / "bench" / "carry_state.sh"), *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def test_carried_parts_unpack_from_relative_folders(tmp_path):
+    """`unpack` named by paths relative to the working directory (as in `carry_state.sh unpack DEST .gpu/x`) checks
+    the sums it finds there and extracts the folder that was packed."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train_0p0.safetensors").write_bytes(bytes(range(256)) * 300)
+    packed = carry_state("pack", "data", "data_c", "carry/data_c", env={"PART_BYTES": "20K"}, cwd=tmp_path)
+    assert packed.returncode == 0, packed.stderr
+    assert len(list((tmp_path / "carry" / "data_c").glob("data_c.tar.xz.*"))) >= 1
+    unpacked = carry_state("unpack", "elsewhere", "carry/data_c", cwd=tmp_path)
+    assert unpacked.returncode == 0, unpacked.stderr
+    assert (tmp_path / "elsewhere" / "data" / "train_0p0.safetensors").read_bytes() == bytes(range(256)) * 300
 
 
 def test_a_run_carried_to_another_machine_resumes_as_if_uninterrupted(tmp_path, target, greedy_data):
