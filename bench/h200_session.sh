@@ -216,6 +216,14 @@ if has data; then
   done
   for p in "${pids[@]}"; do wait "$p"; done  # (a bare wait would also wait for the log's tee)
   tail -n 30 "$WORK"/data_*.log | grep -v "^\s*\"" | tail -20
+  unmade=""  # a file this call should have made and did not, even eagerly: the call fails
+  for ((i = 0; i < NSHARDS; i++)); do
+    mine $i || continue
+    for ((j = 0; j < NPARTS; j++)); do
+      t=$(tag $i $j); [[ -f "$WORK/data/train_$t.safetensors" ]] || unmade="$unmade train_$t"
+    done
+  done
+  [[ -z "$unmade" ]] || { echo "DATA FAILED: no$unmade after the eager retry (logs above, $WORK/data_*.log)"; exit 7; }
   grep -h -A 16 '"engine_steps"' "$WORK"/data_*.log | tr -d ' \n'; echo  # how the steps ran (graphs, eager, why)
   python3 -c "
 import sys

@@ -59,3 +59,12 @@ def test_a_training_run_that_fails_fails_the_call_and_returns_no_weights(tmp_pat
     assert failed.returncode == 6 and "TRAINING FAILED: dflash" in failed.stdout, failed.stdout + failed.stderr
     assert (tmp_path / "work" / "train_dflash.log").exists()  # it did start
     assert not list((tmp_path / "out").glob("final_dflash*"))
+
+
+def test_a_data_call_that_makes_no_file_fails(tmp_path):
+    """A data process that fails, on captured steps and again eagerly (here: the stage's model file is not a
+    model), fails the call, naming the file it did not make, rather than ending as if the data were there."""
+    failed = session(tmp_path, STYLES="dflash", PHASES="data", PARTS="2", ONLY_SHARD="0", SHARDS="2")
+    assert failed.returncode == 7, failed.stdout + failed.stderr
+    assert "DATA FAILED: no train_0p0 train_0p1 after the eager retry" in failed.stdout
+    assert not list((tmp_path / "work").glob("data_1*.log"))  # shard 1 is another call's
