@@ -63,6 +63,10 @@
 # (seconds) so a call stays inside 10 minutes, and a stage cut short leaves a checkpoint that
 # the next call resumes. Calibration uses a seeded holdout of the TRAIN split that neither
 # drafter trained on (HOLDOUT), so no evaluation prompt is used for fitting.
+#
+# Exit status: 0 every phase done; 2 settings refused before anything ran; 3 a train call's data files are not in
+# $WORK; 4 the GPU kernel tests failed (no data made); 5 carried state (RESTORE, WEIGHTS_FROM) incomplete; 6 the
+# finish phase shipped nothing; 7 a data process made no file, even eagerly; 8 a training process failed.
 set -uo pipefail
 STAGE=${1:?stage dir with model.part1..3}
 OUT=${OUT:?set OUT}
@@ -268,7 +272,7 @@ if has train; then
     tail -n 1 "$WORK/run_$style/train_log.jsonl" 2>/dev/null
   done
   # a run that stopped on an error returns no weights: the latest ones would be an earlier call's or none
-  (( ${#failed[@]} == 0 )) || { echo "TRAINING FAILED: ${failed[*]} (logs above, $WORK/train_STYLE.log)"; exit 6; }
+  (( ${#failed[@]} == 0 )) || { echo "TRAINING FAILED: ${failed[*]} (logs above, $WORK/train_STYLE.log)"; exit 8; }
   # RETURN_WEIGHTS=STYLE: that run's latest weights (fp32, no optimizer state) come back packed by
   # bench/carry_state.sh (final_STYLE.tar.xz.NNN parts of 15 MiB and final_STYLE.sha256), a folder
   # returned_STYLE/ holding final/ and prompts/ (the data shards' prompt records), so a machine lost before the

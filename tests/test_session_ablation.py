@@ -56,7 +56,7 @@ def test_a_training_run_that_fails_fails_the_call_and_returns_no_weights(tmp_pat
     run has no weights of this call's)."""
     fake_data(tmp_path, "0p0", "0p1")
     failed = session(tmp_path, STYLES="dflash", PHASES="train", PARTS="2", RETURN_WEIGHTS="dflash")
-    assert failed.returncode == 6 and "TRAINING FAILED: dflash" in failed.stdout, failed.stdout + failed.stderr
+    assert failed.returncode == 8 and "TRAINING FAILED: dflash" in failed.stdout, failed.stdout + failed.stderr
     assert (tmp_path / "work" / "train_dflash.log").exists()  # it did start
     assert not list((tmp_path / "out").glob("final_dflash*"))
 
