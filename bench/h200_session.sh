@@ -125,8 +125,10 @@ fi
 NPARTS=${PARTS:-1}
 [[ "$NPARTS" =~ ^[1-9][0-9]*$ ]] || { echo "PARTS=$NPARTS: a whole number >= 1"; exit 2; }
 tag() { if (( NPARTS > 1 )); then echo "${1}p${2}"; else echo "$1"; fi; }  # tag I J: the file tag of shard I, part J
-DATA_LIST=$(for ((i = 0; i < NSHARDS; i++)); do for ((j = 0; j < NPARTS; j++)); do
-  echo "$WORK/data/train_$(tag $i $j).safetensors"; done; done | paste -sd, | sed 's/^/[/; s/$/]/')
+# all_parts: "I J" for every part J of every shard I, the files train_$(tag I J) the data phase makes and training reads
+all_parts() { for ((i = 0; i < NSHARDS; i++)); do for ((j = 0; j < NPARTS; j++)); do echo "$i $j"; done; done; }
+data_file() { echo "$WORK/data/train_$(tag $1 $2).safetensors"; }
+DATA_LIST=$(all_parts | while read -r i j; do data_file $i $j; done | paste -sd, | sed 's/^/[/; s/$/]/')
 
 SITE="$WORK/site"
 if [[ -n "${RESTORE:-}" ]]; then
@@ -194,39 +196,27 @@ if has data; then
     t=$(tag $1 $2)
     CUDA_VISIBLE_DEVICES=$(gpu $dev) timeout $(( T_DATA + 90 )) python3 -m runners.make_training_data engine=$3 \
       engine.max_num_seqs=$DATA_SEQS sources="$SOURCES" num_prompts_per_source=$PER_SOURCE "++samples_per_prompt=$SAMPLES" \
-      time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$1/$NSHARDS output="$WORK/data/train_$t.safetensors" \
+      time_budget_s=$T_DATA max_tokens=$MAXTOK shard=$1/$NSHARDS output="$(data_file $1 $2)" \
       progress=false ${MAX_REQUESTS:+max_requests=$MAX_REQUESTS} $( (( NPARTS > 1 )) && echo "part=$2/$NPARTS") \
-      sampling.greedy_first=${GREEDY_FIRST:-false} ${DATA_ARGS:-} hydra.run.dir="$WORK/hydra/data$t" > "$4" 2>&1 &
+      sampling.greedy_first=${GREEDY_FIRST:-false} ${DATA_ARGS:-} hydra.run.dir="$WORK/hydra/data$t" \
+      < /dev/null > "$4" 2>&1 &
     pids+=($!)
   }
-  mine() { [[ -z "$ONLY_SHARD" || "$1" == "$ONLY_SHARD" ]]; }  # the shards this call answers
+  # my_unmade: "I J" of each part of the shards this call answers (all, or ONLY_SHARD's) whose file is not made yet
+  my_unmade() { all_parts | while read -r i j; do
+    [[ -n "$ONLY_SHARD" && "$i" != "$ONLY_SHARD" ]] || [[ -f "$(data_file $i $j)" ]] || echo "$i $j"; done; }
   pids=()
-  for ((i = 0; i < NSHARDS; i++)); do
-    mine $i || continue
-    for ((j = 0; j < NPARTS; j++)); do
-      [[ -f "$WORK/data/train_$(tag $i $j).safetensors" ]] || shard $i $j $ENGINE "$WORK/data_$(tag $i $j).log"
-    done
-  done
+  while read -r i j; do shard $i $j $ENGINE "$WORK/data_$(tag $i $j).log"; done < <(my_unmade)
   for p in "${pids[@]}"; do wait "$p"; done
-  for ((i = 0; i < NSHARDS; i++)); do  # a shard that failed on captured steps is redone eagerly, and says so
-    mine $i || continue
-    for ((j = 0; j < NPARTS; j++)); do
-      t=$(tag $i $j)
-      [[ -f "$WORK/data/train_$t.safetensors" ]] && continue
-      echo "DATA SHARD $t FAILED on engine=$ENGINE (log below); redoing it with engine=${EVAL_ENGINE}"
-      tail -5 "$WORK/data_$t.log"
-      shard $i $j $EVAL_ENGINE "$WORK/data_${t}_eager.log"
-    done
-  done
+  while read -r i j; do  # a part that failed on captured steps is redone eagerly, and says so
+    t=$(tag $i $j)
+    echo "DATA SHARD $t FAILED on engine=$ENGINE (log below); redoing it with engine=${EVAL_ENGINE}"
+    tail -5 "$WORK/data_$t.log"
+    shard $i $j $EVAL_ENGINE "$WORK/data_${t}_eager.log"
+  done < <(my_unmade)
   for p in "${pids[@]}"; do wait "$p"; done  # (a bare wait would also wait for the log's tee)
   tail -n 30 "$WORK"/data_*.log | grep -v "^\s*\"" | tail -20
-  unmade=""  # a file this call should have made and did not, even eagerly: the call fails
-  for ((i = 0; i < NSHARDS; i++)); do
-    mine $i || continue
-    for ((j = 0; j < NPARTS; j++)); do
-      t=$(tag $i $j); [[ -f "$WORK/data/train_$t.safetensors" ]] || unmade="$unmade train_$t"
-    done
-  done
+  unmade=$(my_unmade | while read -r i j; do echo -n " train_$(tag $i $j)"; done)  # not made, even eagerly: fail
   [[ -z "$unmade" ]] || { echo "DATA FAILED: no$unmade after the eager retry (logs above, $WORK/data_*.log)"; exit 7; }
   grep -h -A 16 '"engine_steps"' "$WORK"/data_*.log | tr -d ' \n'; echo  # how the steps ran (graphs, eager, why)
   python3 -c "
@@ -248,7 +238,7 @@ if has train; then
     ${STOP_AT:+stop_at_step=$STOP_AT} ${TRAIN_ARGS:-}
     ${LR:+train.lr=$LR} ${ANCHORS:+train.anchors_per_seq=$ANCHORS} ${GROW_LAYERS:+drafter_arch.num_layers=$GROW_LAYERS}"
   # the data files DATA_LIST names (SHARDS and PARTS as the data call set them) must all be here
-  missing=$(tr -d '[]' <<< "$DATA_LIST" | tr ',' '\n' | while read -r f; do [[ -f "$f" ]] || basename "$f"; done)
+  missing=$(all_parts | while read -r i j; do [[ -f "$(data_file $i $j)" ]] || basename "$(data_file $i $j)"; done)
   if [[ -n "$missing" ]]; then
     echo "TRAIN: no $(paste -sd' ' <<< "$missing") in $WORK/data (SHARDS=$NSHARDS PARTS=$NPARTS name the files);" \
          "the data here: $(cd "$WORK/data" 2>/dev/null && ls ./*.safetensors 2>/dev/null | paste -sd' ');" \

@@ -17,7 +17,6 @@ forward once per batch shape and replays it with one launch.
 - **Memory.** The graphs share one memory pool. A replay overwrites the outputs of the previous one, whatever its
   shape, so the returned tensors are valid until the next call: the trainer reads them (forward, loss and backward)
   within the step.
-
 - **Overlap.** A replay returns at once, and nothing the trainer does next reads the device back before the loss (it
   checks the anchors on the host: ``forward_train(anchors_checked=True)``), so the host launches the drafter's forward
   while the device still runs the target's.
