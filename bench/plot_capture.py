@@ -9,7 +9,6 @@ like-for-like oracle share) and RESULTS/ab_min_verify_len0/bench_decode.json, ea
 (``<name>.xz``, as the committed results keep them); writes RESULTS/capture.png.
 """
 import json
-import lzma
 import statistics
 import sys
 from pathlib import Path
@@ -18,6 +17,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from dspark.packed_files import plain_or_packed, read_text  # noqa: E402
 
 
 def measured_gain(doc: dict, arm: str, batch: int) -> float | None:
@@ -31,12 +32,10 @@ def measured_gain(doc: dict, arm: str, batch: int) -> float | None:
 
 def read_json(path: Path) -> dict:
     """A JSON file, or its xz-compressed copy ``<path>.xz`` when only that exists."""
-    if path.is_file():
-        return json.loads(path.read_text())
-    packed = path.with_name(path.name + ".xz")
-    if packed.is_file():
-        return json.loads(lzma.decompress(packed.read_bytes()))
-    raise SystemExit(f"{path}: missing (nor {packed.name})")
+    found = plain_or_packed(path)
+    if found is None:
+        raise SystemExit(f"{path}: missing (nor {path.name}.xz)")
+    return json.loads(read_text(found))
 
 
 def main(folder: str) -> Path:

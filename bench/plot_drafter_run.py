@@ -10,17 +10,15 @@ writes drafter_run.png there.
 from __future__ import annotations
 
 import json
-import lzma
 import sys
 from pathlib import Path
+
+from dspark.packed_files import plain_or_packed, read_text
 
 
 def train_log(root: Path, style: str) -> Path | None:
     """The run's train_log_STYLE.jsonl, or its .xz, or None."""
-    for name in (f"train_log_{style}.jsonl", f"train_log_{style}.jsonl.xz"):
-        if (root / name).is_file():
-            return root / name
-    return None
+    return plain_or_packed(root / f"train_log_{style}.jsonl")
 
 
 def main(folder: str) -> Path:
@@ -37,8 +35,7 @@ def main(folder: str) -> Path:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     for style in styles:
         path = logs[style]
-        text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
-        rows = [json.loads(line) for line in text.splitlines() if line]
+        rows = [json.loads(line) for line in read_text(path).splitlines() if line]
         steps = [r["step"] for r in rows]
         tau = [r["expected_accept_length"] for r in rows]
         k = 8  # moving average over 8 log points (200 steps)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import csv
 import json
-import lzma
 import statistics
 import sys
 from pathlib import Path
+
+from dspark.packed_files import open_text, plain_or_packed
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RUN = RESULTS / "h200-2026-12-02-prefill-stream"
@@ -38,10 +39,8 @@ ARMS = {"A": ("target-only", "target_only"), "B": ("DSpark verify-all", "dspark_
 
 def service(run: Path) -> dict[str, list[float]]:
     """Output tokens/s of each timed block, per arm (A, B)."""
-    path = run / "blocks.csv"
-    if not path.is_file() and path.with_suffix(".csv.xz").is_file():  # committed folders keep it xz-compressed
-        path = path.with_suffix(".csv.xz")
-    with (lzma.open(path, "rt", newline="") if path.suffix == ".xz" else open(path, newline="")) as f:
+    path = plain_or_packed(run / "blocks.csv") or run / "blocks.csv"  # committed folders keep it xz-compressed
+    with open_text(path, newline="") as f:
         rows = list(csv.DictReader(f))
     return {arm: [float(r["output_tokens_per_s"]) for r in rows if r["arm"] == arm] for arm in ARMS}
 

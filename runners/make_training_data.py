@@ -50,6 +50,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from dspark.config import ConfigError, SamplingParams
+from dspark.packed_files import plain_or_packed, read_text
 from dspark.training.data import generate_dataset
 from runners.hydra_main import runner_main
 from runners.schema import EngineSchema, ModelSchema, to_engine_config
@@ -175,9 +176,7 @@ def resolve_prompt_record(entry: str) -> Path:
         path = Path(entry) / SHIPPED_RECORD
     else:
         path = Path(entry)
-    packed = path.with_name(path.name + ".xz")  # a record kept xz-compressed (the shipped drafter's is)
-    if not path.is_file() and packed.is_file():
-        path = packed
+    path = plain_or_packed(path) or path  # a record kept xz-compressed (the shipped drafter's is)
     if not path.is_file():
         raise ConfigError(f"exclude_prompts: {entry!r} -> {path} does not exist; give a prompt record "
                           f"(OUTPUT{PROMPT_RECORD_SUFFIX} written beside the data by make_training_data), a data "
@@ -189,8 +188,7 @@ def load_prompt_record(entry: str) -> dict[str, Any]:
     """Read and check one prompt record (format and sha256 of its ids)."""
     path = resolve_prompt_record(entry)
     try:
-        text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
-        payload = json.loads(text)
+        payload = json.loads(read_text(path))
     except lzma.LZMAError as e:
         raise ConfigError(f"exclude_prompts: {path} is not a readable xz file ({e}); it is truncated or corrupt") from None
     except json.JSONDecodeError as e:
