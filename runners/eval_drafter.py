@@ -30,13 +30,17 @@ the row's own (the mean over prompts of each prompt's value). BCa where it is de
 bounds are undefined (a degenerate bootstrap distribution) the percentile interval, and the row's
 ``method`` and ``note`` say so; every prompt equal gives a zero-width interval; fewer than 2 prompts
 give none (null, with the reason). ``eval.json`` keeps every prompt's values under
-``per_prompt`` (keyed by prompt id), so two reports can be compared later, paired by prompt:
+``per_prompt`` (keyed by prompt id, each with its source label), so two reports can be compared later, paired
+by prompt:
 
     python -m runners.eval_drafter 'compare=[runs/dflash/eval/eval.json,runs/dspark/eval/eval.json]'
 
 prints, per (workload, temperature) row both reports hold, B's mean accept length relative to A's
 on their shared prompts, (mean B / mean A - 1) in %, with a paired prompt bootstrap interval (the
-same prompt indices drawn for both); with ``output_dir`` it also writes compare.json and compare.md.
+same prompt indices drawn for both), and the same per source label, lowest first (``by_source``: where B gains
+and where it does not; an interval only for a source of ``MIN_PROMPTS_FOR_SOURCE_INTERVAL`` prompts or more;
+a report written before prompts kept their labels is labelled from its workload's eval split); with
+``output_dir`` it also writes compare.json and compare.md.
 """
 
 from __future__ import annotations
@@ -206,6 +210,9 @@ def acceptance_metrics(outputs: Sequence[Any], block_size: int, ids: Sequence[st
         rates = [o.pos_accepted[i] / o.pos_reached[i] for o in ok if o.pos_reached[i] > 0]
         per_position.append(_mean(rates))
     per_prompt = per_prompt_values(outputs, ids)
+    for pid, entry in per_prompt.items():  # each prompt's label, so that a comparison can pair by source
+        if sources and sources.get(pid):
+            entry["source"] = str(sources[pid])
     return {
         **by_prompt_length(per_prompt),
         **(by_source(per_prompt, sources) if sources is not None else {}),
@@ -547,10 +554,55 @@ def _row_key(r: Mapping[str, Any]) -> tuple[str, float]:
     return r["workload"], float(r["temperature"])
 
 
+def _paired_change(a: np.ndarray, b: np.ndarray, *, n_resamples: int, ci_level: float, seed: int
+                   ) -> tuple[float, dict[str, Any]]:
+    """100 (mean b / mean a - 1) over paired prompts, and its paired prompt-bootstrap interval (bounds in %)."""
+    ci = bootstrap_interval([a, b], _relative_change, paired=True, n_resamples=n_resamples, ci_level=ci_level,
+                            seed=seed)
+    if len(a) >= 2 and np.array_equal(a, b):  # every resample gives 0; BCa would be undefined
+        ci.update(low=0.0, high=0.0, method="zero-width", note="A and B gave the same value on every prompt")
+    for key in ("low", "high"):
+        ci[key] = None if ci[key] is None else 100.0 * ci[key]
+    ci["unit"] = "%"
+    return 100.0 * float(_relative_change(a, b)), ci
+
+
+# A source with fewer prompts than this gets its change without an interval: a bootstrap over two or three
+# prompts has only a handful of distinct resamples, and its "interval" would be their spread.
+MIN_PROMPTS_FOR_SOURCE_INTERVAL = 5
+
+
+def compare_by_source(pa: Mapping[str, Mapping[str, Any]], pb: Mapping[str, Mapping[str, Any]],
+                      labels: Mapping[str, str], *, n_resamples: int = 2000, ci_level: float = 0.95,
+                      seed: int = 0) -> list[dict[str, Any]]:
+    """:func:`compare_rows`' change for each source label's prompts (``labels``: {prompt id: label}, the prompts
+    both rows hold), lowest change first: where B gains on A and where it does not. Empty with fewer than two
+    labels; a prompt without a label counts as "unlabelled". A source of fewer than
+    ``MIN_PROMPTS_FOR_SOURCE_INTERVAL`` prompts gets no interval (its ``ci`` says why)."""
+    groups: dict[str, list[str]] = {}
+    for pid in sorted(labels):
+        groups.setdefault(labels[pid] or "unlabelled", []).append(pid)
+    if len(groups) < 2:
+        return []
+    rows = []
+    for name, pids in groups.items():
+        a = np.array([pa[k]["mean_accept_length"] for k in pids], dtype=float)
+        b = np.array([pb[k]["mean_accept_length"] for k in pids], dtype=float)
+        change, ci = _paired_change(a, b, n_resamples=n_resamples, ci_level=ci_level, seed=seed)
+        if len(pids) < MIN_PROMPTS_FOR_SOURCE_INTERVAL:
+            ci.update(low=None, high=None, method=None,
+                      note=f"{len(pids)} prompt(s): an interval needs {MIN_PROMPTS_FOR_SOURCE_INTERVAL} or more")
+        rows.append({"source": name, "n_prompts": len(pids), "a_mean_accept_length": float(a.mean()),
+                     "b_mean_accept_length": float(b.mean()), "change_pct": change, "ci": ci})
+    return sorted(rows, key=lambda r: (r["change_pct"], r["source"]))
+
+
 def compare_rows(row_a: Mapping[str, Any], row_b: Mapping[str, Any], *, n_resamples: int = 2000,
-                 ci_level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+                 ci_level: float = 0.95, seed: int = 0, sources: Mapping[str, str] | None = None) -> dict[str, Any]:
     """B's mean accept length relative to A's on the prompts both rows hold (by id, both without error):
-    ``change_pct`` = 100 (mean B / mean A - 1), with a paired prompt-bootstrap interval ``ci`` (in %)."""
+    ``change_pct`` = 100 (mean B / mean A - 1), with a paired prompt-bootstrap interval ``ci`` (in %), and the
+    same per source label (``by_source``, :func:`compare_by_source`) where the prompts carry labels (each
+    prompt's ``source``, else ``sources``: {prompt id: label})."""
     for name, row in (("A", row_a), ("B", row_b)):
         if "per_prompt" not in row:
             raise ValueError(f"report {name}, {row['workload']} T={row['temperature']:g}: no per_prompt values "
@@ -565,25 +617,25 @@ def compare_rows(row_a: Mapping[str, Any], row_b: Mapping[str, Any], *, n_resamp
                            "n_prompts": len(shared), "only_a": sorted(va - vb), "only_b": sorted(vb - va)}
     if not shared:
         out.update(a_mean_accept_length=None, b_mean_accept_length=None, change_pct=None,
-                   ci=bootstrap_interval([[]], np.mean, n_resamples=n_resamples, ci_level=ci_level, seed=seed))
+                   ci=bootstrap_interval([[]], np.mean, n_resamples=n_resamples, ci_level=ci_level, seed=seed),
+                   by_source=[])
         return out
-    ci = bootstrap_interval([a, b], _relative_change, paired=True, n_resamples=n_resamples, ci_level=ci_level,
-                            seed=seed)
-    if len(shared) >= 2 and np.array_equal(a, b):  # every resample gives 0; BCa would be undefined
-        ci.update(low=0.0, high=0.0, method="zero-width", note="A and B gave the same value on every prompt")
-    for key in ("low", "high"):
-        ci[key] = None if ci[key] is None else 100.0 * ci[key]
-    ci["unit"] = "%"
-    out.update(a_mean_accept_length=float(a.mean()), b_mean_accept_length=float(b.mean()),
-               change_pct=100.0 * float(_relative_change(a, b)), ci=ci)
+    change, ci = _paired_change(a, b, n_resamples=n_resamples, ci_level=ci_level, seed=seed)
+    labels = {k: pb[k].get("source") or pa[k].get("source") or (sources or {}).get(k) for k in shared}
+    by_source = (compare_by_source(pa, pb, labels, n_resamples=n_resamples, ci_level=ci_level, seed=seed)
+                 if any(labels.values()) else [])
+    out.update(a_mean_accept_length=float(a.mean()), b_mean_accept_length=float(b.mean()), change_pct=change, ci=ci,
+               by_source=by_source)
     return out
 
 
 def compare_reports(report_a: Mapping[str, Any], report_b: Mapping[str, Any], *, n_resamples: int = 2000,
-                    ci_level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+                    ci_level: float = 0.95, seed: int = 0, sources: Mapping[str, str] | None = None
+                    ) -> dict[str, Any]:
     """:func:`compare_rows` for every (workload, temperature) row both reports hold (e.g. A: the DFlash
     ablation, B: DSpark, evaluated on the same prompts); ``notes`` name rows only one holds and settings
-    that differ between the two runs."""
+    that differ between the two runs. ``sources`` labels prompts whose reports do not (written before
+    eval_drafter saved each prompt's label)."""
     rows_a = {_row_key(r): r for r in report_a["results"]}
     rows_b = {_row_key(r): r for r in report_b["results"]}
     notes = [f"{w} T={t:g}: only in {name}" for name, mine, other in (("A", rows_a, rows_b), ("B", rows_b, rows_a))
@@ -591,8 +643,8 @@ def compare_reports(report_a: Mapping[str, Any], report_b: Mapping[str, Any], *,
     for key in ("max_tokens", "engine", "block_size"):
         if report_a.get(key) != report_b.get(key):
             notes.append(f"{key} differs: A {report_a.get(key)!r}, B {report_b.get(key)!r}")
-    rows = [compare_rows(rows_a[k], rows_b[k], n_resamples=n_resamples, ci_level=ci_level, seed=seed)
-            for k in rows_a if k in rows_b]
+    rows = [compare_rows(rows_a[k], rows_b[k], n_resamples=n_resamples, ci_level=ci_level, seed=seed,
+                         sources=sources) for k in rows_a if k in rows_b]
     for r in rows:
         if r["only_a"] or r["only_b"]:
             notes.append(f"{r['workload']} T={r['temperature']:g}: {len(r['only_a'])} prompt(s) only in A, "
@@ -618,6 +670,17 @@ def compare_markdown(comparison: Mapping[str, Any]) -> str:
         lines.append("| " + " | ".join([r["workload"], f"{r['temperature']:g}", str(r["n_prompts"]),
                                         _fmt(r["a_mean_accept_length"]), _fmt(r["b_mean_accept_length"]), change,
                                         _ci_method(ci)]) + " |")
+    by = [r for r in comparison["rows"] if r.get("by_source")]
+    if by:
+        lines += ["", f"B vs A by source, lowest first ({level:.0%} CI where a source has "
+                      f"{MIN_PROMPTS_FOR_SOURCE_INTERVAL} or more prompts; prompts):", ""]
+        for r in by:
+            groups = []
+            for g in r["by_source"]:
+                ci = g["ci"]
+                interval = f"{ci['low']:+.1f} .. {ci['high']:+.1f}%; " if ci.get("low") is not None else ""
+                groups.append(f"{g['source']} {g['change_pct']:+.1f}% ({interval}{g['n_prompts']})")
+            lines.append(f"- {r['workload']}, T={r['temperature']:g}: " + ", ".join(groups))
     lines += [""] + [f"- {n}" for n in comparison["notes"]]
     return "\n".join(lines).rstrip() + "\n"
 
@@ -627,14 +690,37 @@ def run_compare(cfg: Any) -> dict[str, Any]:
     paths = list(cfg.compare)
     if len(paths) != 2:
         raise ConfigError(f"compare: give two eval.json files (or folders), [A,B], got {paths}")
-    comparison = compare_reports(load_report(paths[0]), load_report(paths[1]), n_resamples=int(cfg.n_resamples),
-                                 ci_level=float(cfg.ci_level), seed=int(cfg.seed))
+    report_a, report_b = load_report(paths[0]), load_report(paths[1])
+    unlabelled = sorted({r["workload"] for rep in (report_a, report_b) for r in rep["results"]
+                         if any(not e.get("source") for e in r.get("per_prompt", {}).values())})
+    sources, missing = eval_source_labels(unlabelled)
+    comparison = compare_reports(report_a, report_b, n_resamples=int(cfg.n_resamples), ci_level=float(cfg.ci_level),
+                                 seed=int(cfg.seed), sources=sources)
+    comparison["notes"] += [f"{name}: no source labels ({why})" for name, why in missing.items()]
     if cfg.output_dir:
         out_dir = Path(cfg.output_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "compare.json").write_text(json.dumps(comparison, indent=2) + "\n")
         (out_dir / "compare.md").write_text(compare_markdown(comparison))
     return comparison
+
+
+def eval_source_labels(names: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """{prompt id: source label} of every eval-split prompt of the named workloads (for reports written before
+    eval_drafter saved each prompt's label; ids and labels are stable), and {workload: why not} for those that
+    could not be loaded (a custom workload that is not here)."""
+    from workloads.base import WorkloadError
+
+    labels: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    for name in names:
+        try:
+            prompts = build_workload(make_spec(name, split="eval", num_prompts=None, greedy_replica_count=0)).prompts()
+        except (WorkloadError, OSError, ValueError) as e:
+            missing[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
+            continue
+        labels.update({p.id: p.source for p in prompts if p.source})
+    return labels, missing
 
 
 def eval_prompt_sets(names: Sequence[str], num_prompts: int, seed: int

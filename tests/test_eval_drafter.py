@@ -383,3 +383,75 @@ def test_eval_prompt_sets_label_every_prompt_with_its_source():
     assert {sources[pid].split(":")[0] for pid, _ in sets["arena_hard"]} == {"arena_hard"}
     assert len({sources[pid] for pid, _ in sets["arena_hard"]}) > 1
     assert ev.eval_prompts(["poetry"], 12, 0) == {"poetry": sets["poetry"]}
+
+
+def _scaled_outputs(n, factor, seed):
+    """n outputs whose mean accept lengths vary by prompt, multiplied by ``factor``."""
+    rng = np.random.default_rng(seed)
+    outs = [fake_output([1]) for _ in range(n)]
+    for o, v in zip(outs, rng.uniform(1.5, 4.0, size=n)):
+        o.mean_accept_length = float(v * factor)
+    return outs
+
+
+def test_comparison_by_source_shows_where_b_gains():
+    """compare gives the paired change of each source label's prompts, lowest first: a 20% gain on one source
+    and none on the other are told apart, and a source of too few prompts gets its change but no interval."""
+    ids = [f"p{i}" for i in range(16)]
+    labels = {**{i: "arena_hard:writing" for i in ids[:8]}, **{i: "arena_hard:debugging" for i in ids[8:14]},
+              **{i: "arena_hard:math" for i in ids[14:]}}
+    a = _scaled_outputs(16, 1.0, seed=5)
+    b = _scaled_outputs(16, 1.0, seed=5)
+    for o in b[:8] + b[14:]:
+        o.mean_accept_length *= 1.2  # writing and math gain 20%, debugging nothing
+    rep_a, rep_b = report_of(a, ids, sources=labels), report_of(b, ids, sources=labels)
+    assert rep_b["results"][0]["per_prompt"]["p0"]["source"] == "arena_hard:writing"
+    row = ev.compare_reports(rep_a, rep_b, **FAST)["rows"][0]
+    by = {g["source"]: g for g in row["by_source"]}
+    assert [g["source"] for g in row["by_source"]][0] == "arena_hard:debugging"
+    assert by["arena_hard:debugging"]["change_pct"] == 0.0 and by["arena_hard:debugging"]["n_prompts"] == 6
+    assert by["arena_hard:debugging"]["ci"]["method"] == "zero-width"
+    assert by["arena_hard:writing"]["change_pct"] == pytest.approx(20.0)
+    assert by["arena_hard:writing"]["ci"]["low"] == pytest.approx(20.0)  # every prompt of it gained 20%
+    math = by["arena_hard:math"]
+    assert math["n_prompts"] == 2 and math["change_pct"] == pytest.approx(20.0)
+    assert math["ci"]["low"] is None and "an interval needs" in math["ci"]["note"]
+    md = ev.compare_markdown(ev.compare_reports(rep_a, rep_b, **FAST))
+    assert "B vs A by source, lowest first" in md
+    assert "arena_hard:debugging +0.0% (+0.0 .. +0.0%; 6)" in md and "arena_hard:math +20.0% (2)" in md
+
+
+def test_comparison_by_source_reads_labels_given_for_old_reports():
+    """Reports written before each prompt kept its label compare by source from labels passed in (run_compare
+    takes them from the workload's eval split); one label alone, or none, gives no breakdown."""
+    ids = [f"p{i}" for i in range(10)]
+    a, b = report_of(_scaled_outputs(10, 1.0, 2), ids), report_of(_scaled_outputs(10, 1.1, 2), ids)
+    assert "source" not in a["results"][0]["per_prompt"]["p0"]
+    assert ev.compare_reports(a, b, **FAST)["rows"][0]["by_source"] == []
+    labels = {i: ("x" if n < 5 else "y") for n, i in enumerate(ids)}
+    row = ev.compare_reports(a, b, sources=labels, **FAST)["rows"][0]
+    assert [g["n_prompts"] for g in row["by_source"]] == [5, 5]
+    assert all(g["change_pct"] == pytest.approx(10.0) for g in row["by_source"])
+    assert ev.compare_reports(a, b, sources=dict.fromkeys(ids, "x"), **FAST)["rows"][0]["by_source"] == []
+
+
+def test_compare_labels_old_reports_from_the_workload_and_says_where_it_cannot(tmp_path):
+    """run_compare labels prompts of a known workload from its eval split (ids are stable) and notes a workload
+    it cannot load instead of leaving the breakdown out silently."""
+    sets, sources = ev.eval_prompt_sets(["arena_hard"], 12, 0)
+    ids = [pid for pid, _ in sets["arena_hard"]]
+    a = report_of(_scaled_outputs(12, 1.0, 4), ids, workload="arena_hard")
+    b = report_of(_scaled_outputs(12, 1.05, 4), ids, workload="arena_hard")
+    other = report_of(_scaled_outputs(4, 1.0, 4), workload="not_a_workload")
+    a["results"] += other["results"]
+    b["results"] += other["results"]
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="eval_drafter", overrides=[
+            f"compare=[{tmp_path / 'a.json'},{tmp_path / 'b.json'}]", "n_resamples=300"])
+    comparison = ev.run_compare(cfg)
+    arena = next(r for r in comparison["rows"] if r["workload"] == "arena_hard")
+    assert {g["source"] for g in arena["by_source"]} == {sources[i] for i in ids}
+    assert sum(g["n_prompts"] for g in arena["by_source"]) == 12
+    assert any(n.startswith("not_a_workload: no source labels") for n in comparison["notes"])
