@@ -40,7 +40,7 @@ on their shared prompts, (mean B / mean A - 1) in %, with a paired prompt bootst
 same prompt indices drawn for both), and the same per source label, lowest first (``by_source``: where B gains
 and where it does not; an interval only for a source of ``MIN_PROMPTS_FOR_SOURCE_INTERVAL`` prompts or more;
 a report written before prompts kept their labels is labelled from its workload's eval split); with
-``output_dir`` it also writes compare.json and compare.md.
+``output_dir`` it also writes compare.json, compare.md and compare.png (:mod:`dspark.bench.compare_plot`).
 """
 
 from __future__ import annotations
@@ -702,6 +702,9 @@ def run_compare(cfg: Any) -> dict[str, Any]:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "compare.json").write_text(json.dumps(comparison, indent=2) + "\n")
         (out_dir / "compare.md").write_text(compare_markdown(comparison))
+        from dspark.bench.compare_plot import plot_comparison
+
+        plot_comparison(comparison, out_dir / "compare.png")
     return comparison
 
 

@@ -170,6 +170,7 @@ def test_compare_from_the_config(tmp_path):
     saved = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert saved["rows"][0]["change_pct"] == comparison["rows"][0]["change_pct"]
     assert "B vs A (95% CI)" in (tmp_path / "cmp" / "compare.md").read_text()
+    assert (tmp_path / "cmp" / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_checkpoint_names_the_shipped_drafter_or_a_folder():
