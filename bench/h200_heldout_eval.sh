@@ -73,8 +73,12 @@ for s in $SAMPLES; do
   w=${s%%:*}
   for run in drafter base; do [[ -f "$EV/$run/$w/eval.md" ]] && { echo "--- $run $w"; cat "$EV/$run/$w/eval.md"; }; done
   if [[ -n "$BASE" && -f "$EV/base/$w/eval.json" && -f "$EV/drafter/$w/eval.json" ]]; then
-    python3 -m runners.eval_drafter "compare=[$EV/base/$w,$EV/drafter/$w]" output_dir="$EV/compare/$w" \
-      hydra.run.dir="$WORK/hydra/compare_$w" 2>&1 | tail -8
+    if python3 -m runners.eval_drafter "compare=[$EV/base/$w,$EV/drafter/$w]" output_dir="$EV/compare/$w" \
+      hydra.run.dir="$WORK/hydra/compare_$w" > "$WORK/compare_$w.log" 2>&1; then
+      cat "$EV/compare/$w/compare.md"   # the whole comparison: the table, by source, notes
+    else
+      echo "FAILED: compare $w"; tail -5 "$WORK/compare_$w.log"
+    fi
   fi
 done
 for log in "${failed[@]}"; do echo "FAILED: $log"; tail -5 "$log"; done

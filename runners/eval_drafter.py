@@ -541,11 +541,19 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 # ---- paired comparison of two reports ------------------------------------------------------------------
 def load_report(path: str | Path) -> dict[str, Any]:
-    """An eval.json (or the folder holding one), with ``path`` added."""
+    """An eval.json (or the folder holding one), with ``path`` added; a clear error when it is missing, not
+    JSON, or not an eval_drafter report."""
     p = Path(path)
     if p.is_dir():
         p = p / "eval.json"
-    report = json.loads(p.read_text())
+    if not p.is_file():
+        raise ConfigError(f"compare: {p} does not exist (give an eval.json, or the folder eval_drafter wrote it to)")
+    try:
+        report = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"compare: {p} is not valid JSON ({e}); it is truncated or not an eval.json") from None
+    if not isinstance(report, dict) or not isinstance(report.get("results"), list):
+        raise ConfigError(f"compare: {p} is not an eval_drafter report (no 'results' list)")
     report["path"] = str(p)
     return report
 

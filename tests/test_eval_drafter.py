@@ -456,3 +456,16 @@ def test_compare_labels_old_reports_from_the_workload_and_says_where_it_cannot(t
     assert {g["source"] for g in arena["by_source"]} == {sources[i] for i in ids}
     assert sum(g["n_prompts"] for g in arena["by_source"]) == 12
     assert any(n.startswith("not_a_workload: no source labels") for n in comparison["notes"])
+
+
+def test_compare_refuses_what_is_not_a_report(tmp_path):
+    """A missing, truncated or foreign file is named in a clear error, not a JSON traceback."""
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(report_of(fake_outputs(4))))
+    (tmp_path / "torn.json").write_text('{"results": [')
+    (tmp_path / "other.json").write_text('{"rows": []}')
+    for bad, message in (("missing.json", "does not exist"), ("torn.json", "not valid JSON"),
+                         ("other.json", "not an eval_drafter report")):
+        with pytest.raises(ev.ConfigError, match=message):
+            ev.load_report(tmp_path / bad)
+    assert ev.load_report(good)["path"] == str(good)
