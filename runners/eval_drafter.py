@@ -630,8 +630,7 @@ def compare_rows(row_a: Mapping[str, Any], row_b: Mapping[str, Any], *, n_resamp
         return out
     change, ci = _paired_change(a, b, n_resamples=n_resamples, ci_level=ci_level, seed=seed)
     labels = {k: pb[k].get("source") or pa[k].get("source") or (sources or {}).get(k) for k in shared}
-    by_source = (compare_by_source(pa, pb, labels, n_resamples=n_resamples, ci_level=ci_level, seed=seed)
-                 if any(labels.values()) else [])
+    by_source = compare_by_source(pa, pb, labels, n_resamples=n_resamples, ci_level=ci_level, seed=seed)
     out.update(a_mean_accept_length=float(a.mean()), b_mean_accept_length=float(b.mean()), change_pct=change, ci=ci,
                by_source=by_source)
     return out
@@ -726,21 +725,21 @@ def eval_source_labels(names: Sequence[str]) -> tuple[dict[str, str], dict[str, 
     missing: dict[str, str] = {}
     for name in names:
         try:
-            prompts = build_workload(make_spec(name, split="eval", num_prompts=None, greedy_replica_count=0)).prompts()
+            labels.update(eval_prompt_sets([name], None, 0)[1])
         except (WorkloadError, OSError, ValueError) as e:
             missing[name] = str(e).splitlines()[0] if str(e) else type(e).__name__
-            continue
-        labels.update({p.id: p.source for p in prompts if p.source})
     return labels, missing
 
 
-def eval_prompt_sets(names: Sequence[str], num_prompts: int, seed: int
+def eval_prompt_sets(names: Sequence[str], num_prompts: int | None, seed: int
                      ) -> tuple[dict[str, list[tuple[str, Any]]], dict[str, str]]:
-    """The eval-split prompts of each workload, {workload: [(id, messages or prompt)]}, and {id: source label}."""
+    """The eval-split prompts of each workload (``num_prompts`` of each, None: all of them), {workload: [(id,
+    messages or prompt)]}, and {id: source label}."""
     sets, sources = {}, {}
+    count = None if num_prompts is None else int(num_prompts)
     for name in names:
-        workload = build_workload(make_spec(name, split="eval", num_prompts=int(num_prompts), seed=int(seed),
-                                                  greedy_replica_count=0))
+        workload = build_workload(make_spec(name, split="eval", num_prompts=count, seed=int(seed),
+                                            greedy_replica_count=0))
         prompts = workload.prompts()
         sets[name] = [(p.id, p.messages if p.messages is not None else p.prompt) for p in prompts]
         sources.update({p.id: p.source for p in prompts if p.source})
