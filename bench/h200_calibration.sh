@@ -37,7 +37,7 @@ DATA_SEQS=${DATA_SEQS:-256}
 T_DATA=${T_DATA:-75}               # stop admitting prompts after this many seconds (admitted ones finish)
 ENGINE=${ENGINE:-h200}
 FIT_FRACTION=${FIT_FRACTION:-0.5}
-METHOD=${METHOD:-sts_bias}         # sts (temperatures) | sts_bias (temperature + bias per position)
+METHOD=${METHOD:-sts_bias}         # sts | sts_bias (temperature + bias per position) | sts_max_prob | sts_top_gap
 ANCHORS=${ANCHORS:-null}           # null: every STRIDE-th response position
 STRIDE=${STRIDE:-2}
 CHUNK=${CHUNK:-64}                 # anchors per sequence per draft+verify pass
@@ -80,9 +80,12 @@ pct = lambda v: "n/a" if v is None else f"{100 * v:.2f}%"
 print(f"blocks fit/report: {r['split']['blocks']}  sequences: {r['split']['sequences']}")
 print(f"in-sample ECE after: {pct(r['in_sample']['ece_after'])}  out-of-sample ECE before/after: "
       f"{pct(r['ece_before'])} / {pct(r['ece_after'])}  AUC (out of sample): {r['auc_overall']}")
-if "draft_max_prob_auc" in r:
-    print(f"AUC of the drafter's own max probability, same blocks (a head-free estimate): "
-          f"{r['draft_max_prob_auc']['auc_overall']}")
+if "head_auc" in r:  # sts_max_prob / sts_top_gap: the AUC above is the fused confidence's
+    print(f"AUC of the head alone, same blocks: {r['head_auc']['auc_overall']}")
+for score, what in (("draft_max_prob", "max probability"), ("draft_top_gap", "top-2 logit gap")):
+    if f"{score}_auc" in r:
+        print(f"AUC of the drafter's own {what}, same blocks (a head-free estimate): "
+              f"{r[f'{score}_auc']['auc_overall']}")
 b = r.get("bootstrap", {}).get("ece_after")
 if b:
     print(f"95% interval of the out-of-sample ECE after: [{pct(b['low'])}, {pct(b['high'])}]  "

@@ -187,11 +187,10 @@ class Engine:
                               "(a DFlash-style ablation); set it to null")
         try:
             where = calibration_dir(path)
-            temperatures, biases, weights = load_calibration(where, drafter.block_size)
+            calibration = load_calibration(where, drafter.block_size)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(f"engine.confidence_calibration: {e}") from None
-        return drafter.with_calibration(temperatures.tolist(), biases.tolist(),
-                                        None if weights is None else weights.tolist())
+        return drafter.with_calibration(*calibration.as_lists())
 
     def _build_steps(self) -> None:
         """The step pipeline (dspark.graph_decode.GraphDecoder): draft, pack, verify, accept and commit over
@@ -767,9 +766,11 @@ class Engine:
         n = len(decodes)
         raw = self.steps.confidence_logits[:n].clone()  # the buffers are the next step's too
         top = self.steps.max_prob[:n].clone()
+        gap = self.steps.top_gap[:n].clone() if self.steps.keeps_top_gap() else None
         # the survival the planner read, recomputed on the host from the raw logits (and, for an sts_max_prob
-        # calibration, the max probabilities; with engine.online_calibration, the offsets this step drafted with)
-        survival = prefix_survival(self.drafter.calibrated_confidence(raw, top, self.steps.confidence_offsets))
+        # calibration, the max probabilities, for an sts_top_gap one the top-2 gaps; with
+        # engine.online_calibration, the offsets this step drafted with)
+        survival = prefix_survival(self.drafter.calibrated_confidence(raw, top, self.steps.confidence_offsets, gap))
         self.step_trace.record([r.req_id for r in decodes], survival.cpu().numpy(), windows,
                                [int(k) for k in accepted], confidence_logits=raw.cpu().numpy(),
                                draft_max_prob=top.cpu().numpy())

@@ -147,6 +147,9 @@ class GraphDecoder:
         # on the host from observed acceptance (set_confidence_offsets); None: the drafter's calibration alone.
         self.confidence_offsets = torch.zeros(G1, dtype=torch.float32, device=dev) if confidence_offsets else None
         self.max_prob = torch.zeros((S, G1), dtype=torch.float32, device=dev)
+        # The gap between the drafter's two largest logits per slot (top_gap), kept for a head calibration that
+        # weighs it (sts_top_gap): on the Triton backend the greedy argmax's own pass writes it.
+        self.top_gap = torch.zeros((S, G1), dtype=torch.float32, device=dev)
         self.trace_max_prob = False  # Engine.start_step_trace: keep max_prob for the trace (eager steps only)
         # Whether the draft stage runs the drafter's confidence head and writes survival (runs_confidence_head):
         # an engine that plans reads it; a verify-all engine reads none of it and passes False (a step trace
@@ -457,26 +460,36 @@ class GraphDecoder:
     def _fused_confidence(self) -> bool:
         """Whether the head, its calibration and the survival run as kernels/confidence_survival.py's one kernel:
         ``engine.kernels.fused_confidence`` on the Triton backend on CUDA, for a head with a bias (any calibration:
-        sts, sts_bias, sts_max_prob with the slots' top probabilities)."""
+        sts, sts_bias, sts_max_prob with the slots' top probabilities, sts_top_gap with their top-2 gaps)."""
         from kernels.switches import cuda_switch_on
 
         head = self.drafter.confidence_head
         return cuda_switch_on(self.kernels, "fused_confidence", self.device) and head.bias is not None
 
-    def keeps_max_prob(self) -> bool:
+    def keeps_max_prob(self, rows: int | None = None) -> bool:
         """Whether the draft stage writes each slot's top-token probability into self.max_prob: for the
         draft_max_prob estimate, for a confidence calibration that weighs it (the drafter's
-        ``confidence_uses_max_prob``: sts_max_prob) when the head runs, and for a step trace."""
-        head_weighs_it = self.runs_confidence_head() and self.drafter.confidence_uses_max_prob
+        ``confidence_uses_max_prob``: sts_max_prob) where the head runs (``rows`` as :meth:`runs_confidence_head`
+        takes it), and for a step trace."""
+        head_weighs_it = self.runs_confidence_head(rows) and self.drafter.confidence_uses_max_prob
         return self.estimate == "draft_max_prob" or head_weighs_it or self.trace_max_prob
+
+    def keeps_top_gap(self, rows: int | None = None) -> bool:
+        """Whether the draft stage writes the gap between each slot's two largest logits into self.top_gap: for a
+        confidence calibration that weighs it (the drafter's ``confidence_uses_top_gap``: sts_top_gap) where the
+        head runs (``rows`` as :meth:`runs_confidence_head` takes it: a device-resident stage below
+        confidence_min_rows rows skips the head, and the gaps with it)."""
+        return self.runs_confidence_head(rows) and self.drafter.confidence_uses_top_gap
 
     def _draft_stage(self, R: int, host_driven: bool = False) -> None:
         """Draft a block for rows [:R]; writes self.drafts, self.draft_probs (sampled rows), self.max_prob (when
         :meth:`keeps_max_prob`: :func:`dspark.sampling.top_probability` of each slot's logits, greedy and sampled
-        rows alike, written slot by slot) and, where :meth:`runs_confidence_head`, self.survival and the raw
-        self.confidence_logits (one kernel on CUDA: :meth:`_fused_confidence`). No host sync: what it computes is
-        decided by Python state (the estimate, the drafter's calibration method), so a captured draft graph replays
-        it. A device-resident stage (not ``host_driven``) runs the head only from confidence_min_rows rows up."""
+        rows alike, written slot by slot), self.top_gap (when :meth:`keeps_top_gap`: :func:`dspark.sampling.top_gap`
+        of each slot's logits, on the Triton backend in the greedy argmax's own pass) and, where
+        :meth:`runs_confidence_head`, self.survival and the raw self.confidence_logits (one kernel on CUDA:
+        :meth:`_fused_confidence`). No host sync: what it computes is decided by Python state (the estimate, the
+        drafter's calibration method, the row count), so a captured draft graph replays it. A device-resident stage
+        (not ``host_driven``) runs the head only from confidence_min_rows rows up."""
         G = self.G
         n, act, tables, anchor = self.seq_len[:R], self.active[:R], self.tables[:R], self.anchor[:R]
         block = self._draft_rows(act, n, tables)
@@ -488,16 +501,19 @@ class GraphDecoder:
         by_max_prob = self.estimate == "draft_max_prob"
         head = self.runs_confidence_head(None if host_driven else R)
         fused_head = head and self._fused_confidence()  # the head after the draw, in one kernel (below)
-        keep_top = self.keeps_max_prob()
-        from dspark.sampling import top_probability
+        # the scores a calibration weighs are computed only where this stage runs the head
+        keep_top = self.keeps_max_prob(None if host_driven else R)
+        keep_gap = self.keeps_top_gap(None if host_driven else R)
+        from dspark.sampling import top_gap, top_probability
 
         if self.sampling[0]:
             from dspark.sampling import greedy_argmax
 
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
-                # with keep_top the drafter's top-token probability goes into slot k's column (on the Triton
-                # backend in the argmax's own pass over the logits)
-                return greedy_argmax(logits, self.kernels, top_out=self.max_prob[:R, k] if keep_top else None)
+                # with keep_top the drafter's top-token probability goes into slot k's column, with keep_gap the
+                # gap between its two largest logits (on the Triton backend in the argmax's own pass over the logits)
+                return greedy_argmax(logits, self.kernels, top_out=self.max_prob[:R, k] if keep_top else None,
+                                     gap_out=self.top_gap[:R, k] if keep_gap else None)
 
             out = self.drafter.draft(hidden, anchor, self.target.lm_head_weight, sample_fn, keep_logits=False,
                                      confidence=head and not fused_head, kernels=self.kernels)
@@ -511,6 +527,8 @@ class GraphDecoder:
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
                 if keep_top:
                     top_probability(logits, self.kernels, out=self.max_prob[:R, k])
+                if keep_gap:
+                    top_gap(logits, self.kernels, out=self.top_gap[:R, k])
                 if fused:
                     from kernels.draft_sampling import sample_slot_triton
 
@@ -541,14 +559,19 @@ class GraphDecoder:
                 active=act, out=BlockConfidence(self.confidence_logits[:R], self.survival[:R]),
                 # sts_max_prob: the slots' top probabilities, kept above (keeps_max_prob)
                 max_prob=self.max_prob[:R] if d.confidence_uses_max_prob else None,
-                max_prob_weights=d.confidence_max_prob_weights if d.confidence_uses_max_prob else None)
+                max_prob_weights=d.confidence_max_prob_weights if d.confidence_uses_max_prob else None,
+                # sts_top_gap: the slots' top-2 gaps, kept above (keeps_top_gap)
+                top_gap=self.top_gap[:R] if d.confidence_uses_top_gap else None,
+                top_gap_weights=d.confidence_top_gap_weights if d.confidence_uses_top_gap else None)
         elif out.confidence_logits is not None:
             from dspark.survival import prefix_survival
 
             self.confidence_logits[:R].copy_(out.confidence_logits.float())
-            # an sts_max_prob calibration weighs the top probabilities (kept above); the drafter raises without them
+            # an sts_max_prob calibration weighs the top probabilities, an sts_top_gap one the top-2 gaps (kept
+            # above); the drafter raises without them
             conf = self.drafter.calibrated_confidence(out.confidence_logits.float(),
-                                                      self.max_prob[:R] if keep_top else None, self.confidence_offsets)
+                                                      self.max_prob[:R] if keep_top else None, self.confidence_offsets,
+                                                      self.top_gap[:R] if keep_gap else None)
             surv = prefix_survival(conf)
             self.survival[:R].copy_(torch.where(act[:, None], surv, 0.0))
 

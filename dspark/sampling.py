@@ -13,6 +13,12 @@ tensors of an engine on the Triton attention backend, ``torch.argmax`` otherwise
 logits, wherever it is computed (the decode steps' draft stage, the calibration replay), so that they agree:
 one pass of kernels/top_probability.py for CUDA tensors of an engine on the Triton backend, the PyTorch
 reference otherwise. ``engine.kernels.triton_top_probability=false`` switches the kernel off.
+
+:func:`top_gap` is the largest logit minus the second largest per row (a confidence with no softmax over the
+vocabulary), :func:`kernels.argmax.top_gap_reference`. kernels/argmax.py gives the same values bitwise (up to
+the sign of a zero gap) in one pass for CUDA tensors of an engine on the Triton backend with
+``engine.kernels.triton_argmax``: inside the greedy choice's own pass through :func:`greedy_argmax`'s
+``gap_out``, or on its own (sampled rows) through :func:`top_gap`; the reference (torch.topk) runs otherwise.
 """
 
 from __future__ import annotations
@@ -119,24 +125,38 @@ def _row_kernel_input(logits: torch.Tensor) -> bool:
             and logits.shape[1] > 0 and (logits.shape[1] == 1 or logits.stride(1) == 1))
 
 
-def greedy_argmax(logits: torch.Tensor, kernels: KernelConfig | None = None,
-                  top_out: torch.Tensor | None = None) -> torch.Tensor:
+def _kernel_row_out(out: torch.Tensor | None) -> bool:
+    """Whether argmax_triton can write ``out`` as its top_out or gap_out: a 1-D float32 tensor."""
+    return out is not None and out.dim() == 1 and out.dtype == torch.float32
+
+
+def greedy_argmax(logits: torch.Tensor, kernels: KernelConfig | None = None, top_out: torch.Tensor | None = None,
+                  gap_out: torch.Tensor | None = None) -> torch.Tensor:
     """``torch.argmax(logits, dim=-1)``, through kernels/argmax.py for 2-D float logits on CUDA
     where ``kernels`` (the engine's settings) say so (same index, ties and NaN included; capture-safe).
     Without ``kernels``: ``torch.argmax``. ``top_out`` (float32 [T], any stride): also write each row's
     :func:`top_probability` there; the argmax kernel computes it in the same pass over the logits where
-    both ``triton_argmax`` and ``triton_top_probability`` are on, :func:`top_probability` does otherwise."""
+    both ``triton_argmax`` and ``triton_top_probability`` are on, :func:`top_probability` does otherwise.
+    ``gap_out`` (float32 [T], any stride; logits need at least 2 columns): also write each row's :func:`top_gap`
+    there (the same values either way); the argmax kernel computes it in the same pass where
+    ``triton_argmax`` is on, :func:`top_gap` (a separate pass) does otherwise. Either output, or both, may be
+    given; the kernel fills those it can in its one pass and the functions named fill the others."""
+    fused = {}  # the outputs the kernel writes in its pass
     if _row_kernel_input(logits) and triton_argmax_enabled(kernels, logits.device):
         from kernels.argmax import argmax_triton
 
-        if top_out is None:
-            return argmax_triton(logits)
-        if top_out.dim() == 1 and top_out.dtype == torch.float32 and triton_top_probability_enabled(
-                kernels, logits.device):
-            return argmax_triton(logits, top_out=top_out)
-    if top_out is not None:
+        if _kernel_row_out(top_out) and triton_top_probability_enabled(kernels, logits.device):
+            fused["top_out"] = top_out
+        if _kernel_row_out(gap_out):
+            fused["gap_out"] = gap_out
+        index = argmax_triton(logits, **fused)
+    else:
+        index = torch.argmax(logits, dim=-1)
+    if top_out is not None and "top_out" not in fused:
         top_probability(logits, kernels, out=top_out)
-    return torch.argmax(logits, dim=-1)
+    if gap_out is not None and "gap_out" not in fused:
+        top_gap(logits, kernels, out=gap_out)
+    return index
 
 
 def triton_top_probability_enabled(kernels: KernelConfig | None, device: torch.device | str) -> bool:
@@ -163,6 +183,27 @@ def top_probability(logits: torch.Tensor, kernels: KernelConfig | None = None,
 
     top = top_probability_reference(logits)
     return top if out is None else out.copy_(top)
+
+
+def top_gap(logits: torch.Tensor, kernels: KernelConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The largest value minus the second largest over the last axis of ``logits`` [..., V] (V >= 2, ValueError
+    otherwise), float32 [...]: :func:`kernels.argmax.top_gap_reference` (0 for a repeated maximum; NaN for a row
+    with a NaN, a row of only -inf and a row with +inf twice; +inf for a finite maximum over only -inf and for a
+    single +inf). 2-D float logits on CUDA go through kernels/argmax.py's one pass (its index is not kept) where
+    ``kernels`` (the engine's settings) switch ``triton_argmax`` on: the same values, capture-safe. Otherwise,
+    and without ``kernels``, the reference (torch.topk). ``out`` (float32, the result's shape, any stride)
+    receives the result when given and is returned."""
+    if (_row_kernel_input(logits) and logits.shape[1] >= 2 and (out is None or _kernel_row_out(out))
+            and triton_argmax_enabled(kernels, logits.device)):
+        from kernels.argmax import argmax_triton
+
+        gap = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device) if out is None else out
+        argmax_triton(logits, gap_out=gap)
+        return gap
+    from kernels.argmax import top_gap_reference
+
+    gap = top_gap_reference(logits)
+    return gap if out is None else out.copy_(gap)
 
 
 def sample_rows(logits: torch.Tensor, rows: RowSampling, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,9 @@ temperature scaling (STS) divides each position's logit by its own temperature (
 ``sts_bias`` calibration then adds a per-position bias: sigmoid(z_k / T_k + b_k)). The
 ``sts_max_prob`` calibration adds a third term, the drafter's own top-token probability p_k at
 that slot: c_k = sigmoid(z_k / T_k + b_k + w_k * logit(p_k)), p_k clamped to
-[MAX_PROB_EPS, 1 - MAX_PROB_EPS] first (:func:`max_prob_logit`). The
+[MAX_PROB_EPS, 1 - MAX_PROB_EPS] first (:func:`max_prob_logit`). The ``sts_top_gap``
+calibration weighs instead the gap g_k between the drafter's two largest logits at that slot, a score that
+needs no softmax: c_k = sigmoid(z_k / T_k + b_k + v_k * g_k). The
 probability that the whole prefix 1..j survives verification is the cumulative product
 a_j = prod_{i<=j} c_i, which is non-increasing in j (every factor lies in [0, 1] and
 IEEE rounding is monotone, so no float coincidence can make it increase).
@@ -42,15 +44,18 @@ def max_prob_logit(max_prob: torch.Tensor, eps: float = MAX_PROB_EPS) -> torch.T
 def calibrated_confidence(conf_logits: torch.Tensor, temperatures: torch.Tensor,
                           biases: torch.Tensor | None = None, max_prob: torch.Tensor | None = None,
                           max_prob_weights: torch.Tensor | None = None,
-                          offsets: torch.Tensor | None = None) -> torch.Tensor:
-    """sigmoid(z_k / T_k + b_k + w_k * logit(p_k) + o_k): conf_logits [B, G], temperatures [G] (positive), biases
-    [G] or None (zeros), max_prob [B, G] (the drafter's top-token probability per slot) and max_prob_weights [G], or
-    None (sts / sts_bias: no max-probability term), offsets [G] or None (zeros: an engine's online correction,
-    dspark/online_calibration.py) -> [B, G] float32.
+                          offsets: torch.Tensor | None = None, top_gap: torch.Tensor | None = None,
+                          top_gap_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """sigmoid(z_k / T_k + b_k + w_k * logit(p_k) + v_k * g_k + o_k): conf_logits [B, G], temperatures [G]
+    (positive), biases [G] or None (zeros), max_prob [B, G] (the drafter's top-token probability per slot) and
+    max_prob_weights [G], or None (no max-probability term), top_gap [B, G] (the gap between the drafter's two
+    largest logits per slot) and top_gap_weights [G], or None (no gap term), offsets [G] or None (zeros: an
+    engine's online correction, dspark/online_calibration.py) -> [B, G] float32.
 
-    With ``max_prob_weights`` the max probabilities are required (ValueError without them); without weights a
-    given ``max_prob`` is not used. Sync-free (no value checks on device tensors): the calibration is validated
-    where it is fitted or loaded, see ``check_temperatures`` / ``check_biases`` / ``check_max_prob_weights``.
+    With ``max_prob_weights`` the max probabilities are required (ValueError without them), with
+    ``top_gap_weights`` the gaps; without weights a given score is not used. Sync-free (no value checks on device
+    tensors): the calibration is validated where it is fitted or loaded, see ``check_temperatures`` /
+    ``check_biases`` / ``check_max_prob_weights`` / ``check_top_gap_weights``.
     """
     if conf_logits.dim() != 2:
         raise ValueError(f"conf_logits must be [B, G], got shape {tuple(conf_logits.shape)}")
@@ -63,23 +68,35 @@ def calibrated_confidence(conf_logits: torch.Tensor, temperatures: torch.Tensor,
             raise ValueError(f"biases must be [G={conf_logits.shape[1]}], got shape {tuple(biases.shape)}; "
                              "fit one bias per drafted position (sts_bias)")
         z = z + biases.to(device=conf_logits.device, dtype=torch.float32)
-    if max_prob_weights is not None:
-        if max_prob_weights.dim() != 1 or max_prob_weights.shape[0] != conf_logits.shape[1]:
-            raise ValueError(f"max_prob_weights must be [G={conf_logits.shape[1]}], got shape "
-                             f"{tuple(max_prob_weights.shape)}; fit one weight per drafted position (sts_max_prob)")
-        if max_prob is None:
-            raise ValueError("this confidence calibration (sts_max_prob) weighs the drafter's top-token probability "
-                             "of every slot: pass max_prob [B, G] (the max of the drafter's softmax at each slot)")
-        if max_prob.shape != conf_logits.shape:
-            raise ValueError(f"max_prob must be [B, G] like conf_logits {tuple(conf_logits.shape)}, got shape "
-                             f"{tuple(max_prob.shape)}")
-        w = max_prob_weights.to(device=conf_logits.device, dtype=torch.float32)
-        z = z + w * max_prob_logit(max_prob.to(device=conf_logits.device, dtype=torch.float32))
+    for name, score, weights, method, meaning, feature in (
+            ("max_prob", max_prob, max_prob_weights, "sts_max_prob",
+             "the drafter's top-token probability (the max of its softmax at each slot)", max_prob_logit),
+            ("top_gap", top_gap, top_gap_weights, "sts_top_gap",
+             "the gap between the drafter's two largest logits at each slot", None)):
+        if weights is not None:
+            z = z + _score_term(conf_logits, name, score, weights, method, meaning, feature)
     if offsets is not None:
         if offsets.dim() != 1 or offsets.shape[0] != conf_logits.shape[1]:
             raise ValueError(f"offsets must be [G={conf_logits.shape[1]}], got shape {tuple(offsets.shape)}")
         z = z + offsets.to(device=conf_logits.device, dtype=torch.float32)
     return torch.sigmoid(z)
+
+
+def _score_term(conf_logits: torch.Tensor, name: str, score: torch.Tensor | None, weights: torch.Tensor,
+                method: str, meaning: str, feature) -> torch.Tensor:
+    """weights_k * feature(score) [B, G] for a calibration that weighs a drafter score (``feature`` None: the score
+    itself), or ValueError naming the missing or misshapen input."""
+    G = conf_logits.shape[1]
+    if weights.dim() != 1 or weights.shape[0] != G:
+        raise ValueError(f"{name}_weights must be [G={G}], got shape {tuple(weights.shape)}; fit one weight per "
+                         f"drafted position ({method})")
+    if score is None:
+        raise ValueError(f"this confidence calibration ({method}) weighs {meaning}: pass {name} [B, G]")
+    if score.shape != conf_logits.shape:
+        raise ValueError(f"{name} must be [B, G] like conf_logits {tuple(conf_logits.shape)}, got shape "
+                         f"{tuple(score.shape)}")
+    x = score.to(device=conf_logits.device, dtype=torch.float32)
+    return weights.to(device=conf_logits.device, dtype=torch.float32) * (x if feature is None else feature(x))
 
 
 def check_temperatures(temperatures: Sequence[float] | torch.Tensor, block: int) -> None:
@@ -110,6 +127,11 @@ def check_biases(biases: Sequence[float] | torch.Tensor, block: int) -> None:
 def check_max_prob_weights(weights: Sequence[float] | torch.Tensor, block: int) -> None:
     """Host-side validation of sts_max_prob weights (call once at load time, not per step)."""
     _check_finite_per_position(weights, block, "max-probability weights")
+
+
+def check_top_gap_weights(weights: Sequence[float] | torch.Tensor, block: int) -> None:
+    """Host-side validation of sts_top_gap weights (call once at load time, not per step)."""
+    _check_finite_per_position(weights, block, "top-gap weights")
 
 
 def prefix_survival(conf: torch.Tensor) -> torch.Tensor:
@@ -184,5 +206,5 @@ def check_survival(survival: Sequence[Sequence[float]], *, name: str = "survival
 
 
 __all__ = ["MAX_PROB_EPS", "NEUTRAL_CONFIDENCE", "calibrated_confidence", "check_biases", "check_max_prob_weights",
-           "check_temperatures", "max_prob_logit", "prefix_survival", "neutral_survival_row", "reset_slot_",
-           "check_survival"]
+           "check_temperatures", "check_top_gap_weights", "max_prob_logit", "prefix_survival", "neutral_survival_row",
+           "reset_slot_", "check_survival"]

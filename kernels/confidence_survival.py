@@ -5,12 +5,14 @@ for k = 0, then the block's drawn tokens). The head is one linear unit over ``[h
 head's embedding of that token; the hidden state alone without one), computed in the head's dtype, so its raw
 logit is ``z = round_to_dtype(w . feats + b)``. The survival the planner reads is
 
-    c_k = sigmoid(z_k / T_k + b_k + w_k * logit(p_k) + o_k),    survival_k = c_1 * ... * c_k    (0 on inactive rows)
+    c_k = sigmoid(z_k / T_k + b_k + w_k * logit(p_k) + v_k * g_k + o_k)
+    survival_k = c_1 * ... * c_k    (0 on inactive rows)
 
-with the calibration's temperatures T and biases b, an engine's online offsets o, and for the sts_max_prob
+with the calibration's temperatures T and biases b, an engine's online offsets o, for the sts_max_prob
 calibration its weights w on the logit of the drafter's top-token probability p_k at each slot (p clamped to
-[1e-6, 1 - 1e-6]; the term is absent for sts and sts_bias): ``dspark.survival.calibrated_confidence`` and
-``prefix_survival``, which the reference calls.
+[1e-6, 1 - 1e-6]), and for the sts_top_gap calibration its weights v on the gap g_k between the drafter's two
+largest logits at each slot (each term is absent where its calibration is not in use):
+``dspark.survival.calibrated_confidence`` and ``prefix_survival``, which the reference calls.
 
 :func:`confidence_survival_reference` is the specification in PyTorch: a gather, a concatenation, the linear
 layer, then the elementwise calibration, a cumulative product and a mask, about fifteen launches per step.
@@ -44,7 +46,7 @@ class BlockConfidence(NamedTuple):
 
 
 def _check(hidden, anchor, tokens, embedding, head_weight, head_bias, temperatures, biases, offsets, active,
-           max_prob=None, max_prob_weights=None) -> None:
+           max_prob=None, max_prob_weights=None, top_gap=None, top_gap_weights=None) -> None:
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be [R, G, d], got shape {tuple(hidden.shape)}")
     R, G, d = hidden.shape
@@ -62,26 +64,31 @@ def _check(hidden, anchor, tokens, embedding, head_weight, head_bias, temperatur
         raise ValueError(f"active must be bool [{R}], got {active.dtype} {tuple(active.shape)}")
     if (max_prob is None) != (max_prob_weights is None):
         raise ValueError("max_prob and max_prob_weights come together (an sts_max_prob calibration) or not at all")
-    if max_prob is not None:
-        if max_prob.shape != (R, G) or max_prob.dtype != torch.float32 or max_prob.stride(-1) != 1:
-            raise ValueError(f"max_prob must be float32 [{R}, {G}] with a unit last stride, got {max_prob.dtype} "
-                             f"{tuple(max_prob.shape)} strides {max_prob.stride()}")
-        if max_prob_weights.shape != (G,):
-            raise ValueError(f"max_prob_weights must be [{G}] (one per slot), got shape "
-                             f"{tuple(max_prob_weights.shape)}")
+    if (top_gap is None) != (top_gap_weights is None):
+        raise ValueError("top_gap and top_gap_weights come together (an sts_top_gap calibration) or not at all")
+    for name, score, weights in (("max_prob", max_prob, max_prob_weights), ("top_gap", top_gap, top_gap_weights)):
+        if score is None:
+            continue
+        if score.shape != (R, G) or score.dtype != torch.float32 or score.stride(-1) != 1:
+            raise ValueError(f"{name} must be float32 [{R}, {G}] with a unit last stride, got {score.dtype} "
+                             f"{tuple(score.shape)} strides {score.stride()}")
+        if weights.shape != (G,):
+            raise ValueError(f"{name}_weights must be [{G}] (one per slot), got shape {tuple(weights.shape)}")
 
 
 def confidence_survival_reference(*, hidden: torch.Tensor, anchor: torch.Tensor, tokens: torch.Tensor,
                                   embedding: torch.Tensor | None, head_weight: torch.Tensor, head_bias: torch.Tensor,
                                   temperatures: torch.Tensor, biases: torch.Tensor, offsets: torch.Tensor | None,
                                   active: torch.Tensor, max_prob: torch.Tensor | None = None,
-                                  max_prob_weights: torch.Tensor | None = None) -> BlockConfidence:
+                                  max_prob_weights: torch.Tensor | None = None, top_gap: torch.Tensor | None = None,
+                                  top_gap_weights: torch.Tensor | None = None) -> BlockConfidence:
     """The specification (module docstring). hidden [R, G, d] and the weights in the head's dtype; anchor int64
     [R]; tokens int64 [R, G] (the block); embedding: the Markov head's W1 [V, r] or None; temperatures, biases,
     offsets float32 [G] (offsets may be None); active bool [R]; max_prob float32 [R, G] and max_prob_weights
-    float32 [G] for an sts_max_prob calibration (both None otherwise)."""
+    float32 [G] for an sts_max_prob calibration, top_gap float32 [R, G] and top_gap_weights float32 [G] for an
+    sts_top_gap calibration (None otherwise)."""
     _check(hidden, anchor, tokens, embedding, head_weight, head_bias, temperatures, biases, offsets, active,
-           max_prob, max_prob_weights)
+           max_prob, max_prob_weights, top_gap, top_gap_weights)
     G = hidden.shape[1]
     feats = hidden
     if embedding is not None:
@@ -90,7 +97,8 @@ def confidence_survival_reference(*, hidden: torch.Tensor, anchor: torch.Tensor,
     z = F.linear(feats, head_weight, head_bias).float().squeeze(-1)
     from dspark.survival import calibrated_confidence, prefix_survival  # the engine's own calibration and product
 
-    survival = prefix_survival(calibrated_confidence(z, temperatures, biases, max_prob, max_prob_weights, offsets))
+    survival = prefix_survival(calibrated_confidence(z, temperatures, biases, max_prob, max_prob_weights, offsets,
+                                                     top_gap, top_gap_weights))
     return BlockConfidence(z, torch.where(active[:, None], survival, 0.0))
 
 
@@ -98,9 +106,10 @@ if triton is not None:
 
     @triton.jit
     def _confidence_survival_kernel(h_ptr, h_sr, h_sk, anchor_ptr, tok_ptr, tok_sr, emb_ptr, emb_sr, w_ptr, hb_ptr,
-                                    temp_ptr, bias_ptr, off_ptr, act_ptr, mp_ptr, mp_sr, mpw_ptr, mp_eps, z_ptr, z_sr,
-                                    s_ptr, s_sr, G, D, RANK, HAS_EMB: tl.constexpr, HAS_OFF: tl.constexpr,
-                                    HAS_MP: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+                                    temp_ptr, bias_ptr, off_ptr, act_ptr, mp_ptr, mp_sr, mpw_ptr, mp_eps, gap_ptr,
+                                    gap_sr, gapw_ptr, z_ptr, z_sr, s_ptr, s_sr, G, D, RANK, HAS_EMB: tl.constexpr,
+                                    HAS_OFF: tl.constexpr, HAS_MP: tl.constexpr, HAS_GAP: tl.constexpr,
+                                    BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
         r = tl.program_id(0)
         active = tl.load(act_ptr + r) != 0
         dd = tl.arange(0, BLOCK_D)
@@ -122,6 +131,8 @@ if triton is not None:
             if HAS_MP:  # sts_max_prob: w_k * logit(p_k), p clamped as dspark.survival.max_prob_logit does
                 p = tl.minimum(tl.maximum(tl.load(mp_ptr + r * mp_sr + k), mp_eps), 1.0 - mp_eps)
                 x = x + tl.load(mpw_ptr + k) * tl.log(p / (1.0 - p))
+            if HAS_GAP:  # sts_top_gap: v_k * g_k
+                x = x + tl.load(gapw_ptr + k) * tl.load(gap_ptr + r * gap_sr + k)
             if HAS_OFF:
                 x = x + tl.load(off_ptr + k)
             survival = survival * (1.0 / (1.0 + tl.exp(-x)))
@@ -134,11 +145,12 @@ def confidence_survival_triton(*, hidden: torch.Tensor, anchor: torch.Tensor, to
                                embedding: torch.Tensor | None, head_weight: torch.Tensor, head_bias: torch.Tensor,
                                temperatures: torch.Tensor, biases: torch.Tensor, offsets: torch.Tensor | None,
                                active: torch.Tensor, out: BlockConfidence, max_prob: torch.Tensor | None = None,
-                               max_prob_weights: torch.Tensor | None = None) -> BlockConfidence:
+                               max_prob_weights: torch.Tensor | None = None, top_gap: torch.Tensor | None = None,
+                               top_gap_weights: torch.Tensor | None = None) -> BlockConfidence:
     """One launch computing :func:`confidence_survival_reference`'s values into ``out`` (float32 [R, G] each,
     unit stride on the last dim, e.g. rows of persistent buffers); returns ``out``. Capture-safe."""
     _check(hidden, anchor, tokens, embedding, head_weight, head_bias, temperatures, biases, offsets, active,
-           max_prob, max_prob_weights)
+           max_prob, max_prob_weights, top_gap, top_gap_weights)
     if triton is None:
         raise RuntimeError("the fused confidence kernel needs the triton package: install it, or set "
                            "engine.kernels.fused_confidence=false")
@@ -153,6 +165,7 @@ def confidence_survival_triton(*, hidden: torch.Tensor, anchor: torch.Tensor, to
     rank = 0 if embedding is None else embedding.shape[1]
     weight = head_weight.reshape(-1)
     has_mp = max_prob is not None
+    has_gap = top_gap is not None
     from dspark.survival import MAX_PROB_EPS
 
     _confidence_survival_kernel[(R,)](
@@ -161,8 +174,11 @@ def confidence_survival_triton(*, hidden: torch.Tensor, anchor: torch.Tensor, to
         weight, head_bias, temperatures, biases, offsets if offsets is not None else temperatures, active,
         max_prob if has_mp else temperatures, max_prob.stride(0) if has_mp else 0,
         max_prob_weights if has_mp else temperatures, MAX_PROB_EPS,
+        top_gap if has_gap else temperatures, top_gap.stride(0) if has_gap else 0,
+        top_gap_weights if has_gap else temperatures,
         out.logits, out.logits.stride(0), out.survival, out.survival.stride(0), G, D, rank,
-        HAS_EMB=embedding is not None, HAS_OFF=offsets is not None, HAS_MP=has_mp, BLOCK_D=triton.next_power_of_2(D),
+        HAS_EMB=embedding is not None, HAS_OFF=offsets is not None, HAS_MP=has_mp, HAS_GAP=has_gap,
+        BLOCK_D=triton.next_power_of_2(D),
         BLOCK_E=triton.next_power_of_2(max(rank, 1)))
     return out
 

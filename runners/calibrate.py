@@ -4,6 +4,7 @@
     python -m runners.calibrate checkpoint=DIR data=training_data/train.safetensors holdout_fraction=0.05
     python -m runners.calibrate checkpoint=DIR data=... fit_fraction=0.5 method=sts_bias
     python -m runners.calibrate checkpoint=DIR data=... fit_fraction=0.5 method=sts_max_prob
+    python -m runners.calibrate checkpoint=DIR data=... fit_fraction=0.5 method=sts_top_gap
 
 ``method=sts`` (default): one temperature per position, c_k = sigmoid(z_k / T_k).
 ``method=sts_bias``: a temperature AND a bias per position, c_k = sigmoid(z_k / T_k + b_k), fitted
@@ -19,7 +20,10 @@ T_k = 1 / a_k, the biases and "max_prob_weights", and the engine then feeds each
 the head's calibration. Its report's ``auc_per_position`` / ``auc_overall`` are the fused confidence's,
 ``head_auc`` the head's alone, ``draft_max_prob_auc`` the max probability's alone. A replay's report also gives
 ``draft_top_gap_auc``: the AUC of the gap between the drafter's two largest logits, a score that needs no softmax
-(a replay cached before the replay kept the gap has none). ``replay_cache=FILE.pt`` keeps the greedy replay
+(a replay cached before the replay kept the gap has none). ``method=sts_top_gap`` is the same fit on that gap
+g_k in place of logit(p_k), c_k = sigmoid(a_k z_k + v_k g_k + b_k)
+(:func:`dspark.training.calibration.fit_top_gap_calibration`; "top_gap_weights" in temperatures.json): the engine
+takes the gap from the greedy argmax's own pass, with no softmax. ``replay_cache=FILE.pt`` keeps the greedy replay
 (the slow part) so that every method can be fitted on the same blocks without replaying twice.
 
 On held-out sequences (calibration data made by ``runners.make_training_data`` from train-split
@@ -69,8 +73,8 @@ from dspark.models.drafter import DSparkDrafter
 from dspark.models.llama import TargetModel
 from dspark.training.calibration import (METHODS, bootstrap_ece, calibration_report, conditional_auc,
                                          fit_max_prob_calibration, fit_sequential_temperatures,
-                                         fit_sequential_temperatures_biases, reliability_plot, save_temperatures,
-                                         split_sequences)
+                                         fit_sequential_temperatures_biases, fit_top_gap_calibration,
+                                         reliability_plot, save_temperatures, split_sequences)
 from dspark.training.data import TokenDataset
 from dspark.training.trainer import greedy_block_acceptance
 from runners.hydra_main import runner_main
@@ -112,7 +116,8 @@ class CalibrateSchema:
     # sts: a temperature per position, c_k = sigmoid(z_k / T_k) | sts_bias: a temperature and a bias per position,
     # c_k = sigmoid(z_k / T_k + b_k) (the biases go into temperatures.json too) | sts_max_prob: the head and the
     # drafter's top-token probability p_k, c_k = sigmoid(z_k / T_k + b_k + w_k logit(p_k)), maximum likelihood on
-    # the reached cells (the weights go into temperatures.json as max_prob_weights)
+    # the reached cells (the weights go into temperatures.json as max_prob_weights) | sts_top_gap: the same with the
+    # gap g_k between the drafter's two largest logits, c_k = sigmoid(z_k / T_k + b_k + v_k g_k) (top_gap_weights)
     method: str = "sts"
     n_bias: int = 81  # sts_bias: odd number of biases in [-b_max, b_max]
     b_max: float = 4.0  # sts_bias: the bias grid's half-width, in logit units (> 0)
@@ -158,7 +163,8 @@ def check_options(cfg: Any) -> None:
     if method not in METHODS:
         raise ConfigError(f"method: {method!r} is not one of {sorted(METHODS)} (sts: a temperature per position; "
                           f"sts_bias: a temperature and a bias per position; sts_max_prob: the head and the "
-                          f"drafter's top-token probability, a logistic fit per position)")
+                          f"drafter's top-token probability, a logistic fit per position; sts_top_gap: the head and "
+                          f"the gap between the drafter's two largest logits, likewise)")
     if method == "sts_bias":
         integer("refine", 0)
         n_bias = cfg.get("n_bias", 81)
@@ -212,16 +218,19 @@ def held_out_data(cfg: Any) -> TokenDataset:
 
 def write_temperatures(checkpoint: Path, temperatures: torch.Tensor, drafter: DSparkDrafter, *,
                        ece_before: float | None = None, ece_after: float | None = None,
-                       biases: torch.Tensor | None = None, max_prob_weights: torch.Tensor | None = None) -> Path:
+                       biases: torch.Tensor | None = None, max_prob_weights: torch.Tensor | None = None,
+                       top_gap_weights: torch.Tensor | None = None) -> Path:
     """Write temperatures.json (calibration.save_temperatures' format, which DSparkDrafter.load reads).
 
-    ``biases`` None: an STS file (no "biases" key); ``max_prob_weights``: an sts_max_prob file."""
+    ``biases`` None: an STS file (no "biases" key); ``max_prob_weights``: an sts_max_prob file;
+    ``top_gap_weights``: an sts_top_gap file."""
     values = [float(t) for t in temperatures]
     bias_values = None if biases is None else [float(b) for b in biases]
     weights = None if max_prob_weights is None else [float(w) for w in max_prob_weights]
-    drafter.set_confidence_temperatures(values, bias_values, weights)  # validates count and range
+    gap_weights = None if top_gap_weights is None else [float(w) for w in top_gap_weights]
+    drafter.set_confidence_temperatures(values, bias_values, weights, gap_weights)  # validates count and range
     return save_temperatures(checkpoint, values, ece_before=ece_before, ece_after=ece_after, biases=bias_values,
-                             max_prob_weights=weights)
+                             max_prob_weights=weights, top_gap_weights=gap_weights)
 
 
 def _verdict(interval: dict[str, Any], target: float, accepted: torch.Tensor) -> str:
@@ -306,23 +315,34 @@ def trace_replay(cfg: Any) -> dict[str, Any]:
         raise ConfigError(f"traces: {e}") from None
 
 
-def _max_prob_of(replay: dict[str, Any], cfg: Any) -> torch.Tensor:
-    """The replay's draft_max_prob (sts_max_prob), or a ConfigError that says how to get it."""
-    if "draft_max_prob" in replay:
-        return replay["draft_max_prob"].double()
+# the methods that weigh a drafter score beside the head: method -> (the score's keyword, its fit)
+SCORED_METHODS = {"sts_max_prob": ("max_prob", fit_max_prob_calibration),
+                  "sts_top_gap": ("top_gap", fit_top_gap_calibration)}
+SCORE_MEANING = {"max_prob": "the drafter's top-token probability per slot",
+                 "top_gap": "the gap between the drafter's two largest logits per slot"}
+
+
+def _score_of(replay: dict[str, Any], cfg: Any, method: str) -> torch.Tensor:
+    """The replay's score that ``method`` weighs (draft_max_prob, draft_top_gap), or a ConfigError that says how
+    to get it."""
+    score = SCORED_METHODS[method][0]
+    key = f"draft_{score}"
+    if key in replay:
+        return replay[key].double()
     if cfg.get("traces"):
-        raise ConfigError("method=sts_max_prob: the traces hold no draft_max_prob (the drafter's top-token "
-                          "probability per slot); trace the run again (Engine.start_step_trace records it), or "
-                          "calibrate on data= (the greedy replay records it)")
-    raise ConfigError(f"method=sts_max_prob: the replay holds no draft_max_prob (the drafter's top-token probability "
-                      f"per slot); delete replay_cache={cfg.get('replay_cache')} so that the replay runs again")
+        how = ("trace the run again (Engine.start_step_trace records it), or calibrate on data= (the greedy replay "
+               "records it)" if score == "max_prob" else "calibrate on data= (the greedy replay records it)")
+        raise ConfigError(f"method={method}: the traces hold no {key} ({SCORE_MEANING[score]}); {how}")
+    raise ConfigError(f"method={method}: the replay holds no {key} ({SCORE_MEANING[score]}); delete "
+                      f"replay_cache={cfg.get('replay_cache')} so that the replay runs again")
 
 
 def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: TokenDataset | None, checkpoint: Path,
               cfg: Any,
               previous: list[float] | None = None, previous_biases: list[float] | None = None,
-              previous_weights: list[float] | None = None) -> dict[str, Any]:
-    """Fit STS, sts_bias or sts_max_prob (on the fit part when ``cfg.fit_fraction`` is set), write
+              previous_weights: list[float] | None = None,
+              previous_gap_weights: list[float] | None = None) -> dict[str, Any]:
+    """Fit STS, sts_bias, sts_max_prob or sts_top_gap (on the fit part when ``cfg.fit_fraction`` is set), write
     temperatures.json into ``checkpoint``, return the report. ``previous*``: the calibration the checkpoint
     held, judged on the same reported blocks."""
     if drafter.confidence_head is None:
@@ -332,7 +352,7 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
     method = cfg.get("method", "sts")
     replay = trace_replay(cfg) if cfg.get("traces") else greedy_replay(target, drafter, dataset, checkpoint, cfg)
     z, accepted = replay["conf_logits"].double(), replay["accepted"].double()
-    max_prob = _max_prob_of(replay, cfg) if method == "sts_max_prob" else None
+    score = _score_of(replay, cfg, method) if method in SCORED_METHODS else None
     seq_index = replay["seq_index"]
     n_bins = int(cfg.n_bins)
     fit_fraction = cfg.get("fit_fraction")
@@ -346,11 +366,14 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
         split_seed = None
         fit = rep = torch.ones(z.shape[0], dtype=torch.bool)
     weights = None
-    if method == "sts_max_prob":
+    if method in SCORED_METHODS:
+        score_name, fit_scored = SCORED_METHODS[method]
         try:
-            temperatures, biases, weights = fit_max_prob_calibration(z[fit], max_prob[fit], accepted[fit])
+            cal = fit_scored(z[fit], score[fit], accepted[fit])
         except ValueError as e:
-            raise ConfigError(f"method=sts_max_prob: {e}") from None
+            raise ConfigError(f"method={method}: {e}") from None
+        temperatures, biases = cal.temperatures, cal.biases
+        weights = cal.max_prob_weights if score_name == "max_prob" else cal.top_gap_weights
     elif method == "sts_bias":
         temperatures, biases = fit_sequential_temperatures_biases(
             z[fit], accepted[fit], n_grid=int(cfg.n_grid), t_min=float(cfg.t_min), t_max=float(cfg.t_max),
@@ -360,8 +383,8 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
         temperatures = fit_sequential_temperatures(z[fit], accepted[fit], n_grid=int(cfg.n_grid),
                                                    t_min=float(cfg.t_min), t_max=float(cfg.t_max), n_bins=n_bins)
         biases = None
-    def fused(mask: torch.Tensor) -> dict[str, Any]:  # sts_max_prob: the max probabilities of these blocks
-        return {} if weights is None else {"max_prob": max_prob[mask], "max_prob_weights": weights}
+    def fused(mask: torch.Tensor) -> dict[str, Any]:  # sts_max_prob / sts_top_gap: the score of these blocks
+        return {} if weights is None else {score_name: score[mask], f"{score_name}_weights": weights}
 
     in_sample = calibration_report(z[fit], accepted[fit], temperatures, biases, n_bins=n_bins, **fused(fit))
     out_of_sample = calibration_report(z[rep], accepted[rep], temperatures, biases, n_bins=n_bins, **fused(rep))
@@ -384,34 +407,38 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
             interval = {"skipped": str(e)}
     before_refit = None
     old_biases = None
-    if previous_biases is not None and (any(abs(v) > 1e-12 for v in previous_biases) or previous_weights is not None):
+    old_name, old_weights = (("max_prob", previous_weights) if previous_weights is not None else
+                             ("top_gap", previous_gap_weights) if previous_gap_weights is not None else (None, None))
+    if previous_biases is not None and (any(abs(v) > 1e-12 for v in previous_biases) or old_weights is not None):
         old_biases = torch.tensor(previous_biases, dtype=torch.float64)
-    old_max_prob = None if previous_weights is None else replay.get("draft_max_prob")
-    if previous_weights is not None and old_max_prob is None:
+    old_score = None if old_weights is None else replay.get(f"draft_{old_name}")
+    if old_weights is not None and old_score is None:
         before_refit = {"temperatures": [float(v) for v in previous], "biases": [float(v) for v in previous_biases],
-                        "max_prob_weights": [float(v) for v in previous_weights],
-                        "skipped": "the previous calibration (sts_max_prob) weighs the drafter's max probability, "
-                                   "which these blocks do not hold"}
+                        f"{old_name}_weights": [float(v) for v in old_weights],
+                        "skipped": f"the previous calibration (sts_{old_name}) weighs {SCORE_MEANING[old_name]}, "
+                                   f"which these blocks do not hold"}
     elif previous is not None and (any(abs(v - 1.0) > 1e-12 for v in previous) or old_biases is not None):
         # the calibration the checkpoint held before this run, judged on the same reported blocks
         old = torch.tensor(previous, dtype=torch.float64)
-        old_fused = ({} if previous_weights is None else
-                     {"max_prob": old_max_prob.double()[rep], "max_prob_weights": previous_weights})
+        old_fused = ({} if old_weights is None else
+                     {old_name: old_score.double()[rep], f"{old_name}_weights": old_weights})
         old_report = calibration_report(z[rep], accepted[rep], old, old_biases, n_bins=n_bins, **old_fused)
         before_refit = {"temperatures": [float(v) for v in previous], "ece_after": old_report["ece_after"],
                         "ece_after_per_position": old_report["ece_after_per_position"]}
         if old_biases is not None:
             before_refit["biases"] = [float(v) for v in previous_biases]
-        if previous_weights is not None:
-            before_refit["max_prob_weights"] = [float(v) for v in previous_weights]
+        if old_weights is not None:
+            before_refit[f"{old_name}_weights"] = [float(v) for v in old_weights]
         if int(cfg.get("bootstrap_resamples", 0)) > 0 and interval is not None and "ece_after" in interval:
             before_refit["bootstrap"] = bootstrap_ece(z[rep], accepted[rep], old, seq_index[rep], biases=old_biases,
                                                       **old_fused, **kw)
     part = "report" if fit_fraction is not None else "all (in-sample: fitted and reported on the same blocks)"
     write_temperatures(checkpoint, temperatures, drafter, ece_before=report.get("ece_before"),
-                       ece_after=report.get("ece_after"), biases=biases, max_prob_weights=weights)
+                       ece_after=report.get("ece_after"), biases=biases, **({} if weights is None else
+                                                                            {f"{score_name}_weights": weights}))
     plot_path = Path(cfg.plot) if cfg.plot else checkpoint / "reliability.png"
-    name = "STS" if biases is None else "STS+bias" if weights is None else "head+max prob"
+    name = ("STS" if biases is None else "STS+bias" if weights is None else
+            "head+max prob" if score_name == "max_prob" else "head+top gap")
     title = (f"out of sample: {name} fitted on the fit part, shown on the report part" if fit_fraction is not None
              else f"in sample: {name} fitted and shown on the same blocks")
     reliability_plot(z[rep], accepted[rep], temperatures, plot_path, n_bins=n_bins, title=title, biases=biases,
@@ -493,11 +520,12 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
         target = target.to(device=cfg.device, dtype=dtype).eval()
         target_cfg = target.cfg
     drafter = DSparkDrafter.load(checkpoint, target_cfg, device=cfg.device, dtype=dtype).eval()
-    previous, previous_biases, previous_weights = drafter.calibration_values()  # what the checkpoint shipped with
+    previous, previous_biases, previous_weights, previous_gap_weights = drafter.calibration_values()  # as shipped
     drafter.set_confidence_temperatures([1.0] * drafter.block_size)  # fit from the raw head (no bias, no weights)
     with torch.no_grad():
         report = calibrate(target, drafter, dataset, checkpoint, cfg, previous=previous,
-                           previous_biases=previous_biases, previous_weights=previous_weights)
+                           previous_biases=previous_biases, previous_weights=previous_weights,
+                           previous_gap_weights=previous_gap_weights)
     return report
 
 
@@ -505,10 +533,12 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
 def main(cfg: DictConfig) -> None:
     report = run(cfg)
     keys = ("reported_on", "blocks", "split", "method_option", "auc_overall", "ece_before", "ece_after",
-            "target_ece_verdict", "temperatures", "biases", "max_prob_weights", "greedy_mean_accept_length",
+            "target_ece_verdict", "temperatures", "biases", "max_prob_weights", "top_gap_weights",
+            "greedy_mean_accept_length",
             "output_json", "reliability_plot")
     summary = {k: report[k] for k in keys if k in report}
-    # the head alone ranks as the calibrated confidence does, except under sts_max_prob (a second feature)
+    # the head alone ranks as the calibrated confidence does, except under sts_max_prob / sts_top_gap (a second
+    # feature)
     summary["head_auc_overall"] = report.get("head_auc", report)["auc_overall"]
     if "in_sample" in report:
         summary["in_sample_ece_after"] = report["in_sample"]["ece_after"]

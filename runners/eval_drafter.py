@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import json
+import lzma
 import time
 import zlib
 from dataclasses import dataclass, field, replace
@@ -541,16 +542,20 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 # ---- paired comparison of two reports ------------------------------------------------------------------
 def load_report(path: str | Path) -> dict[str, Any]:
-    """An eval.json (or the folder holding one), with ``path`` added; a clear error when it is missing, not
-    JSON, or not an eval_drafter report."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "eval.json"
-    if not p.is_file():
-        raise ConfigError(f"compare: {p} does not exist (give an eval.json, or the folder eval_drafter wrote it to)")
+    """An eval.json (or the folder holding one; either may be its committed ``eval.json.xz`` copy,
+    :mod:`dspark.packed_files`), with ``path`` added; a clear error when it is missing, not JSON, or not an
+    eval_drafter report."""
+    from dspark.packed_files import plain_or_packed, read_text
+
+    asked = Path(path)
+    p = plain_or_packed(asked / "eval.json" if asked.is_dir() else asked)
+    if p is None:
+        where = asked / "eval.json" if asked.is_dir() else asked
+        raise ConfigError(f"compare: {where} does not exist (give an eval.json, or the folder eval_drafter wrote it "
+                          f"to)")
     try:
-        report = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
+        report = json.loads(read_text(p))
+    except (json.JSONDecodeError, lzma.LZMAError) as e:
         raise ConfigError(f"compare: {p} is not valid JSON ({e}); it is truncated or not an eval.json") from None
     if not isinstance(report, dict) or not isinstance(report.get("results"), list):
         raise ConfigError(f"compare: {p} is not an eval_drafter report (no 'results' list)")

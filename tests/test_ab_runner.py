@@ -532,11 +532,14 @@ def test_every_shipped_ab_config_passes_the_config_check(tmp_path, ab, engine, m
 
     args = [f"ab={ab}" if a.startswith("ab=") else a for a in TINY]
     overrides = [*args, f"engine={engine}"]
-    if ab == "scheduled_vs_max_prob_calibration":  # B's calibration is required: an sts_max_prob file
-        path = tmp_path / "max_prob" / "temperatures.json"
+    scored = {"scheduled_vs_max_prob_calibration": ("max_prob", "head_and_max_prob_logistic_regression"),
+              "scheduled_vs_top_gap_calibration": ("top_gap", "head_and_top_gap_logistic_regression")}
+    if ab in scored:  # B's calibration is required: an sts_max_prob (sts_top_gap) file
+        score, method = scored[ab]
+        path = tmp_path / score / "temperatures.json"
         path.parent.mkdir()
-        path.write_text(json.dumps({"method": "head_and_max_prob_logistic_regression", "temperatures": [1.0] * 4,
-                                    "biases": [0.0] * 4, "max_prob_weights": [0.5] * 4}))
+        path.write_text(json.dumps({"method": method, "temperatures": [1.0] * 4, "biases": [0.0] * 4,
+                                    f"{score}_weights": [0.5] * 4}))
         overrides.append(f"ab.arms.B.engine.confidence_calibration={path}")
     if ab != "in_process_vs_served":
         check_config(compose_ab(overrides, out_dir=tmp_path))

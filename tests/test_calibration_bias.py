@@ -153,9 +153,9 @@ def test_save_and_load_biases(tmp_path):
     path = save_temperatures(tmp_path / "d", [0.5, 1.25, 2.0], biases=[-0.5, 0.0, 1.5], ece_after=0.01)
     payload = json.loads(path.read_text())
     assert payload["biases"] == [-0.5, 0.0, 1.5] and payload["method"] == STS_BIAS_METHOD
-    temps, biases, weights = load_calibration(tmp_path / "d", 3)
+    temps, biases, weights, gap_weights = load_calibration(tmp_path / "d", 3)
     assert temps.tolist() == [0.5, 1.25, 2.0] and biases.tolist() == [-0.5, 0.0, 1.5]
-    assert biases.dtype == torch.float32 and weights is None  # no max_prob_weights in an sts_bias file
+    assert biases.dtype == torch.float32 and weights is None and gap_weights is None  # no score weights: sts_bias
     assert load_temperatures(tmp_path / "d", 3).tolist() == [0.5, 1.25, 2.0]
     # an STS file (and every file written before biases existed): no key, zero biases
     sts = save_temperatures(tmp_path / "s", [0.5, 1.25, 2.0])

@@ -83,7 +83,7 @@ def _formula(z, p, t, b, w):
 def test_fit_recovers_known_coefficients_on_the_reached_cells(fused):
     z, p, a = fused
     cal = fit_max_prob_calibration(z, p, a)
-    assert all(v.dtype == torch.float32 and v.shape == (4,) for v in cal)
+    assert all(v.dtype == torch.float32 and v.shape == (4,) for v in cal[:3]) and cal.top_gap_weights is None
     assert (1.0 / cal.temperatures).tolist() == pytest.approx(A_TRUE, abs=0.06)
     assert cal.max_prob_weights.tolist() == pytest.approx(W_TRUE, abs=0.06)
     assert cal.biases.tolist() == pytest.approx(B_TRUE, abs=0.12)
@@ -394,7 +394,7 @@ def test_graph_and_host_paths_feed_the_max_probability_and_agree(models, monkeyp
 @pytest.mark.parametrize("graphs", [False, True])
 def test_the_draft_stage_refuses_to_drop_the_max_probability(models, monkeypatch, graphs):
     target, drafter = models
-    monkeypatch.setattr(GraphDecoder, "keeps_max_prob", lambda self: False)
+    monkeypatch.setattr(GraphDecoder, "keeps_max_prob", lambda self, rows=None: False)
     eng = head_engine(target, drafter, cuda_graphs=graphs)
     with pytest.raises(ValueError, match="sts_max_prob.*pass max_prob"):
         eng.generate(prompts_for(3, 2), SamplingParams(max_tokens=8, ignore_eos=True))
@@ -454,10 +454,10 @@ def test_an_engine_calibration_file_with_weights_is_what_the_planner_reads(model
     assert not any(k.startswith("confidence_calibration/") for k in by_prob)
 
 
-def test_the_shipped_sts_max_prob_calibration_loads_for_the_shipped_drafter():
+def test_the_shipped_calibrations_load_for_the_shipped_drafter():
     """dspark/assets/dspark-smollm2/sts_max_prob/ (the option the model card and runners.ab's
     scheduled_vs_max_prob_calibration name) is an sts_max_prob file of the shipped drafter's block size, given as
-    its folder or as the file."""
+    its folder or as the file; sts_bias/ is the head-only option; the drafter's own calibration is sts_top_gap."""
     from pathlib import Path
 
     from dspark.training.calibration import calibration_method_of, load_calibration
@@ -467,4 +467,6 @@ def test_the_shipped_sts_max_prob_calibration_loads_for_the_shipped_drafter():
     cal = load_calibration(asset / "sts_max_prob", block)
     assert cal.max_prob_weights is not None and cal.method == "sts_max_prob"
     assert calibration_method_of(asset / "sts_max_prob" / "temperatures.json") == "sts_max_prob"
-    assert calibration_method_of(asset) == "sts_bias"  # the drafter's own calibration
+    assert calibration_method_of(asset / "sts_bias") == "sts_bias"
+    assert calibration_method_of(asset) == "sts_top_gap"  # the drafter's own calibration
+    assert load_calibration(asset, block).top_gap_weights.shape == (block,)

@@ -405,6 +405,65 @@ def test_calibrate_runner_sts_max_prob_fits_the_head_and_the_max_probability(tmp
         calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_max_prob"), target=target)
 
 
+def test_calibrate_runner_sts_top_gap_fits_the_head_and_the_gap(tmp_path, target, data, checkpoint):
+    """method=sts_top_gap end to end on the replayed blocks (the drafter's head logits and top-2 gaps) with
+    acceptance drawn from known coefficients: it fits on the fit part, reports the fused and head-alone AUCs,
+    writes weights the drafter loads, and a later refit judges the gap calibration the checkpoint held; on traces,
+    which keep no gaps, it is refused."""
+    import shutil
+
+    from dspark.models.drafter import DSparkDrafter
+    from dspark.step_trace import StepTrace
+    from dspark.training.calibration import STS_TOP_GAP_METHOD, fit_top_gap_calibration
+    from runners import calibrate
+
+    ckpt = Path(shutil.copytree(checkpoint, tmp_path / "drafter"))
+    path = data.save(tmp_path / "calib.safetensors")
+    cache = tmp_path / "replay.pt"
+    common = [f"data={path}", "fit_fraction=0.5", "anchors_per_seq=null", "anchor_chunk=8", "bootstrap_resamples=20",
+              f"replay_cache={cache}", f"plot={tmp_path / 'rel.png'}"]
+    calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts", f"output_json={tmp_path / 'a.json'}"),
+                  target=target)  # writes the replay cache
+    stored = torch.load(cache, weights_only=True)
+    replay = stored["replay"]
+    z, gap = replay["conf_logits"].double(), replay["draft_top_gap"].double()
+    # slot 1's gap runs about five times the others' in this tiny drafter, hence its own bias
+    c = torch.sigmoid(z + 0.3 * gap + torch.tensor([-7.5, -2.5, -2.5, -2.5], dtype=torch.float64))
+    gen = torch.Generator().manual_seed(0)
+    accepted = torch.cumprod((torch.rand(c.shape, generator=gen, dtype=torch.float64) < c).double(), 1)
+    replay.update(accepted=accepted.float(), accept_length=accepted.sum(1).float() + 1.0)
+    torch.save(stored, cache)
+    out_json = tmp_path / "gap.json"
+    calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_top_gap", f"output_json={out_json}"),
+                  target=target)
+    saved = json.loads(out_json.read_text())
+    assert saved["method"] == STS_TOP_GAP_METHOD and saved["method_option"] == "sts_top_gap"
+    fit, rep = split_sequences(replay["seq_index"], 0.5, 0)
+    want = fit_top_gap_calibration(z[fit], gap[fit], accepted[fit])
+    assert saved["top_gap_weights"] == pytest.approx(want.top_gap_weights.tolist())
+    assert saved["temperatures"] == pytest.approx(want.temperatures.tolist())
+    fused_c = torch.sigmoid(z[rep] / torch.tensor(saved["temperatures"], dtype=torch.float64)
+                            + torch.tensor(saved["biases"], dtype=torch.float64)
+                            + torch.tensor(saved["top_gap_weights"], dtype=torch.float64) * gap[rep])
+    assert saved["auc_overall"] == pytest.approx(conditional_auc(fused_c, accepted[rep])["auc_overall"], abs=1e-6)
+    assert saved["head_auc"] == conditional_auc(torch.sigmoid(z[rep]), accepted[rep])
+    assert saved["draft_top_gap_auc"] == conditional_auc(gap[rep], accepted[rep])
+    assert saved["auc_overall"] > saved["head_auc"]["auc_overall"]
+    loaded = DSparkDrafter.load(ckpt, target.cfg)
+    assert loaded.confidence_uses_top_gap and not loaded.confidence_uses_max_prob
+    again = calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts",
+                                   f"output_json={tmp_path / 'sts.json'}"), target=target)
+    assert again["previous_temperatures"]["top_gap_weights"] == pytest.approx(saved["top_gap_weights"])
+    assert again["previous_temperatures"]["ece_after"] == pytest.approx(saved["ece_after"], abs=1e-6)
+    trace = StepTrace(4)
+    for step in range(6):
+        trace.record([0, 1, 2, 3], torch.rand(4, 4).sort(1, descending=True).values.numpy(), [4] * 4,
+                     [step % 5, 1, 4, 0], confidence_logits=torch.randn(4, 4).numpy())
+    with pytest.raises(ConfigError, match="traces hold no draft_top_gap"):
+        calibrate.run(_compose(f"checkpoint={ckpt}", f"traces=[{trace.save(tmp_path / 't.npz')}]",
+                               "method=sts_top_gap"))
+
+
 def test_calibrate_runner_sts_max_prob_on_traces_needs_their_max_probabilities(tmp_path, target, checkpoint):
     from dspark.step_trace import StepTrace
     from runners import calibrate

@@ -1,7 +1,7 @@
 """kernels/confidence_survival.py: the reference is the engine's own path (the drafter's head over the block, its
 calibration, the prefix survival, the mask), and the Triton kernel (CPU interpreter) computes the reference's
-values over random blocks, fp32 and bf16, with and without a Markov embedding, online offsets and an sts_max_prob
-calibration's max-probability term. On CUDA see tests/test_kernels_gpu.py."""
+values over random blocks, fp32 and bf16, with and without a Markov embedding, online offsets, an sts_max_prob
+calibration's max-probability term and an sts_top_gap calibration's gap term. On CUDA see tests/test_kernels_gpu.py."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from kernels.confidence_survival import (BlockConfidence, confidence_survival_re
                                          confidence_survival_triton)
 
 
-def block_case(R, G, d, rank, dtype, seed, offsets=False, max_prob=False):
+def block_case(R, G, d, rank, dtype, seed, offsets=False, max_prob=False, top_gap=False):
     g = torch.Generator().manual_seed(seed)
     V = 300
     case = dict(hidden=torch.randn(R, G, d, generator=g).to(dtype),
@@ -29,6 +29,10 @@ def block_case(R, G, d, rank, dtype, seed, offsets=False, max_prob=False):
         p = torch.rand(R, G, generator=g)
         p.view(-1)[:2] = torch.tensor([0.0, 1.0])[: p.numel()]
         case.update(max_prob=p, max_prob_weights=torch.randn(G, generator=g) * 0.4)
+    if top_gap:  # gaps >= 0, exact ties (0) among them, and weights of both signs
+        gap = torch.rand(R, G, generator=g) * 6.0
+        gap.view(-1)[:1] = 0.0
+        case.update(top_gap=gap, top_gap_weights=torch.randn(G, generator=g) * 0.4)
     case["active"][0] = True
     return case
 
@@ -63,13 +67,14 @@ def test_the_reference_is_the_engines_torch_path():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rank,offsets,max_prob", [(0, False, False), (8, False, True), (32, True, False),
-                                                   (32, True, True)])
-def test_triton_computes_the_reference(dtype, rank, offsets, max_prob):
+@pytest.mark.parametrize("rank,offsets,score", [(0, False, None), (8, False, "max_prob"), (32, True, None),
+                                                (32, True, "max_prob"), (8, True, "top_gap")])
+def test_triton_computes_the_reference(dtype, rank, offsets, score):
     from dspark.survival import max_prob_logit
 
     for i, (R, G, d) in enumerate(((1, 1, 16), (5, 4, 64), (37, 7, 96))):
-        case = block_case(R, G, d, rank, dtype, seed=10 * i + rank, offsets=offsets, max_prob=max_prob)
+        case = block_case(R, G, d, rank, dtype, seed=10 * i + rank, offsets=offsets, max_prob=score == "max_prob",
+                          top_gap=score == "top_gap")
         want = confidence_survival_reference(**case)
         out = BlockConfidence(torch.full((R + 2, G), -7.0)[:R], torch.full((R + 2, G), -7.0)[:R])
         got = confidence_survival_triton(**case, out=out)
@@ -81,8 +86,10 @@ def test_triton_computes_the_reference(dtype, rank, offsets, max_prob):
             assert ((got.logits - want.logits).abs() <= ulp).all(), (got.logits - want.logits).abs().max()
         # the survival is the calibration's prefix product of the kernel's own logits (so, in fp32, the reference's)
         x = got.logits / case["temperatures"] + case["biases"] + (case["offsets"] if offsets else 0.0)
-        if max_prob:
+        if score == "max_prob":
             x = x + case["max_prob_weights"] * max_prob_logit(case["max_prob"])
+        if score == "top_gap":
+            x = x + case["top_gap_weights"] * case["top_gap"]
         from_logits = torch.where(case["active"][:, None], torch.cumprod(torch.sigmoid(x), 1), 0.0)
         torch.testing.assert_close(got.survival, from_logits, rtol=1e-5, atol=1e-6)
         if dtype == torch.float32:
@@ -106,5 +113,9 @@ def test_refusals_name_the_input():
         confidence_survival_triton(**case, out=out, max_prob=torch.rand(3, 4).double(), max_prob_weights=torch.ones(4))
     with pytest.raises(ValueError, match="max_prob_weights must be"):
         confidence_survival_reference(**case, max_prob=torch.rand(3, 4), max_prob_weights=torch.ones(3))
+    with pytest.raises(ValueError, match="top_gap and top_gap_weights come together"):
+        confidence_survival_reference(**case, top_gap_weights=torch.ones(4))
+    with pytest.raises(ValueError, match="top_gap must be float32"):
+        confidence_survival_triton(**case, out=out, top_gap=torch.rand(3, 4).half(), top_gap_weights=torch.ones(4))
     with pytest.raises(ValueError, match="out.survival"):
         confidence_survival_triton(**case, out=BlockConfidence(torch.zeros(3, 4), torch.zeros(3, 4).double()))

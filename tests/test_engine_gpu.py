@@ -243,26 +243,28 @@ def test_captured_draft_graphs_below_plan_min_rows_skip_the_head_and_stay_lossle
     assert not eng.steps.runs_confidence_head(2) and eng.steps.runs_confidence_head(4)
 
 
-def test_sts_max_prob_survival_from_one_pass_and_one_kernel_in_graphs(tmp_path):
-    """A drafter calibrated with sts_max_prob on CUDA graphs: the greedy draft's top probabilities come from the
-    argmax kernel's own pass (greedy_argmax with top_out), the head, the calibration with its max-probability
-    term and the survival from kernels/confidence_survival.py; the survival the planner reads is the drafter's
-    calibration of the raw logits and top probabilities the step wrote, outputs stay the target's, and the
-    engine trims."""
+@pytest.mark.parametrize("score", ["max_prob", "top_gap"])
+def test_scored_survival_from_one_pass_and_one_kernel_in_graphs(tmp_path, score):
+    """A drafter calibrated with sts_max_prob (or sts_top_gap) on CUDA graphs: the greedy draft's top
+    probabilities (top-2 gaps) come from the argmax kernel's own pass (greedy_argmax with top_out, gap_out), the
+    head, the calibration with its score term and the survival from kernels/confidence_survival.py; the survival
+    the planner reads is the drafter's calibration of the raw logits and scores the step wrote, outputs stay the
+    target's, and the engine trims."""
     from dspark.survival import prefix_survival
 
     target = tiny_target(45)
     drafter = tiny_drafter(target, 46, block_size=4)
-    drafter.set_confidence_temperatures([0.8, 1.0, 1.2, 0.9], biases=[0.1, 0.0, -0.2, 0.3],
-                                        max_prob_weights=[0.6, 0.4, -0.2, 0.8])
+    weights = {f"{score}_weights": [0.6, 0.4, -0.2, 0.8]}
+    drafter.set_confidence_temperatures([0.8, 1.0, 1.2, 0.9], biases=[0.1, 0.0, -0.2, 0.3], **weights)
     prompts = prompts_for(45, 11, lo=2, hi=60)
     params = [SamplingParams(max_tokens=16 + 7 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
     base = [o.token_ids for o in cuda_engine(target, None, spec="off", max_num_seqs=8).generate(prompts, params)]
     eng = graph_engine(tmp_path, target, drafter, "dspark", "ragged", max_num_seqs=8, overlap=True, budget_lag=2)
-    assert eng.steps._fused_confidence() and eng.steps.keeps_max_prob()
+    assert eng.steps._fused_confidence()
+    assert eng.steps.keeps_max_prob() == (score == "max_prob") and eng.steps.keeps_top_gap() == (score == "top_gap")
     assert [o.token_ids for o in eng.generate(prompts, params)] == base
     c = eng.counters()
-    assert c["graph_replays"] > 0 and c["trimmed_steps"] > 0
+    assert c["graph_replays"] > 0 and c["trimmed_steps"] > 0 and c[f"confidence_calibration/sts_{score}_steps"] > 0
     eng.reset()
     for p in prompts[:6]:
         eng.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True))
@@ -271,9 +273,14 @@ def test_sts_max_prob_survival_from_one_pass_and_one_kernel_in_graphs(tmp_path):
     torch.cuda.synchronize()
     st = eng.steps
     act = st.active[:6]
-    top = st.max_prob[:6]
-    assert act.all() and ((top > 0) & (top <= 1)).all() and top.unique().numel() > 6
-    want = prefix_survival(drafter.calibrated_confidence(st.confidence_logits[:6], top))
+    if score == "max_prob":
+        top = st.max_prob[:6]
+        assert act.all() and ((top > 0) & (top <= 1)).all() and top.unique().numel() > 6
+        want = prefix_survival(drafter.calibrated_confidence(st.confidence_logits[:6], top))
+    else:
+        gap = st.top_gap[:6]
+        assert act.all() and (gap >= 0).all() and gap.unique().numel() > 6
+        want = prefix_survival(drafter.calibrated_confidence(st.confidence_logits[:6], top_gap=gap))
     torch.testing.assert_close(st.survival[:6], want, rtol=1e-5, atol=1e-6)
 
 

@@ -469,3 +469,17 @@ def test_compare_refuses_what_is_not_a_report(tmp_path):
         with pytest.raises(ev.ConfigError, match=message):
             ev.load_report(tmp_path / bad)
     assert ev.load_report(good)["path"] == str(good)
+    # a folder whose eval.json is committed xz-compressed reads the same; a torn archive is named
+    import lzma
+
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "eval.json.xz").write_bytes(lzma.compress(good.read_bytes()))
+    assert ev.load_report(packed)["results"] == ev.load_report(good)["results"]
+    assert ev.load_report(packed)["path"] == str(packed / "eval.json.xz")
+    (packed / "eval.json.xz").write_bytes(lzma.compress(good.read_bytes())[:40])
+    with pytest.raises(ev.ConfigError, match="not valid JSON"):
+        ev.load_report(packed)
+    with pytest.raises(ev.ConfigError, match=r"empty.eval\.json does not exist"):
+        (tmp_path / "empty").mkdir()
+        ev.load_report(tmp_path / "empty")

@@ -562,6 +562,125 @@ class TestArgmaxTriton:
                 torch.testing.assert_close(buffer, want, rtol=1e-5, atol=0.0,
                                            msg=lambda m: f"T={T} {dtype} replay {replay}: {m}")
 
+    @staticmethod
+    def _same_gap(got, want, msg=""):
+        """Bitwise equal float32 gaps, NaN where the reference is NaN, a zero gap of either sign."""
+        assert got.dtype == want.dtype == torch.float32 and got.shape == want.shape, msg
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan), msg
+        assert torch.equal((got[~nan] + 0.0).view(torch.int32), (want[~nan] + 0.0).view(torch.int32)), msg
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+    @pytest.mark.parametrize("T", [1, 7, 16, 256, 300])
+    def test_top_gap_in_the_same_pass(self, T, dtype):
+        """gap_out: the index as torch.argmax and top_gap_reference's gap bitwise, special rows included, alone
+        and beside top_out, into columns of a [T, 7] buffer, over many chunks per row and over one."""
+        from kernels.argmax import argmax_triton, top_gap_reference
+        from kernels.top_probability import top_probability_reference
+
+        nan, inf = float("nan"), float("inf")
+        for seed in range(2):
+            x = self._logits(T, self.V, dtype, seed=T * 10 + seed + 5) * (1 + 4 * seed)  # rows 0-2: ties (gap 0)
+            if T >= 7:
+                x[3, 20000] = inf  # a finite runner-up: +inf
+                x[4, 45000] = nan
+                x[5] = -inf  # -inf - -inf: NaN
+                x[6] = -inf
+                x[6, 30000] = -2.0  # a finite maximum over -inf: +inf
+            if T >= 16:
+                x[7, [100, 40000]] = inf  # inf - inf: NaN
+                x[8:10].clamp_(-4.0, 4.0)  # small values: top_probability_reference's logsumexp stays precise
+                x[8, [3, 49151]] = torch.tensor([7.5, 8.0], device=DEV, dtype=dtype)  # first and last chunk
+                x[9, [0, 49151]] = 8.0  # a tie across the first and last chunk
+                x[10, 7] = -nan
+            want = top_gap_reference(x)
+            self._same_gap(want, top_gap_reference(x.cpu()).to(DEV))
+            for kw in ({}, {"tiles": 64}):  # the default tiling, and one chunk per row
+                buffer = torch.full((T, 7), -1.0, device=DEV)
+                idx = argmax_triton(x, gap_out=buffer[:, 2], **kw)
+                assert torch.equal(idx, torch.argmax(x, dim=-1))
+                self._same_gap(buffer[:, 2], want, (T, dtype, seed, kw))
+                assert (buffer[:, [0, 1, 3, 4, 5, 6]] == -1.0).all()
+                idx = argmax_triton(x, top_out=buffer[:, 5], gap_out=buffer[:, 4], **kw)
+                assert torch.equal(idx, torch.argmax(x, dim=-1))
+                self._same_gap(buffer[:, 4], want, (T, dtype, seed, kw, "with top_out"))
+                torch.testing.assert_close(buffer[:, 5], top_probability_reference(x), rtol=1e-5, atol=0.0,
+                                           equal_nan=True)
+                assert (buffer[:, [0, 1, 3, 6]] == -1.0).all()
+            if T >= 16:
+                assert want[:3].tolist() == [0.0] * 3 and want[[3, 6]].tolist() == [inf, inf]
+                assert want[[4, 5, 7, 10]].isnan().all() and want[8].item() == 0.5 and want[9].item() == 0.0
+
+    def test_top_gap_alone_is_the_one_pass_kernel_in_graphs(self):
+        """dspark.sampling.top_gap on CUDA with triton_argmax on (the sampled draft's slots): the argmax kernel's
+        own pass, bitwise the reference, written into a slot's column of a [rows, slots] buffer, in a captured
+        graph with new logits before every replay; with triton_argmax off, the reference."""
+        from dspark.config import KernelConfig
+        from dspark.sampling import top_gap
+        from kernels.argmax import top_gap_reference
+
+        on = KernelConfig(attention_backend="triton", triton_argmax=True)
+        off = KernelConfig(attention_backend="triton", triton_argmax=False)
+        for T, dtype in ((1, torch.float32), (256, torch.bfloat16)):
+            x = self._logits(T, self.V, dtype, seed=3)
+            self._same_gap(top_gap(x, off)[:, None], top_gap_reference(x)[:, None], (T, dtype, "off"))
+            gaps = torch.zeros(T, 3, device=DEV)
+            top_gap(x, on, out=gaps[:, 1])  # warm-up: compile, workspace
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                top_gap(x, on, out=gaps[:, 1])
+            for replay in range(2):
+                x.copy_(self._logits(T, self.V, dtype, seed=50 + replay) * (1 + replay))
+                gaps.zero_()
+                graph.replay()
+                torch.cuda.synchronize()
+                self._same_gap(gaps[:, 1:2], top_gap_reference(x)[:, None], (T, dtype, replay))
+                assert (gaps[:, 0] == 0).all() and (gaps[:, 2] == 0).all()
+
+    @pytest.mark.parametrize("with_top", [False, True])
+    def test_top_gap_graph_replays_new_data(self, with_top):
+        """The greedy draft's seven slots through the engine's dispatcher (greedy_argmax with gap_out, and top_out
+        where triton_top_probability is on), in a captured graph, new logits before every replay."""
+        from dspark.config import KernelConfig
+        from dspark.sampling import greedy_argmax
+        from kernels.argmax import top_gap_reference
+        from kernels.top_probability import top_probability_reference
+
+        kernels = KernelConfig(attention_backend="triton", triton_argmax=True, triton_top_probability=with_top)
+        for T, dtype in ((1, torch.float32), (16, torch.bfloat16), (256, torch.float32)):
+            xs = [self._logits(T, self.V, dtype, seed=k) for k in range(7)]
+            gaps, tops = torch.zeros(T, 7, device=DEV), torch.zeros(T, 7, device=DEV)
+
+            def slots():
+                return [greedy_argmax(x, kernels, top_out=tops[:, k] if with_top else None, gap_out=gaps[:, k])
+                        for k, x in enumerate(xs)]
+
+            outs = slots()  # warm-up: compile, workspace
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = slots()
+            for replay in range(3):
+                for k, x in enumerate(xs):
+                    x.copy_(self._logits(T, self.V, dtype, seed=1000 * (replay + 1) + k) * (1 + replay))
+                    if T >= 16 and replay == 1:
+                        x[3, 5 + k] = float("nan")
+                        x[4] = -float("inf")
+                gaps.zero_()
+                tops.zero_()
+                graph.replay()
+                torch.cuda.synchronize()
+                for x, out in zip(xs, outs):
+                    assert torch.equal(out, torch.argmax(x, dim=-1)), (T, dtype, replay)
+                self._same_gap(gaps, torch.stack([top_gap_reference(x) for x in xs], 1), (T, dtype, replay))
+                if with_top:
+                    want = torch.stack([top_probability_reference(x) for x in xs], 1)
+                    torch.testing.assert_close(tops, want, rtol=1e-5, atol=0.0, equal_nan=True,
+                                               msg=lambda m: f"T={T} {dtype} replay {replay}: {m}")
+                else:
+                    assert (tops == 0).all()
+
     def test_capture_without_workspace_raises(self):
         from kernels import argmax as argmax_mod
 
@@ -722,11 +841,11 @@ class TestConfidenceSurvivalCuda:
     """kernels/confidence_survival.py on CUDA at the shipped drafter's shapes (d 576, Markov rank 32, block 7,
     bf16): the head's logits are the layer's value reduced in fp32 and rounded once to bf16 (one unit away at
     most, where the order of the reduction rounds apart), within cuBLAS's bf16 rounding of its bf16 layer, and the
-    survival is the calibration's prefix product of them (sts_bias, and sts_max_prob with the slots' top
-    probabilities); inside a CUDA graph too."""
+    survival is the calibration's prefix product of them (sts_bias, sts_max_prob with the slots' top
+    probabilities, sts_top_gap with their top-2 gaps); inside a CUDA graph too."""
 
-    @pytest.mark.parametrize("with_max_prob", [False, True])
-    def test_matches_the_reference_at_the_drafters_shapes(self, with_max_prob):
+    @pytest.mark.parametrize("score", [None, "max_prob", "top_gap"])
+    def test_matches_the_reference_at_the_drafters_shapes(self, score):
         from kernels.confidence_survival import (BlockConfidence, confidence_survival_reference,
                                                  confidence_survival_triton)
 
@@ -743,9 +862,9 @@ class TestConfidenceSurvivalCuda:
                         anchor=torch.randint(0, V, (R,), generator=g).to(DEV),
                         tokens=torch.randint(0, V, (R, G), generator=g).to(DEV),
                         active=(torch.rand(R, generator=g) < 0.8).to(DEV), **weights)
-            if with_max_prob:
-                case.update(max_prob=torch.rand(R, G, generator=g).to(DEV),
-                            max_prob_weights=(torch.randn(G, generator=g) * 0.4).to(DEV))
+            if score is not None:  # top probabilities in [0, 1), or gaps in [0, 6)
+                case.update({score: (torch.rand(R, G, generator=g) * (1.0 if score == "max_prob" else 6.0)).to(DEV),
+                             f"{score}_weights": (torch.randn(G, generator=g) * 0.4).to(DEV)})
             want = confidence_survival_reference(**case)
             out = BlockConfidence(torch.zeros(R, G, device=DEV), torch.zeros(R, G, device=DEV))
             graph = torch.cuda.CUDAGraph()
@@ -772,10 +891,12 @@ class TestConfidenceSurvivalCuda:
             same += int((out.logits == exact).sum())
             total += exact.numel()
             x = out.logits / case["temperatures"] + case["biases"]
-            if with_max_prob:
+            if score == "max_prob":
                 from dspark.survival import max_prob_logit
 
                 x = x + case["max_prob_weights"] * max_prob_logit(case["max_prob"])
+            if score == "top_gap":
+                x = x + case["top_gap_weights"] * case["top_gap"]
             from_logits = torch.where(case["active"][:, None], torch.cumprod(torch.sigmoid(x), 1), 0.0)
             torch.testing.assert_close(out.survival, from_logits, rtol=1e-5, atol=1e-6)
         assert same >= 0.9 * total, (same, total)

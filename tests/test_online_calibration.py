@@ -115,9 +115,9 @@ def test_an_engine_learns_offsets_while_scheduling_losslessly(models, tmp_path, 
     given = []
     plain_confidence = drafter.calibrated_confidence
 
-    def spy(z, max_prob=None, offsets=None):
+    def spy(z, max_prob=None, offsets=None, top_gap=None):
         given.append(offsets)
-        return plain_confidence(z, max_prob, offsets)
+        return plain_confidence(z, max_prob, offsets, top_gap)
 
     monkeypatch.setattr(drafter, "calibrated_confidence", spy)
     eng, out, base = scheduled_and_target_only(target, drafter, tmp_path, graphs, seed=43, max_tokens=40,

@@ -885,9 +885,12 @@ def test_ctrl_c_in_make_training_data_keeps_the_finished_responses(tmp_path, tar
 
 
 def test_the_replay_keeps_the_gap_between_the_two_largest_draft_logits():
-    """dspark.training.trainer.top2_gap: the largest logit minus the runner-up, per row, in float32 (ties give 0)."""
-    from dspark.training.trainer import top2_gap
+    """The replay's draft_top_gap is dspark.sampling.top_gap: the largest logit minus the runner-up, per row, in
+    float32 (ties give 0)."""
+    from dspark.sampling import top_gap
+    from dspark.training import trainer
 
+    assert trainer.top_gap is top_gap
     logits = torch.tensor([[[1.0, 4.0, 2.5], [3.0, 3.0, -1.0]]], dtype=torch.bfloat16)
-    gap = top2_gap(logits)
+    gap = top_gap(logits)
     assert gap.dtype == torch.float32 and gap.tolist() == [[1.5, 0.0]]

@@ -323,7 +323,11 @@ def recalibrated_survival(logits: list[np.ndarray], folder: str, block: int,
     from dspark.survival import calibrated_confidence
     from dspark.training.calibration import load_calibration
 
-    temps, biases, weights = load_calibration(folder, block)
+    cal = load_calibration(folder, block)
+    if cal.top_gap_weights is not None:
+        raise SystemExit(f"{folder}: its calibration (sts_top_gap) weighs the gap between the drafter's two largest "
+                         f"logits, which step traces do not hold; replay with another calibration")
+    temps, biases, weights = cal.temperatures, cal.biases, cal.max_prob_weights
     if weights is None:  # the max probabilities are not read
         max_probs = [None] * len(logits)
     elif max_probs is None or len(max_probs) != len(logits) or any(p is None for p in max_probs):

@@ -171,6 +171,11 @@ class DSparkDrafter(nn.Module):
         self.register_buffer("confidence_max_prob_weights", torch.zeros(cfg.block_size, dtype=torch.float32),
                              persistent=False)
         self.confidence_uses_max_prob = False
+        # sts_top_gap: the weight of the gap between the two largest logits per slot; read only while
+        # confidence_uses_top_gap (then calibrated_confidence needs the gaps)
+        self.register_buffer("confidence_top_gap_weights", torch.zeros(cfg.block_size, dtype=torch.float32),
+                             persistent=False)
+        self.confidence_uses_top_gap = False
         self._init_weights()
 
     # ------------------------------------------------------------------ setup
@@ -196,9 +201,10 @@ class DSparkDrafter(nn.Module):
             nn.init.normal_(self.mask_embedding, std=std)
 
     def _apply(self, fn, recurse: bool = True):
-        """Module.to()/.half()/.cuda() move the calibration (temperatures, biases, max-probability weights) with
-        the model but keep it float32."""
-        names = ("confidence_temperatures", "confidence_biases", "confidence_max_prob_weights")
+        """Module.to()/.half()/.cuda() move the calibration (temperatures, biases, score weights) with the model
+        but keep it float32."""
+        names = ("confidence_temperatures", "confidence_biases", "confidence_max_prob_weights",
+                 "confidence_top_gap_weights")
         kept = [getattr(self, name) for name in names]
         super()._apply(fn, recurse)
         device = fn(kept[0]).device
@@ -348,41 +354,51 @@ class DSparkDrafter(nn.Module):
         return DraftOutput(chain[:, 1:], torch.stack(logits_all, dim=1) if keep_logits else None, conf_out)
 
     def calibrated_confidence(self, confidence_logits: torch.Tensor, max_prob: torch.Tensor | None = None,
-                              offsets: torch.Tensor | None = None) -> torch.Tensor:
-        """c_k = sigmoid(z_k / T_k + b_k + w_k * logit(p_k) + o_k) for confidence_logits [..., gamma] (temperatures
-        from STS, default 1; biases from sts_bias / sts_max_prob, default 0; max-probability weights w_k from
-        sts_max_prob). ``max_prob`` [..., gamma]: the drafter's top-token probability per slot, REQUIRED while
-        :attr:`confidence_uses_max_prob` (ValueError without it) and not used otherwise. ``offsets`` [gamma]: an
-        engine's own logit offsets (engine.online_calibration), None for none; the drafter keeps no such state."""
+                              offsets: torch.Tensor | None = None, top_gap: torch.Tensor | None = None
+                              ) -> torch.Tensor:
+        """c_k = sigmoid(z_k / T_k + b_k + w_k * logit(p_k) + v_k * g_k + o_k) for confidence_logits [..., gamma]
+        (temperatures from STS, default 1; biases from sts_bias / sts_max_prob / sts_top_gap, default 0;
+        max-probability weights w_k from sts_max_prob; top-gap weights v_k from sts_top_gap). ``max_prob``
+        [..., gamma]: the drafter's top-token probability per slot, REQUIRED while :attr:`confidence_uses_max_prob`
+        (ValueError without it) and not used otherwise; ``top_gap`` [..., gamma]: the gap between its two largest
+        logits per slot, likewise with :attr:`confidence_uses_top_gap`. ``offsets`` [gamma]: an engine's own logit
+        offsets (engine.online_calibration), None for none; the drafter keeps no such state."""
         from dspark.survival import calibrated_confidence
 
         flat = confidence_logits.reshape(-1, confidence_logits.shape[-1])
-        weights = top = None
+        weights = top = gap_weights = gap = None
         if self.confidence_uses_max_prob:
             if max_prob is None:
                 raise ValueError("this drafter's confidence calibration (sts_max_prob) weighs the drafter's top-token "
                                  "probability of every slot: pass max_prob (the max of its softmax at each slot)")
             weights, top = self.confidence_max_prob_weights, max_prob.reshape(flat.shape)
+        if self.confidence_uses_top_gap:
+            if top_gap is None:
+                raise ValueError("this drafter's confidence calibration (sts_top_gap) weighs the gap between the "
+                                 "drafter's two largest logits of every slot: pass top_gap")
+            gap_weights, gap = self.confidence_top_gap_weights, top_gap.reshape(flat.shape)
         return calibrated_confidence(flat, self.confidence_temperatures, self.confidence_biases, top,
-                                     weights, offsets).reshape(confidence_logits.shape)
+                                     weights, offsets, gap, gap_weights).reshape(confidence_logits.shape)
 
     @property
     def confidence_calibration_method(self) -> str:
         """The calibration in effect, by its config name: ``sts_max_prob`` (max-probability weights),
-        ``sts_bias`` (a bias not 0), ``sts`` (a temperature not 1) or ``none`` (the raw head). Reads the
-        buffers on the host: for reports, not for steps."""
+        ``sts_top_gap`` (top-gap weights), ``sts_bias`` (a bias not 0), ``sts`` (a temperature not 1) or ``none``
+        (the raw head). Reads the buffers on the host: for reports, not for steps."""
         from dspark.training.calibration import calibration_method
 
         return calibration_method(self.confidence_temperatures.tolist(), self.confidence_biases.tolist(),
-                                  self.confidence_uses_max_prob)
+                                  self.confidence_uses_max_prob, self.confidence_uses_top_gap)
 
-    def calibration_values(self) -> tuple[list[float], list[float], list[float] | None]:
-        """(temperatures, biases, max-probability weights or None) as host lists, as
+    def calibration_values(self) -> tuple[list[float], list[float], list[float] | None, list[float] | None]:
+        """(temperatures, biases, max-probability weights or None, top-gap weights or None) as host lists, as
         :meth:`set_confidence_temperatures` takes them."""
         weights = self.confidence_max_prob_weights.tolist() if self.confidence_uses_max_prob else None
-        return self.confidence_temperatures.tolist(), self.confidence_biases.tolist(), weights
+        gap_weights = self.confidence_top_gap_weights.tolist() if self.confidence_uses_top_gap else None
+        return self.confidence_temperatures.tolist(), self.confidence_biases.tolist(), weights, gap_weights
 
-    def with_calibration(self, temperatures, biases=None, max_prob_weights=None) -> "DSparkDrafter":
+    def with_calibration(self, temperatures, biases=None, max_prob_weights=None,
+                         top_gap_weights=None) -> "DSparkDrafter":
         """A drafter that shares this one's modules and weights (nothing copied) but has its own
         confidence calibration (:meth:`set_confidence_temperatures`), e.g. one fitted on the
         workload an engine serves; this drafter's calibration is left as it is."""
@@ -393,7 +409,8 @@ class DSparkDrafter(nn.Module):
         twin.confidence_temperatures = self.confidence_temperatures.clone()
         twin.confidence_biases = self.confidence_biases.clone()
         twin.confidence_max_prob_weights = self.confidence_max_prob_weights.clone()
-        twin.set_confidence_temperatures(temperatures, biases, max_prob_weights)
+        twin.confidence_top_gap_weights = self.confidence_top_gap_weights.clone()
+        twin.set_confidence_temperatures(temperatures, biases, max_prob_weights, top_gap_weights)
         return twin
 
     def _finite_per_slot(self, what: str, values) -> list[float]:
@@ -412,14 +429,17 @@ class DSparkDrafter(nn.Module):
             raise ConfigError(f"{what} must be finite, got {out}")
         return out
 
-    def set_confidence_temperatures(self, temperatures, biases=None, max_prob_weights=None) -> None:
-        """Set the per-slot calibration: temperatures (finite, > 0), biases (finite; None: zeros, i.e. STS) and
-        max-probability weights (finite; None: no max-probability term, i.e. sts / sts_bias).
+    def set_confidence_temperatures(self, temperatures, biases=None, max_prob_weights=None,
+                                    top_gap_weights=None) -> None:
+        """Set the per-slot calibration: temperatures (finite, > 0), biases (finite; None: zeros, i.e. STS),
+        max-probability weights (finite; None: no max-probability term) and top-gap weights (finite; None: no
+        gap term). A calibration weighs one of the two scores at most (ConfigError for both).
 
         Written in place into the existing buffers, so a CUDA graph captured earlier sees the new values.
-        Whether the calibration weighs the max probability (:attr:`confidence_uses_max_prob`) decides what a
-        draft stage computes, so an engine's captured draft graphs hold the answer of when they were captured:
-        switching it (weights to None or back) needs graphs captured again; changing values does not.
+        Whether the calibration weighs the max probability (:attr:`confidence_uses_max_prob`) or the top gap
+        (:attr:`confidence_uses_top_gap`) decides what a draft stage computes, so an engine's captured draft graphs
+        hold the answer of when they were captured: switching it (weights to None or back) needs graphs captured
+        again; changing values does not.
         """
         temps = [float(t) for t in temperatures]
         if len(temps) != self.block_size:
@@ -429,9 +449,15 @@ class DSparkDrafter(nn.Module):
             raise ConfigError(f"confidence temperatures must be finite and > 0, got {temps}")
         bias_values = self._finite_per_slot("confidence biases", biases)
         weight_values = self._finite_per_slot("confidence max_prob_weights", max_prob_weights)
+        gap_values = self._finite_per_slot("confidence top_gap_weights", top_gap_weights)
+        if max_prob_weights is not None and top_gap_weights is not None:
+            raise ConfigError("a confidence calibration weighs one drafter score at most: max_prob_weights "
+                              "(sts_max_prob) or top_gap_weights (sts_top_gap), not both")
         self.confidence_uses_max_prob = max_prob_weights is not None
+        self.confidence_uses_top_gap = top_gap_weights is not None
         for name, values in (("confidence_temperatures", temps), ("confidence_biases", bias_values),
-                             ("confidence_max_prob_weights", weight_values)):
+                             ("confidence_max_prob_weights", weight_values),
+                             ("confidence_top_gap_weights", gap_values)):
             buf = getattr(self, name)
             new = torch.tensor(values, dtype=torch.float32)
             if buf.is_inference() and not torch.is_inference_mode_enabled():
@@ -546,12 +572,13 @@ class DSparkDrafter(nn.Module):
                      for fname in sorted(set(weight_map.values()))}
             index = {"metadata": {"total_size": total, "files": files}, "weight_map": weight_map}
             (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-        temps, biases, weights = self.calibration_values()
-        if any(t != 1.0 for t in temps) or any(b != 0.0 for b in biases) or weights is not None:
+        temps, biases, weights, gap_weights = self.calibration_values()
+        scored = weights is not None or gap_weights is not None
+        if any(t != 1.0 for t in temps) or any(b != 0.0 for b in biases) or scored:
             from dspark.training.calibration import save_temperatures
 
-            save_temperatures(out, temps, biases=biases if any(b != 0.0 for b in biases) or weights is not None
-                              else None, max_prob_weights=weights)
+            save_temperatures(out, temps, biases=biases if any(b != 0.0 for b in biases) or scored else None,
+                              max_prob_weights=weights, top_gap_weights=gap_weights)
         return out
 
     @classmethod
@@ -621,9 +648,7 @@ class DSparkDrafter(nn.Module):
             from dspark.training.calibration import load_calibration
 
             try:
-                temps, biases, weights = load_calibration(src, model.block_size)
-                model.set_confidence_temperatures(temps.tolist(), biases.tolist(),
-                                                  None if weights is None else weights.tolist())
+                model.set_confidence_temperatures(*load_calibration(src, model.block_size).as_lists())
             except (ConfigError, ValueError) as err:
                 raise ConfigError(f"{temps_path}: {err}") from None
         from dspark.models.provenance import drafter_record

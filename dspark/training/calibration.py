@@ -27,7 +27,10 @@ on reached cells is the prefix survival. It changes the order of the blocks with
 feature), so the AUC of its c_k is reported beside the head's alone. It is stored as T_k = 1 / a_k (a_k must
 come out > 0: a head that ranks acceptance backwards next to p_k is refused), b_k and the weights w_k: the
 head's part keeps the sts_bias form, and the file names its own method, which a reader that does not know it
-refuses (it cannot drop the weights unnoticed).
+refuses (it cannot drop the weights unnoticed). ``sts_top_gap`` (:func:`fit_top_gap_calibration`) is the same fit
+with the gap g_k between the drafter's two largest logits in place of logit(p_k),
+c_k = sigmoid(a_k z_k + v_k g_k + b_k): a score the greedy argmax's own pass gives with one more comparison per
+logit and no softmax. Its weights are the list "top_gap_weights".
 
 Inputs are plain tensors: ``conf_logits`` [M, G] raw confidence logits of M validation
 blocks and ``accepted`` [M, G] with 0/1 realised acceptance per position, each row
@@ -35,7 +38,8 @@ verified over the whole block. Values after a row's first rejection are ignored 
 survival indicator is the cumulative product), so rows may hold anything 0/1 there.
 
 Temperatures (and biases, zero for STS and for files written before biases existed; and, for
-``sts_max_prob``, the list "max_prob_weights") live in ``temperatures.json`` beside the drafter checkpoint.
+``sts_max_prob``, the list "max_prob_weights"; for ``sts_top_gap``, "top_gap_weights") live in
+``temperatures.json`` beside the drafter checkpoint.
 """
 
 from __future__ import annotations
@@ -56,24 +60,37 @@ TEMPERATURES_FILE = "temperatures.json"
 STS_METHOD = "sequential_temperature_scaling"
 STS_BIAS_METHOD = "sequential_temperature_bias_scaling"
 STS_MAX_PROB_METHOD = "head_and_max_prob_logistic_regression"
+STS_TOP_GAP_METHOD = "head_and_top_gap_logistic_regression"
 # config name -> name written in the files
-METHODS = {"sts": STS_METHOD, "sts_bias": STS_BIAS_METHOD, "sts_max_prob": STS_MAX_PROB_METHOD}
+METHODS = {"sts": STS_METHOD, "sts_bias": STS_BIAS_METHOD, "sts_max_prob": STS_MAX_PROB_METHOD,
+           "sts_top_gap": STS_TOP_GAP_METHOD}
 CONFIG_NAMES = {written: name for name, written in METHODS.items()}  # name written in the files -> config name
 
 
 class Calibration(NamedTuple):
     """A drafter's confidence calibration as :func:`load_calibration` reads it: float32 temperatures [G] and
-    biases [G], and the max-probability weights [G] of sts_max_prob (None for sts and sts_bias)."""
+    biases [G], the max-probability weights [G] of sts_max_prob and the top-gap weights [G] of sts_top_gap (each
+    None where the calibration does not weigh that score)."""
 
     temperatures: Tensor
     biases: Tensor
     max_prob_weights: Tensor | None
+    top_gap_weights: Tensor | None = None
 
     @property
     def method(self) -> str:
         """What this calibration does, by its config name: ``sts_max_prob`` (max-probability weights),
-        ``sts_bias`` (a bias not 0), ``sts`` (a temperature not 1) or ``none`` (the raw head)."""
-        return calibration_method(self.temperatures.tolist(), self.biases.tolist(), self.max_prob_weights is not None)
+        ``sts_top_gap`` (top-gap weights), ``sts_bias`` (a bias not 0), ``sts`` (a temperature not 1) or
+        ``none`` (the raw head)."""
+        return calibration_method(self.temperatures.tolist(), self.biases.tolist(), self.max_prob_weights is not None,
+                                  self.top_gap_weights is not None)
+
+    def as_lists(self) -> tuple[list[float], list[float], list[float] | None, list[float] | None]:
+        """(temperatures, biases, max_prob_weights, top_gap_weights) as host lists (None where not weighed), as
+        ``DSparkDrafter.set_confidence_temperatures`` takes them."""
+        return (self.temperatures.tolist(), self.biases.tolist(),
+                None if self.max_prob_weights is None else self.max_prob_weights.tolist(),
+                None if self.top_gap_weights is None else self.top_gap_weights.tolist())
 
 
 def calibration_dir(path: str | Path) -> Path:
@@ -94,10 +111,13 @@ def calibration_method_of(path: str | Path) -> str:
     return load_calibration(calibration_dir(path), None).method
 
 
-def calibration_method(temperatures: list[float], biases: list[float], weighs_max_prob: bool) -> str:
+def calibration_method(temperatures: list[float], biases: list[float], weighs_max_prob: bool,
+                       weighs_top_gap: bool = False) -> str:
     """The config name of what a calibration with these values does (the name the engine's counters use)."""
     if weighs_max_prob:
         return "sts_max_prob"
+    if weighs_top_gap:
+        return "sts_top_gap"
     if any(b != 0.0 for b in biases):
         return "sts_bias"
     if any(t != 1.0 for t in temperatures):
@@ -157,10 +177,6 @@ def _check_biases(biases: Any, block_size: int) -> Tensor:
     return _check_per_position(biases, block_size, "biases", "bias", " (or leave biases out: zeros)")
 
 
-def _check_max_prob_weights(weights: Any, block_size: int) -> Tensor:
-    return _check_per_position(weights, block_size, "max_prob_weights", "weight")
-
-
 def _check_max_prob(max_prob: Any, shape: torch.Size) -> Tensor:
     p = _as_float64(max_prob, "max_prob")
     if p.shape != shape:
@@ -171,15 +187,37 @@ def _check_max_prob(max_prob: Any, shape: torch.Size) -> Tensor:
     return p
 
 
-def _check_fused(max_prob: Any, max_prob_weights: Any, shape: torch.Size) -> tuple[Tensor | None, Tensor | None]:
-    """(max_prob, weights) checked, or (None, None) without weights (a max_prob alone is not used)."""
-    if max_prob_weights is None:
-        return None, None
-    w = _check_max_prob_weights(max_prob_weights, shape[-1])
-    if max_prob is None:
-        raise ValueError("max_prob_weights (sts_max_prob) need max_prob: the drafter's top-token probability of "
-                         "every block [M, G] (the replay's draft_max_prob)")
-    return _check_max_prob(max_prob, shape), w
+def _check_top_gap(top_gap: Any, shape: torch.Size) -> Tensor:
+    g = _as_float64(top_gap, "top_gap")
+    if g.shape != shape:
+        raise ValueError(f"top_gap shape {tuple(g.shape)} must equal conf_logits shape {tuple(shape)} (the gap "
+                         f"between the drafter's two largest logits at every block position)")
+    if bool((g < 0).any()):
+        raise ValueError("top_gap must be >= 0 (the largest logit minus the second largest, per slot)")
+    return g
+
+
+def _check_fused(shape: torch.Size, max_prob: Any = None, max_prob_weights: Any = None, top_gap: Any = None,
+                 top_gap_weights: Any = None) -> dict[str, Tensor]:
+    """The drafter score a calibration weighs, checked, as keyword arguments of :func:`calibrated_confidence`:
+    ``{max_prob, max_prob_weights}`` (sts_max_prob), ``{top_gap, top_gap_weights}`` (sts_top_gap) or ``{}``
+    without weights (a score alone is not used). A calibration weighs one score at most."""
+    if max_prob_weights is not None and top_gap_weights is not None:
+        raise ValueError("a calibration weighs one drafter score at most: give max_prob_weights (sts_max_prob) or "
+                         "top_gap_weights (sts_top_gap), not both")
+    if max_prob_weights is not None:
+        w = _check_per_position(max_prob_weights, shape[-1], "max_prob_weights", "weight")
+        if max_prob is None:
+            raise ValueError("max_prob_weights (sts_max_prob) need max_prob: the drafter's top-token probability of "
+                             "every block [M, G] (the replay's draft_max_prob)")
+        return {"max_prob": _check_max_prob(max_prob, shape), "max_prob_weights": w}
+    if top_gap_weights is not None:
+        v = _check_per_position(top_gap_weights, shape[-1], "top_gap_weights", "weight")
+        if top_gap is None:
+            raise ValueError("top_gap_weights (sts_top_gap) need top_gap: the gap between the drafter's two largest "
+                             "logits of every block [M, G] (the replay's draft_top_gap)")
+        return {"top_gap": _check_top_gap(top_gap, shape), "top_gap_weights": v}
+    return {}
 
 
 def survival_indicator(accepted: Tensor) -> Tensor:
@@ -188,12 +226,15 @@ def survival_indicator(accepted: Tensor) -> Tensor:
 
 
 def calibrated_confidence(conf_logits: Tensor, temperatures: Tensor, biases: Tensor | None = None,
-                          max_prob: Tensor | None = None, max_prob_weights: Tensor | None = None) -> Tensor:
-    """Per-position conditional confidence sigmoid(z_k / T_k + b_k + w_k * logit(p_k)); temperatures / biases /
-    max_prob_weights [G] broadcast over rows, max_prob [..., G] the drafter's top-token probabilities.
+                          max_prob: Tensor | None = None, max_prob_weights: Tensor | None = None,
+                          top_gap: Tensor | None = None, top_gap_weights: Tensor | None = None) -> Tensor:
+    """Per-position conditional confidence sigmoid(z_k / T_k + b_k + w_k * logit(p_k) + v_k * g_k); temperatures /
+    biases / max_prob_weights / top_gap_weights [G] broadcast over rows, max_prob [..., G] the drafter's
+    top-token probabilities, top_gap [..., G] the gaps between its two largest logits.
 
     ``biases`` None: zeros (plain STS). ``max_prob_weights`` None: no max-probability term (``max_prob`` is not
     used); with weights, ``max_prob`` is required. p is clamped as :func:`dspark.survival.max_prob_logit` does.
+    The same holds for ``top_gap_weights`` and ``top_gap``.
     """
     t = torch.as_tensor(temperatures, dtype=conf_logits.dtype, device=conf_logits.device)
     x = conf_logits / t
@@ -204,13 +245,21 @@ def calibrated_confidence(conf_logits: Tensor, temperatures: Tensor, biases: Ten
             raise ValueError("max_prob_weights (sts_max_prob) need max_prob, the drafter's top-token probabilities")
         w = torch.as_tensor(max_prob_weights, dtype=conf_logits.dtype, device=conf_logits.device)
         x = x + w * max_prob_logit(torch.as_tensor(max_prob, dtype=conf_logits.dtype, device=conf_logits.device))
+    if top_gap_weights is not None:
+        if top_gap is None:
+            raise ValueError("top_gap_weights (sts_top_gap) need top_gap, the gaps between the drafter's two largest "
+                             "logits")
+        v = torch.as_tensor(top_gap_weights, dtype=conf_logits.dtype, device=conf_logits.device)
+        x = x + v * torch.as_tensor(top_gap, dtype=conf_logits.dtype, device=conf_logits.device)
     return torch.sigmoid(x)
 
 
 def cumulative_survival(conf_logits: Tensor, temperatures: Tensor, biases: Tensor | None = None,
-                        max_prob: Tensor | None = None, max_prob_weights: Tensor | None = None) -> Tensor:
+                        max_prob: Tensor | None = None, max_prob_weights: Tensor | None = None,
+                        top_gap: Tensor | None = None, top_gap_weights: Tensor | None = None) -> Tensor:
     """Predicted prefix survival S_k = prod_{i<=k} c_i along the last axis (c as :func:`calibrated_confidence`)."""
-    return torch.cumprod(calibrated_confidence(conf_logits, temperatures, biases, max_prob, max_prob_weights), dim=-1)
+    return torch.cumprod(calibrated_confidence(conf_logits, temperatures, biases, max_prob, max_prob_weights,
+                                               top_gap, top_gap_weights), dim=-1)
 
 
 def temperature_grid(n_grid: int = 100, t_min: float = 0.2, t_max: float = 10.0) -> Tensor:
@@ -460,8 +509,29 @@ def fit_max_prob_calibration(conf_logits: Any, max_prob: Any, accepted: Any, *, 
     p = _check_max_prob(max_prob, z.shape)
     if isinstance(eps, bool) or not 0.0 < float(eps) < 0.5:
         raise ValueError(f"eps must be in (0, 0.5) (max_prob is clamped to [eps, 1 - eps]), got {eps!r}")
+    t, b, w = _fit_head_and_score(z, max_prob_logit(p, float(eps)), a, "the max probability",
+                                  "engine.acceptance_estimate=draft_max_prob")
+    return Calibration(t, b, w)
+
+
+def fit_top_gap_calibration(conf_logits: Any, top_gap: Any, accepted: Any) -> Calibration:
+    """Fit c_k = sigmoid(a_k z_k + v_k g_k + b_k) per position by maximum likelihood (sts_top_gap).
+
+    ``top_gap`` [M, G]: the gap between the drafter's two largest logits at every slot (the replay's
+    ``draft_top_gap``). Fitted as :func:`fit_max_prob_calibration`, with the same errors; returns a
+    :class:`Calibration` of float32 tensors: temperatures 1 / a_k, biases b_k, top_gap_weights v_k.
+    """
+    z, a = _check_block_inputs(conf_logits, accepted)
+    t, b, v = _fit_head_and_score(z, _check_top_gap(top_gap, z.shape), a, "the top-2 gap", "sts_max_prob")
+    return Calibration(t, b, None, v)
+
+
+def _fit_head_and_score(z: Tensor, x_all: Tensor, a: Tensor, score: str, other: str
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+    """Per position, the logistic fit of acceptance on (z_k, x_k, 1) over the reached cells: float32
+    (temperatures 1 / a_k, biases, weights of x). ``score`` names x in errors, ``other`` is the remedy offered
+    beside sts_bias."""
     reached = reached_cells(a)
-    x_all = max_prob_logit(p, float(eps))
     temperatures, biases, weights = [], [], []
     for k in range(z.shape[1]):
         rows = reached[:, k]
@@ -474,19 +544,19 @@ def fit_max_prob_calibration(conf_logits: Any, max_prob: Any, accepted: Any, *, 
         theta, ok = _logistic_mle(x, y)
         if not ok:
             raise ValueError(f"position {k + 1}: the logistic fit on its {n} reached blocks did not converge to "
-                             f"finite coefficients (the outcomes may be separable by the head and the max "
-                             f"probability); calibrate on more blocks, or use sts_bias")
+                             f"finite coefficients (the outcomes may be separable by the head and {score}); "
+                             f"calibrate on more blocks, or use sts_bias")
         a_k, w_k, b_k = (float(v) for v in theta)
         if not a_k > 0.0:
-            raise ValueError(f"position {k + 1}: the fitted head coefficient a = {a_k:.4g} is not > 0 (with the "
-                             f"max probability's weight w = {w_k:.4g}), so no positive temperature T = 1 / a "
-                             f"represents it: next to the max probability the head ranks acceptance backwards "
-                             f"or not at all there; use sts_bias, or engine.acceptance_estimate=draft_max_prob")
+            raise ValueError(f"position {k + 1}: the fitted head coefficient a = {a_k:.4g} is not > 0 (with "
+                             f"{score}'s weight w = {w_k:.4g}), so no positive temperature T = 1 / a "
+                             f"represents it: next to {score} the head ranks acceptance backwards "
+                             f"or not at all there; use sts_bias, or {other}")
         temperatures.append(1.0 / a_k)
         biases.append(b_k)
         weights.append(w_k)
-    return Calibration(torch.tensor(temperatures, dtype=torch.float32), torch.tensor(biases, dtype=torch.float32),
-                       torch.tensor(weights, dtype=torch.float32))
+    return (torch.tensor(temperatures, dtype=torch.float32), torch.tensor(biases, dtype=torch.float32),
+            torch.tensor(weights, dtype=torch.float32))
 
 
 def _auc_or_none(scores: Tensor, labels: Tensor) -> float | None:
@@ -513,7 +583,8 @@ def conditional_auc(scores: Any, accepted: Any) -> dict[str, Any]:
 
 
 def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biases: Any = None, *,
-                       n_bins: int = 15, max_prob: Any = None, max_prob_weights: Any = None) -> dict[str, Any]:
+                       n_bins: int = 15, max_prob: Any = None, max_prob_weights: Any = None, top_gap: Any = None,
+                       top_gap_weights: Any = None) -> dict[str, Any]:
     """Discrimination and calibration of the confidence head, as JSON-ready plain values.
 
     AUC: per position, sigmoid(z_k) against acceptance of k among the rows that reached k
@@ -529,18 +600,20 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biase
     confidence sigmoid(z / T + b + w logit(p)), the method is sts_max_prob, the report carries the biases
     and the weights, ``auc_per_position`` / ``auc_overall`` are the fused confidence's (a second feature
     changes the order within a position) and ``head_auc`` holds the head's alone (sigmoid(z)), as
-    :func:`conditional_auc` gives it. "before" stays the raw head (T = 1, no max probability).
+    :func:`conditional_auc` gives it. "before" stays the raw head (T = 1, no max probability). With
+    ``top_gap_weights`` (sts_top_gap; ``top_gap`` [M, G] then required) the same for the fused confidence
+    sigmoid(z / T + b + v g), and the report carries "top_gap_weights".
     """
     z, a = _check_block_inputs(conf_logits, accepted)
     g = z.shape[1]
     t = _check_temperatures(temperatures, g)
-    p, w = _check_fused(max_prob, max_prob_weights, z.shape)
-    b = _check_biases(biases, g) if biases is not None or w is not None else None
+    fused = _check_fused(z.shape, max_prob, max_prob_weights, top_gap, top_gap_weights)
+    b = _check_biases(biases, g) if biases is not None or fused else None
     survived = survival_indicator(a)
     head_discrimination = conditional_auc(torch.sigmoid(z), a)
-    discrimination = head_discrimination if w is None else conditional_auc(calibrated_confidence(z, t, b, p, w), a)
+    discrimination = conditional_auc(calibrated_confidence(z, t, b, **fused), a) if fused else head_discrimination
     before = cumulative_survival(z, torch.ones(g, dtype=torch.float64))
-    after = cumulative_survival(z, t, b, p, w)
+    after = cumulative_survival(z, t, b, **fused)
     ece_before = [float(_ece_rows(before[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
     ece_after = [float(_ece_rows(after[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
     reached = reached_cells(a)
@@ -549,8 +622,10 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biase
     extra: dict[str, Any] = {}
     if b is not None:
         extra["biases"] = [float(v) for v in b]
-    if w is not None:
-        extra["max_prob_weights"] = [float(v) for v in w]
+    for key in ("max_prob_weights", "top_gap_weights"):
+        if key in fused:
+            extra[key] = [float(v) for v in fused[key]]
+    if fused:
         extra["head_auc"] = head_discrimination
     extra.update({
         "survival_auc_before_per_position": [_auc_or_none(before[:, k], survived[:, k]) for k in range(g)],
@@ -559,7 +634,7 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biase
         "brier_after_per_position": [float(((after[:, k] - survived[:, k]) ** 2).mean()) for k in range(g)],
     })
     return {
-        "method": STS_METHOD if b is None else STS_BIAS_METHOD if w is None else STS_MAX_PROB_METHOD,
+        "method": _method_written(b is not None, fused),
         "num_rows": int(z.shape[0]),
         "block_size": g,
         "n_bins": n_bins,
@@ -605,10 +680,12 @@ def split_sequences(seq_index: Any, fit_fraction: float, seed: int, *, min_seque
 
 def bootstrap_ece(conf_logits: Any, accepted: Any, temperatures: Any, seq_index: Any, *, n_resamples: int = 200,
                   seed: int = 0, n_bins: int = 15, confidence: float = 0.95, biases: Any = None,
-                  max_prob: Any = None, max_prob_weights: Any = None) -> dict[str, Any]:
+                  max_prob: Any = None, max_prob_weights: Any = None, top_gap: Any = None,
+                  top_gap_weights: Any = None) -> dict[str, Any]:
     """Bootstrap interval of the mean-over-positions ECE of the cumulative survival (fixed temperatures,
     and biases when given: sigmoid(z / T + b); with ``max_prob_weights`` and ``max_prob`` the fused
-    sts_max_prob confidence sigmoid(z / T + b + w logit(p))).
+    sts_max_prob confidence sigmoid(z / T + b + w logit(p)), with ``top_gap_weights`` and ``top_gap`` the
+    sts_top_gap one).
 
     Resamples SEQUENCES with replacement (``seq_index`` [M] names each block's sequence), so
     the interval reflects the correlation of blocks within a sequence; each resample's ECE is
@@ -626,7 +703,7 @@ def bootstrap_ece(conf_logits: Any, accepted: Any, temperatures: Any, seq_index:
     g = z.shape[1]
     t = _check_temperatures(temperatures, g)
     b = None if biases is None else _check_biases(biases, g)
-    p, w = _check_fused(max_prob, max_prob_weights, z.shape)
+    fused = _check_fused(z.shape, max_prob, max_prob_weights, top_gap, top_gap_weights)
     idx = torch.as_tensor(seq_index).reshape(-1).long().cpu()
     if idx.numel() != z.shape[0]:
         raise ValueError(f"seq_index has {idx.numel()} entries for {z.shape[0]} blocks; give one per block")
@@ -640,7 +717,7 @@ def bootstrap_ece(conf_logits: Any, accepted: Any, temperatures: Any, seq_index:
     n_seq = int(seqs.numel())
     if n_seq < 2:
         raise ValueError(f"a bootstrap by sequence needs at least 2 sequences, got {n_seq}")
-    prob = cumulative_survival(z, t, b, p, w)
+    prob = cumulative_survival(z, t, b, **fused)
     diff = prob - survival_indicator(a)
     bins = (prob * n_bins).floor().clamp_(0, n_bins - 1).long()
     # per-sequence, per-position, per-bin sums of (predicted - observed): ECE is linear in them
@@ -659,7 +736,7 @@ def bootstrap_ece(conf_logits: Any, accepted: Any, temperatures: Any, seq_index:
     weights = torch.zeros(int(n_resamples), n_seq, dtype=torch.float64).scatter_add_(
         1, draws, torch.ones_like(draws, dtype=torch.float64))
     values = ece_of(weights)
-    conditional = calibrated_confidence(z, t, b, p, w)
+    conditional = calibrated_confidence(z, t, b, **fused)
     floors = []
     for _ in range(min(int(n_resamples), 50)):
         hits = (torch.rand(z.shape, generator=gen, dtype=torch.float64) < conditional).double()
@@ -696,12 +773,13 @@ def _reliability_curve(prob: Tensor, outcome: Tensor, n_bins: int) -> tuple[np.n
 
 def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: str | Path, *, n_bins: int = 15,
                      title: str | None = None, biases: Any = None, max_prob: Any = None,
-                     max_prob_weights: Any = None) -> Path:
+                     max_prob_weights: Any = None, top_gap: Any = None, top_gap_weights: Any = None) -> Path:
     """Write a PNG reliability diagram, one panel per block position.
 
     Each panel plots the observed frequency of "positions 1..k all accepted" against the
     predicted cumulative survival, per equal-width bin, before (T = 1) and after STS (or STS with
-    biases, when given; or the fused sts_max_prob confidence, with ``max_prob_weights`` and ``max_prob``),
+    biases, when given; or the fused sts_max_prob confidence, with ``max_prob_weights`` and ``max_prob``, or the
+    sts_top_gap one, with ``top_gap_weights`` and ``top_gap``),
     over the diagonal of perfect calibration and a histogram of the calibrated predictions.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -711,11 +789,12 @@ def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: s
     g = z.shape[1]
     t = _check_temperatures(temperatures, g)
     b = None if biases is None else _check_biases(biases, g)
-    p, w = _check_fused(max_prob, max_prob_weights, z.shape)
-    after_label = "after STS" if b is None and w is None else "after STS+bias" if w is None else "after head+max prob"
+    fused = _check_fused(z.shape, max_prob, max_prob_weights, top_gap, top_gap_weights)
+    after_label = ("after head+max prob" if "max_prob" in fused else "after head+top gap" if fused
+                   else "after STS" if b is None else "after STS+bias")
     survived = survival_indicator(a)
     before = cumulative_survival(z, torch.ones(g, dtype=torch.float64))
-    after = cumulative_survival(z, t, b, p, w)
+    after = cumulative_survival(z, t, b, **fused)
     ncols = min(g, 4)
     nrows = math.ceil(g / ncols)
     fig = Figure(figsize=(3.2 * ncols, 3.0 * nrows), layout="constrained")
@@ -756,28 +835,34 @@ def reliability_plot(conf_logits: Any, accepted: Any, temperatures: Any, path: s
 
 
 def save_temperatures(directory: str | Path, temperatures: Any, *, ece_before: float | None = None,
-                      ece_after: float | None = None, biases: Any = None, max_prob_weights: Any = None) -> Path:
+                      ece_after: float | None = None, biases: Any = None, max_prob_weights: Any = None,
+                      top_gap_weights: Any = None) -> Path:
     """Write ``temperatures.json`` into the drafter checkpoint directory; returns its path.
 
     ece_before / ece_after (from :func:`calibration_report`) are stored as null when not given.
     ``biases`` (sts_bias, one finite value per position) adds a "biases" list and names the method
     sts_bias; without it the file is exactly the STS file (no "biases" key: zeros when read).
     ``max_prob_weights`` (sts_max_prob, one finite value per position) adds a "max_prob_weights" list
-    (and "biases", zeros when not given) and names the method sts_max_prob.
+    (and "biases", zeros when not given) and names the method sts_max_prob; ``top_gap_weights`` likewise adds a
+    "top_gap_weights" list and names the method sts_top_gap (one of the two at most).
     """
     t = _as_float64(temperatures, "temperatures").reshape(-1)
     t = _check_temperatures(t, t.numel())
-    w = None if max_prob_weights is None else _check_max_prob_weights(max_prob_weights, t.numel())
-    b = _check_biases(biases, t.numel()) if biases is not None or w is not None else None
+    if max_prob_weights is not None and top_gap_weights is not None:
+        raise ValueError("a calibration weighs one drafter score at most: max_prob_weights or top_gap_weights")
+    weights = {key: _check_per_position(values, t.numel(), key, "weight")
+               for key, values in (("max_prob_weights", max_prob_weights), ("top_gap_weights", top_gap_weights))
+               if values is not None}
+    b = _check_biases(biases, t.numel()) if biases is not None or weights else None
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     payload: dict[str, Any] = {"temperatures": [float(v) for v in t]}
     if b is not None:
         payload["biases"] = [float(v) for v in b]
-    if w is not None:
-        payload["max_prob_weights"] = [float(v) for v in w]
+    for key, values in weights.items():
+        payload[key] = [float(v) for v in values]
     payload.update({
-        "method": STS_METHOD if b is None else STS_BIAS_METHOD if w is None else STS_MAX_PROB_METHOD,
+        "method": _method_written(b is not None, weights),
         "ece_before": None if ece_before is None else float(ece_before),
         "ece_after": None if ece_after is None else float(ece_after),
     })
@@ -811,13 +896,14 @@ def _number_list(path: Path, payload: dict, key: str, block_size: int, what: str
 
 def load_calibration(directory: str | Path, block_size: int | None) -> Calibration:
     """Read ``temperatures.json``: a :class:`Calibration` (float32 temperatures [block_size], biases
-    [block_size], max_prob_weights [block_size] or None). ``block_size`` None: the file's own number of
+    [block_size], max_prob_weights and top_gap_weights [block_size] or None). ``block_size`` None: the file's own
+    number of
     temperatures (for reading what a file holds; a drafter passes its block size).
 
     Files without a "biases" list (STS, and every file written before biases existed) read as
     zero biases; files without "max_prob_weights" (sts, sts_bias) read as None: no max-probability
     term. Each list must hold ``block_size`` finite numbers; "max_prob_weights" goes with the method
-    sts_max_prob and no other (either without the other is refused).
+    sts_max_prob and no other (either without the other is refused), "top_gap_weights" with sts_top_gap.
     """
     path = Path(directory) / TEMPERATURES_FILE
     if not path.is_file():
@@ -844,23 +930,34 @@ def load_calibration(directory: str | Path, block_size: int | None) -> Calibrati
         biases = torch.zeros(block_size, dtype=torch.float32)
     else:
         biases = _number_list(path, payload, "biases", block_size, "method=sts_bias")
-    has_weights = payload.get("max_prob_weights") is not None
-    if has_weights != (method == STS_MAX_PROB_METHOD):
-        raise ValueError(f"{path}: method {method!r} "
-                         + ("has no 'max_prob_weights' list" if not has_weights else "takes no 'max_prob_weights'")
-                         + f"; 'max_prob_weights' goes with method {STS_MAX_PROB_METHOD!r} only: re-run "
-                         f"calibration to rewrite the file")
-    weights = _number_list(path, payload, "max_prob_weights", block_size, "method=sts_max_prob") if has_weights \
-        else None
-    return Calibration(temperatures, biases, weights)
+    weights = {}
+    for key, owner in (("max_prob_weights", STS_MAX_PROB_METHOD), ("top_gap_weights", STS_TOP_GAP_METHOD)):
+        has_weights = payload.get(key) is not None
+        if has_weights != (method == owner):
+            raise ValueError(f"{path}: method {method!r} "
+                             + (f"has no '{key}' list" if not has_weights else f"takes no '{key}'")
+                             + f"; '{key}' goes with method {owner!r} only: re-run calibration to rewrite the file")
+        if has_weights:
+            weights[key] = _number_list(path, payload, key, block_size, f"method={CONFIG_NAMES[owner]}")
+    return Calibration(temperatures, biases, weights.get("max_prob_weights"), weights.get("top_gap_weights"))
+
+
+def _method_written(has_biases: bool, weights: dict) -> str:
+    """The method name a file or report carries: by the score weights present, else by whether biases are."""
+    if "max_prob_weights" in weights:
+        return STS_MAX_PROB_METHOD
+    if "top_gap_weights" in weights:
+        return STS_TOP_GAP_METHOD
+    return STS_BIAS_METHOD if has_biases else STS_METHOD
 
 
 __all__ = [
     "CONFIG_NAMES", "Calibration", "METHODS", "STS_BIAS_METHOD", "STS_MAX_PROB_METHOD", "STS_METHOD",
+    "STS_TOP_GAP_METHOD",
     "TEMPERATURES_FILE", "bias_grid", "bootstrap_ece", "calibration_dir", "calibration_method",
     "calibration_method_of", "calibrated_confidence", "calibration_report", "conditional_auc", "cumulative_survival",
     "reached_cells",
-    "expected_calibration_error", "fit_max_prob_calibration",
+    "expected_calibration_error", "fit_max_prob_calibration", "fit_top_gap_calibration",
     "fit_sequential_temperatures", "fit_sequential_temperatures_biases", "load_calibration", "load_temperatures",
     "reliability_plot", "roc_auc", "save_temperatures", "split_sequences", "survival_indicator", "temperature_grid",
 ]

@@ -51,7 +51,7 @@ from dspark.config import ConfigError
 from dspark.models.drafter import DSparkDrafter, check_anchor_range
 from dspark.models.loading import read_safetensors
 from dspark.models.llama import TargetModel
-from dspark.sampling import top_probability
+from dspark.sampling import top_gap, top_probability
 from dspark.training.data import TokenDataset, batch_indices, make_batch, trained_lengths
 from dspark.training.interrupt import DeferredInterrupt
 from dspark.training.loss import CONF_TARGETS, dspark_loss
@@ -686,13 +686,6 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 # ---------------------------------------------------------------------------- greedy replay
 
 
-@torch.no_grad()
-def top2_gap(logits: torch.Tensor) -> torch.Tensor:
-    """float32 [...]: the largest logit minus the second largest over the last axis of ``logits`` [..., V]."""
-    top = logits.float().topk(2, dim=-1).values
-    return top[..., 0] - top[..., 1]
-
-
 def replay_blocks(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.Tensor, anchors: torch.Tensor,
                   anchor_chunk: int | None = None) -> dict[str, torch.Tensor]:
     """Greedy draft + full-block greedy verification at given anchors, as the engine would do them.
@@ -739,7 +732,8 @@ def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids:
             # (dspark.sampling.top_probability: the engine's draft stage computes it the same way)
             "draft_max_prob": top_probability(drafted.logits).view(n, a, gamma),
             # the gap between its two largest logits: a confidence that needs no softmax over the vocabulary
-            "draft_top_gap": top2_gap(drafted.logits).view(n, a, gamma)}
+            # (dspark.sampling.top_gap: the argmax kernel's gap_out gives the same values in its own pass)
+            "draft_top_gap": top_gap(drafted.logits).view(n, a, gamma)}
 
 
 @torch.no_grad()
@@ -803,5 +797,4 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
 
 __all__ = ["DrafterTrainer", "TrainConfig", "block_labels", "complete_checkpoints", "dense_target_forward",
            "expected_accept_length", "gather_positions", "greedy_block_acceptance", "load_tensor_shards",
-           "lr_lambda_factory", "replay_blocks", "sample_anchors", "save_tensor_shards", "target_verify_forward",
-           "top2_gap"]
+           "lr_lambda_factory", "replay_blocks", "sample_anchors", "save_tensor_shards", "target_verify_forward"]
