@@ -233,8 +233,8 @@ def calibrated_confidence(conf_logits: Tensor, temperatures: Tensor, biases: Ten
     top-token probabilities, top_gap [..., G] the gaps between its two largest logits.
 
     ``biases`` None: zeros (plain STS). ``max_prob_weights`` None: no max-probability term (``max_prob`` is not
-    used); with weights, ``max_prob`` is required. p is clamped as :func:`dspark.survival.max_prob_logit` does.
-    The same holds for ``top_gap_weights`` and ``top_gap``.
+    used); with weights, ``max_prob`` is required (p clamped as :func:`dspark.survival.max_prob_logit` does). The
+    same holds for ``top_gap_weights`` and ``top_gap``.
     """
     t = torch.as_tensor(temperatures, dtype=conf_logits.dtype, device=conf_logits.device)
     x = conf_logits / t
