@@ -54,8 +54,8 @@ def calibrated_confidence(conf_logits: torch.Tensor, temperatures: torch.Tensor,
 
     With ``max_prob_weights`` the max probabilities are required (ValueError without them), with
     ``top_gap_weights`` the gaps; without weights a given score is not used. Sync-free (no value checks on device
-    tensors): the calibration is validated where it is fitted or loaded, see ``check_temperatures`` /
-    ``check_biases`` / ``check_max_prob_weights`` / ``check_top_gap_weights``.
+    tensors): the calibration is validated where it is fitted or loaded (``dspark.training.calibration``,
+    ``DSparkDrafter.set_confidence_temperatures``).
     """
     if conf_logits.dim() != 2:
         raise ValueError(f"conf_logits must be [B, G], got shape {tuple(conf_logits.shape)}")
@@ -127,11 +127,6 @@ def check_biases(biases: Sequence[float] | torch.Tensor, block: int) -> None:
 def check_max_prob_weights(weights: Sequence[float] | torch.Tensor, block: int) -> None:
     """Host-side validation of sts_max_prob weights (call once at load time, not per step)."""
     _check_finite_per_position(weights, block, "max-probability weights")
-
-
-def check_top_gap_weights(weights: Sequence[float] | torch.Tensor, block: int) -> None:
-    """Host-side validation of sts_top_gap weights (call once at load time, not per step)."""
-    _check_finite_per_position(weights, block, "top-gap weights")
 
 
 def prefix_survival(conf: torch.Tensor) -> torch.Tensor:
@@ -206,5 +201,5 @@ def check_survival(survival: Sequence[Sequence[float]], *, name: str = "survival
 
 
 __all__ = ["MAX_PROB_EPS", "NEUTRAL_CONFIDENCE", "calibrated_confidence", "check_biases", "check_max_prob_weights",
-           "check_temperatures", "check_top_gap_weights", "max_prob_logit", "prefix_survival", "neutral_survival_row",
-           "reset_slot_", "check_survival"]
+           "check_temperatures", "max_prob_logit", "prefix_survival", "neutral_survival_row", "reset_slot_",
+           "check_survival"]

@@ -308,27 +308,32 @@ def models():
     return target, drafter
 
 
-def _spy_draft_stage(monkeypatch):
-    """Record, per draft stage: the live rows' request ids, survival, raw confidence logits and max
-    probabilities as the stage left them in its buffers, and the max probability of every slot's logits as
-    the drafter handed them to the sampler (softmax, computed here independently)."""
-    seen, probs = [], []
+def _softmax_max(logits: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits.float(), -1).amax(-1)
+
+
+def spy_draft_stage(monkeypatch, score: str = "max_prob", independent=_softmax_max):
+    """Record, per draft stage: the live rows' request ids, survival, raw confidence logits and ``score``
+    (``GraphDecoder``'s buffer of that name: max_prob, top_gap) as the stage left them in its buffers, and, as
+    "independent", ``independent`` of every slot's logits as the drafter handed them to the sampler (computed here
+    independently: the softmax max for max_prob)."""
+    seen, values = [], []
     real_stage, real_draft = GraphDecoder._draft_stage, DSparkDrafter.draft
 
     def draft(self, hidden, anchor_ids, lm_head_weight, sample_fn, *args, **kw):
         def watch(logits, k):
-            probs.append(torch.softmax(logits.float(), -1).amax(-1))
+            values.append(independent(logits))
             return sample_fn(logits, k)
         return real_draft(self, hidden, anchor_ids, lm_head_weight, watch, *args, **kw)
 
     def stage(self, R, host_driven=False):
-        probs.clear()
+        values.clear()
         real_stage(self, R, host_driven)
         live = self.active[:R].clone()
         ids = [rid for rid, on in zip(self.req_ids, live.tolist()) if on]
         seen.append({"ids": ids, "survival": self.survival[:R][live].clone(),
-                     "logits": self.confidence_logits[:R][live].clone(), "max_prob": self.max_prob[:R][live].clone(),
-                     "softmax_max": torch.stack(probs, 1)[live]})
+                     "logits": self.confidence_logits[:R][live].clone(), score: getattr(self, score)[:R][live].clone(),
+                     "independent": torch.stack(values, 1)[live]})
 
     monkeypatch.setattr(GraphDecoder, "_draft_stage", stage)
     monkeypatch.setattr(DSparkDrafter, "draft", draft)
@@ -361,7 +366,7 @@ def test_graph_and_host_paths_feed_the_max_probability_and_agree(models, monkeyp
                                                                else {})) for i in range(len(prompts))]
     per_path = {}
     for graphs in (False, True):
-        seen = _spy_draft_stage(monkeypatch)
+        seen = spy_draft_stage(monkeypatch)
         eng = head_engine(target, drafter, cuda_graphs=graphs, max_num_seqs=4)
         outs = eng.generate(prompts, params)
         assert eng.steps.keeps_max_prob()
@@ -373,7 +378,7 @@ def test_graph_and_host_paths_feed_the_max_probability_and_agree(models, monkeyp
             assert c["eager_steps"] > 0 and "device_resident_share" not in c
         for step in seen:
             # the max probability kept is the drafter's softmax max at each slot ...
-            torch.testing.assert_close(step["max_prob"], step["softmax_max"], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(step["max_prob"], step["independent"], rtol=1e-5, atol=1e-6)
             # ... and the survival is the fused formula on it
             want = torch.cumprod(_formula(step["logits"], step["max_prob"], T_ENGINE, B_ENGINE, W_ENGINE), 1)
             torch.testing.assert_close(step["survival"].double(), want, rtol=1e-5, atol=1e-6)

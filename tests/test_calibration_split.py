@@ -249,6 +249,32 @@ def _compose(*overrides):
         return compose(config_name="calibrate", overrides=["max_len=40", "progress=false", "n_grid=40", *overrides])
 
 
+def _runner_setup(tmp_path, data, checkpoint) -> tuple[Path, Path, list[str]]:
+    """A copy of the drafter to calibrate, the replay cache path, and the overrides every run on the saved data
+    shares (split in half, every anchor, a small bootstrap, the cache)."""
+    import shutil
+
+    ckpt = Path(shutil.copytree(checkpoint, tmp_path / "drafter"))
+    path = data.save(tmp_path / "calib.safetensors")
+    cache = tmp_path / "replay.pt"
+    return ckpt, cache, [f"data={path}", "fit_fraction=0.5", "anchors_per_seq=null", "anchor_chunk=8",
+                         "bootstrap_resamples=20", f"replay_cache={cache}", f"plot={tmp_path / 'rel.png'}"]
+
+
+def _redraw_acceptance(cache: Path, confidence) -> tuple[dict, torch.Tensor]:
+    """Rewrite the cached replay's acceptance as drawn (seed 0) from ``confidence(replay)`` [blocks, G], the
+    conditional acceptance of each slot, under the same key (the same data, anchors and drafter): the replay and
+    the drawn acceptance."""
+    stored = torch.load(cache, weights_only=True)
+    replay = stored["replay"]
+    c = confidence(replay)
+    gen = torch.Generator().manual_seed(0)
+    accepted = torch.cumprod((torch.rand(c.shape, generator=gen, dtype=torch.float64) < c).double(), 1)
+    replay.update(accepted=accepted.float(), accept_length=accepted.sum(1).float() + 1.0)
+    torch.save(stored, cache)
+    return replay, accepted
+
+
 def test_calibrate_runner_fit_report_split_and_bootstrap(tmp_path, target, data, checkpoint):
     from runners import calibrate
 
@@ -332,31 +358,20 @@ def test_calibrate_runner_sts_max_prob_fits_the_head_and_the_max_probability(tmp
     (its head carries no signal the max probability lacks); on the same replayed blocks (the drafter's head
     logits and max probabilities) with acceptance drawn from known coefficients it fits by maximum likelihood on
     the fit part, reports the fused, head-alone and max-probability AUCs, and writes weights the drafter loads."""
-    import shutil
-
     from dspark.models.drafter import DSparkDrafter
     from dspark.training.calibration import STS_MAX_PROB_METHOD, fit_max_prob_calibration, reached_cells
     from runners import calibrate
 
-    ckpt = Path(shutil.copytree(checkpoint, tmp_path / "drafter"))
-    path = data.save(tmp_path / "calib.safetensors")
-    cache = tmp_path / "replay.pt"
-    common = [f"data={path}", "fit_fraction=0.5", "anchors_per_seq=null", "anchor_chunk=8", "bootstrap_resamples=20",
-              f"replay_cache={cache}", f"plot={tmp_path / 'rel.png'}"]
+    ckpt, cache, common = _runner_setup(tmp_path, data, checkpoint)
     shipped = (ckpt / "temperatures.json").read_text()
     with pytest.raises(ConfigError, match=r"method=sts_max_prob: position \d"):
         calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_max_prob"), target=target)
     assert (ckpt / "temperatures.json").read_text() == shipped  # a refused fit writes nothing
-    stored = torch.load(cache, weights_only=True)
-    replay = stored["replay"]
-    z, p = replay["conf_logits"].double(), replay["draft_max_prob"].double()
     # c_k = sigmoid(z + 0.5 logit(p) + b_k): slot 1's max probability is near 1 (logit ~13), hence its own bias
     b_true = torch.tensor([-6.0, -1.5, -1.5, -1.5], dtype=torch.float64)
-    c = torch.sigmoid(1.0 * z + 0.5 * torch.logit(p.clamp(1e-6, 1 - 1e-6)) + b_true)
-    gen = torch.Generator().manual_seed(0)
-    accepted = torch.cumprod((torch.rand(c.shape, generator=gen, dtype=torch.float64) < c).double(), 1)
-    replay.update(accepted=accepted.float(), accept_length=accepted.sum(1).float() + 1.0)
-    torch.save(stored, cache)  # the same key: the same data, anchors and drafter
+    replay, accepted = _redraw_acceptance(cache, lambda r: torch.sigmoid(
+        r["conf_logits"].double() + 0.5 * torch.logit(r["draft_max_prob"].double().clamp(1e-6, 1 - 1e-6)) + b_true))
+    z, p = replay["conf_logits"].double(), replay["draft_max_prob"].double()
     out_json = tmp_path / "fused.json"
     report = calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_max_prob",
                                     f"output_json={out_json}"), target=target)
@@ -399,7 +414,8 @@ def test_calibrate_runner_sts_max_prob_fits_the_head_and_the_max_probability(tmp
     assert before["ece_after"] == pytest.approx(saved["ece_after"], abs=1e-6)
     assert "max_prob_weights" not in json.loads((ckpt / "temperatures.json").read_text())
     # a replay without the max probabilities is refused with the way out
-    del replay["draft_max_prob"]
+    stored = torch.load(cache, weights_only=True)
+    del stored["replay"]["draft_max_prob"]
     torch.save(stored, cache)
     with pytest.raises(ConfigError, match="holds no draft_max_prob.*delete replay_cache"):
         calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_max_prob"), target=target)
@@ -408,31 +424,19 @@ def test_calibrate_runner_sts_max_prob_fits_the_head_and_the_max_probability(tmp
 def test_calibrate_runner_sts_top_gap_fits_the_head_and_the_gap(tmp_path, target, data, checkpoint):
     """method=sts_top_gap end to end on the replayed blocks (the drafter's head logits and top-2 gaps) with
     acceptance drawn from known coefficients: it fits on the fit part, reports the fused and head-alone AUCs,
-    writes weights the drafter loads, and a later refit judges the gap calibration the checkpoint held; on traces,
-    which keep no gaps, it is refused."""
-    import shutil
-
+    writes weights the drafter loads, and a later refit judges the gap calibration the checkpoint held."""
     from dspark.models.drafter import DSparkDrafter
-    from dspark.step_trace import StepTrace
     from dspark.training.calibration import STS_TOP_GAP_METHOD, fit_top_gap_calibration
     from runners import calibrate
 
-    ckpt = Path(shutil.copytree(checkpoint, tmp_path / "drafter"))
-    path = data.save(tmp_path / "calib.safetensors")
-    cache = tmp_path / "replay.pt"
-    common = [f"data={path}", "fit_fraction=0.5", "anchors_per_seq=null", "anchor_chunk=8", "bootstrap_resamples=20",
-              f"replay_cache={cache}", f"plot={tmp_path / 'rel.png'}"]
+    ckpt, cache, common = _runner_setup(tmp_path, data, checkpoint)
     calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts", f"output_json={tmp_path / 'a.json'}"),
                   target=target)  # writes the replay cache
-    stored = torch.load(cache, weights_only=True)
-    replay = stored["replay"]
-    z, gap = replay["conf_logits"].double(), replay["draft_top_gap"].double()
     # slot 1's gap runs about five times the others' in this tiny drafter, hence its own bias
-    c = torch.sigmoid(z + 0.3 * gap + torch.tensor([-7.5, -2.5, -2.5, -2.5], dtype=torch.float64))
-    gen = torch.Generator().manual_seed(0)
-    accepted = torch.cumprod((torch.rand(c.shape, generator=gen, dtype=torch.float64) < c).double(), 1)
-    replay.update(accepted=accepted.float(), accept_length=accepted.sum(1).float() + 1.0)
-    torch.save(stored, cache)
+    b_true = torch.tensor([-7.5, -2.5, -2.5, -2.5], dtype=torch.float64)
+    replay, accepted = _redraw_acceptance(cache, lambda r: torch.sigmoid(
+        r["conf_logits"].double() + 0.3 * r["draft_top_gap"].double() + b_true))
+    z, gap = replay["conf_logits"].double(), replay["draft_top_gap"].double()
     out_json = tmp_path / "gap.json"
     calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_top_gap", f"output_json={out_json}"),
                   target=target)
@@ -455,16 +459,11 @@ def test_calibrate_runner_sts_top_gap_fits_the_head_and_the_gap(tmp_path, target
                                    f"output_json={tmp_path / 'sts.json'}"), target=target)
     assert again["previous_temperatures"]["top_gap_weights"] == pytest.approx(saved["top_gap_weights"])
     assert again["previous_temperatures"]["ece_after"] == pytest.approx(saved["ece_after"], abs=1e-6)
-    trace = StepTrace(4)
-    for step in range(6):
-        trace.record([0, 1, 2, 3], torch.rand(4, 4).sort(1, descending=True).values.numpy(), [4] * 4,
-                     [step % 5, 1, 4, 0], confidence_logits=torch.randn(4, 4).numpy())
-    with pytest.raises(ConfigError, match="traces hold no draft_top_gap"):
-        calibrate.run(_compose(f"checkpoint={ckpt}", f"traces=[{trace.save(tmp_path / 't.npz')}]",
-                               "method=sts_top_gap"))
 
 
-def test_calibrate_runner_sts_max_prob_on_traces_needs_their_max_probabilities(tmp_path, target, checkpoint):
+@pytest.mark.parametrize("method, score", [("sts_max_prob", "draft_max_prob"), ("sts_top_gap", "draft_top_gap")])
+def test_calibrate_runner_scored_methods_on_traces_need_their_scores(tmp_path, target, checkpoint, method, score):
+    """Traces without a method's score (here none; step traces never keep the gap) are refused, naming it."""
     from dspark.step_trace import StepTrace
     from runners import calibrate
 
@@ -473,8 +472,8 @@ def test_calibrate_runner_sts_max_prob_on_traces_needs_their_max_probabilities(t
         trace.record([0, 1, 2, 3], torch.rand(4, 4).sort(1, descending=True).values.numpy(), [4] * 4,
                      [step % 5, 1, 4, 0], confidence_logits=torch.randn(4, 4).numpy())
     path = trace.save(tmp_path / "old.npz")
-    with pytest.raises(ConfigError, match="traces hold no draft_max_prob"):
-        calibrate.run(_compose(f"checkpoint={checkpoint}", f"traces=[{path}]", "method=sts_max_prob"))
+    with pytest.raises(ConfigError, match=f"traces hold no {score}"):
+        calibrate.run(_compose(f"checkpoint={checkpoint}", f"traces=[{path}]", f"method={method}"))
 
 
 @pytest.mark.parametrize("override,match", [

@@ -205,18 +205,18 @@ def _check_fused(shape: torch.Size, max_prob: Any = None, max_prob_weights: Any 
     if max_prob_weights is not None and top_gap_weights is not None:
         raise ValueError("a calibration weighs one drafter score at most: give max_prob_weights (sts_max_prob) or "
                          "top_gap_weights (sts_top_gap), not both")
-    if max_prob_weights is not None:
-        w = _check_per_position(max_prob_weights, shape[-1], "max_prob_weights", "weight")
-        if max_prob is None:
-            raise ValueError("max_prob_weights (sts_max_prob) need max_prob: the drafter's top-token probability of "
-                             "every block [M, G] (the replay's draft_max_prob)")
-        return {"max_prob": _check_max_prob(max_prob, shape), "max_prob_weights": w}
-    if top_gap_weights is not None:
-        v = _check_per_position(top_gap_weights, shape[-1], "top_gap_weights", "weight")
-        if top_gap is None:
-            raise ValueError("top_gap_weights (sts_top_gap) need top_gap: the gap between the drafter's two largest "
-                             "logits of every block [M, G] (the replay's draft_top_gap)")
-        return {"top_gap": _check_top_gap(top_gap, shape), "top_gap_weights": v}
+    for name, score, weights, method, check, meaning in (
+            ("max_prob", max_prob, max_prob_weights, "sts_max_prob", _check_max_prob,
+             "the drafter's top-token probability"),
+            ("top_gap", top_gap, top_gap_weights, "sts_top_gap", _check_top_gap,
+             "the gap between the drafter's two largest logits")):
+        if weights is None:
+            continue
+        w = _check_per_position(weights, shape[-1], f"{name}_weights", "weight")
+        if score is None:
+            raise ValueError(f"{name}_weights ({method}) need {name}: {meaning} of every block [M, G] (the replay's "
+                             f"draft_{name})")
+        return {name: check(score, shape), f"{name}_weights": w}
     return {}
 
 
