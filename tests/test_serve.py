@@ -638,6 +638,31 @@ def test_requests_still_running_when_the_grace_period_ends_get_a_503(models, cap
     assert "2 request(s) still in flight" in caplog.text
 
 
+def test_a_requests_last_event_ends_what_a_lagging_handler_takes():
+    """A handler that lags behind takes the events already queued together (next_events), but only up to the
+    request's last event: after the server ended a request (Failed, 503) the engine still answers its abort with a
+    Finished output, which must not turn the ended stream back into a normal finish."""
+    from dspark.config import SamplingParams
+    from dspark.serving.engine_loop import BaseEngineLoop, Failed, Finished, NewTokens, RequestHandle
+
+    class QueueOnly(BaseEngineLoop):
+        running = True
+        start = submit = abort = snapshot = stop = None
+
+    async def take(events):
+        loop = QueueOnly()
+        handle = loop._track(RequestHandle([1], SamplingParams(), True))
+        for event in events:
+            handle.events.put_nowait(event)
+        taken = await loop.next_events(handle)
+        return taken, handle.events.qsize(), handle in loop._in_flight
+
+    ended, finished = Failed("the server shut down", status=503), Finished(output=None)
+    assert asyncio.run(take([NewTokens([5]), ended, finished])) == ([NewTokens([5]), ended], 1, False)
+    assert asyncio.run(take([ended, NewTokens([6]), finished])) == ([ended], 2, False)
+    assert asyncio.run(take([NewTokens([5]), NewTokens([6])])) == ([NewTokens([5]), NewTokens([6])], 0, True)
+
+
 # ---- runners.serve -----------------------------------------------------------------------------
 
 def compose_serve(overrides=()):

@@ -236,7 +236,7 @@ def create_app(engine, config: ServerConfig | None = None) -> FastAPI:
         done = False
         try:
             while True:
-                events = [await engine_loop.next_event(handle), *handle.queued()]
+                events = await engine_loop.next_events(handle)
                 end = events[-1] if not isinstance(events[-1], NewTokens) else None  # a request's last event
                 if isinstance(end, Finished):
                     done = True

@@ -64,6 +64,9 @@ class Failed:
 
 
 Event = Admitted | Refused | NewTokens | Finished | Failed
+# A request's last event: the first of these ends it. What the engine sends after one (its Finished for the abort
+# of a request the server already ended with Failed) is never read.
+LAST_EVENTS = (Refused, Finished, Failed)
 
 
 @dataclass(eq=False)
@@ -77,14 +80,6 @@ class RequestHandle:
     stream: bool
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     req_id: int | None = None
-
-    def queued(self) -> list[Event]:
-        """The events already waiting (call on the event loop): a handler that lags behind the engine takes
-        several steps' tokens at once."""
-        events = []
-        while not self.events.empty():
-            events.append(self.events.get_nowait())
-        return events
 
 
 @dataclass(frozen=True)
@@ -129,7 +124,7 @@ class EngineUnavailable(RuntimeError):
 
 class BaseEngineLoop(abc.ABC):
     """What the app needs of an engine loop, thread or process. Called on the event loop unless said
-    otherwise: ``start`` (at the app's startup), ``submit``, ``abort``, ``next_event``, ``snapshot``,
+    otherwise: ``start`` (at the app's startup), ``submit``, ``abort``, ``next_event``, ``next_events``, ``snapshot``,
     ``begin_drain`` (also from a signal handler), ``stop`` (blocking: from a worker thread). ``tokenizer``,
     ``cfg`` (the engine's EngineConfig), ``block_size`` and ``models`` (its ``Engine.models()``: the
     checkpoints it runs) describe the engine; ``on_finish(output)`` is
@@ -193,9 +188,20 @@ class BaseEngineLoop(abc.ABC):
                     event = Failed(self.failure or "the server stopped before the request finished")
                 else:
                     continue
-            if isinstance(event, (Refused, Finished, Failed)):
+            if isinstance(event, LAST_EVENTS):
                 self._in_flight.discard(handle)
             return event
+
+    async def next_events(self, handle: RequestHandle) -> list[Event]:
+        """The request's next event and the events already waiting behind it (a handler that lags behind the
+        engine takes several steps' tokens at once), up to the request's last event (``LAST_EVENTS``): what is
+        queued after that one is left unread."""
+        events = [await self.next_event(handle)]
+        while not isinstance(events[-1], LAST_EVENTS) and not handle.events.empty():
+            events.append(handle.events.get_nowait())
+        if isinstance(events[-1], LAST_EVENTS):
+            self._in_flight.discard(handle)
+        return events
 
     def _track(self, handle: RequestHandle) -> RequestHandle:
         """Count a submitted request in flight until its last event (call on the event loop, from ``submit``)."""
