@@ -148,7 +148,8 @@ class GraphDecoder:
         self.confidence_offsets = torch.zeros(G1, dtype=torch.float32, device=dev) if confidence_offsets else None
         self.max_prob = torch.zeros((S, G1), dtype=torch.float32, device=dev)
         # The gap between the drafter's two largest logits per slot (top_gap), kept for a head calibration that
-        # weighs it (sts_top_gap): on the Triton backend the greedy argmax's own pass writes it.
+        # weighs it (sts_top_gap): on the Triton backend the greedy argmax's own pass writes it, and for sampled
+        # rows the fused draw's first pass (kernels/draft_sampling.py).
         self.top_gap = torch.zeros((S, G1), dtype=torch.float32, device=dev)
         self.trace_max_prob = False  # Engine.start_step_trace: keep max_prob for the trace (eager steps only)
         # Whether the draft stage runs the drafter's confidence head and writes survival (runs_confidence_head):
@@ -485,7 +486,7 @@ class GraphDecoder:
         """Draft a block for rows [:R]; writes self.drafts, self.draft_probs (sampled rows), self.max_prob (when
         :meth:`keeps_max_prob`: :func:`dspark.sampling.top_probability` of each slot's logits, greedy and sampled
         rows alike, written slot by slot), self.top_gap (when :meth:`keeps_top_gap`: :func:`dspark.sampling.top_gap`
-        of each slot's logits, on the Triton backend in the greedy argmax's own pass) and, where
+        of each slot's logits, on the Triton backend in the greedy argmax's pass or the fused draw's) and, where
         :meth:`runs_confidence_head`, self.survival and the raw self.confidence_logits (one kernel on CUDA:
         :meth:`_fused_confidence`). No host sync: what it computes is decided by Python state (the estimate, the
         drafter's calibration method, the row count), so a captured draft graph replays it. A device-resident stage
@@ -527,13 +528,14 @@ class GraphDecoder:
             def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
                 if keep_top:
                     top_probability(logits, self.kernels, out=self.max_prob[:R, k])
-                if keep_gap:
+                if keep_gap and not fused:  # the fused draw keeps the gap in its own first pass
                     top_gap(logits, self.kernels, out=self.top_gap[:R, k])
                 if fused:
                     from kernels.draft_sampling import sample_slot_triton
 
                     return sample_slot_triton(logits, self.temperature[:R], uni[:, k].contiguous(),
-                                              probs_out=self.draft_probs[:R, k])[0]
+                                              probs_out=self.draft_probs[:R, k],
+                                              gap_out=self.top_gap[:R, k] if keep_gap else None)[0]
                 tokens, p = sample_rows(logits, rows, uni[:, k])
                 self.draft_probs[:R, k].copy_(p)  # slot by slot: no stacked [R, G, V] copy of the block
                 return tokens

@@ -15,6 +15,10 @@ most of a sampled draft's device time on the H200 (`bench/profile_draft_stage.py
    probabilities), while a running sum of ``exp(x_v - m)`` over the tiles finds the first v whose prefix exceeds
    ``u * S``: the inverse-CDF draw on the unnormalised weights, which is the same distribution.
 
+With ``gap_out`` the first pass also keeps each row's two largest logits (a repeat of the largest is the second)
+and writes their difference, :func:`kernels.argmax.top_gap_reference` bitwise (NaN for a row holding a NaN): the
+score an ``sts_top_gap`` calibration weighs, at no extra pass over the logits.
+
 The draw follows q, the probabilities it writes, as the acceptance rule requires. It is not the reference's
 index bit for bit: the two sum in different orders, so where ``u * S`` falls within rounding of a boundary
 between two tokens the two may pick neighbours (tests/test_draft_sampling.py bounds how close). A draw that
@@ -52,10 +56,12 @@ def sample_slot_reference(logits: torch.Tensor, temperature: torch.Tensor, u: to
 
 
 def sample_slot_triton(logits: torch.Tensor, temperature: torch.Tensor, u: torch.Tensor,
-                       probs_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       probs_out: torch.Tensor | None = None, gap_out: torch.Tensor | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens int64 [M], probs float32 [M, V]): the module's two-pass draw; ``probs_out`` (float32 [M, V], last
-    dim contiguous, e.g. one slot of the decoder's [R, G, V] buffer) receives the probabilities when given.
-    Capture-safe: reads no device value on the host."""
+    dim contiguous, e.g. one slot of the decoder's [R, G, V] buffer) receives the probabilities when given;
+    ``gap_out`` (float32 [M], any stride, e.g. one slot's column of the decoder's [R, G] gaps; needs V >= 2) each
+    row's largest logit minus its second largest. Capture-safe: reads no device value on the host."""
     if triton is None:
         raise RuntimeError("sample_slot_triton needs the triton package (engine.kernels.fused_draft_sampling=false "
                            "runs dspark.sampling.sample_rows)")
@@ -73,19 +79,27 @@ def sample_slot_triton(logits: torch.Tensor, temperature: torch.Tensor, u: torch
           or probs_out.device != logits.device):
         raise ValueError(f"probs_out must be float32 [{M}, {V}] with a contiguous last dim on {logits.device}, got "
                          f"{probs_out.dtype} {tuple(probs_out.shape)} strides {probs_out.stride()}")
+    if gap_out is not None:
+        if gap_out.shape != (M,) or gap_out.dtype != torch.float32 or gap_out.device != logits.device:
+            raise ValueError(f"gap_out must be float32 [{M}] on {logits.device}, got {gap_out.dtype} "
+                             f"{tuple(gap_out.shape)} on {gap_out.device}")
+        if V < 2:
+            raise ValueError(f"gap_out needs at least 2 columns (a largest and a second largest logit), got V={V}")
     tokens = torch.empty(M, dtype=torch.int64, device=logits.device)
     if M == 0 or V == 0:
         return tokens, probs_out
-    _sample_slot_kernel[(M,)](logits, temperature, u, probs_out, tokens, V, logits.stride(0), probs_out.stride(0),
-                              BLOCK=BLOCK_V, num_warps=8)
+    with_gap = gap_out is not None
+    _sample_slot_kernel[(M,)](logits, temperature, u, probs_out, tokens, gap_out if with_gap else tokens, V,
+                              logits.stride(0), probs_out.stride(0), gap_out.stride(0) if with_gap else 0,
+                              WITH_GAP=with_gap, BLOCK=BLOCK_V, num_warps=8)
     return tokens, probs_out
 
 
 if triton is not None:
 
     @triton.jit
-    def _sample_slot_kernel(logits_ptr, temp_ptr, u_ptr, probs_ptr, tokens_ptr, V, stride_l, stride_p,
-                            BLOCK: tl.constexpr):
+    def _sample_slot_kernel(logits_ptr, temp_ptr, u_ptr, probs_ptr, tokens_ptr, gap_ptr, V, stride_l, stride_p,
+                            stride_g, WITH_GAP: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         t = tl.load(temp_ptr + row)
         greedy = t == 0.0
@@ -97,6 +111,8 @@ if triton is not None:
         s = tl.full([], 0.0, tl.float32)
         best = tl.full([], -float("inf"), tl.float32)
         best_at = tl.full([], 0, tl.int32)
+        second = tl.full([], -float("inf"), tl.float32)  # WITH_GAP: the runner-up to best over the tiles so far
+        nan_seen = tl.full([], 0, tl.int32)
         for start in range(0, V, BLOCK):
             cols = start + offs
             ok = cols < V
@@ -109,9 +125,15 @@ if triton is not None:
             m = m_new
             raw_max = tl.max(raw, 0)
             at = tl.min(tl.where(raw == raw_max, cols, V), 0)
+            if WITH_GAP:  # the top two of {best, second} and of this tile (its first maximum left out)
+                tile_second = tl.max(tl.where(cols == at, -float("inf"), raw), 0)
+                second = tl.maximum(tl.maximum(second, tile_second), tl.minimum(best, raw_max))
+                nan_seen = tl.maximum(nan_seen, tl.max((raw != raw).to(tl.int32), 0))
             better = raw_max > best
             best_at = tl.where(better, at, best_at)
             best = tl.where(better, raw_max, best)
+        if WITH_GAP:
+            tl.store(gap_ptr + row * stride_g, tl.where(nan_seen > 0, float("nan"), best - second))
         # Pass 2: the probabilities, and the inverse-CDF draw on the unnormalised weights exp(x - m).
         target = tl.load(u_ptr + row) * s
         inv = 1.0 / s

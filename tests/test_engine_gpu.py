@@ -243,13 +243,15 @@ def test_captured_draft_graphs_below_plan_min_rows_skip_the_head_and_stay_lossle
     assert not eng.steps.runs_confidence_head(2) and eng.steps.runs_confidence_head(4)
 
 
-@pytest.mark.parametrize("score", ["max_prob", "top_gap"])
-def test_scored_survival_from_one_pass_and_one_kernel_in_graphs(tmp_path, score):
+@pytest.mark.parametrize("score,sampled", [("max_prob", False), ("top_gap", False), ("top_gap", True)])
+def test_scored_survival_from_one_pass_and_one_kernel_in_graphs(tmp_path, score, sampled):
     """A drafter calibrated with sts_max_prob (or sts_top_gap) on CUDA graphs: the greedy draft's top
     probabilities (top-2 gaps) come from the argmax kernel's own pass (greedy_argmax with top_out, gap_out), the
     head, the calibration with its score term and the survival from kernels/confidence_survival.py; the survival
     the planner reads is the drafter's calibration of the raw logits and scores the step wrote, outputs stay the
-    target's, and the engine trims."""
+    target's, and the engine trims. ``sampled``: the steps read afterwards draw their drafts at T=0.8, the gaps
+    from the fused draw's own pass (kernels/draft_sampling.py gap_out)."""
+    from dspark.sampling import fused_draft_sampling_enabled
     from dspark.survival import prefix_survival
 
     target = tiny_target(45)
@@ -266,8 +268,10 @@ def test_scored_survival_from_one_pass_and_one_kernel_in_graphs(tmp_path, score)
     c = eng.counters()
     assert c["graph_replays"] > 0 and c["trimmed_steps"] > 0 and c[f"confidence_calibration/sts_{score}_steps"] > 0
     eng.reset()
-    for p in prompts[:6]:
-        eng.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True))
+    for i, p in enumerate(prompts[:6]):
+        eng.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True,
+                                          **({"temperature": 0.8, "seed": i} if sampled else {})))
+    assert fused_draft_sampling_enabled(eng.steps.kernels, eng.steps.device) or not sampled
     for _ in range(12):
         eng.step()
     torch.cuda.synchronize()

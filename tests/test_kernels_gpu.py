@@ -935,6 +935,39 @@ class TestDraftSamplingCuda:
         fresh_t, _ = sample_slot_triton(logits, temperature, u)
         assert torch.equal(replay_t, fresh_t)
 
+    def test_the_gap_at_256_rows_equals_the_reference_in_a_graph_too(self):
+        """gap_out: each row's top-2 logit gap, top_gap_reference bitwise (ties and special rows included), into a
+        slot's column of a [R, G] buffer, the draw unchanged; and replayed from a captured graph."""
+        from kernels.argmax import top_gap_reference
+        from kernels.draft_sampling import sample_slot_triton
+
+        g = torch.Generator(device=DEV).manual_seed(9)
+        M, V = 256, 49152
+        logits = torch.randn(M, V, device=DEV, generator=g) * 4
+        logits[1, [7, 40000]] = 30.0  # a tie across tiles
+        logits[2, [7, 9]] = 30.0  # within a tile
+        logits[3, 100] = float("nan")
+        logits[4, [5, 6000]] = float("inf")
+        logits[5] = -float("inf")
+        logits[5, 3] = 0.5
+        temperature = torch.where(torch.arange(M, device=DEV) % 3 == 0, 0.0, 0.7)
+        u = torch.rand(M, device=DEV, generator=g)
+        gaps = torch.full((M, 7), -1.0, device=DEV)
+        tokens, _ = sample_slot_triton(logits, temperature, u, gap_out=gaps[:, 2])
+        torch.testing.assert_close(gaps[:, 2], top_gap_reference(logits), rtol=0, atol=0, equal_nan=True)
+        assert gaps[1, 2] == 0 and gaps[2, 2] == 0 and gaps[3, 2].isnan() and gaps[4, 2].isnan()
+        assert gaps[5, 2] == float("inf") and (gaps[:, [0, 1, 3, 4, 5, 6]] == -1.0).all()
+        keep = torch.ones(M, dtype=torch.bool, device=DEV)
+        keep[[3, 4]] = False  # the draw of a row with a NaN or two infinities is not specified
+        assert torch.equal(tokens[keep], sample_slot_triton(logits, temperature, u)[0][keep])
+        graph, out = torch.cuda.CUDAGraph(), torch.zeros(M, device=DEV)
+        sample_slot_triton(logits, temperature, u, gap_out=out)  # compile outside the capture (a unit stride)
+        with torch.cuda.graph(graph):
+            sample_slot_triton(logits, temperature, u, gap_out=out)
+        logits.copy_(torch.randn(M, V, device=DEV, generator=g))
+        graph.replay()
+        torch.testing.assert_close(out, top_gap_reference(logits), rtol=0, atol=0)
+
 
 class TestL2PrefetchCuda:
     def test_sums_match_the_reference(self):
