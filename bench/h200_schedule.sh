@@ -13,8 +13,9 @@
 #   maxprob:    ab=scheduled_vs_max_prob_calibration (the scheduled arm against the same arm with the sts_max_prob
 #               calibration in MP_CAL, a temperatures.json from runners.calibrate method=sts_max_prob) at the same
 #               concurrencies and workloads
-#   topgap:     ab=scheduled_vs_top_gap_calibration (the same with the sts_top_gap calibration in GAP_CAL, from
-#               runners.calibrate method=sts_top_gap) at the same concurrencies and workloads
+#   topgap:     ab=scheduled_vs_top_gap_calibration (the same with an sts_top_gap calibration: GAP_CAL, from
+#               runners.calibrate method=sts_top_gap; default the shipped drafter's) at the same concurrencies and
+#               workloads
 #   forcedtrim: ab=full_vs_forced_trim (verify-all vs the same engine verifying FORCE_FRAC, default 0.75, of every
 #               step's drafted cells: what a trim saves in service) at the same concurrencies and workloads
 #   share:      ab=full_vs_verify_share (verify-all vs the measured choice between the whole block and SHARE, default
@@ -96,7 +97,7 @@ for w in ${WORKLOADS:-mixed_chat agentic}; do
     has maxprob && run maxprob "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_max_prob_calibration \
       "ab.arms.B.engine.confidence_calibration=${MP_CAL:?set MP_CAL for PARTS=maxprob}"
     has topgap && run topgap "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_top_gap_calibration \
-      "ab.arms.B.engine.confidence_calibration=${GAP_CAL:?set GAP_CAL for PARTS=topgap}"
+      ${GAP_CAL:+"ab.arms.B.engine.confidence_calibration=$GAP_CAL"}
   done
   if has speculation; then
     for c in ${SPEC_CONCS:-1}; do run speculation "$w" "$c" "${T_RUN:-300}" ab=spec_off_vs_dspark; done

@@ -258,6 +258,7 @@ def check_calibration_files(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig
     """Each speculative arm's engine.confidence_calibration read now, before any model loads; an error names the
     key that set it (the arm's override, or the engine group's)."""
     from dspark.training.calibration import calibration_method_of
+    from runners.common import check_calibration_owner, resolve_drafter_path
 
     for arm, ecfg in arm_cfgs.items():
         if ecfg.confidence_calibration is None or ecfg.spec != "dspark":
@@ -268,6 +269,9 @@ def check_calibration_files(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig
             calibration_method_of(ecfg.confidence_calibration)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(f"{key}: {e}") from None
+        drafter = resolve_drafter_path(cfg.drafter.path)
+        if drafter != "random":
+            check_calibration_owner(ecfg.confidence_calibration, drafter, key)
 
 
 def check_interpolations(cfg: DictConfig) -> None:

@@ -46,6 +46,36 @@ def resolve_drafter_path(path: str | None, key: str = "drafter.path") -> str | N
     return path
 
 
+def resolve_calibration_path(path: str | None, key: str = "engine.confidence_calibration") -> str | None:
+    """'builtin:NAME/SUB' -> a calibration shipped beside the drafter NAME (dspark/assets/NAME/SUB, e.g.
+    ``builtin:dspark-smollm2/sts_top_gap``); 'builtin:NAME' -> that drafter's own calibration;
+    other values are paths (checked where they are read)."""
+    if path is None or not str(path).startswith("builtin:"):
+        return path
+    name = str(path).split(":", 1)[1]
+    folder = ASSETS / name
+    if not (folder / "temperatures.json").is_file():
+        shipped = sorted(str(p.parent.relative_to(ASSETS)) for p in ASSETS.glob("*/**/temperatures.json"))
+        raise ConfigError(f"{key}: {path} is not a calibration the package ships (no {folder}/temperatures.json); "
+                          f"the shipped ones: {', '.join('builtin:' + s for s in shipped) or 'none'}")
+    return str(folder)
+
+
+def check_calibration_owner(calibration: str | None, drafter_path: str | None,
+                            key: str = "engine.confidence_calibration") -> None:
+    """A calibration shipped in dspark/assets/NAME/ was fitted for the drafter NAME: refuse it for another drafter,
+    whose head it would mis-scale without a sign."""
+    if calibration is None or drafter_path is None:
+        return
+    where = Path(calibration).resolve()
+    owner = next((ASSETS / p.name for p in ASSETS.iterdir() if p.is_dir() and where.is_relative_to(p.resolve())),
+                 None)
+    if owner is not None and Path(drafter_path).resolve() != owner.resolve():
+        raise ConfigError(f"{key}: {calibration} was fitted for the shipped drafter builtin:{owner.name}, and this "
+                          f"engine runs the drafter in {drafter_path}; calibrate that drafter (`python -m "
+                          f"runners.calibrate checkpoint=COPY method=sts_bias ...`) and give its temperatures.json")
+
+
 def build_engine(cfg: Any, engine_cfg: EngineConfig | None = None, seed: int = 0):
     """Engine from a composed config with model/drafter/engine groups (and optional top-level spec)."""
     from dspark.engine import Engine
@@ -61,6 +91,8 @@ def build_engine(cfg: Any, engine_cfg: EngineConfig | None = None, seed: int = 0
     if engine_cfg.spec == "dspark" and drafter_path is None:
         raise ConfigError("spec=dspark needs a drafter: choose drafter=dspark_smollm2 or set drafter.path, "
                           "or run spec=off")
+    if drafter_path != "random":
+        check_calibration_owner(engine_cfg.confidence_calibration, drafter_path)
     folder = target_folder(cfg.model.source, cache_dir=cfg.model.cache_dir)
     mcfg, state, tokenizer = load_hf_folder(folder)
     target = TargetModel(mcfg)

@@ -36,6 +36,10 @@ SOURCES = ["agentic", "poetry", "arena_hard", "stdlib_prose", "hard_questions"]
 SHIPPED_ADMITTED = [34672, 34672]
 SHIPPED_PER_SOURCE = {"agentic": 21088, "arena_hard": 240, "hard_questions": 24770, "poetry": 19678,
                       "stdlib_prose": 3568}
+# The sixth continuation's data (G): sequences per source in data_summary of
+# bench/results/h100-2026-12-06-drafter17-greedy-stage (every request admitted).
+DATA_G_PER_SOURCE = {"agentic": 2636, "arena_hard": 360, "chat_followups": 1562, "hard_questions": 4954,
+                     "poetry": 19678, "stdlib_prose": 446, "tool_calls": 4365, "worked_problems": 4070}
 # The third run's record (data_shard{0,1}.log in ../h200-2026-11-30-drafter3): a time budget cut it.
 DRAFTER3_ADMITTED = [17143 - 14113, 17142 - 13949]
 DRAFTER3_SAMPLES = {"agentic": 4, "stdlib_prose": 4, "arena_hard": 8, "hard_questions": 3}
@@ -51,15 +55,16 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     seven sources (A, then B: prefixes of the same seeded train-split order), then on a third (C: the same
     sources and seed, other samples per prompt, each prompt's first sample greedy), then on a fourth (D: worked
     problems added, at most 2,500 prompts per source, greedy first), then on a fifth (E: D's sources, seed 5, at
-    most 5,000 prompts per source, every request admitted). Its record is a superset of all six: the from-scratch
-    record and E replay exactly, B's, C's, D's and E's ids are the records their machines wrote, and every
-    train-split prompt of the seven sources is in it (A's own ids were never written back)."""
+    most 5,000 prompts per source, every request admitted), then on a sixth (G: every train-split prompt of eight
+    sources, seed 7, greedy first, every request admitted, in two parts). Its record is a superset of all seven:
+    the from-scratch record, E and G replay exactly, B's to G's ids are the records their machines wrote, and
+    every train-split prompt of the seven sources is in it (A's own ids were never written back)."""
     logs = ROOT / "bench/results/h200-2026-11-30-drafter4"
     if logs.is_dir():  # the numbers above are the logs'
         summary = json.loads((logs / "data_summary.txt").read_text())
         assert summary["per_source"] == SHIPPED_PER_SOURCE and summary["sequences"] == sum(SHIPPED_ADMITTED)
         assert [p["not_admitted"] for p in summary["info"]["parts"]] == [0, 0]
-    scratch, data_a, data_b, data_c, data_d, data_e = shipped["recipe"]["lineage"]
+    scratch, data_a, data_b, data_c, data_d, data_e, data_g = shipped["recipe"]["lineage"]
     recipe = scratch["recipe"]
     assert recipe["split"] == "train" and recipe["seed"] == 0 and recipe["num_prompts_per_source"] is None
     assert [s["admitted"] for s in recipe["shards"]] == SHIPPED_ADMITTED
@@ -91,6 +96,22 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     replayed = mtd.collect_prompts(recipe_e["sources"], "train", recipe_e["num_prompts_per_source"], 5)
     assert {pid for _, pid, _ in replayed} <= trained
     assert sum(recipe_e["samples_per_prompt"][src] for src, _, _ in replayed) == recipe_e["shards"][0]["requests"]
+    parts_g = data_g["recipe"]["shards"]  # one shard answered by two processes (part=j/2), each a record
+    assert [p["shards"][0]["part"] for p in parts_g] == ["0/2", "1/2"]
+    recipe_g = parts_g[0]
+    assert recipe_g["seed"] == 7 and recipe_g["num_prompts_per_source"] is None and all(
+        p["seed"] == 7 and p["samples_per_prompt"] == recipe_g["samples_per_prompt"] for p in parts_g)
+    assert set(recipe_g["sources"]) == set(sources) | {"worked_problems"}
+    assert all(p["shards"][0]["admitted"] == p["shards"][0]["requests"] for p in parts_g)  # all of them
+    assert sum(p["shards"][0]["requests"] for p in parts_g) == sum(DATA_G_PER_SOURCE.values())
+    replayed = mtd.collect_prompts(recipe_g["sources"], "train", None, 7)
+    assert {pid for _, pid, _ in replayed} <= trained
+    requests = collections.Counter()
+    for src, _, _ in replayed:
+        requests[src] += recipe_g["samples_per_prompt"][src]
+    # chat_followups' pool is read from this Python's standard library (G's machine ran 3.12): the others replay
+    assert {k: v for k, v in requests.items() if k != "chat_followups"} == {
+        k: v for k, v in DATA_G_PER_SOURCE.items() if k != "chat_followups"}
     # chat_followups puts a stdlib object in train when its docstring appears in a train-split stdlib_prose
     # prompt, and docstrings differ between Python versions: B's machine (Python 3.12) saw a few stdlib items as
     # train that another Python may see as eval. No benchmark draws from that source, and calibration excludes the

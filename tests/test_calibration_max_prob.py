@@ -460,9 +460,10 @@ def test_an_engine_calibration_file_with_weights_is_what_the_planner_reads(model
 
 
 def test_the_shipped_calibrations_load_for_the_shipped_drafter():
-    """dspark/assets/dspark-smollm2/sts_max_prob/ (the option the model card and runners.ab's
-    scheduled_vs_max_prob_calibration name) is an sts_max_prob file of the shipped drafter's block size, given as
-    its folder or as the file; sts_bias/ is the head-only option; the drafter's own calibration is sts_top_gap."""
+    """dspark/assets/dspark-smollm2/sts_max_prob/ and sts_top_gap/ (the options the model card and runners.ab's
+    scheduled_vs_max_prob_calibration and scheduled_vs_top_gap_calibration name) are files of their methods and of
+    the shipped drafter's block size, given as a folder or as the file; the drafter's own calibration is the head's
+    alone (sts_bias)."""
     from pathlib import Path
 
     from dspark.training.calibration import calibration_method_of, load_calibration
@@ -472,6 +473,40 @@ def test_the_shipped_calibrations_load_for_the_shipped_drafter():
     cal = load_calibration(asset / "sts_max_prob", block)
     assert cal.max_prob_weights is not None and cal.method == "sts_max_prob"
     assert calibration_method_of(asset / "sts_max_prob" / "temperatures.json") == "sts_max_prob"
-    assert calibration_method_of(asset / "sts_bias") == "sts_bias"
-    assert calibration_method_of(asset) == "sts_top_gap"  # the drafter's own calibration
-    assert load_calibration(asset, block).top_gap_weights.shape == (block,)
+    assert calibration_method_of(asset / "sts_top_gap") == "sts_top_gap"
+    assert load_calibration(asset / "sts_top_gap", block).top_gap_weights.shape == (block,)
+    assert calibration_method_of(asset) == "sts_bias"  # the drafter's own calibration
+
+
+def test_shipped_calibrations_are_named_builtin_and_kept_to_their_drafter(tmp_path):
+    """engine.confidence_calibration=builtin:NAME/SUB names a calibration shipped beside the drafter NAME (an
+    unknown one is refused with the list of those shipped); one is refused for any other drafter, in the A/B's
+    config check and where an engine is built. scheduled_vs_top_gap_calibration compares, as shipped, the drafter's
+    own calibration (the head alone) against its shipped sts_top_gap calibration."""
+    from dspark.training.calibration import calibration_method_of
+    from runners import ab
+    from runners.common import ASSETS, check_calibration_owner, resolve_calibration_path
+    from test_configs import compose_ab
+
+    asset = ASSETS / "dspark-smollm2"
+    assert resolve_calibration_path("builtin:dspark-smollm2/sts_top_gap") == str(asset / "sts_top_gap")
+    assert resolve_calibration_path("builtin:dspark-smollm2") == str(asset)
+    assert resolve_calibration_path("/elsewhere/temperatures.json") == "/elsewhere/temperatures.json"
+    with pytest.raises(ConfigError, match="not a calibration the package ships.*builtin:dspark-smollm2/sts_top_gap"):
+        resolve_calibration_path("builtin:dspark-smollm2/sts_nothing")
+    other = tmp_path / "my_drafter"
+    other.mkdir()
+    check_calibration_owner(str(asset / "sts_top_gap"), str(asset))  # its own drafter
+    check_calibration_owner(str(tmp_path / "my_cal"), str(other))  # a calibration of one's own
+    with pytest.raises(ConfigError, match="fitted for the shipped drafter builtin:dspark-smollm2"):
+        check_calibration_owner(str(asset / "sts_max_prob" / "temperatures.json"), str(other))
+
+    cfg = compose_ab(["ab=scheduled_vs_top_gap_calibration", "+workload=agentic"], out_dir=tmp_path / "ab")
+    arms = ab.arm_engine_configs(cfg)
+    assert arms["A"].confidence_calibration is None  # the drafter's own (sts_bias for the shipped one)
+    assert calibration_method_of(arms["B"].confidence_calibration) == "sts_top_gap"
+    ab.check_config(cfg)
+    cfg = compose_ab(["ab=scheduled_vs_top_gap_calibration", "+workload=agentic", f"drafter.path={other}"],
+                     out_dir=tmp_path / "ab2")
+    with pytest.raises(ConfigError, match=r"ab.arms.B.engine.confidence_calibration: .*fitted for the shipped"):
+        ab.check_config(cfg)

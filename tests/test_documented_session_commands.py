@@ -110,8 +110,9 @@ def test_the_ablation_makes_each_stage_data_again_from_the_shipped_record():
     from runners import make_training_data as mtd
 
     lineage = mtd.load_prompt_record("builtin:dspark-smollm2")["recipe"]["lineage"]
+    assert len(lineage) == 7  # from scratch, A to E, G
     later = []
-    for entry in lineage[2:]:  # B, C, D, E (A's recipe is B's: the same order, more of it admitted)
+    for entry in lineage[2:6]:  # B, C, D, E (A's recipe is B's: the same order, more of it admitted)
         (shard,) = entry["recipe"]["shards"]
         later.append(shard)
     runs = [r for r in ablation_data_runs() if "MAX_REQUESTS" in r]
@@ -126,8 +127,12 @@ def test_the_ablation_makes_each_stage_data_again_from_the_shipped_record():
         assert yaml.safe_load(run.get("PER_SOURCE", "null")) == shard["num_prompts_per_source"]
         seed = re.search(r"seed=(\d+)", run.get("DATA_ARGS", ""))
         assert (int(seed.group(1)) if seed else 0) == shard["seed"]
-    greedy = {e["recipe"]["shards"][0]["shards"][0]["admitted"] for e in lineage[3:]}  # C, D, E: greedy first
+    greedy = {e["recipe"]["shards"][0]["shards"][0]["admitted"] for e in lineage[3:6]}  # C, D, E: greedy first
     assert {int(r["MAX_REQUESTS"]) for r in runs if r.get("GREEDY_FIRST") == "true"} == greedy
+    # G, stage 6: its data is made once and both drafters train on it in one call, from their own stage-5 weights
+    calls = [assignments(c) for c in bash_commands(CARD.read_text()) if "bench/h200_session.sh" in c]
+    assert any(c.get("PHASES") == "train" and c.get("STYLES") == "dspark dflash" and c.get("INIT_FROM_DFLASH")
+               and c.get("INIT_FROM") for c in calls)
 
 
 def test_each_ablation_train_call_names_the_data_its_work_folder_holds():
