@@ -99,36 +99,6 @@ def _score_term(conf_logits: torch.Tensor, name: str, score: torch.Tensor | None
     return weights.to(device=conf_logits.device, dtype=torch.float32) * (x if feature is None else feature(x))
 
 
-def check_temperatures(temperatures: Sequence[float] | torch.Tensor, block: int) -> None:
-    """Host-side validation of STS temperatures (call once at load time, not per step)."""
-    values = [float(t) for t in (temperatures.tolist() if isinstance(temperatures, torch.Tensor) else temperatures)]
-    if len(values) != block:
-        raise ValueError(f"expected {block} STS temperatures (one per drafted position), got {len(values)}: {values}")
-    bad = [(k, t) for k, t in enumerate(values) if not (t > 0.0 and t < float("inf"))]
-    if bad:
-        raise ValueError(f"STS temperatures must be finite and > 0; bad (position, value): {bad}")
-
-
-def _check_finite_per_position(values: Sequence[float] | torch.Tensor, block: int, what: str) -> None:
-    """One finite value per drafted position, or ValueError naming ``what`` (and the bad positions)."""
-    values = [float(v) for v in (values.tolist() if isinstance(values, torch.Tensor) else values)]
-    if len(values) != block:
-        raise ValueError(f"expected {block} {what} (one per drafted position), got {len(values)}: {values}")
-    bad = [(k, v) for k, v in enumerate(values) if not (abs(v) < float("inf"))]  # NaN fails too
-    if bad:
-        raise ValueError(f"{what} must be finite; bad (position, value): {bad}")
-
-
-def check_biases(biases: Sequence[float] | torch.Tensor, block: int) -> None:
-    """Host-side validation of sts_bias biases (call once at load time, not per step)."""
-    _check_finite_per_position(biases, block, "confidence biases")
-
-
-def check_max_prob_weights(weights: Sequence[float] | torch.Tensor, block: int) -> None:
-    """Host-side validation of sts_max_prob weights (call once at load time, not per step)."""
-    _check_finite_per_position(weights, block, "max-probability weights")
-
-
 def prefix_survival(conf: torch.Tensor) -> torch.Tensor:
     """a_{r,j} = prod_{i<=j} c_{r,i}: conf [B, G] in [0, 1] -> survival [B, G], non-increasing along G."""
     if conf.dim() != 2:
@@ -200,6 +170,5 @@ def check_survival(survival: Sequence[Sequence[float]], *, name: str = "survival
                                  "cumulative product of confidence (prefix_survival), not per-position confidence")
 
 
-__all__ = ["MAX_PROB_EPS", "NEUTRAL_CONFIDENCE", "calibrated_confidence", "check_biases", "check_max_prob_weights",
-           "check_temperatures", "max_prob_logit", "prefix_survival", "neutral_survival_row", "reset_slot_",
-           "check_survival"]
+__all__ = ["MAX_PROB_EPS", "NEUTRAL_CONFIDENCE", "calibrated_confidence", "max_prob_logit", "prefix_survival",
+           "neutral_survival_row", "reset_slot_", "check_survival"]

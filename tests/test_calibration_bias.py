@@ -16,7 +16,6 @@ import torch
 from dspark.config import ConfigError
 from dspark.models.drafter import DSparkDrafter
 from dspark.survival import calibrated_confidence as survival_confidence
-from dspark.survival import check_biases
 from dspark.training.calibration import (
     STS_BIAS_METHOD,
     STS_METHOD,
@@ -236,11 +235,6 @@ def test_set_calibration_in_place_and_checks():
         drafter.set_confidence_temperatures([1.0] * GAMMA, [0.0] * 3)
     with pytest.raises(ConfigError, match="list of 4 finite numbers"):
         drafter.set_confidence_temperatures([1.0] * GAMMA, ["a", 0, 0, 0])
-    check_biases([0.0, -1.0], 2)
-    with pytest.raises(ValueError, match="finite"):
-        check_biases([0.0, float("nan")], 2)
-    with pytest.raises(ValueError, match="expected 2 confidence biases"):
-        check_biases([0.0], 2)
 
 
 def test_old_temperatures_file_keeps_working(tmp_path):
