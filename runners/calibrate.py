@@ -30,7 +30,10 @@ On held-out sequences (calibration data made by ``runners.make_training_data`` f
 prompts the drafter never saw, ``exclude_prompts=`` the drafter's ``training_prompts.json``; or
 the part of a training file that ``runners.train_drafter data_holdout_fraction=F`` kept out:
 same fraction and seed), the drafter drafts greedily at anchors and the target verifies every
-full block greedily (:func:`dspark.training.trainer.greedy_block_acceptance`).
+full block greedily (:func:`dspark.training.trainer.greedy_block_acceptance`). ``replay_temperature=T`` > 0
+replays sampled traffic instead: the drafter draws each slot at temperature T and the target accepts it by
+rejection sampling at T, so the fit (or the checkpoint's own calibration, judged on the same blocks as
+``previous_temperatures``) describes rows that sample at T.
 ``anchors_per_seq=null`` takes every response position (every ``anchor_stride``-th), in passes
 of ``anchor_chunk`` anchors per sequence so memory stays bounded.
 
@@ -124,6 +127,9 @@ class CalibrateSchema:
     refine: int = 21  # sts_bias: refinement grid per axis around the coarse optimum (0/1: none)
     ece_tolerance: float = 0.002  # sts_bias: ECE near-ties (absolute) go to the lower Brier score; 0: pure argmin
     replay_cache: Optional[str] = None  # .pt file: reuse the greedy replay (same data/anchors/drafter), else write it
+    # > 0: replay sampled traffic (drafts drawn at this temperature, verified by rejection sampling at it), the
+    # acceptance of rows that sample at T; 0: greedy drafts and verification
+    replay_temperature: float = 0.0
     # (0, 1): fit on this share of the sequences (seeded split by sequence), report ECE out of sample on the rest;
     # the temperatures written are the fit part's. null: fit and report on all blocks (in sample)
     fit_fraction: Optional[float] = None
@@ -189,6 +195,13 @@ def check_options(cfg: Any) -> None:
         raise ConfigError(f"target_ece: must be strictly between 0 and 1 (e.g. 0.02), got {t!r}")
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"dtype: {cfg.dtype!r} not in {list(DTYPES)}")
+    rt = cfg.get("replay_temperature", 0.0)
+    if isinstance(rt, bool) or not isinstance(rt, (int, float)) or not 0.0 <= float(rt) < float("inf"):
+        raise ConfigError(f"replay_temperature: must be a finite number >= 0 (0: a greedy replay; e.g. 0.7: the "
+                          f"acceptance of rows that sample at 0.7), got {rt!r}")
+    if float(rt) > 0 and cfg.get("traces"):
+        raise ConfigError("replay_temperature: traces are the engine's own blocks, replayed by nothing; trace "
+                          "sampled traffic instead, or give data=")
 
 
 def held_out_data(cfg: Any) -> TokenDataset:
@@ -268,12 +281,14 @@ def _replay_key(cfg: Any, dataset: TokenDataset, checkpoint: Path) -> dict[str, 
             "max_sequences": cfg.get("max_sequences"), "sequences": len(dataset),
             "anchors_per_seq": cfg.anchors_per_seq, "anchor_stride": int(cfg.get("anchor_stride", 1)),
             "batch_size": int(cfg.batch_size), "max_len": int(cfg.max_len), "seed": int(cfg.seed),
-            "device": str(cfg.device), "dtype": str(cfg.dtype), "drafter_sha256": digest.hexdigest()}
+            "device": str(cfg.device), "dtype": str(cfg.dtype), "drafter_sha256": digest.hexdigest(),
+            **({"replay_temperature": float(cfg.replay_temperature)} if cfg.get("replay_temperature") else {})}
 
 
 def greedy_replay(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset, checkpoint: Path,
                   cfg: Any) -> dict[str, Any]:
-    """The greedy draft + verify replay, or the one ``cfg.replay_cache`` holds for the same key (else written there)."""
+    """The draft + verify replay (greedy, or sampled at ``cfg.replay_temperature``), or the one ``cfg.replay_cache``
+    holds for the same key (else written there)."""
     cache = cfg.get("replay_cache")
     key = _replay_key(cfg, dataset, checkpoint) if cache else None
     if cache and Path(cache).is_file():
@@ -285,6 +300,7 @@ def greedy_replay(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDat
         print(f"replay_cache: reusing the greedy replay in {cache}")
         return stored["replay"]
     replay = greedy_block_acceptance(target, drafter, dataset, max_len=int(cfg.max_len),
+                                     temperature=float(cfg.get("replay_temperature", 0.0)),
                                      anchors_per_seq=cfg.anchors_per_seq, batch_size=int(cfg.batch_size),
                                      seed=int(cfg.seed), progress=bool(cfg.progress),
                                      anchor_stride=int(cfg.get("anchor_stride", 1)),
@@ -455,6 +471,7 @@ def calibrate(target: TargetModel | None, drafter: DSparkDrafter, dataset: Token
         "anchors": {"anchors_per_seq": cfg.anchors_per_seq, "anchor_stride": int(cfg.get("anchor_stride", 1)),
                     "max_len": int(cfg.max_len), "seed": seed},
         "greedy_mean_accept_length": float(replay["accept_length"].mean()),
+        "replay_temperature": float(cfg.get("replay_temperature") or 0.0),
         "reliability_plot": str(plot_path.resolve()),
         "data_info": ({"traces": _trace_paths(cfg)} if dataset is None else
                       {k: dataset.info.get(k) for k in ("split", "seed", "sources", "exclude_prompts",
@@ -534,7 +551,7 @@ def main(cfg: DictConfig) -> None:
     report = run(cfg)
     keys = ("reported_on", "blocks", "split", "method_option", "auc_overall", "ece_before", "ece_after",
             "target_ece_verdict", "temperatures", "biases", "max_prob_weights", "top_gap_weights",
-            "greedy_mean_accept_length",
+            "greedy_mean_accept_length", "replay_temperature",
             "output_json", "reliability_plot")
     summary = {k: report[k] for k in keys if k in report}
     # the head alone ranks as the calibrated confidence does, except under sts_max_prob / sts_top_gap (a second

@@ -221,6 +221,67 @@ def test_replay_records_the_drafters_probability_of_each_drafted_token(target, d
     torch.testing.assert_close(out["draft_max_prob"], probs.amax(-1).view(n, a, 4))
 
 
+def _replay_setup(target, data, rows: int = 6):
+    drafter = tiny_drafter(target, block_size=4).eval()
+    with torch.no_grad():
+        drafter.norm.weight.mul_(0.05)  # drafts of some spread (the top token about 0.2-0.75), not one-hot
+    batch = make_batch(data, list(range(rows)), 40, 0)
+    anchors, valid = sample_anchors(batch.lengths + 1, batch.response_starts, None, 4, torch.Generator(),
+                                    require_full_block=False)
+    return drafter, batch, anchors, valid
+
+
+def test_a_sampled_replay_near_zero_temperature_is_the_greedy_replay(target, data):
+    """Drawn at a temperature near 0, the drafts are the drafter's argmax and rejection sampling accepts a slot
+    exactly when it is the target's argmax: the greedy replay's tokens and acceptance (a ratio written the other
+    way round, q/p, would accept every draft). Seeded: the same generator state gives the same replay."""
+    drafter, batch, anchors, valid = _replay_setup(target, data)
+    greedy = replay_blocks(target, drafter, batch.input_ids, anchors)
+    cold = replay_blocks(target, drafter, batch.input_ids, anchors, temperature=1e-4,
+                         generator=torch.Generator().manual_seed(0))
+    assert torch.equal(cold["tokens"][valid], greedy["tokens"][valid])
+    assert torch.equal(cold["accepted"][valid], greedy["accepted"][valid])
+    assert 0 < int(greedy["accepted"][valid].sum()) < greedy["accepted"][valid].numel()
+    warm = [replay_blocks(target, drafter, batch.input_ids, anchors, temperature=0.9,
+                          generator=torch.Generator().manual_seed(5)) for _ in range(2)]
+    assert torch.equal(warm[0]["tokens"], warm[1]["tokens"]) and torch.equal(warm[0]["accepted"], warm[1]["accepted"])
+    assert not torch.equal(warm[0]["tokens"][valid], greedy["tokens"][valid])  # it does sample
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        replay_blocks(target, drafter, batch.input_ids, anchors, temperature=-0.5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+@torch.no_grad()
+def test_a_sampled_replay_accepts_the_first_slot_as_often_as_rejection_sampling_does(target, data, temperature):
+    """At temperature t the first slot is accepted with probability sum_v min(p(v), q(v)): the drafter's
+    distribution q = softmax(logits / t) at that slot and the target's p = softmax(logits / t) at the anchor, both
+    computed here on their own (the target's full forward; the drafter's first-slot logits). Over 300 replays the
+    acceptance of each block's first slot averages to it within binomial noise."""
+    drafter, batch, anchors, valid = _replay_setup(target, data)
+    hidden_t, captured, _ = dense_target_forward(target, batch.input_ids, drafter.cfg.target_layer_ids,
+                                                 return_kv=True)
+    p = torch.softmax(target.compute_logits(hidden_t).float() / temperature, -1)  # [B, S, V]: a predicts slot 1
+    p_first = p.gather(1, anchors[..., None].expand(-1, -1, p.shape[-1]))  # [B, A, V]
+    n, a = anchors.shape
+    dummy = torch.zeros(n, a, 4, dtype=torch.int64)
+    hidden = drafter.forward_train(captured, batch.input_ids, anchors, target.embed, target.lm_head_weight,
+                                   dummy).hidden
+    first = []
+    drafter.draft(hidden.reshape(n * a, 4, -1), batch.input_ids.gather(1, anchors).reshape(-1),
+                  target.lm_head_weight, lambda logits, k: first.append(logits) or logits.argmax(-1))
+    q_first = torch.softmax(first[0].float() / temperature, -1).view(n, a, -1)
+    expected = torch.minimum(p_first, q_first).sum(-1)[valid]  # the analytical acceptance of slot 1
+    gen = torch.Generator().manual_seed(11)
+    runs = 300
+    seen = torch.stack([replay_blocks(target, drafter, batch.input_ids, anchors, temperature=temperature,
+                                      generator=gen)["accepted"][..., 0][valid].float() for _ in range(runs)])
+    got, want = seen.mean(), expected.mean()
+    sigma = (expected * (1 - expected)).sum().sqrt() / (expected.numel() * runs ** 0.5)
+    assert 0.05 < float(want) < 0.95 and abs(float(got - want)) < 4 * float(sigma), (float(got), float(want))
+    per_block = seen.mean(0)
+    assert torch.corrcoef(torch.stack([per_block, expected]))[0, 1] > 0.8  # block by block too, not only on average
+
+
 # ------------------------------------------------------------------------------ runner
 
 
@@ -461,6 +522,38 @@ def test_calibrate_runner_sts_top_gap_fits_the_head_and_the_gap(tmp_path, target
     assert again["previous_temperatures"]["ece_after"] == pytest.approx(saved["ece_after"], abs=1e-6)
 
 
+def test_calibrate_runner_replays_sampled_traffic(tmp_path, target, data, checkpoint):
+    """replay_temperature=T: the blocks are drafted at T and verified by rejection sampling at T (the replay
+    greedy_block_acceptance gives with that temperature and the run's seed), the fit and the report are of them,
+    the report and the replay cache say so (a greedy cache is not reused for it), and the checkpoint's previous
+    calibration is judged on those sampled blocks. Traces, the engine's own blocks, take no temperature."""
+    from dspark.models.drafter import DSparkDrafter
+    from runners import calibrate
+
+    ckpt, cache, common = _runner_setup(tmp_path, data, checkpoint)
+    greedy = calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_bias",
+                                    f"output_json={tmp_path / 'g.json'}"), target=target)
+    assert greedy["replay_temperature"] == 0.0
+    with pytest.raises(ConfigError, match="replay_cache: .* was written for other data"):
+        calibrate.run(_compose(f"checkpoint={ckpt}", *common, "replay_temperature=0.8"), target=target)
+    common = [c for c in common if not c.startswith("replay_cache=")]
+    sampled = calibrate.run(_compose(f"checkpoint={ckpt}", *common, "method=sts_bias", "replay_temperature=0.8",
+                                     f"replay_cache={tmp_path / 'sampled.pt'}", f"output_json={tmp_path / 's.json'}"),
+                            target=target)
+    assert sampled["replay_temperature"] == 0.8
+    assert json.loads((tmp_path / "s.json").read_text())["replay_temperature"] == 0.8
+    drafter = DSparkDrafter.load(ckpt, target.cfg).eval()
+    want = greedy_block_acceptance(target, drafter, data, max_len=1024, anchors_per_seq=None, batch_size=8,
+                                   seed=0, anchor_chunk=8, temperature=0.8)
+    stored = torch.load(tmp_path / "sampled.pt", weights_only=True)["replay"]
+    assert torch.equal(stored["accepted"], want["accepted"]) and sampled["blocks"] == int(want["accepted"].shape[0])
+    # the previous calibration (the greedy fit) judged on the sampled blocks
+    assert sampled["previous_temperatures"]["temperatures"] == pytest.approx(greedy["temperatures"])
+    assert sampled["greedy_mean_accept_length"] != greedy["greedy_mean_accept_length"]
+    with pytest.raises(ConfigError, match="replay_temperature: traces"):
+        calibrate.run(_compose(f"checkpoint={ckpt}", f"traces=[{tmp_path / 'x.npz'}]", "replay_temperature=0.5"))
+
+
 @pytest.mark.parametrize("method, score", [("sts_max_prob", "draft_max_prob"), ("sts_top_gap", "draft_top_gap")])
 def test_calibrate_runner_scored_methods_on_traces_need_their_scores(tmp_path, target, checkpoint, method, score):
     """Traces without a method's score (here none; step traces never keep the gap) are refused, naming it."""
@@ -484,6 +577,7 @@ def test_calibrate_runner_scored_methods_on_traces_need_their_scores(tmp_path, t
     ("anchors_per_seq=0", "anchors_per_seq"), ("anchor_stride=0", "anchor_stride"),
     ("anchor_chunk=0", "anchor_chunk"), ("bootstrap_resamples=-1", "bootstrap_resamples"),
     ("confidence=1.0", "confidence"), ("target_ece=0", "target_ece"), ("batch_size=0", "batch_size"),
+    ("replay_temperature=-0.7", "replay_temperature"),
 ])
 def test_calibrate_runner_rejects_bad_values(tmp_path, override, match, checkpoint):
     from runners import calibrate

@@ -687,47 +687,71 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def replay_blocks(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.Tensor, anchors: torch.Tensor,
-                  anchor_chunk: int | None = None) -> dict[str, torch.Tensor]:
-    """Greedy draft + full-block greedy verification at given anchors, as the engine would do them.
+                  anchor_chunk: int | None = None, temperature: float = 0.0,
+                  generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """Draft + full-block verification at given anchors, as the engine would do them: greedy, or sampled.
 
     input_ids int64 [B, S] (committed tokens; only positions <= anchor are used); anchors int64 [B, A].
-    The drafter sees context 0..a-1 and the anchor, drafts with its own argmax (Markov and
-    confidence features from the drafted tokens); the target verifies [anchor, d_1..d_{G-1}]
-    on top of the true prefix. Returns ``tokens`` [B, A, G], ``accepted`` bool [B, A, G]
-    (d_k == target argmax; every slot verified) and float32 ``conf_logits`` [B, A, G] (zeros
-    without a confidence head). ``anchor_chunk`` bounds memory: the target's context pass runs
-    once, then drafting and verification run over at most that many anchors per sequence at a
-    time (the verify attention grows with (anchors x block)^2 otherwise).
+    The drafter sees context 0..a-1 and the anchor, drafts (Markov and confidence features from the
+    drafted tokens); the target verifies [anchor, d_1..d_{G-1}] on top of the true prefix. Returns
+    ``tokens`` [B, A, G], ``accepted`` bool [B, A, G] (every slot verified) and float32 ``conf_logits``
+    [B, A, G] (zeros without a confidence head). ``temperature`` 0: the drafter drafts its argmax and a
+    slot is accepted when it is the target's argmax. ``temperature`` > 0: the drafter draws each slot from
+    q = softmax(logits / t) and a slot is accepted with probability min(1, p(d) / q(d)), p = softmax(target
+    logits / t): the rejection sampling of a row that samples at t (no top-k, no top-p), drawn with
+    ``generator`` (on the tensors' device). ``anchor_chunk`` bounds memory: the target's context pass runs
+    once, then drafting and verification run over at most that many anchors per sequence at a time (the
+    verify attention grows with (anchors x block)^2 otherwise).
     """
     if anchor_chunk is not None and int(anchor_chunk) < 1:
         raise ValueError(f"anchor_chunk must be >= 1 or None, got {anchor_chunk}")
+    if not 0.0 <= float(temperature) < float("inf"):
+        raise ValueError(f"temperature must be a finite number >= 0 (0: greedy), got {temperature}")
     _, captured, kvs = dense_target_forward(target, input_ids, drafter.cfg.target_layer_ids, return_kv=True)
     n_anchor = anchors.shape[1]
     chunk = n_anchor if anchor_chunk is None else min(int(anchor_chunk), max(n_anchor, 1))
     if chunk >= n_anchor:
-        return _replay_anchor_chunk(target, drafter, input_ids, captured, kvs, anchors)
-    parts = [_replay_anchor_chunk(target, drafter, input_ids, captured, kvs, anchors[:, i: i + chunk])
+        return _replay_anchor_chunk(target, drafter, input_ids, captured, kvs, anchors, float(temperature), generator)
+    parts = [_replay_anchor_chunk(target, drafter, input_ids, captured, kvs, anchors[:, i: i + chunk],
+                                  float(temperature), generator)
              for i in range(0, n_anchor, chunk)]
     return {key: torch.cat([p[key] for p in parts], dim=1) for key in parts[0]}
 
 
 def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.Tensor,
-                         captured: torch.Tensor, kvs: list, anchors: torch.Tensor) -> dict[str, torch.Tensor]:
+                         captured: torch.Tensor, kvs: list, anchors: torch.Tensor, temperature: float = 0.0,
+                         generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
     gamma = drafter.block_size
     device = input_ids.device
     dummy = torch.zeros(*anchors.shape, gamma, dtype=torch.int64, device=device)
     hidden = drafter.forward_train(captured, input_ids, anchors, target.embed, target.lm_head_weight, dummy).hidden
     n, a = anchors.shape
     anchor_ids = input_ids.gather(1, anchors)
+    if temperature > 0.0:
+        def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
+            return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    else:
+        def sample_fn(logits: torch.Tensor, k: int) -> torch.Tensor:
+            return logits.argmax(-1)
     drafted = drafter.draft(hidden.reshape(n * a, gamma, -1), anchor_ids.reshape(-1), target.lm_head_weight,
-                            lambda logits, k: logits.argmax(-1))
+                            sample_fn)
     tokens = drafted.tokens.view(n, a, gamma)
     block_ids = torch.cat((anchor_ids[..., None], tokens[..., : gamma - 1]), dim=-1)
     verify_hidden = target_verify_forward(target, kvs, block_ids, anchors)
-    target_argmax = target.compute_logits(verify_hidden.reshape(n * a * gamma, -1)).argmax(-1).view(n, a, gamma)
+    target_logits = target.compute_logits(verify_hidden.reshape(n * a * gamma, -1))
+    if temperature > 0.0:
+        flat = tokens.reshape(-1, 1)
+        log_p = torch.log_softmax(target_logits.float() / temperature, dim=-1).gather(-1, flat)
+        log_q = torch.log_softmax(drafted.logits.reshape(n * a * gamma, -1).float() / temperature,
+                                  dim=-1).gather(-1, flat)
+        keep = torch.exp(torch.clamp(log_p - log_q, max=0.0)).view(n, a, gamma)
+        accepted = torch.rand(keep.shape, generator=generator, device=device) < keep
+    else:
+        accepted = tokens == target_logits.argmax(-1).view(n, a, gamma)
     conf = (drafted.confidence_logits.view(n, a, gamma).float() if drafted.confidence_logits is not None
             else torch.zeros(n, a, gamma, device=device))
-    return {"tokens": tokens, "accepted": tokens == target_argmax, "conf_logits": conf,
+    return {"tokens": tokens, "accepted": accepted, "conf_logits": conf,
             # the drafter's own confidence in each token it drafted (its argmax)
             # (dspark.sampling.top_probability: the engine's draft stage computes it the same way)
             "draft_max_prob": top_probability(drafted.logits).view(n, a, gamma),
@@ -739,9 +763,10 @@ def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids:
 @torch.no_grad()
 def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset, *, max_len: int = 1024,
                             anchors_per_seq: int | None = 16, batch_size: int = 8, seed: int = 0, pad_id: int = 0,
-                            progress: bool = False, anchor_stride: int = 1, anchor_chunk: int | None = None
-                            ) -> dict[str, torch.Tensor]:
-    """:func:`replay_blocks` at up to ``anchors_per_seq`` seeded anchors of every sequence.
+                            progress: bool = False, anchor_stride: int = 1, anchor_chunk: int | None = None,
+                            temperature: float = 0.0) -> dict[str, torch.Tensor]:
+    """:func:`replay_blocks` at up to ``anchors_per_seq`` seeded anchors of every sequence; greedy, or with
+    ``temperature`` > 0 sampled drafts and rejection-sampling verification (seeded by ``seed``).
 
     Anchors a lie in [response_start-1, length-1] (verification needs only the prefix), every
     ``anchor_stride``-th position from response_start-1 on; ``anchors_per_seq=None`` takes all
@@ -765,8 +790,10 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
     drafter.eval()
     conf_all, acc_all, seq_all, anchor_all, prob_all, gap_all = [], [], [], [], [], []
     starts = range(0, len(dataset), batch_size)
+    draws = torch.Generator(device=device).manual_seed(int(seed) + 1) if temperature > 0 else None
+    what = "greedy replay" if temperature == 0 else f"replay sampled at T={temperature:g}"
     try:
-        for i, start in enumerate(tqdm(starts, desc="greedy replay", unit="batch", disable=not progress)):
+        for i, start in enumerate(tqdm(starts, desc=what, unit="batch", disable=not progress)):
             rows = list(range(start, min(start + batch_size, len(dataset))))
             batch = make_batch(dataset, rows, max_len, pad_id)
             anchors, valid = sample_anchors(batch.lengths + 1, batch.response_starts, anchors_per_seq, gamma,
@@ -775,7 +802,7 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
             if not bool(valid.any()):
                 continue
             out = replay_blocks(target, drafter, batch.input_ids.to(device), anchors.to(device),
-                                anchor_chunk=anchor_chunk)
+                                anchor_chunk=anchor_chunk, temperature=temperature, generator=draws)
             valid_dev = valid.to(device)
             conf_all.append(out["conf_logits"][valid_dev].float().cpu())
             acc_all.append(out["accepted"][valid_dev].float().cpu())
