@@ -69,7 +69,8 @@ def sample_slot_triton(logits: torch.Tensor, temperature: torch.Tensor, u: torch
         raise ValueError(f"logits must be float32 [M, V] with a contiguous last dim, got {logits.dtype} "
                          f"{tuple(logits.shape)} strides {logits.stride()}")
     M, V = logits.shape
-    for name, t in (("temperature", temperature), ("u", u)):
+    rows = [("temperature", temperature), ("u", u)] + ([("gap_out", gap_out)] if gap_out is not None else [])
+    for name, t in rows:
         if t.shape != (M,) or t.dtype != torch.float32 or t.device != logits.device:
             raise ValueError(f"{name} must be float32 [{M}] on {logits.device}, got {t.dtype} {tuple(t.shape)} "
                              f"on {t.device}")
@@ -79,12 +80,8 @@ def sample_slot_triton(logits: torch.Tensor, temperature: torch.Tensor, u: torch
           or probs_out.device != logits.device):
         raise ValueError(f"probs_out must be float32 [{M}, {V}] with a contiguous last dim on {logits.device}, got "
                          f"{probs_out.dtype} {tuple(probs_out.shape)} strides {probs_out.stride()}")
-    if gap_out is not None:
-        if gap_out.shape != (M,) or gap_out.dtype != torch.float32 or gap_out.device != logits.device:
-            raise ValueError(f"gap_out must be float32 [{M}] on {logits.device}, got {gap_out.dtype} "
-                             f"{tuple(gap_out.shape)} on {gap_out.device}")
-        if V < 2:
-            raise ValueError(f"gap_out needs at least 2 columns (a largest and a second largest logit), got V={V}")
+    if gap_out is not None and V < 2:
+        raise ValueError(f"gap_out needs at least 2 columns (a largest and a second largest logit), got V={V}")
     tokens = torch.empty(M, dtype=torch.int64, device=logits.device)
     if M == 0 or V == 0:
         return tokens, probs_out

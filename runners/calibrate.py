@@ -282,6 +282,7 @@ def _replay_key(cfg: Any, dataset: TokenDataset, checkpoint: Path) -> dict[str, 
             "anchors_per_seq": cfg.anchors_per_seq, "anchor_stride": int(cfg.get("anchor_stride", 1)),
             "batch_size": int(cfg.batch_size), "max_len": int(cfg.max_len), "seed": int(cfg.seed),
             "device": str(cfg.device), "dtype": str(cfg.dtype), "drafter_sha256": digest.hexdigest(),
+            # only a sampled replay names its temperature, so greedy caches written before keep their key
             **({"replay_temperature": float(cfg.replay_temperature)} if cfg.get("replay_temperature") else {})}
 
 
