@@ -27,6 +27,8 @@
 #
 # A deeper drafter from the shipped one: GROW_LAYERS=N (with INIT_FROM) trains N draft layers, the starting
 # drafter's in the first ones and the rest starting as identities (runners.train_drafter init_grow_layers).
+# MARKOV_RANK=R (default 32, the shipped drafter's) sets DSpark's Markov rank; with INIT_FROM a rank above the
+# starting drafter's grows its head (init_grow_markov_rank: the new rank starts as a zero bias).
 #
 # The DFlash ablation continued beside a shipped DSpark (the same data and steps as DSpark's later stages):
 # STYLES=dflash INIT_FROM_DFLASH=DIR starts it from its own previous stage's weights (RETURN_WEIGHTS=dflash sends them back);
@@ -234,7 +236,7 @@ if has train; then
   common="data=$DATA_LIST data_holdout_fraction=$HOLDOUT train.device=$DEV train.max_steps=$STEPS train.batch_size=$BATCH
     train.max_len=${MAX_LEN:-2048} train.bucket_batches=${BUCKET:-16} train.warmup_steps=$(( STEPS / 20 + 1 ))
     train.save_every=500 train.keep_last=1
-    train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=32
+    train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=${MARKOV_RANK:-32}
     ${STOP_AT:+stop_at_step=$STOP_AT} ${TRAIN_ARGS:-}
     ${LR:+train.lr=$LR} ${ANCHORS:+train.anchors_per_seq=$ANCHORS} ${GROW_LAYERS:+drafter_arch.num_layers=$GROW_LAYERS}"
   # the data files DATA_LIST names (SHARDS and PARTS as the data call set them) must all be here
@@ -249,7 +251,8 @@ if has train; then
   for style in $STYLES; do
     resume=false; ls -d "$WORK/run_$style"/checkpoint-* >/dev/null 2>&1 && resume=true
     init=""
-    [[ $style == dspark && -n "$INIT_FROM" ]] && init="init_from=$INIT_FROM${GROW_LAYERS:+ init_grow_layers=true}"
+    [[ $style == dspark && -n "$INIT_FROM" ]] &&
+      init="init_from=$INIT_FROM${GROW_LAYERS:+ init_grow_layers=true}${MARKOV_RANK:+ init_grow_markov_rank=true}"
     [[ $style == dflash && -n "$INIT_FROM_DFLASH" ]] && init="init_from=$INIT_FROM_DFLASH"
     CUDA_VISIBLE_DEVICES=$(gpu $k) python3 -m runners.train_drafter $common style=$style resume=$resume $init \
       train.output_dir="$WORK/run_$style" hydra.run.dir="$WORK/hydra/train_$style" > "$WORK/train_$style.log" 2>&1 &

@@ -136,6 +136,11 @@ class TrainDrafterSchema:
     # checkpoint's weights with its extra layers appended as identities (their attention and MLP output projections
     # zero), so it starts as the checkpoint's function; false: the architectures must be identical
     init_grow_layers: bool = False
+    # with init_from: a vanilla Markov head of a higher rank (drafter_arch.markov_rank above the checkpoint's, all else
+    # equal) starts from the checkpoint's: its first rank columns are the checkpoint's W1 and W2, the rest of W1 as
+    # initialised and of W2 zero, and the confidence head reads the new W1 columns with weight zero, so it starts
+    # as the checkpoint's function; with init_grow_layers both may grow at once
+    init_grow_markov_rank: bool = False
     # stop at this step, before train.max_steps, with a checkpoint (resume=true continues) and the drafter in final/
     # (an ablation stopped at another run's step count); null: train.max_steps
     stop_at_step: Optional[int] = None
@@ -183,33 +188,53 @@ def load_target_and_tokenizer(cfg: Any):
     return target, tokenizer
 
 
-def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_layers: bool = False) -> None:
-    """Copy a saved drafter's weights into ``drafter``; the architectures must be identical, or with
-    ``grow_layers`` differ only in ``drafter`` having more layers: the checkpoint's layers fill the first ones and
-    each extra layer starts as an identity on the residual stream (attention and MLP output projections zero,
-    the rest as initialised), so the grown drafter computes what the checkpoint did."""
+def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_layers: bool = False,
+                 grow_markov_rank: bool = False) -> None:
+    """Copy a saved drafter's weights into ``drafter``; the architectures must be identical, or differ only in
+    ``drafter`` having more layers (``grow_layers``) or a vanilla Markov head of a higher rank
+    (``grow_markov_rank``). Grown, the drafter computes what the checkpoint did: each extra layer starts as an
+    identity on the residual stream (attention and MLP output projections zero, the rest as initialised); the
+    head's extra rank columns of W1 keep their initialisation while W2's extra columns and the confidence head's
+    weights on them start at zero, so the bias and the confidence are the checkpoint's and W2 still has a gradient."""
     from runners.common import resolve_drafter_path
 
     source = DSparkDrafter.load(resolve_drafter_path(path, key="init_from"), target.cfg, device="cpu", dtype=torch.float32)
     want, got = drafter.cfg.to_dict(), source.cfg.to_dict()
     diff = {k: (got.get(k), want.get(k)) for k in set(want) | set(got) if want.get(k) != got.get(k)}
-    grows = grow_layers and set(diff) == {"num_layers"} and want["num_layers"] > got["num_layers"]
+    growable = {k for k, on in (("num_layers", grow_layers), ("markov_rank", grow_markov_rank)) if on}
+    grows = bool(diff) and set(diff) <= growable and all(want[k] > got[k] for k in diff)
+    if grows and "markov_rank" in diff and (got["markov_variant"] != "vanilla" or got["markov_rank"] < 1):
+        raise ConfigError(f"init_grow_markov_rank: grows a vanilla Markov head of rank >= 1; the checkpoint {path!r} "
+                          f"has a {got['markov_variant']} head of rank {got['markov_rank']}")
     if diff and not grows:
-        hint = (" (init_grow_layers=true grows only num_layers, to more layers than the checkpoint's)" if grow_layers
-                else "")
+        switch = {"num_layers": "init_grow_layers", "markov_rank": "init_grow_markov_rank"}
+        hint = (f" ({' / '.join(switch[k] + '=true' for k in sorted(growable))} grows only "
+                f"{' and '.join(sorted(growable))}, to more than the checkpoint's)" if growable else "")
         raise ConfigError(f"init_from={path!r}: its architecture differs from drafter_arch/style "
                           f"(key: (checkpoint, configured)): {diff}{hint}")
     if not grows:
         drafter.load_state_dict(source.state_dict())
         return
     state = drafter.state_dict()
-    state.update(source.state_dict())  # every tensor of the checkpoint, its layers as the first ones
+    old = source.state_dict()
+    r0, r1 = got["markov_rank"], want["markov_rank"]
+    for name, tensor in old.items():
+        if r1 > r0 and name in ("markov_head.w1.weight", "markov_head.w2.weight"):
+            # W1 [V, r] keeps its extra columns as initialised; W2 [V, r] (Linear(r, V)) starts them at zero
+            if name.endswith("w2.weight"):
+                state[name][:, r0:].zero_()
+            state[name][:, :r0] = tensor
+        elif r1 > r0 and name == "confidence_head.weight":  # [1, d + r]: the hidden state, then W1[x]
+            state[name].zero_()
+            state[name][:, :tensor.shape[1]] = tensor
+        else:
+            state[name] = tensor  # the checkpoint's layers as the first ones
     for i in range(got["num_layers"], want["num_layers"]):
         state[f"layers.{i}.self_attn.o_proj.weight"].zero_()
         state[f"layers.{i}.mlp.down_proj.weight"].zero_()
     drafter.load_state_dict(state)
-    log.info("init_from=%s: grown from %d to %d layers (the extra layers start as identities)", path,
-             got["num_layers"], want["num_layers"])
+    log.info("init_from=%s: grown %s", path,
+             ", ".join(f"{k} from {a} to {b}" for k, (a, b) in sorted(diff.items())))
 
 
 def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
@@ -240,9 +265,10 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     torch.manual_seed(train_cfg.seed)
     drafter = DSparkDrafter(target.cfg, drafter_cfg)
     init_from, grow = cfg.get("init_from"), bool(cfg.get("init_grow_layers", False))
+    grow_rank = bool(cfg.get("init_grow_markov_rank", False))
     if init_from and not cfg.resume:
-        init_weights(drafter, init_from, target, grow_layers=grow)
-    extra = {"init_from": init_from, "init_grow_layers": grow,
+        init_weights(drafter, init_from, target, grow_layers=grow, grow_markov_rank=grow_rank)
+    extra = {"init_from": init_from, "init_grow_layers": grow, "init_grow_markov_rank": grow_rank,
              "style": cfg.style, "data": str(cfg.data), "data_holdout_fraction": float(cfg.data_holdout_fraction),
              "data_holdout_seed": int(cfg.data_holdout_seed)}
     trainer = DrafterTrainer(target, drafter, dataset, train_cfg, extra_state=extra)

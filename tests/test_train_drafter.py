@@ -719,15 +719,26 @@ def test_init_from_copies_weights_and_refuses_another_architecture(tmp_path, tar
         init_weights(other, str(tmp_path / "src"), target)
 
 
+def _drafted(target, drafter):
+    """An engine run's accepted tokens, decode steps and the head's survival of its first rows, with ``drafter``."""
+    from dspark.config import SamplingParams
+    from dspark.engine import Engine
+    from test_engine_lossless import prompts_for
+    from tiny import tiny_engine_config
+
+    eng = Engine(target, None, tiny_engine_config(), drafter)
+    eng.steps.confidence = True  # the head's survival too, as a planning engine's draft stage writes it
+    eng.generate(prompts_for(7, 3), SamplingParams(max_tokens=16, ignore_eos=True))
+    c = eng.counters()
+    assert eng.steps.survival[:3].abs().sum() > 0
+    return c["accepted_tokens"], c["decode_steps"], eng.steps.survival[:3].clone()
+
+
 def test_init_grow_layers_starts_a_deeper_drafter_as_the_checkpoint(tmp_path, target):
     """A two-layer drafter grown from a one-layer checkpoint drafts what the checkpoint drafts (the same accepted
     tokens and confidence in an engine run) while its extra layer has weights to train; growth is refused without
     the switch, towards fewer layers, and with any other difference."""
-    from dspark.config import SamplingParams
-    from dspark.engine import Engine
     from runners.train_drafter import init_weights
-    from test_engine_lossless import prompts_for
-    from tiny import tiny_engine_config
 
     source = tiny_drafter(target, seed=0, block_size=4)
     source.save(tmp_path / "src")
@@ -739,15 +750,7 @@ def test_init_grow_layers_starts_a_deeper_drafter_as_the_checkpoint(tmp_path, ta
     assert not grown["layers.1.self_attn.o_proj.weight"].any() and not grown["layers.1.mlp.down_proj.weight"].any()
     assert grown["layers.1.self_attn.q_proj.weight"].abs().sum() > 0  # trainable from its initialisation
 
-    def drafted(drafter):
-        eng = Engine(target, None, tiny_engine_config(), drafter)
-        eng.steps.confidence = True  # the head's survival too, as a planning engine's draft stage writes it
-        eng.generate(prompts_for(7, 3), SamplingParams(max_tokens=16, ignore_eos=True))
-        c = eng.counters()
-        assert eng.steps.survival[:3].abs().sum() > 0
-        return c["accepted_tokens"], c["decode_steps"], eng.steps.survival[:3].clone()
-
-    (acc_a, steps_a, surv_a), (acc_b, steps_b, surv_b) = drafted(source), drafted(deeper)
+    (acc_a, steps_a, surv_a), (acc_b, steps_b, surv_b) = _drafted(target, source), _drafted(target, deeper)
     assert (acc_a, steps_a) == (acc_b, steps_b)
     assert torch.allclose(surv_a, surv_b, atol=1e-5)
     deeper.save(tmp_path / "deep")
@@ -755,6 +758,55 @@ def test_init_grow_layers_starts_a_deeper_drafter_as_the_checkpoint(tmp_path, ta
         init_weights(tiny_drafter(target, block_size=4), str(tmp_path / "deep"), target, grow_layers=True)
     with pytest.raises(ConfigError, match="block_size"):
         init_weights(tiny_drafter(target, block_size=5, num_layers=2), str(tmp_path / "src"), target, grow_layers=True)
+
+
+def test_init_grow_markov_rank_starts_a_wider_markov_head_as_the_checkpoint(tmp_path, target):
+    """A rank-16 Markov head grown from a rank-8 checkpoint (alone, and with a layer grown beside it) drafts what the
+    checkpoint drafts, with the same confidence, while its new rank has weights and gradients to train; growth is
+    refused without the switch, towards a lower rank, and from a head that is not vanilla."""
+    from runners.train_drafter import init_weights
+
+    source = tiny_drafter(target, seed=0, block_size=4, markov_rank=8)
+    source.save(tmp_path / "src")
+    wider = tiny_drafter(target, seed=1, block_size=4, markov_rank=16)
+    with pytest.raises(ConfigError, match="markov_rank"):
+        init_weights(wider, str(tmp_path / "src"), target)
+    with pytest.raises(ConfigError, match="init_grow_layers=true grows only num_layers"):
+        init_weights(wider, str(tmp_path / "src"), target, grow_layers=True)
+    init_weights(wider, str(tmp_path / "src"), target, grow_markov_rank=True)
+    old, new = source.state_dict(), wider.state_dict()
+    assert torch.equal(new["markov_head.w1.weight"][:, :8], old["markov_head.w1.weight"])
+    assert torch.equal(new["markov_head.w2.weight"][:, :8], old["markov_head.w2.weight"])
+    assert new["markov_head.w1.weight"][:, 8:].abs().sum() > 0 and not new["markov_head.w2.weight"][:, 8:].any()
+    d = target.cfg.hidden_size
+    assert torch.equal(new["confidence_head.weight"][:, :d + 8], old["confidence_head.weight"])
+    assert not new["confidence_head.weight"][:, d + 8:].any()
+    for k in old:
+        if k not in ("markov_head.w1.weight", "markov_head.w2.weight", "confidence_head.weight"):
+            assert torch.equal(new[k], old[k]), k
+    # the new rank learns: the bias reaches W2's new columns through W1's
+    wider.train()
+    wider.markov_head.w2(wider.markov_head.w1(torch.tensor([3, 5]))).pow(2).sum().backward()
+    assert wider.markov_head.w2.weight.grad[:, 8:].abs().sum() > 0
+    wider.zero_grad(set_to_none=True)
+    wider.eval()
+
+    both = tiny_drafter(target, seed=2, block_size=4, markov_rank=16, num_layers=2)
+    init_weights(both, str(tmp_path / "src"), target, grow_layers=True, grow_markov_rank=True)
+    (acc_a, steps_a, surv_a) = _drafted(target, source)
+    for grown in (wider, both):
+        acc_b, steps_b, surv_b = _drafted(target, grown)
+        assert (acc_a, steps_a) == (acc_b, steps_b)
+        assert torch.allclose(surv_a, surv_b, atol=1e-5)
+
+    wider.save(tmp_path / "wide")
+    with pytest.raises(ConfigError, match="init_grow_markov_rank=true grows only markov_rank"):
+        init_weights(tiny_drafter(target, block_size=4, markov_rank=8), str(tmp_path / "wide"), target,
+                     grow_markov_rank=True)
+    tiny_drafter(target, seed=0, block_size=4, markov_rank=8, markov_variant="gated").save(tmp_path / "gated")
+    with pytest.raises(ConfigError, match="grows a vanilla Markov head"):
+        init_weights(tiny_drafter(target, block_size=4, markov_rank=16, markov_variant="gated"),
+                     str(tmp_path / "gated"), target, grow_markov_rank=True)
 
 
 @pytest.mark.parametrize("sources, warned", [(["hard_questions", "tool_calls"], False), (["agentic"], True)])
