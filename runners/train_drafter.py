@@ -137,9 +137,9 @@ class TrainDrafterSchema:
     # zero), so it starts as the checkpoint's function; false: the architectures must be identical
     init_grow_layers: bool = False
     # with init_from: a vanilla Markov head of a higher rank (drafter_arch.markov_rank above the checkpoint's, all else
-    # equal) starts from the checkpoint's: its first rank columns are the checkpoint's W1 and W2, the rest of W1 as
-    # initialised and of W2 zero, and the confidence head reads the new W1 columns with weight zero, so it starts
-    # as the checkpoint's function; with init_grow_layers both may grow at once
+    # equal) starts from the checkpoint's: its first rank columns are the checkpoint's W1 and W2, the rest of W1 zero
+    # and of W2 as initialised, and the confidence head reads the new W1 columns with weight zero, so it starts as
+    # the checkpoint's function; with init_grow_layers both may grow at once
     init_grow_markov_rank: bool = False
     # stop at this step, before train.max_steps, with a checkpoint (resume=true continues) and the drafter in final/
     # (an ablation stopped at another run's step count); null: train.max_steps
@@ -194,8 +194,9 @@ def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_la
     ``drafter`` having more layers (``grow_layers``) or a vanilla Markov head of a higher rank
     (``grow_markov_rank``). Grown, the drafter computes what the checkpoint did: each extra layer starts as an
     identity on the residual stream (attention and MLP output projections zero, the rest as initialised); the
-    head's extra rank columns of W1 keep their initialisation while W2's extra columns and the confidence head's
-    weights on them start at zero, so the bias and the confidence are the checkpoint's and W2 still has a gradient."""
+    head's extra rank columns of W1 and the confidence head's weights on them start at zero while W2's keep their
+    initialisation, so the bias and the confidence are the checkpoint's and W1 still has a gradient. W1's rows of
+    tokens training never shows stay zero, which the shipped bf16 shards compress away."""
     from runners.common import resolve_drafter_path
 
     source = DSparkDrafter.load(resolve_drafter_path(path, key="init_from"), target.cfg, device="cpu", dtype=torch.float32)
@@ -220,8 +221,8 @@ def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_la
     r0, r1 = got["markov_rank"], want["markov_rank"]
     for name, tensor in old.items():
         if r1 > r0 and name in ("markov_head.w1.weight", "markov_head.w2.weight"):
-            # W1 [V, r] keeps its extra columns as initialised; W2 [V, r] (Linear(r, V)) starts them at zero
-            if name.endswith("w2.weight"):
+            # W1 [V, r] starts its extra columns at zero; W2 [V, r] (Linear(r, V)) keeps them as initialised
+            if name.endswith("w1.weight"):
                 state[name][:, r0:].zero_()
             state[name][:, :r0] = tensor
         elif r1 > r0 and name == "confidence_head.weight":  # [1, d + r]: the hidden state, then W1[x]
