@@ -47,7 +47,7 @@ def main(argv: list[str]) -> dict:
     from runners.common import resolve_drafter_path
 
     path = resolve_drafter_path(opts.get("drafter", "builtin:dspark-smollm2"), key="drafter")
-    target = ModelConfig(**json.loads((Path(path) / "config.json").read_text())["target"])
+    target = ModelConfig.from_dict(json.loads((Path(path) / "config.json").read_text())["target"])
     drafter = DSparkDrafter.load(path, target, device="cpu", dtype=torch.float32)
     if drafter.markov_head is None or drafter.markov_head.variant != "vanilla":
         raise SystemExit(f"{path}: no vanilla Markov head to read")

@@ -269,9 +269,7 @@ def check_calibration_files(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig
             calibration_method_of(ecfg.confidence_calibration)
         except (FileNotFoundError, ValueError) as e:
             raise ConfigError(f"{key}: {e}") from None
-        drafter = resolve_drafter_path(cfg.drafter.path)
-        if drafter != "random":
-            check_calibration_owner(ecfg.confidence_calibration, drafter, key)
+        check_calibration_owner(ecfg.confidence_calibration, resolve_drafter_path(cfg.drafter.path), key)
 
 
 def check_interpolations(cfg: DictConfig) -> None:

@@ -64,8 +64,9 @@ def resolve_calibration_path(path: str | None, key: str = "engine.confidence_cal
 def check_calibration_owner(calibration: str | None, drafter_path: str | None,
                             key: str = "engine.confidence_calibration") -> None:
     """A calibration shipped in dspark/assets/NAME/ was fitted for the drafter NAME: refuse it for another drafter,
-    whose head it would mis-scale without a sign."""
-    if calibration is None or drafter_path is None:
+    whose head it would mis-scale without a sign. ``drafter.path=random`` (random weights, lossless checks only)
+    has no head a calibration could fit, and is not checked."""
+    if calibration is None or drafter_path in (None, "random"):
         return
     where = Path(calibration).resolve()
     owner = next((ASSETS / p.name for p in ASSETS.iterdir() if p.is_dir() and where.is_relative_to(p.resolve())),
@@ -91,8 +92,7 @@ def build_engine(cfg: Any, engine_cfg: EngineConfig | None = None, seed: int = 0
     if engine_cfg.spec == "dspark" and drafter_path is None:
         raise ConfigError("spec=dspark needs a drafter: choose drafter=dspark_smollm2 or set drafter.path, "
                           "or run spec=off")
-    if drafter_path != "random":
-        check_calibration_owner(engine_cfg.confidence_calibration, drafter_path)
+    check_calibration_owner(engine_cfg.confidence_calibration, drafter_path)
     folder = target_folder(cfg.model.source, cache_dir=cfg.model.cache_dir)
     mcfg, state, tokenizer = load_hf_folder(folder)
     target = TargetModel(mcfg)
