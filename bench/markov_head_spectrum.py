@@ -53,11 +53,18 @@ def main(argv: list[str]) -> dict:
         raise SystemExit(f"{path}: no vanilla Markov head to read")
     w1, w2 = drafter.markov_head.w1.weight.detach(), drafter.markov_head.w2.weight.detach()
     s = spectrum(w1, w2)
-    tail = int(opts.get("tail", 8))
-    moved = float(opts.get("moved", 1.35 * 0.02 * w1.shape[1] ** 0.5))
+    rank = w1.shape[1]
+    try:
+        tail = int(opts.get("tail", 8))
+        moved = float(opts.get("moved", 1.35 * 0.02 * rank ** 0.5))
+    except ValueError as e:
+        raise SystemExit(f"tail= takes an integer and moved= a number: {e}") from None
+    if not 1 <= tail < rank or not moved > 0:
+        raise SystemExit(f"tail= must be in [1, {rank - 1}] (components after the first) and moved= > 0; "
+                         f"got tail={tail}, moved={moved}")
     rest = s[1:] ** 2  # the first component is a shift most tokens share; the rest carry the per-token structure
     result = {
-        "drafter": str(path), "vocab": int(w1.shape[0]), "rank": int(w1.shape[1]),
+        "drafter": str(path), "vocab": int(w1.shape[0]), "rank": int(rank),
         "singular_values": [round(float(v), 2) for v in s],
         f"energy_share_of_last_{tail}_beyond_the_first": float(rest[-tail:].sum() / rest.sum()),
         "last_over_second": float(s[-1] / s[1]),

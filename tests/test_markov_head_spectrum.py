@@ -42,3 +42,6 @@ def test_report_counts_the_rows_training_moved(tmp_path):
     assert json.loads((tmp_path / "out" / "markov_head_spectrum.json").read_text()) == result
     with pytest.raises(SystemExit, match="unknown option"):
         _script().main([str(tmp_path / "out"), "rnak=3"])
+    for bad in ("tail=64", "tail=0", "tail=x", "moved=-1"):
+        with pytest.raises(SystemExit, match="tail="):
+            _script().main([str(tmp_path / "out"), f"drafter={tmp_path / 'd'}", bad])
