@@ -166,7 +166,7 @@ def calibration_rows(paths: Sequence[str | Path]) -> dict[str, "torch.Tensor"]:
     block's raw confidence logits, its greedy acceptance with the whole block verified, and a
     sequence index (one per traced request, so that fit and report parts split by request); and
     ``draft_max_prob`` where every trace holds the drafter's top-token probabilities.
-    Keys and shapes as ``dspark.training.trainer.greedy_block_acceptance`` returns them (accepted
+    Keys and shapes as ``dspark.training.trainer.replay_block_acceptance`` returns them (accepted
     is [M, block]: 1 where the position and every one before it were accepted)."""
     import torch
 

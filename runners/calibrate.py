@@ -30,7 +30,7 @@ On held-out sequences (calibration data made by ``runners.make_training_data`` f
 prompts the drafter never saw, ``exclude_prompts=`` the drafter's ``training_prompts.json``; or
 the part of a training file that ``runners.train_drafter data_holdout_fraction=F`` kept out:
 same fraction and seed), the drafter drafts greedily at anchors and the target verifies every
-full block greedily (:func:`dspark.training.trainer.greedy_block_acceptance`). ``replay_temperature=T`` > 0
+full block greedily (:func:`dspark.training.trainer.replay_block_acceptance`). ``replay_temperature=T`` > 0
 replays sampled traffic instead: the drafter draws each slot at temperature T and the target accepts it by
 rejection sampling at T, so the fit (or the checkpoint's own calibration, judged on the same blocks as
 ``previous_temperatures``) describes rows that sample at T.
@@ -79,7 +79,7 @@ from dspark.training.calibration import (METHODS, bootstrap_ece, calibration_rep
                                          fit_sequential_temperatures_biases, fit_top_gap_calibration,
                                          reliability_plot, save_temperatures, split_sequences)
 from dspark.training.data import TokenDataset
-from dspark.training.trainer import greedy_block_acceptance
+from dspark.training.trainer import replay_block_acceptance
 from runners.hydra_main import runner_main
 from runners.make_training_data import CALIBRATION_EVAL_SOURCES
 from runners.schema import ModelSchema
@@ -300,7 +300,7 @@ def greedy_replay(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDat
                               f"another path")
         print(f"replay_cache: reusing the greedy replay in {cache}")
         return stored["replay"]
-    replay = greedy_block_acceptance(target, drafter, dataset, max_len=int(cfg.max_len),
+    replay = replay_block_acceptance(target, drafter, dataset, max_len=int(cfg.max_len),
                                      temperature=float(cfg.get("replay_temperature", 0.0)),
                                      anchors_per_seq=cfg.anchors_per_seq, batch_size=int(cfg.batch_size),
                                      seed=int(cfg.seed), progress=bool(cfg.progress),

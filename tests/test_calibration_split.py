@@ -16,7 +16,7 @@ from dspark.engine import Engine
 from dspark.training.calibration import (bootstrap_ece, calibration_report, conditional_auc, reached_cells,
                                          roc_auc, split_sequences)
 from dspark.training.data import TokenDataset, make_batch
-from dspark.training.trainer import dense_target_forward, greedy_block_acceptance, replay_blocks, sample_anchors
+from dspark.training.trainer import dense_target_forward, replay_block_acceptance, replay_blocks, sample_anchors
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -164,9 +164,9 @@ def test_replay_in_anchor_chunks_equals_one_pass(target):
     torch.testing.assert_close(whole["conf_logits"], chunked["conf_logits"], rtol=1e-4, atol=1e-5)
 
 
-def test_greedy_block_acceptance_all_anchors_names_sequences(target, data):
+def test_replay_block_acceptance_all_anchors_names_sequences(target, data):
     drafter = tiny_drafter(target, block_size=4)
-    out = greedy_block_acceptance(target, drafter, data, max_len=40, anchors_per_seq=None, anchor_stride=2,
+    out = replay_block_acceptance(target, drafter, data, max_len=40, anchors_per_seq=None, anchor_stride=2,
                                   anchor_chunk=4, batch_size=5)
     per_seq = torch.bincount(out["seq_index"], minlength=len(data))
     for i in range(len(data)):
@@ -524,7 +524,7 @@ def test_calibrate_runner_sts_top_gap_fits_the_head_and_the_gap(tmp_path, target
 
 def test_calibrate_runner_replays_sampled_traffic(tmp_path, target, data, checkpoint):
     """replay_temperature=T: the blocks are drafted at T and verified by rejection sampling at T (the replay
-    greedy_block_acceptance gives with that temperature and the run's seed), the fit and the report are of them,
+    replay_block_acceptance gives with that temperature and the run's seed), the fit and the report are of them,
     the report and the replay cache say so (a greedy cache is not reused for it), and the checkpoint's previous
     calibration is judged on those sampled blocks. Traces, the engine's own blocks, take no temperature."""
     from dspark.models.drafter import DSparkDrafter
@@ -543,7 +543,7 @@ def test_calibrate_runner_replays_sampled_traffic(tmp_path, target, data, checkp
     assert sampled["replay_temperature"] == 0.8
     assert json.loads((tmp_path / "s.json").read_text())["replay_temperature"] == 0.8
     drafter = DSparkDrafter.load(ckpt, target.cfg).eval()
-    want = greedy_block_acceptance(target, drafter, data, max_len=1024, anchors_per_seq=None, batch_size=8,
+    want = replay_block_acceptance(target, drafter, data, max_len=1024, anchors_per_seq=None, batch_size=8,
                                    seed=0, anchor_chunk=8, temperature=0.8)
     stored = torch.load(tmp_path / "sampled.pt", weights_only=True)["replay"]
     assert torch.equal(stored["accepted"], want["accepted"]) and sampled["blocks"] == int(want["accepted"].shape[0])

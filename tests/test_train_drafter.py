@@ -25,7 +25,7 @@ from dspark.models.drafter import DSparkDrafter
 from dspark.training.data import (DataError, TokenDataset, batch_indices, crop_window, epoch_permutation,
                                   make_batch)
 from dspark.training.trainer import (DrafterTrainer, TrainConfig, block_labels, complete_checkpoints,
-                                     dense_target_forward, greedy_block_acceptance, load_tensor_shards,
+                                     dense_target_forward, replay_block_acceptance, load_tensor_shards,
                                      replay_blocks, sample_anchors, save_tensor_shards, target_verify_forward)
 from tiny import tiny_drafter, tiny_engine_config, tiny_target
 
@@ -208,14 +208,14 @@ def test_sharded_tensor_files_round_trip(tmp_path):
 
 def test_training_lowers_loss_and_raises_greedy_acceptance(tmp_path, target, greedy_data):
     drafter = tiny_drafter(target, block_size=4)
-    before = greedy_block_acceptance(target, drafter, greedy_data, max_len=40, anchors_per_seq=6)
+    before = replay_block_acceptance(target, drafter, greedy_data, max_len=40, anchors_per_seq=6)
     trainer = DrafterTrainer(target, drafter, greedy_data, small_train_config(tmp_path))
     with torch.no_grad():
         loss_before = trainer.compute_loss(0)
     trainer.train()
     with torch.no_grad():
         loss_after = trainer.compute_loss(0)
-    after = greedy_block_acceptance(target, drafter, greedy_data, max_len=40, anchors_per_seq=6)
+    after = replay_block_acceptance(target, drafter, greedy_data, max_len=40, anchors_per_seq=6)
     assert float(loss_after.total) < 0.5 * float(loss_before.total)
     assert float(loss_after.per_position_acceptance[0]) > float(loss_before.per_position_acceptance[0])
     assert float(after["accept_length"].mean()) > float(before["accept_length"].mean()) + 1.0

@@ -27,7 +27,7 @@ incomplete and ignored on resume. They are written every ``save_every`` steps, a
 ``time_budget_s`` runs out, and on a Ctrl-C, which is answered after the step in progress
 (:class:`dspark.training.interrupt.DeferredInterrupt`) before ``train`` raises KeyboardInterrupt.
 
-:func:`greedy_block_acceptance` replays drafting + full-block greedy verification densely
+:func:`replay_block_acceptance` replays drafting + full-block greedy verification densely
 (the drafter drafts with its own argmax tokens, the target verifies ``[anchor, d_1..d_{G-1}]``
 on top of the true prefix), which is what the calibration and the tests measure.
 """
@@ -761,7 +761,7 @@ def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids:
 
 
 @torch.no_grad()
-def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset, *, max_len: int = 1024,
+def replay_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset: TokenDataset, *, max_len: int = 1024,
                             anchors_per_seq: int | None = 16, batch_size: int = 8, seed: int = 0, pad_id: int = 0,
                             progress: bool = False, anchor_stride: int = 1, anchor_chunk: int | None = None,
                             temperature: float = 0.0) -> dict[str, torch.Tensor]:
@@ -823,5 +823,5 @@ def greedy_block_acceptance(target: TargetModel, drafter: DSparkDrafter, dataset
 
 
 __all__ = ["DrafterTrainer", "TrainConfig", "block_labels", "complete_checkpoints", "dense_target_forward",
-           "expected_accept_length", "gather_positions", "greedy_block_acceptance", "load_tensor_shards",
+           "expected_accept_length", "gather_positions", "replay_block_acceptance", "load_tensor_shards",
            "lr_lambda_factory", "replay_blocks", "sample_anchors", "save_tensor_shards", "target_verify_forward"]
