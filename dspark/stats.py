@@ -86,6 +86,11 @@ class EngineStats:
     # with, engine.service_cost; the table's price where it had none) and the table's own price
     priced_ms_on_measured: float = 0.0
     predicted_ms_on_measured: float = 0.0
+    # the same measured priced steps, those that ran a trim alone: whether a trimmed step's price (the cost table's
+    # trim overhead included) holds in service, apart from the steps that kept the whole block
+    measured_steps_on_trimmed: int = 0
+    measured_ms_on_trimmed: float = 0.0
+    priced_ms_on_trimmed: float = 0.0
     trimmed_requests: int = 0
     trimmed_whole_window: int = 0
     request_steps: int = 0
@@ -206,6 +211,10 @@ class EngineStats:
                 priced = decision.priced_ms if decision.priced_ms is not None else decision.predicted_ms
                 self.priced_ms_on_measured += priced
                 self.predicted_ms_on_measured += decision.predicted_ms
+                if decision.trimmed:
+                    self.measured_steps_on_trimmed += 1
+                    self.measured_ms_on_trimmed += float(step_ms)
+                    self.priced_ms_on_trimmed += priced
 
     # ---- derived --------------------------------------------------------------------------
 
@@ -288,6 +297,10 @@ class EngineStats:
             "measured_ms_on_predicted": self.measured_ms_on_predicted,
             "priced_ms_on_measured": self.priced_ms_on_measured,
             "predicted_ms_on_measured": self.predicted_ms_on_measured,
+            "measured_steps_on_predicted": self.measured_steps_on_predicted,
+            "measured_steps_on_trimmed": self.measured_steps_on_trimmed,
+            "measured_ms_on_trimmed": self.measured_ms_on_trimmed,
+            "priced_ms_on_trimmed": self.priced_ms_on_trimmed,
         }
         al, bal = self.accept_length, self.block_accept_length
         out["accept_length_over_block"] = None if not al or not bal else al / bal

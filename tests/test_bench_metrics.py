@@ -151,6 +151,24 @@ def test_prediction_health_flags_a_cost_table_that_mispredicts_the_planned_steps
         "arm B: step time 1.30x the service price it planned with (beyond +/-15%)"
     counters["B"]["sched/priced_ms_on_measured"] = 100.0  # the table's price: the same check, not repeated
     assert prediction_health(counters, 0.15)["B"]["step_ms_measured_over_service_price"] is None
+    assert h["trimmed_step_ms_measured_over_price"] is None and h["trimmed_steps"] is None  # not counted: none
+    # the trimmed steps apart from the other priced steps: 40 ms of 32 priced on 3 trimmed steps, 91 of 93 on 7 others
+    counters["B"].update({"sched/priced_ms_on_measured": 125.0, "sched/measured_steps_on_predicted": 10,
+                          "sched/measured_steps_on_trimmed": 3, "sched/measured_ms_on_trimmed": 40.0,
+                          "sched/priced_ms_on_trimmed": 32.0})
+    h = prediction_health(counters, 0.15)["B"]
+    assert h["trimmed_steps"] == 3 and h["trimmed_step_ms_measured_over_price"] == pytest.approx(1.25)
+    assert h["untrimmed_steps"] == 7 and h["untrimmed_step_ms_measured_over_price"] == pytest.approx(91.0 / 93.0)
+    from dspark.bench.report import trimmed_price_text
+    assert trimmed_price_text(h) == ("; at the price it valued them at, its 3 trimmed steps took 1.25x, its 7 other "
+                                     "priced steps 0.98x")
+    counters["B"].update({"sched/measured_steps_on_trimmed": 10, "sched/measured_ms_on_trimmed": 131.0,
+                          "sched/priced_ms_on_trimmed": 125.0})  # every priced step trimmed
+    h = prediction_health(counters, 0.15)["B"]
+    assert h["untrimmed_steps"] == 0 and h["untrimmed_step_ms_measured_over_price"] is None
+    assert trimmed_price_text(h).endswith("took 1.05x, it priced no other step")
+    counters["B"]["sched/measured_steps_on_trimmed"] = 0  # none trimmed: nothing said of trims
+    assert trimmed_price_text(prediction_health(counters, 0.15)["B"]) == ""
 
 
 def _req(rid: str, arrival: float, chunks: list[tuple[float, int]], error: str | None = None) -> RequestRecord:

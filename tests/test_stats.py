@@ -101,6 +101,9 @@ def test_a_decision_valued_at_the_service_price_is_checked_against_it():
     assert out["priced_ms_on_measured"] == pytest.approx(7.5)
     assert out["predicted_ms_on_measured"] == pytest.approx(3.2) and out["predicted_ms_total"] == pytest.approx(8.2)
     assert out["measured_ms_on_predicted"] == pytest.approx(7.5)
+    # the measured steps that ran a trim, apart: the trim alone (the declined ones kept the whole block)
+    assert out["measured_steps_on_predicted"] == 2 and out["measured_steps_on_trimmed"] == 1
+    assert out["measured_ms_on_trimmed"] == pytest.approx(6.0) and out["priced_ms_on_trimmed"] == pytest.approx(6.5)
 
 
 def test_each_step_is_checked_against_its_own_decision_when_the_next_is_planned_first():

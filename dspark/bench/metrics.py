@@ -337,7 +337,12 @@ def prediction_health(counters: Mapping[str, Mapping[str, Any]], tolerance: floa
     (``sched/priced_ms_on_measured``, ``step_ms_measured_over_service_price``): the table prices a steady decode
     step, the service price what a step costs in service, so the second is the check of the model the planner
     used. A ratio off 1 by more than ``tolerance`` is flagged: a price that mispredicts the step the device runs
-    in service steers the planner wrong. Arms without priced steps are left out."""
+    in service steers the planner wrong. The measured time over the price the planner valued each step at is also
+    given apart for the steps that ran a trim and for the priced steps that kept the whole block
+    (``trimmed_step_ms_measured_over_price``, ``untrimmed_...``, with their step counts; counters
+    ``sched/measured_ms_on_trimmed``, ``sched/priced_ms_on_trimmed``, ``sched/measured_steps_on_trimmed``): a trim
+    is worth what it saves against the whole block, so a gap between the two misleads the planner even where the
+    overall ratio is near 1. Arms without priced steps are left out."""
     out: dict[str, dict[str, Any]] = {}
     for arm, c in counters.items():
         pt, rt = c.get("sched/predicted_tokens_total"), c.get("sched/realised_tokens_on_predicted")
@@ -352,6 +357,17 @@ def prediction_health(counters: Mapping[str, Mapping[str, Any]], tolerance: floa
         priced, table_on_measured = c.get("sched/priced_ms_on_measured"), c.get("sched/predicted_ms_on_measured")
         if priced and mm and table_on_measured and abs(priced - table_on_measured) > 1e-9 * table_on_measured:
             entry["step_ms_measured_over_service_price"] = float(mm) / float(priced)
+        # The same ratio apart on the steps that ran a trim and the priced steps that kept the whole block: a trimmed
+        # step's price holds its trim overhead, so where the two differ the planner values a trim wrong.
+        mt, ptr = c.get("sched/measured_ms_on_trimmed"), c.get("sched/priced_ms_on_trimmed")
+        nt, n = c.get("sched/measured_steps_on_trimmed"), c.get("sched/measured_steps_on_predicted")
+        for key, ms, price, steps in (("trimmed", mt, ptr, nt),
+                                      ("untrimmed", None if mt is None or mm is None else mm - mt,
+                                       None if ptr is None or priced is None else priced - ptr,
+                                       None if nt is None or n is None else n - nt)):
+            entry[f"{key}_steps"] = None if steps is None else int(steps)
+            entry[f"{key}_step_ms_measured_over_price"] = (float(ms) / float(price)
+                                                           if steps and ms is not None and price else None)
         flags = []
         table, service = "the cost table's prediction", "the service price it planned with"
         for key, what, of in (("tokens_realised_over_predicted", "tokens per step", table),

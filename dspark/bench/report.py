@@ -935,6 +935,17 @@ def measured_choice_rows(summary: Mapping[str, Any]) -> dict[tuple[str, str], li
     return out
 
 
+def trimmed_price_text(health: Mapping[str, Any]) -> str:
+    """The prediction-health line's part on trims: the measured time over the price the planner valued them at, on
+    the steps that ran a trim and on the priced steps that kept the whole block; empty without trimmed steps."""
+    trimmed, others = (health.get(f"{k}_step_ms_measured_over_price") for k in ("trimmed", "untrimmed"))
+    if trimmed is None:
+        return ""
+    rest = (f"its {health['untrimmed_steps']} other priced steps {others:.2f}x" if others is not None
+            else "it priced no other step")
+    return f"; at the price it valued them at, its {health['trimmed_steps']} trimmed steps took {trimmed:.2f}x, {rest}"
+
+
 def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> list[str]:
     from dspark.bench.guards import DECLINE_HINTS
 
@@ -956,6 +967,7 @@ def _planner_section(summary: Mapping[str, Any], paths: Mapping[str, Path]) -> l
                   + (f"{ms:.2f}x predicted" if ms is not None else "not measured")
                   + (f"; at the service price it planned with, step time {service:.2f}x"
                      if service is not None else "")
+                  + trimmed_price_text(h)
                   + (" **FLAGGED** (beyond +/-{:.0%}): {}".format(h["tolerance"], "; ".join(h["flags"]))
                      if h.get("flags") else " (within +/-{:.0%})".format(h["tolerance"]))]
     for arm, c in (summary.get("counters") or {}).items():

@@ -68,6 +68,13 @@ ENGINE_COUNTERS = (
      "steps at (the service price it planned with; the cost table's where it had none)."),
     ("sched/predicted_ms_on_measured", "dspark:planner_predicted_ms_on_measured", "Milliseconds the cost table "
      "predicted for the measured priced steps."),
+    ("sched/measured_steps_on_predicted", "dspark:planner_measured_steps", "Priced steps whose time was measured."),
+    ("sched/measured_steps_on_trimmed", "dspark:planner_measured_trimmed_steps", "Measured priced steps that ran a "
+     "trim."),
+    ("sched/measured_ms_on_trimmed", "dspark:planner_measured_ms_on_trimmed", "Milliseconds the measured priced steps "
+     "that ran a trim took."),
+    ("sched/priced_ms_on_trimmed", "dspark:planner_priced_ms_on_trimmed", "Milliseconds the planner valued the "
+     "measured priced steps that ran a trim at."),
 )
 # Engine.counters() key -> (metric, help): ratios and averages over the engine's life, exported as gauges.
 ENGINE_GAUGES = (
