@@ -359,15 +359,17 @@ def prediction_health(counters: Mapping[str, Mapping[str, Any]], tolerance: floa
             entry["step_ms_measured_over_service_price"] = float(mm) / float(priced)
         # The same ratio apart on the steps that ran a trim and the priced steps that kept the whole block: a trimmed
         # step's price holds its trim overhead, so where the two differ the planner values a trim wrong.
-        mt, ptr = c.get("sched/measured_ms_on_trimmed"), c.get("sched/priced_ms_on_trimmed")
-        nt, n = c.get("sched/measured_steps_on_trimmed"), c.get("sched/measured_steps_on_predicted")
-        for key, ms, price, steps in (("trimmed", mt, ptr, nt),
-                                      ("untrimmed", None if mt is None or mm is None else mm - mt,
-                                       None if ptr is None or priced is None else priced - ptr,
-                                       None if nt is None or n is None else n - nt)):
+        # (steps, measured ms, priced ms) of each side; an engine that did not count trims apart leaves both None
+        trim = [c.get(f"sched/{k}") for k in ("measured_steps_on_trimmed", "measured_ms_on_trimmed",
+                                                "priced_ms_on_trimmed", "measured_steps_on_predicted")]
+        sides = {}
+        if None not in (*trim, mm, priced):
+            nt, mt, ptr, n = trim
+            sides = {"trimmed": (nt, mt, ptr), "untrimmed": (n - nt, mm - mt, priced - ptr)}
+        for key in ("trimmed", "untrimmed"):
+            steps, ms, price = sides.get(key, (None, None, None))
             entry[f"{key}_steps"] = None if steps is None else int(steps)
-            entry[f"{key}_step_ms_measured_over_price"] = (float(ms) / float(price)
-                                                           if steps and ms is not None and price else None)
+            entry[f"{key}_step_ms_measured_over_price"] = float(ms) / float(price) if steps and price else None
         flags = []
         table, service = "the cost table's prediction", "the service price it planned with"
         for key, what, of in (("tokens_realised_over_predicted", "tokens per step", table),
