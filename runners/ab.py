@@ -1253,20 +1253,23 @@ def _served_length_stats(workload, records) -> dict:
     return {**workload.length_stats(lambda p: counts[p.id]), "counted_by": "the servers (usage.prompt_tokens)"}
 
 
-def _evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype) -> GuardResult:
-    """Reduced precision: every greedy output of both arms (each block, or the greedy replicas) and of the
-    control, re-scored by a float32 reference of arm A's target (dspark/bench/lossless.py)."""
+def _evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype,
+                    greedy_workload: bool) -> GuardResult:
+    """Reduced precision: every greedy output of both arms and of the control, re-scored by a float32 reference of
+    arm A's target (dspark/bench/lossless.py). A greedy workload's greedy outputs are every block's (and its greedy
+    replicas', when it has some); a sampled workload's are its greedy replicas'. The control ran on the requests of
+    the first pair: a greedy workload's, or the replicas."""
     from dspark.bench.lossless import RunOutputs, evidence_lossless_guard
 
     runs: list[RunOutputs] = []
     pairs: list[tuple[str, str]] = []
-    if replica_outputs:
-        runs += [RunOutputs(f"{arm}/greedy_replicas", arm, replica_outputs[arm]) for arm in ARMS]
-        pairs.append(("A/greedy_replicas", "B/greedy_replicas"))
-    else:
+    if greedy_workload:
         for block in sorted(set(outputs["A"]) & set(outputs["B"])):
             runs += [RunOutputs(f"{arm}/block{block}", arm, outputs[arm][block]) for arm in ARMS]
             pairs.append((f"A/block{block}", f"B/block{block}"))
+    if replica_outputs:
+        runs += [RunOutputs(f"{arm}/greedy_replicas", arm, replica_outputs[arm]) for arm in ARMS]
+        pairs.append(("A/greedy_replicas", "B/greedy_replicas"))
     control_pair = None
     if control is not None:
         runs.append(RunOutputs("control", "control", control["outputs"]))
@@ -1423,7 +1426,8 @@ def reference_guards(cfg, dtype, engines, workload, outputs, replica_outputs, pr
         _float64_evidence(checked, engines["A"].target, prompt_ids, batch_invariant=invariant)
         guards += [g for g, _ in checked]
     elif greedy_workload or replica_outputs:
-        guards.append(_evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype))
+        guards.append(_evidence_guard(cfg, engines, scorer, outputs, replica_outputs, prompt_ids, control, dtype,
+                                      greedy_workload))
     if not greedy_workload and not replica_outputs:
         guards.append(GuardResult("lossless", False, "not judged: the run was interrupted before its greedy replicas "
                                   "ran", {}) if replicas_skipped else nothing_compared_guard())

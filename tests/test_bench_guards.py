@@ -259,3 +259,23 @@ def test_rate_test_weighs_each_request_once_however_many_outputs_an_arm_gave_it(
                                 control_pair=("A/block0", "control"), alpha=0.001, dtype="bfloat16")
     assert g.passed == passes, g.message
     assert "rounding flip" in g.message and "real divergence" not in g.message
+
+
+def test_a_control_on_other_requests_than_its_pair_is_refused():
+    """A control run shares its requests with the run it is paired with: one on other requests (say, a greedy
+    workload's requests against its greedy replicas) would find no flips and leave the noise bound at the
+    forward noise, a weaker guard than asked for."""
+    from dspark.bench.lossless import RunOutputs, evidence_lossless_guard
+
+    prompts = {"p0": [5, 6], "p0#greedy": [5, 6]}
+    runs = [RunOutputs("A/greedy_replicas", "A", {"p0#greedy": [0, 0]}),
+            RunOutputs("B/greedy_replicas", "B", {"p0#greedy": [0, 0]}),
+            RunOutputs("control", "control", {"p0": [0, 1]})]
+    pairs = [("A/greedy_replicas", "B/greedy_replicas")]
+    with pytest.raises(ValueError, match="shares no request"):
+        evidence_lossless_guard(runs, pairs, prompts, _TieScorer(), control_pair=("A/greedy_replicas", "control"),
+                                alpha=0.001, dtype="bfloat16")
+    runs[-1] = RunOutputs("control", "control", {"p0#greedy": [0, 1]})
+    g = evidence_lossless_guard(runs, pairs, prompts, _TieScorer(), control_pair=("A/greedy_replicas", "control"),
+                                alpha=0.001, dtype="bfloat16")
+    assert g.details["control_flip_count"] == 1, g.message

@@ -109,6 +109,21 @@ def test_bf16_evidence_guard_fails_each_planted_bug(tmp_path, bug):
     assert g["details"]["real_divergence_count"] > 0 or not all(t["passed"] for t in g["details"]["rate_tests"].values())
 
 
+def test_bf16_evidence_guard_compares_every_block_of_a_greedy_workload_with_greedy_replicas(tmp_path):
+    """Poetry at T=0 keeps its greedy replica (workload.greedy_replica_count=1): every request is greedy, so the
+    guard compares every block's outputs as well as the replica's, and A's control, run on the workload's
+    requests, is paired with a block of them."""
+    base = [o for o in GREEDY_TINY if not o.startswith(("+workload", "workload.temperature"))]
+    cfg = compose_ab([*base, "+workload=poetry", "workload.temperature=0", "engine.dtype=bfloat16"], out_dir=tmp_path)
+    summary = ab.run(cfg, engine_factory=_bf16_factory())
+    g = next(g for g in summary["guards"] if g["name"] == "lossless")
+    assert g["passed"], g["message"]
+    runs = [c["runs"] for c in g["details"]["comparisons"]]
+    assert runs == [["A/block0", "B/block0"], ["A/block1", "B/block1"], ["A/greedy_replicas", "B/greedy_replicas"]]
+    assert [c["requests"] for c in g["details"]["comparisons"]] == [6, 6, 1]
+    assert g["details"]["control"]["requests"] == 6 and set(g["details"]["rate_tests"]) == {"A", "B"}
+
+
 def test_reference_scores_do_not_depend_on_packing(models):
     """Outputs scored one per forward and packed many per forward get the same reference evidence."""
     from dspark.bench.reference import ReferenceScorer

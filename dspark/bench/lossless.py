@@ -93,6 +93,10 @@ def evidence_lossless_guard(runs: Sequence[RunOutputs], pairs: Sequence[tuple[st
     for a, b in [*pairs, *([control_pair] if control_pair else [])]:
         if a not in by_label or b not in by_label:
             raise KeyError(f"lossless guard: pair ({a}, {b}) names a run not given ({sorted(by_label)})")
+    if control_pair is not None and not set(by_label[control_pair[0]].outputs) & set(by_label[control_pair[1]].outputs):
+        # a control on other requests than its pair's would find no flips and leave the bound at the forward noise
+        raise ValueError(f"lossless guard: the control {control_pair[1]!r} shares no request with "
+                         f"{control_pair[0]!r}: it must run on the requests that run compares")
     scored = _score_runs(runs, prompts, scorer, progress)
 
     # Forward noise over arm A's and the control's outputs only: an arm under test must not widen the bound
