@@ -35,6 +35,9 @@
 # TAG: a suffix for the run folders; B_EXTRA: more overrides for the ragged part (e.g. "+ab.arms.B.engine.min_verify_len=0");
 # AB_EXTRA: overrides for every run (e.g. "ab.profile.batch_sizes=[1,2,4,8,16,32,64,128,256]": one cost table for
 # every concurrency, profiled once). agentic (304 eval prompts) and arena_hard (57) repeat their prompts to fill a block.
+# A sampled run of a workload without greedy replicas (agentic, arena_hard, mixed_chat at workload.temperature=0.7)
+# compares no greedy output, and its lossless guard fails as not judged: add workload.greedy_replica_count=1
+# to AB_EXTRA.
 # Each run's folder is packed into $OUT/<part>_<workload>_c<C>.tar.gz as soon as it ends (requests/ left out).
 # T_RUN (default 300 s) bounds each run; what runs took on the H200 with 8 blocks, the cost table already profiled
 # (profiling it adds about 60 s to the first run) and the lossless control and guards included: agentic 256
