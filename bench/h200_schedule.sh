@@ -16,6 +16,8 @@
 #   topgap:     ab=scheduled_vs_top_gap_calibration (the same with an sts_top_gap calibration: GAP_CAL, from
 #               runners.calibrate method=sts_top_gap; default the shipped drafter's) at the same concurrencies and
 #               workloads
+#   greedytopgap: ab=scheduled_vs_greedy_top_gap_calibration (the same, the sts_top_gap calibration read on all-greedy
+#               steps only: engine.greedy_confidence_calibration) at the same concurrencies and workloads
 #   forcedtrim: ab=full_vs_forced_trim (verify-all vs the same engine verifying FORCE_FRAC, default 0.75, of every
 #               step's drafted cells: what a trim saves in service) at the same concurrencies and workloads
 #   share:      ab=full_vs_verify_share (verify-all vs the measured choice between the whole block and SHARE, default
@@ -101,6 +103,7 @@ for w in ${WORKLOADS:-mixed_chat agentic}; do
       "ab.arms.B.engine.confidence_calibration=${MP_CAL:?set MP_CAL for PARTS=maxprob}"
     has topgap && run topgap "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_top_gap_calibration \
       ${GAP_CAL:+"ab.arms.B.engine.confidence_calibration=$GAP_CAL"}
+    has greedytopgap && run greedytopgap "$w" "$c" "${T_RUN:-300}" ab=scheduled_vs_greedy_top_gap_calibration
   done
   if has speculation; then
     for c in ${SPEC_CONCS:-1}; do run speculation "$w" "$c" "${T_RUN:-300}" ab=spec_off_vs_dspark; done

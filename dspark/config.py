@@ -286,6 +286,10 @@ class EngineConfig:
     # A confidence calibration (temperatures.json, or the folder holding it) that replaces the drafter's
     # own for this engine, e.g. one fitted on the workload's step traces (runners.calibrate traces=...).
     confidence_calibration: str | None = None
+    # A calibration read instead on the steps whose rows all decode greedily (the rest keep the one above, or the
+    # drafter's own), e.g. builtin:dspark-smollm2/sts_top_gap, which ranks greedy acceptance better and costs the
+    # sampled traffic it trims more; chosen per step, so a step that mixes greedy and sampled rows reads the other.
+    greedy_confidence_calibration: str | None = None
     skip_mixed_trim: bool = True  # decline to trim on steps that also carry a prefill
     # What the planner reads as each drafted slot's acceptance: the drafter's confidence head ("head"), or the
     # drafter's top-token probability calibrated online against observed acceptance ("draft_max_prob",
@@ -384,6 +388,13 @@ class EngineConfig:
                f"acceptance_estimate={self.acceptance_estimate!r}); set it to false")
         _check(self.confidence_calibration is None or self.spec == "dspark", "engine.confidence_calibration",
                "calibrates the drafter's confidence head, and engine.spec=off has no drafter; set it to null")
+        _check(self.greedy_confidence_calibration is None or (
+            self.spec == "dspark" and self.acceptance_estimate == "head" and not self.online_calibration),
+            "engine.greedy_confidence_calibration",
+            "calibrates the confidence head the planner reads on all-greedy steps: it needs engine.spec=dspark and "
+            "engine.acceptance_estimate=head, and engine.online_calibration=false (its offsets correct one "
+            f"calibration, not two; got spec={self.spec!r}, acceptance_estimate={self.acceptance_estimate!r}, "
+            f"online_calibration={self.online_calibration!r}); set it to null")
         if self.tiers is not None:
             self.tiers = tuple(int(t) for t in self.tiers)
             _check(self.verify == "uniform", "engine.tiers",

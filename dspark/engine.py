@@ -97,6 +97,12 @@ class Engine:
             self.drafter.validate_target_layers(target.cfg)
             if self.cfg.confidence_calibration is not None:
                 self.drafter = self._recalibrated(self.drafter, self.cfg.confidence_calibration)
+        # engine.greedy_confidence_calibration: the drafter again (its weights shared) with the calibration that
+        # all-greedy steps read (GraphDecoder.calibrated_drafter)
+        self._greedy_drafter = (self._recalibrated(self.drafter, self.cfg.greedy_confidence_calibration,
+                                                   key="engine.greedy_confidence_calibration")
+                                if self.drafter is not None and self.cfg.greedy_confidence_calibration is not None
+                                else None)
         G = self.drafter.cfg.block_size if self.drafter is not None else 0
         page = self.cfg.kv_block_size
         # Device-resident steps reserve pages ahead: the host knows lengths up to one step late.
@@ -115,6 +121,8 @@ class Engine:
         self._confidence_calibration = (self.drafter.confidence_calibration_method
                                         if self.drafter is not None and self.drafter.confidence_head is not None
                                         and self.cfg.acceptance_estimate == "head" else None)
+        self._greedy_calibration = (self._greedy_drafter.confidence_calibration_method
+                                    if self._greedy_drafter is not None else None)
         self._next_id = 0
         self._requests: dict[int, Request] = {}
         self.num_steps = 0
@@ -178,18 +186,18 @@ class Engine:
         return tokens
 
     @staticmethod
-    def _recalibrated(drafter, path: str):
-        """The drafter with the calibration in ``path`` (engine.confidence_calibration), its weights shared."""
+    def _recalibrated(drafter, path: str, key: str = "engine.confidence_calibration"):
+        """The drafter with the calibration in ``path`` (the setting ``key`` names), its weights shared."""
         from dspark.training.calibration import calibration_dir, load_calibration
 
         if drafter.confidence_head is None:
-            raise ConfigError("engine.confidence_calibration: this drafter has no confidence head to calibrate "
+            raise ConfigError(f"{key}: this drafter has no confidence head to calibrate "
                               "(a DFlash-style ablation); set it to null")
         try:
             where = calibration_dir(path)
             calibration = load_calibration(where, drafter.block_size)
         except (FileNotFoundError, ValueError) as e:
-            raise ConfigError(f"engine.confidence_calibration: {e}") from None
+            raise ConfigError(f"{key}: {e}") from None
         return drafter.with_calibration(*calibration.as_lists())
 
     def _build_steps(self) -> None:
@@ -229,9 +237,11 @@ class Engine:
                                   confidence=self.cfg.verify != "full",  # verify-all reads no survival
                                   # no planning below engine.plan_min_rows, so no head there (a forced decision
                                   # allocates from survival at every size)
-                                  confidence_min_rows=0 if self._forced_decisions() else self.cfg.plan_min_rows)
+                                  confidence_min_rows=0 if self._forced_decisions() else self.cfg.plan_min_rows,
+                                  greedy_drafter=self._greedy_drafter)
         self.graph = self.steps if self.cfg.cuda_graphs else None  # the device-resident path
         self._head_steps_base = 0  # self.steps.head_steps at the last reset()
+        self._greedy_head_steps_base = 0  # self.steps.greedy_head_steps at the last reset()
         # engine.acceptance_estimate=draft_max_prob: the online calibration of the drafter's top probabilities. It is
         # calibration, not request state: reset() keeps it, so a run's warm-up trains it for the timed blocks.
         self.acceptance_estimate = None
@@ -362,7 +372,8 @@ class Engine:
     def models(self) -> dict:
         """The weights this engine runs: the target's and the drafter's architecture and the checkpoint each was
         loaded from (``origin``, :mod:`dspark.models.provenance`; None for a model built in memory), and the
-        confidence calibration in effect (``engine.confidence_calibration``'s file, else the drafter's own)."""
+        confidence calibration in effect (``engine.confidence_calibration``'s file, else the drafter's own; and
+        ``engine.greedy_confidence_calibration``'s, which all-greedy steps read, as ``greedy_calibration``)."""
         out = {"target": {"arch": self._target_arch(), "dtype": self.cfg.dtype, "origin": self.target.origin},
                "drafter": None}
         if self.drafter is not None:
@@ -375,6 +386,12 @@ class Engine:
             else:
                 calibration = None if origin is None else origin.get("calibration")
             out["drafter"] = {"arch": self._drafter_arch(), "origin": origin, "calibration": calibration}
+            if self.cfg.greedy_confidence_calibration is not None:  # what all-greedy steps read instead
+                from dspark.models.provenance import calibration_record
+                from dspark.training.calibration import calibration_dir
+
+                out["drafter"]["greedy_calibration"] = calibration_record(
+                    calibration_dir(self.cfg.greedy_confidence_calibration))
         return out
 
     def _megakernel_raw(self) -> int:
@@ -429,8 +446,12 @@ class Engine:
             c["confidence_head_steps"] = self.steps.head_steps - self._head_steps_base
             if self._confidence_calibration is not None:
                 # what the planner reads as survival (acceptance_estimate=head): the steps whose survival came
-                # from this calibration (a count, so it sums across blocks)
-                c[f"confidence_calibration/{self._confidence_calibration}_steps"] = c["confidence_head_steps"]
+                # from this calibration (a count, so it sums across blocks); with
+                # engine.greedy_confidence_calibration, the all-greedy steps' came from that one
+                greedy = self.steps.greedy_head_steps - self._greedy_head_steps_base
+                c[f"confidence_calibration/{self._confidence_calibration}_steps"] = c["confidence_head_steps"] - greedy
+                if self._greedy_calibration is not None:
+                    c[f"confidence_calibration/greedy_{self._greedy_calibration}_steps"] = greedy
         # Steps whose target forward ran the decode megakernel (kernels/decode_megakernel.py):
         # graph replays of steps captured with it, plus eager calls (captures' own calls excluded).
         c["megakernel_steps"] = self._megakernel_raw() - self._megakernel_base
@@ -770,7 +791,8 @@ class Engine:
         # the survival the planner read, recomputed on the host from the raw logits (and, for an sts_max_prob
         # calibration, the max probabilities, for an sts_top_gap one the top-2 gaps; with
         # engine.online_calibration, the offsets this step drafted with)
-        survival = prefix_survival(self.drafter.calibrated_confidence(raw, top, self.steps.confidence_offsets, gap))
+        calibrated = self.steps.calibrated_drafter()  # this step's rows' calibration
+        survival = prefix_survival(calibrated.calibrated_confidence(raw, top, self.steps.confidence_offsets, gap))
         self.step_trace.record([r.req_id for r in decodes], survival.cpu().numpy(), windows,
                                [int(k) for k in accepted], confidence_logits=raw.cpu().numpy(),
                                draft_max_prob=top.cpu().numpy())
@@ -1391,6 +1413,7 @@ class Engine:
         self._counts = self._zero_counts()
         self._megakernel_base = self._megakernel_raw()
         self._head_steps_base = self.steps.head_steps
+        self._greedy_head_steps_base = self.steps.greedy_head_steps
         self._oracle_steps = []
         self._oracle_step_ms = []
         self.step_trace = None

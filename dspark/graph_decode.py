@@ -106,11 +106,14 @@ class GraphDecoder:
                  metadata_impl: str = "torch", max_prefill_tokens: int = 2048, max_prefill_segments: int = 16,
                  acceptance_estimate: str = "head", estimate_bins: int = 10, prefill_stream: bool = False,
                  draft_free_steps: bool = False, confidence_offsets: bool = False, confidence: bool = True,
-                 confidence_min_rows: int = 0):
+                 confidence_min_rows: int = 0, greedy_drafter=None):
         self.runner = runner
         self.kernels = runner.kernels
         self.target = runner.target
         self.drafter = runner.drafter
+        # engine.greedy_confidence_calibration: the drafter (its weights shared) with the calibration that steps whose
+        # rows all decode greedily read (calibrated_drafter); None: every step reads the drafter's
+        self.greedy_drafter = greedy_drafter
         self.G = runner.block_size
         self.M = self.G + 1
         self.device = runner.device
@@ -165,6 +168,7 @@ class GraphDecoder:
         # device's own allocation reads it in place.
         self.read_survival = True
         self.head_steps = 0  # launched and host-driven steps whose draft stage ran the head (counters)
+        self.greedy_head_steps = 0  # of those, the steps whose survival came from greedy_drafter's calibration
         centres = (torch.arange(estimate_bins, dtype=torch.float32) + 0.5) / estimate_bins
         self.estimate_table = centres.repeat(G1, 1).to(dev)
         self.windows_in = torch.zeros(S, dtype=torch.int64, device=dev)  # explicit/cap_accept: the host's windows
@@ -467,12 +471,18 @@ class GraphDecoder:
         head = self.drafter.confidence_head
         return cuda_switch_on(self.kernels, "fused_confidence", self.device) and head.bias is not None
 
+    def calibrated_drafter(self):
+        """The drafter whose confidence calibration this step's survival reads: ``greedy_drafter`` where one is set
+        and the loaded rows all decode greedily, else the drafter. Decided by Python state (the sampling mode), which
+        keys the captured graphs, so each captured draft stage replays its own mode's calibration."""
+        return self.greedy_drafter if self.greedy_drafter is not None and self.sampling[0] else self.drafter
+
     def keeps_max_prob(self, rows: int | None = None) -> bool:
         """Whether the draft stage writes each slot's top-token probability into self.max_prob: for the
         draft_max_prob estimate, for a confidence calibration that weighs it (the drafter's
         ``confidence_uses_max_prob``: sts_max_prob) where the head runs (``rows`` as :meth:`runs_confidence_head`
         takes it), and for a step trace."""
-        head_weighs_it = self.runs_confidence_head(rows) and self.drafter.confidence_uses_max_prob
+        head_weighs_it = self.runs_confidence_head(rows) and self.calibrated_drafter().confidence_uses_max_prob
         return self.estimate == "draft_max_prob" or head_weighs_it or self.trace_max_prob
 
     def keeps_top_gap(self, rows: int | None = None) -> bool:
@@ -480,7 +490,7 @@ class GraphDecoder:
         confidence calibration that weighs it (the drafter's ``confidence_uses_top_gap``: sts_top_gap) where the
         head runs (``rows`` as :meth:`runs_confidence_head` takes it: a device-resident stage below
         confidence_min_rows rows skips the head, and the gaps with it)."""
-        return self.runs_confidence_head(rows) and self.drafter.confidence_uses_top_gap
+        return self.runs_confidence_head(rows) and self.calibrated_drafter().confidence_uses_top_gap
 
     def _draft_stage(self, R: int, host_driven: bool = False) -> None:
         """Draft a block for rows [:R]; writes self.drafts, self.draft_probs (sampled rows), self.max_prob (when
@@ -552,7 +562,7 @@ class GraphDecoder:
         elif fused_head:
             from kernels.confidence_survival import BlockConfidence, confidence_survival_triton
 
-            d = self.drafter
+            d = self.calibrated_drafter()  # the weights are shared: only the calibration may differ
             confidence_survival_triton(
                 hidden=hidden, anchor=anchor, tokens=self.drafts[:R, :G],
                 embedding=d.markov_head.w1.weight if d.markov_head is not None else None,
@@ -571,7 +581,7 @@ class GraphDecoder:
             self.confidence_logits[:R].copy_(out.confidence_logits.float())
             # an sts_max_prob calibration weighs the top probabilities, an sts_top_gap one the top-2 gaps (kept
             # above); the drafter raises without them
-            conf = self.drafter.calibrated_confidence(out.confidence_logits.float(),
+            conf = self.calibrated_drafter().calibrated_confidence(out.confidence_logits.float(),
                                                       self.max_prob[:R] if keep_top else None, self.confidence_offsets,
                                                       self.top_gap[:R] if keep_gap else None)
             surv = prefix_survival(conf)
@@ -743,6 +753,7 @@ class GraphDecoder:
         drafted = self.G and mode != "draft_free"  # a draft-free step leaves no survival of its own
         head = drafted and self.runs_confidence_head(r_draft)
         self.head_steps += bool(head)
+        self.greedy_head_steps += bool(head) and self.calibrated_drafter() is self.greedy_drafter
         if (head and self.read_survival) or (drafted and self.estimate == "draft_max_prob"):
             surv = torch.empty((B, self.G), dtype=torch.float32, pin_memory=pin)
             surv.copy_(self.survival[:B], non_blocking=pin)
@@ -761,7 +772,9 @@ class GraphDecoder:
         step's survival before it verifies)."""
         if self.G:
             self._draft_stage(num_rows, host_driven=True)
-            self.head_steps += self.runs_confidence_head()
+            head = self.runs_confidence_head()
+            self.head_steps += head
+            self.greedy_head_steps += head and self.calibrated_drafter() is self.greedy_drafter
 
     def verify_rows(self, windows: list[int], num_tokens: int, cap_accept: bool = False
                     ) -> list[tuple[int, int, list[int]]]:

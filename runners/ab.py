@@ -255,21 +255,23 @@ def check_config(cfg: DictConfig):
 
 
 def check_calibration_files(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig]) -> None:
-    """Each speculative arm's engine.confidence_calibration read now, before any model loads; an error names the
-    key that set it (the arm's override, or the engine group's)."""
+    """Each speculative arm's engine.confidence_calibration and greedy_confidence_calibration read now, before any
+    model loads; an error names the key that set it (the arm's override, or the engine group's)."""
     from dspark.training.calibration import calibration_method_of
     from runners.common import check_calibration_owner, resolve_drafter_path
 
     for arm, ecfg in arm_cfgs.items():
-        if ecfg.confidence_calibration is None or ecfg.spec != "dspark":
-            continue
-        own = "confidence_calibration" in (cfg.ab.arms[arm].get("engine") or {})
-        key = f"ab.arms.{arm}.engine.confidence_calibration" if own else "engine.confidence_calibration"
-        try:
-            calibration_method_of(ecfg.confidence_calibration)
-        except (FileNotFoundError, ValueError) as e:
-            raise ConfigError(f"{key}: {e}") from None
-        check_calibration_owner(ecfg.confidence_calibration, resolve_drafter_path(cfg.drafter.path), key)
+        for name in ("confidence_calibration", "greedy_confidence_calibration"):
+            path = getattr(ecfg, name)
+            if path is None or ecfg.spec != "dspark":
+                continue
+            own = name in (cfg.ab.arms[arm].get("engine") or {})
+            key = f"ab.arms.{arm}.engine.{name}" if own else f"engine.{name}"
+            try:
+                calibration_method_of(path)
+            except (FileNotFoundError, ValueError) as e:
+                raise ConfigError(f"{key}: {e}") from None
+            check_calibration_owner(path, resolve_drafter_path(cfg.drafter.path), key)
 
 
 def check_interpolations(cfg: DictConfig) -> None:
@@ -1455,18 +1457,20 @@ def arm_did_nothing_guard(arm: str, ecfg: EngineConfig, block_rows: list[dict]) 
                              expects_draft_free=ecfg.draft_free_steps and ecfg.spec != "off",
                              expects_service_cost=ecfg.service_cost and ecfg.verify != "full",
                              expects_online_calibration=ecfg.online_calibration,
-                             expects_calibration=_configured_calibration(ecfg))
+                             expects_calibration=_configured_calibration(ecfg),
+                             expects_greedy_calibration=_configured_calibration(ecfg, greedy=True))
 
 
-def _configured_calibration(ecfg: EngineConfig) -> str | None:
-    """The method of the arm's engine.confidence_calibration where its planner reads the head's survival (so the
-    engine counts the steps whose survival came from it), None otherwise."""
-    if ecfg.confidence_calibration is None or ecfg.spec == "off" or ecfg.verify == "full" \
-            or ecfg.acceptance_estimate != "head":
+def _configured_calibration(ecfg: EngineConfig, greedy: bool = False) -> str | None:
+    """The method of the arm's engine.confidence_calibration (``greedy``: its engine.greedy_confidence_calibration)
+    where its planner reads the head's survival (so the engine counts the steps whose survival came from it), None
+    otherwise."""
+    path = ecfg.greedy_confidence_calibration if greedy else ecfg.confidence_calibration
+    if path is None or ecfg.spec == "off" or ecfg.verify == "full" or ecfg.acceptance_estimate != "head":
         return None
     from dspark.training.calibration import calibration_method_of
 
-    return calibration_method_of(ecfg.confidence_calibration)
+    return calibration_method_of(path)
 
 
 @runner_main("ab")

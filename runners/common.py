@@ -93,6 +93,8 @@ def build_engine(cfg: Any, engine_cfg: EngineConfig | None = None, seed: int = 0
         raise ConfigError("spec=dspark needs a drafter: choose drafter=dspark_smollm2 or set drafter.path, "
                           "or run spec=off")
     check_calibration_owner(engine_cfg.confidence_calibration, drafter_path)
+    check_calibration_owner(engine_cfg.greedy_confidence_calibration, drafter_path,
+                            "engine.greedy_confidence_calibration")
     folder = target_folder(cfg.model.source, cache_dir=cfg.model.cache_dir)
     mcfg, state, tokenizer = load_hf_folder(folder)
     target = TargetModel(mcfg)

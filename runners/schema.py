@@ -145,6 +145,7 @@ class EngineSchema:
     min_predicted_gain: float = 0.03  # the planner trims only where the cost table predicts at least this gain
     plan_min_rows: int = 32  # steps with fewer decoding requests verify the whole block without planning
     confidence_calibration: Optional[str] = None  # temperatures.json (or its folder; builtin:NAME/SUB shipped)
+    greedy_confidence_calibration: Optional[str] = None  # the same, read instead on steps whose rows are all greedy
     skip_mixed_trim: bool = True  # decline to trim steps that also carry a prefill
     acceptance_estimate: str = "head"  # head: the confidence head; draft_max_prob: drafter top probability, calibrated online
     service_cost: bool = False  # price the planner's options at the service step's cost learnt online, not the table's alone
@@ -440,10 +441,11 @@ def to_engine_config(engine: Any, spec: str | None = None, local: bool = True) -
         check_device_present(str(d.get("device", "cpu")))
     if d.get("kernels") is not None:  # a DictConfig / dict of the engine.kernels group
         d["kernels"] = KernelSwitches.from_dict({str(k): v for k, v in dict(d["kernels"]).items()})
-    if d.get("confidence_calibration") is not None:  # builtin:NAME/SUB: a calibration the package ships
-        from runners.common import resolve_calibration_path
+    for key in ("confidence_calibration", "greedy_confidence_calibration"):
+        if d.get(key) is not None:  # builtin:NAME/SUB: a calibration the package ships
+            from runners.common import resolve_calibration_path
 
-        d["confidence_calibration"] = resolve_calibration_path(str(d["confidence_calibration"]))
+            d[key] = resolve_calibration_path(str(d[key]), f"engine.{key}")
     ecfg = EngineConfig(**d)
     check_pool_holds_a_request(ecfg)
     return ecfg

@@ -774,3 +774,28 @@ def test_an_arms_calibration_file_is_read_before_any_model_loads_and_named_by_it
         cfg = compose_ab([*args, f"+ab.arms.B.engine.confidence_calibration={path}"], out_dir=tmp_path)
         with pytest.raises(ConfigError, match=f"^ab.arms.B.engine.confidence_calibration: .*{words}"):
             check_config(cfg)
+
+
+def test_a_greedy_calibration_arm_is_checked_early_and_judged_by_what_it_read(tmp_path):
+    """ab=scheduled_vs_greedy_top_gap_calibration: a bad engine.greedy_confidence_calibration is refused by the
+    config check under its key; on greedy traffic B's did_nothing guard passes only as its all-greedy steps read
+    the greedy calibration (the counters say so)."""
+    from dspark.config import ConfigError
+    from dspark.training.calibration import save_temperatures
+    from runners.ab import check_config
+
+    args = ["ab=scheduled_vs_greedy_top_gap_calibration" if a.startswith("ab=") else a for a in TINY]
+    cfg = compose_ab([*args, f"ab.arms.B.engine.greedy_confidence_calibration={tmp_path / 'none'}"],
+                     out_dir=tmp_path)
+    with pytest.raises(ConfigError, match="^ab.arms.B.engine.greedy_confidence_calibration: .*not found"):
+        check_config(cfg)
+    block = tiny_drafter(tiny_target(seed=0, scale=TARGET_SCALE), seed=1).block_size
+    save_temperatures(tmp_path / "gap", [1.0] * block, biases=[0.2] * block, top_gap_weights=[0.5] * block)
+    cfg = compose_ab([*args, f"ab.arms.B.engine.greedy_confidence_calibration={tmp_path / 'gap'}",
+                      "ab.fail_on_guard=false"], out_dir=tmp_path / "run")
+    summary = ab.run(cfg, engine_factory=tiny_factory())
+    guard = next(g for g in summary["guards"] if g["name"] == "did_nothing[B]")
+    assert guard["details"]["expects_greedy_calibration"] == "sts_top_gap", guard
+    counters = summary["counters"]["B"]
+    assert counters["confidence_calibration/greedy_sts_top_gap_steps"] > 0, counters
+    assert guard["passed"] and "greedy calibration sts_top_gap" in guard["message"], guard["message"]

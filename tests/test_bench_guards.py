@@ -195,6 +195,30 @@ def test_did_nothing_guard_on_a_configured_calibration(tmp_path):
     assert _configured_calibration(EngineConfig(spec="dspark", verify="ragged")) is None
 
 
+def test_did_nothing_guard_on_a_greedy_calibration(tmp_path):
+    """engine.greedy_confidence_calibration: the arm passes only when some all-greedy drafted step read survival from
+    that file's method; on a sampled workload no step does, and the guard says so."""
+    from dspark.config import EngineConfig
+    from dspark.training.calibration import save_temperatures
+    from runners.ab import _configured_calibration
+
+    base = {"graph_replays": 10, "drafted_tokens": 90, "decode_steps": 10, "confidence_calibration/sts_bias_steps": 4}
+    kw = dict(expects_trim=False, expects_graphs=False, expects_speculation=True)
+    ok = did_nothing_guard("B", {}, {**base, "confidence_calibration/greedy_sts_top_gap_steps": 6},
+                           expects_greedy_calibration="sts_top_gap", **kw)
+    assert ok.passed and "greedy calibration sts_top_gap" in ok.message, ok.message
+    unread = did_nothing_guard("B", {}, {**base, "confidence_calibration/greedy_sts_top_gap_steps": 0},
+                               expects_greedy_calibration="sts_top_gap", **kw)
+    assert not unread.passed and "a sampled workload runs none" in unread.message
+    missing = did_nothing_guard("B", {}, base, expects_greedy_calibration="sts_top_gap", **kw)
+    assert not missing.passed and "confidence_calibration/greedy_sts_top_gap_steps" in missing.message
+    save_temperatures(tmp_path, [1.0, 1.0], biases=[0.1, 0.2], top_gap_weights=[0.5, 0.6])
+    planning = dict(spec="dspark", verify="ragged", greedy_confidence_calibration=str(tmp_path))
+    assert _configured_calibration(EngineConfig(**planning), greedy=True) == "sts_top_gap"
+    assert _configured_calibration(EngineConfig(**planning)) is None
+    assert _configured_calibration(EngineConfig(**{**planning, "verify": "full"}), greedy=True) is None
+
+
 def test_did_nothing_guard_accepts_an_arm_that_ran_every_step_draft_free():
     """Every step draft-free after the choice measured drafting: an answer (the work of target-only decoding),
     like a planner that declined every step; without a measured drafting step it is a failure."""

@@ -251,3 +251,68 @@ def test_a_stage_that_skips_the_head_computes_no_gaps(models, monkeypatch):
         eng.generate(prompts_for(7, 2), SamplingParams(max_tokens=10, ignore_eos=True))
         assert any(asked) != graphs, (graphs, asked)  # (the target's own greedy choices ask for none either)
         assert not eng.steps.keeps_top_gap(2) and eng.steps.keeps_top_gap(8) and eng.steps.keeps_top_gap()
+
+
+T_OWN, B_OWN = [1.2, 0.9, 1.1, 0.7], [0.2, 0.1, -0.3, 0.4]  # the drafter's own calibration (sts_bias) below
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_greedy_calibration_steers_the_all_greedy_steps_and_no_others(models, tmp_path, monkeypatch, graphs):
+    """engine.greedy_confidence_calibration: a step whose rows all decode greedily reads that calibration (here
+    sts_top_gap, with the gaps it weighs), a step with a sampled row reads the drafter's own (sts_bias), and the
+    counters say which read what; greedy outputs stay the target's."""
+    target, _ = models
+    plain = tiny_drafter(target, 22, block_size=4)
+    plain.set_confidence_temperatures(T_OWN, B_OWN)
+    save_temperatures(tmp_path, T_ENGINE, biases=B_ENGINE, top_gap_weights=V_ENGINE)
+    prompts = prompts_for(41, 4)
+    greedy = [SamplingParams(max_tokens=14, ignore_eos=True) for _ in prompts]
+    sampled = [SamplingParams(max_tokens=14, ignore_eos=True, temperature=0.8, seed=7 + i) for i in range(4)]
+    mixed = [*greedy[:2], *sampled[2:]]
+    base = run(target, None, prompts, greedy)
+    for params, reads_gap in ((greedy, True), (sampled, False), (mixed, False)):
+        seen = spy_draft_stage(monkeypatch, "top_gap", _sorted_gap)
+        eng = head_engine(target, plain, cuda_graphs=graphs, max_num_seqs=4,
+                          greedy_confidence_calibration=str(tmp_path))
+        outs = eng.generate(prompts, params)
+        monkeypatch.undo()
+        assert eng.drafter is plain and eng.steps.greedy_drafter.fc.weight.data_ptr() == plain.fc.weight.data_ptr()
+        if params is greedy:
+            assert [o.token_ids for o in outs] == [b.token_ids for b in base]
+        c = eng.counters()
+        steps = c["decode_steps"]
+        # the last steps of a mixed run may hold its greedy rows alone: count the stages each calibration served
+        assert c["confidence_calibration/greedy_sts_top_gap_steps"] + c["confidence_calibration/sts_bias_steps"] \
+            == c["confidence_head_steps"] == steps > 0
+        if params is not mixed:
+            assert c["confidence_calibration/greedy_sts_top_gap_steps"] == (steps if reads_gap else 0)
+        assert seen
+        for step in seen if params is not mixed else seen[:1]:  # a mixed run's first stage holds every row
+            if reads_gap:
+                torch.testing.assert_close(step["top_gap"], step["independent"], rtol=0, atol=0)
+                want = _formula(step["logits"], step["top_gap"], T_ENGINE, B_ENGINE, V_ENGINE)
+            else:
+                want = _formula(step["logits"], 0.0, T_OWN, B_OWN, 0.0)
+            torch.testing.assert_close(step["survival"].double(), torch.cumprod(want, 1), rtol=1e-5, atol=1e-6)
+    if not graphs:  # a step trace (eager steps) records the survival the step read
+        eng = head_engine(target, plain, greedy_confidence_calibration=str(tmp_path))
+        trace = eng.start_step_trace()
+        eng.generate(prompts, greedy)
+        assert eng.steps.keeps_top_gap() and len(trace.survival) > 0
+        z = torch.from_numpy(trace.confidence_logits[0]).double()
+        own = torch.cumprod(_formula(z, 0.0, T_OWN, B_OWN, 0.0), 1)
+        assert (torch.from_numpy(trace.survival[0]).double() - own).abs().max() > 0.01  # not the drafter's own
+
+
+def test_a_greedy_calibration_is_refused_where_it_cannot_steer(models, tmp_path):
+    from tiny import tiny_engine_config
+
+    target, drafter = models
+    save_temperatures(tmp_path, T_ENGINE, biases=B_ENGINE, top_gap_weights=V_ENGINE)
+    where = str(tmp_path)
+    for kw, match in (({"spec": "off"}, "spec=dspark"), ({"acceptance_estimate": "draft_max_prob"}, "estimate=head"),
+                      ({"online_calibration": True, "verify": "ragged"}, "online_calibration=false")):
+        with pytest.raises(ConfigError, match=f"greedy_confidence_calibration.*{match}"):
+            tiny_engine_config(greedy_confidence_calibration=where, **kw)
+    with pytest.raises(ConfigError, match="engine.greedy_confidence_calibration: .*not found"):
+        head_engine(target, drafter, greedy_confidence_calibration=str(tmp_path / "none"))

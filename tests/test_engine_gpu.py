@@ -288,6 +288,49 @@ def test_scored_survival_from_one_pass_and_one_kernel_in_graphs(tmp_path, score,
     torch.testing.assert_close(st.survival[:6], want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_greedy_calibration_is_read_by_the_greedy_graphs_alone(tmp_path, sampled):
+    """engine.greedy_confidence_calibration (sts_top_gap) on CUDA graphs, the drafter's own calibration sts_bias:
+    the captured draft stage of all-greedy rows reads the top-gap calibration with the gaps of the argmax kernel's
+    pass, the one of sampled rows (T=0.8) the drafter's own through the fused kernel; outputs stay the target's."""
+    from dspark.survival import prefix_survival
+    from dspark.training.calibration import save_temperatures
+
+    target = tiny_target(45)
+    drafter = tiny_drafter(target, 46, block_size=4)
+    drafter.set_confidence_temperatures([0.8, 1.0, 1.2, 0.9], biases=[0.1, 0.0, -0.2, 0.3])
+    save_temperatures(tmp_path / "gap", [1.1, 0.9, 1.0, 0.7], biases=[0.2, -0.1, 0.0, 0.1],
+                      top_gap_weights=[0.6, 0.4, -0.2, 0.8])
+    prompts = prompts_for(45, 11, lo=2, hi=60)
+    params = [SamplingParams(max_tokens=16 + 7 * (i % 3), ignore_eos=True) for i in range(len(prompts))]
+    base = [o.token_ids for o in cuda_engine(target, None, spec="off", max_num_seqs=8).generate(prompts, params)]
+    eng = graph_engine(tmp_path, target, drafter, "dspark", "ragged", max_num_seqs=8, overlap=True, budget_lag=2,
+                       greedy_confidence_calibration=str(tmp_path / "gap"))
+    assert eng.steps._fused_confidence() and eng.steps.keeps_top_gap()
+    assert [o.token_ids for o in eng.generate(prompts, params)] == base
+    c = eng.counters()
+    assert c["graph_replays"] > 0 and c["confidence_calibration/greedy_sts_top_gap_steps"] > 0
+    eng.reset()
+    for i, p in enumerate(prompts[:6]):
+        eng.add_request(p, SamplingParams(max_tokens=200, ignore_eos=True,
+                                          **({"temperature": 0.8, "seed": i} if sampled else {})))
+    for _ in range(12):
+        eng.step()
+    torch.cuda.synchronize()
+    st = eng.steps
+    assert st.active[:6].all() and eng.steps.keeps_top_gap() == (not sampled)
+    c = eng.counters()
+    assert (c["confidence_calibration/greedy_sts_top_gap_steps"] == 0) == sampled
+    assert (c["confidence_calibration/sts_bias_steps"] == 0) == (not sampled)
+    if sampled:
+        want = prefix_survival(drafter.calibrated_confidence(st.confidence_logits[:6]))
+    else:
+        gap = st.top_gap[:6]
+        assert (gap >= 0).all() and gap.unique().numel() > 6
+        want = prefix_survival(st.greedy_drafter.calibrated_confidence(st.confidence_logits[:6], top_gap=gap))
+    torch.testing.assert_close(st.survival[:6], want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("spec,verify", GRAPH_MODES)
 def test_steady_graph_steps_never_sync_the_host(tmp_path, spec, verify):
     target = tiny_target(43)

@@ -188,7 +188,8 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
                       expects_trim: bool, expects_graphs: bool, expects_speculation: bool,
                       forces_trim: bool = False, expects_draft_free: bool = False,
                       expects_service_cost: bool = False, expects_online_calibration: bool = False,
-                      expects_calibration: str | None = None) -> GuardResult:
+                      expects_calibration: str | None = None,
+                      expects_greedy_calibration: str | None = None) -> GuardResult:
     """Fail when an arm's configured feature could not run, according to the engine's counters.
 
     Counters read: ``trimmed_steps``, ``trim_ratio`` and the planner's decisions
@@ -201,7 +202,9 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
     some step must have been measured), ``online_calibration/refits`` (when ``expects_online_calibration``: the
     offsets must have been refitted at least once), ``confidence_calibration/<method>_steps`` (when
     ``expects_calibration`` names the method of the arm's engine.confidence_calibration: some drafted step's
-    survival must have come from it), and ``decode_steps`` if reported. A counter the check
+    survival must have come from it), ``confidence_calibration/greedy_<method>_steps`` (when
+    ``expects_greedy_calibration`` names the method of its engine.greedy_confidence_calibration: some all-greedy
+    drafted step's survival must have come from it), and ``decode_steps`` if reported. A counter the check
     needs but the engine did not report is itself a failure: absence of evidence is
     not evidence that the feature ran.
 
@@ -238,7 +241,7 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
         + sum(1 for k in counters if str(k).startswith("draft_free/b") and str(k).endswith("/free_vs_draft_pct"))
     if draft_free_all:
         expects_trim = expects_speculation = expects_online_calibration = False
-        expects_calibration = None
+        expects_calibration = expects_greedy_calibration = None
         if measured_drafting == 0:
             problems.append("every step ran draft-free, but the choice never measured a drafting step")
     if "decode_steps" in counters and float(counters["decode_steps"]) == 0:
@@ -302,15 +305,24 @@ def did_nothing_guard(arm_name: str, arm_config: Mapping[str, Any], counters: Ma
                    "or raise the concurrency)" if small and small == float(counters.get("decode_steps", -1)) else "")
             problems.append(f"engine.confidence_calibration ({expects_calibration}) configured but no drafted step's "
                             "survival came from it" + why)
+    if expects_greedy_calibration is not None:
+        read = need(f"confidence_calibration/greedy_{expects_greedy_calibration}_steps")
+        if read == 0:
+            problems.append(f"engine.greedy_confidence_calibration ({expects_greedy_calibration}) configured but no "
+                            "drafted step whose rows all decode greedily had its survival from it (a sampled "
+                            "workload runs none)")
     expectations = {"expects_trim": expects_trim, "expects_graphs": expects_graphs,
                     "expects_speculation": expects_speculation, "forces_trim": forces_trim,
                     "expects_draft_free": expects_draft_free, "expects_service_cost": expects_service_cost,
                     "expects_online_calibration": expects_online_calibration,
-                    "expects_calibration": expects_calibration}
+                    "expects_calibration": expects_calibration,
+                    "expects_greedy_calibration": expects_greedy_calibration}
     expected = [k.removeprefix("expects_") for k, v in expectations.items() if v and k.startswith("expects_")]
     if forces_trim:
         expected.append("forced trim")
-    expected = [f"calibration {expects_calibration}" if e == "calibration" else e for e in expected]
+    named = {"calibration": f"calibration {expects_calibration}",
+             "greedy_calibration": f"greedy calibration {expects_greedy_calibration}"}
+    expected = [named.get(e, e) for e in expected]
     if problems:
         message = f"arm {arm_name}: " + "; ".join(problems)
     elif draft_free_all:
