@@ -248,10 +248,31 @@ def test_this_servers_metrics_give_the_engines_counters_by_delta(models):
     reasons = {k: v for k, v in c.items() if k.startswith("sched/plan_reason.")}
     assert sum(reasons.values()) == now["decode_steps"] - counts["decode_steps"] > 0
     assert c["sched/verify_len_hist.2"] > 0
+    calibrated = [k for k in now if k.startswith("confidence_calibration/")]  # the drafter's own calibration's steps
+    assert calibrated and all(c[k] == now[k] - counts[k] for k in calibrated), (calibrated, c)
     d = spec_decode_delta(before, after, FLAVOURS["dspark"])
     accepted = sum(r.model_extra["acceptance"]["num_accepted_tokens"] for r in responses)
     assert d.accepted_tokens == accepted == c["accepted_tokens"] and sum(d.accepted_per_position) == accepted
     assert d.drafts == sum(r.model_extra["acceptance"]["num_drafts"] for r in responses)
+
+
+def test_the_calibration_step_counters_round_trip_through_metrics():
+    """confidence_calibration/<method>_steps and greedy_<method>_steps (engine.greedy_confidence_calibration) come
+    back from a server's /metrics under the engine's keys, by delta; a served arm's did_nothing guard reads them."""
+    from dspark.serving.engine_loop import EngineSnapshot
+    from dspark.serving.metrics import ServerMetrics
+
+    metrics = ServerMetrics("m")
+
+    def samples(counters):
+        snap = EngineSnapshot(counters=counters, accepted_per_position=(), block_size=4, num_running=0, num_waiting=0,
+                              kv_pages_total=1, kv_pages_free=1, num_live_requests=0)
+        return parse_samples(metrics.render(snap).decode())
+
+    before = samples({"confidence_calibration/sts_bias_steps": 5, "confidence_calibration/greedy_sts_top_gap_steps": 2})
+    after = samples({"confidence_calibration/sts_bias_steps": 9, "confidence_calibration/greedy_sts_top_gap_steps": 7})
+    c = dspark_engine_counters(before, after)
+    assert c["confidence_calibration/sts_bias_steps"] == 4 and c["confidence_calibration/greedy_sts_top_gap_steps"] == 5
 
 
 # ---- the load generator ---------------------------------------------------------------------------

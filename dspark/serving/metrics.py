@@ -88,6 +88,9 @@ VERIFY_LEN_PREFIX = "sched/verify_len_hist."
 # (draft_free/b<bucket>/<kind>_steps); engine.service_cost: the steps that updated each part of the price.
 DRAFT_FREE_STEPS = re.compile(r"draft_free/b(\d+)/(draft|free)_steps")
 SERVICE_COST_STEPS = re.compile(r"service_cost/(floor|extra)_steps")
+# The drafted steps whose survival came from each confidence calibration (confidence_calibration/<method>_steps, and
+# confidence_calibration/greedy_<method>_steps for engine.greedy_confidence_calibration's).
+CALIBRATION_STEPS = re.compile(r"confidence_calibration/(greedy_)?([a-z_]+?)_steps")
 
 
 class EngineSnapshotCollector:
@@ -153,13 +156,20 @@ class EngineSnapshotCollector:
                                        labels=["model_name", "bucket", "kind"])
         priced = CounterMetricFamily("dspark:service_cost_steps", "Committed steps that updated the service price, "
                                      "by part (floor or extra).", labels=["model_name", "part"])
+        calibrated = CounterMetricFamily("dspark:confidence_calibration_steps", "Drafted steps whose survival came "
+                                         "from a confidence calibration, by its method and the steps it serves "
+                                         "(all, or greedy: the steps whose rows all decode greedily).",
+                                         labels=["model_name", "method", "steps"])
         for key, n in c.items():
             if (m := DRAFT_FREE_STEPS.fullmatch(key)) is not None:
                 measured.add_metric([name, m.group(1), m.group(2)], n)
             elif (m := SERVICE_COST_STEPS.fullmatch(key)) is not None:
                 priced.add_metric([name, m.group(1)], n)
+            elif (m := CALIBRATION_STEPS.fullmatch(key)) is not None:
+                calibrated.add_metric([name, m.group(2), "greedy" if m.group(1) else "all"], n)
         yield measured
         yield priced
+        yield calibrated
 
 
 class ServerMetrics:

@@ -245,6 +245,8 @@ _LABELLED = (
     ("dspark:draft_free_measured_steps_total", ("bucket", "kind"),
      lambda bucket, kind: f"draft_free/b{bucket}/{kind}_steps"),
     ("dspark:service_cost_steps_total", ("part",), lambda part: f"service_cost/{part}_steps"),
+    ("dspark:confidence_calibration_steps_total", ("method", "steps"),
+     lambda method, steps: f"confidence_calibration/{'greedy_' if steps == 'greedy' else ''}{method}_steps"),
 )
 
 
