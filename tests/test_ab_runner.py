@@ -789,11 +789,20 @@ def test_a_greedy_calibration_arm_is_checked_early_and_judged_by_what_it_read(tm
                      out_dir=tmp_path)
     with pytest.raises(ConfigError, match="^ab.arms.B.engine.greedy_confidence_calibration: .*not found"):
         check_config(cfg)
-    block = tiny_drafter(tiny_target(seed=0, scale=TARGET_SCALE), seed=1).block_size
-    save_temperatures(tmp_path / "gap", [1.0] * block, biases=[0.2] * block, top_gap_weights=[0.5] * block)
-    cfg = compose_ab([*args, f"ab.arms.B.engine.greedy_confidence_calibration={tmp_path / 'gap'}",
-                      "ab.fail_on_guard=false"], out_dir=tmp_path / "run")
+    from test_engine_scheduling import steep_table
+
+    target = tiny_target(seed=0, scale=TARGET_SCALE)
+    drafter = tiny_drafter(target, seed=1)
+    save_temperatures(tmp_path / "gap", [1.0] * drafter.block_size, biases=[0.2] * drafter.block_size,
+                      top_gap_weights=[0.5] * drafter.block_size)
+    arms = [*args, f"ab.arms.B.engine.greedy_confidence_calibration={tmp_path / 'gap'}"]
+    # a table for both planning arms (profiling one on a busy CPU may be refused for its fit)
+    probe = Engine(target, FakeTokenizer(), replace(ab.arm_engine_configs(compose_ab(arms, out_dir=tmp_path))["A"],
+                                                    cost_table=None), drafter)
+    table = steep_table(probe, tmp_path / "steep.json")
+    cfg = compose_ab([*arms, f"engine.cost_table={table}", "ab.fail_on_guard=false"], out_dir=tmp_path / "run")
     summary = ab.run(cfg, engine_factory=tiny_factory())
+    assert {summary["cost_tables"][arm]["how"] for arm in "AB"} == {"configured"}, summary["cost_tables"]
     guard = next(g for g in summary["guards"] if g["name"] == "did_nothing[B]")
     assert guard["details"]["expects_greedy_calibration"] == "sts_top_gap", guard
     counters = summary["counters"]["B"]
