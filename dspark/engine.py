@@ -377,19 +377,16 @@ class Engine:
         out = {"target": {"arch": self._target_arch(), "dtype": self.cfg.dtype, "origin": self.target.origin},
                "drafter": None}
         if self.drafter is not None:
+            from dspark.models.provenance import calibration_record
+            from dspark.training.calibration import calibration_dir
+
             origin = self.drafter.origin
             if self.cfg.confidence_calibration is not None:
-                from dspark.models.provenance import calibration_record
-                from dspark.training.calibration import calibration_dir
-
                 calibration = calibration_record(calibration_dir(self.cfg.confidence_calibration))
             else:
                 calibration = None if origin is None else origin.get("calibration")
             out["drafter"] = {"arch": self._drafter_arch(), "origin": origin, "calibration": calibration}
             if self.cfg.greedy_confidence_calibration is not None:  # what all-greedy steps read instead
-                from dspark.models.provenance import calibration_record
-                from dspark.training.calibration import calibration_dir
-
                 out["drafter"]["greedy_calibration"] = calibration_record(
                     calibration_dir(self.cfg.greedy_confidence_calibration))
         return out

@@ -477,6 +477,12 @@ class GraphDecoder:
         keys the captured graphs, so each captured draft stage replays its own mode's calibration."""
         return self.greedy_drafter if self.greedy_drafter is not None and self.sampling[0] else self.drafter
 
+    def _count_head_step(self, head: bool) -> None:
+        """Count a draft stage for the counters: whether it ran the head, and whether that head's survival came from
+        greedy_drafter's calibration."""
+        self.head_steps += head
+        self.greedy_head_steps += head and self.calibrated_drafter() is self.greedy_drafter
+
     def keeps_max_prob(self, rows: int | None = None) -> bool:
         """Whether the draft stage writes each slot's top-token probability into self.max_prob: for the
         draft_max_prob estimate, for a confidence calibration that weighs it (the drafter's
@@ -752,8 +758,7 @@ class GraphDecoder:
         surv = top = None
         drafted = self.G and mode != "draft_free"  # a draft-free step leaves no survival of its own
         head = drafted and self.runs_confidence_head(r_draft)
-        self.head_steps += bool(head)
-        self.greedy_head_steps += bool(head) and self.calibrated_drafter() is self.greedy_drafter
+        self._count_head_step(bool(head))
         if (head and self.read_survival) or (drafted and self.estimate == "draft_max_prob"):
             surv = torch.empty((B, self.G), dtype=torch.float32, pin_memory=pin)
             surv.copy_(self.survival[:B], non_blocking=pin)
@@ -772,9 +777,7 @@ class GraphDecoder:
         step's survival before it verifies)."""
         if self.G:
             self._draft_stage(num_rows, host_driven=True)
-            head = self.runs_confidence_head()
-            self.head_steps += head
-            self.greedy_head_steps += head and self.calibrated_drafter() is self.greedy_drafter
+            self._count_head_step(self.runs_confidence_head())
 
     def verify_rows(self, windows: list[int], num_tokens: int, cap_accept: bool = False
                     ) -> list[tuple[int, int, list[int]]]:

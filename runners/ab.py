@@ -258,10 +258,10 @@ def check_calibration_files(cfg: DictConfig, arm_cfgs: Mapping[str, EngineConfig
     """Each speculative arm's engine.confidence_calibration and greedy_confidence_calibration read now, before any
     model loads; an error names the key that set it (the arm's override, or the engine group's)."""
     from dspark.training.calibration import calibration_method_of
-    from runners.common import check_calibration_owner, resolve_drafter_path
+    from runners.common import ENGINE_CALIBRATION_KEYS, check_calibration_owner, resolve_drafter_path
 
     for arm, ecfg in arm_cfgs.items():
-        for name in ("confidence_calibration", "greedy_confidence_calibration"):
+        for name in ENGINE_CALIBRATION_KEYS:
             path = getattr(ecfg, name)
             if path is None or ecfg.spec != "dspark":
                 continue

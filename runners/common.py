@@ -46,6 +46,10 @@ def resolve_drafter_path(path: str | None, key: str = "drafter.path") -> str | N
     return path
 
 
+# The engine settings that name a confidence calibration: resolved (builtin:NAME/SUB), read and owner-checked alike.
+ENGINE_CALIBRATION_KEYS = ("confidence_calibration", "greedy_confidence_calibration")
+
+
 def resolve_calibration_path(path: str | None, key: str = "engine.confidence_calibration") -> str | None:
     """'builtin:NAME/SUB' -> a calibration shipped beside the drafter NAME (dspark/assets/NAME/SUB, e.g.
     ``builtin:dspark-smollm2/sts_top_gap``); 'builtin:NAME' -> that drafter's own calibration;
@@ -92,9 +96,8 @@ def build_engine(cfg: Any, engine_cfg: EngineConfig | None = None, seed: int = 0
     if engine_cfg.spec == "dspark" and drafter_path is None:
         raise ConfigError("spec=dspark needs a drafter: choose drafter=dspark_smollm2 or set drafter.path, "
                           "or run spec=off")
-    check_calibration_owner(engine_cfg.confidence_calibration, drafter_path)
-    check_calibration_owner(engine_cfg.greedy_confidence_calibration, drafter_path,
-                            "engine.greedy_confidence_calibration")
+    for key in ENGINE_CALIBRATION_KEYS:
+        check_calibration_owner(getattr(engine_cfg, key), drafter_path, f"engine.{key}")
     folder = target_folder(cfg.model.source, cache_dir=cfg.model.cache_dir)
     mcfg, state, tokenizer = load_hf_folder(folder)
     target = TargetModel(mcfg)

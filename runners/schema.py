@@ -441,10 +441,10 @@ def to_engine_config(engine: Any, spec: str | None = None, local: bool = True) -
         check_device_present(str(d.get("device", "cpu")))
     if d.get("kernels") is not None:  # a DictConfig / dict of the engine.kernels group
         d["kernels"] = KernelSwitches.from_dict({str(k): v for k, v in dict(d["kernels"]).items()})
-    for key in ("confidence_calibration", "greedy_confidence_calibration"):
-        if d.get(key) is not None:  # builtin:NAME/SUB: a calibration the package ships
-            from runners.common import resolve_calibration_path
+    from runners.common import ENGINE_CALIBRATION_KEYS, resolve_calibration_path
 
+    for key in ENGINE_CALIBRATION_KEYS:
+        if d.get(key) is not None:  # builtin:NAME/SUB: a calibration the package ships
             d[key] = resolve_calibration_path(str(d[key]), f"engine.{key}")
     ecfg = EngineConfig(**d)
     check_pool_holds_a_request(ecfg)
