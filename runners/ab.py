@@ -250,6 +250,12 @@ def check_config(cfg: DictConfig):
         raise ConfigError(f"ab.profile.{e}") from e
     check_calibration_files(cfg, arm_cfgs)
     workload = workload_from(cfg)
+    if not workload.sampling().greedy and workload.spec.greedy_replica_count == 0:
+        # Known now, before any model loads: reference_guards will report it as the failed lossless guard.
+        log.warning("workload.temperature=%s and workload.greedy_replica_count=0: no output of this run is greedy, "
+                    "so its lossless guard compares nothing and fails%s; add workload.greedy_replica_count=1 to "
+                    "run the first drawn prompt greedily in both arms as well", workload.spec.temperature,
+                    " (ab.fail_on_guard: the run exits 1 after its blocks)" if cfg.ab.fail_on_guard else "")
     schedule = build_schedule(cfg.ab.schedule, int(cfg.ab.n_blocks), seed=int(cfg.ab.seed))
     return arm_cfgs, workload, schedule
 

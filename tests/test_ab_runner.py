@@ -515,6 +515,29 @@ def test_arm_settings_silently_ignored_are_refused(tmp_path, override, words):
         assert w in str(info.value), (w, str(info.value))
 
 
+@pytest.mark.parametrize("replicas,fail_on_guard,warned", [(0, True, True), (0, False, True), (1, True, False)])
+def test_a_sampled_run_with_nothing_greedy_is_warned_of_before_it_runs(tmp_path, caplog, replicas, fail_on_guard,
+                                                                        warned):
+    """A sampled workload without greedy replicas compares no output, so its lossless guard fails after every block
+    has run; the config check says so first, with the fix, before any model loads."""
+    from runners.ab import check_config
+
+    cfg = compose_ab([*TINY, "workload.temperature=0.7", f"workload.greedy_replica_count={replicas}",
+                      f"ab.fail_on_guard={str(fail_on_guard).lower()}"], out_dir=tmp_path)
+    with caplog.at_level("WARNING", logger="runners.ab"):
+        check_config(cfg)
+    said = [r.getMessage() for r in caplog.records if "compares nothing" in r.getMessage()]
+    assert bool(said) == warned, caplog.text
+    if warned:
+        assert "workload.greedy_replica_count=1" in said[0] and "temperature=0.7" in said[0]
+        assert ("the run exits 1" in said[0]) == fail_on_guard
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="runners.ab"):  # a greedy workload compares every block
+        check_config(compose_ab([*TINY, "workload.temperature=0", "workload.greedy_replica_count=0"],
+                                out_dir=tmp_path / "greedy"))
+    assert "compares nothing" not in caplog.text
+
+
 @pytest.mark.parametrize("ab", sorted(p.stem for p in (Path(__file__).parents[1] / "conf" / "ab").glob("*.yaml")))
 @pytest.mark.parametrize("engine", ["cpu", "h200_graphs"])
 def test_every_shipped_ab_config_passes_the_config_check(tmp_path, ab, engine, monkeypatch):
