@@ -158,7 +158,8 @@ class EngineSnapshotCollector:
                                      "by part (floor or extra).", labels=["model_name", "part"])
         calibrated = CounterMetricFamily("dspark:confidence_calibration_steps", "Drafted steps whose survival came "
                                          "from a confidence calibration, by its method and the steps it serves "
-                                         "(all, or greedy: the steps whose rows all decode greedily).",
+                                         "(greedy: the steps whose rows all decode greedily, with "
+                                         "engine.greedy_confidence_calibration; all: every other drafted step).",
                                          labels=["model_name", "method", "steps"])
         for key, n in c.items():
             if (m := DRAFT_FREE_STEPS.fullmatch(key)) is not None:
