@@ -1,0 +1,62 @@
+"""bench/greedy_miss_ranks.py: the cells a greedy draft reaches, the target token's rank at a miss, the summary."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tiny import tiny_drafter, tiny_target
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "greedy_miss_ranks.py"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("greedy_miss_ranks", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cells_are_the_replays_reached_cells_and_a_miss_ranks_the_targets_token_below_the_first():
+    from dspark.training.trainer import replay_blocks
+
+    target = tiny_target(vocab=8).eval()  # a small vocabulary: random drafts are accepted often enough to go deep
+    drafter = tiny_drafter(target)
+    torch.manual_seed(3)
+    ids = torch.randint(3, 8, (120,))
+    anchors = torch.arange(9, 120 - drafter.block_size)
+    cells = _script().block_cells(target, drafter, ids, anchors)
+
+    with torch.no_grad():
+        replay = replay_blocks(target, drafter, ids[None], anchors[None])
+    accepted = replay["accepted"][0]  # [A, G]
+    reached = torch.cumprod(torch.cat((torch.ones(len(anchors), 1, dtype=torch.bool), accepted[:, :-1]), 1).int(),
+                            1).bool()
+    assert np.array_equal(cells["accepted"], accepted[reached].numpy())
+    assert np.array_equal(cells["slot"], torch.arange(drafter.block_size).expand_as(accepted)[reached].numpy())
+    assert (cells["slot"] >= 2).sum() > 0  # the test reaches past the second slot
+    assert np.array_equal(cells["rank"] == 0, cells["accepted"])  # accepted exactly where the target's token leads
+    miss = ~cells["accepted"]
+    assert (cells["p_target_token"][miss] <= cells["p_draft"][miss]).all()
+    assert (cells["target_top2"] <= cells["target_top1"]).all()
+
+
+def test_the_summary_counts_shares_of_the_misses():
+    c = {"slot": np.array([0, 0, 0, 0, 1, 1]),
+         "accepted": np.array([True, False, False, False, True, False]),
+         "rank": np.array([0, 1, 2, 12, 0, 1]),
+         "p_draft": np.array([0.9, 0.5, 0.6, 0.7, 0.8, 0.4]),
+         "p_target_token": np.array([0.9, 0.48, 0.3, 0.01, 0.8, 0.33]),
+         "target_top1": np.array([0.99, 0.5, 0.6, 0.9, 0.95, 0.4]),
+         "target_top2": np.array([0.01, 0.45, 0.2, 0.05, 0.02, 0.35])}
+    s = _script().summarize(c)
+    assert (s["reached"], s["missed"]) == (6, 4) and s["accepted"] == round(2 / 6, 4)
+    ranks = (s["missed_target_token_rank_2"], s["rank_3"], s["rank_4_to_10"], s["beyond_rank_10"])
+    assert ranks == (0.5, 0.25, 0, 0.25)
+    assert (s["missed_within_0.05"], s["missed_within_0.1"], s["missed_within_0.2"]) == (0.25, 0.5, 0.5)
+    assert s["missed_target_margin_below_0.1"] == 0.5 and s["missed_target_top1_median"] == 0.55
+    assert s["accepted_target_top1_median"] == 0.97
+    assert [b["reached"] for b in s["by_slot"]] == [4, 2] and s["by_slot"][1]["missed_target_token_rank_2"] == 1.0
