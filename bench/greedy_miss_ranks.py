@@ -3,8 +3,11 @@ draft reaches (the block's earlier slots all accepted) at anchors along the targ
 argmax is the target's argmax, and at a rejected cell the rank of the target's token among the drafter's logits, the
 drafter's probability of its own draft and of the target's token, and the target's top-two probabilities. A miss
 whose token is the drafter's close runner-up is one a mode-seeking loss could turn; a miss whose token lies beyond
-the drafter's top ten, or where the target itself is nearly undecided, is not. Runs on the CPU in fp32; writes
-OUT_DIR/greedy_miss_ranks.json (the summary, by block position too) and prints the summary.
+the drafter's top ten, or where the target itself is nearly undecided, is not. Each cell is also marked a repeat when
+the pair (the token before it, the target's token) already occurred in the context the cell sees: a copy from the
+context, as against a word new to it; the summary gives the repeats' share of the accepted cells and of the misses.
+Runs on the CPU in fp32; writes OUT_DIR/greedy_miss_ranks.json (the summary, by block position too) and prints the
+summary.
 
     python bench/greedy_miss_ranks.py OUT_DIR data=FILE[,FILE...] [drafter=builtin:dspark-smollm2] [stride=3]
         [max_sequences=N]
@@ -55,8 +58,20 @@ def block_cells(target, drafter, ids: torch.Tensor, anchors: torch.Tensor) -> di
     reached = torch.cumprod(earlier_ok.int(), 1).bool()
     p_d, p_t = d_logits.softmax(-1), t_logits.softmax(-1)
     top2 = p_t.topk(2, -1).values
+    # whether the cell's token pair (the token before the cell, the target's token) occurred earlier in the context
+    # the cell sees (the sequence up to the anchor, then the block's accepted drafts): a copy an attention over the
+    # context can make, as against a word new to that context
+    repeat = torch.zeros(n_anchor, gamma, dtype=torch.bool)
+    for a_i, anchor in enumerate(anchors[0].tolist()):
+        for k in range(gamma):
+            if not reached[a_i, k]:
+                break
+            context = torch.cat((ids[0, : anchor + 1], tokens[a_i, :k]))
+            before = context[:-1] == context[-1]
+            repeat[a_i, k] = bool((before & (context[1:] == t_token[a_i, k])).any())
     cells = {
         "slot": torch.arange(gamma).expand(n_anchor, gamma),
+        "repeat": repeat,
         "accepted": accepted,
         # 0 when the drafter's argmax is the target's; k: k of the drafter's logits are above the target's token's
         "rank": (d_logits > d_logits.gather(-1, t_token[..., None])).sum(-1),
@@ -66,6 +81,10 @@ def block_cells(target, drafter, ids: torch.Tensor, anchors: torch.Tensor) -> di
         "target_top2": top2[..., 1],
     }
     return {k: v[reached].numpy() for k, v in cells.items()}
+
+
+def share(flags: np.ndarray) -> float | None:
+    return round(float(flags.mean()), 4) if flags.size else None
 
 
 def summarize(c: dict[str, np.ndarray]) -> dict:
@@ -81,7 +100,10 @@ def summarize(c: dict[str, np.ndarray]) -> dict:
                 "rank_4_to_10": frac((rank >= 3) & (rank < 10)), "beyond_rank_10": frac(rank >= 10),
                 **{f"missed_within_{t}": frac(gap < t) for t in NEAR},
                 "missed_target_top1_median": round(float(np.median(t1)), 4) if n else None,
-                "missed_target_margin_below_0.1": frac(t1 - t2 < 0.1)}
+                "missed_target_margin_below_0.1": frac(t1 - t2 < 0.1),
+                "repeat_share_accepted": share(c["repeat"][sel & c["accepted"]]),
+                "repeat_share_missed_within_top10": share(c["repeat"][miss][rank < 10]),
+                "repeat_share_missed_beyond_top10": share(c["repeat"][miss][rank >= 10])}
 
     every = np.ones_like(c["accepted"], dtype=bool)
     out = shares(every)
