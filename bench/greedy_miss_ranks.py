@@ -15,7 +15,7 @@ summary.
 ``data``: token files from runners.make_training_data (prompt + answer per sequence), e.g. the target's greedy
 answers to eval-split prompts: ``split=eval sources=[arena_hard] sampling.greedy_first=true``. Anchors run from the
 last prompt token every ``stride`` positions; the drafter drafts a block at each, greedily, and the target verifies
-it on top of the answer's true prefix (dspark.training.trainer.replay_blocks's greedy path, with the logits kept).
+it on top of the answer's true prefix (dspark.training.trainer.replay_blocks, greedy, keep_logits=True).
 """
 
 from __future__ import annotations
@@ -36,37 +36,27 @@ NEAR = (0.05, 0.1, 0.2)  # a miss is "near" when p_d(draft) - p_d(target's token
 def block_cells(target, drafter, ids: torch.Tensor, anchors: torch.Tensor) -> dict[str, np.ndarray]:
     """Greedy draft + verify at ``anchors`` [A] of one sequence ``ids`` [L]; per cell (anchor, slot) the arrays below,
     flattened over the cells the draft reached."""
-    from dspark.training.trainer import dense_target_forward, target_verify_forward
+    from dspark.training.calibration import reached_cells
+    from dspark.training.trainer import replay_blocks
 
     gamma = drafter.block_size
-    ids, anchors = ids[None], anchors[None]
-    _, captured, kvs = dense_target_forward(target, ids, drafter.cfg.target_layer_ids, return_kv=True)
-    dummy = torch.zeros(*anchors.shape, gamma, dtype=torch.int64)
-    hidden = drafter.forward_train(captured, ids, anchors, target.embed, target.lm_head_weight, dummy).hidden
-    n_anchor = anchors.shape[1]
-    anchor_ids = ids.gather(1, anchors).reshape(-1)
-    drafted = drafter.draft(hidden.reshape(n_anchor, gamma, -1), anchor_ids, target.lm_head_weight,
-                            lambda logits, k: logits.argmax(-1))
-    tokens = drafted.tokens.view(n_anchor, gamma)
-    block = torch.cat((anchor_ids[:, None], tokens[:, : gamma - 1]), -1)[None]
-    verify_hidden = target_verify_forward(target, kvs, block, anchors)
-    t_logits = target.compute_logits(verify_hidden.reshape(n_anchor * gamma, -1)).view(n_anchor, gamma, -1).float()
-    d_logits = drafted.logits.view(n_anchor, gamma, -1).float()
+    n_anchor = anchors.numel()
+    replay = replay_blocks(target, drafter, ids[None], anchors[None], keep_logits=True)
+    tokens, accepted = replay["tokens"][0], replay["accepted"][0]
+    d_logits, t_logits = replay["draft_logits"][0], replay["target_logits"][0]
     t_token = t_logits.argmax(-1)
-    accepted = tokens == t_token
-    earlier_ok = torch.cat((torch.ones(n_anchor, 1, dtype=torch.bool), accepted[:, :-1]), 1)
-    reached = torch.cumprod(earlier_ok.int(), 1).bool()
+    reached = reached_cells(accepted)
     p_d, p_t = d_logits.softmax(-1), t_logits.softmax(-1)
     top2 = p_t.topk(2, -1).values
     # whether the cell's token pair (the token before the cell, the target's token) occurred earlier in the context
     # the cell sees (the sequence up to the anchor, then the block's accepted drafts): a copy an attention over the
     # context can make, as against a word new to that context
     repeat = torch.zeros(n_anchor, gamma, dtype=torch.bool)
-    for a_i, anchor in enumerate(anchors[0].tolist()):
+    for a_i, anchor in enumerate(anchors.tolist()):
         for k in range(gamma):
             if not reached[a_i, k]:
                 break
-            context = torch.cat((ids[0, : anchor + 1], tokens[a_i, :k]))
+            context = torch.cat((ids[: anchor + 1], tokens[a_i, :k]))
             before = context[:-1] == context[-1]
             repeat[a_i, k] = bool((before & (context[1:] == t_token[a_i, k])).any())
     cells = {
@@ -93,14 +83,12 @@ def summarize(c: dict[str, np.ndarray]) -> dict:
         rank, gap = c["rank"][miss], (c["p_draft"] - c["p_target_token"])[miss]
         t1, t2 = c["target_top1"][miss], c["target_top2"][miss]
         n = int(miss.sum())
-        frac = (lambda m: round(float(m.mean()), 4)) if n else (lambda m: None)
-        accepted = round(float(c["accepted"][sel].mean()), 4) if sel.any() else None
-        return {"reached": int(sel.sum()), "accepted": accepted, "missed": n,
-                "missed_target_token_rank_2": frac(rank == 1), "rank_3": frac(rank == 2),
-                "rank_4_to_10": frac((rank >= 3) & (rank < 10)), "beyond_rank_10": frac(rank >= 10),
-                **{f"missed_within_{t}": frac(gap < t) for t in NEAR},
+        return {"reached": int(sel.sum()), "accepted": share(c["accepted"][sel]), "missed": n,
+                "missed_target_token_rank_2": share(rank == 1), "rank_3": share(rank == 2),
+                "rank_4_to_10": share((rank >= 3) & (rank < 10)), "beyond_rank_10": share(rank >= 10),
+                **{f"missed_within_{t}": share(gap < t) for t in NEAR},
                 "missed_target_top1_median": round(float(np.median(t1)), 4) if n else None,
-                "missed_target_margin_below_0.1": frac(t1 - t2 < 0.1),
+                "missed_target_margin_below_0.1": share(t1 - t2 < 0.1),
                 "repeat_share_accepted": share(c["repeat"][sel & c["accepted"]]),
                 "repeat_share_missed_within_top10": share(c["repeat"][miss][rank < 10]),
                 "repeat_share_missed_beyond_top10": share(c["repeat"][miss][rank >= 10])}

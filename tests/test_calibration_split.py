@@ -164,6 +164,24 @@ def test_replay_in_anchor_chunks_equals_one_pass(target):
     torch.testing.assert_close(whole["conf_logits"], chunked["conf_logits"], rtol=1e-4, atol=1e-5)
 
 
+def test_replay_keeps_the_logits_it_drafted_and_verified_with_only_when_asked(target):
+    drafter = tiny_drafter(target, block_size=4).eval()
+    batch = make_batch(TokenDataset.from_sequences([list(range(3, 30)), list(range(40, 60))], [4, 5], ["a", "a"]),
+                       [0, 1], 64)
+    anchors, _ = sample_anchors(batch.lengths + 1, batch.response_starts, None, 4, torch.Generator(),
+                                require_full_block=False)
+    plain = replay_blocks(target, drafter, batch.input_ids, anchors)
+    assert "draft_logits" not in plain and "target_logits" not in plain
+    for chunk in (None, 5):
+        kept = replay_blocks(target, drafter, batch.input_ids, anchors, anchor_chunk=chunk, keep_logits=True)
+        shape = (*anchors.shape, 4, target.cfg.vocab_size)
+        assert kept["draft_logits"].shape == kept["target_logits"].shape == shape
+        assert kept["draft_logits"].dtype == kept["target_logits"].dtype == torch.float32
+        assert torch.equal(kept["tokens"], plain["tokens"]) and torch.equal(kept["accepted"], plain["accepted"])
+        assert torch.equal(kept["draft_logits"].argmax(-1), kept["tokens"])  # greedy: each slot drafts its argmax
+        assert torch.equal(kept["target_logits"].argmax(-1) == kept["tokens"], kept["accepted"])
+
+
 def test_replay_block_acceptance_all_anchors_names_sequences(target, data):
     drafter = tiny_drafter(target, block_size=4)
     out = replay_block_acceptance(target, drafter, data, max_len=40, anchors_per_seq=None, anchor_stride=2,

@@ -688,7 +688,7 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 
 def replay_blocks(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.Tensor, anchors: torch.Tensor,
                   anchor_chunk: int | None = None, temperature: float = 0.0,
-                  generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                  generator: torch.Generator | None = None, keep_logits: bool = False) -> dict[str, torch.Tensor]:
     """Draft + full-block verification at given anchors, as the engine would do them: greedy, or sampled.
 
     input_ids int64 [B, S] (committed tokens; only positions <= anchor are used); anchors int64 [B, A].
@@ -701,7 +701,9 @@ def replay_blocks(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.
     logits / t): the rejection sampling of a row that samples at t (no top-k, no top-p), drawn with
     ``generator`` (on the tensors' device). ``anchor_chunk`` bounds memory: the target's context pass runs
     once, then drafting and verification run over at most that many anchors per sequence at a time (the
-    verify attention grows with (anchors x block)^2 otherwise).
+    verify attention grows with (anchors x block)^2 otherwise). ``keep_logits``: also return float32
+    ``draft_logits`` and ``target_logits`` [B, A, G, V], the drafter's logits at each slot and the target's where it
+    verified that slot (a vocabulary's worth per cell: for analyses of a few sequences at a time).
     """
     if anchor_chunk is not None and int(anchor_chunk) < 1:
         raise ValueError(f"anchor_chunk must be >= 1 or None, got {anchor_chunk}")
@@ -711,16 +713,18 @@ def replay_blocks(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.
     n_anchor = anchors.shape[1]
     chunk = n_anchor if anchor_chunk is None else min(int(anchor_chunk), max(n_anchor, 1))
     if chunk >= n_anchor:
-        return _replay_anchor_chunk(target, drafter, input_ids, captured, kvs, anchors, float(temperature), generator)
+        return _replay_anchor_chunk(target, drafter, input_ids, captured, kvs, anchors, float(temperature), generator,
+                                    keep_logits)
     parts = [_replay_anchor_chunk(target, drafter, input_ids, captured, kvs, anchors[:, i: i + chunk],
-                                  float(temperature), generator)
+                                  float(temperature), generator, keep_logits)
              for i in range(0, n_anchor, chunk)]
     return {key: torch.cat([p[key] for p in parts], dim=1) for key in parts[0]}
 
 
 def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids: torch.Tensor,
                          captured: torch.Tensor, kvs: list, anchors: torch.Tensor, temperature: float = 0.0,
-                         generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                         generator: torch.Generator | None = None, keep_logits: bool = False
+                         ) -> dict[str, torch.Tensor]:
     gamma = drafter.block_size
     device = input_ids.device
     dummy = torch.zeros(*anchors.shape, gamma, dtype=torch.int64, device=device)
@@ -751,13 +755,17 @@ def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids:
         accepted = tokens == target_logits.argmax(-1).view(n, a, gamma)
     conf = (drafted.confidence_logits.view(n, a, gamma).float() if drafted.confidence_logits is not None
             else torch.zeros(n, a, gamma, device=device))
-    return {"tokens": tokens, "accepted": accepted, "conf_logits": conf,
-            # the drafter's own confidence in each token it drafted (its argmax)
-            # (dspark.sampling.top_probability: the engine's draft stage computes it the same way)
-            "draft_max_prob": top_probability(drafted.logits).view(n, a, gamma),
-            # the gap between its two largest logits: a confidence that needs no softmax over the vocabulary
-            # (dspark.sampling.top_gap: the argmax kernel's gap_out gives the same values in its own pass)
-            "draft_top_gap": top_gap(drafted.logits).view(n, a, gamma)}
+    out = {"tokens": tokens, "accepted": accepted, "conf_logits": conf,
+           # the drafter's own confidence in each token it drafted (its argmax)
+           # (dspark.sampling.top_probability: the engine's draft stage computes it the same way)
+           "draft_max_prob": top_probability(drafted.logits).view(n, a, gamma),
+           # the gap between its two largest logits: a confidence that needs no softmax over the vocabulary
+           # (dspark.sampling.top_gap: the argmax kernel's gap_out gives the same values in its own pass)
+           "draft_top_gap": top_gap(drafted.logits).view(n, a, gamma)}
+    if keep_logits:
+        out["draft_logits"] = drafted.logits.reshape(n, a, gamma, -1).float()
+        out["target_logits"] = target_logits.reshape(n, a, gamma, -1).float()
+    return out
 
 
 @torch.no_grad()
