@@ -152,12 +152,18 @@ def test_sample_anchors_every_position_with_stride():
         sample_anchors(lengths, starts, None, 4, torch.Generator(), stride=0)
 
 
-def test_replay_in_anchor_chunks_equals_one_pass(target):
+def two_sequences_to_replay(target):
+    """(drafter, batch, anchors): a block-4 drafter and two short sequences, anchored at every response position."""
     drafter = tiny_drafter(target, block_size=4).eval()
     batch = make_batch(TokenDataset.from_sequences([list(range(3, 30)), list(range(40, 60))], [4, 5], ["a", "a"]),
                        [0, 1], 64)
     anchors, _ = sample_anchors(batch.lengths + 1, batch.response_starts, None, 4, torch.Generator(),
                                 require_full_block=False)
+    return drafter, batch, anchors
+
+
+def test_replay_in_anchor_chunks_equals_one_pass(target):
+    drafter, batch, anchors = two_sequences_to_replay(target)
     whole = replay_blocks(target, drafter, batch.input_ids, anchors)
     chunked = replay_blocks(target, drafter, batch.input_ids, anchors, anchor_chunk=5)
     assert torch.equal(whole["tokens"], chunked["tokens"]) and torch.equal(whole["accepted"], chunked["accepted"])
@@ -165,11 +171,7 @@ def test_replay_in_anchor_chunks_equals_one_pass(target):
 
 
 def test_replay_keeps_the_logits_it_drafted_and_verified_with_only_when_asked(target):
-    drafter = tiny_drafter(target, block_size=4).eval()
-    batch = make_batch(TokenDataset.from_sequences([list(range(3, 30)), list(range(40, 60))], [4, 5], ["a", "a"]),
-                       [0, 1], 64)
-    anchors, _ = sample_anchors(batch.lengths + 1, batch.response_starts, None, 4, torch.Generator(),
-                                require_full_block=False)
+    drafter, batch, anchors = two_sequences_to_replay(target)
     plain = replay_blocks(target, drafter, batch.input_ids, anchors)
     assert "draft_logits" not in plain and "target_logits" not in plain
     for chunk in (None, 5):
