@@ -3,15 +3,15 @@ arena-hard-style questions (torch-free, seconds)."""
 
 from __future__ import annotations
 
-import json
 import re
-import string
 from itertools import permutations, product
 
 import pytest
 
+from source_checks import (arena_shingles, assert_deterministic_across_loads, assert_fits_context,
+                           assert_refuses_path_and_unknown_category, assert_training_only_source, outside_code,
+                           shingles)
 from workloads import DEFAULTS, WorkloadError, build_workload, make_spec, split_of
-from workloads.arena_hard import PACKAGED_QUESTIONS
 from workloads.worked_problems import (CATEGORIES, DEBUG_ASKS, DEBUG_FRAMES, KNIGHT_SETUPS, MATH, MATH_ASKS,
                                        OWNERSHIP_SETUPS, PUZZLES, RACE_SETUPS, REASONING_ASKS, SEATING_SETUPS,
                                        SNIPPETS, SUSPECT_SETUPS, WorkedProblemsWorkload, category_items, math_text,
@@ -41,15 +41,6 @@ def workload() -> WorkedProblemsWorkload:
     w = build_workload(make_spec(NAME, split="all", num_prompts=None))
     w.pool()
     return w
-
-
-def _outside_code(text: str) -> str:
-    return re.sub(r"```.*?```", "", text, flags=re.S)
-
-
-def _shingles(text: str, n: int = 8) -> set[tuple[str, ...]]:
-    words = text.lower().translate(str.maketrans("", "", string.punctuation)).split()
-    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
 
 
 def test_ids_are_unique_stable_and_pinned(workload):
@@ -106,7 +97,7 @@ def test_splits_are_disjoint_and_non_empty_in_every_category(workload):
 def test_text_is_filled_and_debug_prompts_hold_one_fenced_snippet(workload):
     for p in workload.pool():
         assert len(p.messages) == 1 and p.messages[0]["role"] == "user"
-        assert not re.search(r"\{[^{}\n]*\}", _outside_code(p.text)), p.id
+        assert not re.search(r"\{[^{}\n]*\}", outside_code(p.text)), p.id
         if p.source == f"{NAME}:debug":
             snippet = SNIPPETS[p.id.split("/")[2]]
             blocks = re.findall(r"```(\w+)\n(.*?)\n```", p.text, flags=re.S)
@@ -116,18 +107,11 @@ def test_text_is_filled_and_debug_prompts_hold_one_fenced_snippet(workload):
 
 
 def test_deterministic_across_loads(workload):
-    again = WorkedProblemsWorkload(make_spec(NAME, split="all", num_prompts=None)).pool()
-    assert [(p.id, p.messages) for p in again] == [(p.id, p.messages) for p in workload.pool()]
-    first = build_workload(make_spec(NAME, num_prompts=12, seed=5)).prompts()
-    second = build_workload(make_spec(NAME, num_prompts=12, seed=5)).prompts()
-    assert [p.id for p in first] == [p.id for p in second]
+    assert_deterministic_across_loads(NAME, WorkedProblemsWorkload, workload.pool())
 
 
 def test_path_and_bad_input_are_refused_clearly():
-    with pytest.raises(WorkloadError, match="worked_problems generates its prompts and takes no path"):
-        build_workload(make_spec(NAME, path="questions.jsonl")).pool()
-    with pytest.raises(WorkloadError, match="unknown category 'poems'"):
-        category_items("poems")
+    assert_refuses_path_and_unknown_category(NAME, category_items)
     with pytest.raises(WorkloadError, match="'saline_mixture' case .* is not a well-posed problem"):
         math_text("saline_mixture", (10, 30, 20, 40), "steps")
     with pytest.raises(WorkloadError, match="needs values for"):
@@ -137,12 +121,8 @@ def test_path_and_bad_input_are_refused_clearly():
 
 
 def test_no_prompt_shares_an_8_word_shingle_with_the_arena_hard_questions(workload):
-    arena: set[tuple[str, ...]] = set()
-    for line in PACKAGED_QUESTIONS.read_text().splitlines():
-        if line.strip():
-            arena |= _shingles(json.loads(line)["turns"][0]["content"])
-    assert len(arena) > 1000
-    shared = {p.id: sorted(_shingles(p.text) & arena)[:2] for p in workload.pool() if _shingles(p.text) & arena}
+    arena = arena_shingles()
+    shared = {p.id: sorted(shingles(p.text) & arena)[:2] for p in workload.pool() if shingles(p.text) & arena}
     assert not shared, list(shared.items())[:5]
 
 
@@ -205,16 +185,10 @@ def test_deduction_puzzles_have_exactly_one_solution():
 
 
 def test_prompts_fit_a_2048_token_context_with_their_output_cap(workload, smollm2_tokenizer):
-    tok = smollm2_tokenizer
-    longest = max(len(tok.encode(tok.apply_chat_template(p.messages))) for p in workload.pool())
-    assert longest + DEFAULTS[NAME]["max_tokens"] <= 2048 - 64  # with a margin
+    assert_fits_context(NAME, workload.pool(), smollm2_tokenizer)
 
 
 # --- make_training_data --------------------------------------------------------------------------------------------
 
 def test_make_training_data_composes_it_without_making_it_a_default():
-    from runners import make_training_data as mtd
-
-    items = mtd.collect_prompts([NAME], "train", 5, 0)
-    assert len(items) == 5 and all(src == NAME and split_of(pid) == "train" for src, pid, _ in items)
-    assert NAME not in mtd.DEFAULT_SOURCES and NAME not in mtd.CALIBRATION_EVAL_SOURCES
+    assert_training_only_source(NAME)

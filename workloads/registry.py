@@ -17,6 +17,7 @@ from .custom import CustomWorkload
 from .hard_questions import HardQuestionsWorkload
 from .mixed_chat import MixedChatWorkload
 from .poetry import PoetryWorkload
+from .scenario_requests import ScenarioRequestsWorkload
 from .stdlib_prose import StdlibProseWorkload
 from .tool_calls import ToolCallsWorkload
 from .worked_problems import WorkedProblemsWorkload
@@ -25,7 +26,7 @@ WORKLOADS: dict[str, type[Workload]] = {
     cls.NAME: cls
     for cls in (AgenticWorkload, PoetryWorkload, ArenaHardWorkload, CustomWorkload, StdlibProseWorkload,
                 HardQuestionsWorkload, MixedChatWorkload, ToolCallsWorkload,
-                ChatFollowupsWorkload, WorkedProblemsWorkload)
+                ChatFollowupsWorkload, WorkedProblemsWorkload, ScenarioRequestsWorkload)
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -61,6 +62,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     # step (long answers, as hard_questions).
     "worked_problems": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                         "max_tokens": 512, "split": "train", "path": None, "greedy_replica_count": 0, "repeat": 1},
+    # Drafter-training material only: concrete scenarios (incidents, decisions, quantities, documents with their
+    # facts, specified code, systems at a scale) with several explicit asks, as arena-hard-style users write them.
+    "scenario_requests": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                          "max_tokens": 512, "split": "train", "path": None, "greedy_replica_count": 0,
+                          "repeat": 1},
 }
 
 

@@ -957,15 +957,21 @@ MATH_ASKS: dict[str, str] = {
 }
 
 
+def check_math_case(source: str, name: str, template: MathTemplate, case: tuple[Value, ...]) -> None:
+    """Refuse a case of ``template`` (called ``name`` in ``source``) with the wrong number of values, or one its
+    ``valid`` check calls not well-posed."""
+    if len(case) != len(template.fields):
+        raise WorkloadError(f"{source}: math template {name!r} needs values for {list(template.fields)}, "
+                            f"got {case!r}")
+    if template.valid is not None and not template.valid(*case):
+        raise WorkloadError(f"{source}: math template {name!r} case {case!r} is not a well-posed "
+                            "problem (its check fails); fix or drop the case")
+
+
 def math_text(template: str, case: tuple[Value, ...], ask: str) -> str:
     """The prompt for one case of a ``MATH`` template and a ``MATH_ASKS`` key."""
     t = MATH[template]
-    if len(case) != len(t.fields):
-        raise WorkloadError(f"worked_problems: math template {template!r} needs values for {list(t.fields)}, "
-                            f"got {case!r}")
-    if t.valid is not None and not t.valid(*case):
-        raise WorkloadError(f"worked_problems: math template {template!r} case {case!r} is not a well-posed "
-                            "problem (its check fails); fix or drop the case")
+    check_math_case("worked_problems", template, t, case)
     problem = t.text.format(**{f: _fmt(v) for f, v in zip(t.fields, case)})
     return f"{problem}\n\n{MATH_ASKS[ask]}"
 
@@ -1457,4 +1463,5 @@ class WorkedProblemsWorkload(Workload):
 
 
 __all__ = ["CATEGORIES", "DEBUG_ASKS", "DEBUG_FRAMES", "MATH", "MATH_ASKS", "PUZZLES", "REASONING_ASKS", "SNIPPETS",
-           "WorkedProblemsWorkload", "category_items", "debug_text", "math_text", "reasoning_text"]
+           "WorkedProblemsWorkload", "category_items", "check_math_case", "debug_text", "math_text",
+           "reasoning_text"]
