@@ -38,7 +38,7 @@ import textwrap
 from itertools import product
 
 from .base import Prompt, Workload, WorkloadError, pick_by_id
-from .worked_problems import MathTemplate, Value, _case_key, _fmt, _math, check_math_case
+from .worked_problems import MathTemplate, Value, case_key, format_value, math_template, check_math_case
 
 NAME = "scenario_requests"
 
@@ -464,145 +464,161 @@ REASONING_ASKS: dict[str, str] = {
 # --- math -------------------------------------------------------------------------------------
 
 MATH: dict[str, MathTemplate] = {
-    "car_loan_offers": _math("price down years r1 r2 fee", """Priya is buying a used car for ${price} and can put
+    "car_loan_offers": math_template("price down years r1 r2 fee", """Priya is buying a used car for ${price} and can
+        put
         down ${down}. The dealer offers a {years}-year loan at {r1}% a year, compounded monthly, with equal monthly
         payments. Her credit union offers the same term at {r2}%, but adds a ${fee} arrangement fee to the amount
         borrowed. Which loan costs her less in total, and by how much?""",
                              [(18500, 3500, 5, 7.9, 6.4, 600), (24000, 6000, 4, 8.5, 6.9, 450),
                               (12900, 2000, 3, 9.9, 7.5, 300), (31000, 5000, 6, 6.9, 6.1, 900)],
                              lambda price, down, years, r1, r2, fee: down < price and r2 < r1),
-    "mortgage_overpayment": _math("principal rate years extra", """A couple have a ${principal} mortgage at {rate}%
+    "mortgage_overpayment": math_template("principal rate years extra", """A couple have a ${principal} mortgage at
+        {rate}%
         a year over {years} years, repaid monthly with interest charged monthly. They could add ${extra} to every
         monthly payment. What is the normal monthly payment, how much sooner would the mortgage be paid off with
         the extra amount, and how much interest would that save?""",
                                   [(250000, 5.5, 25, 200), (180000, 4.2, 30, 150), (320000, 6.1, 25, 500),
                                    (140000, 3.8, 20, 100)]),
-    "deposit_savings": _math("goal years start rate", """Sam wants ${goal} for a flat deposit in {years} years. He has
+    "deposit_savings": math_template("goal years start rate", """Sam wants ${goal} for a flat deposit in {years}
+        years. He has
         ${start} saved now in an account paying {rate}% a year, compounded monthly. How much must he add at the
         end of each month to reach the goal exactly on time?""",
                              [(40000, 5, 8000, 4.5), (25000, 3, 2500, 3.6), (60000, 7, 12000, 5.0),
                               (15000, 2, 4000, 4.0)],
                              lambda goal, years, start, rate: start * (1 + rate / 1200) ** (12 * years) < goal),
-    "room_paint": _math("length width height windows cover tin", """A bedroom is {length} m by {width} m with a
+    "room_paint": math_template("length width height windows cover tin", """A bedroom is {length} m by {width} m with a
         ceiling {height} m high. It has one door of 0.9 m by 2.0 m and {windows} windows of 1.2 m by 1.0 m. The walls
         (not the ceiling) need two coats, one litre of paint covers {cover} square metres per coat, and paint is sold
         in 2.5-litre tins at ${tin} each. How many tins are needed and what do they cost?""",
                     [(4.2, 3.6, 2.4, 2, 12, 24), (5.0, 4.0, 2.7, 1, 10, 31), (3.5, 3.0, 2.5, 2, 11, 19),
                      (6.0, 4.5, 2.6, 3, 13, 28)]),
-    "coffee_unit_price": _math("a_g a_price b_g b_price weekly", """Shop A sells a {a_g} g bag of coffee for
+    "coffee_unit_price": math_template("a_g a_price b_g b_price weekly", """Shop A sells a {a_g} g bag of coffee for
         ${a_price}. Shop B sells a {b_g} g bag for ${b_price}, with a deal of three bags for the price of two and a
         half. A household drinks {weekly} g a week. What is the price per kilogram in each case, and what does each
         option cost the household over a year?""",
                            [(250, 6.5, 1000, 21, 180), (340, 8.99, 907, 19.49, 250),
                             (500, 11, 1000, 20.5, 120), (200, 5.25, 750, 16.8, 300)]),
-    "road_trip_fuel": _math("km per100 price tank", """A family plans a {km} km road trip in a car that uses
+    "road_trip_fuel": math_template("km per100 price tank", """A family plans a {km} km road trip in a car that uses
         {per100} litres of fuel per 100 km. Fuel costs ${price} a litre, the tank holds {tank} litres, they start
         with a full tank, and they refuel (to full) whenever a quarter of a tank is left. What will the fuel cost for
         the trip, and how many fuel stops do they need?""",
                         [(1450, 6.8, 1.85, 55), (980, 8.2, 1.72, 60), (2300, 5.4, 1.95, 45),
                          (620, 7.5, 1.66, 50)]),
-    "batch_inspection": _math("p n k", """A machine makes bolts of which {p}% are defective, independently of each
+    "batch_inspection": math_template("p n k", """A machine makes bolts of which {p}% are defective, independently of
+        each
         other. An inspector takes {n} bolts at random from each batch and rejects the batch if {k} or more of them
         are defective. What is the probability that a batch is rejected? What is the probability if the defect rate
         doubles?""",
                           [(2, 20, 2), (1, 50, 2), (5, 10, 2), (3, 30, 3)],
                           lambda p, n, k: 0 < k <= n and 2 * p < 100),
-    "raffle_prizes": _math("tickets mine", """A school raffle sells {tickets} tickets, and {mine} of them are
+    "raffle_prizes": math_template("tickets mine", """A school raffle sells {tickets} tickets, and {mine} of them are
         mine. Three different prizes are drawn one after another, and a winning ticket is not put back. What is
         the probability that I win at least one prize, and the probability that I win all three?""",
                            [(200, 10), (500, 25), (150, 4), (80, 8)],
                            lambda tickets, mine: 3 <= mine < tickets),
-    "dice_stall": _math("stake win target", """At a fair, a stall charges ${stake} to roll two fair six-sided dice.
+    "dice_stall": math_template("stake win target", """At a fair, a stall charges ${stake} to roll two fair six-sided
+        dice.
         If the total is {target} or more you get ${win} back (your stake included); otherwise you get nothing. What
         is the expected profit or loss per game for the player, and what prize would make the game fair?""",
                         [(2, 7, 10), (1, 3, 9), (5, 12, 11), (3, 5, 8)],
                         lambda stake, win, target: 2 <= target <= 12),
-    "screening_test": _math("prev sens spec", """A screening test for a condition that affects {prev}% of the
+    "screening_test": math_template("prev sens spec", """A screening test for a condition that affects {prev}% of the
         people tested has a sensitivity of {sens}% and a specificity of {spec}%. A person tests positive. What is
         the probability that they have the condition? What is it after a second, independent positive test?""",
                             [(1, 95, 90), (0.5, 99, 97), (4, 88, 92), (10, 80, 95)]),
-    "user_growth": _math("users growth capacity", """A start-up has {users} active users, growing {growth}% a month.
+    "user_growth": math_template("users growth capacity", """A start-up has {users} active users, growing {growth}% a
+        month.
         Its current servers can handle {capacity} users. In which month will demand first exceed capacity, what is
         the doubling time of the user base, and how many users will there be after two years at this rate?""",
                          [(12000, 9, 50000), (3500, 15, 40000), (80000, 4, 150000), (500, 25, 20000)],
                          lambda users, growth, capacity: users < capacity),
-    "drug_dosing": _math("dose half interval", """A patient takes {dose} mg of a drug every {interval} hours. The
+    "drug_dosing": math_template("dose half interval", """A patient takes {dose} mg of a drug every {interval} hours.
+        The
         drug has a half-life of {half} hours and is absorbed immediately. How much is in the body just before the
         fourth dose, and what level does the amount right after a dose approach in the long run?""",
                          [(200, 6, 8), (500, 12, 12), (100, 4, 6), (50, 24, 24)]),
-    "equipment_value": _math("price rate years floor", """A bakery buys an oven for ${price}. For its accounts it
+    "equipment_value": math_template("price rate years floor", """A bakery buys an oven for ${price}. For its
+        accounts it
         can depreciate the oven by {rate}% of the remaining value each year, or by an equal amount each year over
         {years} years to zero. It plans to replace the oven once the first method shows a value under ${floor}.
         When will that be, and how do the two methods compare year by year until then?""",
                              [(42000, 20, 8, 10000), (18000, 25, 6, 4000), (9500, 30, 5, 2000),
                               (65000, 15, 10, 20000)],
                              lambda price, rate, years, floor: floor < price),
-    "water_tank": _math("diameter height rate pct", """A cylindrical rainwater tank is {diameter} m across and
+    "water_tank": math_template("diameter height rate pct", """A cylindrical rainwater tank is {diameter} m across and
         {height} m tall. It is {pct}% full, and a pump adds water at {rate} litres per minute. How long will it take
         to fill, and how high is the water 30 minutes after the pump starts?""",
                         [(1.8, 2.2, 40, 25), (2.5, 3.0, 90, 10), (1.2, 1.5, 15, 40), (3.0, 2.0, 120, 5)],
                         # still filling 30 minutes after the pump starts
                         lambda diameter, height, rate, pct:
                         3.1416 * (diameter / 2) ** 2 * height * 1000 * (1 - pct / 100) > 30 * rate),
-    "garden_path": _math("length width path gravel turf", """A rectangular garden is {length} m by {width} m. A
+    "garden_path": math_template("length width path gravel turf", """A rectangular garden is {length} m by {width} m. A
         gravel path {path} m wide is laid along the inside of all four edges. Gravel for the path costs ${gravel} per
         square metre and turf for the rest costs ${turf} per square metre. What will the materials cost?""",
                          [(20, 12, 1.5, 18, 7), (15, 9, 1, 22, 6.5), (30, 18, 2, 15, 8), (12, 8, 0.8, 25, 9)],
                          lambda length, width, path, gravel, turf: 2 * path < width <= length),
-    "ladder_slip": _math("ladder foot slip", """A {ladder} m ladder leans against a wall with its foot {foot} m from
+    "ladder_slip": math_template("ladder foot slip", """A {ladder} m ladder leans against a wall with its foot {foot}
+        m from
         the wall. The foot slips {slip} m further out on a wet floor. How far does the top slide down the wall, and
         what angle does the ladder make with the ground before and after?""",
                          [(6, 1.5, 0.5), (5, 1.2, 0.8), (8, 2, 1), (4, 1, 0.6)],
                          lambda ladder, foot, slip: foot + slip < ladder),
-    "pizza_value": _math("d1 p1 d2 p2 side p3", """A pizzeria sells a {d1}-inch round pizza for ${p1}, a {d2}-inch
+    "pizza_value": math_template("d1 p1 d2 p2 side p3", """A pizzeria sells a {d1}-inch round pizza for ${p1}, a
+        {d2}-inch
         round pizza for ${p2} and a {side}-inch square pizza for ${p3}. Which gives the most pizza per dollar, and
         how many of the smallest pizzas would match one of the largest in area?""",
                          [(10, 9, 14, 15, 12, 17), (8, 7, 16, 18, 12, 16), (12, 11, 18, 21, 14, 19),
                           (9, 8, 15, 16, 11, 14)]),
-    "latency_sample": _math("label data", """These are the response times in milliseconds of {label} requests to an
+    "latency_sample": math_template("label data", """These are the response times in milliseconds of {label} requests
+        to an
         internal service: {data}. Find the mean, the median, the sample standard deviation and the interquartile
         range, and say which values count as outliers under the 1.5 x IQR rule.""",
                             [("twelve", "42, 38, 51, 40, 45, 39, 220, 44, 41, 47, 43, 40"),
                              ("ten", "120, 95, 101, 99, 110, 97, 430, 105, 98, 102"),
                              ("eleven", "8, 9, 7, 10, 8, 9, 11, 8, 60, 9, 10"),
                              ("nine", "310, 295, 305, 330, 290, 300, 315, 298, 870")]),
-    "two_classes": _math("na ma sa nb mb sb", """Two classes sat the same maths test. Class A has {na} students with
+    "two_classes": math_template("na ma sa nb mb sb", """Two classes sat the same maths test. Class A has {na}
+        students with
         a mean of {ma} and a standard deviation of {sa}; class B has {nb} students with a mean of {mb} and a
         standard deviation of {sb}. What are the mean and the standard deviation of all the students together?""",
                          [(24, 68, 10, 30, 74, 8), (18, 55, 12, 22, 61, 15), (30, 72, 9, 25, 70, 11),
                           (20, 81, 6, 28, 77, 7)]),
-    "food_truck": _math("fixed price cost days sold", """A food truck has fixed costs of ${fixed} a month. A meal
+    "food_truck": math_template("fixed price cost days sold", """A food truck has fixed costs of ${fixed} a month. A
+        meal
         sells for ${price} and costs ${cost} in ingredients and packaging. The truck opens {days} days a month. How
         many meals a day does it need to break even, and what is the monthly profit at {sold} meals a day?""",
                         [(6800, 12, 4.5, 24, 50), (9200, 14, 5, 26, 60), (4500, 9.5, 3.8, 22, 35),
                          (12000, 16, 6.5, 25, 75)],
                         lambda fixed, price, cost, days, sold: cost < price),
-    "subscription_payback": _math("build monthly price churn cac", """A small software product cost ${build} to
+    "subscription_payback": math_template("build monthly price churn cac", """A small software product cost ${build} to
         build and costs ${monthly} a month to run. Customers pay ${price} a month, {churn}% of them cancel each month,
         and winning a customer costs ${cac} in marketing. What is a customer's expected lifetime value after the
         marketing cost, and how many paying customers cover the running costs?""",
                                   [(60000, 2500, 29, 4, 120), (25000, 900, 12, 6, 40), (150000, 8000, 99, 2.5, 600),
                                    (40000, 1500, 19, 5, 70)],
                                   lambda build, monthly, price, churn, cac: price / (churn / 100) > cac),
-    "transfer_fees": _math("amount rate spread fixed pct", """A freelancer is paid {amount} euros by a client. Her
+    "transfer_fees": math_template("amount rate spread fixed pct", """A freelancer is paid {amount} euros by a
+        client. Her
         bank converts at the mid-market rate of {rate} dollars per euro minus a {spread}% margin and charges a ${fixed}
         fee; a transfer service uses the mid-market rate and charges {pct}% of the amount. Which is cheaper, and at
         what payment size do the two cost the same?""",
                            [(2400, 1.08, 2.5, 15, 0.9), (800, 1.10, 3, 10, 1.2), (5000, 1.07, 1.8, 25, 0.6),
                             (1500, 1.12, 2.2, 12, 1.0)],
                            lambda amount, rate, spread, fixed, pct: spread > pct),
-    "tax_bands": _math("b1 b2 r1 r2 income rise", """In a country, the first {b1} of income a year is tax-free,
+    "tax_bands": math_template("b1 b2 r1 r2 income rise", """In a country, the first {b1} of income a year is tax-free,
         income above that up to {b2} is taxed at {r1}%, and income above {b2} at {r2}%. Alex earns {income} and is
         offered a raise of {rise}. What is Alex's tax before and after the raise, the average and marginal rates in
         each case, and how much of the raise Alex keeps?""",
                        [(12500, 50000, 20, 40, 48000, 5000), (10000, 40000, 22, 35, 38500, 4000),
                         (15000, 70000, 18, 42, 66000, 9000), (8000, 30000, 15, 30, 27000, 2500)],
                        lambda b1, b2, r1, r2, income, rise: b1 < b2 and r1 < r2),
-    "cycle_average": _math("up v_up v_down flat v_flat", """A cyclist rides {up} km uphill at {v_up} km/h, comes back
+    "cycle_average": math_template("up v_up v_down flat v_flat", """A cyclist rides {up} km uphill at {v_up} km/h,
+        comes back
         down the same road at {v_down} km/h, then rides {flat} km on the flat at {v_flat} km/h. What was the average
         speed over the entire ride, and why is it not the average of the three speeds?""",
                          [(12, 14, 40, 20, 27), (8, 10, 36, 15, 25), (20, 16, 45, 30, 28), (5, 9, 30, 10, 22)]),
-    "reorder_quantity": _math("demand unit order hold disc qmin", """A shop sells {demand} units a year of a product
+    "reorder_quantity": math_template("demand unit order hold disc qmin", """A shop sells {demand} units a year of a
+        product
         that costs it ${unit}. Placing an order costs ${order}, and holding a unit for a year costs {hold}% of its
         price. The supplier offers {disc}% off orders of at least {qmin} units. How many should the shop order each
         time, and is the discount worth taking?""",
@@ -990,18 +1006,18 @@ def math_text(template: str, case: tuple[Value, ...], ask: str) -> str:
     """The prompt for one case of a ``MATH`` template (refused where the case is not well posed) and an ask."""
     t = MATH[template]
     check_math_case(NAME, template, t, case)
-    fills = {f: _money(v) if "${" + f + "}" in t.text else _fmt(v) for f, v in zip(t.fields, case)}
+    fills = {f: _money(v) if "${" + f + "}" in t.text else format_value(v) for f, v in zip(t.fields, case)}
     return f"{t.text.format(**fills)}\n\n{MATH_ASKS[ask]}"
 
 
 def _money(value: Value) -> str:
     """A dollar amount: cents shown where there are any ("6.50", "1,200"), as a price is written."""
-    return _fmt(value) if isinstance(value, int) or float(value).is_integer() else f"{value:,.2f}"
+    return format_value(value) if isinstance(value, int) or float(value).is_integer() else f"{value:,.2f}"
 
 
 def _math_key(template: str, case: tuple[Value, ...]) -> str:
     """A case's id part: its values, or for a data set (a text field) its label only."""
-    return _case_key(case[:1]) if template == "latency_sample" else _case_key(case)
+    return case_key(case[:1]) if template == "latency_sample" else case_key(case)
 
 
 def writing_text(document: str, style: str, extra: str) -> str:

@@ -41,14 +41,14 @@ Value = Union[int, float, str]
 Fills = dict[str, str]
 
 
-def _fmt(value: Value) -> str:
+def format_value(value: Value) -> str:
     """A case value as prompt text: integers from 1,000 up with thousands separators, the rest as written."""
     if isinstance(value, int) and abs(value) >= 1000:
         return f"{value:,}"
     return str(value)
 
 
-def _case_key(values: tuple[Value, ...]) -> str:
+def case_key(values: tuple[Value, ...]) -> str:
     """The id part of a numeric case: its values joined by '-' (so a case keeps its id when a list grows)."""
     return "-".join(str(v).replace(" ", "_").replace(":", "") for v in values)
 
@@ -732,8 +732,8 @@ class MathTemplate:
     valid: Callable[..., bool] | None = None
 
 
-def _math(fields: str, text: str, cases: list[tuple[Value, ...]],
-          valid: Callable[..., bool] | None = None) -> MathTemplate:
+def math_template(fields: str, text: str, cases: list[tuple[Value, ...]],
+                  valid: Callable[..., bool] | None = None) -> MathTemplate:
     return MathTemplate(tuple(fields.split()), " ".join(text.split()), tuple(cases), valid)
 
 
@@ -744,195 +744,210 @@ def _ages_solvable(a: int, k: int, b: int, m: int) -> bool:
 
 
 MATH: dict[str, MathTemplate] = {
-    "trains_meet": _math("d v1 v2", """Two trains set off at the same moment from stations {d} km apart and head
+    "trains_meet": math_template("d v1 v2", """Two trains set off at the same moment from stations {d} km apart and head
         toward each other on parallel tracks, one at {v1} km/h and the other at {v2} km/h. After how long do they
         pass each other, and how far from the first station does that happen?""",
                          [(300, 80, 70), (450, 90, 60), (210, 65, 75), (520, 100, 130), (180, 50, 40),
                           (390, 85, 110)]),
-    "catch_up": _math("v1 v2 t", """A cyclist leaves a village riding at {v1} km/h. {t} minutes later a second
+    "catch_up": math_template("v1 v2 t", """A cyclist leaves a village riding at {v1} km/h. {t} minutes later a second
         cyclist sets off from the same spot along the same road at {v2} km/h. How long does the second cyclist
         ride before drawing level, and how far from the village are they then?""",
                       [(18, 24, 30), (15, 20, 40), (20, 28, 45), (12, 18, 20), (22, 30, 60), (16, 25, 36)],
                       lambda v1, v2, t: v2 > v1),
-    "pumps_and_drain": _math("a b c", """One pump can fill an empty cistern in {a} hours and a second pump can
+    "pumps_and_drain": math_template("a b c", """One pump can fill an empty cistern in {a} hours and a second pump can
         fill it in {b} hours, while an open drain would empty a full cistern in {c} hours. Starting from empty
         with both pumps running and the drain open, how long does it take to fill the cistern?""",
                              [(4, 6, 8), (3, 5, 10), (6, 9, 12), (2, 8, 4), (5, 10, 6), (8, 12, 16)],
                              lambda a, b, c: 1 / a + 1 / b > 1 / c),
-    "painter_leaves": _math("a b c", """Mira can paint a fence on her own in {a} hours and Tomas can paint it on
+    "painter_leaves": math_template("a b c", """Mira can paint a fence on her own in {a} hours and Tomas can paint it on
         his own in {b} hours. They start together, but Tomas leaves after {c} hours. How much longer does Mira
         need to finish, and how long does the whole job take?""",
                             [(6, 9, 2), (5, 8, 2), (10, 15, 3), (4, 12, 1.5), (8, 6, 2), (12, 18, 4)],
                             lambda a, b, c: c * (1 / a + 1 / b) < 1),
-    "saline_mixture": _math("p1 p2 v p", """A lab has a {p1}% salt solution and a {p2}% salt solution. How many
+    "saline_mixture": math_template("p1 p2 v p", """A lab has a {p1}% salt solution and a {p2}% salt solution. How many
         litres of each must be combined to make {v} litres of a {p}% solution?""",
                             [(10, 30, 20, 15), (5, 25, 40, 12), (20, 50, 30, 32), (8, 20, 12, 15), (15, 40, 25, 25),
                              (2, 12, 50, 5)],
                             lambda p1, p2, v, p: p1 < p < p2),
-    "discount_chain": _math("price d1 d2 tax", """A coat is labelled {price} dollars. The shop takes {d1}% off,
+    "discount_chain": math_template("price d1 d2 tax", """A coat is labelled {price} dollars. The shop takes {d1}% off,
         then the cashier applies a further {d2}% off the reduced price, and {tax}% sales tax is added at the end.
         What does the customer pay? What single percentage discount on the label price would have the same effect
         as the two discounts?""",
                             [(120, 25, 10, 8), (80, 30, 20, 6), (250, 15, 15, 10), (64, 50, 10, 5), (199, 20, 5, 7),
                              (45, 40, 25, 9)]),
-    "price_rise_reversed": _math("r new", """After a price increase of {r}%, a monthly train pass costs {new}
+    "price_rise_reversed": math_template("r new", """After a price increase of {r}%, a monthly train pass costs {new}
         dollars. What did it cost before the increase? If the new price is later cut by {r}%, is the pass back to
         its old price? Explain why or why not.""",
                                  [(25, 75), (20, 54), (10, 88), (12.5, 90), (40, 63), (8, 27)]),
-    "compound_interest": _math("r period p y", """A savings account pays {r}% a year, compounded {period}. If {p}
+    "compound_interest": math_template("r period p y", """A savings account pays {r}% a year, compounded {period}. If
+        {p}
         dollars is deposited and nothing is withdrawn, how much will the account hold after {y} years, and after
         how many whole years will the balance first be at least double the deposit?""",
                                [(4, "monthly", 5000, 10), (6, "quarterly", 2000, 8), (3.5, "annually", 10000, 15),
                                 (5, "monthly", 1200, 6), (7.2, "annually", 800, 10), (2.4, "quarterly", 25000, 12)]),
-    "depreciation": _math("p r y f", """A delivery van bought for {p} dollars loses {r}% of its value every year.
+    "depreciation": math_template("p r y f", """A delivery van bought for {p} dollars loses {r}% of its value every
+        year.
         What is it worth after {y} years, and in which year does its value first drop below {f} dollars?""",
                           [(40000, 15, 5, 10000), (28000, 20, 3, 5000), (60000, 12, 6, 20000), (15000, 25, 4, 2000),
                            (35000, 18, 5, 8000), (52000, 10, 8, 15000)],
                           lambda p, r, y, f: f < p),
-    "marbles_same_colour": _math("r b g", """A bag holds {r} red, {b} blue and {g} green marbles. Two marbles are
+    "marbles_same_colour": math_template("r b g", """A bag holds {r} red, {b} blue and {g} green marbles. Two marbles
+        are
         taken out at random without putting the first back. What is the probability that both are the same
         colour? How does the answer change if the first marble is returned to the bag before the second is
         drawn?""",
                                  [(3, 4, 5), (5, 5, 2), (2, 6, 4), (4, 4, 4), (6, 3, 1), (7, 2, 3)]),
-    "smoke_alarms": _math("q n m", """Each smoke alarm in a building fails to go off during a fire with
+    "smoke_alarms": math_template("q n m", """Each smoke alarm in a building fails to go off during a fire with
         probability {q}%, independently of the others. With {n} alarms installed, what is the probability that
         at least one goes off? How many alarms are needed for the chance that every one of them fails to be below
         1 in {m}?""",
                           [(5, 2, 10000), (10, 3, 100000), (8, 2, 1000000), (15, 3, 100000), (3, 2, 1000000),
                            (20, 4, 1000000)]),
-    "dice_sum": _math("s t", """Two fair {s}-sided dice, numbered 1 to {s}, are rolled together. What is the
+    "dice_sum": math_template("s t", """Two fair {s}-sided dice, numbered 1 to {s}, are rolled together. What is the
         probability that the two numbers add up to exactly {t}? What is the probability that they add up to {t}
         or more?""",
                       [(6, 7), (6, 9), (8, 9), (8, 12), (10, 11), (4, 6)],
                       lambda s, t: 2 <= t <= 2 * s),
-    "fairground_game": _math("c w6 w5", """A fairground game costs {c} dollars a turn. The player rolls one fair
+    "fairground_game": math_template("c w6 w5", """A fairground game costs {c} dollars a turn. The player rolls one fair
         six-sided die: a six pays {w6} dollars, a five pays {w5} dollars, and any other roll pays nothing. What is
         the player's expected profit per turn? What would the payout for a six have to be for the game to be
         fair?""",
                              [(3, 12, 6), (2, 8, 3), (5, 20, 8), (1, 4, 2), (4, 15, 5), (10, 40, 15)]),
-    "lawn_path": _math("p l w c", """A gravel path {p} m wide runs all the way around the outside of a
+    "lawn_path": math_template("p l w c", """A gravel path {p} m wide runs all the way around the outside of a
         rectangular lawn measuring {l} m by {w} m. Gravel costs {c} dollars per square metre. How much does the
         gravel for the path cost, and what is the perimeter of the outer edge of the path?""",
                        [(1, 20, 12, 8), (1.5, 30, 18, 6), (2, 25, 25, 5), (0.8, 15, 10, 12), (1.2, 40, 22, 7),
                         (2.5, 18, 9, 4)]),
-    "rain_barrel": _math("h d", """An open-topped cylindrical rain barrel is {h} m tall with an inside diameter of
+    "rain_barrel": math_template("h d", """An open-topped cylindrical rain barrel is {h} m tall with an inside
+        diameter of
         {d} m. How many litres does it hold when full? How many square metres of sealant are needed to coat its
         inside wall and floor?""",
                          [(1.2, 0.6), (1, 0.8), (1.5, 0.9), (0.9, 0.5), (2, 1.2), (1.1, 0.7)]),
-    "sliding_ladder": _math("l d s", """A {l} m ladder leans against a vertical wall with its foot {d} m out from
+    "sliding_ladder": math_template("l d s", """A {l} m ladder leans against a vertical wall with its foot {d} m out
+        from
         the base of the wall on level ground. How high up the wall does the top reach? If the foot slips a
         further {s} m away from the wall, how far does the top slide down?""",
                             [(5, 3, 1), (10, 6, 2), (13, 5, 7), (6.5, 2.5, 2), (8, 3, 2), (25, 7, 8)],
                             lambda l, d, s: d + s < l),
-    "shadows": _math("h s t s2", """At the same moment, a {h} m fence post casts a shadow {s} m long and a nearby
+    "shadows": math_template("h s t s2", """At the same moment, a {h} m fence post casts a shadow {s} m long and a
+        nearby
         tree casts a shadow {t} m long. How tall is the tree? Later in the afternoon the post's shadow has grown to
         {s2} m; how long is the tree's shadow then?""",
                      [(2, 1.5, 12, 2.5), (1.8, 2.4, 20, 3), (3, 2, 9, 4.5), (1.5, 0.9, 7.2, 1.2),
                       (2.4, 3.6, 15, 4.8), (1, 1.25, 10, 2)],
                      lambda h, s, t, s2: s2 > s),
-    "fuel_economy": _math("l dist", """A car uses {l} litres of fuel per 100 km. Convert this to miles per US
+    "fuel_economy": math_template("l dist", """A car uses {l} litres of fuel per 100 km. Convert this to miles per US
         gallon, using 1 mile = 1.609 km and 1 US gallon = 3.785 litres. How much fuel, in litres and in US
         gallons, does a {dist}-mile trip need?""",
                           [(6.5, 240), (8, 150), (5.2, 400), (9.8, 90), (4.7, 310), (7.4, 520)]),
-    "running_pace": _math("d m s", """A runner covers {d} km in {m} minutes and {s} seconds. What is the average
+    "running_pace": math_template("d m s", """A runner covers {d} km in {m} minutes and {s} seconds. What is the average
         pace in minutes and seconds per kilometre and per mile (1 mile = 1.609 km), and what is the average speed
         in km/h and in m/s?""",
                           [(10, 48, 30), (5, 27, 15), (21.1, 105, 0), (42.2, 214, 36), (3, 12, 45), (15, 71, 20)]),
-    "mother_daughter_ages": _math("a k b m", """{a} years ago, a mother was {k} times as old as her daughter. In
+    "mother_daughter_ages": math_template("a k b m", """{a} years ago, a mother was {k} times as old as her daughter. In
         {b} years' time she will be {m} times as old as her daughter. How old is each of them now?""",
                                   [(4, 6, 12, 2), (2, 6, 4, 3), (5, 3, 12, 2), (4, 6, 5, 3), (4, 3, 10, 2),
                                    (3, 3, 8, 2)],
                                   _ages_solvable),
-    "committee": _math("w men k x", """A club has {w} women and {men} men. In how many ways can a committee of {k}
+    "committee": math_template("w men k x", """A club has {w} women and {men} men. In how many ways can a committee
+        of {k}
         be chosen that includes at least {x} women? In how many of those committees do two particular women, who
         refuse to serve together, both appear?""",
                        [(6, 5, 4, 2), (7, 8, 5, 2), (5, 5, 3, 1), (8, 6, 4, 3), (4, 9, 5, 2), (10, 7, 6, 3)],
                        lambda w, men, k, x: 1 <= x <= min(k, w) and 2 <= k <= w + men and w >= 2),
-    "letter_arrangements": _math("word letter", """How many different arrangements are there of all the letters
+    "letter_arrangements": math_template("word letter", """How many different arrangements are there of all the letters
         of the word {word}? In how many of them do the two copies of the letter {letter} stand side by side?""",
                                  [("BALLOON", "L"), ("LETTER", "T"), ("BANANA", "N"), ("COFFEE", "F"),
                                   ("PARALLEL", "A"), ("MISSISSIPPI", "P")],
                                  lambda word, letter: word.count(letter) == 2),
-    "league_season": _math("n k h f hours", """A league has {n} teams, and every team plays every other team {k}
+    "league_season": math_template("n k h f hours", """A league has {n} teams, and every team plays every other team {k}
         times. How many matches are there in a season? Each match needs a pitch for {h} hours, and {f} pitches
         are available for {hours} hours each week. At least how many weeks does the season take?""",
                            [(8, 2, 2, 3, 20), (10, 2, 1.5, 2, 30), (12, 1, 2, 2, 24), (6, 4, 2, 1, 16),
                             (16, 2, 1.5, 4, 40), (20, 2, 2, 5, 36)]),
-    "two_presses": _math("n a b h", """A print shop must produce {n} brochures. An older press prints {a}
+    "two_presses": math_template("n a b h", """A print shop must produce {n} brochures. An older press prints {a}
         brochures an hour and a newer one prints {b} an hour. The older press starts alone, and the newer press
         joins it {h} hours later. How long after the start is the order finished, and how many brochures did
         each press print?""",
                          [(12000, 800, 1400, 3), (5000, 300, 500, 2), (20000, 1200, 2000, 4), (9000, 450, 900, 5),
                           (3600, 200, 400, 1.5), (15000, 1000, 1500, 6)],
                          lambda n, a, b, h: n > a * h),
-    "boat_and_current": _math("d t1 t2 d2", """A motorboat takes {t1} hours to travel {d} km upstream and {t2}
+    "boat_and_current": math_template("d t1 t2 d2", """A motorboat takes {t1} hours to travel {d} km upstream and {t2}
         hours to come back downstream. What is the boat's speed in still water, and how fast is the current? How
         long would a {d2} km trip take on a lake with no current?""",
                               [(24, 3, 2, 30), (36, 4, 3, 50), (30, 5, 3, 20), (48, 6, 4, 60), (60, 5, 4, 45),
                                (18, 3, 1.5, 27)],
                               lambda d, t1, t2, d2: t1 > t2),
-    "test_average": _math("n avg target top k", """A student's average over {n} tests is {avg}. What score on the
+    "test_average": math_template("n avg target top k", """A student's average over {n} tests is {avg}. What score on
+        the
         next test would lift the average to exactly {target}? If every test is marked out of {top}, what is the
         highest average the student can reach after {k} more tests?""",
                           [(4, 72, 75, 100, 2), (5, 80, 82, 100, 3), (6, 65, 70, 100, 2), (3, 88, 90, 100, 1),
                            (8, 74, 76, 100, 4), (10, 81, 82, 100, 5)],
                           lambda n, avg, target, top, k: avg < target and target * (n + 1) - avg * n <= top),
-    "course_grade": _math("w1 w2 hw mid g g2", """A course grade is {w1}% homework, {w2}% midterm exam and the rest
+    "course_grade": math_template("w1 w2 hw mid g g2", """A course grade is {w1}% homework, {w2}% midterm exam and
+        the rest
         final exam. A student has {hw} on homework and {mid} on the midterm, both out of 100. What final exam
         score gives an overall grade of {g}? Is an overall grade of {g2} still possible?""",
                           [(20, 30, 90, 70, 80, 90), (25, 25, 85, 60, 75, 90), (30, 30, 95, 55, 80, 95),
                            (10, 40, 80, 70, 70, 85), (15, 35, 100, 65, 85, 95), (20, 40, 75, 80, 75, 88)],
                           lambda w1, w2, hw, mid, g, g2: w1 + w2 < 100
                           and 0 <= (100 * g - w1 * hw - w2 * mid) / (100 - w1 - w2) <= 100),
-    "bacteria_doubling": _math("d n h m d2", """A bacterial culture doubles every {d} minutes and starts with {n}
+    "bacteria_doubling": math_template("d n h m d2", """A bacterial culture doubles every {d} minutes and starts with
+        {n}
         cells. How many cells are there after {h} hours? How long does it take to reach {m} cells, and how much
         longer would that take if the doubling time were {d2} minutes instead?""",
                                [(20, 500, 3, 1000000, 30), (30, 1000, 4, 5000000, 45), (15, 200, 2, 10000000, 20),
                                 (25, 50, 5, 2000000, 40), (40, 2000, 6, 100000000, 60), (18, 100, 2, 1000000, 24)],
                                lambda d, n, h, m, d2: d2 > d and m > n),
-    "bakery_break_even": _math("f c p target", """A small bakery has fixed costs of {f} dollars a month. Each loaf
+    "bakery_break_even": math_template("f c p target", """A small bakery has fixed costs of {f} dollars a month. Each
+        loaf
         costs {c} dollars in ingredients and energy and sells for {p} dollars. How many loaves a month must it
         sell to break even? How many to make a monthly profit of {target} dollars? What price would lower the
         break-even number of loaves by a quarter?""",
                                [(3000, 1.2, 3.5, 2000), (4500, 0.9, 2.8, 1500), (2400, 1.5, 4, 1000),
                                 (6000, 2, 5, 3000), (1800, 0.8, 2.6, 1200), (5200, 1.1, 3.2, 2500)],
                                lambda f, c, p, target: p > c),
-    "simple_or_compound": _math("p y s c", """Option A lends {p} dollars for {y} years at {s}% simple interest a
+    "simple_or_compound": math_template("p y s c", """Option A lends {p} dollars for {y} years at {s}% simple interest a
         year; option B lends the same amount for the same time at {c}% a year compounded annually. Which option
         costs the borrower less in total interest, and by how much?""",
                                 [(10000, 5, 6, 5.5), (5000, 3, 8, 7.5), (20000, 10, 4, 3.5), (8000, 7, 5, 4.5),
                                  (15000, 4, 7, 6.8), (3000, 12, 3, 2.5)]),
-    "clock_hands": _math("h mm", """What is the smaller angle between the hour hand and the minute hand of an
+    "clock_hands": math_template("h mm", """What is the smaller angle between the hour hand and the minute hand of an
         analogue clock at {h}:{mm}? At what time after that do the two hands next point in exactly the same
         direction?""",
                          [(3, 20), (7, 45), (10, 10), (2, 30), (8, 15), (11, 50)],
                          lambda h, mm: 1 <= h <= 12 and 10 <= mm <= 59),
-    "round_trip_speed": _math("d v1 v2", """A driver covers the {d} km to a coastal town at an average of {v1} km/h
+    "round_trip_speed": math_template("d v1 v2", """A driver covers the {d} km to a coastal town at an average of
+        {v1} km/h
         and drives back along the same road at {v2} km/h. What is the average speed for the whole round trip, and
         why is it not simply the mean of the two speeds?""",
                               [(120, 60, 90), (150, 100, 75), (90, 45, 90), (240, 80, 120), (60, 30, 60),
                                (200, 100, 50)],
                               lambda d, v1, v2: v1 != v2),
-    "bicycle_survey": _math("n a b c", """In a survey of {n} households, {a}% own a car. Of the car owners, {b}%
+    "bicycle_survey": math_template("n a b c", """In a survey of {n} households, {a}% own a car. Of the car owners, {b}%
         also own a bicycle, and of the households without a car, {c}% own a bicycle. How many households own a
         bicycle, and what fraction of bicycle-owning households also own a car?""",
                             [(1200, 60, 35, 50), (800, 75, 20, 40), (2500, 40, 25, 55), (600, 55, 30, 45),
                              (1500, 80, 15, 60), (2000, 65, 40, 30)]),
-    "screening_test": _math("p s f n", """A condition affects {p}% of adults. A screening test detects it in {s}%
+    "screening_test": math_template("p s f n", """A condition affects {p}% of adults. A screening test detects it in
+        {s}%
         of people who have it, but also flags {f}% of people who do not. If {n} adults are screened, how many
         positive results are expected, and what is the probability that a person with a positive result
         actually has the condition?""",
                             [(1, 95, 5, 10000), (0.5, 90, 2, 20000), (2, 99, 3, 5000), (5, 85, 10, 1000),
                              (0.2, 98, 1, 50000), (10, 80, 5, 2000)]),
-    "growing_savings": _math("a d n t", """Someone saves {a} dollars in the first month and then saves {d} dollars
+    "growing_savings": math_template("a d n t", """Someone saves {a} dollars in the first month and then saves {d}
+        dollars
         more each month than the month before. How much have they saved in total after {n} months, and in which
         month does the total first exceed {t} dollars?""",
                              [(50, 10, 12, 2000), (100, 5, 24, 5000), (20, 20, 10, 1500), (200, 25, 18, 8000),
                               (75, 15, 12, 3000), (10, 2, 36, 1500)]),
-    "divisible_xor": _math("n a b", """How many whole numbers from 1 to {n} are divisible by {a} or by {b} but
+    "divisible_xor": math_template("n a b", """How many whole numbers from 1 to {n} are divisible by {a} or by {b} but
         not by both? How many are divisible by neither?""",
                               [(100, 3, 5), (500, 4, 6), (1000, 7, 11), (250, 6, 9), (360, 8, 12), (2000, 12, 15)]),
-    "currency_round_trip": _math("a r fee s r2", """A traveller changes {a} euros into dollars at {r} dollars per
+    "currency_round_trip": math_template("a r fee s r2", """A traveller changes {a} euros into dollars at {r} dollars
+        per
         euro, and the exchange office keeps a {fee}% commission. She spends {s} dollars on the trip and changes
         the rest back at {r2} dollars per euro with the same commission. How many euros does she get back, and how
         many euros did the two exchanges cost her in commission?""",
@@ -940,7 +955,7 @@ MATH: dict[str, MathTemplate] = {
                                   (2000, 1.05, 1, 1800, 1.07), (1200, 1.15, 2.5, 650, 1.13),
                                   (300, 1.09, 4, 150, 1.08)],
                                  lambda a, r, fee, s, r2: a * r * (1 - fee / 100) > s),
-    "floor_tiles": _math("l w t box waste", """A room measures {l} m by {w} m and is to be covered with square
+    "floor_tiles": math_template("l w t box waste", """A room measures {l} m by {w} m and is to be covered with square
         tiles {t} cm on a side. Tiles are sold in boxes of {box}, and {waste}% extra is bought to allow for
         cutting and breakage. How many boxes are needed, and how many tiles will be left over?""",
                          [(4, 3, 30, 10, 10), (5.4, 3.6, 60, 4, 8), (6, 4.5, 45, 8, 12), (3.2, 2.4, 20, 25, 10),
@@ -972,7 +987,7 @@ def math_text(template: str, case: tuple[Value, ...], ask: str) -> str:
     """The prompt for one case of a ``MATH`` template and a ``MATH_ASKS`` key."""
     t = MATH[template]
     check_math_case("worked_problems", template, t, case)
-    problem = t.text.format(**{f: _fmt(v) for f, v in zip(t.fields, case)})
+    problem = t.text.format(**{f: format_value(v) for f, v in zip(t.fields, case)})
     return f"{problem}\n\n{MATH_ASKS[ask]}"
 
 
@@ -1154,7 +1169,7 @@ class Puzzle:
 def _cases(fields: str, rows: list[tuple[Value, ...]]) -> dict[str, Fills]:
     """An axis of numeric cases keyed by their values."""
     names = fields.split()
-    return {_case_key(row): {f: _fmt(v) for f, v in zip(names, row)} for row in rows}
+    return {case_key(row): {f: format_value(v) for f, v in zip(names, row)} for row in rows}
 
 
 def _schedule(item: str, rows: tuple[tuple[str, str], ...]) -> str:
@@ -1427,7 +1442,7 @@ def _debug_items() -> list[tuple[str, str]]:
 
 
 def _math_items() -> list[tuple[str, str]]:
-    return [(f"{name}/{_case_key(case)}/{ask}", math_text(name, case, ask))
+    return [(f"{name}/{case_key(case)}/{ask}", math_text(name, case, ask))
             for name, template in MATH.items() for case in template.cases for ask in MATH_ASKS]
 
 
