@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from bench_scripts import load_bench_script
 from tiny import tiny_drafter, tiny_target
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "greedy_miss_ranks.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("greedy_miss_ranks", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("greedy_miss_ranks")
 
 
 def test_the_cells_are_the_replays_reached_cells_and_a_miss_ranks_the_targets_token_below_the_first():

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from bench_scripts import load_bench_script
 from tiny import tiny_drafter, tiny_target
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "markov_head_spectrum.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("markov_head_spectrum", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("markov_head_spectrum")
 
 
 def test_spectrum_is_the_bias_matrix_singular_values():

@@ -1,21 +1,17 @@
 """bench/transformers_peer.py on the CPU: mode names and the hand-written static-cache loop (no compile)
 against transformers' own greedy generate, with the real SmolLM2."""
 
-import importlib.util
 import json
 
 import pytest
 
-from test_configs import ROOT
+from bench_scripts import load_bench_script
 
 pytest.importorskip("transformers")
 
 
 def _peer():
-    spec = importlib.util.spec_from_file_location("transformers_peer", ROOT / "bench" / "transformers_peer.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench_script("transformers_peer")
 
 
 def test_mode_names_and_alias():
