@@ -59,6 +59,19 @@ def pick_by_id(prompt_id: str, options: Sequence[str]) -> str:
     return options[int.from_bytes(hashlib.sha1(prompt_id.encode("utf-8")).digest()[:2], "big") % len(options)]
 
 
+def refuse_path(source: str, path: str | None, instead: str) -> None:
+    """A source that generates its prompts reads no file: ``path`` set is refused, naming what reads one."""
+    if path is not None:
+        raise WorkloadError(f"workload.path: {source} generates its prompts and takes no path (got {path!r}); "
+                            f"use {instead}")
+
+
+def user_turn_prompt(prompt_id: str, text: str, source: str) -> Prompt:
+    """A generated single-turn request: ``text`` as the one user message, the source's sampling and cap."""
+    return Prompt(id=prompt_id, messages=[{"role": "user", "content": text}], prompt=None, max_tokens=None,
+                  source=source)
+
+
 def validate_messages(messages: Any, where: str) -> None:
     """Check a chat message list: non-empty list of {"role", "content"} with known roles.
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from itertools import product
 
-from .base import Prompt, Workload, WorkloadError, pick_by_id
+from .base import Prompt, Workload, WorkloadError, pick_by_id, refuse_path, user_turn_prompt
 
 CONCEPTS: dict[str, str] = {
     "tcp_handshake": "the TCP three-way handshake and why it needs three messages",
@@ -253,17 +253,10 @@ class HardQuestionsWorkload(Workload):
     NAME = "hard_questions"
 
     def load_pool(self) -> list[Prompt]:
-        if self.spec.path is not None:
-            raise WorkloadError(f"workload.path: hard_questions generates its prompts and takes no path "
-                                f"(got {self.spec.path!r}); use 'arena_hard' with path= for a question file")
-        pool = []
-        for category, lists in CATEGORIES.items():
-            for a, b, c in product(*lists):
-                text = question_text(category, a, b, c)
-                pool.append(Prompt(id=f"hard_questions/{category}/{a}/{b}/{c}",
-                                   messages=[{"role": "user", "content": text}], prompt=None, max_tokens=None,
-                                   source=f"hard_questions:{category}"))
-        return pool
+        refuse_path("hard_questions", self.spec.path, "'arena_hard' with path= for a question file")
+        return [user_turn_prompt(f"hard_questions/{category}/{a}/{b}/{c}", question_text(category, a, b, c),
+                                 f"hard_questions:{category}")
+                for category, lists in CATEGORIES.items() for a, b, c in product(*lists)]
 
 
 __all__ = ["CATEGORIES", "HardQuestionsWorkload", "TEMPLATES", "question_text"]

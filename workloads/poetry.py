@@ -16,7 +16,7 @@ support instead of a truncated one.
 from __future__ import annotations
 
 
-from .base import Prompt, Workload, WorkloadError, pick_by_id
+from .base import Prompt, Workload, pick_by_id, refuse_path, user_turn_prompt
 
 # key -> (name used in the request, structural rules stated to the model)
 FORMS: dict[str, tuple[str, str]] = {
@@ -154,17 +154,14 @@ class PoetryWorkload(Workload):
     NAME = "poetry"
 
     def load_pool(self) -> list[Prompt]:
-        if self.spec.path is not None:
-            raise WorkloadError(f"workload.path: the poetry workload generates its prompts and takes no path "
-                                f"(got {self.spec.path!r}); use the 'custom' workload for a JSONL file")
+        refuse_path("the poetry workload", self.spec.path, "the 'custom' workload for a JSONL file")
         pool = []
         for form_key, (form, rules) in FORMS.items():
             for topic_key, topic in TOPICS.items():
                 for tone_key, tone in TONES.items():
                     prompt_id = f"poetry/{form_key}/{topic_key}/{tone_key}"
                     text = _template_for(prompt_id).format(form=form, topic=topic, rules=rules, tone=tone)
-                    pool.append(Prompt(id=prompt_id, messages=[{"role": "user", "content": text}], prompt=None,
-                                       max_tokens=None, source=f"poetry:{form_key}"))
+                    pool.append(user_turn_prompt(prompt_id, text, f"poetry:{form_key}"))
         return pool
 
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import textwrap
 from itertools import product
 
-from .base import Prompt, Workload, WorkloadError, pick_by_id
+from .base import Prompt, Workload, WorkloadError, pick_by_id, refuse_path, user_turn_prompt
 from .worked_problems import MathTemplate, Value, case_key, format_value, math_template, check_math_case
 
 NAME = "scenario_requests"
@@ -45,7 +45,7 @@ NAME = "scenario_requests"
 
 def _with_code(text: str, fence: str, code: str) -> str:
     """A scenario sentence followed by a fenced excerpt (dedented)."""
-    return f"{' '.join(text.split())}\n\n```{fence}\n{textwrap.dedent(code).strip(chr(10))}\n```"
+    return f"{_one_line(text)}\n\n```{fence}\n{textwrap.dedent(code).strip(chr(10))}\n```"
 
 
 def _one_line(text: str) -> str:
@@ -1061,11 +1061,8 @@ class ScenarioRequestsWorkload(Workload):
     NAME = NAME
 
     def load_pool(self) -> list[Prompt]:
-        if self.spec.path is not None:
-            raise WorkloadError(f"workload.path: {NAME} generates its prompts and takes no path "
-                                f"(got {self.spec.path!r}); use 'custom' with path= for a prompt file")
-        return [Prompt(id=_id(category, key), messages=[{"role": "user", "content": text}], prompt=None,
-                       max_tokens=None, source=f"{NAME}:{category}")
+        refuse_path(NAME, self.spec.path, "'custom' with path= for a prompt file")
+        return [user_turn_prompt(_id(category, key), text, f"{NAME}:{category}")
                 for category in CATEGORIES for key, text in category_items(category)]
 
 

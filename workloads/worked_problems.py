@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Callable, Union
 
-from .base import Prompt, Workload, WorkloadError, pick_by_id
+from .base import Prompt, Workload, WorkloadError, pick_by_id, refuse_path, user_turn_prompt
 
 Value = Union[int, float, str]
 Fills = dict[str, str]
@@ -1465,16 +1465,9 @@ class WorkedProblemsWorkload(Workload):
     NAME = "worked_problems"
 
     def load_pool(self) -> list[Prompt]:
-        if self.spec.path is not None:
-            raise WorkloadError(f"workload.path: worked_problems generates its prompts and takes no path "
-                                f"(got {self.spec.path!r}); use 'custom' with path= for a prompt file")
-        pool = []
-        for category in CATEGORIES:
-            for key, text in category_items(category):
-                pool.append(Prompt(id=f"worked_problems/{category}/{key}",
-                                   messages=[{"role": "user", "content": text}], prompt=None, max_tokens=None,
-                                   source=f"worked_problems:{category}"))
-        return pool
+        refuse_path("worked_problems", self.spec.path, "'custom' with path= for a prompt file")
+        return [user_turn_prompt(f"worked_problems/{category}/{key}", text, f"worked_problems:{category}")
+                for category in CATEGORIES for key, text in category_items(category)]
 
 
 __all__ = ["CATEGORIES", "DEBUG_ASKS", "DEBUG_FRAMES", "MATH", "MATH_ASKS", "PUZZLES", "REASONING_ASKS", "SNIPPETS",
