@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import string
+from typing import Callable
 
 import pytest
 
@@ -33,6 +34,17 @@ def arena_shingles() -> set[tuple[str, ...]]:
             arena |= shingles(json.loads(line)["turns"][0]["content"])
     assert len(arena) > 1000
     return arena
+
+
+def prompts_sharing_shingles(pool: list, theirs: set[tuple[str, ...]],
+                              text_shingles: Callable[[str], set[tuple[str, ...]]] = shingles) -> dict[str, list]:
+    """The prompts of ``pool`` whose text shares a shingle with ``theirs``: id -> two of the shared shingles."""
+    shared = {}
+    for p in pool:
+        common = text_shingles(p.text) & theirs
+        if common:
+            shared[p.id] = sorted(common)[:2]
+    return shared
 
 
 def assert_deterministic_across_loads(name: str, workload_class: type, pool: list) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from source_checks import (arena_shingles, assert_deterministic_across_loads, assert_fits_context,
                            assert_refuses_path_and_unknown_category, assert_training_only_source, outside_code,
-                           shingles)
+                           prompts_sharing_shingles, shingles)
 from workloads import DEFAULTS, WorkloadError, build_workload, make_spec, split_of
 from workloads.scenario_requests import (CATEGORIES, INCIDENTS, MATH, SCENARIOS, ScenarioRequestsWorkload,
                                          category_items, coding_text, debugging_text, math_text, reasoning_text,
@@ -146,8 +146,7 @@ def test_math_cases_are_well_posed_and_formatted():
 
 
 def test_no_prompt_shares_an_8_word_shingle_with_the_arena_hard_questions(workload):
-    arena = arena_shingles()
-    shared = {p.id: sorted(_shingles(p.text) & arena)[:2] for p in workload.pool() if _shingles(p.text) & arena}
+    shared = prompts_sharing_shingles(workload.pool(), arena_shingles(), _shingles)
     assert not shared, list(shared.items())[:5]
 
 
@@ -156,7 +155,7 @@ def test_no_prompt_shares_an_8_word_shingle_with_the_other_arena_style_training_
     theirs: set[tuple[str, ...]] = set()
     for p in build_workload(make_spec(other, split="all", num_prompts=None)).pool():
         theirs |= _shingles(p.text)
-    shared = {p.id: sorted(_shingles(p.text) & theirs)[:2] for p in workload.pool() if _shingles(p.text) & theirs}
+    shared = prompts_sharing_shingles(workload.pool(), theirs, _shingles)
     assert not shared, list(shared.items())[:5]
 
 

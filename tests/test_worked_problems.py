@@ -10,7 +10,7 @@ import pytest
 
 from source_checks import (arena_shingles, assert_deterministic_across_loads, assert_fits_context,
                            assert_refuses_path_and_unknown_category, assert_training_only_source, outside_code,
-                           shingles)
+                           prompts_sharing_shingles)
 from workloads import DEFAULTS, WorkloadError, build_workload, make_spec, split_of
 from workloads.worked_problems import (CATEGORIES, DEBUG_ASKS, DEBUG_FRAMES, KNIGHT_SETUPS, MATH, MATH_ASKS,
                                        OWNERSHIP_SETUPS, PUZZLES, RACE_SETUPS, REASONING_ASKS, SEATING_SETUPS,
@@ -121,8 +121,7 @@ def test_path_and_bad_input_are_refused_clearly():
 
 
 def test_no_prompt_shares_an_8_word_shingle_with_the_arena_hard_questions(workload):
-    arena = arena_shingles()
-    shared = {p.id: sorted(shingles(p.text) & arena)[:2] for p in workload.pool() if shingles(p.text) & arena}
+    shared = prompts_sharing_shingles(workload.pool(), arena_shingles())
     assert not shared, list(shared.items())[:5]
 
 
