@@ -657,12 +657,20 @@ class DSparkDrafter(nn.Module):
         return model
 
 
-def compress_shards(directory: str | Path, preset: int = 9) -> list[Path]:
+def shard_xz_filters(preset: int) -> list[dict[str, int]]:
+    """The xz filter chain for a weight shard: LZMA2 at ``preset`` with its literal and match positions taken
+    modulo 4 bytes (lp=2, pb=2) and two literal context bits (lc=2), so that the coder models each byte of a
+    2- or 4-byte element (bf16, fp32) by its place in the element: about 5% smaller than the preset alone on the
+    shipped drafter's bf16 shards. A standard xz stream; any xz reader decompresses it."""
+    return [{"id": lzma.FILTER_LZMA2, "preset": preset, "lc": 2, "lp": 2, "pb": 2}]
+
+
+def compress_shards(directory: str | Path, preset: int = 9 | lzma.PRESET_EXTREME) -> list[Path]:
     """Replace every shard a sharded checkpoint's index lists by an xz-compressed copy (``<shard>.xz``,
-    Python's ``lzma``), each checked to decompress to the shard's exact bytes before the shard is removed.
-    The index is unchanged: it records the shards' own sizes and sha256, which :meth:`DSparkDrafter.load`
-    checks after decompressing. The shipped drafter is stored this way (bf16 weights compress to about 70%).
-    Returns the compressed files."""
+    Python's ``lzma`` with :func:`shard_xz_filters`), each checked to decompress to the shard's exact bytes
+    before the shard is removed. The index is unchanged: it records the shards' own sizes and sha256, which
+    :meth:`DSparkDrafter.load` checks after decompressing. The shipped drafter is stored this way (bf16 weights
+    compress to about 67%). Returns the compressed files."""
     src = Path(directory)
     index_path = src / INDEX_FILE
     if not index_path.is_file():
@@ -677,7 +685,7 @@ def compress_shards(directory: str | Path, preset: int = 9) -> list[Path]:
                 continue  # compressed already
             raise FileNotFoundError(f"compress_shards: shard {shard} listed in {INDEX_FILE} is missing")
         raw = shard.read_bytes()
-        data = lzma.compress(raw, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=preset)
+        data = lzma.compress(raw, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, filters=shard_xz_filters(preset))
         if lzma.decompress(data) != raw:
             raise RuntimeError(f"compress_shards: {shard} does not survive compression; left as it is")
         tmp = packed.with_name(packed.name + ".tmp")
