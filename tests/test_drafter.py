@@ -359,7 +359,7 @@ def test_checkpoint_sharding(tmp_path):
     DSparkDrafter.load(tmp_path, cfg)
 
 
-def test_shard_compression_models_the_element_bytes(tmp_path):
+def test_shard_compression_models_the_element_bytes():
     """compress_shards' filters take each byte's place in a 2- or 4-byte element into account: on bf16 and fp32
     weights they beat the same preset's default settings, and the stream stays one any xz reader decompresses."""
     from dspark.models.drafter import shard_xz_filters
