@@ -307,13 +307,54 @@ def float64_ties(mismatches: list[dict], spec: Mapping[str, Any], plain: Mapping
         m.update(float64_gap=gap["float64_gap"], float64_prefers="spec" if gap["float64_prefers"] == "a" else "target")
 
 
+def replay_batch_invariant(mismatches: list[dict], ids: Sequence[str], replay: Callable[[list[int]], tuple]) -> str:
+    """Float32 mismatches generated again by ``replay`` (the indices into ``ids`` -> the speculative and the
+    target-only outputs of batch-invariant engines, :class:`BatchInvariantReplay`). Where a row's logits do not
+    depend on the step's row count, speculative and target-only greedy decoding do the same arithmetic, so their
+    outputs must be identical: each mismatch gets ``exact_replay`` "identical" (and ``kind`` "row_count_flip": in the
+    first runs the GEMMs rounded a near-tie differently in steps of different row counts) or "differs" (it stays a
+    divergence). Returns the evidence's sentence."""
+    todo = [m for m in mismatches if "error" not in m]
+    if not todo:
+        return ""
+    at = {pid: i for i, pid in enumerate(ids)}
+    spec, plain = replay([at[m["id"]] for m in todo])
+    for m, a, b in zip(todo, spec, plain):
+        same = a.error is None and b.error is None and list(a.token_ids) == list(b.token_ids)
+        m["exact_replay"] = "identical" if same else "differs"
+        if same:
+            m["kind"] = "row_count_flip"
+    same = sum(m["exact_replay"] == "identical" for m in todo)
+    return f"; replayed with engine.batch_invariant=true: {same}/{len(todo)} identical"
+
+
+class BatchInvariantReplay:
+    """Generates prompts again on a batch-invariant speculative engine and target-only engine (``build()`` makes the
+    pair on the first call; ``engine.batch_invariant=true``), for :func:`replay_batch_invariant`."""
+
+    def __init__(self, build: Callable[[], tuple[Any, Any]]):
+        self._build, self._engines = build, None
+
+    def __call__(self, prompts: Sequence[Any], params: Sequence[SamplingParams]) -> tuple[list, list]:
+        if self._engines is None:
+            self._engines = self._build()
+        spec, plain = self._engines
+        spec.reset()
+        plain.reset()
+        return spec.generate(list(prompts), list(params)), plain.generate(list(prompts), list(params))
+
+
 def greedy_check(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids: Sequence[str], *, dtype: str,
                  scorer=None, decode: Callable[[list[int]], str] | None = None,
-                 progress: Callable | None = None, float64_target=None) -> dict[str, Any]:
+                 progress: Callable | None = None, float64_target=None,
+                 replay: Callable[[list[int]], tuple] | None = None) -> dict[str, Any]:
     """A temperature-0 row's check that the speculative greedy outputs are the target-only ones.
 
     float32 (``scorer`` None): exact equality; every mismatch is a ``divergence``, and with ``float64_target``
-    (the target) each gets the float64 evidence of :func:`float64_ties`. Reduced precision: the
+    (the target) each gets the float64 evidence of :func:`float64_ties`; with ``replay`` (engines that are not
+    batch-invariant) each is generated again batch-invariant (:func:`replay_batch_invariant`): one identical there
+    is a ``row_count_flip``, which says why the row failed; it fails all the same (float32 promises equality, and
+    the replay runs other arithmetic than the run it explains). Reduced precision: the
     evidence guard (``dspark.bench.lossless.evidence_lossless_guard``) over the runs "target" (arm A, whose
     outputs measure the forward noise: ``delta``) and "dspark" (arm B), re-scored by ``scorer`` (a
     ``ReferenceScorer`` of the target), without a control run. Each mismatch gets ``kind`` "rounding_flip"
@@ -331,12 +372,14 @@ def greedy_check(spec_outputs: Sequence[Any], plain_outputs: Sequence[Any], ids:
                 m["kind"] = "divergence"
         if float64_target is not None:
             float64_ties(mism, dict(zip(ids, spec_outputs)), dict(zip(ids, plain_outputs)), float64_target)
+        replayed = replay_batch_invariant(mism, ids, replay) if replay is not None else ""
         same = len(ids) - len(mism)
         gaps = [f"{m['id']} at {m['first_difference']}: {m['float64_gap']:.2g}" for m in mism if "float64_gap" in m]
         return {"greedy_mismatches": mism, "greedy_rounding_flips": 0, "greedy_lossless": not mism,
                 "greedy_evidence": f"{dtype}: exact equality demanded; {same}/{len(ids)} identical"
                                    + (f", {len(failed)} failed" if failed else "")
-                                   + (f"; float64 logit gap of the two tokens: {', '.join(gaps)}" if gaps else "")}
+                                   + (f"; float64 logit gap of the two tokens: {', '.join(gaps)}" if gaps else "")
+                                   + replayed}
 
     from dspark.bench.lossless import RunOutputs, evidence_lossless_guard
 
@@ -400,7 +443,8 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
              *, max_tokens: int, top_p: float = 1.0, top_k: int = 0, seed: int = 0, progress: bool = False,
              dtype: str | None = None, scorer=None,
              decode: Callable[[list[int]], str] | None = None, n_resamples: int = 2000,
-             ci_level: float = 0.95, sources: Mapping[str, str] | None = None) -> dict[str, Any]:
+             ci_level: float = 0.95, sources: Mapping[str, str] | None = None,
+             replay: Callable[[Sequence[Any], Sequence[SamplingParams]], tuple] | None = None) -> dict[str, Any]:
     """Run every (workload, temperature); ``prompt_sets`` maps workload -> [(id, prompt)] (messages or ids);
     ``sources`` labels the prompt ids (:func:`by_source`).
     ``seed`` also seeds the prompt bootstrap of each row's intervals. Each temperature-0 row is checked by
@@ -408,7 +452,8 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
     target-only engine's target's), with ``scorer`` (default one ``ReferenceScorer`` of that target, made here
     and re-used by every row); ``decode`` renders tokens in its evidence, and with it each row also gives its
     rejected drafts by the kind of the target's token there (``draft_misses_by_kind``,
-    :mod:`dspark.bench.draft_misses`)."""
+    :mod:`dspark.bench.draft_misses`). ``replay`` (prompts, params -> the outputs of batch-invariant copies of the
+    two engines, :class:`BatchInvariantReplay`) tells float32 mismatches' cause (:func:`replay_batch_invariant`)."""
     block = spec_engine.block_size
     if dtype is None:
         dtype = str(next(plain_engine.target.parameters()).dtype).removeprefix("torch.")
@@ -438,9 +483,13 @@ def evaluate(spec_engine, plain_engine, prompt_sets: dict[str, list[tuple[str, A
             if temp == 0:
                 plain_engine.reset()
                 plain_out = plain_engine.generate(prompts, params, progress=progress)
+                again = None
+                if exact and replay is not None:
+                    again = lambda idx, prompts=prompts, params=params: replay(  # noqa: E731
+                        [prompts[i] for i in idx], [params[i] for i in idx])
                 row.update(greedy_check(spec_out, plain_out, ids, dtype=dtype, scorer=None if exact else scorer,
                                         decode=decode, progress=rescoring,
-                                        float64_target=plain_engine.target if exact else None))
+                                        float64_target=plain_engine.target if exact else None, replay=again))
             results.append(row)
     lossless = all(r.get("greedy_lossless", True) for r in results)
     return {"block_size": block, "results": results, "greedy_lossless": lossless,
@@ -478,6 +527,12 @@ def rounding_flips(row: Mapping[str, Any]) -> int:
     return sum(m.get("kind") in ("rounding_flip", "near_tie") for m in row.get("greedy_mismatches") or [])
 
 
+def row_count_flips(row: Mapping[str, Any]) -> int:
+    """A float32 row's mismatches that a batch-invariant replay gave identical outputs
+    (:func:`replay_batch_invariant`)."""
+    return sum(m.get("kind") == "row_count_flip" for m in row.get("greedy_mismatches") or [])
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' if n != 1 else ''}"
 
@@ -491,7 +546,10 @@ def greedy_cell(row: Mapping[str, Any]) -> str:
     noun = "rounding flip" if "greedy_near_ties" not in row else "near-tie flip"
     if row["greedy_lossless"]:
         return f"yes ({_count(flips, noun)})" if n else "yes"
-    parts = [f"{n - flips} unexplained", _count(flips, noun)]
+    row_count = row_count_flips(row)
+    parts = [f"{n - flips - row_count} unexplained", _count(flips, noun)]
+    if row_count:
+        parts.append(_count(row_count, "row-count flip"))
     beyond = (row.get("greedy_guard") or {}).get("real_divergence_count") or 0
     if beyond:
         parts.append(_count(beyond, "token") + " beyond the noise bound")
@@ -786,12 +844,22 @@ def run(cfg: Any, target=None, tokenizer=None, prompt_sets: dict[str, list[tuple
         prompt_sets, sources = eval_prompt_sets(list(cfg.workloads), int(cfg.num_prompts), int(cfg.seed))
     spec_engine = Engine(target, tokenizer, spec_cfg, drafter)
     plain_engine = Engine(target, tokenizer, plain_cfg)
+    replay = None  # float32 engines that are not batch-invariant: mismatches are generated again batch-invariant
+    if spec_cfg.dtype in FULL_PRECISION_DTYPES and not spec_cfg.batch_invariant:
+        invariant = {**dict(cfg.engine), "batch_invariant": True}
+        try:
+            spec_inv, plain_inv = (to_engine_config(invariant, spec=s) for s in ("dspark", "off"))
+        except ConfigError:  # settings without a batch-invariant mode: a mismatch stays a divergence, unexplained
+            pass
+        else:
+            replay = BatchInvariantReplay(lambda: (Engine(target, tokenizer, spec_inv, drafter),
+                                                   Engine(target, tokenizer, plain_inv)))
     decode = None  # renders the tokens the greedy check's evidence names
     if tokenizer is not None and hasattr(tokenizer, "decode"):
         decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
     report = evaluate(spec_engine, plain_engine, prompt_sets, list(cfg.temperatures), max_tokens=int(cfg.max_tokens),
                       top_p=float(cfg.top_p), top_k=int(cfg.top_k), seed=int(cfg.seed), progress=bool(cfg.progress),
-                      dtype=spec_cfg.dtype, decode=decode, sources=sources,
+                      dtype=spec_cfg.dtype, decode=decode, sources=sources, replay=replay,
                       n_resamples=int(cfg.n_resamples), ci_level=float(cfg.ci_level))
     report.update({"checkpoint": str(checkpoint.resolve()), "drafter": drafter.cfg.to_dict(),
                    "engine": {"device": spec_cfg.device, "dtype": spec_cfg.dtype, "verify": spec_cfg.verify,
@@ -813,7 +881,13 @@ def main(cfg: DictConfig) -> None:
     report = run(cfg)
     print(markdown_table(report))
     if not report["greedy_lossless"]:
-        raise SystemExit("greedy speculative outputs differ from target-only outputs; see eval.json")
+        mism = [m for r in report["results"] for m in r.get("greedy_mismatches") or []]
+        hint = ""
+        if mism and all(m.get("kind") == "row_count_flip" for m in mism):
+            hint = ("; each was identical when replayed with engine.batch_invariant=true: this engine's GEMMs "
+                    "round a verify step's rows and a one-token step's differently, and that flipped a near-tie; "
+                    "engine.batch_invariant=true checks float32 outputs exactly")
+        raise SystemExit(f"greedy speculative outputs differ from target-only outputs{hint}; see eval.json")
 
 
 if __name__ == "__main__":

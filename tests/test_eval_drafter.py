@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
+from dspark.config import SamplingParams
 from runners import eval_drafter as ev
 
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -251,6 +252,65 @@ def test_float32_demands_exact_equality_and_needs_no_scorer(monkeypatch):
     assert same["greedy_lossless"] and same["greedy_mismatches"] == []
     failed = ev.greedy_check(target, [target[0], greedy_output(p, [], error="boom")], ["a", "b"], dtype="float32")
     assert not failed["greedy_lossless"] and failed["greedy_mismatches"] == [{"id": "b", "error": "boom"}]
+
+
+def test_a_float32_mismatch_is_replayed_batch_invariant_and_still_fails(monkeypatch):
+    """engine.batch_invariant off: each float32 mismatch is generated again on batch-invariant engines (only the
+    prompts that differed). Identical there: a row-count flip, named in the evidence and the table, yet the row fails
+    (float32 promises equality); different there: a divergence."""
+    p, q = [5, 6], [7, 8]
+    target = [greedy_output(p, [3, 4, 5]), greedy_output(q, [3, 4, 5]), greedy_output(p, [1, 2])]
+    spec = [greedy_output(p, [3, 9, 5]), greedy_output(q, [3, 4, 5]), greedy_output(p, [1, 7])]
+    asked = []
+
+    def replay(prompts, params):
+        asked.append((list(prompts), [x.max_tokens for x in params]))
+        again = [[3, 4, 5], [1, 8]]  # the first agrees with target-only when replayed, the third does not
+        return ([greedy_output(x, t) for x, t in zip(prompts, again)],
+                [greedy_output(x, t) for x, t in zip(prompts, [[3, 4, 5], [1, 2]])])
+
+    rep = ev.evaluate(FakeEngine([spec]), FakeEngine([target]), {"w": [("a", p), ("b", q), ("c", p)]}, [0.0],
+                      max_tokens=3, n_resamples=1000, dtype="float32", replay=replay)
+    assert asked == [([p, p], [3, 3])]  # a and c alone
+    row = rep["results"][0]
+    a, c = row["greedy_mismatches"]
+    assert (a["id"], a["kind"], a["exact_replay"]) == ("a", "row_count_flip", "identical")
+    assert (c["id"], c["kind"], c["exact_replay"]) == ("c", "divergence", "differs")
+    assert not row["greedy_lossless"] and row["greedy_rounding_flips"] == 0 and ev.row_count_flips(row) == 1
+    assert row["greedy_evidence"].endswith("; replayed with engine.batch_invariant=true: 1/2 identical")
+    assert "| NO (1 unexplained, 0 rounding flips, 1 row-count flip) |" in ev.markdown_table(rep)
+    # no mismatch, no replay; bf16 rows are judged on evidence and never replayed
+    assert ev.greedy_check(target, target, ["a", "b", "c"], dtype="float32", replay=replay)["greedy_lossless"]
+    assert len(asked) == 1
+
+
+def test_batch_invariant_replay_builds_its_engines_once_on_first_use():
+    """The replay's engines are batch-invariant copies of the run's, made when a mismatch first needs them: on a
+    tiny CPU target the speculative and target-only replays agree token for token."""
+    from tiny import tiny_drafter, tiny_engine_config, tiny_target
+
+    from dspark.engine import Engine
+
+    target = tiny_target(3)
+    drafter = tiny_drafter(target)
+    built = []
+
+    def build():
+        built.append(1)
+        spec = Engine(target, None, tiny_engine_config(batch_invariant=True), drafter)
+        plain = Engine(target, None, tiny_engine_config(batch_invariant=True, spec="off"))
+        assert all("batch_invariant" in e.fingerprint()["kernels"].split("+") for e in (spec, plain))
+        return spec, plain
+
+    replay = ev.BatchInvariantReplay(build)
+    assert built == []
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14]]
+    params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 2
+    for _ in range(2):
+        spec, plain = replay(prompts, params)
+        assert [o.token_ids for o in spec] == [o.token_ids for o in plain] and all(len(o.token_ids) == 12 for o in spec)
+        assert any(n > 1 for o in spec for n in o.accept_lengths)  # it drafted, and some drafts were accepted
+    assert built == [1]
 
 
 @pytest.fixture(scope="module")

@@ -501,6 +501,37 @@ def test_eval_runner_reports_acceptance_and_greedy_losslessness(tmp_path, target
     assert json.loads((tmp_path / "eval" / "eval.json").read_text())["block_size"] == 4
 
 
+def test_eval_runner_replays_float32_mismatches_only_off_batch_invariance(tmp_path, target, trained_checkpoint,
+                                                                          monkeypatch):
+    """engine=cpu leaves batch invariance off, so the runner gives the greedy check a replay on batch-invariant copies
+    of its engines (the trained drafter's drafts accepted alike by both); with engine.batch_invariant=true it needs
+    none."""
+    from runners import eval_drafter
+
+    seen = {}
+    real = eval_drafter.evaluate
+    monkeypatch.setattr(eval_drafter, "evaluate", lambda *a, **k: seen.update(k) or real(*a, **k))
+    common = [f"checkpoint={trained_checkpoint}", "max_tokens=12", "engine.max_model_len=128",
+              "engine.kv_block_size=8", "engine.max_num_seqs=8", "engine.max_num_batched_tokens=64",
+              "progress=false", "temperatures=[0.0]"]
+    sets = {"tiny": [(f"p{i}", [5 + i, 9, 11, 40 + i]) for i in range(3)]}
+    for invariant in (False, True):
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose(config_name="eval_drafter", overrides=common + [
+                f"output_dir={tmp_path / str(invariant)}", f"engine.batch_invariant={str(invariant).lower()}"])
+        assert eval_drafter.run(cfg, target=target, prompt_sets=sets)["greedy_lossless"]
+        replay = seen["replay"]
+        if invariant:
+            assert replay is None
+            continue
+        assert isinstance(replay, eval_drafter.BatchInvariantReplay)
+        prompts = [p for _, p in sets["tiny"]]
+        spec, plain = replay(prompts, [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 3)
+        assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
+        assert sum(n - 1 for o in spec for n in o.accept_lengths) > 0
+        assert all("batch_invariant" in e.fingerprint()["kernels"].split("+") for e in replay._engines)
+
+
 def test_greedy_replay_matches_the_engine_step_by_step(target, greedy_data, trained_checkpoint):
     """At the anchors the engine actually used, the dense replay accepts exactly what the engine did."""
     drafter = DSparkDrafter.load(trained_checkpoint, target.cfg)
