@@ -254,7 +254,7 @@ def test_float32_demands_exact_equality_and_needs_no_scorer(monkeypatch):
     assert not failed["greedy_lossless"] and failed["greedy_mismatches"] == [{"id": "b", "error": "boom"}]
 
 
-def test_a_float32_mismatch_is_replayed_batch_invariant_and_still_fails(monkeypatch):
+def test_a_float32_mismatch_is_replayed_batch_invariant_and_still_fails():
     """engine.batch_invariant off: each float32 mismatch is generated again on batch-invariant engines (only the
     prompts that differed). Identical there: a row-count flip, named in the evidence and the table, yet the row fails
     (float32 promises equality); different there: a divergence."""
@@ -279,7 +279,7 @@ def test_a_float32_mismatch_is_replayed_batch_invariant_and_still_fails(monkeypa
     assert not row["greedy_lossless"] and row["greedy_rounding_flips"] == 0 and ev.row_count_flips(row) == 1
     assert row["greedy_evidence"].endswith("; replayed with engine.batch_invariant=true: 1/2 identical")
     assert "| NO (1 unexplained, 0 rounding flips, 1 row-count flip) |" in ev.markdown_table(rep)
-    # no mismatch, no replay; bf16 rows are judged on evidence and never replayed
+    # no mismatch, no replay
     assert ev.greedy_check(target, target, ["a", "b", "c"], dtype="float32", replay=replay)["greedy_lossless"]
     assert len(asked) == 1
 
