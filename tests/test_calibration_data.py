@@ -40,6 +40,17 @@ SHIPPED_PER_SOURCE = {"agentic": 21088, "arena_hard": 240, "hard_questions": 247
 # bench/results/h100-2026-12-06-drafter17-greedy-stage (every request admitted).
 DATA_G_PER_SOURCE = {"agentic": 2636, "arena_hard": 360, "chat_followups": 1562, "hard_questions": 4954,
                      "poetry": 19678, "stdlib_prose": 446, "tool_calls": 4365, "worked_problems": 4070}
+# The seventh and eighth continuations' data (H, I): admitted requests per part and sequences per source in
+# data_0p{0,1}.log of bench/results/h100-2026-12-07-drafter19-scenario-stages (a time budget admitted part of each
+# part's requests).
+DATA_H_ADMITTED = [9967, 10105]
+DATA_H_PER_SOURCE = {"agentic": 1120, "arena_hard": 140, "chat_followups": 645, "hard_questions": 2095,
+                     "poetry": 8374, "scenario_requests": 3923, "stdlib_prose": 195, "tool_calls": 1855,
+                     "worked_problems": 1725}
+DATA_I_ADMITTED = [11191, 10884]
+DATA_I_PER_SOURCE = {"agentic": 1239, "arena_hard": 161, "chat_followups": 724, "hard_questions": 2336,
+                     "poetry": 9195, "scenario_requests": 4344, "stdlib_prose": 203, "tool_calls": 1993,
+                     "worked_problems": 1880}
 # The third run's record (data_shard{0,1}.log in ../h200-2026-11-30-drafter3): a time budget cut it.
 DRAFTER3_ADMITTED = [17143 - 14113, 17142 - 13949]
 DRAFTER3_SAMPLES = {"agentic": 4, "stdlib_prose": 4, "arena_hard": 8, "hard_questions": 3}
@@ -56,15 +67,17 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     sources and seed, other samples per prompt, each prompt's first sample greedy), then on a fourth (D: worked
     problems added, at most 2,500 prompts per source, greedy first), then on a fifth (E: D's sources, seed 5, at
     most 5,000 prompts per source, every request admitted), then on a sixth (G: every train-split prompt of eight
-    sources, seed 7, greedy first, every request admitted, in two parts). Its record is a superset of all seven:
-    the from-scratch record, E and G replay exactly, B's to G's ids are the records their machines wrote, and
-    every train-split prompt of the seven sources is in it (A's own ids were never written back)."""
+    sources, seed 7, greedy first, every request admitted, in two parts), then on a seventh (H: G's sources and
+    scenario_requests, seed 9, greedy first, a time budget admitting part of each part's requests), then on an
+    eighth (I: H's recipe with seed 10). Its record is a superset of all nine: the from-scratch record, E and G
+    replay exactly, B's to I's ids are the records their machines wrote, and every train-split prompt of the seven
+    sources is in it (A's own ids were never written back)."""
     logs = ROOT / "bench/results/h200-2026-11-30-drafter4"
     if logs.is_dir():  # the numbers above are the logs'
         summary = json.loads((logs / "data_summary.txt").read_text())
         assert summary["per_source"] == SHIPPED_PER_SOURCE and summary["sequences"] == sum(SHIPPED_ADMITTED)
         assert [p["not_admitted"] for p in summary["info"]["parts"]] == [0, 0]
-    scratch, data_a, data_b, data_c, data_d, data_e, data_g = shipped["recipe"]["lineage"]
+    scratch, data_a, data_b, data_c, data_d, data_e, data_g, data_h, data_i = shipped["recipe"]["lineage"]
     recipe = scratch["recipe"]
     assert recipe["split"] == "train" and recipe["seed"] == 0 and recipe["num_prompts_per_source"] is None
     assert [s["admitted"] for s in recipe["shards"]] == SHIPPED_ADMITTED
@@ -121,6 +134,22 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     assert len(shifted) <= 6 and all(pid.startswith("chat_followups/stdlib/") for pid in shifted)
     calibration = mtd.collect_prompts(["chat_followups"], "eval", None, 4, exclude=trained)
     assert calibration and not {pid for _, pid, _ in calibration} & shifted
+    # H and I: G's recipe with scenario_requests, seeds 9 and 10, each cut by 100 s of admission
+    for entry, seed, admitted, per_source in ((data_h, 9, DATA_H_ADMITTED, DATA_H_PER_SOURCE),
+                                              (data_i, 10, DATA_I_ADMITTED, DATA_I_PER_SOURCE)):
+        parts = entry["recipe"]["shards"]
+        assert [p["shards"][0]["part"] for p in parts] == ["0/2", "1/2"]
+        assert all(p["seed"] == seed and p["num_prompts_per_source"] is None for p in parts)
+        assert all(p["sources"] == recipe_g["sources"] + ["scenario_requests"] for p in parts)
+        assert all(p["samples_per_prompt"] == {**recipe_g["samples_per_prompt"], "scenario_requests": 3} for p in parts)
+        assert [p["shards"][0]["admitted"] for p in parts] == admitted
+        assert sum(admitted) == sum(per_source.values())  # one sequence per admitted request
+        assert all(p["shards"][0]["admitted"] < p["shards"][0]["requests"] for p in parts)  # the budget cut each
+    scenarios = {pid for pid in trained if pid.startswith("scenario_requests/")}
+    assert scenarios and all(split_of(pid) == "train" for pid in scenarios)
+    _assert_never_evaluated(trained, ["scenario_requests"])
+    assert shipped["admitted_requests_per_source"]["scenario_requests"] == sum(
+        d["scenario_requests"] for d in (DATA_H_PER_SOURCE, DATA_I_PER_SOURCE))  # no earlier stage drew from it
 
 
 def _assert_never_evaluated(ids: set[str], sources: list[str]) -> None:
