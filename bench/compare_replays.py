@@ -6,8 +6,8 @@ instead replays every block of fixed target answers (the same anchors for every 
 the drafter at that temperature and accepted by rejection sampling against the target. Given two such caches of the
 same data and anchors, this prints, as JSON, each drafter's mean accept length per block (accepted drafts plus the
 target's token) and its acceptance at each block position where the position is reached, and B's change over A with
-a 95% BCa interval from a bootstrap over sequences (scipy.stats.bootstrap, paired: a resample keeps a sequence's
-blocks together for both drafters).
+a 95% interval from a bootstrap over sequences (``runners.eval_drafter.bootstrap_interval``, paired: a resample keeps
+a sequence's blocks together for both drafters; BCa, or percentile where BCa's bounds are undefined).
 
     python bench/compare_replays.py A.pt B.pt > compare.json
 
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from scipy import stats
+
+from runners.eval_drafter import bootstrap_interval
 
 
 def load_replay(path: str | Path) -> dict[str, torch.Tensor]:
@@ -69,10 +70,10 @@ def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], resamples: i
         out["change_ci95"] = [out["change"], out["change"]]
         out["ci_method"] = "none needed: every sequence changed by the same ratio"
     elif len(sequences) >= 2:
-        ci = stats.bootstrap((sum_a, sum_b), change, paired=True, vectorized=True, method="BCa",
-                             n_resamples=resamples, random_state=seed).confidence_interval
-        out["change_ci95"] = [float(ci.low), float(ci.high)]
-        out["ci_method"] = "BCa bootstrap over sequences, paired"
+        ci = bootstrap_interval([sum_a, sum_b], change, paired=True, n_resamples=resamples, seed=seed)
+        out["change_ci95"] = [ci["low"], ci["high"]]
+        out["ci_method"] = ("BCa" if ci["method"] == "bca" else ci["method"]) + " bootstrap over sequences, paired" + (
+            f" ({ci['note']})" if ci["note"] else "")
     return out
 
 
