@@ -37,8 +37,8 @@ PINNED = {
     "scenario_requests/system_design/bike_sharing/national/region_loss": (
         "a bike-sharing system with docking stations", "five million users", "loss of a whole cloud region"),
 }
-COUNT_RANGES = {"debugging": (500, 900), "reasoning": (500, 900), "math": (500, 900), "writing": (500, 900),
-                "coding": (500, 900), "system_design": (500, 900)}
+COUNT_RANGES = {"debugging": (2000, 2500), "reasoning": (800, 1100), "math": (900, 1200), "writing": (1400, 1800),
+                "coding": (1500, 1900), "system_design": (1300, 1600)}
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_categories_counts_and_sources(workload):
     assert {p.source for p in pool} == {f"{NAME}:{c}" for c in CATEGORIES}
     for category, (low, high) in COUNT_RANGES.items():
         assert low <= counts[category] <= high, (category, counts[category])
-    assert 3500 <= len(pool) <= 5000
+    assert 8000 <= len(pool) <= 10000
     assert all(p.id.startswith(f"{NAME}/{p.source.split(':')[1]}/") for p in pool)
     assert len(INCIDENTS) >= 30 and len(SCENARIOS) >= 20 and len(MATH) >= 20
     assert sum("```" in text for text in INCIDENTS.values()) >= 3  # some incidents quote code or config

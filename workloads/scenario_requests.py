@@ -232,6 +232,13 @@ DEBUG_CONTEXTS: dict[str, str] = {
     "release_freeze": "A release freeze starts in two days, so prefer fixes that are small and safe.",
     "no_debugger": "We can add logging and metrics freely but cannot attach a debugger where it happens.",
     "team_split": "The team has argued about this for a week; be direct about which explanation is most likely.",
+    "on_call_alone": "I am on call alone tonight and can change configuration but cannot deploy new code before "
+                     "the morning.",
+    "prod_only": "It only happens in production; staging runs the same code with a tenth of the traffic and older "
+                 "data.",
+    "vendor_blame": "Our vendor says the problem is on our side, so I need evidence I can show them either way.",
+    "upgraded_lately": "We upgraded several dependencies last month, so keep that in mind without assuming it is the "
+                       "cause.",
 }
 DEBUG_ASKS: dict[str, str] = {
     "cause_confirm_fix": "Explain the most likely cause, how you would confirm it (which tools, commands or metrics "
@@ -244,6 +251,10 @@ DEBUG_ASKS: dict[str, str] = {
                     "exact commands or queries, and then say which fix you expect to end up with.",
     "fix_and_guard": "Say what most likely went wrong, propose a fix, and describe a test or an alert that would "
                      "have caught this before users noticed.",
+    "junior_colleague": "Explain what is probably happening in plain terms for a junior colleague, then give the fix "
+                        "you would ship today and the one you would plan for next quarter.",
+    "roll_back_or_not": "Tell me whether you would roll back, ship a hot fix or wait, and why. Then list the evidence "
+                        "that would change your mind and how to collect it.",
 }
 DEBUG_TEMPLATES: tuple[str, ...] = ("{a}\n\n{b} {c}", "{a}\n\n{c} {b}", "{b}\n\n{a}\n\n{c}")
 
@@ -458,6 +469,16 @@ REASONING_ASKS: dict[str, str] = {
                    "of counting. After that, tell me what changes if {change}.",
     "biggest_risk": "Work out the best plan, name the single biggest risk in it, and say how the plan should be "
                     "adjusted if {change}.",
+    "pros_cons": "List the pros and cons of each option with the numbers behind them, choose one, and then say "
+                 "whether your choice survives if {change}.",
+    "break_even": "Work out where the options break even, explain what that means for us in plain words, and "
+                  "recompute it assuming {change}.",
+    "decision_memo": "Write a short decision memo: the question, the options with their costs, your recommendation, "
+                     "and a final paragraph on what we should do if {change}.",
+    "other_side": "Make the best case for the option you would not choose, then give your own recommendation with "
+                  "the numbers, and finally say how things change if {change}.",
+    "checklist": "Give a numbered checklist of what to decide and in which order, with the figures for each step, "
+                 "and mark which steps change if {change}.",
 }
 
 
@@ -637,6 +658,14 @@ MATH_ASKS: dict[str, str] = {
                    "show how much the answer moves if that number changes by 10%.",
     "spreadsheet": "Solve it, then describe how you would set it up in a spreadsheet (which cells and which "
                    "formulas) so that the numbers can be changed later.",
+    "two_ways": "Solve it in two different ways and show that both give the same answer, then say which way you "
+                "would use again and why.",
+    "table_steps": "Solve it and present the intermediate quantities in a small table, then state the final answer "
+                   "in one sentence.",
+    "units_check": "Work through it step by step, checking that the units agree at each step, and round only at "
+                   "the end.",
+    "teach": "Teach me how to solve it: say what to work out first and why, do each step, and finish with a similar "
+             "practice question of your own with its answer.",
 }
 
 
@@ -754,12 +783,20 @@ STYLE_RULES: dict[str, str] = {
     "bullets": "Open with a short paragraph, put the key facts in bullet points, and close with one line.",
     "simple_english": "Write for readers whose first language is not English: short sentences and common words.",
     "formal_exact": "Make it formal and precise, and keep every number and date exactly as given.",
+    "no_jargon": "Avoid jargon; where a technical term is needed, explain it in a few words.",
+    "three_paragraphs": "Use exactly three paragraphs: the news, the details, and what happens next.",
+    "friendly_brief": "Keep it friendly and brief, around 120 words, and end with a clear next step.",
+    "active_voice": "Write in the active voice, put the most important fact in the first sentence, and leave out "
+                    "filler.",
 }
 WRITING_EXTRAS: dict[str, str] = {
     "title_first": "Give it a subject line or title first.",
     "cut_two": "After the draft, name the two sentences you would cut first if it had to be shorter.",
     "half_length": "Then write a second version at half the length.",
     "missing_fact": "After the draft, point out one fact the reader would probably ask about that is missing.",
+    "sceptic_reply": "Then write the reply you would expect from the most sceptical reader.",
+    "explain_order": "After the draft, explain in two or three sentences why you ordered the information as you "
+                     "did.",
 }
 WRITING_TEMPLATES: tuple[str, ...] = ("Write {a}\n\n{b} {c}", "Please draft {a}\n\n{b} {c}",
                                       "I need {a}\n\n{c} {b}")
@@ -883,6 +920,7 @@ SPECS: dict[str, str] = {
 }
 CODE_LANGUAGES: dict[str, str] = {
     "python": "Python", "typescript": "TypeScript", "go": "Go", "rust": "Rust", "java": "Java",
+    "cpp": "C++", "csharp": "C#", "kotlin": "Kotlin",
 }
 CODING_ASKS: dict[str, str] = {
     "with_tests": "Give the implementation, then unit tests that cover every example and edge case above, using the "
@@ -896,6 +934,10 @@ CODING_ASKS: dict[str, str] = {
     "shared_codebase": "Write it as if it were going into a shared codebase, with clear names, doc comments and "
                        "helpful error messages. Then add tests and point out one input on which it is slower than "
                        "it could be.",
+    "two_pitfalls": "Give the code, then review it as a careful colleague would: name two bugs people often write "
+                    "in a function like this, show how your version avoids them, and add a test for each.",
+    "simple_then_better": "First write the simplest version that works, then an improved one, and explain what "
+                          "changed and why. Finish with tests for the edge cases.",
 }
 CODING_TEMPLATES: tuple[str, ...] = (
     "Implement {a} Use {b}, adapting names and types to its conventions. {c}",
@@ -952,6 +994,10 @@ DESIGN_SCALES: dict[str, str] = {
                 "year and a p99 latency budget of 200 ms",
     "three_continents": "30 million users in North America, Europe and Asia, 80,000 requests per second at peak "
                         "of which about 10% are writes, and a p99 read budget of 150 ms",
+    "startup_launch": "50,000 users in the first month after launch, unknown growth after that, a team of three and "
+                      "a budget that must stay under $5,000 a month",
+    "enterprise_tenants": "300 business customers of very different sizes, the largest with 40,000 users, 5,000 "
+                          "requests per second at peak and a contractual availability of 99.95%",
 }
 DESIGN_REQUIREMENTS: dict[str, str] = {
     "audit_claims": "every change must go to an append-only audit log kept for seven years, and two concurrent "
@@ -966,6 +1012,14 @@ DESIGN_REQUIREMENTS: dict[str, str] = {
                      "need downtime or a maintenance window",
     "search_budget": "users need full-text search that answers in under 500 ms, and the monthly bill must stay "
                      "predictable as the data grows",
+    "exactly_once": "each event must take effect exactly once even when clients retry, and operators must be able "
+                    "to replay a day of events after a bug fix",
+    "tenant_isolation": "one customer's heavy load must never slow down the others, and each customer's data must "
+                        "be exportable on its own",
+    "live_updates": "users must see changes made by others within two seconds, and reads must keep working while "
+                    "the write path is down",
+    "cost_cut": "the infrastructure bill must fall by 40% within a year without missing the latency targets, and "
+                "old data may move to cheaper storage",
 }
 DESIGN_ASKS: tuple[str, ...] = (
     "Describe the main components, the data model, the key API endpoints, how it scales, how it handles failures, "
