@@ -51,6 +51,14 @@ DATA_I_ADMITTED = [11191, 10884]
 DATA_I_PER_SOURCE = {"agentic": 1239, "arena_hard": 161, "chat_followups": 724, "hard_questions": 2336,
                      "poetry": 9195, "scenario_requests": 4344, "stdlib_prose": 203, "tool_calls": 1993,
                      "worked_problems": 1880}
+# The ninth continuation's data (J: I's recipe, seed 11, scenario_requests grown to 8,916 prompts): data_0p{0,1}.log
+# of bench/results/h100-2026-12-07-drafter20-longer-stage.
+DATA_J_ADMITTED = [18159, 17994]
+DATA_J_REQUESTS = 59380
+SCENARIO_TRAIN_PROMPTS_AT_J = 7103  # scenario_requests' train split when data J was made (three requests each)
+DATA_J_PER_SOURCE = {"agentic": 1618, "arena_hard": 213, "chat_followups": 963, "hard_questions": 2972,
+                     "poetry": 11971, "scenario_requests": 13039, "stdlib_prose": 280, "tool_calls": 2634,
+                     "worked_problems": 2463}
 # The third run's record (data_shard{0,1}.log in ../h200-2026-11-30-drafter3): a time budget cut it.
 DRAFTER3_ADMITTED = [17143 - 14113, 17142 - 13949]
 DRAFTER3_SAMPLES = {"agentic": 4, "stdlib_prose": 4, "arena_hard": 8, "hard_questions": 3}
@@ -69,15 +77,16 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     most 5,000 prompts per source, every request admitted), then on a sixth (G: every train-split prompt of eight
     sources, seed 7, greedy first, every request admitted, in two parts), then on a seventh (H: G's sources and
     scenario_requests, seed 9, greedy first, a time budget admitting part of each part's requests), then on an
-    eighth (I: H's recipe with seed 10). Its record is a superset of all nine: the from-scratch record, E and G
-    replay exactly, B's to I's ids are the records their machines wrote, and every train-split prompt of the seven
-    sources is in it (A's own ids were never written back)."""
+    eighth (I: H's recipe with seed 10), then on a ninth (J: I's recipe with seed 11, scenario_requests grown). Its
+    record is a superset of all ten: the from-scratch record, E and G replay exactly, J's requests replay but for
+    the two sources read from the standard library, B's to J's ids are the records their machines wrote, and every
+    train-split prompt of the seven sources is in it (A's own ids were never written back)."""
     logs = ROOT / "bench/results/h200-2026-11-30-drafter4"
     if logs.is_dir():  # the numbers above are the logs'
         summary = json.loads((logs / "data_summary.txt").read_text())
         assert summary["per_source"] == SHIPPED_PER_SOURCE and summary["sequences"] == sum(SHIPPED_ADMITTED)
         assert [p["not_admitted"] for p in summary["info"]["parts"]] == [0, 0]
-    scratch, data_a, data_b, data_c, data_d, data_e, data_g, data_h, data_i = shipped["recipe"]["lineage"]
+    scratch, data_a, data_b, data_c, data_d, data_e, data_g, data_h, data_i, data_j = shipped["recipe"]["lineage"]
     recipe = scratch["recipe"]
     assert recipe["split"] == "train" and recipe["seed"] == 0 and recipe["num_prompts_per_source"] is None
     assert [s["admitted"] for s in recipe["shards"]] == SHIPPED_ADMITTED
@@ -145,11 +154,31 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
         assert [p["shards"][0]["admitted"] for p in parts] == admitted
         assert sum(admitted) == sum(per_source.values())  # one sequence per admitted request
         assert all(p["shards"][0]["admitted"] < p["shards"][0]["requests"] for p in parts)  # the budget cut each
+    # J: I's recipe with seed 11, made when scenario_requests held 8,916 prompts (7,103 in the train split; the source
+    # has grown since, keeping every id); the other pools replay its requests but for chat_followups' and
+    # stdlib_prose's, read from this Python's standard library
+    parts_j = data_j["recipe"]["shards"]
+    assert [p["shards"][0]["part"] for p in parts_j] == ["0/2", "1/2"]
+    assert all(p["seed"] == 11 and p["num_prompts_per_source"] is None for p in parts_j)
+    assert all(p["sources"] == parts_i["sources"] and p["samples_per_prompt"] == parts_i["samples_per_prompt"]
+               for p in parts_j for parts_i in data_i["recipe"]["shards"])
+    assert [p["shards"][0]["admitted"] for p in parts_j] == DATA_J_ADMITTED
+    assert sum(p["shards"][0]["requests"] for p in parts_j) == DATA_J_REQUESTS
+    assert sum(DATA_J_ADMITTED) == sum(DATA_J_PER_SOURCE.values())
+    replayed_j = mtd.collect_prompts(parts_j[0]["sources"], "train", None, 11)
+    requests_j = collections.Counter()
+    for src, _, _ in replayed_j:
+        requests_j[src] += parts_j[0]["samples_per_prompt"][src]
+    assert requests_j["scenario_requests"] >= 3 * SCENARIO_TRAIN_PROMPTS_AT_J
+    not_replayed = ("chat_followups", "stdlib_prose", "scenario_requests")
+    assert sum(v for k, v in requests_j.items() if k not in not_replayed) == DATA_J_REQUESTS - sum(
+        v for k, v in DATA_G_PER_SOURCE.items() if k in not_replayed[:2]) - 3 * SCENARIO_TRAIN_PROMPTS_AT_J
     scenarios = {pid for pid in trained if pid.startswith("scenario_requests/")}
     assert scenarios and all(split_of(pid) == "train" for pid in scenarios)
+    assert scenarios <= {pid for src, pid, _ in replayed_j if src == "scenario_requests"}
     _assert_never_evaluated(trained, ["scenario_requests"])
     assert shipped["admitted_requests_per_source"]["scenario_requests"] == sum(
-        d["scenario_requests"] for d in (DATA_H_PER_SOURCE, DATA_I_PER_SOURCE))  # no earlier stage drew from it
+        d["scenario_requests"] for d in (DATA_H_PER_SOURCE, DATA_I_PER_SOURCE, DATA_J_PER_SOURCE))  # none before H
 
 
 def _assert_never_evaluated(ids: set[str], sources: list[str]) -> None:

@@ -36,9 +36,17 @@ PINNED = {
         "parse_duration(text) -> int", '"1h30m" gives 5400', "Rust", "Write the tests first"),
     "scenario_requests/system_design/bike_sharing/national/region_loss": (
         "a bike-sharing system with docking stations", "five million users", "loss of a whole cloud region"),
+    # appended later (the lists grow at their ends): an incident with a new context and ask, a new system, scale and
+    # requirement, a new decision with a new ask
+    "scenario_requests/debugging/redis_evictions/vendor_blame/roll_back_or_not": (
+        "maxmemory 4 GB, policy allkeys-lru", "evidence I can show them", "roll back, ship a hot fix or wait"),
+    "scenario_requests/system_design/feature_flags/enterprise_tenants/exactly_once": (
+        "switch features on for chosen users", "300 business customers", "take effect exactly once"),
+    "scenario_requests/reasoning/solar_panels/battery/break_even": (
+        "4 kW solar system costs $7,800", "raises the share used at home to 80%", "Work out where the options break"),
 }
-COUNT_RANGES = {"debugging": (2000, 2500), "reasoning": (800, 1100), "math": (900, 1200), "writing": (1400, 1800),
-                "coding": (1500, 1900), "system_design": (1300, 1600)}
+COUNT_RANGES = {"debugging": (2600, 3200), "reasoning": (1000, 1400), "math": (900, 1200), "writing": (1900, 2400),
+                "coding": (2000, 2500), "system_design": (1800, 2300)}
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +95,9 @@ def test_categories_counts_and_sources(workload):
     assert {p.source for p in pool} == {f"{NAME}:{c}" for c in CATEGORIES}
     for category, (low, high) in COUNT_RANGES.items():
         assert low <= counts[category] <= high, (category, counts[category])
-    assert 8000 <= len(pool) <= 10000
+    assert 10500 <= len(pool) <= 12500
     assert all(p.id.startswith(f"{NAME}/{p.source.split(':')[1]}/") for p in pool)
-    assert len(INCIDENTS) >= 30 and len(SCENARIOS) >= 20 and len(MATH) >= 20
+    assert len(INCIDENTS) >= 50 and len(SCENARIOS) >= 30 and len(MATH) >= 20
     assert sum("```" in text for text in INCIDENTS.values()) >= 3  # some incidents quote code or config
     assert all(len(changes) >= 2 for _, changes in SCENARIOS.values())
 

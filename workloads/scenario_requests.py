@@ -226,6 +226,50 @@ INCIDENTS: dict[str, str] = {
         April, June, September and November, and some were billed twice in March. The renewal date is computed by
         adding one to the month number and keeping the day, falling back to the first of the following month when
         that date does not exist."""),
+    "redis_evictions": _one_line("""Our session store on Redis 7 (maxmemory 4 GB, policy allkeys-lru) began logging
+        users out at random last week, about 1,500 complaints a day. INFO stats shows evicted_keys rising by 20,000
+        an hour at peak, used_memory sits at the limit, and a new feature started caching rendered product pages in
+        the same instance with no expiry."""),
+    "s3_403_presigned": _one_line("""Pre-signed S3 download links made by our Python 3.12 backend with boto3 work
+        for most users, but about 5% of downloads fail with 403 "Request has expired" although the links are set to
+        last 15 minutes and users click within seconds. All the failures come from one of our six application
+        servers."""),
+    "graphql_n_plus_one": _one_line("""A GraphQL API on Apollo Server 4 answers the dashboard query in 4.8 seconds
+        for a customer with 300 projects, against 120 ms for a customer with 10. The database log shows one SELECT
+        for the projects and then one SELECT per project for its owner and one per project for its latest
+        build."""),
+    "terraform_drift": _one_line("""Every terraform plan on our AWS production workspace shows the same security
+        group rule to be deleted and created again, although nobody changes it, and applying the plan causes a few
+        seconds of refused connections to the database each time. The rule is defined both inline in the security
+        group resource and as a separate aws_security_group_rule resource."""),
+    "mongo_slow_regex": _one_line("""A customer search in our Node.js admin tool, backed by MongoDB 6 with 12 million
+        customer documents, takes 9 to 14 seconds and pushes the primary's CPU to 90%. The query is a
+        case-insensitive regular expression on the email field, and explain() shows COLLSCAN although an index on
+        email exists."""),
+    "python_gil_threads": _one_line("""A Python 3.11 image-processing service moved from one worker process to one
+        process with 16 threads on a 16-core machine to save memory. Throughput fell from 40 to 11 images a second,
+        and top shows the process using about 105% CPU in total while requests queue up."""),
+    "dotnet_sync_over_async": _one_line("""An ASP.NET Core 8 API handles 300 requests per second fine, but at about
+        450 it stops responding for minutes at a time while CPU stays under 20%. Thread pool counters show the
+        thread count climbing by one or two a second, and several controllers call .Result on HttpClient
+        tasks."""),
+    "cron_dst_double": _one_line("""A nightly billing job scheduled by cron for 01:30 local time on a server in
+        London ran twice on the last Sunday of October and not at all on the last Sunday of March. Customers on
+        daily plans were charged twice or not at all on those days."""),
+    "elasticsearch_yellow": _one_line("""Our three-node Elasticsearch 8 cluster has been yellow for two days and
+        search latency doubled. Every index has one replica, one node's disk is at 91% while the others are at
+        60%, and the cluster allocation explain API mentions a disk watermark for the unassigned replicas."""),
+    "kotlin_coroutine_cancel": _one_line("""In our Android app written in Kotlin, when a user leaves the order
+        screen while the order is being submitted, the order is sometimes created twice after they come back and
+        tap submit again. The submit call runs in viewModelScope, and a catch block around it catches Exception and
+        retries once."""),
+    "csv_excel_dates": _one_line("""Finance imports our daily CSV export into Excel, and since last month some
+        order dates arrive swapped, 03/04 read as 4 March instead of 3 April, but only for days up to the 12th. The
+        export moved from a Windows server to a Linux container at the same time, and the file has no header
+        describing the date format."""),
+    "load_balancer_sticky": _one_line("""After we scaled our shopping-cart service from three to eight instances
+        behind HAProxy, about 8% of users report items vanishing from their cart and reappearing later. Carts are
+        kept in each instance's memory, and HAProxy balances with roundrobin and no cookie."""),
 }
 DEBUG_CONTEXTS: dict[str, str] = {
     "new_to_code": "I am new to this codebase, so please spell out each step.",
@@ -453,6 +497,62 @@ SCENARIOS: dict[str, tuple[str, dict[str, str]]] = {
                      {"headcount_70": "the company grows to 70 people within a year",
                       "attendance_85": "typical attendance rises to 85%",
                       "break_clause": "the lease gets a break clause after 18 months for a $30,000 fee"}),
+    "van_or_courier": ("""Our bakery delivers about 60 orders a day to cafés within 15 km. A courier firm charges $6.50
+        per delivery. Leasing a van would cost $1,100 a month plus about $14 a day in fuel, and a driver would cost
+        $2,900 a month for five days a week; the van could also collect flour, saving a $250 monthly supplier
+        delivery charge. We deliver six days a week.""",
+                       {"orders_90": "orders grow to 90 a day",
+                        "courier_cut": "the courier offers $5.20 per delivery for a one-year contract",
+                        "fuel_double": "fuel costs double"}),
+    "hire_or_contract": ("""A product team must ship a mobile app in nine months. Hiring two permanent developers
+        costs $9,500 a month each including overheads, after a two-month recruiting gap and $12,000 in recruiting
+        fees. A contracting agency offers two developers at $16,000 a month each, available in two weeks, with a
+        three-month minimum. After launch, one developer's worth of maintenance is needed indefinitely.""",
+                         {"six_months": "the deadline moves forward to six months",
+                          "agency_discount": "the agency drops its rate to $13,500 a month each",
+                          "recruit_four": "recruiting takes four months instead of two"}),
+    "solar_panels": ("""A household pays $0.28 per kWh and uses 4,200 kWh a year. A 4 kW solar system costs $7,800
+        installed, should produce 3,900 kWh a year, and about 45% of that would be used at home; the rest is sold to
+        the grid at $0.06 per kWh. The panels lose about 0.5% of their output each year and are guaranteed for 25
+        years.""",
+                     {"battery": "a $4,500 battery raises the share used at home to 80%",
+                      "price_rise": "the electricity price rises by 5% a year",
+                      "export_zero": "the grid stops paying for exported power"}),
+    "warehouse_shift": ("""A warehouse ships 9,000 parcels a day on one 10-hour shift with 45 pickers, each picking
+        about 20 parcels an hour. Sales expect 13,000 parcels a day before the holidays. Overtime pays 1.5 times the
+        normal $22 an hour, a second shift needs a $3,000 a week supervisor, and temporary workers are 30% slower
+        in their first two weeks.""",
+                        {"peak_15000": "the peak turns out to be 15,000 parcels a day",
+                         "temps_fast": "temporary workers reach full speed after one week",
+                         "overtime_cap": "staff may not work more than five hours of overtime a week"}),
+    "course_selection": ("""A student has 40 hours of study a week and must choose three of five courses. Statistics
+        needs 14 hours a week, Databases 12, Economics 10, Design 9 and Ethics 7. Her scholarship requires an
+        average grade of at least 70; from past results she expects 62, 78, 71, 85 and 74 respectively if she gives
+        each course its full hours. Databases is required for the internship she wants.""",
+                         {"job_10": "she takes a part-time job of 10 hours a week",
+                          "stats_required": "Statistics also becomes compulsory",
+                          "threshold_75": "the scholarship threshold rises to 75"}),
+    "server_upgrade": ("""Our on-premise database server is five years old, costs $4,200 a year in support, and
+        fails about twice a year with four hours of downtime each time, which costs roughly $6,000 an hour in lost
+        orders. A new server costs $28,000 with three years of support included. A managed cloud database of the
+        same size costs $2,100 a month with 99.95% availability.""",
+                       {"downtime_3000": "an hour of downtime costs $3,000 instead of $6,000",
+                        "cloud_reserved": "the cloud provider offers 35% off for a three-year commitment",
+                        "four_failures": "the old server starts failing four times a year"}),
+    "library_hours": ("""A town library is open 50 hours a week with a budget that must fall by 12%. Staff cost $38
+        an hour, and two staff are needed whenever it is open. Visitor counts per hour are about 60 on weekday
+        evenings, 25 on weekday mornings and 80 on Saturdays; the library is open 20 morning hours, 20 evening hours
+        and 10 Saturday hours a week.""",
+                      {"cut_20": "the cut is 20% instead of 12%",
+                       "volunteers": "trained volunteers can replace one of the two staff on Saturdays",
+                       "sunday": "the council asks for four Sunday hours as well"}),
+    "freight_mode": ("""A furniture importer moves 24 containers a year from Shanghai to Rotterdam. Sea freight costs
+        $2,400 per container and takes 38 days; rail costs $6,100 and takes 18 days. Holding stock costs about 1.5%
+        of its $80,000 value per container each month, and a late container during the spring sale loses about
+        $9,000 in sales.""",
+                     {"sea_delays": "sea shipments run two weeks late a third of the time",
+                      "rail_discount": "rail offers $5,000 per container for 12 or more a year",
+                      "value_120k": "each container's stock is worth $120,000"}),
 }
 REASONING_ASKS: dict[str, str] = {
     "steps": "Reason step by step and show the numbers at each step, then state your answer in one sentence. "
@@ -776,6 +876,40 @@ DOCUMENTS: dict[str, str] = {
     "shelter_thanks": """a thank-you letter to the donors of Westbrook Animal Shelter: the winter appeal raised
         $48,300 from 612 donors against a target of $40,000; the money pays for a new isolation ward for sick animals,
         opening in June, and 300 vaccinations; donors are invited to the ward's opening.""",
+    "price_increase_b2b": """a letter to the 140 business customers of Clearpath Payroll announcing that the monthly fee
+        rises from $6 to $7.50 per employee on 1 July; the reasons are new tax-filing features and higher hosting
+        costs; customers who sign an annual plan before 1 June keep $6 for twelve months.""",
+    "volunteer_call": """a call for volunteers for the Riverside Community Garden's spring planting days on Saturday
+        12 and Sunday 13 April, 09:00 to 13:00; no experience is needed; gloves and tools are provided; sign up by
+        replying to garden@riverside.example with the day you can come; children over ten are welcome with an
+        adult.""",
+    "data_breach_notice": """a notice to 2,300 users of the Fitloop app: on 3 May an attacker used a leaked staff
+        password to read names, email addresses and workout histories for eleven hours; no payment details or
+        passwords were exposed; the company reset all staff passwords and added two-factor sign-in; users do not
+        need to do anything, but should be careful with emails asking them to log in.""",
+    "conference_abstract": """a 150-word abstract for a talk at a regional software conference: the speaker's team
+        cut their cloud bill by 38% in six months by right-sizing databases, deleting unused test environments and
+        moving batch jobs to spot instances, without changing any product features.""",
+    "tenant_repair_request": """an email from a tenant to the letting agent Hollis and Ward about a leaking kitchen
+        tap at 14 Cedar Road, Flat 3, reported by phone on 2 and 16 September without a visit; the leak now stains
+        the cupboard below; the tenant asks for a repair date within seven days and is at home on weekday
+        mornings.""",
+    "award_nomination": """a nomination of Grace Mbeki, night-shift supervisor, for her hospital's staff award: she
+        cut handover errors by half with a checklist she wrote, trained 14 new nurses this year and covered 22
+        extra shifts during the winter outbreak.""",
+    "policy_remote_equipment": """an internal announcement of a new equipment policy: remote staff can claim up to
+        $600 every three years for a desk, chair or monitor, with receipts, through the expenses system; laptops
+        stay company property and are replaced every four years; the policy starts on 1 February.""",
+    "event_cancellation": """an email to 85 registered attendees cancelling the Northfield Photography Club's outdoor
+        workshop on 22 June because of the storm forecast; everyone gets a full refund of the $35 fee within five
+        working days; the workshop is rescheduled to 6 July, with priority booking for current attendees.""",
+    "product_recall": """a notice to customers of Brightnest Home about a recall of the BN-200 electric kettle sold
+        between January and April: a faulty switch can fail to turn the kettle off; customers should stop using it,
+        check the batch number under the base (batches 2401 to 2416), and claim a free replacement online or in any
+        store.""",
+    "grant_progress_report": """a one-page progress report to the Lindell Foundation on a $25,000 grant for an
+        after-school coding club: 64 pupils enrolled against a target of 50, attendance averaged 81%, two volunteer
+        teachers left and were replaced, and $9,200 remains for the second term.""",
 }
 STYLE_RULES: dict[str, str] = {
     "under_200": "Keep it under 200 words.",
@@ -917,6 +1051,42 @@ SPECS: dict[str, str] = {
         "key = value" pairs, comments starting with ";" or "#", values continued on indented lines, and repeated
         keys (the last one wins, with a warning). Keys that come before any section go into a section called
         "default".""",
+    "roman_numerals": """a pair of functions to_roman(n) and from_roman(text) for whole numbers from 1 to 3999.
+        Examples: 1994 gives "MCMXCIV", "XLII" gives 42. from_roman must reject malformed numerals such as "IIII",
+        "VX" or "MCMC" with a clear error, and to_roman must reject numbers outside the range.""",
+    "invoice_totals": """a function invoice_totals(lines, tax_rates) that takes invoice lines (description, quantity,
+        unit price in cents, tax code) and a mapping from tax code to rate, and returns the subtotal, the tax per
+        code and the total, all in whole cents, rounding each tax amount half up once per code rather than per
+        line. An unknown tax code must raise an error naming the line.""",
+    "trie_autocomplete": """a class Autocomplete built from a list of (word, frequency) pairs, with suggest(prefix,
+        k) returning the k most frequent words that start with the prefix, ties broken alphabetically, and
+        add(word, frequency) to add or update a word. Prefix matching ignores case, but suggestions keep the
+        original spelling.""",
+    "retry_backoff": """a function retry(operation, attempts, base_delay, max_delay) that calls operation until it
+        succeeds or attempts run out, waiting base_delay, then twice that, and so on up to max_delay, with random
+        jitter of up to half of each delay. Only errors marked as retryable are retried; any other error is raised
+        at once. The waiting must be injectable so that tests run instantly.""",
+    "matrix_spiral": """a function spiral(matrix) that returns the elements of a rectangular matrix in clockwise
+        spiral order starting at the top-left corner. Examples: [[1,2,3],[4,5,6],[7,8,9]] gives
+        [1,2,3,6,9,8,7,4,5]; a single row or column comes back in order; an empty matrix gives an empty list; rows
+        of unequal length raise an error.""",
+    "time_slots": """a function free_slots(busy, day_start, day_end, length) that takes a list of busy intervals
+        (start and end times as "HH:MM" strings, possibly overlapping and unsorted) and returns every free slot of
+        at least length minutes between day_start and day_end, merged and sorted.""",
+    "word_frequency_cli": """a command-line tool that prints the 20 most common words in one or more text files,
+        with their counts, ignoring case and punctuation and skipping words from an optional stop-word file given
+        with --stop. Files that cannot be read are reported on standard error, and the others are still
+        counted.""",
+    "bank_ledger": """a class Ledger that records deposits, withdrawals and transfers between named accounts, keeps
+        every balance in whole cents, refuses any withdrawal or transfer that would make a balance negative, and
+        can report the balance of an account as of any past timestamp.""",
+    "url_parser": """a function parse_url(text) that breaks a web address into its parts: the scheme, the host
+        name, the port number, the path, the query parameters (a mapping from name to a list of values,
+        percent-decoded) and the fragment. Missing parts come back empty, the default port follows from http or
+        https, and an address without a scheme or host raises an error.""",
+    "priority_tasks": """a class TaskQueue where tasks have a priority from 1 to 5 and a due time, with push(task),
+        pop() returning the most urgent task (highest priority first, then earliest due time, then the order
+        pushed), and peek_overdue(now) listing every task already past its due time without removing it.""",
 }
 CODE_LANGUAGES: dict[str, str] = {
     "python": "Python", "typescript": "TypeScript", "go": "Go", "rust": "Rust", "java": "Java",
@@ -984,6 +1154,21 @@ SYSTEMS: dict[str, str] = {
     "podcast_hosting": "a podcast hosting service that stores audio, serves RSS feeds and counts downloads",
     "staff_voting": "an internal tool for staff surveys and elections that must keep individual votes secret",
     "parking_payments": "a parking-payment app for city car parks, with number-plate recognition at the barriers",
+    "ticket_resale": "a ticket-resale marketplace for concerts where fans list tickets, buyers pay, and each ticket is "
+                     "transferred exactly once",
+    "ride_hailing": "a ride-hailing dispatch service that matches riders with nearby drivers and tracks each trip",
+    "url_shortener": "a link-shortening service with custom aliases, expiry dates and click statistics",
+    "photo_sharing": "a photo-sharing app where users upload pictures, follow friends and see a feed of new posts",
+    "telemetry_ingest": "a pipeline that ingests telemetry from factory machines every second and shows live "
+                        "dashboards and alerts",
+    "online_auctions": "an online auction site where bids arrive until a closing time and the highest valid bid wins",
+    "vaccination_booking": "a regional booking system for vaccination appointments across 120 clinics with limited "
+                           "daily doses",
+    "chat_support_widget": "a live-chat widget that shop websites embed, routing visitors to available support agents",
+    "feature_flags": "a service that lets product teams switch features on for chosen users or a share of traffic "
+                     "without a deploy",
+    "invoice_processing": "a service that receives supplier invoices by email, extracts their fields and matches them "
+                          "to purchase orders for approval",
 }
 DESIGN_SCALES: dict[str, str] = {
     "small_team": "about 2,000 daily users, peaks of 30 requests per second and 20 GB of data growing 1 GB a month, "
