@@ -45,8 +45,8 @@ PINNED = {
     "scenario_requests/reasoning/solar_panels/battery/break_even": (
         "4 kW solar system costs $7,800", "raises the share used at home to 80%", "Work out where the options break"),
 }
-COUNT_RANGES = {"debugging": (2600, 3200), "reasoning": (1000, 1400), "math": (900, 1200), "writing": (1900, 2400),
-                "coding": (2000, 2500), "system_design": (1800, 2300)}
+COUNT_RANGES = {"debugging": (3000, 3700), "reasoning": (1200, 1600), "math": (900, 1200), "writing": (2300, 2900),
+                "coding": (2300, 2900), "system_design": (2100, 2700)}
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_categories_counts_and_sources(workload):
     assert {p.source for p in pool} == {f"{NAME}:{c}" for c in CATEGORIES}
     for category, (low, high) in COUNT_RANGES.items():
         assert low <= counts[category] <= high, (category, counts[category])
-    assert 10500 <= len(pool) <= 12500
+    assert 12500 <= len(pool) <= 14500
     assert all(p.id.startswith(f"{NAME}/{p.source.split(':')[1]}/") for p in pool)
     assert len(INCIDENTS) >= 50 and len(SCENARIOS) >= 30 and len(MATH) >= 20
     assert sum("```" in text for text in INCIDENTS.values()) >= 3  # some incidents quote code or config

@@ -270,6 +270,38 @@ INCIDENTS: dict[str, str] = {
     "load_balancer_sticky": _one_line("""After we scaled our shopping-cart service from three to eight instances
         behind HAProxy, about 8% of users report items vanishing from their cart and reappearing later. Carts are
         kept in each instance's memory, and HAProxy balances with roundrobin and no cookie."""),
+    "php_session_locks": _one_line("""Pages of our PHP 8.1 shop that load six AJAX widgets at once take 4 to 6
+        seconds for logged-in users but under a second for guests. Each widget endpoint is fast on its own, sessions
+        use the default file handler, and the timeline in the browser shows the widget requests finishing one after
+        another instead of in parallel."""),
+    "rabbitmq_backlog": _one_line("""The order-confirmation queue on RabbitMQ 3.12 grows to 400,000 messages every
+        evening and drains only by morning, so emails arrive hours late. Three consumers run with prefetch_count set
+        to 1, each message makes one HTTP call to the email provider that takes about 300 ms, and the consumers' CPU
+        stays below 5%."""),
+    "swift_retain_cycle": _one_line("""Memory in our iOS app grows by about 30 MB every time a user opens and closes
+        the chat screen, and after ten visits the app is killed. Instruments shows every chat view controller still
+        alive after it is dismissed; the controller subscribes to a message publisher with a closure that calls
+        self.reload()."""),
+    "postgres_lock_migration": _one_line("""A database migration that added a column with a default value to the
+        orders table, 80 million rows on PostgreSQL 10, took the whole site down for 25 minutes at 11:00 on a
+        weekday. During that time every query on the table waited, and pg_stat_activity showed them blocked behind
+        the ALTER TABLE."""),
+    "java_timezone_tests": _one_line("""Our Java 21 build passes on every developer laptop in Berlin but fails in CI
+        on GitHub-hosted runners with three assertion errors in the invoice tests, each one hour off. The tests
+        build dates with LocalDateTime.now() and compare them with values parsed from fixed strings such as
+        "2024-03-31T02:30"."""),
+    "cdn_stale_assets": _one_line("""After each deploy, about one user in twenty sees a broken page for up to an
+        hour: the new HTML loads but the browser console shows errors from the old JavaScript bundle. Our bundles
+        are served through a CDN as app.js and app.css without a content hash in the name, with a cache lifetime
+        of one hour."""),
+    "airflow_backfill": _one_line("""After we changed the start_date of an Airflow 2.7 DAG to fix a typo, the
+        scheduler launched 340 runs at once, one for every day since the new date, and overloaded the warehouse for
+        most of a morning. Catchup was left at its default, and the DAG runs a heavy aggregation query for each
+        day."""),
+    "unicode_username_dupes": _one_line("""Two customers of our Ruby on Rails 7 app ended up sharing one account:
+        both signed up as "José", one typed on a Mac and one on Windows, and the login looks users up by the
+        exact name. Support has found 45 such pairs, and the uniqueness validation on the name column never
+        fired."""),
 }
 DEBUG_CONTEXTS: dict[str, str] = {
     "new_to_code": "I am new to this codebase, so please spell out each step.",
@@ -553,6 +585,33 @@ SCENARIOS: dict[str, tuple[str, dict[str, str]]] = {
                      {"sea_delays": "sea shipments run two weeks late a third of the time",
                       "rail_discount": "rail offers $5,000 per container for 12 or more a year",
                       "value_120k": "each container's stock is worth $120,000"}),
+    "print_shop_machine": ("""A print shop turns away about 30 large-format jobs a month, each worth $120 in revenue
+        at a 55% margin. A large-format printer costs $18,000, or $650 a month to lease for three years, plus $200 a
+        month in maintenance. Running it needs about 40 hours of staff time a month at $24 an hour.""",
+                           {"jobs_45": "demand turns out to be 45 jobs a month",
+                            "margin_40": "the margin falls to 40% because of ink prices",
+                            "resale": "the bought printer can be resold for $6,000 after three years"}),
+    "team_meeting_time": ("""A team of eight spread over San Francisco (three people), New York (two), London (two)
+        and Bangalore (one) needs one weekly hour-long meeting. Everyone works 09:00 to 17:00 local time, nobody
+        should meet before 08:00 or after 20:00 local time, and the pain of an early or late slot should be shared
+        over a month.""",
+                          {"bangalore_two": "a second engineer joins in Bangalore",
+                           "no_sf_early": "the San Francisco staff refuse anything before 09:00",
+                           "two_meetings": "the team may split into two half-hour meetings"}),
+    "car_choice": ("""A family drives 14,000 km a year and must replace its car. A petrol car costs $24,000 and uses
+        7 litres per 100 km at $1.90 a litre, with $900 a year of servicing. An electric car costs $33,000, uses 17 kWh
+        per 100 km at $0.22 per kWh charged at home, with $400 a year of servicing. They keep cars for eight
+        years.""",
+                   {"km_22000": "they drive 22,000 km a year",
+                    "grant": "a $4,000 government grant applies to the electric car",
+                    "public_charging": "half the charging has to be done at public chargers at $0.55 per kWh"}),
+    "support_tooling": ("""A support team of 12 answers 6,000 tickets a month with an average handling time of 9
+        minutes. A chatbot subscription costs $2,400 a month and the vendor claims it resolves 30% of tickets without
+        an agent; agents cost $34 an hour fully loaded. Tickets the chatbot fails on take agents 2 minutes longer
+        because customers arrive annoyed.""",
+                        {"resolve_15": "the chatbot actually resolves only 15% of tickets",
+                         "tickets_9000": "ticket volume grows to 9,000 a month",
+                         "price_3600": "the vendor raises the price to $3,600 a month"}),
 }
 REASONING_ASKS: dict[str, str] = {
     "steps": "Reason step by step and show the numbers at each step, then state your answer in one sentence. "
@@ -910,6 +969,31 @@ DOCUMENTS: dict[str, str] = {
     "grant_progress_report": """a one-page progress report to the Lindell Foundation on a $25,000 grant for an
         after-school coding club: 64 pupils enrolled against a target of 50, attendance averaged 81%, two volunteer
         teachers left and were replaced, and $9,200 remains for the second term.""",
+    "delay_apology": """an email to a client, Mr Tomas Berg, apologising that the website redesign his firm ordered
+        will be delivered on 18 October instead of 4 October because the payment integration failed security
+        testing; the home and product pages are ready for review now; there is no extra charge, and a 10% discount
+        applies to the next invoice.""",
+    "job_ad_warehouse": """a job advertisement for a warehouse team leader at Northgate Logistics: permanent, full
+        time, $52,000 a year, early shifts from 06:00 to 14:30 Monday to Friday; leading a team of twelve; a forklift
+        licence is needed and training for the rest is given; apply by 30 November with a short CV.""",
+    "scholarship_letter": """a letter telling Aisha Rahman that she has won the Hartley Engineering Scholarship of
+        $4,000 a year for three years; she must keep an average grade of B or higher, attend one mentoring meeting
+        a term, and confirm her acceptance by 15 August.""",
+    "parking_rule_change": """a notice to staff of Greenfield Hospital: from 1 March the staff car park is for
+        permit holders only; permits cost $15 a month, taken from salary; night-shift staff park free; applications
+        open on 1 February on the staff portal; cars without a permit will be fined $60.""",
+    "survey_results_summary": """a summary for the whole company of the annual staff survey: 412 of 530 staff
+        answered; 78% would recommend the company as a place to work, up from 71%; the lowest score was for career
+        development at 52%; the leadership team will publish an action plan by the end of next month.""",
+    "tenant_rent_increase": """a letter from a landlord to the tenants of 22 Harbour Street, Flat 5, raising the
+        rent from $1,150 to $1,210 a month from 1 September, giving the reasons (a 9% rise in building insurance and
+        new double glazing), and stating that the tenants may discuss it or give notice under the lease.""",
+    "newsletter_library": """a short newsletter item for the Eastvale Library: from 1 May the library lends laptops
+        for up to two weeks to anyone with a library card; 20 laptops are available; they can be reserved online
+        or at the desk, and a late return costs $2 a day.""",
+    "supplier_complaint": """a complaint to the supplier PackRight about three deliveries in a row of cardboard
+        boxes that arrived crushed (orders 5521, 5578 and 5610, about 15% of boxes unusable); ask for credit of $840
+        and for the pallets to be wrapped, and say that the contract will be reviewed in January.""",
 }
 STYLE_RULES: dict[str, str] = {
     "under_200": "Keep it under 200 words.",
@@ -1087,6 +1171,25 @@ SPECS: dict[str, str] = {
     "priority_tasks": """a class TaskQueue where tasks have a priority from 1 to 5 and a due time, with push(task),
         pop() returning the most urgent task (highest priority first, then earliest due time, then the order
         pushed), and peek_overdue(now) listing every task already past its due time without removing it.""",
+    "luhn_check": """a function valid_card_number(text) that checks a card number with the Luhn algorithm. Spaces
+        and dashes between groups are allowed and ignored, any other character makes the number invalid, and only
+        numbers of 12 to 19 digits are accepted. Examples: "4539 1488 0343 6467" is valid; "8273 1232 7352 0569" is
+        not.""",
+    "moving_average": """a class MovingAverage(window) with add(value) that returns the average of the last window
+        values added so far (fewer at the start), in constant time per call. It must reject a window smaller than
+        1 and values that are not finite numbers.""",
+    "balanced_brackets": """a function first_unbalanced(text) that checks round, square and curly brackets and
+        returns the position of the first bracket that has no partner, or None when all are balanced. Brackets
+        inside double-quoted strings are ignored, and a backslash escapes the next character inside a string.""",
+    "date_ranges": """a function merge_bookings(bookings) that takes hotel bookings as (room, check-in date,
+        check-out date) and returns, for each room, the merged occupied ranges, treating a check-out and a check-in
+        on the same day as back to back, not overlapping. A booking that ends before it starts raises an error.""",
+    "template_render": """a function render(template, values) for templates such as "Hello {{ name }}, you have {{
+        count }} new messages". Unknown names raise an error that names them, a backslash before "{{" writes the
+        braces literally, and whitespace inside the braces is ignored.""",
+    "top_k_words_stream": """a class TopWords(k) that reads text in chunks through feed(chunk), where a word may be
+        split across two chunks, and returns the k most frequent words so far through top(), ignoring case and ties
+        broken alphabetically.""",
 }
 CODE_LANGUAGES: dict[str, str] = {
     "python": "Python", "typescript": "TypeScript", "go": "Go", "rust": "Rust", "java": "Java",
@@ -1169,6 +1272,17 @@ SYSTEMS: dict[str, str] = {
                      "without a deploy",
     "invoice_processing": "a service that receives supplier invoices by email, extracts their fields and matches them "
                           "to purchase orders for approval",
+    "food_delivery": "a food-delivery platform where customers order from restaurants and couriers pick up and "
+                     "deliver the orders",
+    "event_ticketing": "a ticketing system for a theatre chain that sells numbered seats and must never sell the same "
+                       "seat twice",
+    "home_energy_app": "an app that shows households their live energy use from a smart plug and suggests cheaper "
+                       "times to run appliances",
+    "research_data_portal": "a portal where a university's researchers upload large data sets, share them with "
+                            "colleagues and cite them",
+    "gym_membership": "a membership and class-booking system for a chain of gyms, with door access by phone",
+    "car_rental": "a car-rental booking system with branches, vehicle availability, pick-up and return, and damage "
+                  "reports",
 }
 DESIGN_SCALES: dict[str, str] = {
     "small_team": "about 2,000 daily users, peaks of 30 requests per second and 20 GB of data growing 1 GB a month, "
