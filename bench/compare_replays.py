@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dspark.training.calibration import acceptance_per_position
 from runners.eval_drafter import bootstrap_interval
 
 
@@ -35,13 +36,6 @@ def load_replay(path: str | Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"{path}: not a runners.calibrate replay cache (no replay with accept_length, accepted, "
                          f"seq_index and anchor)")
     return replay
-
-
-def position_acceptance(accepted: np.ndarray) -> list[float | None]:
-    """Acceptance at each block position among the blocks that reach it (every earlier draft accepted)."""
-    reached = np.cumprod(np.concatenate([np.ones((len(accepted), 1)), accepted[:, :-1]], axis=1), axis=1) > 0
-    return [float(accepted[reached[:, k], k].mean()) if reached[:, k].any() else None
-            for k in range(accepted.shape[1])]
 
 
 def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], resamples: int = 2000,
@@ -62,8 +56,8 @@ def compare(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], resamples: i
 
     out: dict[str, object] = {"blocks": int(len(la)), "sequences": int(len(sequences)),
                               "accept_length": {"A": float(la.mean()), "B": float(lb.mean())},
-                              "position_acceptance": {"A": position_acceptance(a["accepted"].numpy()),
-                                                      "B": position_acceptance(b["accepted"].numpy())},
+                              "position_acceptance": {"A": acceptance_per_position(a["accepted"].double()),
+                                                      "B": acceptance_per_position(b["accepted"].double())},
                               "change": float(change(sum_a, sum_b))}
     if np.allclose(sum_b, sum_a * (1.0 + out["change"]), rtol=0.0, atol=1e-9):
         # every sequence changed by the same ratio: every resample reads the change itself (BCa is undefined there)

@@ -572,6 +572,13 @@ def reached_cells(accepted: Tensor) -> Tensor:
     return torch.cat([torch.ones(accepted.shape[0], 1, dtype=torch.bool), survived[:, :-1].bool()], dim=1)
 
 
+def acceptance_per_position(accepted: Tensor) -> list[float | None]:
+    """Per position, the acceptance among the blocks that reached it (:func:`reached_cells`); None where none did."""
+    reached = reached_cells(accepted)
+    count, accepted_at = reached.sum(0), (accepted * reached).sum(0)
+    return [float(accepted_at[k] / count[k]) if count[k] > 0 else None for k in range(accepted.shape[1])]
+
+
 def conditional_auc(scores: Any, accepted: Any) -> dict[str, Any]:
     """How well ``scores`` [M, G] (any per-slot confidence; only their order matters) rank acceptance: per
     position k, the AUC of scores[:, k] against acceptance of k among the rows that reached k
@@ -616,9 +623,7 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biase
     after = cumulative_survival(z, t, b, **fused)
     ece_before = [float(_ece_rows(before[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
     ece_after = [float(_ece_rows(after[:, k][None], survived[:, k], n_bins)[0]) for k in range(g)]
-    reached = reached_cells(a)
-    reached_count = reached.sum(0)
-    accepted_at = (a * reached).sum(0)
+    reached_count = reached_cells(a).sum(0)
     extra: dict[str, Any] = {}
     if b is not None:
         extra["biases"] = [float(v) for v in b]
@@ -641,8 +646,7 @@ def calibration_report(conf_logits: Any, accepted: Any, temperatures: Any, biase
         "temperatures": [float(v) for v in t],
         **extra,
         "reached_per_position": [int(v) for v in reached_count],
-        "acceptance_per_position": [float(accepted_at[k] / reached_count[k]) if reached_count[k] > 0 else None
-                                    for k in range(g)],
+        "acceptance_per_position": acceptance_per_position(a),
         **discrimination,
         "ece_before_per_position": ece_before,
         "ece_after_per_position": ece_after,
@@ -956,7 +960,7 @@ __all__ = [
     "STS_TOP_GAP_METHOD",
     "TEMPERATURES_FILE", "bias_grid", "bootstrap_ece", "calibration_dir", "calibration_method",
     "calibration_method_of", "calibrated_confidence", "calibration_report", "conditional_auc", "cumulative_survival",
-    "reached_cells",
+    "reached_cells", "acceptance_per_position",
     "expected_calibration_error", "fit_max_prob_calibration", "fit_top_gap_calibration",
     "fit_sequential_temperatures", "fit_sequential_temperatures_biases", "load_calibration", "load_temperatures",
     "reliability_plot", "roc_auc", "save_temperatures", "split_sequences", "survival_indicator", "temperature_grid",
