@@ -41,6 +41,10 @@
 # holds more than PER_SOURCE, and other samples of the same ones). SKIP_EVAL=1: the finish phase ships without
 # evaluating (bench/h200_heldout_eval.sh DRAFTER=$WORK/ship then evaluates it on larger samples).
 #
+# MORE_DATA="DIR...": one stage from several recipes. Each DIR is the data/ folder of another data call on this
+# machine (its own WORK, e.g. SOURCES=[scenario_requests] with exclude_prompts=, prompts new to the drafter); training
+# reads its train_*.safetensors after this WORK's, and the shipped record (and RETURN_WEIGHTS's) holds its prompts.
+#
 # TRAIN_ARGS: further runners.train_drafter settings for every run, e.g. "train.head_only=true
 # train.conf_target=greedy" (with INIT_FROM: the shipped drafter's confidence head trained again alone, its drafts
 # unchanged; bench/h200_calibration.sh DRAFTER=... then calibrates it).
@@ -131,6 +135,20 @@ tag() { if (( NPARTS > 1 )); then echo "${1}p${2}"; else echo "$1"; fi; }  # tag
 all_parts() { for ((i = 0; i < NSHARDS; i++)); do for ((j = 0; j < NPARTS; j++)); do echo "$i $j"; done; done; }
 data_file() { echo "$WORK/data/train_$(tag $1 $2).safetensors"; }
 DATA_LIST=$(all_parts | while read -r i j; do data_file $i $j; done | paste -sd, | sed 's/^/[/; s/$/]/')
+# RECORD_DIRS: the folders whose data training reads, each file beside its prompt record (MORE_DATA's after $WORK/data)
+RECORD_DIRS=$(realpath -m "$WORK/data")
+for dir in ${MORE_DATA:-}; do
+  [[ -d "$dir" ]] || { echo "MORE_DATA: no folder $dir"; exit 2; }
+  dir=$(realpath "$dir")
+  [[ " $RECORD_DIRS " != *" $dir "* ]] || { echo "MORE_DATA: $dir is already read (this WORK's data or twice)"; exit 2; }
+  more=$(compgen -G "$dir/train_*.safetensors" | sort)
+  [[ -n "$more" ]] || { echo "MORE_DATA: no train_*.safetensors in $dir (a data call's WORK/data folder)"; exit 2; }
+  for f in $more; do  # without its record the shipped drafter would not list those prompts: calibration could meet them
+    [[ -f "${f%.safetensors}.prompts.json" ]] || { echo "MORE_DATA: $f has no prompt record beside it"; exit 2; }
+  done
+  DATA_LIST="${DATA_LIST%]},$(paste -sd, <<< "$more")]"
+  RECORD_DIRS+=" $dir"
+done
 
 SITE="$WORK/site"
 if [[ -n "${RESTORE:-}" ]]; then
@@ -239,6 +257,7 @@ if has train; then
     train.time_budget_s=$T_TRAIN train.progress=false train.log_every=25 drafter_arch.markov_rank=${MARKOV_RANK:-32}
     ${STOP_AT:+stop_at_step=$STOP_AT} ${TRAIN_ARGS:-}
     ${LR:+train.lr=$LR} ${ANCHORS:+train.anchors_per_seq=$ANCHORS} ${GROW_LAYERS:+drafter_arch.num_layers=$GROW_LAYERS}"
+  echo "training data: $DATA_LIST"
   # the data files DATA_LIST names (SHARDS and PARTS as the data call set them) must all be here
   missing=$(all_parts | while read -r i j; do [[ -f "$(data_file $i $j)" ]] || basename "$(data_file $i $j)"; done)
   if [[ -n "$missing" ]]; then
@@ -275,7 +294,13 @@ if has train; then
     [[ -d "$WORK/run_$style/final" ]] || { echo "RETURN_WEIGHTS: no $WORK/run_$style/final"; continue; }
     returned="$WORK/returned_$style"; rm -rf "$returned"; mkdir -p "$returned/prompts"
     cp -r "$WORK/run_$style/final" "$returned/"
-    cp "$WORK"/data/*.prompts.json "$returned/prompts/" 2>/dev/null
+    k=0
+    for dir in $RECORD_DIRS; do  # MORE_DATA's records prefixed, since every data call names its files alike
+      for f in "$dir"/*.prompts.json; do
+        [[ -f "$f" ]] && cp "$f" "$returned/prompts/$( (( k > 0 )) && echo "more${k}_")$(basename "$f")"
+      done
+      k=$((k + 1))
+    done
     bash "$ROOT/bench/carry_state.sh" pack "$returned" "final_$style" "$OUT" && rm -rf "$returned"
   done
 fi
@@ -311,7 +336,7 @@ shutil.rmtree(dst, ignore_errors=True)
 d.save(dst, max_shard_bytes=15 * 1024 * 1024)
 # the prompts it trained on (every data shard's record, merged): calibration and evaluation data stay disjoint
 from runners.make_training_data import SHIPPED_RECORD, load_prompt_record, write_prompt_record
-records = [load_prompt_record(str(p)) for p in sorted(Path(sys.argv[3]).glob("*.prompts.json"))]
+records = [load_prompt_record(str(p)) for d in sys.argv[3:] for p in sorted(Path(d).glob("*.prompts.json"))]
 if records:
     per_source = {}
     for r in records:
@@ -321,12 +346,12 @@ if records:
                         {"shards": [r.get("recipe") for r in records]}, per_source)
 print("shipped", sorted(p.name for p in dst.iterdir()), sum(p.stat().st_size for p in dst.iterdir()))
 EOF
-python3 "$WORK/ship.py" "$WORK/run_dspark/final" "$WORK/ship" "$WORK/data" \
+python3 "$WORK/ship.py" "$WORK/run_dspark/final" "$WORK/ship" $RECORD_DIRS \
   || { echo "SHIP FAILED: no drafter to evaluate or send back (the log above says why)"; exit 6; }
 mkdir -p "$OUT/drafter"
 cp "$WORK"/ship/*.safetensors "$OUT/drafter/" 2>/dev/null
 if trained dflash; then
-  python3 "$WORK/ship.py" "$WORK/run_dflash/final" "$WORK/ship_dflash" "$WORK/data" \
+  python3 "$WORK/ship.py" "$WORK/run_dflash/final" "$WORK/ship_dflash" $RECORD_DIRS \
     || { echo "SHIP FAILED: the DFlash ablation (the log above says why)"; exit 6; }
   mkdir -p "$OUT/dflash"; cp "$WORK"/ship_dflash/*.safetensors "$OUT/dflash/" 2>/dev/null
   base="$WORK/ship_dflash"; base_name=dflash
