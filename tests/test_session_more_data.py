@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from session_script import run_session
-from test_session_finish import stage_with_model  # noqa: F401  (a fixture)
 
 
 def data_folder(folder: Path, records: dict[str, list[str]], bare: tuple[str, ...] = ()) -> Path:
@@ -64,7 +63,7 @@ def test_a_train_call_reads_this_works_data_then_every_more_data_folders(tmp_pat
     assert f"training data: [{','.join(map(str, files))}]" in done.stdout
 
 
-def test_the_shipped_record_holds_every_folders_prompts(tmp_path, stage_with_model):  # noqa: F811
+def test_the_shipped_record_holds_every_folders_prompts(tmp_path, stage_with_model):
     from runners.common import resolve_drafter_path
 
     work = tmp_path / "work"
