@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from session_script import run_session as session
+from session_script import data_folder, run_session as session
 
 
 @pytest.mark.parametrize("env, code, message", [
@@ -35,10 +35,7 @@ def test_the_ablation_settings_are_accepted(tmp_path, env):
 
 
 def fake_data(tmp_path, *tags: str) -> None:
-    data = tmp_path / "work" / "data"
-    data.mkdir(parents=True)
-    for tag in tags:
-        (data / f"train_{tag}.safetensors").write_bytes(b"not read")
+    data_folder(tmp_path / "work" / "data", {}, bare=tags)
 
 
 def test_a_train_call_without_the_data_calls_parts_is_refused_with_the_files_it_found(tmp_path):

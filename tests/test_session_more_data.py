@@ -6,24 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from session_script import run_session
-
-
-def data_folder(folder: Path, records: dict[str, list[str]], bare: tuple[str, ...] = ()) -> Path:
-    """Data files named as a data call names them, each with a prompt record of ``records[tag]`` (``bare``: none)."""
-    from runners.make_training_data import write_prompt_record
-
-    folder.mkdir(parents=True, exist_ok=True)
-    for tag, ids in records.items():
-        (folder / f"train_{tag}.safetensors").write_bytes(b"not read")
-        write_prompt_record(folder / f"train_{tag}.prompts.json", ids, {"tag": tag}, {"poetry": len(ids)})
-    for tag in bare:
-        (folder / f"train_{tag}.safetensors").write_bytes(b"not read")
-    return folder
+from session_script import data_folder, run_session
 
 
 @pytest.mark.parametrize("case, message", [
