@@ -87,9 +87,10 @@ start=$(date +%s)
 stamp() { echo "=== [$(( $(date +%s) - start ))s] $*"; }
 
 if [[ "${SMOKE:-0}" == 1 ]]; then
-  ENGINE=cpu; EVAL_ENGINE=cpu; DEV=cpu; DTYPE=float32; PER_SOURCE=2; SAMPLES="{poetry: 2}"; MAXTOK=24; STEPS=6; BATCH=2
-  EVAL_PROMPTS=1; EVAL_TOK=16; DATA_SEQS=8; GPUS=${GPUS:-2}; HOLDOUT=0.2
-  T_DATA=${T_DATA:-400}; T_TRAIN=${T_TRAIN:-60}; T_EVAL=400; T_CAL=300; SOURCES="[poetry,stdlib_prose,hard_questions]"
+  ENGINE=cpu; EVAL_ENGINE=cpu; DEV=cpu; DTYPE=float32; PER_SOURCE=2; SAMPLES=${SAMPLES:-"{poetry: 2}"}; MAXTOK=24
+  STEPS=6; BATCH=2; EVAL_PROMPTS=1; EVAL_TOK=16; DATA_SEQS=8; GPUS=${GPUS:-2}; HOLDOUT=0.2
+  T_DATA=${T_DATA:-400}; T_TRAIN=${T_TRAIN:-60}; T_EVAL=400; T_CAL=300
+  SOURCES=${SOURCES:-"[poetry,stdlib_prose,hard_questions]"}
 else
   ENGINE=h200_graphs; EVAL_ENGINE=h200; DEV=cuda; DTYPE=bfloat16; PER_SOURCE=${PER_SOURCE:-null}; MAXTOK=256
   STEPS=${STEPS:-4500}; BATCH=${BATCH:-32}; EVAL_PROMPTS=${EVAL_PROMPTS:-16}; EVAL_TOK=192; DATA_SEQS=${DATA_SEQS:-256}
@@ -98,6 +99,10 @@ else
   SOURCES=${SOURCES:-"[agentic,poetry,arena_hard,stdlib_prose,hard_questions,tool_calls,chat_followups]"}
 fi
 SAMPLES=${SAMPLES:-"{agentic: 4, stdlib_prose: 4, arena_hard: 8, hard_questions: 3, chat_followups: 2}"}
+# A long SAMPLES or SOURCES may be written over several lines; Hydra's override grammar takes no line break inside a
+# value, so every run of blanks and line breaks becomes one space
+fold() { local v; v=$(tr -s '[:space:]' ' ' <<< "$1"); v=${v# }; echo "${v% }"; }
+SAMPLES=$(fold "$SAMPLES"); SOURCES=$(fold "$SOURCES")
 PHASES=${PHASES:-"data train finish"}
 STYLES=${STYLES:-"dspark dflash"}
 INIT_FROM=${INIT_FROM:-}

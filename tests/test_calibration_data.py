@@ -59,6 +59,13 @@ SCENARIO_TRAIN_PROMPTS_AT_J = 7103  # scenario_requests' train split when data J
 DATA_J_PER_SOURCE = {"agentic": 1618, "arena_hard": 213, "chat_followups": 963, "hard_questions": 2972,
                      "poetry": 11971, "scenario_requests": 13039, "stdlib_prose": 280, "tool_calls": 2634,
                      "worked_problems": 2463}
+# The tenth continuation's data (M: J's recipe, seed 14, scenario_requests at 13,296 prompts, 10,665 of them in the
+# train split): data_0p{0,1}.log of bench/results/h100-2026-12-07-drafter21-long-stage-again.
+DATA_M_ADMITTED = [18160, 18055]
+DATA_M_REQUESTS = 70066
+DATA_M_PER_SOURCE = {"agentic": 1357, "arena_hard": 172, "chat_followups": 792, "hard_questions": 2595,
+                     "poetry": 10257, "scenario_requests": 16463, "stdlib_prose": 231, "tool_calls": 2308,
+                     "worked_problems": 2040}
 # The third run's record (data_shard{0,1}.log in ../h200-2026-11-30-drafter3): a time budget cut it.
 DRAFTER3_ADMITTED = [17143 - 14113, 17142 - 13949]
 DRAFTER3_SAMPLES = {"agentic": 4, "stdlib_prose": 4, "arena_hard": 8, "hard_questions": 3}
@@ -77,16 +84,18 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     most 5,000 prompts per source, every request admitted), then on a sixth (G: every train-split prompt of eight
     sources, seed 7, greedy first, every request admitted, in two parts), then on a seventh (H: G's sources and
     scenario_requests, seed 9, greedy first, a time budget admitting part of each part's requests), then on an
-    eighth (I: H's recipe with seed 10), then on a ninth (J: I's recipe with seed 11, scenario_requests grown). Its
-    record is a superset of all ten: the from-scratch record, E and G replay exactly, J's requests replay but for
-    the two sources read from the standard library, B's to J's ids are the records their machines wrote, and every
-    train-split prompt of the seven sources is in it (A's own ids were never written back)."""
+    eighth (I: H's recipe with seed 10), then on a ninth (J: I's recipe with seed 11, scenario_requests grown), then
+    on a tenth (M: J's recipe with seed 14, scenario_requests grown again). Its record is a superset of all eleven:
+    the from-scratch record, E and G replay exactly, J's and M's requests replay but for the two sources read from
+    the standard library, B's to M's ids are the records their machines wrote, and every train-split prompt of the
+    seven sources is in it (A's own ids were never written back)."""
     logs = ROOT / "bench/results/h200-2026-11-30-drafter4"
     if logs.is_dir():  # the numbers above are the logs'
         summary = json.loads((logs / "data_summary.txt").read_text())
         assert summary["per_source"] == SHIPPED_PER_SOURCE and summary["sequences"] == sum(SHIPPED_ADMITTED)
         assert [p["not_admitted"] for p in summary["info"]["parts"]] == [0, 0]
-    scratch, data_a, data_b, data_c, data_d, data_e, data_g, data_h, data_i, data_j = shipped["recipe"]["lineage"]
+    lineage = shipped["recipe"]["lineage"]
+    scratch, data_a, data_b, data_c, data_d, data_e, data_g, data_h, data_i, data_j, data_m = lineage
     recipe = scratch["recipe"]
     assert recipe["split"] == "train" and recipe["seed"] == 0 and recipe["num_prompts_per_source"] is None
     assert [s["admitted"] for s in recipe["shards"]] == SHIPPED_ADMITTED
@@ -174,12 +183,29 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     not_replayed = ("chat_followups", "stdlib_prose", "scenario_requests")
     assert sum(v for k, v in requests_j.items() if k not in not_replayed) == DATA_J_REQUESTS - sum(
         v for k, v in DATA_G_PER_SOURCE.items() if k in not_replayed[:2]) - 3 * SCENARIO_TRAIN_PROMPTS_AT_J
+    # M: J's recipe with seed 14, made when scenario_requests held 13,296 prompts (10,665 in the train split, as now):
+    # every request replays but for chat_followups' and stdlib_prose's (G's counts: both read the same Python)
+    parts_m = data_m["recipe"]["shards"]
+    assert [p["shards"][0]["part"] for p in parts_m] == ["0/2", "1/2"]
+    assert all(p["seed"] == 14 and p["num_prompts_per_source"] is None for p in parts_m)
+    assert all(p["sources"] == recipe_i["sources"] and p["samples_per_prompt"] == recipe_i["samples_per_prompt"]
+               for p in parts_m)
+    assert [p["shards"][0]["admitted"] for p in parts_m] == DATA_M_ADMITTED
+    assert sum(p["shards"][0]["requests"] for p in parts_m) == DATA_M_REQUESTS
+    assert sum(DATA_M_ADMITTED) == sum(DATA_M_PER_SOURCE.values())
+    replayed_m = mtd.collect_prompts(parts_m[0]["sources"], "train", None, 14)
+    requests_m = collections.Counter()
+    for src, _, _ in replayed_m:
+        requests_m[src] += parts_m[0]["samples_per_prompt"][src]
+    from_stdlib = ("chat_followups", "stdlib_prose")
+    assert sum(v for k, v in requests_m.items() if k not in from_stdlib) == DATA_M_REQUESTS - sum(
+        DATA_G_PER_SOURCE[k] for k in from_stdlib)
     scenarios = {pid for pid in trained if pid.startswith("scenario_requests/")}
     assert scenarios and all(split_of(pid) == "train" for pid in scenarios)
-    assert scenarios <= {pid for src, pid, _ in replayed_j if src == "scenario_requests"}
+    assert scenarios <= {pid for src, pid, _ in replayed_m if src == "scenario_requests"}
     _assert_never_evaluated(trained, ["scenario_requests"])
-    assert shipped["admitted_requests_per_source"]["scenario_requests"] == sum(
-        d["scenario_requests"] for d in (DATA_H_PER_SOURCE, DATA_I_PER_SOURCE, DATA_J_PER_SOURCE))  # none before H
+    assert shipped["admitted_requests_per_source"]["scenario_requests"] == sum(d["scenario_requests"] for d in (
+        DATA_H_PER_SOURCE, DATA_I_PER_SOURCE, DATA_J_PER_SOURCE, DATA_M_PER_SOURCE))  # none before H
 
 
 def _assert_never_evaluated(ids: set[str], sources: list[str]) -> None:
