@@ -166,37 +166,16 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     # J: I's recipe with seed 11, made when scenario_requests held 8,916 prompts (7,103 in the train split; the source
     # has grown since, keeping every id); the other pools replay its requests but for chat_followups' and
     # stdlib_prose's, read from this Python's standard library
-    parts_j = data_j["recipe"]["shards"]
-    assert [p["shards"][0]["part"] for p in parts_j] == ["0/2", "1/2"]
-    assert all(p["seed"] == 11 and p["num_prompts_per_source"] is None for p in parts_j)
     recipe_i = data_i["recipe"]["shards"][0]
-    assert all(p["sources"] == recipe_i["sources"] and p["samples_per_prompt"] == recipe_i["samples_per_prompt"]
-               for p in parts_j)
-    assert [p["shards"][0]["admitted"] for p in parts_j] == DATA_J_ADMITTED
-    assert sum(p["shards"][0]["requests"] for p in parts_j) == DATA_J_REQUESTS
-    assert sum(DATA_J_ADMITTED) == sum(DATA_J_PER_SOURCE.values())
-    replayed_j = mtd.collect_prompts(parts_j[0]["sources"], "train", None, 11)
-    requests_j = collections.Counter()
-    for src, _, _ in replayed_j:
-        requests_j[src] += parts_j[0]["samples_per_prompt"][src]
+    _, requests_j = _two_budgeted_parts(data_j, 11, recipe_i, DATA_J_ADMITTED, DATA_J_REQUESTS, DATA_J_PER_SOURCE)
     assert requests_j["scenario_requests"] >= 3 * SCENARIO_TRAIN_PROMPTS_AT_J
     not_replayed = ("chat_followups", "stdlib_prose", "scenario_requests")
     assert sum(v for k, v in requests_j.items() if k not in not_replayed) == DATA_J_REQUESTS - sum(
         v for k, v in DATA_G_PER_SOURCE.items() if k in not_replayed[:2]) - 3 * SCENARIO_TRAIN_PROMPTS_AT_J
     # M: J's recipe with seed 14, made when scenario_requests held 13,296 prompts (10,665 in the train split, as now):
     # every request replays but for chat_followups' and stdlib_prose's (G's counts: both read the same Python)
-    parts_m = data_m["recipe"]["shards"]
-    assert [p["shards"][0]["part"] for p in parts_m] == ["0/2", "1/2"]
-    assert all(p["seed"] == 14 and p["num_prompts_per_source"] is None for p in parts_m)
-    assert all(p["sources"] == recipe_i["sources"] and p["samples_per_prompt"] == recipe_i["samples_per_prompt"]
-               for p in parts_m)
-    assert [p["shards"][0]["admitted"] for p in parts_m] == DATA_M_ADMITTED
-    assert sum(p["shards"][0]["requests"] for p in parts_m) == DATA_M_REQUESTS
-    assert sum(DATA_M_ADMITTED) == sum(DATA_M_PER_SOURCE.values())
-    replayed_m = mtd.collect_prompts(parts_m[0]["sources"], "train", None, 14)
-    requests_m = collections.Counter()
-    for src, _, _ in replayed_m:
-        requests_m[src] += parts_m[0]["samples_per_prompt"][src]
+    replayed_m, requests_m = _two_budgeted_parts(data_m, 14, recipe_i, DATA_M_ADMITTED, DATA_M_REQUESTS,
+                                                 DATA_M_PER_SOURCE)
     from_stdlib = ("chat_followups", "stdlib_prose")
     assert sum(v for k, v in requests_m.items() if k not in from_stdlib) == DATA_M_REQUESTS - sum(
         DATA_G_PER_SOURCE[k] for k in from_stdlib)
@@ -206,6 +185,26 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     _assert_never_evaluated(trained, ["scenario_requests"])
     assert shipped["admitted_requests_per_source"]["scenario_requests"] == sum(d["scenario_requests"] for d in (
         DATA_H_PER_SOURCE, DATA_I_PER_SOURCE, DATA_J_PER_SOURCE, DATA_M_PER_SOURCE))  # none before H
+
+
+def _two_budgeted_parts(entry: dict, seed: int, recipe: dict, admitted: list[int], requests: int,
+                        per_source: dict[str, int]) -> tuple[list, collections.Counter]:
+    """A lineage entry answered by two processes (part=j/2) on ``recipe``'s sources and samples with ``seed``, each
+    cut by a time budget: its records hold the admitted requests per part and the requests of its logs. Returns
+    its train-split prompts replayed in this checkout and the requests per source they make."""
+    parts = entry["recipe"]["shards"]
+    assert [p["shards"][0]["part"] for p in parts] == ["0/2", "1/2"]
+    assert all(p["seed"] == seed and p["num_prompts_per_source"] is None for p in parts)
+    assert all(p["sources"] == recipe["sources"] and p["samples_per_prompt"] == recipe["samples_per_prompt"]
+               for p in parts)
+    assert [p["shards"][0]["admitted"] for p in parts] == admitted
+    assert sum(p["shards"][0]["requests"] for p in parts) == requests
+    assert sum(admitted) == sum(per_source.values())  # one sequence per admitted request
+    replayed = mtd.collect_prompts(recipe["sources"], "train", None, seed)
+    counts: collections.Counter = collections.Counter()
+    for src, _, _ in replayed:
+        counts[src] += recipe["samples_per_prompt"][src]
+    return replayed, counts
 
 
 def _assert_never_evaluated(ids: set[str], sources: list[str]) -> None:
