@@ -101,8 +101,8 @@ fi
 SAMPLES=${SAMPLES:-"{agentic: 4, stdlib_prose: 4, arena_hard: 8, hard_questions: 3, chat_followups: 2}"}
 # A long SAMPLES or SOURCES may be written over several lines; Hydra's override grammar takes no line break inside a
 # value, so every run of blanks and line breaks becomes one space
-fold() { local v; v=$(tr -s '[:space:]' ' ' <<< "$1"); v=${v# }; echo "${v% }"; }
-SAMPLES=$(fold "$SAMPLES"); SOURCES=$(fold "$SOURCES")
+one_line() { local v; v=$(tr -s '[:space:]' ' ' <<< "$1"); v=${v# }; echo "${v% }"; }
+SAMPLES=$(one_line "$SAMPLES"); SOURCES=$(one_line "$SOURCES")
 PHASES=${PHASES:-"data train finish"}
 STYLES=${STYLES:-"dspark dflash"}
 INIT_FROM=${INIT_FROM:-}
