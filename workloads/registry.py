@@ -13,6 +13,7 @@ from .agentic import AgenticWorkload
 from .arena_hard import ArenaHardWorkload
 from .base import Workload, WorkloadError, WorkloadSpec
 from .chat_followups import ChatFollowupsWorkload
+from .code_debugging import CodeDebuggingWorkload
 from .custom import CustomWorkload
 from .hard_questions import HardQuestionsWorkload
 from .mixed_chat import MixedChatWorkload
@@ -26,7 +27,7 @@ WORKLOADS: dict[str, type[Workload]] = {
     cls.NAME: cls
     for cls in (AgenticWorkload, PoetryWorkload, ArenaHardWorkload, CustomWorkload, StdlibProseWorkload,
                 HardQuestionsWorkload, MixedChatWorkload, ToolCallsWorkload,
-                ChatFollowupsWorkload, WorkedProblemsWorkload, ScenarioRequestsWorkload)
+                ChatFollowupsWorkload, WorkedProblemsWorkload, ScenarioRequestsWorkload, CodeDebuggingWorkload)
 }
 
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -67,6 +68,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "scenario_requests": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
                           "max_tokens": 512, "split": "train", "path": None, "greedy_replica_count": 0,
                           "repeat": 1},
+    # Drafter-training material only: buggy snippets beyond worked_problems' own, asked in more ways (long answers).
+    "code_debugging": {"num_prompts": None, "seed": 0, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                       "max_tokens": 512, "split": "train", "path": None, "greedy_replica_count": 0, "repeat": 1},
 }
 
 

@@ -74,13 +74,14 @@ class Snippet:
         return FENCES[self.language]
 
 
-def _snippet(language: str, symptom: str, code: str) -> Snippet:
+def snippet(language: str, symptom: str, code: str) -> Snippet:
+    """A :class:`Snippet` with ``code`` dedented and stripped of its surrounding blank lines."""
     return Snippet(language, symptom, textwrap.dedent(code).strip("\n"))
 
 
 SNIPPETS: dict[str, Snippet] = {
     # Python
-    "py_window_off_by_one": _snippet("Python", "should return the sum of every run of k consecutive values, but "
+    "py_window_off_by_one": snippet("Python", "should return the sum of every run of k consecutive values, but "
                                      "window_sums([1, 2, 3, 4], 2) returns [3, 5] instead of [3, 5, 7]", """
         def window_sums(values, k):
             sums = []
@@ -88,7 +89,7 @@ SNIPPETS: dict[str, Snippet] = {
                 sums.append(sum(values[start:start + k]))
             return sums
         """),
-    "py_mutable_default": _snippet("Python", "should start a fresh guest list unless one is passed in, but the "
+    "py_mutable_default": snippet("Python", "should start a fresh guest list unless one is passed in, but the "
                                    "second call prints ['Ann', 'Bob'] instead of ['Bob']", """
         def add_guest(name, guests=[]):
             guests.append(name.strip().title())
@@ -98,7 +99,7 @@ SNIPPETS: dict[str, Snippet] = {
         second_party = add_guest("bob")
         print(second_party)
         """),
-    "py_progress_int_division": _snippet("Python", "should draw a progress bar that fills up gradually, but the bar "
+    "py_progress_int_division": snippet("Python", "should draw a progress bar that fills up gradually, but the bar "
                                          "stays completely empty until the very last item is done", """
         def progress_bar(done, total, width=20):
             filled = done // total * width
@@ -107,7 +108,7 @@ SNIPPETS: dict[str, Snippet] = {
         for done in range(0, 101, 25):
             print(progress_bar(done, 100))
         """),
-    "py_missing_await": _snippet("Python", "should add up the value of a portfolio, but it fails with "
+    "py_missing_await": snippet("Python", "should add up the value of a portfolio, but it fails with "
                                  "\"TypeError: unsupported operand type(s) for *: 'coroutine' and 'int'\" and a "
                                  "warning that a coroutine was never awaited", """
         import asyncio
@@ -125,12 +126,12 @@ SNIPPETS: dict[str, Snippet] = {
 
         print(asyncio.run(portfolio_value({"ACME": 10, "GLOBEX": 3})))
         """),
-    "py_late_binding": _snippet("Python", "should build functions that multiply by 1, 2 and 3, but it prints "
+    "py_late_binding": snippet("Python", "should build functions that multiply by 1, 2 and 3, but it prints "
                                 "[30, 30, 30] instead of [10, 20, 30]", """
         scalers = [lambda x: x * n for n in range(1, 4)]
         print([scale(10) for scale in scalers])
         """),
-    "py_lock_not_released": _snippet("Python", "should record events from several threads, but after the first "
+    "py_lock_not_released": snippet("Python", "should record events from several threads, but after the first "
                                      "event without an id every later call to record hangs forever", """
         import threading
 
@@ -144,7 +145,7 @@ SNIPPETS: dict[str, Snippet] = {
             events.append(event)
             lock.release()
         """),
-    "py_is_vs_equals": _snippet("Python", "should recognise administrators, but it returns False for every user "
+    "py_is_vs_equals": snippet("Python", "should recognise administrators, but it returns False for every user "
                                 "loaded from the JSON file, although a test that builds the dict by hand passes", """
         import json
 
@@ -155,7 +156,7 @@ SNIPPETS: dict[str, Snippet] = {
             users = json.load(f)
         admins = [u["name"] for u in users if is_admin(u)]
         """),
-    "py_dict_mutation": _snippet("Python", "should drop expired sessions, but it crashes with "
+    "py_dict_mutation": snippet("Python", "should drop expired sessions, but it crashes with "
                                  "\"RuntimeError: dictionary changed size during iteration\"", """
         def drop_expired(sessions, now):
             for token, expires_at in sessions.items():
@@ -163,7 +164,7 @@ SNIPPETS: dict[str, Snippet] = {
                     del sessions[token]
             return sessions
         """),
-    "py_float_equality": _snippet("Python", "should report that ten payments of 0.10 settle a bill of 1.00, but it "
+    "py_float_equality": snippet("Python", "should report that ten payments of 0.10 settle a bill of 1.00, but it "
                                   "prints \"still owing 1.1102230246251565e-16\"", """
         owed = 1.0
         paid = 0.0
@@ -174,7 +175,7 @@ SNIPPETS: dict[str, Snippet] = {
         else:
             print("still owing", owed - paid)
         """),
-    "py_generator_reused": _snippet("Python", "should count the rows and then process each one, but process is "
+    "py_generator_reused": snippet("Python", "should count the rows and then process each one, but process is "
                                     "never called although the count is correct", """
         def parse_rows(lines):
             return (line.rstrip("\\n").split(",") for line in lines if line.strip())
@@ -185,7 +186,7 @@ SNIPPETS: dict[str, Snippet] = {
             for row in rows:
                 process(row)
         """),
-    "py_default_now": _snippet("Python", "should stamp each log line with the time it was written, but every line "
+    "py_default_now": snippet("Python", "should stamp each log line with the time it was written, but every line "
                                "carries the same time, the moment the program started", """
         from datetime import datetime
 
@@ -194,7 +195,7 @@ SNIPPETS: dict[str, Snippet] = {
 
         print(log_line("started"))
         """),
-    "py_discarded_result": _snippet("Python", "should return the distinct names ignoring case and surrounding "
+    "py_discarded_result": snippet("Python", "should return the distinct names ignoring case and surrounding "
                                     "spaces, but ' Alice', 'alice' and 'ALICE ' all come back as separate names",
                                     """
         def distinct_names(names):
@@ -202,7 +203,7 @@ SNIPPETS: dict[str, Snippet] = {
                 name.strip().lower()
             return sorted(set(names))
         """),
-    "py_flatten_missing_else": _snippet("Python", "should flatten nested lists, but flatten([1, [2, 3]]) returns "
+    "py_flatten_missing_else": snippet("Python", "should flatten nested lists, but flatten([1, [2, 3]]) returns "
                                         "[1, 2, 3, [2, 3]] instead of [1, 2, 3]", """
         def flatten(items):
             out = []
@@ -212,7 +213,7 @@ SNIPPETS: dict[str, Snippet] = {
                 out.append(item)
             return out
         """),
-    "py_shadowed_builtin": _snippet("Python", "should return the distinct words of a text in order, but it fails "
+    "py_shadowed_builtin": snippet("Python", "should return the distinct words of a text in order, but it fails "
                                     "with \"TypeError: 'list' object is not callable\"", """
         def distinct_words(text):
             list = text.lower().split()
@@ -220,7 +221,7 @@ SNIPPETS: dict[str, Snippet] = {
             return sorted(list(seen))
         """),
     # JavaScript and TypeScript
-    "js_foreach_async": _snippet("JavaScript", "should save every record before closing the database, but it logs "
+    "js_foreach_async": snippet("JavaScript", "should save every record before closing the database, but it logs "
                                  "\"all saved\" early and some inserts fail with \"connection closed\"", """
         async function saveAll(records, db) {
           records.forEach(async (record) => {
@@ -230,7 +231,7 @@ SNIPPETS: dict[str, Snippet] = {
           await db.close();
         }
         """),
-    "js_string_concat": _snippet("JavaScript", "should add the quantity typed into a number field to the cart, but "
+    "js_string_concat": snippet("JavaScript", "should add the quantity typed into a number field to the cart, but "
                                  "the cart count goes from 1 to \"12\" to \"123\"", """
         function addToCart(cart, input) {
           const qty = input.value;
@@ -239,7 +240,7 @@ SNIPPETS: dict[str, Snippet] = {
           return cart.count;
         }
         """),
-    "js_this_in_callback": _snippet("JavaScript", "should count seconds since start, but timer.ticks stays at 0 "
+    "js_this_in_callback": snippet("JavaScript", "should count seconds since start, but timer.ticks stays at 0 "
                                     "however long the page stays open", """
         class Stopwatch {
           constructor() {
@@ -254,14 +255,14 @@ SNIPPETS: dict[str, Snippet] = {
         const timer = new Stopwatch();
         timer.start();
         """),
-    "js_default_sort": _snippet("JavaScript", "should print the median latency, but it reports 15 ms although most "
+    "js_default_sort": snippet("JavaScript", "should print the median latency, but it reports 15 ms although most "
                                 "requests take more than 90 ms", """
         const latenciesMs = [120, 95, 1000, 15, 300];
         latenciesMs.sort();
         const median = latenciesMs[Math.floor(latenciesMs.length / 2)];
         console.log(`median: ${median} ms`);
         """),
-    "js_shallow_copy": _snippet("JavaScript", "should give every new settings object its own tag list, but each "
+    "js_shallow_copy": snippet("JavaScript", "should give every new settings object its own tag list, but each "
                                 "object ends up holding the tags of all earlier calls", """
         const defaults = { theme: "light", tags: [] };
 
@@ -271,7 +272,7 @@ SNIPPETS: dict[str, Snippet] = {
           return settings;
         }
         """),
-    "js_last_n_off_by_one": _snippet("JavaScript", "should return the last n items of an array, but the result "
+    "js_last_n_off_by_one": snippet("JavaScript", "should return the last n items of an array, but the result "
                                      "always ends with an extra undefined", """
         function lastN(items, n) {
           const out = [];
@@ -281,14 +282,14 @@ SNIPPETS: dict[str, Snippet] = {
           return out;
         }
         """),
-    "js_map_parseint": _snippet("JavaScript", "should read a list of port numbers from an environment variable, "
+    "js_map_parseint": snippet("JavaScript", "should read a list of port numbers from an environment variable, "
                                 "but with PORTS=8080,8081,8082 it yields [8080, NaN, NaN]", """
         const ports = (process.env.PORTS || "8080").split(",").map(parseInt);
         for (const port of ports) {
           startServer(port);
         }
         """),
-    "js_index_of_truthy": _snippet("JavaScript", "should tell whether a post carries a tag, but it says no for the "
+    "js_index_of_truthy": snippet("JavaScript", "should tell whether a post carries a tag, but it says no for the "
                                    "post's first tag and yes for tags the post does not have", """
         function hasTag(post, tag) {
           if (post.tags.indexOf(tag)) {
@@ -297,7 +298,7 @@ SNIPPETS: dict[str, Snippet] = {
           return false;
         }
         """),
-    "ts_non_null_assertion": _snippet("TypeScript", "should total an order where a missing quantity means one item, "
+    "ts_non_null_assertion": snippet("TypeScript", "should total an order where a missing quantity means one item, "
                                       "but the total comes out as NaN whenever a line has no qty", """
         interface Line {
           sku: string;
@@ -310,7 +311,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     # C and C++
-    "c_missing_terminator": _snippet("C", "should return a heap copy of a string, but valgrind reports an invalid "
+    "c_missing_terminator": snippet("C", "should return a heap copy of a string, but valgrind reports an invalid "
                                      "write of size 1 and the program sometimes crashes later in free", """
         #include <stdlib.h>
         #include <string.h>
@@ -322,7 +323,7 @@ SNIPPETS: dict[str, Snippet] = {
             return dst;
         }
         """),
-    "c_integer_average": _snippet("C", "should print the average of the readings, but for the readings 1 and 2 it "
+    "c_integer_average": snippet("C", "should print the average of the readings, but for the readings 1 and 2 it "
                                   "prints 1.000000 instead of 1.500000", """
         #include <stdio.h>
 
@@ -338,7 +339,7 @@ SNIPPETS: dict[str, Snippet] = {
             return 0;
         }
         """),
-    "c_assign_in_condition": _snippet("C", "should retry only requests that asked for a retry, but every request "
+    "c_assign_in_condition": snippet("C", "should retry only requests that asked for a retry, but every request "
                                       "is retried, including successful ones", """
         #define STATUS_OK 0
         #define STATUS_RETRY 2
@@ -351,7 +352,7 @@ SNIPPETS: dict[str, Snippet] = {
             return 0;
         }
         """),
-    "c_sizeof_pointer": _snippet("C", "should zero a whole 256-byte line buffer, but only the first 8 bytes are "
+    "c_sizeof_pointer": snippet("C", "should zero a whole 256-byte line buffer, but only the first 8 bytes are "
                                  "cleared and old text shows up after them", """
         #include <string.h>
 
@@ -363,7 +364,7 @@ SNIPPETS: dict[str, Snippet] = {
         /* ... */
         clear_buffer(line);
         """),
-    "c_return_local_buffer": _snippet("C", "should build a greeting, but the caller prints garbage characters, "
+    "c_return_local_buffer": snippet("C", "should build a greeting, but the caller prints garbage characters, "
                                       "and the output changes depending on what else was called", """
         #include <stdio.h>
 
@@ -373,7 +374,7 @@ SNIPPETS: dict[str, Snippet] = {
             return buf;
         }
         """),
-    "c_switch_fallthrough": _snippet("C", "should label each log message with its level, but informational "
+    "c_switch_fallthrough": snippet("C", "should label each log message with its level, but informational "
                                      "messages come out labelled WARN", """
         const char *level_name(int level) {
             const char *name = "UNKNOWN";
@@ -390,7 +391,7 @@ SNIPPETS: dict[str, Snippet] = {
             return name;
         }
         """),
-    "cpp_erase_in_loop": _snippet("C++", "should remove the negative numbers from a vector, but it crashes, or "
+    "cpp_erase_in_loop": snippet("C++", "should remove the negative numbers from a vector, but it crashes, or "
                                   "leaves a negative number behind when two of them are adjacent", """
         #include <vector>
 
@@ -402,7 +403,7 @@ SNIPPETS: dict[str, Snippet] = {
             }
         }
         """),
-    "cpp_unsigned_countdown": _snippet("C++", "should print a vector's elements in reverse, but after printing them "
+    "cpp_unsigned_countdown": snippet("C++", "should print a vector's elements in reverse, but after printing them "
                                        "it keeps going and crashes with a segmentation fault", """
         #include <cstdio>
         #include <vector>
@@ -413,7 +414,7 @@ SNIPPETS: dict[str, Snippet] = {
             }
         }
         """),
-    "cpp_dangling_view": _snippet("C++", "should return a user's display name, but the caller sometimes prints "
+    "cpp_dangling_view": snippet("C++", "should return a user's display name, but the caller sometimes prints "
                                   "garbage or an empty string", """
         #include <string>
         #include <string_view>
@@ -424,7 +425,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     # Go
-    "go_race_counter": _snippet("Go", "should count the words in all documents concurrently, but the total "
+    "go_race_counter": snippet("Go", "should count the words in all documents concurrently, but the total "
                                 "differs from run to run and go test -race reports a data race", """
         func countWords(docs []string) int {
             total := 0
@@ -440,7 +441,7 @@ SNIPPETS: dict[str, Snippet] = {
             return total
         }
         """),
-    "go_body_not_closed": _snippet("Go", "is called every few seconds to check a service, and after some hours the "
+    "go_body_not_closed": snippet("Go", "is called every few seconds to check a service, and after some hours the "
                                    "process holds thousands of open connections and memory keeps growing", """
         func statusOf(url string) (int, error) {
             resp, err := http.Get(url)
@@ -450,7 +451,7 @@ SNIPPETS: dict[str, Snippet] = {
             return resp.StatusCode, nil
         }
         """),
-    "go_nil_map": _snippet("Go", "should index items by tag, but the first call to Add panics with "
+    "go_nil_map": snippet("Go", "should index items by tag, but the first call to Add panics with "
                            "\"assignment to entry in nil map\"", """
         type Index struct {
             byTag map[string][]int
@@ -465,7 +466,7 @@ SNIPPETS: dict[str, Snippet] = {
             ix.Add("urgent", 42)
         }
         """),
-    "go_shadowed_err": _snippet("Go", "should load a configuration file, but it always returns an empty Config "
+    "go_shadowed_err": snippet("Go", "should load a configuration file, but it always returns an empty Config "
                                 "and no error, even for a valid file", """
         func loadConfig(path string) (Config, error) {
             var cfg Config
@@ -479,7 +480,7 @@ SNIPPETS: dict[str, Snippet] = {
             return cfg, err
         }
         """),
-    "go_defer_in_loop": _snippet("Go", "should checksum every file in a directory, but on a directory of 20,000 "
+    "go_defer_in_loop": snippet("Go", "should checksum every file in a directory, but on a directory of 20,000 "
                                  "files it fails with \"too many open files\"", """
         func checksumAll(paths []string) (map[string]string, error) {
             sums := make(map[string]string)
@@ -499,7 +500,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     # Rust
-    "rust_usize_underflow": _snippet("Rust", "should return None when there is nothing to find, but called with an "
+    "rust_usize_underflow": snippet("Rust", "should return None when there is nothing to find, but called with an "
                                      "empty slice it panics with \"attempt to subtract with overflow\"", """
         fn last_below(v: &[i32], limit: i32) -> Option<usize> {
             let mut i = v.len() - 1;
@@ -514,13 +515,13 @@ SNIPPETS: dict[str, Snippet] = {
             }
         }
         """),
-    "rust_integer_ratio": _snippet("Rust", "should return a hit rate in percent, but it returns 0.0 for every input "
+    "rust_integer_ratio": snippet("Rust", "should return a hit rate in percent, but it returns 0.0 for every input "
                                    "except a perfect score, which gives 100.0", """
         fn hit_rate_percent(hits: u32, total: u32) -> f64 {
             (hits / total) as f64 * 100.0
         }
         """),
-    "rust_shadowed_copy": _snippet("Rust", "should cap every value at a maximum, but the vector comes back "
+    "rust_shadowed_copy": snippet("Rust", "should cap every value at a maximum, but the vector comes back "
                                    "unchanged, and the compiler warns that a value is assigned but never read", """
         fn cap_all(values: &mut Vec<i32>, max: i32) {
             for v in values.iter() {
@@ -531,7 +532,7 @@ SNIPPETS: dict[str, Snippet] = {
             }
         }
         """),
-    "rust_relock": _snippet("Rust", "should keep at most 100 queued messages, but the very first call to push "
+    "rust_relock": snippet("Rust", "should keep at most 100 queued messages, but the very first call to push "
                             "never returns", """
         use std::sync::Mutex;
 
@@ -554,7 +555,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     # Java and C#
-    "java_string_identity": _snippet("Java", "should stop when the user types quit, but typing quit does nothing "
+    "java_string_identity": snippet("Java", "should stop when the user types quit, but typing quit does nothing "
                                      "and the loop keeps asking for input", """
         Scanner in = new Scanner(System.in);
         boolean running = true;
@@ -567,14 +568,14 @@ SNIPPETS: dict[str, Snippet] = {
             }
         }
         """),
-    "java_reader_not_closed": _snippet("Java", "should count the lines of many log files, but a batch over 50,000 "
+    "java_reader_not_closed": snippet("Java", "should count the lines of many log files, but a batch over 50,000 "
                                        "files fails part-way with \"Too many open files\"", """
         static long countLines(Path path) throws IOException {
             BufferedReader reader = Files.newBufferedReader(path);
             return reader.lines().count();
         }
         """),
-    "java_int_overflow": _snippet("Java", "should issue tokens that expire in 30 days, but every new token is "
+    "java_int_overflow": snippet("Java", "should issue tokens that expire in 30 days, but every new token is "
                                   "already expired when it is issued", """
         static final int THIRTY_DAYS_MS = 30 * 24 * 60 * 60 * 1000;
 
@@ -583,7 +584,7 @@ SNIPPETS: dict[str, Snippet] = {
             return new Token(user, expiresAt);
         }
         """),
-    "java_equals_without_hashcode": _snippet("Java", "should skip points it has already visited, but "
+    "java_equals_without_hashcode": snippet("Java", "should skip points it has already visited, but "
                                              "visited.contains(new Cell(1, 2)) is false right after "
                                              "visited.add(new Cell(1, 2))", """
         final class Cell {
@@ -601,7 +602,7 @@ SNIPPETS: dict[str, Snippet] = {
 
         Set<Cell> visited = new HashSet<>();
         """),
-    "java_remove_in_foreach": _snippet("Java", "should remove cancelled orders from a list, but it throws "
+    "java_remove_in_foreach": snippet("Java", "should remove cancelled orders from a list, but it throws "
                                        "java.util.ConcurrentModificationException", """
         void dropCancelled(List<Order> orders) {
             for (Order order : orders) {
@@ -611,7 +612,7 @@ SNIPPETS: dict[str, Snippet] = {
             }
         }
         """),
-    "cs_missing_await": _snippet("C#", "should save an order and then log it, but orders are sometimes missing from "
+    "cs_missing_await": snippet("C#", "should save an order and then log it, but orders are sometimes missing from "
                                  "the database although \"saved\" is logged, and the compiler shows warning CS4014",
                                  """
         public async Task SaveAsync(Order order)
@@ -622,7 +623,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     # SQL
-    "sql_wrong_join_column": _snippet("SQL", "should show how much each customer has spent, but the totals make no "
+    "sql_wrong_join_column": snippet("SQL", "should show how much each customer has spent, but the totals make no "
                                       "sense and some customers with orders are missing", """
         SELECT c.name, SUM(o.total) AS spent
         FROM customers AS c
@@ -630,13 +631,13 @@ SNIPPETS: dict[str, Snippet] = {
         GROUP BY c.name
         ORDER BY spent DESC;
         """),
-    "sql_equals_null": _snippet("SQL", "should count the support tickets that are still open, but it always "
+    "sql_equals_null": snippet("SQL", "should count the support tickets that are still open, but it always "
                                 "returns 0 although the queue is full", """
         SELECT COUNT(*) AS open_tickets
         FROM tickets
         WHERE closed_at = NULL;
         """),
-    "sql_left_join_filter": _snippet("SQL", "should list every product with its number of good reviews, but "
+    "sql_left_join_filter": snippet("SQL", "should list every product with its number of good reviews, but "
                                      "products without a good review are missing instead of showing 0", """
         SELECT p.title, COUNT(r.id) AS good_reviews
         FROM products AS p
@@ -644,7 +645,7 @@ SNIPPETS: dict[str, Snippet] = {
         WHERE r.stars >= 4
         GROUP BY p.title;
         """),
-    "sql_integer_rate": _snippet("SQL", "(PostgreSQL) should give each region's return rate in percent, but every "
+    "sql_integer_rate": snippet("SQL", "(PostgreSQL) should give each region's return rate in percent, but every "
                                  "region shows 0", """
         -- returned is an integer column holding 0 or 1
         SELECT region,
@@ -652,7 +653,7 @@ SNIPPETS: dict[str, Snippet] = {
         FROM sales
         GROUP BY region;
         """),
-    "sql_between_timestamps": _snippet("SQL", "should report March's orders, but orders placed during the day on "
+    "sql_between_timestamps": snippet("SQL", "should report March's orders, but orders placed during the day on "
                                        "31 March are missing from the report", """
         -- created_at is a TIMESTAMP column
         SELECT COUNT(*) AS orders, SUM(total) AS revenue
@@ -660,7 +661,7 @@ SNIPPETS: dict[str, Snippet] = {
         WHERE created_at BETWEEN '2024-03-01' AND '2024-03-31';
         """),
     # Bash
-    "sh_unquoted_path": _snippet("Bash", "should back up a folder, but it fails with \"cp: cannot stat "
+    "sh_unquoted_path": snippet("Bash", "should back up a folder, but it fails with \"cp: cannot stat "
                                  "'/home/sam/Project': No such file or directory\"", """
         #!/bin/bash
         src="$HOME/Project Notes"
@@ -669,7 +670,7 @@ SNIPPETS: dict[str, Snippet] = {
         cp -r $src "$dest"
         echo "backed up to $dest"
         """),
-    "sh_bracket_redirect": _snippet("Bash", "should warn only when more than 10 jobs are queued, but it always "
+    "sh_bracket_redirect": snippet("Bash", "should warn only when more than 10 jobs are queued, but it always "
                                     "warns, and a file named 10 keeps appearing in the working directory", """
         #!/bin/bash
         count=$(ls /var/spool/jobs | wc -l)
@@ -677,7 +678,7 @@ SNIPPETS: dict[str, Snippet] = {
             echo "warning: $count jobs queued" >&2
         fi
         """),
-    "sh_pipe_subshell": _snippet("Bash", "should add up the numbers in a file, but it always prints \"total: 0\"",
+    "sh_pipe_subshell": snippet("Bash", "should add up the numbers in a file, but it always prints \"total: 0\"",
                                  """
         #!/bin/bash
         total=0
@@ -710,13 +711,18 @@ DEBUG_TEMPLATES: tuple[str, ...] = (
 )
 
 
+def snippet_prompt(prompt_id: str, s: Snippet, ask: str, frame: str, templates: tuple[str, ...]) -> str:
+    """A debugging request: ``frame`` (may name ``{language}``), the snippet with its symptom, then ``ask``, in the
+    template of ``templates`` that ``prompt_id`` picks."""
+    return pick_by_id(prompt_id, templates).format(
+        frame=frame.format(language=s.language), language=s.language, symptom=s.symptom, fence=s.fence,
+        code=s.code, ask=ask)
+
+
 def debug_text(snippet: str, ask: str, frame: str) -> str:
     """The prompt for one snippet x ask x frame (keys of ``SNIPPETS``, ``DEBUG_ASKS``, ``DEBUG_FRAMES``)."""
-    s = SNIPPETS[snippet]
-    prompt_id = f"worked_problems/debug/{snippet}/{ask}/{frame}"
-    return pick_by_id(prompt_id, DEBUG_TEMPLATES).format(
-        frame=DEBUG_FRAMES[frame].format(language=s.language), language=s.language, symptom=s.symptom,
-        fence=s.fence, code=s.code, ask=DEBUG_ASKS[ask])
+    return snippet_prompt(f"worked_problems/debug/{snippet}/{ask}/{frame}", SNIPPETS[snippet], DEBUG_ASKS[ask],
+                          DEBUG_FRAMES[frame], DEBUG_TEMPLATES)
 
 
 # --- math -------------------------------------------------------------------------------------
@@ -1470,6 +1476,6 @@ class WorkedProblemsWorkload(Workload):
                 for category in CATEGORIES for key, text in category_items(category)]
 
 
-__all__ = ["CATEGORIES", "DEBUG_ASKS", "DEBUG_FRAMES", "MATH", "MATH_ASKS", "PUZZLES", "REASONING_ASKS", "SNIPPETS",
-           "WorkedProblemsWorkload", "category_items", "check_math_case", "debug_text", "math_text",
-           "reasoning_text"]
+__all__ = ["CATEGORIES", "DEBUG_ASKS", "DEBUG_FRAMES", "DEBUG_TEMPLATES", "FENCES", "MATH", "MATH_ASKS", "PUZZLES",
+           "REASONING_ASKS", "SNIPPETS", "Snippet", "WorkedProblemsWorkload", "category_items", "check_math_case",
+           "debug_text", "math_text", "reasoning_text", "snippet", "snippet_prompt"]
