@@ -66,6 +66,15 @@ DATA_M_REQUESTS = 70066
 DATA_M_PER_SOURCE = {"agentic": 1357, "arena_hard": 172, "chat_followups": 792, "hard_questions": 2595,
                      "poetry": 10257, "scenario_requests": 16463, "stdlib_prose": 231, "tool_calls": 2308,
                      "worked_problems": 2040}
+# The eleventh continuation's data (N: M's recipe with seed 15 and code_debugging, one greedy answer per prompt, at
+# 12,705 prompts, 10,192 of them in the train split): data_0p{0,1}.log of
+# bench/results/h200-2026-12-07-drafter22-code-debugging.
+DATA_N_ADMITTED = [19290, 18982]
+DATA_N_REQUESTS = 80258
+CODE_DEBUGGING_TRAIN_PROMPTS_AT_N = 10192
+DATA_N_PER_SOURCE = {"agentic": 1256, "arena_hard": 178, "chat_followups": 790, "code_debugging": 4869,
+                     "hard_questions": 2369, "poetry": 9386, "scenario_requests": 15298, "stdlib_prose": 203,
+                     "tool_calls": 2045, "worked_problems": 1878}
 # The third run's record (data_shard{0,1}.log in ../h200-2026-11-30-drafter3): a time budget cut it.
 DRAFTER3_ADMITTED = [17143 - 14113, 17142 - 13949]
 DRAFTER3_SAMPLES = {"agentic": 4, "stdlib_prose": 4, "arena_hard": 8, "hard_questions": 3}
@@ -85,17 +94,18 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     sources, seed 7, greedy first, every request admitted, in two parts), then on a seventh (H: G's sources and
     scenario_requests, seed 9, greedy first, a time budget admitting part of each part's requests), then on an
     eighth (I: H's recipe with seed 10), then on a ninth (J: I's recipe with seed 11, scenario_requests grown), then
-    on a tenth (M: J's recipe with seed 14, scenario_requests grown again). Its record is a superset of all eleven:
-    the from-scratch record, E and G replay exactly, J's and M's requests replay but for the two sources read from
-    the standard library, B's to M's ids are the records their machines wrote, and every train-split prompt of the
-    seven sources is in it (A's own ids were never written back)."""
+    on a tenth (M: J's recipe with seed 14, scenario_requests grown again), then on an eleventh (N: M's recipe with
+    seed 15 and code_debugging). Its record is a superset of all twelve: the from-scratch record, E and G replay
+    exactly, J's, M's and N's requests replay but for the two sources read from the standard library, B's to N's ids
+    are the records their machines wrote, and every train-split prompt of the seven sources is in it (A's own ids were
+    never written back)."""
     logs = ROOT / "bench/results/h200-2026-11-30-drafter4"
     if logs.is_dir():  # the numbers above are the logs'
         summary = json.loads((logs / "data_summary.txt").read_text())
         assert summary["per_source"] == SHIPPED_PER_SOURCE and summary["sequences"] == sum(SHIPPED_ADMITTED)
         assert [p["not_admitted"] for p in summary["info"]["parts"]] == [0, 0]
     lineage = shipped["recipe"]["lineage"]
-    scratch, data_a, data_b, data_c, data_d, data_e, data_g, data_h, data_i, data_j, data_m = lineage
+    scratch, data_a, data_b, data_c, data_d, data_e, data_g, data_h, data_i, data_j, data_m, data_n = lineage
     recipe = scratch["recipe"]
     assert recipe["split"] == "train" and recipe["seed"] == 0 and recipe["num_prompts_per_source"] is None
     assert [s["admitted"] for s in recipe["shards"]] == SHIPPED_ADMITTED
@@ -183,8 +193,23 @@ def test_shipped_record_covers_the_drafters_lineage(shipped):
     assert scenarios and all(split_of(pid) == "train" for pid in scenarios)
     assert scenarios <= {pid for src, pid, _ in replayed_m if src == "scenario_requests"}
     _assert_never_evaluated(trained, ["scenario_requests"])
+    # N: M's recipe with seed 15 and code_debugging (one request a prompt), made when code_debugging held 12,705
+    # prompts (10,192 in the train split, as now): every request replays but for the two read from the stdlib
+    recipe_n = {"sources": recipe_i["sources"] + ["code_debugging"],
+                "samples_per_prompt": {**recipe_i["samples_per_prompt"], "code_debugging": 1}}
+    replayed_n, requests_n = _two_budgeted_parts(data_n, 15, recipe_n, DATA_N_ADMITTED, DATA_N_REQUESTS,
+                                                 DATA_N_PER_SOURCE)
+    assert requests_n["code_debugging"] == CODE_DEBUGGING_TRAIN_PROMPTS_AT_N
+    assert sum(v for k, v in requests_n.items() if k not in from_stdlib) == DATA_N_REQUESTS - sum(
+        DATA_G_PER_SOURCE[k] for k in from_stdlib)
+    fixes = {pid for pid in trained if pid.startswith("code_debugging/")}
+    assert len(fixes) == DATA_N_PER_SOURCE["code_debugging"] and all(split_of(pid) == "train" for pid in fixes)
+    assert fixes <= {pid for src, pid, _ in replayed_n if src == "code_debugging"}
+    _assert_never_evaluated(trained, ["code_debugging"])
+    # scenario_requests: none before H; code_debugging: none before N
     assert shipped["admitted_requests_per_source"]["scenario_requests"] == sum(d["scenario_requests"] for d in (
-        DATA_H_PER_SOURCE, DATA_I_PER_SOURCE, DATA_J_PER_SOURCE, DATA_M_PER_SOURCE))  # none before H
+        DATA_H_PER_SOURCE, DATA_I_PER_SOURCE, DATA_J_PER_SOURCE, DATA_M_PER_SOURCE, DATA_N_PER_SOURCE))
+    assert shipped["admitted_requests_per_source"]["code_debugging"] == DATA_N_PER_SOURCE["code_debugging"]
 
 
 def _two_budgeted_parts(entry: dict, seed: int, recipe: dict, admitted: list[int], requests: int,

@@ -110,7 +110,7 @@ def test_the_ablation_makes_each_stage_data_again_from_the_shipped_record():
     from runners import make_training_data as mtd
 
     lineage = mtd.load_prompt_record("builtin:dspark-smollm2")["recipe"]["lineage"]
-    assert len(lineage) == 11  # from scratch, A to E, G, H, I, J, M
+    assert len(lineage) == 12  # from scratch, A to E, G, H, I, J, M, N
     later = []
     for entry in lineage[2:6]:  # B, C, D, E (A's recipe is B's: the same order, more of it admitted)
         (shard,) = entry["recipe"]["shards"]
