@@ -71,9 +71,14 @@ def assert_training_only_source(name: str) -> None:
     assert name not in mtd.DEFAULT_SOURCES and name not in mtd.CALIBRATION_EVAL_SOURCES
 
 
-def assert_refuses_path_and_unknown_category(name: str, category_items) -> None:
-    """A generated source takes no ``path``, and its ``category_items`` names an unknown category in its error."""
+def assert_refuses_path(name: str) -> None:
+    """A generated source takes no ``path``, and says so."""
     with pytest.raises(WorkloadError, match=f"{name} generates its prompts and takes no path"):
         build_workload(make_spec(name, path="questions.jsonl")).pool()
+
+
+def assert_refuses_path_and_unknown_category(name: str, category_items) -> None:
+    """A generated source takes no ``path``, and its ``category_items`` names an unknown category in its error."""
+    assert_refuses_path(name)
     with pytest.raises(WorkloadError, match="unknown category 'poems'"):
         category_items("poems")

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from source_checks import (arena_shingles, assert_deterministic_across_loads, assert_fits_context,
-                           assert_training_only_source, outside_code, prompts_sharing_shingles)
-from workloads import DEFAULTS, WorkloadError, build_workload, make_spec, split_of
+                           assert_refuses_path, assert_training_only_source, outside_code, prompts_sharing_shingles)
+from workloads import DEFAULTS, build_workload, make_spec, split_of
 from workloads import worked_problems
 from workloads.code_debugging import ASKS, FRAMES, SNIPPETS, TEMPLATES, CodeDebuggingWorkload, debugging_text
 
@@ -47,9 +47,8 @@ def _template_of(prompt) -> int:
     """The index of the template that reads as ``prompt``'s text."""
     key, ask, frame = prompt.id.split("/")[1:]
     s = SNIPPETS[key]
-    (index,) = [i for i, t in enumerate(TEMPLATES) if t.format(
-        frame=FRAMES[frame].format(language=s.language), language=s.language, symptom=s.symptom, fence=s.fence,
-        code=s.code, ask=ASKS[ask]) == prompt.text]
+    (index,) = [i for i, t in enumerate(TEMPLATES)
+                if worked_problems.snippet_prompt(prompt.id, s, ASKS[ask], FRAMES[frame], (t,)) == prompt.text]
     return index
 
 
@@ -102,8 +101,7 @@ def test_deterministic_across_loads(workload):
 
 
 def test_path_is_refused_clearly():
-    with pytest.raises(WorkloadError, match=f"{NAME} generates its prompts and takes no path"):
-        build_workload(make_spec(NAME, path="questions.jsonl")).pool()
+    assert_refuses_path(NAME)
 
 
 def test_no_prompt_shares_an_8_word_shingle_with_the_arena_hard_questions(workload):

@@ -82,7 +82,7 @@ def snippet(language: str, symptom: str, code: str) -> Snippet:
 SNIPPETS: dict[str, Snippet] = {
     # Python
     "py_window_off_by_one": snippet("Python", "should return the sum of every run of k consecutive values, but "
-                                     "window_sums([1, 2, 3, 4], 2) returns [3, 5] instead of [3, 5, 7]", """
+                                    "window_sums([1, 2, 3, 4], 2) returns [3, 5] instead of [3, 5, 7]", """
         def window_sums(values, k):
             sums = []
             for start in range(len(values) - k):
@@ -90,7 +90,7 @@ SNIPPETS: dict[str, Snippet] = {
             return sums
         """),
     "py_mutable_default": snippet("Python", "should start a fresh guest list unless one is passed in, but the "
-                                   "second call prints ['Ann', 'Bob'] instead of ['Bob']", """
+                                  "second call prints ['Ann', 'Bob'] instead of ['Bob']", """
         def add_guest(name, guests=[]):
             guests.append(name.strip().title())
             return guests
@@ -100,7 +100,7 @@ SNIPPETS: dict[str, Snippet] = {
         print(second_party)
         """),
     "py_progress_int_division": snippet("Python", "should draw a progress bar that fills up gradually, but the bar "
-                                         "stays completely empty until the very last item is done", """
+                                        "stays completely empty until the very last item is done", """
         def progress_bar(done, total, width=20):
             filled = done // total * width
             return "[" + "#" * filled + "." * (width - filled) + "]"
@@ -109,8 +109,8 @@ SNIPPETS: dict[str, Snippet] = {
             print(progress_bar(done, 100))
         """),
     "py_missing_await": snippet("Python", "should add up the value of a portfolio, but it fails with "
-                                 "\"TypeError: unsupported operand type(s) for *: 'coroutine' and 'int'\" and a "
-                                 "warning that a coroutine was never awaited", """
+                                "\"TypeError: unsupported operand type(s) for *: 'coroutine' and 'int'\" and a "
+                                "warning that a coroutine was never awaited", """
         import asyncio
 
         async def fetch_price(symbol):
@@ -127,12 +127,12 @@ SNIPPETS: dict[str, Snippet] = {
         print(asyncio.run(portfolio_value({"ACME": 10, "GLOBEX": 3})))
         """),
     "py_late_binding": snippet("Python", "should build functions that multiply by 1, 2 and 3, but it prints "
-                                "[30, 30, 30] instead of [10, 20, 30]", """
+                               "[30, 30, 30] instead of [10, 20, 30]", """
         scalers = [lambda x: x * n for n in range(1, 4)]
         print([scale(10) for scale in scalers])
         """),
     "py_lock_not_released": snippet("Python", "should record events from several threads, but after the first "
-                                     "event without an id every later call to record hangs forever", """
+                                    "event without an id every later call to record hangs forever", """
         import threading
 
         lock = threading.Lock()
@@ -146,7 +146,7 @@ SNIPPETS: dict[str, Snippet] = {
             lock.release()
         """),
     "py_is_vs_equals": snippet("Python", "should recognise administrators, but it returns False for every user "
-                                "loaded from the JSON file, although a test that builds the dict by hand passes", """
+                               "loaded from the JSON file, although a test that builds the dict by hand passes", """
         import json
 
         def is_admin(user):
@@ -157,7 +157,7 @@ SNIPPETS: dict[str, Snippet] = {
         admins = [u["name"] for u in users if is_admin(u)]
         """),
     "py_dict_mutation": snippet("Python", "should drop expired sessions, but it crashes with "
-                                 "\"RuntimeError: dictionary changed size during iteration\"", """
+                                "\"RuntimeError: dictionary changed size during iteration\"", """
         def drop_expired(sessions, now):
             for token, expires_at in sessions.items():
                 if expires_at < now:
@@ -165,7 +165,7 @@ SNIPPETS: dict[str, Snippet] = {
             return sessions
         """),
     "py_float_equality": snippet("Python", "should report that ten payments of 0.10 settle a bill of 1.00, but it "
-                                  "prints \"still owing 1.1102230246251565e-16\"", """
+                                 "prints \"still owing 1.1102230246251565e-16\"", """
         owed = 1.0
         paid = 0.0
         for _ in range(10):
@@ -176,7 +176,7 @@ SNIPPETS: dict[str, Snippet] = {
             print("still owing", owed - paid)
         """),
     "py_generator_reused": snippet("Python", "should count the rows and then process each one, but process is "
-                                    "never called although the count is correct", """
+                                   "never called although the count is correct", """
         def parse_rows(lines):
             return (line.rstrip("\\n").split(",") for line in lines if line.strip())
 
@@ -187,7 +187,7 @@ SNIPPETS: dict[str, Snippet] = {
                 process(row)
         """),
     "py_default_now": snippet("Python", "should stamp each log line with the time it was written, but every line "
-                               "carries the same time, the moment the program started", """
+                              "carries the same time, the moment the program started", """
         from datetime import datetime
 
         def log_line(message, when=datetime.now()):
@@ -196,15 +196,15 @@ SNIPPETS: dict[str, Snippet] = {
         print(log_line("started"))
         """),
     "py_discarded_result": snippet("Python", "should return the distinct names ignoring case and surrounding "
-                                    "spaces, but ' Alice', 'alice' and 'ALICE ' all come back as separate names",
-                                    """
+                                   "spaces, but ' Alice', 'alice' and 'ALICE ' all come back as separate names",
+                                   """
         def distinct_names(names):
             for name in names:
                 name.strip().lower()
             return sorted(set(names))
         """),
     "py_flatten_missing_else": snippet("Python", "should flatten nested lists, but flatten([1, [2, 3]]) returns "
-                                        "[1, 2, 3, [2, 3]] instead of [1, 2, 3]", """
+                                       "[1, 2, 3, [2, 3]] instead of [1, 2, 3]", """
         def flatten(items):
             out = []
             for item in items:
@@ -214,7 +214,7 @@ SNIPPETS: dict[str, Snippet] = {
             return out
         """),
     "py_shadowed_builtin": snippet("Python", "should return the distinct words of a text in order, but it fails "
-                                    "with \"TypeError: 'list' object is not callable\"", """
+                                   "with \"TypeError: 'list' object is not callable\"", """
         def distinct_words(text):
             list = text.lower().split()
             seen = set(list)
@@ -222,7 +222,7 @@ SNIPPETS: dict[str, Snippet] = {
         """),
     # JavaScript and TypeScript
     "js_foreach_async": snippet("JavaScript", "should save every record before closing the database, but it logs "
-                                 "\"all saved\" early and some inserts fail with \"connection closed\"", """
+                                "\"all saved\" early and some inserts fail with \"connection closed\"", """
         async function saveAll(records, db) {
           records.forEach(async (record) => {
             await db.insert(record);
@@ -232,7 +232,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "js_string_concat": snippet("JavaScript", "should add the quantity typed into a number field to the cart, but "
-                                 "the cart count goes from 1 to \"12\" to \"123\"", """
+                                "the cart count goes from 1 to \"12\" to \"123\"", """
         function addToCart(cart, input) {
           const qty = input.value;
           cart.count = cart.count + qty;
@@ -241,7 +241,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "js_this_in_callback": snippet("JavaScript", "should count seconds since start, but timer.ticks stays at 0 "
-                                    "however long the page stays open", """
+                                   "however long the page stays open", """
         class Stopwatch {
           constructor() {
             this.ticks = 0;
@@ -256,14 +256,14 @@ SNIPPETS: dict[str, Snippet] = {
         timer.start();
         """),
     "js_default_sort": snippet("JavaScript", "should print the median latency, but it reports 15 ms although most "
-                                "requests take more than 90 ms", """
+                               "requests take more than 90 ms", """
         const latenciesMs = [120, 95, 1000, 15, 300];
         latenciesMs.sort();
         const median = latenciesMs[Math.floor(latenciesMs.length / 2)];
         console.log(`median: ${median} ms`);
         """),
     "js_shallow_copy": snippet("JavaScript", "should give every new settings object its own tag list, but each "
-                                "object ends up holding the tags of all earlier calls", """
+                               "object ends up holding the tags of all earlier calls", """
         const defaults = { theme: "light", tags: [] };
 
         function makeSettings(tag) {
@@ -273,7 +273,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "js_last_n_off_by_one": snippet("JavaScript", "should return the last n items of an array, but the result "
-                                     "always ends with an extra undefined", """
+                                    "always ends with an extra undefined", """
         function lastN(items, n) {
           const out = [];
           for (let i = items.length - n; i <= items.length; i++) {
@@ -283,14 +283,14 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "js_map_parseint": snippet("JavaScript", "should read a list of port numbers from an environment variable, "
-                                "but with PORTS=8080,8081,8082 it yields [8080, NaN, NaN]", """
+                               "but with PORTS=8080,8081,8082 it yields [8080, NaN, NaN]", """
         const ports = (process.env.PORTS || "8080").split(",").map(parseInt);
         for (const port of ports) {
           startServer(port);
         }
         """),
     "js_index_of_truthy": snippet("JavaScript", "should tell whether a post carries a tag, but it says no for the "
-                                   "post's first tag and yes for tags the post does not have", """
+                                  "post's first tag and yes for tags the post does not have", """
         function hasTag(post, tag) {
           if (post.tags.indexOf(tag)) {
             return true;
@@ -299,7 +299,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "ts_non_null_assertion": snippet("TypeScript", "should total an order where a missing quantity means one item, "
-                                      "but the total comes out as NaN whenever a line has no qty", """
+                                     "but the total comes out as NaN whenever a line has no qty", """
         interface Line {
           sku: string;
           price: number;
@@ -312,7 +312,7 @@ SNIPPETS: dict[str, Snippet] = {
         """),
     # C and C++
     "c_missing_terminator": snippet("C", "should return a heap copy of a string, but valgrind reports an invalid "
-                                     "write of size 1 and the program sometimes crashes later in free", """
+                                    "write of size 1 and the program sometimes crashes later in free", """
         #include <stdlib.h>
         #include <string.h>
 
@@ -324,7 +324,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "c_integer_average": snippet("C", "should print the average of the readings, but for the readings 1 and 2 it "
-                                  "prints 1.000000 instead of 1.500000", """
+                                 "prints 1.000000 instead of 1.500000", """
         #include <stdio.h>
 
         double average(const int *xs, int n) {
@@ -340,7 +340,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "c_assign_in_condition": snippet("C", "should retry only requests that asked for a retry, but every request "
-                                      "is retried, including successful ones", """
+                                     "is retried, including successful ones", """
         #define STATUS_OK 0
         #define STATUS_RETRY 2
 
@@ -353,7 +353,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "c_sizeof_pointer": snippet("C", "should zero a whole 256-byte line buffer, but only the first 8 bytes are "
-                                 "cleared and old text shows up after them", """
+                                "cleared and old text shows up after them", """
         #include <string.h>
 
         void clear_buffer(char *buf) {
@@ -365,7 +365,7 @@ SNIPPETS: dict[str, Snippet] = {
         clear_buffer(line);
         """),
     "c_return_local_buffer": snippet("C", "should build a greeting, but the caller prints garbage characters, "
-                                      "and the output changes depending on what else was called", """
+                                     "and the output changes depending on what else was called", """
         #include <stdio.h>
 
         const char *greeting(const char *name) {
@@ -375,7 +375,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "c_switch_fallthrough": snippet("C", "should label each log message with its level, but informational "
-                                     "messages come out labelled WARN", """
+                                    "messages come out labelled WARN", """
         const char *level_name(int level) {
             const char *name = "UNKNOWN";
             switch (level) {
@@ -392,7 +392,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "cpp_erase_in_loop": snippet("C++", "should remove the negative numbers from a vector, but it crashes, or "
-                                  "leaves a negative number behind when two of them are adjacent", """
+                                 "leaves a negative number behind when two of them are adjacent", """
         #include <vector>
 
         void drop_negatives(std::vector<int>& v) {
@@ -404,7 +404,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "cpp_unsigned_countdown": snippet("C++", "should print a vector's elements in reverse, but after printing them "
-                                       "it keeps going and crashes with a segmentation fault", """
+                                      "it keeps going and crashes with a segmentation fault", """
         #include <cstdio>
         #include <vector>
 
@@ -415,7 +415,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "cpp_dangling_view": snippet("C++", "should return a user's display name, but the caller sometimes prints "
-                                  "garbage or an empty string", """
+                                 "garbage or an empty string", """
         #include <string>
         #include <string_view>
 
@@ -426,7 +426,7 @@ SNIPPETS: dict[str, Snippet] = {
         """),
     # Go
     "go_race_counter": snippet("Go", "should count the words in all documents concurrently, but the total "
-                                "differs from run to run and go test -race reports a data race", """
+                               "differs from run to run and go test -race reports a data race", """
         func countWords(docs []string) int {
             total := 0
             var wg sync.WaitGroup
@@ -442,7 +442,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "go_body_not_closed": snippet("Go", "is called every few seconds to check a service, and after some hours the "
-                                   "process holds thousands of open connections and memory keeps growing", """
+                                  "process holds thousands of open connections and memory keeps growing", """
         func statusOf(url string) (int, error) {
             resp, err := http.Get(url)
             if err != nil {
@@ -452,7 +452,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "go_nil_map": snippet("Go", "should index items by tag, but the first call to Add panics with "
-                           "\"assignment to entry in nil map\"", """
+                          "\"assignment to entry in nil map\"", """
         type Index struct {
             byTag map[string][]int
         }
@@ -467,7 +467,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "go_shadowed_err": snippet("Go", "should load a configuration file, but it always returns an empty Config "
-                                "and no error, even for a valid file", """
+                               "and no error, even for a valid file", """
         func loadConfig(path string) (Config, error) {
             var cfg Config
             data, err := os.ReadFile(path)
@@ -481,7 +481,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "go_defer_in_loop": snippet("Go", "should checksum every file in a directory, but on a directory of 20,000 "
-                                 "files it fails with \"too many open files\"", """
+                                "files it fails with \"too many open files\"", """
         func checksumAll(paths []string) (map[string]string, error) {
             sums := make(map[string]string)
             for _, p := range paths {
@@ -501,7 +501,7 @@ SNIPPETS: dict[str, Snippet] = {
         """),
     # Rust
     "rust_usize_underflow": snippet("Rust", "should return None when there is nothing to find, but called with an "
-                                     "empty slice it panics with \"attempt to subtract with overflow\"", """
+                                    "empty slice it panics with \"attempt to subtract with overflow\"", """
         fn last_below(v: &[i32], limit: i32) -> Option<usize> {
             let mut i = v.len() - 1;
             loop {
@@ -516,13 +516,13 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "rust_integer_ratio": snippet("Rust", "should return a hit rate in percent, but it returns 0.0 for every input "
-                                   "except a perfect score, which gives 100.0", """
+                                  "except a perfect score, which gives 100.0", """
         fn hit_rate_percent(hits: u32, total: u32) -> f64 {
             (hits / total) as f64 * 100.0
         }
         """),
     "rust_shadowed_copy": snippet("Rust", "should cap every value at a maximum, but the vector comes back "
-                                   "unchanged, and the compiler warns that a value is assigned but never read", """
+                                  "unchanged, and the compiler warns that a value is assigned but never read", """
         fn cap_all(values: &mut Vec<i32>, max: i32) {
             for v in values.iter() {
                 let mut v = *v;
@@ -533,7 +533,7 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "rust_relock": snippet("Rust", "should keep at most 100 queued messages, but the very first call to push "
-                            "never returns", """
+                           "never returns", """
         use std::sync::Mutex;
 
         struct Outbox {
@@ -556,7 +556,7 @@ SNIPPETS: dict[str, Snippet] = {
         """),
     # Java and C#
     "java_string_identity": snippet("Java", "should stop when the user types quit, but typing quit does nothing "
-                                     "and the loop keeps asking for input", """
+                                    "and the loop keeps asking for input", """
         Scanner in = new Scanner(System.in);
         boolean running = true;
         while (running) {
@@ -569,14 +569,14 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "java_reader_not_closed": snippet("Java", "should count the lines of many log files, but a batch over 50,000 "
-                                       "files fails part-way with \"Too many open files\"", """
+                                      "files fails part-way with \"Too many open files\"", """
         static long countLines(Path path) throws IOException {
             BufferedReader reader = Files.newBufferedReader(path);
             return reader.lines().count();
         }
         """),
     "java_int_overflow": snippet("Java", "should issue tokens that expire in 30 days, but every new token is "
-                                  "already expired when it is issued", """
+                                 "already expired when it is issued", """
         static final int THIRTY_DAYS_MS = 30 * 24 * 60 * 60 * 1000;
 
         Token issue(String user) {
@@ -585,8 +585,8 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "java_equals_without_hashcode": snippet("Java", "should skip points it has already visited, but "
-                                             "visited.contains(new Cell(1, 2)) is false right after "
-                                             "visited.add(new Cell(1, 2))", """
+                                            "visited.contains(new Cell(1, 2)) is false right after "
+                                            "visited.add(new Cell(1, 2))", """
         final class Cell {
             final int row, col;
 
@@ -603,7 +603,7 @@ SNIPPETS: dict[str, Snippet] = {
         Set<Cell> visited = new HashSet<>();
         """),
     "java_remove_in_foreach": snippet("Java", "should remove cancelled orders from a list, but it throws "
-                                       "java.util.ConcurrentModificationException", """
+                                      "java.util.ConcurrentModificationException", """
         void dropCancelled(List<Order> orders) {
             for (Order order : orders) {
                 if (order.isCancelled()) {
@@ -613,8 +613,8 @@ SNIPPETS: dict[str, Snippet] = {
         }
         """),
     "cs_missing_await": snippet("C#", "should save an order and then log it, but orders are sometimes missing from "
-                                 "the database although \"saved\" is logged, and the compiler shows warning CS4014",
-                                 """
+                                "the database although \"saved\" is logged, and the compiler shows warning CS4014",
+                                """
         public async Task SaveAsync(Order order)
         {
             _db.Orders.Add(order);
@@ -624,7 +624,7 @@ SNIPPETS: dict[str, Snippet] = {
         """),
     # SQL
     "sql_wrong_join_column": snippet("SQL", "should show how much each customer has spent, but the totals make no "
-                                      "sense and some customers with orders are missing", """
+                                     "sense and some customers with orders are missing", """
         SELECT c.name, SUM(o.total) AS spent
         FROM customers AS c
         JOIN orders AS o ON o.id = c.id
@@ -632,13 +632,13 @@ SNIPPETS: dict[str, Snippet] = {
         ORDER BY spent DESC;
         """),
     "sql_equals_null": snippet("SQL", "should count the support tickets that are still open, but it always "
-                                "returns 0 although the queue is full", """
+                               "returns 0 although the queue is full", """
         SELECT COUNT(*) AS open_tickets
         FROM tickets
         WHERE closed_at = NULL;
         """),
     "sql_left_join_filter": snippet("SQL", "should list every product with its number of good reviews, but "
-                                     "products without a good review are missing instead of showing 0", """
+                                    "products without a good review are missing instead of showing 0", """
         SELECT p.title, COUNT(r.id) AS good_reviews
         FROM products AS p
         LEFT JOIN reviews AS r ON r.product_id = p.id
@@ -646,7 +646,7 @@ SNIPPETS: dict[str, Snippet] = {
         GROUP BY p.title;
         """),
     "sql_integer_rate": snippet("SQL", "(PostgreSQL) should give each region's return rate in percent, but every "
-                                 "region shows 0", """
+                                "region shows 0", """
         -- returned is an integer column holding 0 or 1
         SELECT region,
                SUM(returned) / COUNT(*) * 100 AS return_rate_pct
@@ -654,7 +654,7 @@ SNIPPETS: dict[str, Snippet] = {
         GROUP BY region;
         """),
     "sql_between_timestamps": snippet("SQL", "should report March's orders, but orders placed during the day on "
-                                       "31 March are missing from the report", """
+                                      "31 March are missing from the report", """
         -- created_at is a TIMESTAMP column
         SELECT COUNT(*) AS orders, SUM(total) AS revenue
         FROM orders
@@ -662,7 +662,7 @@ SNIPPETS: dict[str, Snippet] = {
         """),
     # Bash
     "sh_unquoted_path": snippet("Bash", "should back up a folder, but it fails with \"cp: cannot stat "
-                                 "'/home/sam/Project': No such file or directory\"", """
+                                "'/home/sam/Project': No such file or directory\"", """
         #!/bin/bash
         src="$HOME/Project Notes"
         dest="$1"
@@ -671,7 +671,7 @@ SNIPPETS: dict[str, Snippet] = {
         echo "backed up to $dest"
         """),
     "sh_bracket_redirect": snippet("Bash", "should warn only when more than 10 jobs are queued, but it always "
-                                    "warns, and a file named 10 keeps appearing in the working directory", """
+                                   "warns, and a file named 10 keeps appearing in the working directory", """
         #!/bin/bash
         count=$(ls /var/spool/jobs | wc -l)
         if [ $count > 10 ]; then
@@ -679,7 +679,7 @@ SNIPPETS: dict[str, Snippet] = {
         fi
         """),
     "sh_pipe_subshell": snippet("Bash", "should add up the numbers in a file, but it always prints \"total: 0\"",
-                                 """
+                                """
         #!/bin/bash
         total=0
         cat sizes.txt | while read -r n; do
