@@ -36,6 +36,9 @@
 # shuffled list: the earlier run's prompts minus not_admitted), STOP_AT=S stops training at step S
 # (runners.train_drafter stop_at_step) with the schedule still set by STEPS, and SHARDS=n ONLY_SHARD=i answers one
 # shard of an n-GPU data run on one GPU (one call per shard). A run that trains no DSpark has no finish phase.
+# ABLATE_FROM_INIT=1 (with INIT_FROM and STYLES="dspark dflash"): both start from INIT_FROM's weights, the ablation
+# with its Markov and confidence heads dropped (runners.train_drafter init_drop_heads), and train on the same data,
+# steps and seed: a stage's lead measured from a shared start when the ablation's own earlier stages are not at hand.
 #
 # DATA_ARGS: further runners.make_training_data settings, e.g. "seed=5" (other prompts of a source whose train split
 # holds more than PER_SOURCE, and other samples of the same ones). SKIP_EVAL=1: the finish phase ships without
@@ -109,9 +112,17 @@ INIT_FROM=${INIT_FROM:-}
 INIT_FROM_DFLASH=${INIT_FROM_DFLASH:-}
 trained() { [[ " $STYLES " == *" $1 "* ]]; }
 has() { [[ " $PHASES " == *" $1 "* ]]; }
-if trained dflash && [[ -n "$INIT_FROM" && -z "$INIT_FROM_DFLASH" ]]; then
+ABLATE_FROM_INIT=${ABLATE_FROM_INIT:-0}
+if trained dflash && [[ -n "$INIT_FROM" && -z "$INIT_FROM_DFLASH" && "$ABLATE_FROM_INIT" != 1 ]]; then
   echo "INIT_FROM=$INIT_FROM with the DFlash ablation: the two would not have the same steps; set STYLES=dspark," \
-       "or continue the ablation from its own previous stage with INIT_FROM_DFLASH"
+       "continue the ablation from its own previous stage with INIT_FROM_DFLASH, or start both from INIT_FROM" \
+       "(ABLATE_FROM_INIT=1)"
+  exit 2
+fi
+if [[ "$ABLATE_FROM_INIT" == 1 ]] && ! { trained dspark && trained dflash && [[ -n "$INIT_FROM" ]] \
+    && [[ -z "$INIT_FROM_DFLASH${GROW_LAYERS:-}${MARKOV_RANK:-}" ]]; }; then
+  echo "ABLATE_FROM_INIT=1 starts both styles from INIT_FROM's architecture: it needs STYLES=\"dspark dflash\"," \
+       "INIT_FROM, and neither INIT_FROM_DFLASH, GROW_LAYERS nor MARKOV_RANK"
   exit 2
 fi
 if [[ -n "$INIT_FROM_DFLASH" ]] && ! trained dflash; then
@@ -256,7 +267,8 @@ fi
 
 if has train; then
   stamp "train: $STYLES (GPUs from $(gpu 0)), same data, steps and seed${INIT_FROM:+; DSpark from $INIT_FROM}$(
-    )${INIT_FROM_DFLASH:+; DFlash from $INIT_FROM_DFLASH}"
+    )${INIT_FROM_DFLASH:+; DFlash from $INIT_FROM_DFLASH}$( [[ "$ABLATE_FROM_INIT" == 1 ]] && echo \
+    "; DFlash from $INIT_FROM, its heads dropped")"
   common="data=$DATA_LIST data_holdout_fraction=$HOLDOUT train.device=$DEV train.max_steps=$STEPS train.batch_size=$BATCH
     train.max_len=${MAX_LEN:-2048} train.bucket_batches=${BUCKET:-16} train.warmup_steps=$(( STEPS / 20 + 1 ))
     train.save_every=500 train.keep_last=1
@@ -279,6 +291,7 @@ if has train; then
     [[ $style == dspark && -n "$INIT_FROM" ]] &&
       init="init_from=$INIT_FROM${GROW_LAYERS:+ init_grow_layers=true}${MARKOV_RANK:+ init_grow_markov_rank=true}"
     [[ $style == dflash && -n "$INIT_FROM_DFLASH" ]] && init="init_from=$INIT_FROM_DFLASH"
+    [[ $style == dflash && "$ABLATE_FROM_INIT" == 1 ]] && init="init_from=$INIT_FROM init_drop_heads=true"
     CUDA_VISIBLE_DEVICES=$(gpu $k) python3 -m runners.train_drafter $common style=$style resume=$resume $init \
       train.output_dir="$WORK/run_$style" hydra.run.dir="$WORK/hydra/train_$style" > "$WORK/train_$style.log" 2>&1 &
     pids+=($!); k=$((k + 1))

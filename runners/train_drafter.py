@@ -141,6 +141,10 @@ class TrainDrafterSchema:
     # and of W2 as initialised, and the confidence head reads the new W1 columns with weight zero, so it starts as
     # the checkpoint's function; with init_grow_layers both may grow at once
     init_grow_markov_rank: bool = False
+    # with init_from and style=dflash: the ablation starts from a DSpark checkpoint (drafter_arch as the checkpoint's
+    # but for the Markov and confidence heads), its backbone copied and both heads dropped, so that the two styles
+    # continue from one stage's weights on the same data and steps
+    init_drop_heads: bool = False
     # stop at this step, before train.max_steps, with a checkpoint (resume=true continues) and the drafter in final/
     # (an ablation stopped at another run's step count); null: train.max_steps
     stop_at_step: Optional[int] = None
@@ -189,19 +193,25 @@ def load_target_and_tokenizer(cfg: Any):
 
 
 def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_layers: bool = False,
-                 grow_markov_rank: bool = False) -> None:
+                 grow_markov_rank: bool = False, drop_heads: bool = False) -> None:
     """Copy a saved drafter's weights into ``drafter``; the architectures must be identical, or differ only in
     ``drafter`` having more layers (``grow_layers``) or a vanilla Markov head of a higher rank
     (``grow_markov_rank``). Grown, the drafter computes what the checkpoint did: each extra layer starts as an
     identity on the residual stream (attention and MLP output projections zero, the rest as initialised); the
     head's extra rank columns of W1 and the confidence head's weights on them start at zero while W2's keep their
     initialisation, so the bias and the confidence are the checkpoint's and W1 still has a gradient. W1's rows of
-    tokens training never shows stay zero, which the shipped bf16 shards compress away."""
+    tokens training never shows stay zero, which the shipped bf16 shards compress away.
+
+    ``drop_heads``: ``drafter`` is a DFlash-style ablation (no Markov head, no confidence head) of the checkpoint's
+    architecture otherwise; it gets every weight of the checkpoint but the two heads'."""
     from runners.common import resolve_drafter_path
 
     source = DSparkDrafter.load(resolve_drafter_path(path, key="init_from"), target.cfg, device="cpu", dtype=torch.float32)
     want, got = drafter.cfg.to_dict(), source.cfg.to_dict()
     diff = {k: (got.get(k), want.get(k)) for k in set(want) | set(got) if want.get(k) != got.get(k)}
+    if drop_heads:
+        _drop_heads(drafter, source, path, diff, grow=grow_layers or grow_markov_rank)
+        return
     growable = {k for k, on in (("num_layers", grow_layers), ("markov_rank", grow_markov_rank)) if on}
     grows = bool(diff) and set(diff) <= growable and all(want[k] > got[k] for k in diff)
     if grows and "markov_rank" in diff and (got["markov_variant"] != "vanilla" or got["markov_rank"] < 1):
@@ -238,6 +248,30 @@ def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_la
              ", ".join(f"{k} from {a} to {b}" for k, (a, b) in sorted(diff.items())))
 
 
+def _drop_heads(drafter: DSparkDrafter, source: DSparkDrafter, path: str, diff: dict, grow: bool) -> None:
+    """``init_weights(drop_heads=True)``: ``source``'s weights but its Markov and confidence heads' into the
+    head-less ``drafter``, refused unless the two differ in those heads alone (and the source has both)."""
+    if grow:
+        raise ConfigError("init_drop_heads: drops the heads of the checkpoint's architecture; it does not combine "
+                          "with init_grow_layers or init_grow_markov_rank")
+    if drafter.markov_head is not None or drafter.confidence_head is not None:
+        raise ConfigError("init_drop_heads: starts a DFlash-style ablation (style=dflash: no Markov head, no "
+                          "confidence head) from a DSpark checkpoint; this drafter has a head")
+    if source.markov_head is None or source.confidence_head is None:
+        raise ConfigError(f"init_drop_heads: init_from={path!r} has no Markov or no confidence head to drop (a "
+                          f"DFlash-style checkpoint starts an ablation without init_drop_heads)")
+    others = {k: v for k, v in diff.items() if k not in ("markov_rank", "markov_variant", "use_confidence_head")}
+    if others:
+        raise ConfigError(f"init_drop_heads: init_from={path!r} differs from drafter_arch in more than its heads "
+                          f"(key: (checkpoint, configured)): {others}")
+    kept = drafter.state_dict()
+    old = source.state_dict()
+    dropped = sorted(k for k in old if k not in kept)
+    assert all(k.startswith(("markov_head.", "confidence_head.")) for k in dropped), dropped
+    drafter.load_state_dict({k: old[k] for k in kept})
+    log.info("init_from=%s: backbone copied, heads dropped (%s)", path, ", ".join(dropped))
+
+
 def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     """Train as configured; ``target`` overrides loading cfg.model (tests pass a tiny one)."""
     from runners.common import writable_folder
@@ -252,6 +286,9 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     if train_cfg.head_only and not cfg.get("init_from") and not cfg.resume:
         raise ConfigError("train.head_only trains the confidence head of a trained drafter with its other weights "
                           "frozen: give init_from=DRAFTER (e.g. builtin:dspark-smollm2), or resume=true")
+    if cfg.get("init_drop_heads") and (cfg.style != "dflash" or not cfg.get("init_from")):
+        raise ConfigError(f"init_drop_heads: starts the DFlash ablation (style=dflash) from a DSpark checkpoint "
+                          f"(init_from); got style={cfg.style}, init_from={cfg.get('init_from')}")
     if train_cfg.head_only and cfg.style != "dspark":
         raise ConfigError(f"train.head_only: style={cfg.style} has no confidence head to train; use style=dspark")
     writable_folder(train_cfg.output_dir, "train.output_dir")  # before the data and the model load
@@ -267,9 +304,11 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     drafter = DSparkDrafter(target.cfg, drafter_cfg)
     init_from, grow = cfg.get("init_from"), bool(cfg.get("init_grow_layers", False))
     grow_rank = bool(cfg.get("init_grow_markov_rank", False))
+    drop = bool(cfg.get("init_drop_heads", False))
     if init_from and not cfg.resume:
-        init_weights(drafter, init_from, target, grow_layers=grow, grow_markov_rank=grow_rank)
+        init_weights(drafter, init_from, target, grow_layers=grow, grow_markov_rank=grow_rank, drop_heads=drop)
     extra = {"init_from": init_from, "init_grow_layers": grow, "init_grow_markov_rank": grow_rank,
+             "init_drop_heads": drop,
              "style": cfg.style, "data": str(cfg.data), "data_holdout_fraction": float(cfg.data_holdout_fraction),
              "data_holdout_seed": int(cfg.data_holdout_seed)}
     trainer = DrafterTrainer(target, drafter, dataset, train_cfg, extra_state=extra)

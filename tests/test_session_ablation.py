@@ -1,6 +1,7 @@
 """bench/h200_session.sh, the DFlash ablation continued beside a shipped DSpark: its settings (STYLES=dflash alone,
-INIT_FROM_DFLASH, SHARDS / ONLY_SHARD, PARTS) are refused with a reason before anything runs when they cannot make the
-ablation's data or steps, and the accepted ones reach no phase (PHASES=none) without an error."""
+INIT_FROM_DFLASH, ABLATE_FROM_INIT, SHARDS / ONLY_SHARD, PARTS) are refused with a reason before anything runs when
+they cannot make the ablation's data or steps, and the accepted ones reach no phase (PHASES=none) without an
+error."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ from session_script import data_folder, run_session as session
     ({"STYLES": "dflash", "PHASES": "data", "SHARDS": "2", "ONLY_SHARD": "x"}, 2, "ONLY_SHARD=x"),
     ({"STYLES": "dflash", "PHASES": "data", "PARTS": "0"}, 2, "PARTS=0: a whole number >= 1"),
     ({"STYLES": "dflash", "PHASES": "data", "PARTS": "two"}, 2, "PARTS=two: a whole number >= 1"),
+    ({"STYLES": "dspark", "INIT_FROM": "/a", "ABLATE_FROM_INIT": "1"}, 2, "it needs STYLES=\"dspark dflash\""),
+    ({"STYLES": "dspark dflash", "ABLATE_FROM_INIT": "1"}, 2, "ABLATE_FROM_INIT=1 starts both styles"),
+    ({"STYLES": "dspark dflash", "INIT_FROM": "/a", "ABLATE_FROM_INIT": "1", "GROW_LAYERS": "3"}, 2,
+     "neither INIT_FROM_DFLASH, GROW_LAYERS nor MARKOV_RANK"),
+    ({"STYLES": "dspark dflash", "INIT_FROM": "/a", "INIT_FROM_DFLASH": "/b", "ABLATE_FROM_INIT": "1"}, 2,
+     "neither INIT_FROM_DFLASH"),
 ])
 def test_settings_that_cannot_make_the_ablation_are_refused_first(tmp_path, env, code, message):
     refused = session(tmp_path, **env)
@@ -28,6 +35,7 @@ def test_settings_that_cannot_make_the_ablation_are_refused_first(tmp_path, env,
 @pytest.mark.parametrize("env", [
     {"STYLES": "dflash", "PHASES": "none", "INIT_FROM_DFLASH": "/w", "SHARDS": "2", "ONLY_SHARD": "1"},
     {"STYLES": "dspark dflash", "PHASES": "none", "INIT_FROM": "/a", "INIT_FROM_DFLASH": "/b"},
+    {"STYLES": "dspark dflash", "PHASES": "none", "INIT_FROM": "/a", "ABLATE_FROM_INIT": "1"},
 ])
 def test_the_ablation_settings_are_accepted(tmp_path, env):
     done = session(tmp_path, **env)

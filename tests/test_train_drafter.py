@@ -841,6 +841,51 @@ def test_init_grow_markov_rank_starts_a_wider_markov_head_as_the_checkpoint(tmp_
                      str(tmp_path / "gated"), target, grow_markov_rank=True)
 
 
+def test_init_drop_heads_starts_the_ablation_from_a_dspark_checkpoints_backbone(tmp_path, target, greedy_data):
+    """style=dflash with init_from=DSPARK init_drop_heads=true: the ablation starts with every weight of the DSpark
+    checkpoint but its Markov and confidence heads', trains from there (on record in run_config.json), and is refused
+    for a DSpark run, without init_from, beside a growth, from a head-less checkpoint, into a drafter with a head,
+    and where the architectures differ beyond the heads."""
+    from runners import train_drafter
+    from runners.train_drafter import init_weights
+
+    data = greedy_data.save(tmp_path / "data.safetensors")
+    start = train_drafter.run(compose_train(tmp_path, data, "start"), target=target)["final_drafter"]
+    source = DSparkDrafter.load(Path(start), target.cfg).state_dict()
+    ablation = tiny_drafter(target, seed=3, block_size=4, markov_rank=0, use_confidence_head=False)
+    assert any(not torch.equal(v, source[k]) for k, v in ablation.state_dict().items())
+    init_weights(ablation, start, target, drop_heads=True)
+    kept = ablation.state_dict()
+    assert set(source) - set(kept) == {"markov_head.w1.weight", "markov_head.w2.weight", "confidence_head.weight",
+                                       "confidence_head.bias"}
+    for k, v in kept.items():
+        assert torch.equal(v, source[k]), k
+
+    out = train_drafter.run(compose_train(tmp_path, data, "ablation", "style=dflash", f"init_from={start}",
+                                          "init_drop_heads=true", "stop_at_step=1"), target=target)
+    assert out["step"] == 1 and json.loads((tmp_path / "ablation" / "run_config.json").read_text())["init_drop_heads"]
+    trained = DSparkDrafter.load(Path(out["final_drafter"]), target.cfg)
+    assert trained.markov_head is None and trained.confidence_head is None
+
+    for extra, message in ((("init_drop_heads=true", f"init_from={start}"), "style=dspark"),
+                           (("init_drop_heads=true", "style=dflash"), "init_from=None")):
+        with pytest.raises(ConfigError, match=message):
+            train_drafter.run(compose_train(tmp_path, data, "refused", *extra), target=target)
+    assert not (tmp_path / "refused").exists()
+    with pytest.raises(ConfigError, match="does not combine"):
+        init_weights(tiny_drafter(target, block_size=4, num_layers=2, markov_rank=0, use_confidence_head=False), start,
+                     target, grow_layers=True, drop_heads=True)
+    with pytest.raises(ConfigError, match="this drafter has a head"):
+        init_weights(tiny_drafter(target, block_size=4), start, target, drop_heads=True)
+    with pytest.raises(ConfigError, match="more than its heads"):
+        init_weights(tiny_drafter(target, block_size=5, markov_rank=0, use_confidence_head=False), start, target,
+                     drop_heads=True)
+    ablation.save(tmp_path / "headless")
+    with pytest.raises(ConfigError, match="no Markov or no confidence head to drop"):
+        init_weights(tiny_drafter(target, block_size=4, markov_rank=0, use_confidence_head=False),
+                     str(tmp_path / "headless"), target, drop_heads=True)
+
+
 @pytest.mark.parametrize("sources, warned", [(["hard_questions", "tool_calls"], False), (["agentic"], True)])
 def test_calibration_data_from_an_eval_split_is_warned_of_only_when_a_benchmark_draws_from_it(tmp_path, capsys,
                                                                                               sources, warned):
