@@ -84,7 +84,7 @@ class TrainSchema:
     ce_weight: float = 0.1  # loss weight of the cross-entropy against the target's own response tokens
     tv_weight: float = 0.9  # loss weight of the L1 distance between the drafter's and the target's distributions
     # loss weight of the confidence head's BCE against its label (train.conf_target); its gradient also reaches
-    # the drafter through the head's inputs, unless train.head_only
+    # the drafter through the head's inputs, unless train.head_only or train.conf_stop_grad
     conf_weight: float = 1.0
     # the confidence head's label: analytical (1 - the total variation of the drafter's and the target's
     # distributions: a sampled draft's acceptance, the paper's) | greedy (whether the drafter's top token is the
@@ -93,6 +93,9 @@ class TrainSchema:
     # train the confidence head alone (every other weight frozen, CE and TV only reported): a trained drafter's
     # head trained again, its drafts unchanged; needs init_from (or resume=true)
     head_only: bool = False
+    # the confidence term trains the head alone while CE and TV train the rest: the head reads h_k and W1[x_{k-1}]
+    # detached, so its gradient reaches neither the backbone nor the Markov head (style=dspark; conf_weight > 0)
+    conf_stop_grad: bool = False
     # block position k's loss weight is exp(-(k-1) / position_decay) (> 0); null: drafter_arch.block_size
     position_decay: Optional[float] = 4.0
     seed: int = 0  # seeds the drafter's initial weights, the data order and every step's anchors
@@ -289,8 +292,9 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     if cfg.get("init_drop_heads") and (cfg.style != "dflash" or not cfg.get("init_from")):
         raise ConfigError(f"init_drop_heads: starts the DFlash ablation (style=dflash) from a DSpark checkpoint "
                           f"(init_from); got style={cfg.style}, init_from={cfg.get('init_from')}")
-    if train_cfg.head_only and cfg.style != "dspark":
-        raise ConfigError(f"train.head_only: style={cfg.style} has no confidence head to train; use style=dspark")
+    for key in ("head_only", "conf_stop_grad"):
+        if getattr(train_cfg, key) and cfg.style != "dspark":
+            raise ConfigError(f"train.{key}: style={cfg.style} has no confidence head to train; use style=dspark")
     writable_folder(train_cfg.output_dir, "train.output_dir")  # before the data and the model load
     dataset = load_training_data(cfg)
     if target is None:

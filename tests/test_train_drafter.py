@@ -346,6 +346,23 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, target, greedy_data):
         train_drafter.run(compose_train(tmp_path, data, "empty", "resume=true"), target=target)
 
 
+def weights_each_run_moved(tmp_path: Path, target, data: Path, runs: dict[str, tuple[str, ...]], *common: str
+                           ) -> tuple[str, dict[str, set[str]]]:
+    """Train a start drafter, then from it one run per name with its own and the ``common`` settings: (the start's
+    folder, the names of the weights each run changed)."""
+    from runners import train_drafter
+
+    start = train_drafter.run(compose_train(tmp_path, data, "start"), target=target)["final_drafter"]
+    before = DSparkDrafter.load(Path(start), target.cfg).state_dict()
+    moved = {}
+    for name, extra in runs.items():
+        out = train_drafter.run(compose_train(tmp_path, data, name, f"init_from={start}", *common, *extra),
+                                target=target)
+        after = DSparkDrafter.load(Path(out["final_drafter"]), target.cfg).state_dict()
+        moved[name] = {k for k in before if not torch.equal(before[k], after[k])}
+    return start, moved
+
+
 def test_head_only_trains_the_confidence_head_alone_and_keeps_the_drafts(tmp_path, target, greedy_data):
     """train.head_only (from init_from): the confidence head is trained on train.conf_target and every other weight
     stays bit for bit, so the drafter drafts exactly what it did; a whole-drafter run on the same settings moves
@@ -354,14 +371,8 @@ def test_head_only_trains_the_confidence_head_alone_and_keeps_the_drafts(tmp_pat
     from runners import train_drafter
 
     data = greedy_data.save(tmp_path / "data.safetensors")
-    start = train_drafter.run(compose_train(tmp_path, data, "start"), target=target)["final_drafter"]
-    before = DSparkDrafter.load(Path(start), target.cfg).state_dict()
-    moved = {}
-    for name, extra in (("head", ("train.head_only=true",)), ("whole", ())):
-        out = train_drafter.run(compose_train(tmp_path, data, name, f"init_from={start}", "train.conf_target=greedy",
-                                              *extra), target=target)
-        after = DSparkDrafter.load(Path(out["final_drafter"]), target.cfg).state_dict()
-        moved[name] = {k for k in before if not torch.equal(before[k], after[k])}
+    start, moved = weights_each_run_moved(tmp_path, target, data, {"head": ("train.head_only=true",), "whole": ()},
+                                          "train.conf_target=greedy")
     assert moved["head"] == {"confidence_head.weight", "confidence_head.bias"}
     assert moved["whole"] > moved["head"]
     cfg = json.loads((tmp_path / "head" / "run_config.json").read_text())["train"]
@@ -379,10 +390,31 @@ def test_head_only_trains_the_confidence_head_alone_and_keeps_the_drafts(tmp_pat
     part = train_drafter.run(compose_train(tmp_path, data, "old", "stop_at_step=2"), target=target)
     state_path = Path(part["checkpoint"]) / "trainer_state.pt"
     state = torch.load(state_path, weights_only=False)
-    for key in ("conf_target", "head_only"):
+    for key in ("conf_target", "head_only", "conf_stop_grad"):
         del state["train_config"][key]
     torch.save(state, state_path)
     assert train_drafter.run(compose_train(tmp_path, data, "old", "resume=true"), target=target)["step"] == 6
+
+
+def test_conf_stop_grad_keeps_the_confidence_terms_gradient_in_the_head(tmp_path, target, greedy_data):
+    """train.conf_stop_grad: the confidence term trains the head alone. With CE and TV weighted 0 (and no weight
+    decay) only the head's weights move, while the same run without it moves the backbone and the Markov head too
+    (the check can fail); the setting is recorded, and refused where it would do nothing."""
+    from runners import train_drafter
+
+    data = greedy_data.save(tmp_path / "data.safetensors")
+    runs = {"stopped": ("train.conf_stop_grad=true",), "through": ()}
+    _, moved = weights_each_run_moved(tmp_path, target, data, runs, "train.ce_weight=0", "train.tv_weight=0",
+                                      "train.weight_decay=0")
+    assert moved["stopped"] == {"confidence_head.weight", "confidence_head.bias"}
+    assert {"markov_head.w1.weight", "layers.0.self_attn.q_proj.weight"} <= moved["through"]
+    assert json.loads((tmp_path / "stopped" / "run_config.json").read_text())["train"]["conf_stop_grad"] is True
+
+    for extra, message in ((("train.conf_stop_grad=true", "style=dflash"), "no confidence head"),
+                           (("train.conf_stop_grad=true", "train.conf_weight=0"), "conf_weight > 0")):
+        with pytest.raises(ConfigError, match=message):
+            train_drafter.run(compose_train(tmp_path, data, "refused", *extra), target=target)
+    assert not (tmp_path / "refused").exists()
 
 
 def carry_state(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:

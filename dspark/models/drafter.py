@@ -306,14 +306,18 @@ class DSparkDrafter(nn.Module):
         bias, gate, state = self.markov_head.bias_parts(h, prev_emb, state)
         return draft_slot_logits(base_logits, bias, gate, fused=fused), state
 
-    def confidence_logits(self, hidden: torch.Tensor, prev_tokens: torch.Tensor) -> torch.Tensor:
+    def confidence_logits(self, hidden: torch.Tensor, prev_tokens: torch.Tensor,
+                          stop_grad: bool = False) -> torch.Tensor:
         """The confidence head's raw logits z_k of every slot at once: hidden [..., gamma, d] and the token before
         each slot, prev_tokens x_{k-1} [..., gamma] (the anchor, then the block's tokens) -> float32 [..., gamma].
         A slot's confidence reads no token drawn at that slot, so the head runs once over the block after the
-        slots are drawn, not once per slot (at batch 1 the per-slot head was five of a slot's nine launches)."""
+        slots are drawn, not once per slot (at batch 1 the per-slot head was five of a slot's nine launches).
+        ``stop_grad``: the head reads its inputs detached, so a loss on these logits trains the head alone."""
         feats = hidden
         if self.markov_head is not None:
             feats = torch.cat((hidden, self.markov_head.w1(prev_tokens)), dim=-1)
+        if stop_grad:
+            feats = feats.detach()
         return self.confidence_head(feats).float().squeeze(-1)
 
     def draft(self, hidden: torch.Tensor, anchor_ids: torch.Tensor, lm_head_weight: torch.Tensor,
@@ -470,7 +474,7 @@ class DSparkDrafter(nn.Module):
 
     def forward_train(self, target_hidden_cat: torch.Tensor, input_ids: torch.Tensor, anchor_positions: torch.Tensor,
                       embed_fn: EmbedFn, lm_head_weight: torch.Tensor, block_targets: torch.Tensor,
-                      anchors_checked: bool = False) -> TrainOutput:
+                      anchors_checked: bool = False, conf_stop_grad: bool = False) -> TrainOutput:
         """Dense training forward for A blocks per sequence.
 
         target_hidden_cat [N, S, n*d]; input_ids int64 [N, S]; anchor_positions int64 [N, A] in
@@ -482,6 +486,8 @@ class DSparkDrafter(nn.Module):
         features; the slots after them have padded targets too and must carry no loss.
         ``anchors_checked``: the caller has checked that the anchors lie in [0, S) (:func:`check_anchor_range` on
         the host copy), so the check here, which reads device anchors back and stalls the host, is skipped.
+        ``conf_stop_grad``: the confidence head reads h_k and W1[x_{k-1}] detached (:meth:`confidence_logits`), so
+        a loss on the confidence logits reaches neither the backbone nor the Markov head.
         """
         n_seq, seq_len, _ = target_hidden_cat.shape
         gamma, d = self.block_size, self.hidden_size
@@ -528,7 +534,8 @@ class DSparkDrafter(nn.Module):
             logits, state = self._slot_logits(flat_hidden[:, k], base[:, k], flat_prev[:, k], state)
             logits_all.append(logits)
         logits = torch.stack(logits_all, dim=1).view(n_seq, n_anchor, gamma, -1)
-        confidence = (self.confidence_logits(flat_hidden, flat_prev).view(n_seq, n_anchor, gamma)
+        confidence = (self.confidence_logits(flat_hidden, flat_prev, stop_grad=conf_stop_grad)
+                      .view(n_seq, n_anchor, gamma)
                       if self.confidence_head is not None else None)
         return TrainOutput(logits, confidence, hidden)
 

@@ -68,7 +68,7 @@ RESUMABLE_CHANGES = ("output_dir", "save_every", "log_every", "keep_last", "prog
 
 
 # Train settings added after checkpoints had been written: an older checkpoint trained with their defaults.
-LATER_SETTINGS = ("conf_target", "head_only")
+LATER_SETTINGS = ("conf_target", "head_only", "conf_stop_grad")
 HEAD_PREFIX = "confidence_head."  # the drafter's confidence head parameters (train.head_only trains these alone)
 
 
@@ -101,6 +101,9 @@ class TrainConfig:
     # train the confidence head alone: every other weight frozen and left out of the optimizer, so a trained
     # drafter's drafts stay exactly as they were (its head is trained again, e.g. on another conf_target)
     head_only: bool = False
+    # the confidence term trains the confidence head alone: the head reads its inputs (h_k, W1[x_{k-1}]) detached,
+    # so the backbone and the Markov head learn from CE and TV alone, as the DFlash ablation's backbone does
+    conf_stop_grad: bool = False
     seed: int = 0
     device: str = "cpu"
     bf16_autocast: bool = True  # used on CUDA only; CPU runs stay float32
@@ -135,6 +138,9 @@ class TrainConfig:
         need(self.conf_target in CONF_TARGETS, "conf_target", f"one of {list(CONF_TARGETS)}, got {self.conf_target!r}")
         need(not self.head_only or self.conf_weight > 0, "conf_weight",
              f"head_only trains the confidence head on its loss term alone, which needs conf_weight > 0 "
+             f"(got {self.conf_weight})")
+        need(not self.conf_stop_grad or self.conf_weight > 0, "conf_stop_grad",
+             f"stops the confidence term's gradient at the head's inputs, which needs conf_weight > 0 "
              f"(got {self.conf_weight})")
         self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
         need(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
@@ -444,10 +450,11 @@ class DrafterTrainer:
         self.lengths = trained_lengths(dataset, cfg.max_len) if cfg.bucket_batches > 1 else None
         self.epoch_orders: dict[int, torch.Tensor] = {}  # batch_indices' epoch orders, computed once per epoch
         self.extra_state = dict(extra_state or {})
+        for key in ("head_only", "conf_stop_grad"):
+            if getattr(cfg, key) and drafter.confidence_head is None:
+                raise ConfigError(f"train.{key}: this drafter has no confidence head to train (style=dflash, or "
+                                  f"drafter_arch.use_confidence_head=false)")
         if cfg.head_only:
-            if drafter.confidence_head is None:
-                raise ConfigError("train.head_only: this drafter has no confidence head to train (style=dflash, or "
-                                  "drafter_arch.use_confidence_head=false)")
             for name, p in self.drafter.named_parameters():  # frozen weights get no gradient and no weight decay
                 p.requires_grad_(name.startswith(HEAD_PREFIX))
         decay, no_decay = [], []
@@ -503,7 +510,7 @@ class DrafterTrainer:
             target_logits = self.target.compute_logits(gather_positions(hidden, target_pos))  # [B, A, G, V]
         with record_function("train/drafter_forward"), self._autocast():
             out = self.drafter.forward_train(captured, ids, anchors, self.target.embed, self.target.lm_head_weight,
-                                             labels, anchors_checked=True)
+                                             labels, anchors_checked=True, conf_stop_grad=cfg.conf_stop_grad)
         weights = (0.0, 0.0) if cfg.head_only else (cfg.ce_weight, cfg.tv_weight)  # head_only: CE, TV reported only
         with record_function("train/loss"):
             return dspark_loss(out.logits, target_logits, out.confidence_logits, valid, ce_weight=weights[0],
@@ -635,7 +642,7 @@ class DrafterTrainer:
         if not state_path.is_file():
             raise FileNotFoundError(f"{state_path} not found: {src} is not a complete training checkpoint")
         state = torch.load(state_path, map_location="cpu", weights_only=True)
-        # a setting the checkpoint's version did not have yet (train.conf_target, train.head_only) had its default
+        # a setting the checkpoint's version did not have yet (LATER_SETTINGS) had its default
         saved_cfg = {**{f.name: f.default for f in fields(TrainConfig) if f.name in LATER_SETTINGS},
                      **state["train_config"]}
         now = self.cfg.to_dict()
