@@ -116,8 +116,7 @@ def main(argv: list[str]) -> dict:
     if stride < 1:
         raise SystemExit(f"stride={stride}: a whole number >= 1")
     from dspark.models.drafter import DSparkDrafter
-    from dspark.models.llama import TargetModel
-    from dspark.models.loading import load_target_weights
+    from dspark.models.loading import load_target
     from dspark.training.data import TokenDataset
     from runners.common import resolve_drafter_path
 
@@ -125,12 +124,10 @@ def main(argv: list[str]) -> dict:
     missing = [f for f in files if not Path(f).is_file()]
     if missing:
         raise SystemExit(f"data: no such file(s) {missing}")
-    cfg, state, _ = load_target_weights("smollm2")
-    target = TargetModel(cfg)
-    target.load_hf_state_dict(state)
+    target, _ = load_target("smollm2")
     target.eval()
     path = resolve_drafter_path(opts.get("drafter", "builtin:dspark-smollm2"), key="drafter")
-    drafter = DSparkDrafter.load(path, cfg, device="cpu", dtype=torch.float32).eval()
+    drafter = DSparkDrafter.load(path, target.cfg, device="cpu", dtype=torch.float32).eval()
     data = TokenDataset.load_many(files)
     n = len(data) if max_seqs is None else min(len(data), max_seqs)
     parts = []

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PARTS = ("backbone", "markov_head", "confidence_head")
-TERMS = {"ce": ("ce_weight",), "tv": ("tv_weight",), "conf": ("conf_weight",)}
+TERMS = ("ce", "tv", "conf")
 
 
 def part_of(name: str) -> str:
@@ -35,7 +35,8 @@ def term_gradients(drafter, target, dataset, batches: int = 3, batch_size: int =
                    conf_stop_grad: bool = False, **weights: float) -> dict:
     """{"norms": {term: {part: L2 norm}}, "conf_backbone_cosine": cosine of the confidence term's backbone gradient
     with the CE and TV terms' summed one (None where either is zero)}, each term's gradient summed over the first
-    ``batches`` batches of a trainer seeded 0."""
+    ``batches`` batches of a trainer seeded 0 (a weight no term reaches counts as a zero gradient). ``drafter``
+    has a Markov and a confidence head."""
     from dspark.training.trainer import DrafterTrainer, TrainConfig
 
     grads: dict[str, dict[str, torch.Tensor]] = {}
@@ -48,20 +49,14 @@ def term_gradients(drafter, target, dataset, batches: int = 3, batch_size: int =
         drafter.zero_grad(set_to_none=True)
         for step in range(batches):
             trainer.compute_loss(step).total.backward()
-        grads[term] = {}
-        for part in PARTS:
-            flat = [p.grad.reshape(-1) for n, p in drafter.named_parameters()
-                    if part_of(n) == part and p.grad is not None]
-            if flat:
-                grads[term][part] = torch.cat(flat).double()
+        grads[term] = {part: torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double()
+                                        for n, p in drafter.named_parameters() if part_of(n) == part])
+                       for part in PARTS}
         drafter.zero_grad(set_to_none=True)
     norms = {term: {part: float(g.norm()) for part, g in parts.items()} for term, parts in grads.items()}
-    conf, rest = grads["conf"].get("backbone"), None
-    if "backbone" in grads["ce"] and "backbone" in grads["tv"]:
-        rest = grads["ce"]["backbone"] + grads["tv"]["backbone"]
-    cosine = None
-    if conf is not None and rest is not None and float(conf.norm()) > 0 and float(rest.norm()) > 0:
-        cosine = float(torch.nn.functional.cosine_similarity(conf, rest, dim=0))
+    conf, rest = grads["conf"]["backbone"], grads["ce"]["backbone"] + grads["tv"]["backbone"]
+    cosine = (float(torch.nn.functional.cosine_similarity(conf, rest, dim=0))
+              if float(conf.norm()) > 0 and float(rest.norm()) > 0 else None)
     return {"norms": norms, "conf_backbone_cosine": cosine}
 
 
@@ -76,18 +71,19 @@ def main(argv: list[str]) -> dict:
     if opts.get("conf_stop_grad", "false") not in ("true", "false"):
         raise SystemExit(f"conf_stop_grad: true or false, got {opts['conf_stop_grad']!r}")
     from dspark.models.drafter import DSparkDrafter
-    from dspark.models.loading import load_target_weights
-    from dspark.models.llama import TargetModel
+    from dspark.models.loading import load_target
     from dspark.training.data import TokenDataset
     from runners.common import resolve_drafter_path
 
-    mcfg, state, _ = load_target_weights("smollm2")
-    target = TargetModel(mcfg)
-    target.load_hf_state_dict(state)
+    dataset = TokenDataset.load_many(opts["data"])  # a missing file is named before the model loads
+    target, _ = load_target("smollm2")
     path = resolve_drafter_path(opts.get("drafter", "builtin:dspark-smollm2"), key="drafter")
     drafter = DSparkDrafter.load(path, target.cfg, device="cpu", dtype=torch.float32)
+    if drafter.markov_head is None or drafter.confidence_head is None:
+        raise SystemExit(f"drafter={path}: no Markov or no confidence head (a DFlash-style drafter); the report "
+                         f"compares the confidence term's gradient with the other two's")
     torch.manual_seed(0)
-    result = term_gradients(drafter, target, TokenDataset.load_many(opts["data"]),
+    result = term_gradients(drafter, target, dataset,
                             batches=int(opts.get("batches", 3)), batch_size=int(opts.get("batch_size", 8)),
                             max_len=int(opts.get("max_len", 512)),
                             conf_stop_grad=opts.get("conf_stop_grad") == "true")

@@ -187,12 +187,9 @@ def load_training_data(cfg: Any) -> TokenDataset:
 
 def load_target_and_tokenizer(cfg: Any):
     """(TargetModel, Tokenizer) named by cfg.model (the packaged SmolLM2 or a local HF folder)."""
-    from dspark.models.loading import load_target_weights
+    from dspark.models.loading import load_target
 
-    mcfg, state, tokenizer = load_target_weights(cfg.model.source, cache_dir=cfg.model.cache_dir)
-    target = TargetModel(mcfg)
-    target.load_hf_state_dict(state)
-    return target, tokenizer
+    return load_target(cfg.model.source, cache_dir=cfg.model.cache_dir)
 
 
 def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_layers: bool = False,

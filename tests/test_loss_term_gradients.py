@@ -33,3 +33,5 @@ def test_the_confidence_terms_backbone_gradient_is_zero_only_when_stopped():
     for argv in ([], ["out", "data=x", "batchs=2"], ["out"], ["out", "data=x", "conf_stop_grad=yes"]):
         with pytest.raises(SystemExit):
             script.main(argv)
+    with pytest.raises(FileNotFoundError, match="make_training_data"):
+        script.main(["out", "data=no/such/data.safetensors"])

@@ -510,12 +510,23 @@ def load_target_weights(spec: str | Path, cache_dir: str | Path | None = None
     return load_hf_folder(target_folder(spec, cache_dir))
 
 
+def load_target(spec: str | Path, cache_dir: str | Path | None = None) -> tuple[Any, Tokenizer]:
+    """``(TargetModel, Tokenizer)`` for ``spec`` (:func:`target_folder`), the model's weights loaded."""
+    from dspark.models.llama import TargetModel
+
+    mcfg, state, tokenizer = load_target_weights(spec, cache_dir)
+    target = TargetModel(mcfg)
+    target.load_hf_state_dict(state)
+    return target, tokenizer
+
+
 __all__ = [
     "smollm2_gguf_path",
     "default_cache_dir",
     "prepare_smollm2",
     "load_hf_folder",
     "load_target_weights",
+    "load_target",
     "target_folder",
     "model_config_from_hf",
     "load_state_dict",

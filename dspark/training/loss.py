@@ -19,7 +19,8 @@ p_t = softmax(target logits):
   1..k-1 were, and the cumulative product of the c_k is the prefix survival. c*_k is
   detached (a label, not a path to the drafter's distribution); the term's gradient
   reaches the head and, through the head's inputs h_k and W1[x_{k-1}], the backbone and
-  the Markov embedding (not with ``train.conf_stop_grad``, where the head reads them detached). ``conf_target="greedy"`` labels a cell instead with whether the
+  the Markov embedding (not with ``train.conf_stop_grad``, where the head reads them
+  detached). ``conf_target="greedy"`` labels a cell instead with whether the
   drafter's top token is the target's top token, 1[argmax p_d_k = argmax p_t_k]: the
   acceptance of the greedy draft under greedy verification, which is what a head that
   schedules T=0 traffic estimates (the analytical label is the acceptance of a sampled draft
