@@ -101,13 +101,9 @@ def summarize(c: dict[str, np.ndarray]) -> dict:
 
 
 def main(argv: list[str]) -> dict:
-    if not argv or "=" in argv[0]:
-        raise SystemExit(__doc__)
-    out = Path(argv[0])
-    opts = dict(a.split("=", 1) for a in argv[1:])
-    unknown = set(opts) - {"data", "drafter", "stride", "max_sequences"}
-    if unknown or "data" not in opts:
-        raise SystemExit(f"unknown option(s) {sorted(unknown)} or no data=; see the usage:\n{__doc__}")
+    from dspark.bench.script_args import existing_files, out_and_options
+
+    out, opts = out_and_options(argv, __doc__, ("data", "drafter", "stride", "max_sequences"), ("data",))
     try:
         stride = int(opts.get("stride", 3))
         max_seqs = int(opts["max_sequences"]) if "max_sequences" in opts else None
@@ -120,10 +116,7 @@ def main(argv: list[str]) -> dict:
     from dspark.training.data import TokenDataset
     from runners.common import resolve_drafter_path
 
-    files = opts["data"].split(",")
-    missing = [f for f in files if not Path(f).is_file()]
-    if missing:
-        raise SystemExit(f"data: no such file(s) {missing}")
+    files = existing_files(opts["data"])
     target, _ = load_target("smollm2")
     target.eval()
     path = resolve_drafter_path(opts.get("drafter", "builtin:dspark-smollm2"), key="drafter")

@@ -28,7 +28,9 @@
 # A deeper drafter from the shipped one: GROW_LAYERS=N (with INIT_FROM) trains N draft layers, the starting
 # drafter's in the first ones and the rest starting as identities (runners.train_drafter init_grow_layers).
 # MARKOV_RANK=R (default 32, the shipped drafter's) sets DSpark's Markov rank; with INIT_FROM a rank above the
-# starting drafter's grows its head (init_grow_markov_rank: the new rank starts as a zero bias).
+# starting drafter's grows its head (init_grow_markov_rank: the new rank starts as a zero bias). MARKOV_VARIANT=rnn
+# trains DSpark's recurrent Markov head; with INIT_FROM it starts from the starting drafter's vanilla head
+# (runners.train_drafter init_rnn_from_vanilla: nearly the same bias, the state's weights from zero).
 #
 # The DFlash ablation continued beside a shipped DSpark (the same data and steps as DSpark's later stages):
 # STYLES=dflash INIT_FROM_DFLASH=DIR starts it from its own previous stage's weights (RETURN_WEIGHTS=dflash sends them back);
@@ -127,6 +129,9 @@ if [[ "$ABLATE_FROM_INIT" == 1 ]] && ! { trained dspark && trained dflash && [[ 
 fi
 if [[ -n "$INIT_FROM_DFLASH" ]] && ! trained dflash; then
   echo "INIT_FROM_DFLASH=$INIT_FROM_DFLASH: STYLES=$STYLES trains no DFlash ablation"; exit 2
+fi
+if [[ -n "${MARKOV_VARIANT:-}" ]] && ! trained dspark; then
+  echo "MARKOV_VARIANT=$MARKOV_VARIANT sets DSpark's Markov head: STYLES=$STYLES trains no DSpark"; exit 2
 fi
 if ! trained dspark && has finish; then
   echo "STYLES=$STYLES: the finish phase ships DSpark, which this run does not train; an ablation trained alone" \
@@ -290,6 +295,10 @@ if has train; then
     init=""
     [[ $style == dspark && -n "$INIT_FROM" ]] &&
       init="init_from=$INIT_FROM${GROW_LAYERS:+ init_grow_layers=true}${MARKOV_RANK:+ init_grow_markov_rank=true}"
+    if [[ $style == dspark && -n "${MARKOV_VARIANT:-}" ]]; then
+      init="$init drafter_arch.markov_variant=$MARKOV_VARIANT"
+      [[ -n "$INIT_FROM" && $MARKOV_VARIANT == rnn ]] && init="$init init_rnn_from_vanilla=true"
+    fi
     [[ $style == dflash && -n "$INIT_FROM_DFLASH" ]] && init="init_from=$INIT_FROM_DFLASH"
     [[ $style == dflash && "$ABLATE_FROM_INIT" == 1 ]] && init="init_from=$INIT_FROM init_drop_heads=true"
     CUDA_VISIBLE_DEVICES=$(gpu $k) python3 -m runners.train_drafter $common style=$style resume=$resume $init \

@@ -61,13 +61,10 @@ def term_gradients(drafter, target, dataset, batches: int = 3, batch_size: int =
 
 
 def main(argv: list[str]) -> dict:
-    if not argv or "=" in argv[0]:
-        raise SystemExit(__doc__)
-    out = Path(argv[0])
-    opts = dict(a.split("=", 1) for a in argv[1:])
-    unknown = set(opts) - {"data", "drafter", "batches", "batch_size", "max_len", "conf_stop_grad"}
-    if unknown or "data" not in opts:
-        raise SystemExit(f"unknown option(s) {sorted(unknown)} or no data=FILE; see the usage:\n{__doc__}")
+    from dspark.bench.script_args import out_and_options
+
+    out, opts = out_and_options(argv, __doc__, ("data", "drafter", "batches", "batch_size", "max_len",
+                                                "conf_stop_grad"), ("data",))
     if opts.get("conf_stop_grad", "false") not in ("true", "false"):
         raise SystemExit(f"conf_stop_grad: true or false, got {opts['conf_stop_grad']!r}")
     from dspark.models.drafter import DSparkDrafter

@@ -35,13 +35,9 @@ def xz_bytes(t: torch.Tensor) -> int:
 
 
 def main(argv: list[str]) -> dict:
-    if not argv or "=" in argv[0]:
-        raise SystemExit(__doc__)
-    out = Path(argv[0])
-    opts = dict(a.split("=", 1) for a in argv[1:])
-    unknown = set(opts) - {"drafter", "tail", "moved"}
-    if unknown:
-        raise SystemExit(f"unknown option(s) {sorted(unknown)}; see the usage:\n{__doc__}")
+    from dspark.bench.script_args import out_and_options
+
+    out, opts = out_and_options(argv, __doc__, ("drafter", "tail", "moved"))
     from dspark.config import ModelConfig
     from dspark.models.drafter import DSparkDrafter
     from runners.common import resolve_drafter_path

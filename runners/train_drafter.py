@@ -148,6 +148,12 @@ class TrainDrafterSchema:
     # but for the Markov and confidence heads), its backbone copied and both heads dropped, so that the two styles
     # continue from one stage's weights on the same data and steps
     init_drop_heads: bool = False
+    # with init_from and drafter_arch.markov_variant=rnn: the recurrent Markov head starts from a checkpoint's vanilla
+    # head of the same rank (all else equal), so that it starts as nearly the checkpoint's function: W1 and the
+    # confidence head as the checkpoint's, the cell's output rows read W1[x] alone (RNN_INIT_SCALE times the identity,
+    # the state and the hidden state at weight zero), W2 the checkpoint's divided by that scale; bias = W2(tanh(o))
+    # then differs from the checkpoint's W2(W1[x]) only by tanh's curvature, and the state's weights train from zero
+    init_rnn_from_vanilla: bool = False
     # stop at this step, before train.max_steps, with a checkpoint (resume=true continues) and the drafter in final/
     # (an ablation stopped at another run's step count); null: train.max_steps
     stop_at_step: Optional[int] = None
@@ -193,7 +199,7 @@ def load_target_and_tokenizer(cfg: Any):
 
 
 def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_layers: bool = False,
-                 grow_markov_rank: bool = False, drop_heads: bool = False) -> None:
+                 grow_markov_rank: bool = False, drop_heads: bool = False, rnn_from_vanilla: bool = False) -> None:
     """Copy a saved drafter's weights into ``drafter``; the architectures must be identical, or differ only in
     ``drafter`` having more layers (``grow_layers``) or a vanilla Markov head of a higher rank
     (``grow_markov_rank``). Grown, the drafter computes what the checkpoint did: each extra layer starts as an
@@ -203,14 +209,20 @@ def init_weights(drafter: DSparkDrafter, path: str, target: TargetModel, grow_la
     tokens training never shows stay zero, which the shipped bf16 shards compress away.
 
     ``drop_heads``: ``drafter`` is a DFlash-style ablation (no Markov head, no confidence head) of the checkpoint's
-    architecture otherwise; it gets every weight of the checkpoint but the two heads'."""
+    architecture otherwise; it gets every weight of the checkpoint but the two heads'.
+
+    ``rnn_from_vanilla``: ``drafter`` has an rnn Markov head where the checkpoint has a vanilla one of the same rank,
+    all else equal; see :func:`_rnn_from_vanilla`."""
     from runners.common import resolve_drafter_path
 
     source = DSparkDrafter.load(resolve_drafter_path(path, key="init_from"), target.cfg, device="cpu", dtype=torch.float32)
     want, got = drafter.cfg.to_dict(), source.cfg.to_dict()
     diff = {k: (got.get(k), want.get(k)) for k in set(want) | set(got) if want.get(k) != got.get(k)}
     if drop_heads:
-        _drop_heads(drafter, source, path, diff, grow=grow_layers or grow_markov_rank)
+        _drop_heads(drafter, source, path, diff, grow=grow_layers or grow_markov_rank or rnn_from_vanilla)
+        return
+    if rnn_from_vanilla:
+        _rnn_from_vanilla(drafter, source, path, diff, grow=grow_layers or grow_markov_rank)
         return
     growable = {k for k, on in (("num_layers", grow_layers), ("markov_rank", grow_markov_rank)) if on}
     grows = bool(diff) and set(diff) <= growable and all(want[k] > got[k] for k in diff)
@@ -272,6 +284,37 @@ def _drop_heads(drafter: DSparkDrafter, source: DSparkDrafter, path: str, diff: 
     log.info("init_from=%s: backbone copied, heads dropped (%s)", path, ", ".join(dropped))
 
 
+RNN_INIT_SCALE = 0.25  # init_rnn_from_vanilla: o = this x W1[x] (tanh nearly linear there), W2 / this
+
+
+def _rnn_from_vanilla(drafter: DSparkDrafter, source: DSparkDrafter, path: str, diff: dict, grow: bool) -> None:
+    """``init_weights(rnn_from_vanilla=True)``: ``source``'s weights into ``drafter``, whose rnn Markov head starts
+    from ``source``'s vanilla one. The cell reads z = [s; W1[x]; h]; its output rows get RNN_INIT_SCALE times the
+    identity on the W1[x] columns and zero elsewhere (bias included), so o = a W1[x] and bias = (W2 / a)(tanh(a W1[x])),
+    which is the vanilla bias up to tanh's curvature (a relative error under (a W1[x])^2 / 3 per component). The
+    gate and candidate rows keep their initialisation: the state they make is read by the output rows with weight
+    zero at first, and trains from there. Refused unless the two differ in the head's variant alone."""
+    if grow:
+        raise ConfigError("init_rnn_from_vanilla: starts an rnn Markov head from the checkpoint's vanilla one of the "
+                          "same architecture; it does not combine with init_grow_layers or init_grow_markov_rank")
+    if diff != {"markov_variant": ("vanilla", "rnn")} or drafter.markov_head is None:
+        raise ConfigError(f"init_rnn_from_vanilla: needs drafter_arch.markov_variant=rnn and a checkpoint with a "
+                          f"vanilla Markov head, all else equal (key: (checkpoint, configured)); init_from={path!r} "
+                          f"differs in {diff or 'nothing'}")
+    r = drafter.markov_head.rank
+    state = drafter.state_dict()
+    old = source.state_dict()
+    for name, tensor in old.items():
+        state[name] = tensor / RNN_INIT_SCALE if name == "markov_head.w2.weight" else tensor
+    cell_w, cell_b = state["markov_head.cell.weight"], state["markov_head.cell.bias"]  # [3r, 2r + d], [3r]: g, c, o
+    cell_w[2 * r:].zero_()
+    cell_w[2 * r:, r: 2 * r] = RNN_INIT_SCALE * torch.eye(r, dtype=cell_w.dtype)
+    cell_b[2 * r:].zero_()
+    drafter.load_state_dict(state)
+    log.info("init_from=%s: rnn Markov head from the checkpoint's vanilla one (output rows %.2f x W1[x], W2 / %.2f)",
+             path, RNN_INIT_SCALE, RNN_INIT_SCALE)
+
+
 def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     """Train as configured; ``target`` overrides loading cfg.model (tests pass a tiny one)."""
     from runners.common import writable_folder
@@ -289,6 +332,9 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     if cfg.get("init_drop_heads") and (cfg.style != "dflash" or not cfg.get("init_from")):
         raise ConfigError(f"init_drop_heads: starts the DFlash ablation (style=dflash) from a DSpark checkpoint "
                           f"(init_from); got style={cfg.style}, init_from={cfg.get('init_from')}")
+    if cfg.get("init_rnn_from_vanilla") and (cfg.style != "dspark" or not cfg.get("init_from")):
+        raise ConfigError(f"init_rnn_from_vanilla: starts DSpark's rnn Markov head (style=dspark) from a checkpoint's "
+                          f"vanilla one (init_from); got style={cfg.style}, init_from={cfg.get('init_from')}")
     for key in ("head_only", "conf_stop_grad"):
         if getattr(train_cfg, key) and cfg.style != "dspark":
             raise ConfigError(f"train.{key}: style={cfg.style} has no confidence head to train; use style=dspark")
@@ -306,10 +352,12 @@ def run(cfg: Any, target: TargetModel | None = None) -> dict[str, Any]:
     init_from, grow = cfg.get("init_from"), bool(cfg.get("init_grow_layers", False))
     grow_rank = bool(cfg.get("init_grow_markov_rank", False))
     drop = bool(cfg.get("init_drop_heads", False))
+    to_rnn = bool(cfg.get("init_rnn_from_vanilla", False))
     if init_from and not cfg.resume:
-        init_weights(drafter, init_from, target, grow_layers=grow, grow_markov_rank=grow_rank, drop_heads=drop)
+        init_weights(drafter, init_from, target, grow_layers=grow, grow_markov_rank=grow_rank, drop_heads=drop,
+                     rnn_from_vanilla=to_rnn)
     extra = {"init_from": init_from, "init_grow_layers": grow, "init_grow_markov_rank": grow_rank,
-             "init_drop_heads": drop,
+             "init_drop_heads": drop, "init_rnn_from_vanilla": to_rnn,
              "style": cfg.style, "data": str(cfg.data), "data_holdout_fraction": float(cfg.data_holdout_fraction),
              "data_holdout_seed": int(cfg.data_holdout_seed)}
     trainer = DrafterTrainer(target, drafter, dataset, train_cfg, extra_state=extra)

@@ -793,7 +793,7 @@ class TestDraftLogitsCuda:
                 got = draft_slot_logits_triton(block[:, k], bias, gt)
                 assert torch.equal(got.view(torch.int32), want.view(torch.int32))
 
-    @pytest.mark.parametrize("variant", ["vanilla", "gated"])
+    @pytest.mark.parametrize("variant", ["vanilla", "gated", "rnn"])
     def test_draft_is_unchanged_by_the_fused_logits(self, variant):
         from dspark.config import DrafterConfig, KernelConfig, ModelConfig
         from dspark.models.drafter import DSparkDrafter

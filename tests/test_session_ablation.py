@@ -13,6 +13,7 @@ from session_script import data_folder, run_session as session
 @pytest.mark.parametrize("env, code, message", [
     ({"STYLES": "dspark dflash", "INIT_FROM": "builtin:dspark-smollm2"}, 2, "continue the ablation from its own"),
     ({"STYLES": "dspark", "INIT_FROM_DFLASH": "/w"}, 2, "trains no DFlash ablation"),
+    ({"STYLES": "dflash", "MARKOV_VARIANT": "rnn"}, 2, "STYLES=dflash trains no DSpark"),
     ({"STYLES": "dflash", "PHASES": "data train finish"}, 2, "the finish phase ships DSpark"),
     ({"STYLES": "dflash", "PHASES": "data", "SHARDS": "0"}, 2, "SHARDS=0: a whole number >= 1"),
     ({"STYLES": "dflash", "PHASES": "data", "SHARDS": "2", "ONLY_SHARD": "2"}, 2, "from 0 to SHARDS-1 (1)"),

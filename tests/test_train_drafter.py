@@ -918,6 +918,78 @@ def test_init_drop_heads_starts_the_ablation_from_a_dspark_checkpoints_backbone(
                      str(tmp_path / "headless"), target, drop_heads=True)
 
 
+def test_init_rnn_from_vanilla_starts_the_recurrent_head_as_nearly_the_checkpoint(tmp_path, target, greedy_data):
+    """drafter_arch.markov_variant=rnn with init_from=VANILLA init_rnn_from_vanilla=true: every weight of the checkpoint
+    is kept (W2 divided by the scale the cell's output rows multiply W1[x] by), so the engine drafts and accepts what
+    the checkpoint does; the state's weights start at zero and get a gradient; the run trains from there (on record in
+    run_config.json); refused for the ablation, without init_from, without the switch, beside a growth, from a head
+    that is not vanilla and where the architectures differ beyond the variant."""
+    from runners import train_drafter
+    from runners.train_drafter import RNN_INIT_SCALE, init_weights
+
+    source = tiny_drafter(target, seed=0, block_size=4)
+    source.save(tmp_path / "src")
+    start = str(tmp_path / "src")
+    rnn = tiny_drafter(target, seed=1, block_size=4, markov_variant="rnn")
+    with pytest.raises(ConfigError, match="markov_variant"):
+        init_weights(rnn, start, target)
+    init_weights(rnn, start, target, rnn_from_vanilla=True)
+    old, new = source.state_dict(), rnn.state_dict()
+    for k, v in old.items():
+        assert torch.equal(new[k], v / RNN_INIT_SCALE if k == "markov_head.w2.weight" else v), k
+    r = rnn.markov_head.rank
+    out_rows = new["markov_head.cell.weight"][2 * r:]  # z = [s; W1[x]; h]
+    assert torch.equal(out_rows[:, r: 2 * r], RNN_INIT_SCALE * torch.eye(r))
+    assert not out_rows[:, :r].any() and not out_rows[:, 2 * r:].any()
+    assert not new["markov_head.cell.bias"][2 * r:].any()
+    assert new["markov_head.cell.weight"][:2 * r].abs().sum() > 0  # the gate and candidate rows as initialised
+
+    # the bias is the vanilla one up to tanh's curvature, at a slot whose state is not zero
+    head = rnn.markov_head
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(6, rnn.hidden_size, generator=g)
+    prev = torch.randint(0, target.cfg.vocab_size, (6,), generator=g)
+    want = source.markov_head(h, source.markov_head.w1(prev), None)[0]
+    _, state = head(h, head.w1(prev), head.initial_state(6, h))
+    assert state.abs().sum() > 0
+    got, _ = head(h, head.w1(prev), state)
+    assert torch.allclose(got, want, rtol=1e-2, atol=1e-4) and not torch.equal(got, want)
+    (acc_a, steps_a, surv_a), (acc_b, steps_b, surv_b) = _drafted(target, source), _drafted(target, rnn)
+    assert (acc_a, steps_a) == (acc_b, steps_b)
+    assert torch.allclose(surv_a, surv_b, atol=1e-5)
+    # the state's weights train from zero: the output rows' state columns get a gradient at once
+    rnn.train()
+    got, _ = head(h, head.w1(prev), state)
+    got.pow(2).sum().backward()
+    assert head.cell.weight.grad[2 * r:, :r].abs().sum() > 0
+    rnn.zero_grad(set_to_none=True)
+    rnn.eval()
+
+    data = greedy_data.save(tmp_path / "data.safetensors")
+    out = train_drafter.run(compose_train(tmp_path, data, "rnn", "drafter_arch.markov_variant=rnn",
+                                          f"init_from={start}", "init_rnn_from_vanilla=true", "stop_at_step=1"),
+                            target=target)
+    assert out["step"] == 1
+    assert json.loads((tmp_path / "rnn" / "run_config.json").read_text())["init_rnn_from_vanilla"]
+    assert DSparkDrafter.load(Path(out["final_drafter"]), target.cfg).cfg.markov_variant == "rnn"
+
+    for extra, message in ((("init_rnn_from_vanilla=true", f"init_from={start}", "style=dflash"), "style=dflash"),
+                           (("init_rnn_from_vanilla=true",), "init_from=None")):
+        with pytest.raises(ConfigError, match=message):
+            train_drafter.run(compose_train(tmp_path, data, "refused", "drafter_arch.markov_variant=rnn", *extra),
+                              target=target)
+    assert not (tmp_path / "refused").exists()
+    with pytest.raises(ConfigError, match="does not combine"):
+        init_weights(tiny_drafter(target, block_size=4, num_layers=2, markov_variant="rnn"), start, target,
+                     grow_layers=True, rnn_from_vanilla=True)
+    tiny_drafter(target, block_size=4, markov_variant="gated").save(tmp_path / "gated")
+    for drafter, path in ((tiny_drafter(target, block_size=4, markov_variant="rnn"), tmp_path / "gated"),
+                          (tiny_drafter(target, block_size=5, markov_variant="rnn"), tmp_path / "src"),
+                          (tiny_drafter(target, block_size=4, markov_variant="gated"), tmp_path / "src")):
+        with pytest.raises(ConfigError, match="init_rnn_from_vanilla: needs"):
+            init_weights(drafter, str(path), target, rnn_from_vanilla=True)
+
+
 @pytest.mark.parametrize("sources, warned", [(["hard_questions", "tool_calls"], False), (["agentic"], True)])
 def test_calibration_data_from_an_eval_split_is_warned_of_only_when_a_benchmark_draws_from_it(tmp_path, capsys,
                                                                                               sources, warned):
