@@ -122,9 +122,7 @@ def main(argv: list[str]) -> dict:
             continue
         with torch.no_grad():
             _, captured = dense_target_forward(target, ids[None], drafter.cfg.target_layer_ids)[:2]
-            dummy = torch.zeros(1, anchors.numel(), gamma, dtype=torch.long)
-            hidden = drafter.forward_train(captured, ids[None], anchors[None], target.embed, target.lm_head_weight,
-                                           dummy).hidden[0]
+            hidden = drafter.block_hidden(captured, ids[None], anchors[None], target.embed)[0]
         truth = torch.stack([ids[a + 1: a + 1 + gamma] for a in anchors.tolist()])
         row = [float(accept_lengths(beam_block(drafter, hidden, ids[anchors], target.lm_head_weight, w),
                                     truth).float().mean()) for w in [1, *widths]]

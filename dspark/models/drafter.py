@@ -489,6 +489,35 @@ class DSparkDrafter(nn.Module):
         ``conf_stop_grad``: the confidence head reads h_k and W1[x_{k-1}] detached (:meth:`confidence_logits`), so
         a loss on the confidence logits reaches neither the backbone nor the Markov head.
         """
+        hidden = self.block_hidden(target_hidden_cat, input_ids, anchor_positions, embed_fn, anchors_checked)
+        n_seq, n_anchor, gamma, d = hidden.shape
+        if block_targets.shape != (n_seq, n_anchor, gamma):
+            raise ValueError(f"block_targets has shape {tuple(block_targets.shape)}, expected "
+                             f"{(n_seq, n_anchor, gamma)} = [N, A, block_size]")
+        anchor_ids = input_ids.long().gather(1, anchor_positions.long())  # [N, A]
+        prev_tokens = torch.cat((anchor_ids[..., None], block_targets[..., : gamma - 1].long()), dim=-1).clamp_min(0)
+        rows = n_seq * n_anchor
+        flat_hidden = hidden.reshape(rows, gamma, d)
+        flat_prev = prev_tokens.reshape(rows, gamma)
+        base = self._base_logits(flat_hidden, lm_head_weight)  # [N*A, gamma, V]
+        state = self.markov_head.initial_state(rows, flat_hidden) if self.markov_head is not None else None
+        logits_all = []
+        for k in range(gamma):
+            logits, state = self._slot_logits(flat_hidden[:, k], base[:, k], flat_prev[:, k], state)
+            logits_all.append(logits)
+        logits = torch.stack(logits_all, dim=1).view(n_seq, n_anchor, gamma, -1)
+        confidence = (self.confidence_logits(flat_hidden, flat_prev, stop_grad=conf_stop_grad)
+                      .view(n_seq, n_anchor, gamma)
+                      if self.confidence_head is not None else None)
+        return TrainOutput(logits, confidence, hidden)
+
+    def block_hidden(self, target_hidden_cat: torch.Tensor, input_ids: torch.Tensor, anchor_positions: torch.Tensor,
+                     embed_fn: EmbedFn, anchors_checked: bool = False) -> torch.Tensor:
+        """The backbone's output (final norm applied) for a block at each anchor, densely: [N, A, gamma, d] from
+        target_hidden_cat [N, S, n*d], input_ids int64 [N, S] and anchor_positions int64 [N, A] in [0, S); what
+        :meth:`forward_train` reads its logits from and drafting (:meth:`draft`) starts from. A block at anchor a
+        sees context positions 0..a-1 of its own sequence and its own gamma slots (rotary positions a..a+gamma-1).
+        ``anchors_checked``: as in :meth:`forward_train`."""
         n_seq, seq_len, _ = target_hidden_cat.shape
         gamma, d = self.block_size, self.hidden_size
         n_anchor = anchor_positions.shape[1]
@@ -497,9 +526,6 @@ class DSparkDrafter(nn.Module):
                              f"to match target_hidden_cat [N, S, n*d]")
         if anchor_positions.shape[0] != n_seq:
             raise ValueError(f"anchor_positions has {anchor_positions.shape[0]} rows, expected N = {n_seq}")
-        if block_targets.shape != (n_seq, n_anchor, gamma):
-            raise ValueError(f"block_targets has shape {tuple(block_targets.shape)}, expected "
-                             f"{(n_seq, n_anchor, gamma)} = [N, A, block_size]")
         anchors = anchor_positions.long()
         if not anchors_checked:
             check_anchor_range(anchors, seq_len)
@@ -521,23 +547,7 @@ class DSparkDrafter(nn.Module):
         for layer in self.layers:
             ctx_k, ctx_v = layer.self_attn.project_kv(ctx, ctx_positions)
             x = layer.forward_dense(x, block_positions, ctx_k, ctx_v, visible)
-        hidden = self.norm(x).view(n_seq, n_anchor, gamma, d)
-
-        prev_tokens = torch.cat((anchor_ids[..., None], block_targets[..., : gamma - 1].long()), dim=-1).clamp_min(0)
-        rows = n_seq * n_anchor
-        flat_hidden = hidden.reshape(rows, gamma, d)
-        flat_prev = prev_tokens.reshape(rows, gamma)
-        base = self._base_logits(flat_hidden, lm_head_weight)  # [N*A, gamma, V]
-        state = self.markov_head.initial_state(rows, flat_hidden) if self.markov_head is not None else None
-        logits_all = []
-        for k in range(gamma):
-            logits, state = self._slot_logits(flat_hidden[:, k], base[:, k], flat_prev[:, k], state)
-            logits_all.append(logits)
-        logits = torch.stack(logits_all, dim=1).view(n_seq, n_anchor, gamma, -1)
-        confidence = (self.confidence_logits(flat_hidden, flat_prev, stop_grad=conf_stop_grad)
-                      .view(n_seq, n_anchor, gamma)
-                      if self.confidence_head is not None else None)
-        return TrainOutput(logits, confidence, hidden)
+        return self.norm(x).view(n_seq, n_anchor, gamma, d)
 
     # ------------------------------------------------------------------ checkpoint
 

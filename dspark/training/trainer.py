@@ -734,8 +734,7 @@ def _replay_anchor_chunk(target: TargetModel, drafter: DSparkDrafter, input_ids:
                          ) -> dict[str, torch.Tensor]:
     gamma = drafter.block_size
     device = input_ids.device
-    dummy = torch.zeros(*anchors.shape, gamma, dtype=torch.int64, device=device)
-    hidden = drafter.forward_train(captured, input_ids, anchors, target.embed, target.lm_head_weight, dummy).hidden
+    hidden = drafter.block_hidden(captured, input_ids, anchors, target.embed)
     n, a = anchors.shape
     anchor_ids = input_ids.gather(1, anchors)
     if temperature > 0.0:
